@@ -1,0 +1,54 @@
+//! Jittered exponential backoff.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+/// Exponential backoff with "equal jitter": attempt `n` waits a uniformly random
+/// time in `[d/2, d]` where `d = min(max, base * 2^(n-1))`. The jitter spreads a
+/// burst of failures so retries do not arrive together.
+///
+/// ```
+/// use std::time::Duration;
+/// use queue_core::Backoff;
+/// let b = Backoff { base: Duration::from_secs(1), max: Duration::from_secs(60) };
+/// let d = b.delay(3); // nominal 4s
+/// assert!(d >= Duration::from_secs(2) && d <= Duration::from_secs(4));
+/// assert!(b.delay(30) <= Duration::from_secs(60));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Delay before the first retry (nominal).
+    pub base: Duration,
+    /// Upper bound of any delay.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(600),
+        }
+    }
+}
+
+impl Backoff {
+    /// The nominal (un-jittered) delay after failed attempt `attempt` (1-based).
+    pub fn nominal(&self, attempt: u32) -> Duration {
+        let exp = attempt.saturating_sub(1).min(40);
+        let factor = 1u64 << exp;
+        let ms = (self.base.as_millis() as u64).saturating_mul(factor);
+        Duration::from_millis(ms).min(self.max)
+    }
+
+    /// A jittered delay in `[nominal/2, nominal]`.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let nominal = self.nominal(attempt).as_millis() as u64;
+        if nominal == 0 {
+            return Duration::ZERO;
+        }
+        let half = nominal / 2;
+        Duration::from_millis(half + rand::rng().random_range(0..=nominal - half))
+    }
+}

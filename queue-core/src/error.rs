@@ -1,0 +1,144 @@
+//! Typed errors. Every error names the queue and, where there is one, the job id.
+
+use crate::JobId;
+
+/// Errors returned by [`Queue`](crate::Queue), [`Worker`](crate::Worker) and
+/// [`Watchdog`](crate::Watchdog).
+///
+/// Every variant carries the queue name and, when one job is concerned, its id,
+/// so a log line or an error returned to a web handler says what was affected.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// Redis could not be reached, refused the command, or timed out.
+    ///
+    /// For an enqueue this means the job may or may not have been written:
+    /// retry with the same stable job id (see [`Queue::enqueue_with_id`](crate::Queue::enqueue_with_id))
+    /// to make the retry a no-op if the first write landed.
+    #[error("redis error on queue `{queue}`{}: {source}", job_suffix(.job_id))]
+    Redis {
+        /// Queue name.
+        queue: String,
+        /// The job concerned, if any.
+        job_id: Option<JobId>,
+        /// The underlying client error.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// Could not connect to Redis at all.
+    #[error("cannot connect to redis at `{url}`: {source}")]
+    Connect {
+        /// The URL that was tried (password removed).
+        url: String,
+        /// The underlying client error.
+        #[source]
+        source: redis::RedisError,
+    },
+
+    /// The payload could not be serialized to MessagePack.
+    #[error("cannot encode payload of job type `{job_type}` on queue `{queue}`{}: {source}", job_suffix(.job_id))]
+    Encode {
+        /// Queue name.
+        queue: String,
+        /// Job type name.
+        job_type: String,
+        /// The job concerned, if any.
+        job_id: Option<JobId>,
+        /// The serializer's error.
+        #[source]
+        source: rmp_serde::encode::Error,
+    },
+
+    /// The worker's lease on this delivery expired and the job was reclaimed
+    /// (possibly already redelivered). The stale worker must not touch it.
+    #[error("lease lost for job `{job_id}` on queue `{queue}`: the job was reclaimed by the watchdog and may have been redelivered")]
+    LeaseLost {
+        /// Queue name.
+        queue: String,
+        /// Job id.
+        job_id: JobId,
+    },
+
+    /// Redis answered something this version of the framework does not understand.
+    #[error("unexpected reply from redis on queue `{queue}`{}: {detail}", job_suffix(.job_id))]
+    Protocol {
+        /// Queue name.
+        queue: String,
+        /// The job concerned, if any.
+        job_id: Option<JobId>,
+        /// What was wrong with the reply.
+        detail: String,
+    },
+
+    /// A job id was rejected before anything was sent to Redis.
+    #[error("invalid job id {id:?} for queue `{queue}`: {reason}")]
+    InvalidJobId {
+        /// Queue name.
+        queue: String,
+        /// The rejected id.
+        id: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// Invalid configuration (e.g. a worker with no registered job).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+fn job_suffix(job_id: &Option<JobId>) -> String {
+    match job_id {
+        Some(id) => format!(" (job `{id}`)"),
+        None => String::new(),
+    }
+}
+
+impl QueueError {
+    pub(crate) fn redis(queue: &str, job_id: Option<&JobId>, source: redis::RedisError) -> Self {
+        QueueError::Redis {
+            queue: queue.to_string(),
+            job_id: job_id.cloned(),
+            source,
+        }
+    }
+
+    pub(crate) fn protocol(queue: &str, job_id: Option<&JobId>, detail: impl Into<String>) -> Self {
+        QueueError::Protocol {
+            queue: queue.to_string(),
+            job_id: job_id.cloned(),
+            detail: detail.into(),
+        }
+    }
+
+    /// The queue this error concerns, when it concerns one.
+    pub fn queue(&self) -> Option<&str> {
+        match self {
+            QueueError::Redis { queue, .. }
+            | QueueError::Encode { queue, .. }
+            | QueueError::LeaseLost { queue, .. }
+            | QueueError::Protocol { queue, .. }
+            | QueueError::InvalidJobId { queue, .. } => Some(queue),
+            QueueError::Connect { .. } | QueueError::Config(_) => None,
+        }
+    }
+
+    /// The job this error concerns, when it concerns one.
+    pub fn job_id(&self) -> Option<&JobId> {
+        match self {
+            QueueError::Redis { job_id, .. }
+            | QueueError::Encode { job_id, .. }
+            | QueueError::Protocol { job_id, .. } => job_id.as_ref(),
+            QueueError::LeaseLost { job_id, .. } => Some(job_id),
+            _ => None,
+        }
+    }
+
+    /// True for the lease-lost outcome of ack/extend/retry.
+    pub fn is_lease_lost(&self) -> bool {
+        matches!(self, QueueError::LeaseLost { .. })
+    }
+}
+
+/// Short alias used throughout the crate.
+pub type Result<T, E = QueueError> = std::result::Result<T, E>;

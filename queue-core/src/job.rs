@@ -1,0 +1,320 @@
+//! The job contract: what `#[job]` implements and what a handler receives.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// A boxed, sendable future, as returned by [`Job::run`].
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A job type: its payload, its queue and its handler.
+///
+/// You normally do not implement this by hand: `#[job]` generates a unit
+/// struct `your_fn::Job` implementing it. Implementing it manually is fine too.
+///
+/// ```
+/// use queue_core::{BoxFuture, Job, JobContext, JobError};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// struct Resize { image: String }
+///
+/// struct ResizeJob;
+/// impl Job for ResizeJob {
+///     type Args = Resize;
+///     const NAME: &'static str = "resize";
+///     const QUEUE: &'static str = "images";
+///     fn run(_ctx: JobContext, args: Resize) -> BoxFuture<'static, Result<(), JobError>> {
+///         Box::pin(async move {
+///             if args.image.is_empty() {
+///                 return Err(JobError::permanent("no image"));
+///             }
+///             Ok(())
+///         })
+///     }
+/// }
+/// assert_eq!(ResizeJob::MAX_ATTEMPTS, 25);
+/// ```
+pub trait Job: Send + Sync + 'static {
+    /// The payload, encoded with MessagePack (named fields).
+    type Args: Serialize + DeserializeOwned + Send + 'static;
+    /// The job type name stored with each job; must be unique per queue.
+    const NAME: &'static str;
+    /// The queue this job type is enqueued to.
+    const QUEUE: &'static str;
+    /// Deliveries before a failing job is dead-lettered (the first run counts).
+    const MAX_ATTEMPTS: u32 = 25;
+    /// Per-attempt handler time limit; `None` means no limit.
+    const TIMEOUT: Option<Duration> = None;
+    /// Payload schema version. A worker dead-letters payloads whose version
+    /// does not match the registered handler's.
+    const SCHEMA_VERSION: u32 = 1;
+    /// Runs the handler.
+    fn run(ctx: JobContext, args: Self::Args) -> BoxFuture<'static, Result<(), JobError>>;
+}
+
+/// How a handler failed.
+///
+/// Any error type converts into a *retryable* `JobError` with `?`, so handlers
+/// can use `?` freely; return [`JobError::permanent`] for failures that no retry
+/// can fix (the job goes straight to the dead-letter list).
+///
+/// ```
+/// use queue_core::JobError;
+/// fn parse(s: &str) -> Result<u32, JobError> {
+///     let n: u32 = s.parse()?; // ParseIntError -> retryable JobError
+///     if n == 0 { return Err(JobError::permanent("zero is not a valid amount")); }
+///     Ok(n)
+/// }
+/// assert!(parse("x").unwrap_err().is_retryable());
+/// assert!(!parse("0").unwrap_err().is_retryable());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobError {
+    kind: JobErrorKind,
+    message: String,
+}
+
+/// Retry or give up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobErrorKind {
+    /// Retry with backoff while attempts remain.
+    Retryable,
+    /// Dead-letter at once.
+    Permanent,
+}
+
+impl JobError {
+    /// A failure worth retrying (network error, rate limit, ...).
+    pub fn retryable(message: impl fmt::Display) -> Self {
+        JobError {
+            kind: JobErrorKind::Retryable,
+            message: message.to_string(),
+        }
+    }
+
+    /// A failure no retry can fix (invalid input, rejected card, ...).
+    pub fn permanent(message: impl fmt::Display) -> Self {
+        JobError {
+            kind: JobErrorKind::Permanent,
+            message: message.to_string(),
+        }
+    }
+
+    /// Whether the job will be retried (attempts permitting).
+    pub fn is_retryable(&self) -> bool {
+        self.kind == JobErrorKind::Retryable
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> JobErrorKind {
+        self.kind
+    }
+
+    /// The message stored in the job's `last_error` field.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for JobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            JobErrorKind::Retryable => "retryable",
+            JobErrorKind::Permanent => "permanent",
+        };
+        write!(f, "{kind}: {}", self.message)
+    }
+}
+
+impl<E: std::error::Error> From<E> for JobError {
+    fn from(e: E) -> Self {
+        JobError::retryable(e)
+    }
+}
+
+/// A job's identity: unique within its queue.
+///
+/// Pass a business key (e.g. `invoice-4821-send`) to make enqueue idempotent;
+/// otherwise a random UUID is generated.
+///
+/// ```
+/// use queue_core::JobId;
+/// let id = JobId::from("invoice-4821-send");
+/// assert_eq!(id.as_str(), "invoice-4821-send");
+/// assert_eq!(JobId::random().as_str().len(), 36);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct JobId(String);
+
+impl JobId {
+    /// A fresh random (UUID v4) id.
+    pub fn random() -> Self {
+        JobId(uuid::Uuid::new_v4().to_string())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Longest accepted id, in bytes.
+    pub const MAX_LEN: usize = 512;
+
+    pub(crate) fn validate(&self) -> Result<(), &'static str> {
+        if self.0.is_empty() {
+            return Err("job id must not be empty");
+        }
+        if self.0.len() > Self::MAX_LEN {
+            return Err("job id is longer than 512 bytes");
+        }
+        if self.0.chars().any(|c| c.is_control()) {
+            return Err("job id must not contain control characters");
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for JobId {
+    fn from(s: &str) -> Self {
+        JobId(s.to_string())
+    }
+}
+
+impl From<String> for JobId {
+    fn from(s: String) -> Self {
+        JobId(s)
+    }
+}
+
+impl From<&String> for JobId {
+    fn from(s: &String) -> Self {
+        JobId(s.clone())
+    }
+}
+
+impl From<&JobId> for JobId {
+    fn from(s: &JobId) -> Self {
+        s.clone()
+    }
+}
+
+/// What a handler knows about the delivery it is running.
+///
+/// Use [`idempotency_key`](Self::idempotency_key) for external APIs (payment
+/// providers accept one) and [`attempt`](Self::attempt) to tell a first run
+/// from a retry.
+#[derive(Clone)]
+pub struct JobContext {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) job_id: JobId,
+    pub(crate) queue: String,
+    pub(crate) job_type: String,
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) enqueued_at_ms: i64,
+    pub(crate) delivered_at_ms: i64,
+    pub(crate) lease_lost: AtomicBool,
+    pub(crate) conn: Option<redis::aio::ConnectionManager>,
+}
+
+impl fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext")
+            .field("job_id", &self.inner.job_id)
+            .field("queue", &self.inner.queue)
+            .field("job_type", &self.inner.job_type)
+            .field("attempt", &self.inner.attempt)
+            .field("max_attempts", &self.inner.max_attempts)
+            .finish()
+    }
+}
+
+impl JobContext {
+    /// A context for calling a handler directly in unit tests, without Redis.
+    ///
+    /// ```
+    /// let ctx = queue_core::JobContext::for_test("job-1", "emails", 1);
+    /// assert_eq!(ctx.job_id().as_str(), "job-1");
+    /// assert_eq!(ctx.attempt(), 1);
+    /// ```
+    pub fn for_test(job_id: impl Into<JobId>, queue: &str, attempt: u32) -> Self {
+        JobContext {
+            inner: Arc::new(ContextInner {
+                job_id: job_id.into(),
+                queue: queue.to_string(),
+                job_type: "test".to_string(),
+                attempt,
+                max_attempts: attempt.max(1),
+                enqueued_at_ms: 0,
+                delivered_at_ms: 0,
+                lease_lost: AtomicBool::new(false),
+                conn: None,
+            }),
+        }
+    }
+
+    /// The job id: stable across retries and redeliveries.
+    pub fn job_id(&self) -> &JobId {
+        &self.inner.job_id
+    }
+
+    /// The queue the job came from.
+    pub fn queue(&self) -> &str {
+        &self.inner.queue
+    }
+
+    /// The job type name.
+    pub fn job_type(&self) -> &str {
+        &self.inner.job_type
+    }
+
+    /// 1 on the first delivery, 2 on the first retry, ...
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// The job's attempt limit.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts
+    }
+
+    /// Enqueue time, milliseconds since the Unix epoch, Redis clock.
+    pub fn enqueued_at_ms(&self) -> i64 {
+        self.inner.enqueued_at_ms
+    }
+
+    /// This delivery's claim time, milliseconds since the Unix epoch, Redis clock.
+    pub fn delivered_at_ms(&self) -> i64 {
+        self.inner.delivered_at_ms
+    }
+
+    /// A key that is the same on every delivery of this job: pass it to external
+    /// APIs that deduplicate requests (`Idempotency-Key` headers).
+    pub fn idempotency_key(&self) -> String {
+        format!("{}:{}", self.inner.queue, self.inner.job_id)
+    }
+
+    /// True once the heartbeat found that this delivery's lease was lost (the
+    /// job was reclaimed and may be running elsewhere). A long handler should
+    /// check it between steps and stop early; its result will be discarded.
+    pub fn lease_lost(&self) -> bool {
+        self.inner.lease_lost.load(Ordering::SeqCst)
+    }
+}

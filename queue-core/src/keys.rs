@@ -1,0 +1,70 @@
+//! Key layout. Every key of one queue shares the hash tag `{<queue>}` so all
+//! of a queue's scripts touch a single cluster slot.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `q:{<queue>}:main` | list | ids waiting to run (LPUSH in, taken from the right: FIFO) |
+//! | `q:{<queue>}:processing` | list | ids taken by a worker (BLMOVE/LMOVE target) |
+//! | `q:{<queue>}:leases` | zset | id → lease expiry (ms, Redis clock) of each delivery |
+//! | `q:{<queue>}:delayed` | zset | id → run-at (ms): retries and delayed jobs |
+//! | `q:{<queue>}:dead` | list | dead-lettered ids, newest first |
+//! | `q:{<queue>}:job:<id>` | hash | payload and metadata of one job |
+//! | `q:{<queue>}:done:<id>` | hash | completion record, expires after the retention |
+//! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
+//!
+//! ```
+//! let keys = queue_core::QueueKeys::new("emails");
+//! assert_eq!(keys.main, "q:{emails}:main");
+//! assert_eq!(keys.job("42"), "q:{emails}:job:42");
+//! ```
+
+/// The Redis key names of one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueKeys {
+    /// Queue name.
+    pub queue: String,
+    /// Waiting ids.
+    pub main: String,
+    /// Ids taken by workers.
+    pub processing: String,
+    /// Lease expiry per delivered id.
+    pub leases: String,
+    /// Retries and delayed jobs, by run-at time.
+    pub delayed: String,
+    /// Dead-lettered ids.
+    pub dead: String,
+    /// Lifetime counters.
+    pub stats: String,
+    /// Prefix of job hashes (`job_prefix + id`).
+    pub job_prefix: String,
+    /// Prefix of completion records (`done_prefix + id`).
+    pub done_prefix: String,
+}
+
+impl QueueKeys {
+    /// Key names for `queue`.
+    pub fn new(queue: &str) -> Self {
+        let base = format!("q:{{{queue}}}:");
+        QueueKeys {
+            queue: queue.to_string(),
+            main: format!("{base}main"),
+            processing: format!("{base}processing"),
+            leases: format!("{base}leases"),
+            delayed: format!("{base}delayed"),
+            dead: format!("{base}dead"),
+            stats: format!("{base}stats"),
+            job_prefix: format!("{base}job:"),
+            done_prefix: format!("{base}done:"),
+        }
+    }
+
+    /// The hash of job `id`.
+    pub fn job(&self, id: &str) -> String {
+        format!("{}{}", self.job_prefix, id)
+    }
+
+    /// The completion record of job `id`.
+    pub fn done(&self, id: &str) -> String {
+        format!("{}{}", self.done_prefix, id)
+    }
+}

@@ -1,0 +1,74 @@
+//! # queue-core
+//!
+//! A reliable Redis job queue: at-least-once delivery with leases, retries
+//! with jittered exponential backoff, a dead-letter list, and a watchdog that
+//! returns jobs whose worker died. See `docs/ARCHITECTURE.md` for the design.
+//!
+//! Most users write handlers with the [`job`] attribute, enqueue through a
+//! [`Queue`] and run them with a [`Worker`]:
+//!
+//! ```
+//! use queue_core::{job, JobContext, JobError, Queue, Worker};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! pub struct Welcome { pub email: String }
+//!
+//! #[job(queue = "emails", max_attempts = 5, timeout = "30s")]
+//! async fn send_welcome(ctx: JobContext, args: Welcome) -> Result<(), JobError> {
+//!     println!("job {} attempt {}: mail {}", ctx.job_id(), ctx.attempt(), args.email);
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+//! # let server = queue_testkit::RedisServer::start().unwrap();
+//! # let url = server.url();
+//! let queue = Queue::connect(&url).await?;
+//! let id = send_welcome::enqueue(&queue, Welcome { email: "a@example.com".into() }).await?;
+//!
+//! let worker = Worker::builder(&url)
+//!     .register(send_welcome::handler())
+//!     .concurrency(4)
+//!     .build()
+//!     .await?;
+//! let handle = worker.shutdown_handle();
+//! let run = tokio::spawn(worker.run_until(async move {
+//!     // in production: `worker.run()` stops on SIGTERM / ctrl-c
+//!     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+//! }));
+//! run.await.unwrap()?;
+//! # let _ = (id, handle); Ok(()) }
+//! ```
+
+mod admin;
+mod backoff;
+mod conn;
+mod error;
+mod job;
+mod keys;
+mod queue;
+mod registry;
+mod reply;
+mod scripts;
+mod watchdog;
+mod worker;
+
+pub use admin::{JobInfo, QueueStats};
+pub use backoff::Backoff;
+pub use conn::ConnectionConfig;
+pub use error::{QueueError, Result};
+pub use job::{BoxFuture, Job, JobContext, JobError, JobErrorKind, JobId};
+pub use keys::QueueKeys;
+pub use queue::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue};
+pub use registry::Registration;
+pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
+pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig};
+
+/// The `#[job]` attribute macro. See the crate docs for an example.
+pub use queue_macros::job;
+
+#[doc(hidden)]
+pub mod __private {
+    //! Items used by code that `#[job]` generates. Not a public API.
+    pub use std::time::Duration;
+}

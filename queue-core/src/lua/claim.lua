@@ -1,0 +1,9 @@
+-- Claim after a BLMOVE (which cannot run inside a script).
+-- KEYS: 1 processing, 2 leases, 3 dead, 4 stats
+-- ARGV: 1 id, 2 job prefix, 3 done prefix, 4 lease_ms, 5 token
+-- Returns a claim row, or {'gone', id} when the watchdog already returned the id.
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then
+  return {'gone', ARGV[1]}
+end
+return claim(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3],
+  tonumber(ARGV[4]), ARGV[5], now_ms())

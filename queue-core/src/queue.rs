@@ -1,0 +1,230 @@
+//! The producer side: [`Queue`] enqueues jobs.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::Value;
+use tracing::{debug, warn};
+
+use crate::conn::{connect, ConnectionConfig};
+use crate::error::{QueueError, Result};
+use crate::job::{Job, JobId};
+use crate::keys::QueueKeys;
+use crate::reply;
+use crate::scripts;
+
+/// A handle for enqueuing jobs. Cheap to clone; share one per process
+/// (e.g. in your web framework's state).
+///
+/// ```
+/// # use queue_core::{BoxFuture, Job, JobContext, JobError, Queue};
+/// # struct Ping;
+/// # impl Job for Ping {
+/// #     type Args = String;
+/// #     const NAME: &'static str = "ping";
+/// #     const QUEUE: &'static str = "default";
+/// #     fn run(_: JobContext, _: String) -> BoxFuture<'static, Result<(), JobError>> { Box::pin(async { Ok(()) }) }
+/// # }
+/// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+/// # let server = queue_testkit::RedisServer::start().unwrap();
+/// # let url = server.url();
+/// let queue = Queue::connect(&url).await?;
+/// let id = queue.enqueue::<Ping>(&"hello".to_string()).await?;
+/// // Same business key twice: the second call is a no-op that says so.
+/// let first = queue.enqueue_with_id::<Ping>("order-7", &"hi".to_string()).await?;
+/// let again = queue.enqueue_with_id::<Ping>("order-7", &"hi".to_string()).await?;
+/// assert!(first.is_new() && !again.is_new());
+/// # let _ = id; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Queue {
+    conn: ConnectionManager,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").finish_non_exhaustive()
+    }
+}
+
+/// Options of one enqueue.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = queue_core::EnqueueOptions::new().id("invoice-1").delay(Duration::from_secs(60));
+/// assert_eq!(opts.id.as_ref().unwrap().as_str(), "invoice-1");
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct EnqueueOptions {
+    /// Stable job id (business key). `None`: a random UUID.
+    pub id: Option<JobId>,
+    /// Run no earlier than this long from now (Redis clock).
+    pub delay: Option<Duration>,
+    /// Override the job type's `MAX_ATTEMPTS`.
+    pub max_attempts: Option<u32>,
+}
+
+impl EnqueueOptions {
+    /// Defaults: random id, run now, the job type's attempt limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Use a stable id; enqueuing it again is a no-op while the job exists or
+    /// its completion record is retained.
+    pub fn id(mut self, id: impl Into<JobId>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Delay the first run.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+
+    /// Override the attempt limit.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = Some(n);
+        self
+    }
+}
+
+/// The result of an enqueue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id (the existing one for a duplicate).
+    pub id: JobId,
+    /// Whether the job was written or already known.
+    pub outcome: EnqueueOutcome,
+}
+
+impl Enqueued {
+    /// True when this call created the job.
+    pub fn is_new(&self) -> bool {
+        self.outcome == EnqueueOutcome::Created
+    }
+}
+
+/// What an enqueue did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// The job was written and will run.
+    Created,
+    /// A job with this id exists (queued, delayed, active or dead); nothing was written.
+    Duplicate {
+        /// The existing job's state.
+        state: String,
+    },
+    /// A job with this id completed within the retention window; nothing was written.
+    AlreadyCompleted,
+}
+
+impl Queue {
+    /// Connects to Redis (`redis://host:port/db`). Fails at once if Redis is unreachable.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, &ConnectionConfig::default()).await
+    }
+
+    /// Connects with explicit timeouts.
+    pub async fn connect_with(url: &str, cfg: &ConnectionConfig) -> Result<Self> {
+        Ok(Queue {
+            conn: connect(url, cfg).await?,
+        })
+    }
+
+    /// Wraps an existing connection.
+    pub fn from_connection(conn: ConnectionManager) -> Self {
+        Queue { conn }
+    }
+
+    /// The underlying connection (for admin calls).
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Enqueues a job with a fresh random id and returns the id.
+    ///
+    /// Returns `Ok` only after Redis confirmed the write; any failure is an error.
+    pub async fn enqueue<J: Job>(&self, args: &J::Args) -> Result<JobId> {
+        Ok(self.enqueue_with::<J>(EnqueueOptions::new(), args).await?.id)
+    }
+
+    /// Enqueues a job under a caller-chosen stable id (a business key).
+    /// A second enqueue of the same id is a no-op reported in [`Enqueued::outcome`].
+    pub async fn enqueue_with_id<J: Job>(&self, id: impl Into<JobId>, args: &J::Args) -> Result<Enqueued> {
+        self.enqueue_with::<J>(EnqueueOptions::new().id(id), args).await
+    }
+
+    /// Enqueues with full [`EnqueueOptions`].
+    pub async fn enqueue_with<J: Job>(&self, opts: EnqueueOptions, args: &J::Args) -> Result<Enqueued> {
+        let payload = rmp_serde::to_vec_named(args).map_err(|source| QueueError::Encode {
+            queue: J::QUEUE.to_string(),
+            job_type: J::NAME.to_string(),
+            job_id: opts.id.clone(),
+            source,
+        })?;
+        let max_attempts = opts.max_attempts.unwrap_or(J::MAX_ATTEMPTS);
+        self.enqueue_raw(J::QUEUE, J::NAME, J::SCHEMA_VERSION, max_attempts, opts, &payload)
+            .await
+    }
+
+    /// Enqueues already-encoded payload bytes. Used by the outbox relay and by
+    /// tests that need a payload no handler can decode.
+    pub async fn enqueue_raw(
+        &self,
+        queue: &str,
+        job_type: &str,
+        schema_version: u32,
+        max_attempts: u32,
+        opts: EnqueueOptions,
+        payload: &[u8],
+    ) -> Result<Enqueued> {
+        let id = opts.id.unwrap_or_else(JobId::random);
+        id.validate().map_err(|reason| QueueError::InvalidJobId {
+            queue: queue.to_string(),
+            id: id.to_string(),
+            reason,
+        })?;
+        let keys = QueueKeys::new(queue);
+        let delay_ms = opts.delay.map(|d| d.as_millis() as u64).unwrap_or(0);
+        let mut conn = self.conn.clone();
+        let reply: Value = scripts::ENQUEUE
+            .key(&keys.main)
+            .key(keys.job(id.as_str()))
+            .key(keys.done(id.as_str()))
+            .key(&keys.delayed)
+            .key(&keys.stats)
+            .arg(id.as_str())
+            .arg(job_type)
+            .arg(schema_version)
+            .arg(payload)
+            .arg(max_attempts.max(1))
+            .arg(delay_ms)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| {
+                warn!(queue, job_id = %id, job_type, error = %e, "enqueue failed");
+                QueueError::redis(queue, Some(&id), e)
+            })?;
+        let items = reply::array(&reply)
+            .ok_or_else(|| QueueError::protocol(queue, Some(&id), format!("enqueue reply {reply:?}")))?;
+        let tag = items.first().and_then(reply::text).unwrap_or_default();
+        let outcome = match tag.as_str() {
+            "new" => EnqueueOutcome::Created,
+            "exists" => EnqueueOutcome::Duplicate {
+                state: items.get(1).and_then(reply::text).unwrap_or_default(),
+            },
+            "done" => EnqueueOutcome::AlreadyCompleted,
+            other => {
+                return Err(QueueError::protocol(
+                    queue,
+                    Some(&id),
+                    format!("unknown enqueue outcome {other:?}"),
+                ))
+            }
+        };
+        debug!(queue, job_id = %id, job_type, ?outcome, "enqueued");
+        Ok(Enqueued { id, outcome })
+    }
+}

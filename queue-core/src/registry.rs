@@ -1,0 +1,84 @@
+//! Handler registrations: what a [`Worker`](crate::Worker) knows how to run.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::job::{BoxFuture, Job, JobContext, JobError};
+
+type HandlerFuture = BoxFuture<'static, Result<(), JobError>>;
+type Runner = Arc<dyn Fn(JobContext, &[u8]) -> Result<HandlerFuture, String> + Send + Sync>;
+
+/// A job type's handler, ready to be given to a [`WorkerBuilder`](crate::WorkerBuilder).
+///
+/// `#[job]` generates `your_fn::handler()` returning one; for a hand-written
+/// [`Job`] use [`Registration::of`].
+#[derive(Clone)]
+pub struct Registration {
+    pub(crate) name: &'static str,
+    pub(crate) queue: &'static str,
+    pub(crate) version: u32,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) runner: Runner,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration")
+            .field("name", &self.name)
+            .field("queue", &self.queue)
+            .field("version", &self.version)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Registration {
+    /// The registration of job type `J`.
+    ///
+    /// ```
+    /// # use queue_core::{BoxFuture, Job, JobContext, JobError, Registration};
+    /// # struct Ping;
+    /// # impl Job for Ping {
+    /// #     type Args = ();
+    /// #     const NAME: &'static str = "ping";
+    /// #     const QUEUE: &'static str = "default";
+    /// #     fn run(_: JobContext, _: ()) -> BoxFuture<'static, Result<(), JobError>> { Box::pin(async { Ok(()) }) }
+    /// # }
+    /// let reg = Registration::of::<Ping>();
+    /// assert_eq!(reg.name(), "ping");
+    /// assert_eq!(reg.queue(), "default");
+    /// ```
+    pub fn of<J: Job>() -> Self {
+        Registration {
+            name: J::NAME,
+            queue: J::QUEUE,
+            version: J::SCHEMA_VERSION,
+            timeout: J::TIMEOUT,
+            runner: Arc::new(|ctx, payload| {
+                let args: J::Args = rmp_serde::from_slice(payload).map_err(|e| e.to_string())?;
+                Ok(J::run(ctx, args))
+            }),
+        }
+    }
+
+    /// The job type name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The queue the job type runs on.
+    pub fn queue(&self) -> &'static str {
+        self.queue
+    }
+
+    /// The payload schema version the handler accepts.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// Per-attempt time limit.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+}

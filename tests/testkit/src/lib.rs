@@ -1,0 +1,192 @@
+//! Test support: throwaway `redis-server` processes on free loopback ports.
+//!
+//! Every test that needs Redis starts its own server with [`RedisServer::start`],
+//! so it can kill, restart or reconfigure it without disturbing any other test
+//! or the machine's shared Redis.
+//!
+//! ```
+//! let server = queue_testkit::RedisServer::start().expect("redis-server");
+//! assert!(server.url().starts_with("redis://127.0.0.1:"));
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A `redis-server` child process bound to `127.0.0.1` on a free port.
+///
+/// The server is killed (SIGKILL) and its scratch directory removed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra_args: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server with no persistence (`save ""`, `appendonly no`).
+    pub fn start() -> std::io::Result<Self> {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments, e.g.
+    /// `["--appendonly", "yes", "--appendfsync", "always"]`.
+    pub fn start_with(extra_args: &[&str]) -> std::io::Result<Self> {
+        let port = free_port()?;
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let dir = std::env::temp_dir().join(format!(
+            "queue-testkit-{}-{}-{}",
+            std::process::id(),
+            port,
+            n
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let mut server = RedisServer {
+            child: None,
+            port,
+            dir,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> std::io::Result<()> {
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string());
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--save")
+            .arg("")
+            .arg("--appendonly")
+            .arg("no")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
+            .arg("--daemonize")
+            .arg("no");
+        cmd.args(&self.extra_args);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot start `{bin}` (is redis-server installed? set REDIS_SERVER to its path): {e}"),
+            )
+        })?;
+        self.child = Some(child);
+        self.wait_ready(Duration::from_secs(10))
+    }
+
+    fn wait_ready(&mut self, limit: Duration) -> std::io::Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                    return Err(std::io::Error::other(format!(
+                        "redis-server exited early with {status}; log:\n{log}"
+                    )));
+                }
+            }
+            if self.command(&["PING"]).map(|r| r.contains("PONG")).unwrap_or(false) {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "redis-server did not answer PING in time",
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The connection URL, `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The TCP port the server listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's working directory (RDB/AOF files, `redis.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The OS process id of the running server, if it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Kills the server with SIGKILL (no shutdown save) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, directory and arguments
+    /// (so an AOF or RDB file written before a [`kill`](Self::kill) is loaded).
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.kill();
+        // The port may linger briefly; retry the spawn for a few seconds.
+        let start = Instant::now();
+        loop {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                    self.child.take().map(|mut c| {
+                        let _ = c.kill();
+                        c.wait()
+                    });
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Sends one inline command over a fresh TCP connection and returns the raw reply.
+    ///
+    /// Arguments must not contain spaces or newlines (inline protocol). Useful for
+    /// `CONFIG SET`, `DEBUG SLEEP` and other setup in tests without a client library.
+    pub fn command(&self, args: &[&str]) -> std::io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut line = args.join(" ");
+        line.push_str("\r\n");
+        stream.write_all(line.as_bytes())?;
+        let mut buf = [0u8; 4096];
+        let n = stream.read(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> std::io::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
