@@ -231,6 +231,7 @@ pub(crate) struct ContextInner {
     pub(crate) enqueued_at_ms: i64,
     pub(crate) delivered_at_ms: i64,
     pub(crate) lease_lost: AtomicBool,
+    #[allow(dead_code)] // used by the step helper (idempotency issue)
     pub(crate) conn: Option<redis::aio::ConnectionManager>,
 }
 

@@ -1,1 +1,234 @@
+//! Shared pieces of the integration and fault tests: the test job, the
+//! side-effect ledger it writes, and small helpers.
+//!
+//! The ledger lives in the same Redis under `ledger:*` keys, written by the
+//! handler itself, so a test can count how often a job's side effect ran.
 
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use queue_core::{job, JobContext, JobError};
+use redis::aio::MultiplexedConnection;
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+/// The payload of the test job. Each field steers the handler.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Task {
+    /// Redis URL of the ledger (the test's own server).
+    pub ledger: String,
+    /// Sequence number, appended to `ledger:order` on every start.
+    pub seq: u64,
+    /// Sleep this long before the side effect.
+    pub sleep_ms: u64,
+    /// Sleep only on attempts `1..=sleep_attempts` (0: on every attempt).
+    pub sleep_attempts: u32,
+    /// Fail (retryable) on attempts `1..=fail_first`.
+    pub fail_first: u32,
+    /// Fail permanently.
+    pub permanent: bool,
+}
+
+/// The test job: records its start, may fail or sleep, then records its side effect.
+#[job(queue = "tasks", max_attempts = 3, timeout = "60s")]
+pub async fn task(ctx: JobContext, t: Task) -> Result<(), JobError> {
+    let mut c = ledger_conn(&t.ledger).await?;
+    let id = ctx.job_id().to_string();
+    let _: () = c.hincr("ledger:started", &id, 1).await?;
+    let _: () = c.rpush("ledger:order", t.seq).await?;
+    if ctx.attempt() <= t.fail_first {
+        return Err(JobError::retryable(format!("planned failure on attempt {}", ctx.attempt())));
+    }
+    if t.permanent {
+        return Err(JobError::permanent("planned permanent failure"));
+    }
+    if t.sleep_ms > 0 && (t.sleep_attempts == 0 || ctx.attempt() <= t.sleep_attempts) {
+        tokio::time::sleep(Duration::from_millis(t.sleep_ms)).await;
+    }
+    if ctx.lease_lost() {
+        let _: () = c.sadd("ledger:lease_lost", &id).await?;
+    }
+    let _: () = c.hincr("ledger:effects", &id, 1).await?;
+    let _: () = c.hset("ledger:attempt", &id, ctx.attempt()).await?;
+    Ok(())
+}
+
+/// A cached connection per ledger URL (each test has its own server).
+pub async fn ledger_conn(url: &str) -> redis::RedisResult<MultiplexedConnection> {
+    static CONNS: OnceLock<Mutex<HashMap<String, MultiplexedConnection>>> = OnceLock::new();
+    let map = CONNS.get_or_init(Default::default);
+    if let Some(c) = map.lock().expect("ledger map").get(url) {
+        return Ok(c.clone());
+    }
+    let client = redis::Client::open(url)?;
+    let conn = client.get_multiplexed_async_connection().await?;
+    map.lock().expect("ledger map").insert(url.to_string(), conn.clone());
+    Ok(conn)
+}
+
+/// Reads the ledger.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    /// job id -> handler starts.
+    pub started: HashMap<String, u64>,
+    /// job id -> side effects.
+    pub effects: HashMap<String, u64>,
+    /// Sequence numbers in start order.
+    pub order: Vec<u64>,
+}
+
+impl Ledger {
+    /// Reads all ledger keys from `url` with a fresh connection.
+    pub async fn read(url: &str) -> Ledger {
+        let client = redis::Client::open(url).expect("url");
+        let mut c = client.get_multiplexed_async_connection().await.expect("ledger connection");
+        Ledger {
+            started: c.hgetall("ledger:started").await.expect("started"),
+            effects: c.hgetall("ledger:effects").await.expect("effects"),
+            order: c.lrange("ledger:order", 0, -1).await.expect("order"),
+        }
+    }
+
+    /// Side effects summed over jobs.
+    pub fn total_effects(&self) -> u64 {
+        self.effects.values().sum()
+    }
+
+    /// Jobs whose side effect ran more than once.
+    pub fn duplicates(&self) -> Vec<(&String, &u64)> {
+        self.effects.iter().filter(|(_, n)| **n > 1).collect()
+    }
+}
+
+/// Installs a test tracing subscriber once (RUST_LOG controls it; default warn).
+pub fn init_tracing() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// Polls `cond` every 20 ms until it returns true; panics with `what` after `limit`.
+pub async fn wait_until<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if cond().await {
+            return;
+        }
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A plain Redis connection for assertions.
+pub async fn redis_conn(url: &str) -> MultiplexedConnection {
+    redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection")
+}
+
+/// Worker settings that make tests fast: short backoff, short blocking,
+/// frequent promotion.
+pub fn fast_config() -> queue_core::WorkerConfig {
+    queue_core::WorkerConfig {
+        concurrency: 4,
+        lease: Duration::from_secs(2),
+        block_timeout: Duration::from_millis(200),
+        promote_interval: Duration::from_millis(50),
+        grace: Duration::from_secs(5),
+        backoff: queue_core::Backoff {
+            base: Duration::from_millis(20),
+            max: Duration::from_millis(200),
+        },
+        ..queue_core::WorkerConfig::default()
+    }
+}
+
+/// Watchdog settings for tests: frequent passes, short backoff.
+pub fn fast_watchdog() -> queue_core::WatchdogConfig {
+    queue_core::WatchdogConfig {
+        interval: Duration::from_millis(50),
+        orphan_grace: Duration::from_millis(300),
+        backoff: queue_core::Backoff {
+            base: Duration::from_millis(20),
+            max: Duration::from_millis(100),
+        },
+        ..queue_core::WatchdogConfig::default()
+    }
+}
+
+/// Starts a worker for the `task` job in the background; returns its
+/// shutdown handle and join handle.
+pub async fn spawn_worker(
+    url: &str,
+    config: queue_core::WorkerConfig,
+) -> (
+    queue_core::ShutdownHandle,
+    tokio::task::JoinHandle<queue_core::Result<()>>,
+) {
+    let worker = queue_core::Worker::builder(url)
+        .register(task::handler())
+        .config(config)
+        .build()
+        .await
+        .expect("worker builds");
+    let handle = worker.shutdown_handle();
+    let join = tokio::spawn(worker.run_until(std::future::pending()));
+    (handle, join)
+}
+
+/// A `test-worker` child process (see `src/bin/test-worker.rs`).
+pub struct WorkerProcess {
+    /// The child.
+    pub child: std::process::Child,
+}
+
+impl WorkerProcess {
+    /// Starts `test-worker <url> <concurrency> <lease_ms> <grace_ms>`.
+    pub fn start(bin: &str, url: &str, concurrency: usize, lease_ms: u64, grace_ms: u64) -> Self {
+        let child = std::process::Command::new(bin)
+            .args([url.to_string(), concurrency.to_string(), lease_ms.to_string(), grace_ms.to_string()])
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("test-worker starts");
+        WorkerProcess { child }
+    }
+
+    /// SIGKILL: the process dies at once, mid-job.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends a signal by name (`TERM`, `STOP`, `CONT`) with kill(1).
+    pub fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill(1) runs");
+        assert!(status.success(), "kill -{sig} failed");
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,240 @@
+//! The watchdog: returns jobs whose lease expired, dead-letters exhausted
+//! ones, adopts unleased ids (BLMOVE→claim crash window) and promotes due
+//! delayed jobs. Every pass is one script per queue, so any number of
+//! watchdogs can run at once without duplicating a job.
+
+use std::future::Future;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use tracing::{debug, info, warn};
+
+use crate::backoff::Backoff;
+use crate::conn::{connect, ConnectionConfig};
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
+use crate::scripts;
+use crate::worker::promote;
+
+/// Watchdog settings.
+///
+/// ```
+/// let cfg = queue_core::WatchdogConfig::default();
+/// assert_eq!(cfg.interval, std::time::Duration::from_secs(1));
+/// ```
+#[derive(Debug, Clone)]
+pub struct WatchdogConfig {
+    /// Time between passes.
+    pub interval: Duration,
+    /// Expired leases handled per script call (a pass loops until done).
+    pub batch: usize,
+    /// An id found in processing without a lease is treated as leased for this
+    /// long from the moment the watchdog first sees it (DESIGN rule 4).
+    pub orphan_grace: Duration,
+    /// How many of the oldest processing entries each pass checks for a lease.
+    pub orphan_scan: usize,
+    /// Backoff before a reclaimed job runs again (jittered, by attempts).
+    pub backoff: Backoff,
+    /// Redis timeouts.
+    pub connection: ConnectionConfig,
+}
+
+impl Default for WatchdogConfig {
+    fn default() -> Self {
+        WatchdogConfig {
+            interval: Duration::from_secs(1),
+            batch: 500,
+            orphan_grace: Duration::from_secs(30),
+            orphan_scan: 1000,
+            backoff: Backoff {
+                base: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+            },
+            connection: ConnectionConfig::default(),
+        }
+    }
+}
+
+/// What one pass did, summed over queues.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReclaimReport {
+    /// Expired deliveries returned to the delayed set (they run again after backoff).
+    pub reclaimed: u64,
+    /// Expired deliveries with no attempts left, moved to the dead-letter list.
+    pub dead_lettered: u64,
+    /// Unleased ids in processing given a provisional lease.
+    pub adopted: u64,
+    /// Due delayed jobs moved to main.
+    pub promoted: u64,
+}
+
+impl ReclaimReport {
+    fn add(&mut self, other: ReclaimReport) {
+        self.reclaimed += other.reclaimed;
+        self.dead_lettered += other.dead_lettered;
+        self.adopted += other.adopted;
+        self.promoted += other.promoted;
+    }
+
+    /// True when the pass changed nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == ReclaimReport::default()
+    }
+}
+
+/// Lease reclaimer for a set of queues.
+///
+/// ```
+/// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+/// # let server = queue_testkit::RedisServer::start().unwrap();
+/// # let url = server.url();
+/// use queue_core::{Watchdog, WatchdogConfig};
+/// let watchdog = Watchdog::connect(&url, ["emails"], WatchdogConfig::default()).await?;
+/// let report = watchdog.run_once().await?;
+/// assert!(report.is_empty());
+/// # Ok(()) }
+/// ```
+pub struct Watchdog {
+    conn: ConnectionManager,
+    queues: Vec<QueueKeys>,
+    config: WatchdogConfig,
+}
+
+impl std::fmt::Debug for Watchdog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watchdog")
+            .field("queues", &self.queues.iter().map(|k| &k.queue).collect::<Vec<_>>())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watchdog {
+    /// Connects to `url` and watches `queues`.
+    pub async fn connect<I, S>(url: &str, queues: I, config: WatchdogConfig) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let queues: Vec<QueueKeys> = queues.into_iter().map(|q| QueueKeys::new(q.as_ref())).collect();
+        if queues.is_empty() {
+            return Err(QueueError::Config("the watchdog needs at least one queue".into()));
+        }
+        if config.batch == 0 {
+            return Err(QueueError::Config("watchdog batch must be at least 1".into()));
+        }
+        let conn = connect(url, &config.connection).await?;
+        Ok(Watchdog { conn, queues, config })
+    }
+
+    /// One pass over every queue.
+    pub async fn run_once(&self) -> Result<ReclaimReport> {
+        let mut total = ReclaimReport::default();
+        for keys in &self.queues {
+            let report = self.pass(keys).await?;
+            if !report.is_empty() {
+                info!(
+                    queue = %keys.queue,
+                    reclaimed = report.reclaimed,
+                    dead_lettered = report.dead_lettered,
+                    adopted = report.adopted,
+                    promoted = report.promoted,
+                    "watchdog pass"
+                );
+            }
+            total.add(report);
+        }
+        Ok(total)
+    }
+
+    async fn pass(&self, keys: &QueueKeys) -> Result<ReclaimReport> {
+        let mut conn = self.conn.clone();
+        let mut report = ReclaimReport::default();
+        loop {
+            let seed: u32 = rand::random();
+            let (reclaimed, dead, adopted): (u64, u64, u64) = scripts::RECLAIM
+                .key(&keys.processing)
+                .key(&keys.leases)
+                .key(&keys.delayed)
+                .key(&keys.dead)
+                .key(&keys.stats)
+                .arg(&keys.job_prefix)
+                .arg(self.config.batch)
+                .arg(self.config.orphan_grace.as_millis() as u64)
+                .arg(self.config.backoff.base.as_millis() as u64)
+                .arg(self.config.backoff.max.as_millis() as u64)
+                .arg(seed)
+                .arg(self.config.orphan_scan)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| QueueError::redis(&keys.queue, None, e))?;
+            report.reclaimed += reclaimed;
+            report.dead_lettered += dead;
+            report.adopted += adopted;
+            if reclaimed + dead < self.config.batch as u64 {
+                break;
+            }
+        }
+        loop {
+            let n = promote(&mut conn, keys, 1000).await?;
+            report.promoted += n;
+            if n < 1000 {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs passes every `interval` until `stop` completes. Redis errors are
+    /// logged and the next pass retries; a summary is logged every minute.
+    pub async fn run_until(&self, stop: impl Future<Output = ()>) -> ReclaimReport {
+        tokio::pin!(stop);
+        let mut total = ReclaimReport::default();
+        let mut since_summary = ReclaimReport::default();
+        let mut last_summary = tokio::time::Instant::now();
+        let mut passes = 0u64;
+        info!(
+            queues = ?self.queues.iter().map(|k| &k.queue).collect::<Vec<_>>(),
+            interval_ms = self.config.interval.as_millis() as u64,
+            "watchdog started"
+        );
+        loop {
+            match self.run_once().await {
+                Ok(report) => {
+                    passes += 1;
+                    total.add(report);
+                    since_summary.add(report);
+                    if report.is_empty() {
+                        debug!("watchdog pass: nothing to do");
+                    }
+                }
+                Err(e) => warn!(error = %e, "watchdog pass failed; retrying next interval"),
+            }
+            if last_summary.elapsed() >= Duration::from_secs(60) {
+                info!(
+                    passes,
+                    reclaimed = since_summary.reclaimed,
+                    dead_lettered = since_summary.dead_lettered,
+                    adopted = since_summary.adopted,
+                    promoted = since_summary.promoted,
+                    "watchdog summary (last minute)"
+                );
+                since_summary = ReclaimReport::default();
+                last_summary = tokio::time::Instant::now();
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.interval) => {}
+                _ = &mut stop => break,
+            }
+        }
+        info!(
+            passes,
+            reclaimed = total.reclaimed,
+            dead_lettered = total.dead_lettered,
+            adopted = total.adopted,
+            promoted = total.promoted,
+            "watchdog stopped"
+        );
+        total
+    }
+}

@@ -1,0 +1,29 @@
+//! A worker process for fault tests: runs the `task` job until SIGTERM.
+//!
+//! `test-worker <redis-url> <concurrency> <lease-ms> <grace-ms>`
+
+use std::time::Duration;
+
+use queue_core::{Worker, WorkerConfig};
+
+#[tokio::main]
+async fn main() {
+    queue_tests::init_tracing();
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |i: usize, default: u64| -> u64 { args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default) };
+    let url = args.get(1).cloned().expect("usage: test-worker <redis-url> [concurrency] [lease-ms] [grace-ms]");
+    let config = WorkerConfig {
+        concurrency: arg(2, 4) as usize,
+        lease: Duration::from_millis(arg(3, 1000)),
+        grace: Duration::from_millis(arg(4, 5000)),
+        block_timeout: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::builder(&url)
+        .register(queue_tests::task::handler())
+        .config(config)
+        .build()
+        .await
+        .expect("worker");
+    worker.run().await.expect("worker run");
+}
