@@ -231,8 +231,8 @@ pub(crate) struct ContextInner {
     pub(crate) enqueued_at_ms: i64,
     pub(crate) delivered_at_ms: i64,
     pub(crate) lease_lost: AtomicBool,
-    #[allow(dead_code)] // used by the step helper (idempotency issue)
     pub(crate) conn: Option<redis::aio::ConnectionManager>,
+    pub(crate) result_ref: std::sync::Mutex<Option<String>>,
 }
 
 impl fmt::Debug for JobContext {
@@ -267,6 +267,7 @@ impl JobContext {
                 delivered_at_ms: 0,
                 lease_lost: AtomicBool::new(false),
                 conn: None,
+                result_ref: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -317,5 +318,95 @@ impl JobContext {
     /// check it between steps and stop early; its result will be discarded.
     pub fn lease_lost(&self) -> bool {
         self.inner.lease_lost.load(Ordering::SeqCst)
+    }
+
+    /// An idempotency key for one named step of this job, e.g. for a second
+    /// external call in the same handler: `"<queue>:<job id>:<step>"`.
+    pub fn step_key(&self, step: &str) -> String {
+        format!("{}:{}:{}", self.inner.queue, self.inner.job_id, step)
+    }
+
+    /// Records a reference to the job's result (an invoice number, a storage
+    /// path, ...) in the completion record written with the ack.
+    pub fn set_result_ref(&self, reference: impl Into<String>) {
+        if let Ok(mut slot) = self.inner.result_ref.lock() {
+            *slot = Some(reference.into());
+        }
+    }
+
+    pub(crate) fn take_result_ref(&self) -> Option<String> {
+        self.inner.result_ref.lock().ok().and_then(|mut slot| slot.take())
+    }
+
+    /// Runs `f` once per job: its result is stored in Redis under the job and
+    /// step name, and a retried or redelivered job gets the stored result back
+    /// without running `f` again.
+    ///
+    /// This makes a *completed* step safe to retry. A crash after `f`'s side
+    /// effect and before the result is stored still runs `f` again, so pass
+    /// [`step_key`](Self::step_key) to external APIs that deduplicate.
+    /// Step results expire with the completion record. Outside a worker
+    /// (a context from [`JobContext::for_test`]) `f` simply runs.
+    ///
+    /// ```
+    /// # use queue_core::{JobContext, JobError};
+    /// async fn charge(ctx: &JobContext, cents: u64) -> Result<String, JobError> {
+    ///     ctx.step("charge", || async move {
+    ///         // call the payment API with ctx.step_key("charge") as its idempotency key
+    ///         Ok(format!("charge-{cents}"))
+    ///     })
+    ///     .await
+    /// }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let ctx = JobContext::for_test("job-1", "billing", 1);
+    /// assert_eq!(charge(&ctx, 500).await.unwrap(), "charge-500");
+    /// # });
+    /// ```
+    pub async fn step<T, F, Fut>(&self, name: &str, f: F) -> Result<T, JobError>
+    where
+        T: Serialize + DeserializeOwned,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<T, JobError>>,
+    {
+        let Some(conn) = &self.inner.conn else {
+            return f().await;
+        };
+        let mut conn = conn.clone();
+        let key = crate::keys::QueueKeys::new(&self.inner.queue).steps(self.inner.job_id.as_str());
+        let stored: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&key)
+            .arg(name)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| JobError::retryable(format!("cannot read step `{name}`: {e}")))?;
+        if let Some(bytes) = stored {
+            tracing::debug!(step = name, "step already done; using its stored result");
+            return rmp_serde::from_slice(&bytes).map_err(|e| {
+                JobError::permanent(format!("stored result of step `{name}` does not decode: {e}"))
+            });
+        }
+        let value = f().await?;
+        let bytes = rmp_serde::to_vec_named(&value)
+            .map_err(|e| JobError::permanent(format!("result of step `{name}` does not encode: {e}")))?;
+        let _: () = redis::cmd("HSET")
+            .arg(&key)
+            .arg(name)
+            .arg(bytes)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| JobError::retryable(format!("step `{name}` ran but its result could not be stored: {e}")))?;
+        tracing::debug!(step = name, "step done and recorded");
+        Ok(value)
+    }
+
+    /// Acquires a distributed lock from inside a handler (same Redis as the
+    /// queue). See [`Lock`](crate::Lock). Fails with a retryable error outside a worker.
+    pub async fn lock(&self, name: &str, options: crate::LockOptions) -> Result<Option<crate::LockGuard>, JobError> {
+        let Some(conn) = &self.inner.conn else {
+            return Err(JobError::retryable("locks need a worker's Redis connection"));
+        };
+        crate::Lock::acquire(conn.clone(), name, options)
+            .await
+            .map_err(|e| JobError::retryable(e))
     }
 }

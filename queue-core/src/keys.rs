@@ -10,6 +10,7 @@
 //! | `q:{<queue>}:dead` | list | dead-lettered ids, newest first |
 //! | `q:{<queue>}:job:<id>` | hash | payload and metadata of one job |
 //! | `q:{<queue>}:done:<id>` | hash | completion record, expires after the retention |
+//! | `q:{<queue>}:steps:<id>` | hash | results of `ctx.step(..)` calls, expire with the completion record |
 //! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
 //!
 //! ```
@@ -39,6 +40,8 @@ pub struct QueueKeys {
     pub job_prefix: String,
     /// Prefix of completion records (`done_prefix + id`).
     pub done_prefix: String,
+    /// Prefix of step-result hashes (`steps_prefix + id`).
+    pub steps_prefix: String,
 }
 
 impl QueueKeys {
@@ -55,6 +58,7 @@ impl QueueKeys {
             stats: format!("{base}stats"),
             job_prefix: format!("{base}job:"),
             done_prefix: format!("{base}done:"),
+            steps_prefix: format!("{base}steps:"),
         }
     }
 
@@ -66,5 +70,10 @@ impl QueueKeys {
     /// The completion record of job `id`.
     pub fn done(&self, id: &str) -> String {
         format!("{}{}", self.done_prefix, id)
+    }
+
+    /// The step results of job `id`.
+    pub fn steps(&self, id: &str) -> String {
+        format!("{}{}", self.steps_prefix, id)
     }
 }

@@ -45,6 +45,9 @@ pub struct WorkerConfig {
     pub lease: Duration,
     /// Heartbeat period; `None`: a third of the lease.
     pub heartbeat: Option<Duration>,
+    /// Extend leases while handlers run (default true). Turning it off makes
+    /// any handler slower than the lease get reclaimed and redelivered.
+    pub heartbeat_enabled: bool,
     /// How long one BLMOVE waits on an empty queue. Also bounds how long
     /// shutdown waits for the fetchers; an idle worker makes one call per period.
     pub block_timeout: Duration,
@@ -70,6 +73,7 @@ impl Default for WorkerConfig {
             concurrency: 16,
             lease: Duration::from_secs(30),
             heartbeat: None,
+            heartbeat_enabled: true,
             block_timeout: Duration::from_secs(2),
             fetch_batch: 16,
             grace: Duration::from_secs(30),
@@ -556,6 +560,7 @@ impl Fetcher {
             .await
             .map_err(|e| QueueError::redis(&k.queue, None, e))?;
         let Some(id) = moved else { return Ok(None) };
+        crate::failpoint::hit("after_blmove");
         // The window of DESIGN rule 4 is here: until the claim lands, the id
         // sits in processing with no lease. Retry the claim briefly; if it
         // never lands, the watchdog adopts the id and returns it.
@@ -604,7 +609,8 @@ struct JobRunner {
 
 /// What to tell Redis after the handler.
 enum Outcome {
-    Ack,
+    /// Success, with the handler's result reference.
+    Ack(Option<String>),
     Retry(String),
     Dead(String),
 }
@@ -637,6 +643,7 @@ impl JobRunner {
                 delivered_at_ms: d.delivered_at_ms,
                 lease_lost: AtomicBool::new(false),
                 conn: Some(self.inner.conn.clone()),
+                result_ref: std::sync::Mutex::new(None),
             }),
         };
         let fut = match (reg.runner)(ctx.clone(), &d.payload) {
@@ -646,10 +653,12 @@ impl JobRunner {
                 return;
             }
         };
+        crate::failpoint::hit("after_claim");
         debug!("started");
         let started = std::time::Instant::now();
+        let heartbeat_enabled = self.inner.config.heartbeat_enabled;
         let heartbeat = tokio::spawn(
-            heartbeat(self.inner.clone(), self.keys.clone(), d.id.clone(), d.token.clone(), ctx.clone()).in_current_span(),
+            heartbeat(heartbeat_enabled, self.inner.clone(), self.keys.clone(), d.id.clone(), d.token.clone(), ctx.clone()).in_current_span(),
         );
 
         let guarded = AssertUnwindSafe(fut).catch_unwind();
@@ -673,7 +682,7 @@ impl JobRunner {
         heartbeat.abort();
         let elapsed_ms = started.elapsed().as_millis() as u64;
         let outcome = match result {
-            Ok(Ok(())) => Outcome::Ack,
+            Ok(Ok(())) => Outcome::Ack(ctx.take_result_ref()),
             Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
             Ok(Err(e)) => Outcome::Dead(format!("permanent error: {}", e.message())),
             Err(panic) => {
@@ -695,8 +704,12 @@ impl JobRunner {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
         loop {
+            crate::failpoint::hit(match &outcome {
+                Outcome::Ack(_) => "before_ack",
+                _ => "before_fail",
+            });
             let res = match &outcome {
-                Outcome::Ack => self.ack(d).await,
+                Outcome::Ack(result_ref) => self.ack(d, result_ref.clone()).await,
                 Outcome::Retry(msg) => self.fail(d, "retry", msg).await,
                 Outcome::Dead(reason) => self.fail(d, "permanent", reason).await,
             };
@@ -719,7 +732,7 @@ impl JobRunner {
         }
     }
 
-    async fn ack(&self, d: &Delivery) -> Result<()> {
+    async fn ack(&self, d: &Delivery, result_ref: Option<String>) -> Result<()> {
         let k = &self.keys;
         let mut conn = self.inner.conn.clone();
         let ok: i64 = scripts::ACK
@@ -728,9 +741,11 @@ impl JobRunner {
             .key(k.job(d.id.as_str()))
             .key(k.done(d.id.as_str()))
             .key(&k.stats)
+            .key(k.steps(d.id.as_str()))
             .arg(d.id.as_str())
             .arg(&d.token)
             .arg(self.inner.config.completion_retention.as_millis() as u64)
+            .arg(result_ref.unwrap_or_default())
             .invoke_async(&mut conn)
             .await
             .map_err(|e| QueueError::redis(&k.queue, Some(&d.id), e))?;
@@ -789,12 +804,16 @@ async fn wait_true(rx: &mut watch::Receiver<bool>) {
 /// Extends the lease every heartbeat interval while the token matches; marks
 /// the context lease-lost and stops when it no longer does.
 async fn heartbeat(
+    enabled: bool,
     inner: Arc<Inner>,
     keys: QueueKeys,
     id: JobId,
     token: String,
     ctx: JobContext,
 ) {
+    if !enabled {
+        return;
+    }
     let every = inner.config.heartbeat_interval();
     let mut conn = inner.conn.clone();
     loop {

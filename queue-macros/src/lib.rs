@@ -1,1 +1,95 @@
+//! # queue-macros
+//!
+//! The `#[job]` attribute macro for `queue-core`. Use it through the
+//! re-export `queue_core::job`; the generated code refers to `::queue_core`
+//! by absolute path, so the `queue-core` crate must be a dependency of the
+//! crate using the macro (under that name).
+//!
+//! The macro only generates glue that calls into `queue-core`: no Redis logic
+//! lives here.
 
+mod duration;
+mod errors;
+mod expand;
+mod options;
+mod signature;
+
+use proc_macro::TokenStream;
+
+/// Turns an `async fn` into a job handler.
+///
+/// ```ignore
+/// use queue_core::{job, JobContext, JobError};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// pub struct Welcome { pub email: String }
+///
+/// #[job(queue = "emails", max_attempts = 5, timeout = "30s")]
+/// async fn send_welcome(ctx: JobContext, args: Welcome) -> Result<(), JobError> {
+///     // ... send the mail; use ctx.idempotency_key() with external APIs ...
+///     Ok(())
+/// }
+///
+/// // Enqueue (returns once Redis stored the job):
+/// let id = send_welcome::enqueue(&queue, Welcome { email: "a@example.com".into() }).await?;
+/// // Run:
+/// let worker = Worker::builder(&url).register(send_welcome::handler()).build().await?;
+/// ```
+///
+/// # The function
+///
+/// It must have the shape
+/// `async fn name(ctx: JobContext, args: Args) -> Result<(), JobError>`:
+///
+/// - `async`, not generic, not a method, exactly two arguments;
+/// - the first argument is a `JobContext` taken by value;
+/// - the second is the job's payload: an owned, `'static` type implementing
+///   `Serialize + DeserializeOwned + Send` (no references, no `impl Trait`);
+/// - the returned future must be `Send`.
+///
+/// The function itself is kept unchanged, so tests can call it directly with
+/// `JobContext::for_test(..)`.
+///
+/// # Options
+///
+/// | option | value | default |
+/// |---|---|---|
+/// | `queue` | string literal: the queue name; not empty, no whitespace, no `{` or `}` | `"default"` |
+/// | `max_attempts` | integer >= 1: deliveries before a failing job is dead-lettered | `Job::MAX_ATTEMPTS` (25) |
+/// | `timeout` | duration string: per-attempt time limit, `"500ms"`, `"30s"`, `"5m"`, `"1h"` or sums like `"1m30s"` | no limit |
+/// | `name` | string literal: the job type name stored with each job (unique per queue) | the function's name |
+/// | `version` | integer >= 1: payload schema version (`Job::SCHEMA_VERSION`) | 1 |
+///
+/// All values are checked at compile time: an unknown or duplicate option, a
+/// value of the wrong type, `timeout = "0s"` or `max_attempts = 0` is an error
+/// pointing at the offending token.
+///
+/// # What is generated
+///
+/// Next to the function, a module with the same name (functions and modules
+/// live in different namespaces) containing:
+///
+/// - `struct Job` (a unit struct) implementing `queue_core::Job` with
+///   `Args` = the second argument's type and the constants from the options;
+///   its `run` calls the function;
+/// - `async fn enqueue(queue: &Queue, args: Args) -> Result<JobId, QueueError>`;
+/// - `async fn enqueue_with_id(queue: &Queue, id: impl Into<JobId>, args: Args) -> Result<Enqueued, QueueError>`
+///   for a stable, deduplicated id (a business key);
+/// - `async fn enqueue_with(queue: &Queue, opts: EnqueueOptions, args: Args) -> Result<Enqueued, QueueError>`;
+/// - `fn handler() -> Registration`, to register with a worker.
+///
+/// The module has the function's visibility. Its items are `pub` for a `pub`
+/// function, `pub(crate)` for `pub(crate)`, `pub(super)` or `pub(in ..)`
+/// functions, and `pub(super)` (visible where the function is) for a private
+/// function, so private argument types cause no `private_interfaces` warnings.
+///
+/// # Limitations
+///
+/// The module sees the surrounding module's names through `use super::*`, so
+/// the function must be declared at module level (not inside a function
+/// body), and the argument type must be nameable from there; relative paths
+/// (`self::T`, `super::T`) are adjusted automatically.
+#[proc_macro_attribute]
+pub fn job(attr: TokenStream, item: TokenStream) -> TokenStream {
+    expand::expand(attr.into(), item.into()).into()
+}

@@ -232,3 +232,63 @@ impl Drop for WorkerProcess {
         self.kill();
     }
 }
+
+/// Payload of the billing test job.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Bill {
+    /// Redis URL of the ledger.
+    pub ledger: String,
+    /// Amount in cents.
+    pub cents: u64,
+    /// Fail (retryable) after the charge step on attempts `1..=fail_after_charge`.
+    pub fail_after_charge: u32,
+    /// Sleep after the charge step on the first attempt (a window in which
+    /// to kill the worker).
+    pub sleep_after_charge_ms: u64,
+}
+
+/// A fake payment API: deduplicates by idempotency key, like real providers.
+/// Records every call (`ledger:charge_calls`) and every charge actually made
+/// (`ledger:charges`, one per key).
+pub async fn fake_charge(ledger: &str, idempotency_key: &str, cents: u64) -> Result<String, JobError> {
+    let mut c = ledger_conn(ledger).await?;
+    let _: () = c.hincr("ledger:charge_calls", idempotency_key, 1).await?;
+    let charge_id = format!("ch_{}", uuid::Uuid::new_v4().simple());
+    let created: bool = redis::cmd("SET")
+        .arg(format!("ledger:charge:{idempotency_key}"))
+        .arg(&charge_id)
+        .arg("NX")
+        .query_async::<Option<String>>(&mut c)
+        .await?
+        .is_some();
+    if created {
+        let _: () = c.hincr("ledger:charges", idempotency_key, cents).await?;
+        Ok(charge_id)
+    } else {
+        Ok(c.get(format!("ledger:charge:{idempotency_key}")).await?)
+    }
+}
+
+/// The billing job: charge (a step, with the step's idempotency key), then
+/// e-mail the receipt (another step), then record the charge as the result.
+#[job(queue = "billing", max_attempts = 5)]
+pub async fn bill(ctx: JobContext, b: Bill) -> Result<(), JobError> {
+    let key = ctx.step_key("charge");
+    let charge_id = ctx
+        .step("charge", || async { fake_charge(&b.ledger, &key, b.cents).await })
+        .await?;
+    if b.sleep_after_charge_ms > 0 && ctx.attempt() == 1 {
+        tokio::time::sleep(Duration::from_millis(b.sleep_after_charge_ms)).await;
+    }
+    if ctx.attempt() <= b.fail_after_charge {
+        return Err(JobError::retryable("mail provider unavailable"));
+    }
+    let mut c = ledger_conn(&b.ledger).await?;
+    ctx.step("receipt", || async {
+        let _: () = c.hincr("ledger:receipts", ctx.job_id().as_str(), 1).await?;
+        Ok(())
+    })
+    .await?;
+    ctx.set_result_ref(charge_id);
+    Ok(())
+}

@@ -1,4 +1,4 @@
-//! A worker process for fault tests: runs the `task` job until SIGTERM.
+//! A worker process for fault tests: runs the `task` and `bill` jobs until SIGTERM.
 //!
 //! `test-worker <redis-url> <concurrency> <lease-ms> <grace-ms>`
 
@@ -21,6 +21,7 @@ async fn main() {
     };
     let worker = Worker::builder(&url)
         .register(queue_tests::task::handler())
+        .register(queue_tests::bill::handler())
         .config(config)
         .build()
         .await

@@ -1,0 +1,305 @@
+//! A distributed lock for user code, as users of Redis locks expect it: a
+//! short lease, a fresh random owner token per acquisition, release and
+//! extend only while the token matches (one script each), an auto-renew loop
+//! that stops once the lock is lost or cannot be renewed in time, and a
+//! bounded wait on acquire.
+//!
+//! A single-instance Redis lock is a *efficiency* lock: after a failover or a
+//! long pause the holder may have lost it without knowing. Check
+//! [`LockGuard::is_held`] before each critical write, and where the protected
+//! store allows it, pass [`LockGuard::fencing`] along so stale holders are
+//! rejected there.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use redis::aio::ConnectionManager;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, warn};
+
+use crate::scripts;
+
+/// Lock errors: Redis failed while acquiring, extending or releasing.
+#[derive(Debug, thiserror::Error)]
+#[error("lock `{name}`: redis error: {source}")]
+pub struct LockError {
+    /// The lock's name.
+    pub name: String,
+    /// The client error.
+    #[source]
+    pub source: redis::RedisError,
+}
+
+/// How to take a lock.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = queue_core::LockOptions::default().wait(Duration::from_secs(2));
+/// assert_eq!(opts.ttl, Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockOptions {
+    /// Lease of the lock; it expires by itself if the holder dies.
+    pub ttl: Duration,
+    /// How long `acquire` keeps trying; zero: try once.
+    pub wait: Duration,
+    /// Pause between tries (jittered by ±50%).
+    pub retry_interval: Duration,
+    /// Auto-renew period; `None`: no auto-renew (call [`LockGuard::extend`]).
+    pub renew_every: Option<Duration>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(10),
+            wait: Duration::ZERO,
+            retry_interval: Duration::from_millis(50),
+            renew_every: Some(Duration::from_secs(10) / 3),
+        }
+    }
+}
+
+impl LockOptions {
+    /// Sets the lease and an auto-renew period of a third of it.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self.renew_every = self.renew_every.map(|_| ttl / 3);
+        self
+    }
+
+    /// Sets the longest wait on acquire.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Turns auto-renew off.
+    pub fn no_renew(mut self) -> Self {
+        self.renew_every = None;
+        self
+    }
+}
+
+/// Entry point: [`Lock::acquire`].
+#[derive(Debug)]
+pub struct Lock;
+
+impl Lock {
+    /// Tries to take lock `name` until `options.wait` has passed. `Ok(None)`
+    /// when another owner held it the whole time.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = queue_testkit::RedisServer::start()?;
+    /// use queue_core::{Lock, LockOptions, Queue};
+    /// let queue = Queue::connect(&server.url()).await?;
+    /// let guard = Lock::acquire(queue.connection(), "nightly-report", LockOptions::default())
+    ///     .await?
+    ///     .expect("free");
+    /// // A second owner cannot take it meanwhile.
+    /// assert!(Lock::acquire(queue.connection(), "nightly-report", LockOptions::default()).await?.is_none());
+    /// assert!(guard.release().await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire(conn: ConnectionManager, name: &str, options: LockOptions) -> Result<Option<LockGuard>, LockError> {
+        let key = format!("lock:{{{name}}}");
+        let fence_key = format!("lock:{{{name}}}:fence");
+        let token = uuid::Uuid::new_v4().to_string();
+        let deadline = tokio::time::Instant::now() + options.wait;
+        let mut c = conn.clone();
+        loop {
+            let fencing: u64 = scripts::LOCK_ACQUIRE
+                .key(&key)
+                .key(&fence_key)
+                .arg(&token)
+                .arg(options.ttl.as_millis() as u64)
+                .invoke_async(&mut c)
+                .await
+                .map_err(|source| LockError { name: name.to_string(), source })?;
+            if fencing > 0 {
+                debug!(lock = name, fencing, "lock acquired");
+                return Ok(Some(LockGuard::new(conn, name, key, token, fencing, options)));
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let base = options.retry_interval.as_millis().max(2) as u64;
+            let pause = Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2));
+            tokio::time::sleep(pause.min(deadline - now)).await;
+        }
+    }
+}
+
+/// A held lock. Dropping it stops the auto-renew and releases the lock in
+/// the background; prefer [`release`](Self::release) to know the outcome.
+#[derive(Debug)]
+pub struct LockGuard {
+    conn: ConnectionManager,
+    name: String,
+    key: String,
+    token: String,
+    fencing: u64,
+    ttl: Duration,
+    held: Arc<AtomicBool>,
+    lost_rx: watch::Receiver<bool>,
+    renew: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+impl LockGuard {
+    fn new(conn: ConnectionManager, name: &str, key: String, token: String, fencing: u64, options: LockOptions) -> Self {
+        let held = Arc::new(AtomicBool::new(true));
+        let (lost_tx, lost_rx) = watch::channel(false);
+        let renew = options.renew_every.map(|every| {
+            tokio::spawn(renew_loop(
+                conn.clone(),
+                name.to_string(),
+                key.clone(),
+                token.clone(),
+                options.ttl,
+                every,
+                held.clone(),
+                lost_tx,
+            ))
+        });
+        LockGuard {
+            conn,
+            name: name.to_string(),
+            key,
+            token,
+            fencing,
+            ttl: options.ttl,
+            held,
+            lost_rx,
+            renew,
+            released: false,
+        }
+    }
+
+    /// False once a renewal found the lock gone or could not renew it before
+    /// the lease ran out. Check before each critical write.
+    pub fn is_held(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Completes when the lock is lost (use in `tokio::select!` to abort work).
+    pub async fn lost(&self) {
+        let mut rx = self.lost_rx.clone();
+        while !*rx.borrow_and_update() {
+            if rx.changed().await.is_err() {
+                // The renew loop ended without losing the lock (no auto-renew or released).
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// A number that grows with every acquisition of this lock: pass it to
+    /// the protected store so writes from a stale holder can be refused.
+    pub fn fencing(&self) -> u64 {
+        self.fencing
+    }
+
+    /// This acquisition's owner token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Extends the lease to `ttl` from now; false when the lock was lost.
+    pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
+        let ok = extend(&self.conn, &self.key, &self.token, ttl)
+            .await
+            .map_err(|source| LockError { name: self.name.clone(), source })?;
+        if !ok {
+            self.held.store(false, Ordering::SeqCst);
+        }
+        Ok(ok)
+    }
+
+    /// Releases the lock; false when it had already been lost.
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        self.released = true;
+        if let Some(t) = self.renew.take() {
+            t.abort();
+        }
+        self.held.store(false, Ordering::SeqCst);
+        let mut c = self.conn.clone();
+        let n: i64 = scripts::LOCK_RELEASE
+            .key(&self.key)
+            .arg(&self.token)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|source| LockError { name: self.name.clone(), source })?;
+        Ok(n == 1)
+    }
+
+    /// The configured lease.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if let Some(t) = self.renew.take() {
+            t.abort();
+        }
+        if !self.released {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let (mut c, key, token) = (self.conn.clone(), self.key.clone(), self.token.clone());
+                rt.spawn(async move {
+                    let _: redis::RedisResult<i64> = scripts::LOCK_RELEASE.key(&key).arg(&token).invoke_async(&mut c).await;
+                });
+            }
+        }
+    }
+}
+
+async fn extend(conn: &ConnectionManager, key: &str, token: &str, ttl: Duration) -> redis::RedisResult<bool> {
+    let mut c = conn.clone();
+    let n: i64 = scripts::LOCK_EXTEND
+        .key(key)
+        .arg(token)
+        .arg(ttl.as_millis() as u64)
+        .invoke_async(&mut c)
+        .await?;
+    Ok(n == 1)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn renew_loop(
+    conn: ConnectionManager,
+    name: String,
+    key: String,
+    token: String,
+    ttl: Duration,
+    every: Duration,
+    held: Arc<AtomicBool>,
+    lost: watch::Sender<bool>,
+) {
+    let mut valid_until = tokio::time::Instant::now() + ttl;
+    loop {
+        tokio::time::sleep(every).await;
+        let attempt_at = tokio::time::Instant::now();
+        match extend(&conn, &key, &token, ttl).await {
+            Ok(true) => valid_until = attempt_at + ttl,
+            Ok(false) => {
+                warn!(lock = %name, "lock lost: another owner holds it or it expired");
+                break;
+            }
+            Err(e) if tokio::time::Instant::now() + every < valid_until => {
+                warn!(lock = %name, error = %e, "lock renewal failed; retrying");
+            }
+            Err(e) => {
+                warn!(lock = %name, error = %e, "lock renewal failed until the lease ran out: treating the lock as lost");
+                break;
+            }
+        }
+    }
+    held.store(false, Ordering::SeqCst);
+    let _ = lost.send(true);
+}

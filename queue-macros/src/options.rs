@@ -1,0 +1,429 @@
+//! Parsing of the attribute's options: `#[job(queue = "emails", max_attempts = 5, ...)]`.
+
+use std::collections::HashSet;
+
+use proc_macro2::TokenStream;
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::{Expr, Ident, Lit, LitStr, Meta, Token, UnOp};
+
+use crate::duration;
+use crate::errors::Errors;
+
+/// Every option `#[job]` accepts, in the order they are listed in messages.
+const KNOWN: &[&str] = &["queue", "max_attempts", "timeout", "name", "version"];
+
+/// Validated options. `None` means "not given": the `Job` trait default applies
+/// (the queue and name have defaults chosen by the code generator).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct JobOptions {
+    /// `queue = "..."`.
+    pub(crate) queue: Option<String>,
+    /// `max_attempts = N`, N >= 1.
+    pub(crate) max_attempts: Option<u32>,
+    /// `timeout = "30s"`, in milliseconds, > 0.
+    pub(crate) timeout_ms: Option<u64>,
+    /// `name = "..."`.
+    pub(crate) name: Option<String>,
+    /// `version = N`, N >= 1.
+    pub(crate) version: Option<u32>,
+}
+
+/// Parses the attribute's tokens.
+///
+/// Problems are recorded in `errors`, each at the offending token; the
+/// returned options hold every option that was valid, so the caller can still
+/// generate code and the user sees only the real mistakes.
+pub(crate) fn parse(attr: TokenStream, errors: &mut Errors) -> JobOptions {
+    let mut options = JobOptions::default();
+    let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr) {
+        Ok(metas) => metas,
+        Err(e) => {
+            errors.push(e);
+            return options;
+        }
+    };
+
+    let mut seen = HashSet::new();
+    for meta in metas {
+        let Some(ident) = meta.path().get_ident().cloned() else {
+            errors.spanned(
+                meta.path(),
+                format!(
+                    "expected a #[job] option name, one of: {}",
+                    KNOWN.join(", ")
+                ),
+            );
+            continue;
+        };
+        let key = ident.to_string();
+        if !KNOWN.contains(&key.as_str()) {
+            errors.at(ident.span(), unknown_option_message(&key));
+            continue;
+        }
+        if !seen.insert(key.clone()) {
+            errors.at(ident.span(), format!("duplicate #[job] option `{key}`"));
+            continue;
+        }
+        let value = match meta {
+            Meta::NameValue(nv) => nv.value,
+            Meta::Path(_) | Meta::List(_) => {
+                errors.spanned(&meta, format!("expected `{key} = {}`", example_value(&key)));
+                continue;
+            }
+        };
+        if let Err(e) = apply(&mut options, &ident, &value) {
+            errors.push(e);
+        }
+    }
+    options
+}
+
+/// Validates one `key = value` and stores it.
+fn apply(options: &mut JobOptions, key: &Ident, value: &Expr) -> syn::Result<()> {
+    match key.to_string().as_str() {
+        "queue" => {
+            let lit = string_literal(key, value)?;
+            options.queue = Some(validate_queue(&lit)?);
+        }
+        "name" => {
+            let lit = string_literal(key, value)?;
+            options.name = Some(validate_name(&lit)?);
+        }
+        "timeout" => {
+            let lit = string_literal(key, value)?;
+            let millis = duration::parse_millis(&lit.value())
+                .map_err(|message| syn::Error::new(lit.span(), message))?;
+            options.timeout_ms = Some(millis);
+        }
+        "max_attempts" => options.max_attempts = Some(positive_u32(key, value)?),
+        "version" => options.version = Some(positive_u32(key, value)?),
+        other => unreachable!("option `{other}` is in KNOWN but not handled"),
+    }
+    Ok(())
+}
+
+/// Looks through invisible groups and parentheses (e.g. a `$lit:literal`
+/// forwarded by a `macro_rules!` macro).
+fn strip(value: &Expr) -> &Expr {
+    match value {
+        Expr::Group(g) => strip(&g.expr),
+        Expr::Paren(p) => strip(&p.expr),
+        other => other,
+    }
+}
+
+fn string_literal(key: &Ident, value: &Expr) -> syn::Result<LitStr> {
+    if let Expr::Lit(lit) = strip(value) {
+        if let Lit::Str(s) = &lit.lit {
+            return Ok(s.clone());
+        }
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        format!(
+            "`{key}` expects a string literal, e.g. `{key} = {}`",
+            example_value(&key.to_string())
+        ),
+    ))
+}
+
+fn positive_u32(key: &Ident, value: &Expr) -> syn::Result<u32> {
+    let example = example_value(&key.to_string());
+    match strip(value) {
+        Expr::Lit(lit) => match &lit.lit {
+            Lit::Int(int) => {
+                if !matches!(int.suffix(), "" | "u32") {
+                    return Err(syn::Error::new(
+                        int.span(),
+                        format!("`{key}` is a u32: drop the `{}` suffix", int.suffix()),
+                    ));
+                }
+                if int.base10_digits().starts_with('-') {
+                    return Err(syn::Error::new(
+                        int.span(),
+                        format!("`{key}` must be at least 1"),
+                    ));
+                }
+                let n: u32 = int.base10_parse().map_err(|_| {
+                    syn::Error::new(int.span(), format!("`{key}` must fit in a u32"))
+                })?;
+                if n == 0 {
+                    return Err(syn::Error::new(
+                        int.span(),
+                        format!("`{key}` must be at least 1"),
+                    ));
+                }
+                Ok(n)
+            }
+            _ => Err(syn::Error::new_spanned(
+                value,
+                format!("`{key}` expects an integer literal, e.g. `{key} = {example}`"),
+            )),
+        },
+        Expr::Unary(u) if matches!(u.op, UnOp::Neg(_)) => Err(syn::Error::new_spanned(
+            value,
+            format!("`{key}` must be at least 1"),
+        )),
+        _ => Err(syn::Error::new_spanned(
+            value,
+            format!("`{key}` expects an integer literal, e.g. `{key} = {example}`"),
+        )),
+    }
+}
+
+/// Queue names end up inside Redis hash tags (`q:{<queue>}:main`), so braces
+/// would break the key layout; whitespace and control characters are
+/// almost certainly typos.
+fn validate_queue(lit: &LitStr) -> syn::Result<String> {
+    let queue = lit.value();
+    let problem = if queue.is_empty() {
+        Some("must not be empty")
+    } else if queue.contains(['{', '}']) {
+        Some("must not contain `{` or `}` (queue names become Redis hash tags)")
+    } else if queue.chars().any(char::is_whitespace) {
+        Some("must not contain whitespace")
+    } else if queue.chars().any(char::is_control) {
+        Some("must not contain control characters")
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(syn::Error::new(
+            lit.span(),
+            format!("invalid queue name {queue:?}: a queue name {problem}"),
+        )),
+        None => Ok(queue),
+    }
+}
+
+fn validate_name(lit: &LitStr) -> syn::Result<String> {
+    let name = lit.value();
+    if name.trim().is_empty() {
+        return Err(syn::Error::new(lit.span(), "job name must not be empty"));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("invalid job name {name:?}: control characters are not allowed"),
+        ));
+    }
+    Ok(name)
+}
+
+fn example_value(key: &str) -> &'static str {
+    match key {
+        "queue" => "\"emails\"",
+        "max_attempts" => "5",
+        "timeout" => "\"30s\"",
+        "name" => "\"send_welcome\"",
+        "version" => "2",
+        _ => "...",
+    }
+}
+
+fn unknown_option_message(key: &str) -> String {
+    let mut message = format!(
+        "unknown #[job] option `{key}`; expected one of: {}",
+        KNOWN.join(", ")
+    );
+    let closest = KNOWN
+        .iter()
+        .map(|known| (edit_distance(key, known), *known))
+        .min()
+        .filter(|(distance, _)| *distance <= 2.max(key.len() / 3));
+    if let Some((_, known)) = closest {
+        message.push_str(&format!(" (did you mean `{known}`?)"));
+    }
+    message
+}
+
+/// Levenshtein distance, for "did you mean" hints.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != *cb);
+            current.push(substitution.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn parse_ok(tokens: TokenStream) -> JobOptions {
+        let mut errors = Errors::default();
+        let options = parse(tokens, &mut errors);
+        assert!(
+            errors.is_empty(),
+            "unexpected errors: {:?}",
+            errors.messages()
+        );
+        options
+    }
+
+    fn parse_err(tokens: TokenStream) -> (JobOptions, Vec<String>) {
+        let mut errors = Errors::default();
+        let options = parse(tokens, &mut errors);
+        assert!(!errors.is_empty(), "expected an error");
+        (options, errors.messages())
+    }
+
+    #[test]
+    fn empty_means_defaults() {
+        assert_eq!(parse_ok(quote!()), JobOptions::default());
+    }
+
+    #[test]
+    fn all_options() {
+        let options = parse_ok(quote!(
+            queue = "emails",
+            max_attempts = 5,
+            timeout = "30s",
+            name = "welcome",
+            version = 3,
+        ));
+        assert_eq!(
+            options,
+            JobOptions {
+                queue: Some("emails".into()),
+                max_attempts: Some(5),
+                timeout_ms: Some(30_000),
+                name: Some("welcome".into()),
+                version: Some(3),
+            }
+        );
+    }
+
+    #[test]
+    fn u32_suffix_is_accepted() {
+        assert_eq!(parse_ok(quote!(max_attempts = 7u32)).max_attempts, Some(7));
+    }
+
+    #[test]
+    fn unknown_option_lists_known_ones_and_suggests() {
+        let (_, messages) = parse_err(quote!(max_attempt = 5));
+        assert_eq!(
+            messages,
+            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version (did you mean `max_attempts`?)"]
+        );
+        let (_, messages) = parse_err(quote!(priority = 5));
+        assert!(!messages[0].contains("did you mean"), "{messages:?}");
+    }
+
+    #[test]
+    fn duplicate_option() {
+        let (options, messages) = parse_err(quote!(queue = "a", queue = "b"));
+        assert_eq!(messages, ["duplicate #[job] option `queue`"]);
+        assert_eq!(options.queue.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn wrong_literal_types() {
+        let (_, m) = parse_err(quote!(queue = 5));
+        assert_eq!(
+            m,
+            ["`queue` expects a string literal, e.g. `queue = \"emails\"`"]
+        );
+        let (_, m) = parse_err(quote!(max_attempts = "5"));
+        assert_eq!(
+            m,
+            ["`max_attempts` expects an integer literal, e.g. `max_attempts = 5`"]
+        );
+        let (_, m) = parse_err(quote!(timeout = 30));
+        assert_eq!(
+            m,
+            ["`timeout` expects a string literal, e.g. `timeout = \"30s\"`"]
+        );
+        let (_, m) = parse_err(quote!(version = SOME_CONST));
+        assert_eq!(
+            m,
+            ["`version` expects an integer literal, e.g. `version = 2`"]
+        );
+        let (_, m) = parse_err(quote!(max_attempts = 5u8));
+        assert_eq!(m, ["`max_attempts` is a u32: drop the `u8` suffix"]);
+    }
+
+    #[test]
+    fn numeric_ranges() {
+        let (_, m) = parse_err(quote!(max_attempts = 0));
+        assert_eq!(m, ["`max_attempts` must be at least 1"]);
+        let (_, m) = parse_err(quote!(version = 0));
+        assert_eq!(m, ["`version` must be at least 1"]);
+        let (_, m) = parse_err(quote!(max_attempts = -3));
+        assert_eq!(m, ["`max_attempts` must be at least 1"]);
+        let (_, m) = parse_err(quote!(max_attempts = 4294967296));
+        assert_eq!(m, ["`max_attempts` must fit in a u32"]);
+        assert_eq!(
+            parse_ok(quote!(version = 4294967295)).version,
+            Some(u32::MAX)
+        );
+    }
+
+    #[test]
+    fn queue_names() {
+        for bad in ["", "a b", "a{b", "}", "tab\there"] {
+            let (_, m) = parse_err(quote!(queue = #bad));
+            assert!(m[0].starts_with("invalid queue name"), "{bad:?}: {m:?}");
+        }
+        assert_eq!(
+            parse_ok(quote!(queue = "emails:high.v2")).queue.as_deref(),
+            Some("emails:high.v2")
+        );
+    }
+
+    #[test]
+    fn job_names() {
+        let (_, m) = parse_err(quote!(name = ""));
+        assert_eq!(m, ["job name must not be empty"]);
+        let (_, m) = parse_err(quote!(name = "a\nb"));
+        assert!(m[0].contains("control characters"), "{m:?}");
+    }
+
+    #[test]
+    fn bad_timeout_is_reported_and_other_options_kept() {
+        let (options, m) = parse_err(quote!(queue = "q", timeout = "0s", max_attempts = 2));
+        assert_eq!(m.len(), 1);
+        assert!(m[0].contains("is zero"), "{m:?}");
+        assert_eq!(options.queue.as_deref(), Some("q"));
+        assert_eq!(options.max_attempts, Some(2));
+        assert_eq!(options.timeout_ms, None);
+    }
+
+    #[test]
+    fn every_error_is_reported() {
+        let (_, m) = parse_err(quote!(queue = "", max_attempts = 0, colour = "red"));
+        assert_eq!(m.len(), 3, "{m:?}");
+    }
+
+    #[test]
+    fn flag_and_list_forms_are_rejected() {
+        let (_, m) = parse_err(quote!(queue));
+        assert_eq!(m, ["expected `queue = \"emails\"`"]);
+        let (_, m) = parse_err(quote!(timeout("30s")));
+        assert_eq!(m, ["expected `timeout = \"30s\"`"]);
+        let (_, m) = parse_err(quote!(a::b = 1));
+        assert!(m[0].starts_with("expected a #[job] option name"), "{m:?}");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported() {
+        let (_, m) = parse_err(quote!(queue = ));
+        assert_eq!(m.len(), 1);
+    }
+
+    #[test]
+    fn edit_distances() {
+        assert_eq!(edit_distance("queue", "queue"), 0);
+        assert_eq!(edit_distance("queu", "queue"), 1);
+        assert_eq!(edit_distance("timout", "timeout"), 1);
+        assert_eq!(edit_distance("", "abc"), 3);
+    }
+}

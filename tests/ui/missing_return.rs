@@ -1,0 +1,15 @@
+use queue_core::{job, JobContext};
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Welcome {
+    email: String,
+}
+
+#[job(queue = "emails")]
+async fn send_welcome(_ctx: JobContext, args: Welcome) {
+    println!("{}", args.email);
+}
+
+fn main() {
+    let _ = send_welcome;
+}
