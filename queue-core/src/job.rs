@@ -407,6 +407,6 @@ impl JobContext {
         };
         crate::Lock::acquire(conn.clone(), name, options)
             .await
-            .map_err(|e| JobError::retryable(e))
+            .map_err(JobError::retryable)
     }
 }
