@@ -207,24 +207,127 @@ impl Queue {
                 warn!(queue, job_id = %id, job_type, error = %e, "enqueue failed");
                 QueueError::redis(queue, Some(&id), e)
             })?;
-        let items = reply::array(&reply)
-            .ok_or_else(|| QueueError::protocol(queue, Some(&id), format!("enqueue reply {reply:?}")))?;
-        let tag = items.first().and_then(reply::text).unwrap_or_default();
-        let outcome = match tag.as_str() {
-            "new" => EnqueueOutcome::Created,
-            "exists" => EnqueueOutcome::Duplicate {
-                state: items.get(1).and_then(reply::text).unwrap_or_default(),
-            },
-            "done" => EnqueueOutcome::AlreadyCompleted,
-            other => {
-                return Err(QueueError::protocol(
-                    queue,
-                    Some(&id),
-                    format!("unknown enqueue outcome {other:?}"),
-                ))
-            }
-        };
+        let outcome = parse_outcome(queue, &id, &reply)?;
         debug!(queue, job_id = %id, job_type, ?outcome, "enqueued");
         Ok(Enqueued { id, outcome })
+    }
+
+    /// Enqueues many jobs with random ids in one pipeline (one round trip for
+    /// the whole batch). Each job is still written by its own atomic script.
+    ///
+    /// On `Err`, some jobs of the batch may have been written: retry with
+    /// stable ids ([`Queue::enqueue_batch`]) when that matters.
+    pub async fn enqueue_many<J: Job>(&self, args: &[J::Args]) -> Result<Vec<JobId>> {
+        let batch = args.iter().map(|a| (EnqueueOptions::new(), a));
+        Ok(self.enqueue_batch::<J, _>(batch).await?.into_iter().map(|e| e.id).collect())
+    }
+
+    /// Enqueues many jobs, each with its own options, in one pipeline.
+    pub async fn enqueue_batch<'a, J, I>(&self, jobs: I) -> Result<Vec<Enqueued>>
+    where
+        J: Job,
+        I: IntoIterator<Item = (EnqueueOptions, &'a J::Args)>,
+    {
+        let mut items = Vec::new();
+        for (opts, args) in jobs {
+            let payload = rmp_serde::to_vec_named(args).map_err(|source| QueueError::Encode {
+                queue: J::QUEUE.to_string(),
+                job_type: J::NAME.to_string(),
+                job_id: opts.id.clone(),
+                source,
+            })?;
+            items.push((opts, payload));
+        }
+        self.enqueue_raw_batch(J::QUEUE, J::NAME, J::SCHEMA_VERSION, J::MAX_ATTEMPTS, items)
+            .await
+    }
+
+    /// Pipelined [`Queue::enqueue_raw`].
+    pub async fn enqueue_raw_batch(
+        &self,
+        queue: &str,
+        job_type: &str,
+        schema_version: u32,
+        max_attempts: u32,
+        items: Vec<(EnqueueOptions, Vec<u8>)>,
+    ) -> Result<Vec<Enqueued>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys = QueueKeys::new(queue);
+        let mut ids = Vec::with_capacity(items.len());
+        let mut pipe = redis::pipe();
+        for (opts, payload) in &items {
+            let id = opts.id.clone().unwrap_or_else(JobId::random);
+            id.validate().map_err(|reason| QueueError::InvalidJobId {
+                queue: queue.to_string(),
+                id: id.to_string(),
+                reason,
+            })?;
+            pipe.cmd("EVALSHA")
+                .arg(scripts::ENQUEUE.get_hash())
+                .arg(5)
+                .arg(&keys.main)
+                .arg(keys.job(id.as_str()))
+                .arg(keys.done(id.as_str()))
+                .arg(&keys.delayed)
+                .arg(&keys.stats)
+                .arg(id.as_str())
+                .arg(job_type)
+                .arg(schema_version)
+                .arg(payload.as_slice())
+                .arg(opts.max_attempts.unwrap_or(max_attempts).max(1))
+                .arg(opts.delay.map(|d| d.as_millis() as u64).unwrap_or(0));
+            ids.push(id);
+        }
+        let mut conn = self.conn.clone();
+        let first_id = ids.first().cloned();
+        let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
+        if matches!(&res, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)) {
+            // First use on this server (or after a restart): load and resend.
+            // A resend is harmless: ids already written report Duplicate.
+            scripts::ENQUEUE
+                .prepare_invoke()
+                .load_async(&mut conn)
+                .await
+                .map_err(|e| QueueError::redis(queue, first_id.as_ref(), e))?;
+            res = pipe.query_async(&mut conn).await;
+        }
+        let replies = res.map_err(|e| {
+            warn!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed");
+            QueueError::redis(queue, first_id.as_ref(), e)
+        })?;
+        if replies.len() != ids.len() {
+            return Err(QueueError::protocol(
+                queue,
+                first_id.as_ref(),
+                format!("{} replies for {} jobs", replies.len(), ids.len()),
+            ));
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, reply) in ids.into_iter().zip(replies) {
+            let outcome = parse_outcome(queue, &id, &reply)?;
+            out.push(Enqueued { id, outcome });
+        }
+        debug!(queue, job_type, jobs = out.len(), "batch enqueued");
+        Ok(out)
+    }
+}
+
+fn parse_outcome(queue: &str, id: &JobId, reply: &Value) -> Result<EnqueueOutcome> {
+    let items = reply::array(reply)
+        .ok_or_else(|| QueueError::protocol(queue, Some(id), format!("enqueue reply {reply:?}")))?;
+    let tag = items.first().and_then(reply::text).unwrap_or_default();
+    match tag.as_str() {
+        "new" => Ok(EnqueueOutcome::Created),
+        "exists" => Ok(EnqueueOutcome::Duplicate {
+            state: items.get(1).and_then(reply::text).unwrap_or_default(),
+        }),
+        "done" => Ok(EnqueueOutcome::AlreadyCompleted),
+        other => Err(QueueError::protocol(
+            queue,
+            Some(id),
+            format!("unknown enqueue outcome {other:?}"),
+        )),
     }
 }

@@ -242,3 +242,32 @@ async fn delayed_enqueue_runs_after_the_delay() {
     stop.shutdown();
     join.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn batch_enqueue_in_one_pipeline_survives_a_script_flush() {
+    let (server, url, queue) = setup().await;
+    let batch: Vec<Task> = (0..500).map(|seq| Task { ledger: url.clone(), seq, ..Task::default() }).collect();
+    // Fresh server: the script is not loaded yet, so this exercises the NOSCRIPT path.
+    let ids = queue.enqueue_many::<task::Job>(&batch).await.unwrap();
+    assert_eq!(ids.len(), 500);
+    server.command(&["SCRIPT", "FLUSH"]).unwrap();
+    let stable: Vec<(EnqueueOptions, &Task)> =
+        batch.iter().take(3).enumerate().map(|(i, t)| (EnqueueOptions::new().id(format!("b-{i}")), t)).collect();
+    let out = queue.enqueue_batch::<task::Job, _>(stable.clone()).await.unwrap();
+    assert!(out.iter().all(|e| e.is_new()));
+    let again = queue.enqueue_batch::<task::Job, _>(stable).await.unwrap();
+    assert!(again.iter().all(|e| !e.is_new()), "stable ids dedupe in batches too");
+    assert_eq!(queue.stats("tasks").await.unwrap().main, 503);
+
+    let mut cfg = fast_config();
+    cfg.concurrency = 16;
+    let (stop, join) = spawn_worker(&url, cfg).await;
+    wait_until(T, "503 completions", || async {
+        queue.stats("tasks").await.unwrap().counter("completed") == 503
+    })
+    .await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    let order = Ledger::read(&url).await.order;
+    assert_eq!(order.len(), 503);
+}
