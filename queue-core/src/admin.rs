@@ -61,12 +61,14 @@ impl JobInfo {
 
     /// Deliveries so far.
     pub fn attempts(&self) -> u32 {
-        self.field("attempts").and_then(|a| a.parse().ok()).unwrap_or(0)
+        self.field("attempts")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0)
     }
 }
 
 impl Queue {
-    /// Lengths and counters of `queue`, read in one MULTI/EXEC (a consistent snapshot).
+    /// Lengths and counters of `queue`, read by one script (a consistent snapshot).
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
@@ -80,17 +82,21 @@ impl Queue {
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         let k = QueueKeys::new(queue);
         let mut conn = self.connection();
-        let (main, processing, delayed, dead, counters): (u64, u64, u64, u64, BTreeMap<String, i64>) =
-            redis::pipe()
-                .atomic()
-                .llen(&k.main)
-                .llen(&k.processing)
-                .zcard(&k.delayed)
-                .llen(&k.dead)
-                .hgetall(&k.stats)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| QueueError::redis(queue, None, e))?;
+        let (main, processing, delayed, dead, counters): (
+            u64,
+            u64,
+            u64,
+            u64,
+            BTreeMap<String, i64>,
+        ) = scripts::STATS
+            .key(&k.main)
+            .key(&k.processing)
+            .key(&k.delayed)
+            .key(&k.dead)
+            .key(&k.stats)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
         Ok(QueueStats {
             queue: queue.to_string(),
             main,
@@ -124,7 +130,8 @@ impl Queue {
             if field == "payload" {
                 info.payload = value;
             } else {
-                info.fields.insert(field, String::from_utf8_lossy(&value).into_owned());
+                info.fields
+                    .insert(field, String::from_utf8_lossy(&value).into_owned());
             }
         }
         Ok(Some(info))
@@ -132,7 +139,11 @@ impl Queue {
 
     /// The completion record of `id` (`status`, `finished_at`, `attempts`),
     /// if it completed within the retention window.
-    pub async fn completion(&self, queue: &str, id: impl Into<JobId>) -> Result<Option<BTreeMap<String, String>>> {
+    pub async fn completion(
+        &self,
+        queue: &str,
+        id: impl Into<JobId>,
+    ) -> Result<Option<BTreeMap<String, String>>> {
         let id = id.into();
         let k = QueueKeys::new(queue);
         let mut conn = self.connection();
@@ -160,11 +171,14 @@ impl Queue {
             .map_err(|e| QueueError::redis(queue, None, e))?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            let info = self.job(queue, id.as_str()).await?.unwrap_or_else(|| JobInfo {
-                id: JobId::from(id),
-                fields: BTreeMap::new(),
-                payload: Vec::new(),
-            });
+            let info = self
+                .job(queue, id.as_str())
+                .await?
+                .unwrap_or_else(|| JobInfo {
+                    id: JobId::from(id),
+                    fields: BTreeMap::new(),
+                    payload: Vec::new(),
+                });
             out.push(info);
         }
         Ok(out)
@@ -172,7 +186,12 @@ impl Queue {
 
     /// Moves a dead-lettered job back to main. With `reset_attempts` its
     /// attempt count restarts at 0. Returns false when `id` is not dead-lettered.
-    pub async fn replay_dead(&self, queue: &str, id: impl Into<JobId>, reset_attempts: bool) -> Result<bool> {
+    pub async fn replay_dead(
+        &self,
+        queue: &str,
+        id: impl Into<JobId>,
+        reset_attempts: bool,
+    ) -> Result<bool> {
         let id = id.into();
         let k = QueueKeys::new(queue);
         let mut conn = self.connection();

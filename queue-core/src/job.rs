@@ -231,7 +231,7 @@ pub(crate) struct ContextInner {
     pub(crate) enqueued_at_ms: i64,
     pub(crate) delivered_at_ms: i64,
     pub(crate) lease_lost: AtomicBool,
-    pub(crate) conn: Option<redis::aio::ConnectionManager>,
+    pub(crate) conn: Option<crate::conn::RedisConnection>,
     pub(crate) result_ref: std::sync::Mutex<Option<String>>,
 }
 
@@ -335,7 +335,11 @@ impl JobContext {
     }
 
     pub(crate) fn take_result_ref(&self) -> Option<String> {
-        self.inner.result_ref.lock().ok().and_then(|mut slot| slot.take())
+        self.inner
+            .result_ref
+            .lock()
+            .ok()
+            .and_then(|mut slot| slot.take())
     }
 
     /// Runs `f` once per job: its result is stored in Redis under the job and
@@ -382,28 +386,41 @@ impl JobContext {
         if let Some(bytes) = stored {
             tracing::debug!(step = name, "step already done; using its stored result");
             return rmp_serde::from_slice(&bytes).map_err(|e| {
-                JobError::permanent(format!("stored result of step `{name}` does not decode: {e}"))
+                JobError::permanent(format!(
+                    "stored result of step `{name}` does not decode: {e}"
+                ))
             });
         }
         let value = f().await?;
-        let bytes = rmp_serde::to_vec_named(&value)
-            .map_err(|e| JobError::permanent(format!("result of step `{name}` does not encode: {e}")))?;
+        let bytes = rmp_serde::to_vec_named(&value).map_err(|e| {
+            JobError::permanent(format!("result of step `{name}` does not encode: {e}"))
+        })?;
         let _: () = redis::cmd("HSET")
             .arg(&key)
             .arg(name)
             .arg(bytes)
             .query_async(&mut conn)
             .await
-            .map_err(|e| JobError::retryable(format!("step `{name}` ran but its result could not be stored: {e}")))?;
+            .map_err(|e| {
+                JobError::retryable(format!(
+                    "step `{name}` ran but its result could not be stored: {e}"
+                ))
+            })?;
         tracing::debug!(step = name, "step done and recorded");
         Ok(value)
     }
 
     /// Acquires a distributed lock from inside a handler (same Redis as the
     /// queue). See [`Lock`](crate::Lock). Fails with a retryable error outside a worker.
-    pub async fn lock(&self, name: &str, options: crate::LockOptions) -> Result<Option<crate::LockGuard>, JobError> {
+    pub async fn lock(
+        &self,
+        name: &str,
+        options: crate::LockOptions,
+    ) -> Result<Option<crate::LockGuard>, JobError> {
         let Some(conn) = &self.inner.conn else {
-            return Err(JobError::retryable("locks need a worker's Redis connection"));
+            return Err(JobError::retryable(
+                "locks need a worker's Redis connection",
+            ));
         };
         crate::Lock::acquire(conn.clone(), name, options)
             .await

@@ -57,7 +57,7 @@ mod worker;
 
 pub use admin::{JobInfo, QueueStats};
 pub use backoff::Backoff;
-pub use conn::ConnectionConfig;
+pub use conn::{ConnectionConfig, RedisConnection};
 pub use error::{QueueError, Result};
 pub use job::{BoxFuture, Job, JobContext, JobError, JobErrorKind, JobId};
 pub use keys::QueueKeys;

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conn::RedisConnection;
 use rand::Rng;
-use redis::aio::ConnectionManager;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -105,7 +105,11 @@ impl Lock {
     /// assert!(guard.release().await?);
     /// # Ok(()) }
     /// ```
-    pub async fn acquire(conn: ConnectionManager, name: &str, options: LockOptions) -> Result<Option<LockGuard>, LockError> {
+    pub async fn acquire(
+        conn: RedisConnection,
+        name: &str,
+        options: LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
         let key = format!("lock:{{{name}}}");
         let fence_key = format!("lock:{{{name}}}:fence");
         let token = uuid::Uuid::new_v4().to_string();
@@ -119,10 +123,15 @@ impl Lock {
                 .arg(options.ttl.as_millis() as u64)
                 .invoke_async(&mut c)
                 .await
-                .map_err(|source| LockError { name: name.to_string(), source })?;
+                .map_err(|source| LockError {
+                    name: name.to_string(),
+                    source,
+                })?;
             if fencing > 0 {
                 debug!(lock = name, fencing, "lock acquired");
-                return Ok(Some(LockGuard::new(conn, name, key, token, fencing, options)));
+                return Ok(Some(LockGuard::new(
+                    conn, name, key, token, fencing, options,
+                )));
             }
             let now = tokio::time::Instant::now();
             if now >= deadline {
@@ -139,7 +148,7 @@ impl Lock {
 /// the background; prefer [`release`](Self::release) to know the outcome.
 #[derive(Debug)]
 pub struct LockGuard {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     name: String,
     key: String,
     token: String,
@@ -152,7 +161,14 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    fn new(conn: ConnectionManager, name: &str, key: String, token: String, fencing: u64, options: LockOptions) -> Self {
+    fn new(
+        conn: RedisConnection,
+        name: &str,
+        key: String,
+        token: String,
+        fencing: u64,
+        options: LockOptions,
+    ) -> Self {
         let held = Arc::new(AtomicBool::new(true));
         let (lost_tx, lost_rx) = watch::channel(false);
         let renew = options.renew_every.map(|every| {
@@ -213,7 +229,10 @@ impl LockGuard {
     pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
         let ok = extend(&self.conn, &self.key, &self.token, ttl)
             .await
-            .map_err(|source| LockError { name: self.name.clone(), source })?;
+            .map_err(|source| LockError {
+                name: self.name.clone(),
+                source,
+            })?;
         if !ok {
             self.held.store(false, Ordering::SeqCst);
         }
@@ -233,7 +252,10 @@ impl LockGuard {
             .arg(&self.token)
             .invoke_async(&mut c)
             .await
-            .map_err(|source| LockError { name: self.name.clone(), source })?;
+            .map_err(|source| LockError {
+                name: self.name.clone(),
+                source,
+            })?;
         Ok(n == 1)
     }
 
@@ -252,14 +274,23 @@ impl Drop for LockGuard {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let (mut c, key, token) = (self.conn.clone(), self.key.clone(), self.token.clone());
                 rt.spawn(async move {
-                    let _: redis::RedisResult<i64> = scripts::LOCK_RELEASE.key(&key).arg(&token).invoke_async(&mut c).await;
+                    let _: redis::RedisResult<i64> = scripts::LOCK_RELEASE
+                        .key(&key)
+                        .arg(&token)
+                        .invoke_async(&mut c)
+                        .await;
                 });
             }
         }
     }
 }
 
-async fn extend(conn: &ConnectionManager, key: &str, token: &str, ttl: Duration) -> redis::RedisResult<bool> {
+async fn extend(
+    conn: &RedisConnection,
+    key: &str,
+    token: &str,
+    ttl: Duration,
+) -> redis::RedisResult<bool> {
     let mut c = conn.clone();
     let n: i64 = scripts::LOCK_EXTEND
         .key(key)
@@ -272,7 +303,7 @@ async fn extend(conn: &ConnectionManager, key: &str, token: &str, ttl: Duration)
 
 #[allow(clippy::too_many_arguments)]
 async fn renew_loop(
-    conn: ConnectionManager,
+    conn: RedisConnection,
     name: String,
     key: String,
     token: String,

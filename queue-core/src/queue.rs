@@ -2,11 +2,10 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::Value;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::conn::{connect, ConnectionConfig};
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::{QueueError, Result};
 use crate::job::{Job, JobId};
 use crate::keys::QueueKeys;
@@ -38,7 +37,7 @@ use crate::scripts;
 /// ```
 #[derive(Clone)]
 pub struct Queue {
-    conn: ConnectionManager,
+    conn: RedisConnection,
 }
 
 impl std::fmt::Debug for Queue {
@@ -134,12 +133,12 @@ impl Queue {
     }
 
     /// Wraps an existing connection.
-    pub fn from_connection(conn: ConnectionManager) -> Self {
+    pub fn from_connection(conn: RedisConnection) -> Self {
         Queue { conn }
     }
 
     /// The underlying connection (for admin calls).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConnection {
         self.conn.clone()
     }
 
@@ -147,17 +146,29 @@ impl Queue {
     ///
     /// Returns `Ok` only after Redis confirmed the write; any failure is an error.
     pub async fn enqueue<J: Job>(&self, args: &J::Args) -> Result<JobId> {
-        Ok(self.enqueue_with::<J>(EnqueueOptions::new(), args).await?.id)
+        Ok(self
+            .enqueue_with::<J>(EnqueueOptions::new(), args)
+            .await?
+            .id)
     }
 
     /// Enqueues a job under a caller-chosen stable id (a business key).
     /// A second enqueue of the same id is a no-op reported in [`Enqueued::outcome`].
-    pub async fn enqueue_with_id<J: Job>(&self, id: impl Into<JobId>, args: &J::Args) -> Result<Enqueued> {
-        self.enqueue_with::<J>(EnqueueOptions::new().id(id), args).await
+    pub async fn enqueue_with_id<J: Job>(
+        &self,
+        id: impl Into<JobId>,
+        args: &J::Args,
+    ) -> Result<Enqueued> {
+        self.enqueue_with::<J>(EnqueueOptions::new().id(id), args)
+            .await
     }
 
     /// Enqueues with full [`EnqueueOptions`].
-    pub async fn enqueue_with<J: Job>(&self, opts: EnqueueOptions, args: &J::Args) -> Result<Enqueued> {
+    pub async fn enqueue_with<J: Job>(
+        &self,
+        opts: EnqueueOptions,
+        args: &J::Args,
+    ) -> Result<Enqueued> {
         let payload = rmp_serde::to_vec_named(args).map_err(|source| QueueError::Encode {
             queue: J::QUEUE.to_string(),
             job_type: J::NAME.to_string(),
@@ -165,8 +176,15 @@ impl Queue {
             source,
         })?;
         let max_attempts = opts.max_attempts.unwrap_or(J::MAX_ATTEMPTS);
-        self.enqueue_raw(J::QUEUE, J::NAME, J::SCHEMA_VERSION, max_attempts, opts, &payload)
-            .await
+        self.enqueue_raw(
+            J::QUEUE,
+            J::NAME,
+            J::SCHEMA_VERSION,
+            max_attempts,
+            opts,
+            &payload,
+        )
+        .await
     }
 
     /// Enqueues already-encoded payload bytes. Used by the outbox relay and by
@@ -204,7 +222,7 @@ impl Queue {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| {
-                warn!(queue, job_id = %id, job_type, error = %e, "enqueue failed");
+                debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed");
                 QueueError::redis(queue, Some(&id), e)
             })?;
         let outcome = parse_outcome(queue, &id, &reply)?;
@@ -219,7 +237,12 @@ impl Queue {
     /// stable ids ([`Queue::enqueue_batch`]) when that matters.
     pub async fn enqueue_many<J: Job>(&self, args: &[J::Args]) -> Result<Vec<JobId>> {
         let batch = args.iter().map(|a| (EnqueueOptions::new(), a));
-        Ok(self.enqueue_batch::<J, _>(batch).await?.into_iter().map(|e| e.id).collect())
+        Ok(self
+            .enqueue_batch::<J, _>(batch)
+            .await?
+            .into_iter()
+            .map(|e| e.id)
+            .collect())
     }
 
     /// Enqueues many jobs, each with its own options, in one pipeline.
@@ -283,7 +306,8 @@ impl Queue {
         let mut conn = self.conn.clone();
         let first_id = ids.first().cloned();
         let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
-        if matches!(&res, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)) {
+        if matches!(&res, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
+        {
             // First use on this server (or after a restart): load and resend.
             // A resend is harmless: ids already written report Duplicate.
             scripts::ENQUEUE
@@ -294,7 +318,7 @@ impl Queue {
             res = pipe.query_async(&mut conn).await;
         }
         let replies = res.map_err(|e| {
-            warn!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed");
+            debug!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed");
             QueueError::redis(queue, first_id.as_ref(), e)
         })?;
         if replies.len() != ids.len() {

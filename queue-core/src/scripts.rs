@@ -28,8 +28,12 @@ script!(FAIL, "fail.lua");
 script!(PROMOTE, "promote.lua");
 script!(RECLAIM, "reclaim.lua");
 script!(REPLAY, "replay.lua");
+script!(STATS, "stats.lua");
 
 // Locks use plain scripts: they touch only the lock's own keys.
-pub(crate) static LOCK_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/lock_acquire.lua")));
-pub(crate) static LOCK_EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/lock_extend.lua")));
-pub(crate) static LOCK_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/lock_release.lua")));
+pub(crate) static LOCK_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/lock_acquire.lua")));
+pub(crate) static LOCK_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/lock_extend.lua")));
+pub(crate) static LOCK_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/lock_release.lua")));

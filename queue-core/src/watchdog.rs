@@ -6,11 +6,10 @@
 use std::future::Future;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use tracing::{debug, info, warn};
 
 use crate::backoff::Backoff;
-use crate::conn::{connect, ConnectionConfig};
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 use crate::scripts;
@@ -95,7 +94,7 @@ impl ReclaimReport {
 /// # Ok(()) }
 /// ```
 pub struct Watchdog {
-    conn: ConnectionManager,
+    conn: RedisConnection,
     queues: Vec<QueueKeys>,
     config: WatchdogConfig,
 }
@@ -103,7 +102,10 @@ pub struct Watchdog {
 impl std::fmt::Debug for Watchdog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watchdog")
-            .field("queues", &self.queues.iter().map(|k| &k.queue).collect::<Vec<_>>())
+            .field(
+                "queues",
+                &self.queues.iter().map(|k| &k.queue).collect::<Vec<_>>(),
+            )
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -116,15 +118,26 @@ impl Watchdog {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let queues: Vec<QueueKeys> = queues.into_iter().map(|q| QueueKeys::new(q.as_ref())).collect();
+        let queues: Vec<QueueKeys> = queues
+            .into_iter()
+            .map(|q| QueueKeys::new(q.as_ref()))
+            .collect();
         if queues.is_empty() {
-            return Err(QueueError::Config("the watchdog needs at least one queue".into()));
+            return Err(QueueError::Config(
+                "the watchdog needs at least one queue".into(),
+            ));
         }
         if config.batch == 0 {
-            return Err(QueueError::Config("watchdog batch must be at least 1".into()));
+            return Err(QueueError::Config(
+                "watchdog batch must be at least 1".into(),
+            ));
         }
         let conn = connect(url, &config.connection).await?;
-        Ok(Watchdog { conn, queues, config })
+        Ok(Watchdog {
+            conn,
+            queues,
+            config,
+        })
     }
 
     /// One pass over every queue.

@@ -15,13 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use redis::aio::ConnectionManager;
 use redis::Value;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::backoff::Backoff;
-use crate::conn::{connect, ConnectionConfig};
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::{QueueError, Result};
 use crate::job::{ContextInner, JobContext, JobError, JobId};
 use crate::keys::QueueKeys;
@@ -88,7 +87,9 @@ impl Default for WorkerConfig {
 impl WorkerConfig {
     /// The effective heartbeat period.
     pub fn heartbeat_interval(&self) -> Duration {
-        self.heartbeat.unwrap_or(self.lease / 3).max(Duration::from_millis(10))
+        self.heartbeat
+            .unwrap_or(self.lease / 3)
+            .max(Duration::from_millis(10))
     }
 }
 
@@ -136,6 +137,12 @@ impl WorkerBuilder {
         self
     }
 
+    /// Retry backoff for retryable handler errors.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
     /// Replaces the whole configuration.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
@@ -146,16 +153,22 @@ impl WorkerBuilder {
     pub async fn build(self) -> Result<Worker> {
         let cfg = &self.config;
         if self.registrations.is_empty() {
-            return Err(QueueError::Config("a worker needs at least one registered job type".into()));
+            return Err(QueueError::Config(
+                "a worker needs at least one registered job type".into(),
+            ));
         }
         if cfg.concurrency == 0 || cfg.fetch_batch == 0 {
-            return Err(QueueError::Config("concurrency and fetch_batch must be at least 1".into()));
+            return Err(QueueError::Config(
+                "concurrency and fetch_batch must be at least 1".into(),
+            ));
         }
         if cfg.lease < Duration::from_millis(100) {
             return Err(QueueError::Config("lease must be at least 100ms".into()));
         }
         if cfg.heartbeat_interval() >= cfg.lease {
-            return Err(QueueError::Config("heartbeat must be shorter than the lease".into()));
+            return Err(QueueError::Config(
+                "heartbeat must be shorter than the lease".into(),
+            ));
         }
         let mut handlers = HashMap::new();
         for reg in &self.registrations {
@@ -168,7 +181,10 @@ impl WorkerBuilder {
             }
         }
         let mut queues = self.queues.unwrap_or_else(|| {
-            self.registrations.iter().map(|r| r.queue.to_string()).collect()
+            self.registrations
+                .iter()
+                .map(|r| r.queue.to_string())
+                .collect()
         });
         queues.sort();
         queues.dedup();
@@ -188,7 +204,7 @@ impl WorkerBuilder {
 
 struct Inner {
     url: String,
-    conn: ConnectionManager,
+    conn: RedisConnection,
     handlers: HashMap<(String, String), Registration>,
     queues: Vec<QueueKeys>,
     config: WorkerConfig,
@@ -222,7 +238,15 @@ pub struct Worker {
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Worker")
-            .field("queues", &self.inner.queues.iter().map(|k| &k.queue).collect::<Vec<_>>())
+            .field(
+                "queues",
+                &self
+                    .inner
+                    .queues
+                    .iter()
+                    .map(|k| &k.queue)
+                    .collect::<Vec<_>>(),
+            )
             .field("config", &self.inner.config)
             .finish_non_exhaustive()
     }
@@ -363,7 +387,9 @@ async fn promoter(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     loop {
         for keys in &inner.queues {
             match promote(&mut conn, keys, 1000).await {
-                Ok(n) if n > 0 => debug!(queue = %keys.queue, promoted = n, "due delayed jobs moved to main"),
+                Ok(n) if n > 0 => {
+                    debug!(queue = %keys.queue, promoted = n, "due delayed jobs moved to main")
+                }
                 Ok(_) => {}
                 Err(e) => warn!(queue = %keys.queue, error = %e, "promote failed; will retry"),
             }
@@ -376,7 +402,11 @@ async fn promoter(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
 }
 
 /// Runs the promote script once.
-pub(crate) async fn promote(conn: &mut ConnectionManager, keys: &QueueKeys, limit: usize) -> Result<u64> {
+pub(crate) async fn promote(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    limit: usize,
+) -> Result<u64> {
     scripts::PROMOTE
         .key(&keys.delayed)
         .key(&keys.main)
@@ -410,7 +440,8 @@ enum ClaimRow {
 }
 
 fn parse_claim_row(queue: &str, v: &Value) -> Result<ClaimRow> {
-    let row = reply::array(v).ok_or_else(|| QueueError::protocol(queue, None, format!("claim row {v:?}")))?;
+    let row = reply::array(v)
+        .ok_or_else(|| QueueError::protocol(queue, None, format!("claim row {v:?}")))?;
     let tag = row.first().and_then(reply::text).unwrap_or_default();
     let id = JobId::from(
         row.get(1)
@@ -418,31 +449,60 @@ fn parse_claim_row(queue: &str, v: &Value) -> Result<ClaimRow> {
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default(),
     );
-    let bad = |what: &str| QueueError::protocol(queue, Some(&id), format!("claim row field {what}: {v:?}"));
+    let bad = |what: &str| {
+        QueueError::protocol(queue, Some(&id), format!("claim row field {what}: {v:?}"))
+    };
     Ok(match tag.as_str() {
         "claimed" => ClaimRow::Claimed(Delivery {
-            token: row.get(2).and_then(reply::text).ok_or_else(|| bad("token"))?,
-            job_type: row.get(3).and_then(reply::text).ok_or_else(|| bad("type"))?,
-            version: row.get(4).and_then(reply::int).unwrap_or(0).clamp(0, u32::MAX as i64) as u32,
+            token: row
+                .get(2)
+                .and_then(reply::text)
+                .ok_or_else(|| bad("token"))?,
+            job_type: row
+                .get(3)
+                .and_then(reply::text)
+                .ok_or_else(|| bad("type"))?,
+            version: row
+                .get(4)
+                .and_then(reply::int)
+                .unwrap_or(0)
+                .clamp(0, u32::MAX as i64) as u32,
             payload: row.get(5).and_then(reply::bytes).unwrap_or_default(),
-            attempt: row.get(6).and_then(reply::int).ok_or_else(|| bad("attempts"))?.clamp(0, u32::MAX as i64) as u32,
-            max_attempts: row.get(7).and_then(reply::int).unwrap_or(1).clamp(1, u32::MAX as i64) as u32,
+            attempt: row
+                .get(6)
+                .and_then(reply::int)
+                .ok_or_else(|| bad("attempts"))?
+                .clamp(0, u32::MAX as i64) as u32,
+            max_attempts: row
+                .get(7)
+                .and_then(reply::int)
+                .unwrap_or(1)
+                .clamp(1, u32::MAX as i64) as u32,
             enqueued_at_ms: row.get(8).and_then(reply::int).unwrap_or(0),
             delivered_at_ms: row.get(9).and_then(reply::int).unwrap_or(0),
             id,
         }),
-        "done" => ClaimRow::Skipped(id, "completion record exists: acked without running the handler again"),
+        "done" => ClaimRow::Skipped(
+            id,
+            "completion record exists: acked without running the handler again",
+        ),
         "missing" => ClaimRow::Skipped(id, "job hash missing: dead-lettered"),
         "busy" => ClaimRow::Skipped(id, "another delivery owns this job"),
         "gone" => ClaimRow::Skipped(id, "already returned by the watchdog before the claim"),
-        other => return Err(QueueError::protocol(queue, Some(&id), format!("unknown claim outcome {other:?}"))),
+        other => {
+            return Err(QueueError::protocol(
+                queue,
+                Some(&id),
+                format!("unknown claim outcome {other:?}"),
+            ))
+        }
     })
 }
 
 struct Fetcher {
     inner: Arc<Inner>,
     keys: QueueKeys,
-    blocking: ConnectionManager,
+    blocking: RedisConnection,
     sem: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
     hard_stop: watch::Receiver<bool>,
@@ -542,8 +602,9 @@ impl Fetcher {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| QueueError::redis(&k.queue, None, e))?;
-        let rows = reply::array(&reply)
-            .ok_or_else(|| QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}")))?;
+        let rows = reply::array(&reply).ok_or_else(|| {
+            QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}"))
+        })?;
         rows.iter().map(|r| parse_claim_row(&k.queue, r)).collect()
     }
 
@@ -618,9 +679,25 @@ enum Outcome {
 impl JobRunner {
     async fn run(mut self, d: Delivery) {
         let queue = self.keys.queue.clone();
-        let Some(reg) = self.inner.handlers.get(&(queue.clone(), d.job_type.clone())).cloned() else {
-            let known: Vec<_> = self.inner.handlers.keys().filter(|(q, _)| *q == queue).map(|(_, n)| n.as_str()).collect();
-            let reason = format!("unknown job type `{}` on queue `{}` (this worker handles: {})", d.job_type, queue, known.join(", "));
+        let Some(reg) = self
+            .inner
+            .handlers
+            .get(&(queue.clone(), d.job_type.clone()))
+            .cloned()
+        else {
+            let known: Vec<_> = self
+                .inner
+                .handlers
+                .keys()
+                .filter(|(q, _)| *q == queue)
+                .map(|(_, n)| n.as_str())
+                .collect();
+            let reason = format!(
+                "unknown job type `{}` on queue `{}` (this worker handles: {})",
+                d.job_type,
+                queue,
+                known.join(", ")
+            );
             self.finish(&d, Outcome::Dead(reason)).await;
             return;
         };
@@ -649,7 +726,14 @@ impl JobRunner {
         let fut = match (reg.runner)(ctx.clone(), &d.payload) {
             Ok(f) => f,
             Err(msg) => {
-                self.finish(&d, Outcome::Dead(format!("payload does not decode as `{}`: {msg}", d.job_type))).await;
+                self.finish(
+                    &d,
+                    Outcome::Dead(format!(
+                        "payload does not decode as `{}`: {msg}",
+                        d.job_type
+                    )),
+                )
+                .await;
                 return;
             }
         };
@@ -658,7 +742,15 @@ impl JobRunner {
         let started = std::time::Instant::now();
         let heartbeat_enabled = self.inner.config.heartbeat_enabled;
         let heartbeat = tokio::spawn(
-            heartbeat(heartbeat_enabled, self.inner.clone(), self.keys.clone(), d.id.clone(), d.token.clone(), ctx.clone()).in_current_span(),
+            heartbeat(
+                heartbeat_enabled,
+                self.inner.clone(),
+                self.keys.clone(),
+                d.id.clone(),
+                d.token.clone(),
+                ctx.clone(),
+            )
+            .in_current_span(),
         );
 
         let guarded = AssertUnwindSafe(fut).catch_unwind();
@@ -666,7 +758,9 @@ impl JobRunner {
             match reg.timeout {
                 Some(limit) => match tokio::time::timeout(limit, guarded).await {
                     Ok(r) => r,
-                    Err(_) => Ok(Err(JobError::retryable(format!("handler timed out after {limit:?}")))),
+                    Err(_) => Ok(Err(JobError::retryable(format!(
+                        "handler timed out after {limit:?}"
+                    )))),
                 },
                 None => guarded.await,
             }
@@ -753,7 +847,10 @@ impl JobRunner {
             info!("completed");
             Ok(())
         } else {
-            Err(QueueError::LeaseLost { queue: k.queue.clone(), job_id: d.id.clone() })
+            Err(QueueError::LeaseLost {
+                queue: k.queue.clone(),
+                job_id: d.id.clone(),
+            })
         }
     }
 
@@ -779,7 +876,11 @@ impl JobRunner {
         let items = reply::array(&reply).unwrap_or(&[]);
         match items.first().and_then(reply::text).as_deref() {
             Some("retry") => {
-                warn!(error = message, retry_in_ms = delay.as_millis() as u64, "failed; will retry");
+                warn!(
+                    error = message,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "failed; will retry"
+                );
                 Ok(())
             }
             Some("dead") => {
@@ -787,8 +888,15 @@ impl JobRunner {
                 error!(reason = %reason, "dead-lettered");
                 Ok(())
             }
-            Some("lost") => Err(QueueError::LeaseLost { queue: k.queue.clone(), job_id: d.id.clone() }),
-            _ => Err(QueueError::protocol(&k.queue, Some(&d.id), format!("fail reply {reply:?}"))),
+            Some("lost") => Err(QueueError::LeaseLost {
+                queue: k.queue.clone(),
+                job_id: d.id.clone(),
+            }),
+            _ => Err(QueueError::protocol(
+                &k.queue,
+                Some(&d.id),
+                format!("fail reply {reply:?}"),
+            )),
         }
     }
 }

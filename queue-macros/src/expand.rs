@@ -117,7 +117,9 @@ fn generate(function: &ItemFn, sig: &JobSignature, options: &JobOptions) -> Toke
         format!(" Job type `{job_name}` on queue `{queue}`{limits}."),
         String::new(),
         " - `Job`: the job type, implementing `queue_core::Job`;".into(),
-        " - `enqueue`, `enqueue_with_id`, `enqueue_with`: put a job on the queue;".into(),
+        " - `QUEUE`, `NAME`: the queue and job type names;".into(),
+        " - `enqueue`, `enqueue_with_id`, `enqueue_with`, `enqueue_many`: put jobs on the queue;"
+            .into(),
         " - `handler()`: the `Registration` to give to a `Worker`.".into(),
     ];
     let job_doc = format!(" The `{job_name}` job type (queue `{queue}`), running `{fn_name}`.");
@@ -143,6 +145,11 @@ fn generate(function: &ItemFn, sig: &JobSignature, options: &JobOptions) -> Toke
         #module_vis mod #fn_ident {
             #[allow(unused_imports)]
             use super::*;
+
+            /// The queue this job type is enqueued to.
+            #vis const QUEUE: &str = #queue;
+            /// The job type name stored with each job.
+            #vis const NAME: &str = #job_name;
 
             #[doc = #job_doc]
             #[derive(
@@ -170,6 +177,14 @@ fn generate(function: &ItemFn, sig: &JobSignature, options: &JobOptions) -> Toke
                 > {
                     #boxed
                 }
+            }
+
+            /// Enqueues many jobs with random ids in one pipeline; returns their ids in order.
+            #vis async fn enqueue_many(
+                queue: &::queue_core::Queue,
+                args: &[#args_ty],
+            ) -> ::core::result::Result<::std::vec::Vec<::queue_core::JobId>, ::queue_core::QueueError> {
+                queue.enqueue_many::<Job>(args).await
             }
 
             #[doc = #enqueue_doc]

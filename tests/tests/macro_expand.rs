@@ -330,3 +330,9 @@ mod cleanup {
         Ok(())
     }
 }
+
+#[test]
+fn generated_module_exposes_queue_and_name_constants() {
+    assert_eq!(send_welcome::QUEUE, "emails");
+    assert_eq!(send_welcome::NAME, "send_welcome");
+}
