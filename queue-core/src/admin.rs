@@ -28,6 +28,11 @@ pub struct QueueStats {
     /// Lifetime counters: enqueued, completed, failed, retried, dead,
     /// reclaimed, adopted, skipped_done, replayed.
     pub counters: BTreeMap<String, i64>,
+    /// Age of the oldest job waiting in main (Redis clock), if any waits.
+    pub oldest_waiting_ms: Option<u64>,
+    /// Completions in the last 60 s (from per-minute counters; the previous
+    /// minute is weighted by how much of it falls in the window, rounded up).
+    pub completed_last_minute: u64,
 }
 
 impl QueueStats {
@@ -82,21 +87,30 @@ impl Queue {
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         let k = QueueKeys::new(queue);
         let mut conn = self.connection();
-        let (main, processing, delayed, dead, counters): (
+        type Reply = (
             u64,
             u64,
             u64,
             u64,
             BTreeMap<String, i64>,
-        ) = scripts::STATS
-            .key(&k.main)
-            .key(&k.processing)
-            .key(&k.delayed)
-            .key(&k.dead)
-            .key(&k.stats)
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| QueueError::redis(queue, None, e))?;
+            i64,
+            i64,
+            u64,
+            u64,
+        );
+        let (main, processing, delayed, dead, counters, now, oldest, cur, prev): Reply =
+            scripts::STATS
+                .key(&k.main)
+                .key(&k.processing)
+                .key(&k.delayed)
+                .key(&k.dead)
+                .key(&k.stats)
+                .arg(&k.job_prefix)
+                .arg(&k.tput_prefix)
+                .invoke_async(&mut conn)
+                .await
+                .map_err(|e| QueueError::redis(queue, None, e))?;
+        let into_minute = (now.rem_euclid(60_000)) as f64 / 60_000.0;
         Ok(QueueStats {
             queue: queue.to_string(),
             main,
@@ -104,6 +118,8 @@ impl Queue {
             delayed,
             dead,
             counters,
+            oldest_waiting_ms: (oldest > 0 && main > 0).then(|| (now - oldest).max(0) as u64),
+            completed_last_minute: cur + (prev as f64 * (1.0 - into_minute)).ceil() as u64,
         })
     }
 

@@ -71,6 +71,31 @@ pub enum QueueError {
         detail: String,
     },
 
+    /// The enqueue reached a read-only replica. Enqueue through the primary
+    /// (check the URL, or the Sentinel/Cluster configuration).
+    #[error("redis for queue `{queue}`{} is a read-only replica: enqueue through the primary", job_suffix(.job_id))]
+    ReadOnlyReplica {
+        /// Queue name.
+        queue: String,
+        /// The job concerned, if any.
+        job_id: Option<JobId>,
+    },
+
+    /// The job was written on the primary, but fewer replicas than requested
+    /// confirmed it within the timeout (see `EnqueueOptions::wait_for_replicas`).
+    /// It may be lost if the primary fails before replicating it.
+    #[error("job `{job_id}` on queue `{queue}` was written on the primary but only {acked} of {wanted} replicas confirmed it in time")]
+    NotReplicated {
+        /// Queue name.
+        queue: String,
+        /// The job (the first of a batch).
+        job_id: JobId,
+        /// Replicas that confirmed.
+        acked: u32,
+        /// Replicas requested.
+        wanted: u32,
+    },
+
     /// A job id was rejected before anything was sent to Redis.
     #[error("invalid job id {id:?} for queue `{queue}`: {reason}")]
     InvalidJobId {
@@ -96,6 +121,12 @@ fn job_suffix(job_id: &Option<JobId>) -> String {
 
 impl QueueError {
     pub(crate) fn redis(queue: &str, job_id: Option<&JobId>, source: redis::RedisError) -> Self {
+        if source.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly) {
+            return QueueError::ReadOnlyReplica {
+                queue: queue.to_string(),
+                job_id: job_id.cloned(),
+            };
+        }
         QueueError::Redis {
             queue: queue.to_string(),
             job_id: job_id.cloned(),
@@ -118,7 +149,9 @@ impl QueueError {
             | QueueError::Encode { queue, .. }
             | QueueError::LeaseLost { queue, .. }
             | QueueError::Protocol { queue, .. }
-            | QueueError::InvalidJobId { queue, .. } => Some(queue),
+            | QueueError::InvalidJobId { queue, .. }
+            | QueueError::ReadOnlyReplica { queue, .. }
+            | QueueError::NotReplicated { queue, .. } => Some(queue),
             QueueError::Connect { .. } | QueueError::Config(_) => None,
         }
     }
@@ -128,8 +161,11 @@ impl QueueError {
         match self {
             QueueError::Redis { job_id, .. }
             | QueueError::Encode { job_id, .. }
-            | QueueError::Protocol { job_id, .. } => job_id.as_ref(),
-            QueueError::LeaseLost { job_id, .. } => Some(job_id),
+            | QueueError::Protocol { job_id, .. }
+            | QueueError::ReadOnlyReplica { job_id, .. } => job_id.as_ref(),
+            QueueError::LeaseLost { job_id, .. } | QueueError::NotReplicated { job_id, .. } => {
+                Some(job_id)
+            }
             _ => None,
         }
     }

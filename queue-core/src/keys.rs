@@ -12,6 +12,7 @@
 //! | `q:{<queue>}:done:<id>` | hash | completion record, expires after the retention |
 //! | `q:{<queue>}:steps:<id>` | hash | results of `ctx.step(..)` calls, expire with the completion record |
 //! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
+//! | `q:{<queue>}:tput:<minute>` | string | completions in that minute (epoch minutes), expires after 3 minutes |
 //!
 //! ```
 //! let keys = queue_core::QueueKeys::new("emails");
@@ -42,6 +43,8 @@ pub struct QueueKeys {
     pub done_prefix: String,
     /// Prefix of step-result hashes (`steps_prefix + id`).
     pub steps_prefix: String,
+    /// Prefix of per-minute completion counters (`tput_prefix + epoch minute`).
+    pub tput_prefix: String,
 }
 
 impl QueueKeys {
@@ -59,6 +62,7 @@ impl QueueKeys {
             job_prefix: format!("{base}job:"),
             done_prefix: format!("{base}done:"),
             steps_prefix: format!("{base}steps:"),
+            tput_prefix: format!("{base}tput:"),
         }
     }
 

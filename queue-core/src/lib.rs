@@ -48,6 +48,7 @@ mod failpoint;
 mod job;
 mod keys;
 mod lock;
+mod metrics;
 mod queue;
 mod registry;
 mod reply;

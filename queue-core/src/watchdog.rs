@@ -34,6 +34,9 @@ pub struct WatchdogConfig {
     pub orphan_scan: usize,
     /// Backoff before a reclaimed job runs again (jittered, by attempts).
     pub backoff: Backoff,
+    /// Read each queue's depths and ages every pass and publish them as
+    /// metrics gauges (`queue_depth`, `queue_oldest_job_age_seconds`).
+    pub publish_gauges: bool,
     /// Redis timeouts.
     pub connection: ConnectionConfig,
 }
@@ -49,6 +52,7 @@ impl Default for WatchdogConfig {
                 base: Duration::from_secs(1),
                 max: Duration::from_secs(60),
             },
+            publish_gauges: true,
             connection: ConnectionConfig::default(),
         }
     }
@@ -194,6 +198,11 @@ impl Watchdog {
             if n < 1000 {
                 break;
             }
+        }
+        crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
+        if self.config.publish_gauges {
+            let queue = crate::queue::Queue::from_connection(conn);
+            crate::metrics::depth(&queue.stats(&keys.queue).await?);
         }
         Ok(report)
     }

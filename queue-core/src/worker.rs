@@ -698,7 +698,7 @@ impl JobRunner {
                 queue,
                 known.join(", ")
             );
-            self.finish(&d, Outcome::Dead(reason)).await;
+            self.finish(&d, Outcome::Dead(reason), Duration::ZERO).await;
             return;
         };
         if d.version != reg.version {
@@ -706,7 +706,7 @@ impl JobRunner {
                 "unknown schema version {} for job type `{}` (the handler expects version {})",
                 d.version, d.job_type, reg.version
             );
-            self.finish(&d, Outcome::Dead(reason)).await;
+            self.finish(&d, Outcome::Dead(reason), Duration::ZERO).await;
             return;
         }
         let ctx = JobContext {
@@ -732,12 +732,14 @@ impl JobRunner {
                         "payload does not decode as `{}`: {msg}",
                         d.job_type
                     )),
+                    Duration::ZERO,
                 )
                 .await;
                 return;
             }
         };
         crate::failpoint::hit("after_claim");
+        crate::metrics::started(&queue, &d.job_type);
         debug!("started");
         let started = std::time::Instant::now();
         let heartbeat_enabled = self.inner.config.heartbeat_enabled;
@@ -774,7 +776,8 @@ impl JobRunner {
             }
         };
         heartbeat.abort();
-        let elapsed_ms = started.elapsed().as_millis() as u64;
+        let elapsed = started.elapsed();
+        let elapsed_ms = elapsed.as_millis() as u64;
         let outcome = match result {
             Ok(Ok(())) => Outcome::Ack(ctx.take_result_ref()),
             Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
@@ -789,12 +792,12 @@ impl JobRunner {
             }
         };
         debug!(elapsed_ms, "handler returned");
-        self.finish(&d, outcome).await;
+        self.finish(&d, outcome, elapsed).await;
     }
 
     /// Ack / retry / dead-letter, retrying Redis errors until the lease would
     /// have expired anyway (after that the watchdog owns the job).
-    async fn finish(&self, d: &Delivery, outcome: Outcome) {
+    async fn finish(&self, d: &Delivery, outcome: Outcome, elapsed: Duration) {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
         loop {
@@ -808,7 +811,10 @@ impl JobRunner {
                 Outcome::Dead(reason) => self.fail(d, "permanent", reason).await,
             };
             match res {
-                Ok(()) => return,
+                Ok(label) => {
+                    crate::metrics::finished(&self.keys.queue, &d.job_type, label, elapsed);
+                    return;
+                }
                 Err(e) if e.is_lease_lost() => {
                     warn!(error = %e, "result discarded: lease lost");
                     return;
@@ -826,7 +832,7 @@ impl JobRunner {
         }
     }
 
-    async fn ack(&self, d: &Delivery, result_ref: Option<String>) -> Result<()> {
+    async fn ack(&self, d: &Delivery, result_ref: Option<String>) -> Result<&'static str> {
         let k = &self.keys;
         let mut conn = self.inner.conn.clone();
         let ok: i64 = scripts::ACK
@@ -840,12 +846,13 @@ impl JobRunner {
             .arg(&d.token)
             .arg(self.inner.config.completion_retention.as_millis() as u64)
             .arg(result_ref.unwrap_or_default())
+            .arg(&k.tput_prefix)
             .invoke_async(&mut conn)
             .await
             .map_err(|e| QueueError::redis(&k.queue, Some(&d.id), e))?;
         if ok == 1 {
             info!("completed");
-            Ok(())
+            Ok("completed")
         } else {
             Err(QueueError::LeaseLost {
                 queue: k.queue.clone(),
@@ -854,7 +861,7 @@ impl JobRunner {
         }
     }
 
-    async fn fail(&self, d: &Delivery, kind: &str, message: &str) -> Result<()> {
+    async fn fail(&self, d: &Delivery, kind: &str, message: &str) -> Result<&'static str> {
         let k = &self.keys;
         let delay = self.inner.config.backoff.delay(d.attempt);
         let mut conn = self.inner.conn.clone();
@@ -881,12 +888,12 @@ impl JobRunner {
                     retry_in_ms = delay.as_millis() as u64,
                     "failed; will retry"
                 );
-                Ok(())
+                Ok("retried")
             }
             Some("dead") => {
                 let reason = items.get(1).and_then(reply::text).unwrap_or_default();
                 error!(reason = %reason, "dead-lettered");
-                Ok(())
+                Ok("dead_lettered")
             }
             Some("lost") => Err(QueueError::LeaseLost {
                 queue: k.queue.clone(),

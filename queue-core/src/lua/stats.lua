@@ -1,5 +1,16 @@
--- A consistent snapshot of a queue's lengths and counters (read-only).
+-- A consistent snapshot of a queue's lengths, counters and ages (read-only).
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 stats
--- Returns {main, processing, delayed, dead, {field, value, ...}}
+-- ARGV: 1 job prefix, 2 throughput key prefix
+-- Returns {main, processing, delayed, dead, {field, value, ...}, now_ms,
+--          oldest waiting job's enqueued_at (0 if none), completions this minute,
+--          completions previous minute, earliest lease expiry (0 if none)}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local oldest = 0
+local tail = redis.call('LINDEX', KEYS[1], -1)
+if tail then oldest = tonumber(redis.call('HGET', ARGV[1] .. tail, 'enqueued_at')) or 0 end
+local minute = math.floor(now / 60000)
+local cur = tonumber(redis.call('GET', ARGV[2] .. minute)) or 0
+local prev = tonumber(redis.call('GET', ARGV[2] .. (minute - 1))) or 0
 return {redis.call('LLEN', KEYS[1]), redis.call('LLEN', KEYS[2]), redis.call('ZCARD', KEYS[3]),
-  redis.call('LLEN', KEYS[4]), redis.call('HGETALL', KEYS[5])}
+  redis.call('LLEN', KEYS[4]), redis.call('HGETALL', KEYS[5]), now, oldest, cur, prev}
