@@ -10,6 +10,7 @@
 //! | `q:{<queue>}:dead` | list | dead-lettered ids, newest first |
 //! | `q:{<queue>}:job:<id>` | hash | payload and metadata of one job |
 //! | `q:{<queue>}:done:<id>` | hash | completion record, expires after the retention |
+//! | `q:{<queue>}:once:<id>` | string | marker: this id was enqueued; refuses it again until it expires (periodic jobs) |
 //! | `q:{<queue>}:steps:<id>` | hash | results of `ctx.step(..)` calls, expire with the completion record |
 //! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
 //! | `q:{<queue>}:tput:<minute>` | string | completions in that minute (epoch minutes), expires after 3 minutes |
@@ -74,6 +75,11 @@ impl QueueKeys {
     /// The completion record of job `id`.
     pub fn done(&self, id: &str) -> String {
         format!("{}{}", self.done_prefix, id)
+    }
+
+    /// The once-marker of job id `id` (periodic jobs).
+    pub fn once(&self, id: &str) -> String {
+        format!("q:{{{}}}:once:{}", self.queue, id)
     }
 
     /// The step results of job `id`.

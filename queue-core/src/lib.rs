@@ -52,6 +52,7 @@ mod metrics;
 mod queue;
 mod registry;
 mod reply;
+mod scheduler;
 mod scripts;
 mod watchdog;
 mod worker;

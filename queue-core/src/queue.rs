@@ -63,6 +63,11 @@ pub struct EnqueueOptions {
     pub max_attempts: Option<u32>,
     /// After the write, `WAIT` for this many replicas, at most this long.
     pub replicas: Option<(u32, Duration)>,
+    /// Run no earlier than this time (Redis clock). Takes precedence over `delay`.
+    pub run_at: Option<std::time::SystemTime>,
+    /// Refuse this id for this long even after the job completed and its
+    /// record expired (used by periodic jobs: one run per period).
+    pub once_for: Option<Duration>,
 }
 
 impl EnqueueOptions {
@@ -81,6 +86,19 @@ impl EnqueueOptions {
     /// Delay the first run.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
+        self
+    }
+
+    /// Run at (no earlier than) `at`, compared with the Redis clock. A time
+    /// in the past runs now.
+    pub fn run_at(mut self, at: std::time::SystemTime) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+
+    /// Accept this id only once for `ttl`, even after the job completed.
+    pub fn once_for(mut self, ttl: Duration) -> Self {
+        self.once_for = Some(ttl);
         self
     }
 
@@ -239,12 +257,15 @@ impl Queue {
             .key(keys.done(id.as_str()))
             .key(&keys.delayed)
             .key(&keys.stats)
+            .key(keys.once(id.as_str()))
             .arg(id.as_str())
             .arg(job_type)
             .arg(schema_version)
             .arg(payload)
             .arg(max_attempts.max(1))
             .arg(delay_ms)
+            .arg(epoch_ms(opts.run_at))
+            .arg(opts.once_for.map(|d| d.as_millis() as u64).unwrap_or(0))
             .invoke_async(&mut conn)
             .await
             .map_err(|e| {
@@ -318,18 +339,21 @@ impl Queue {
             })?;
             pipe.cmd("EVALSHA")
                 .arg(scripts::ENQUEUE.get_hash())
-                .arg(5)
+                .arg(6)
                 .arg(&keys.main)
                 .arg(keys.job(id.as_str()))
                 .arg(keys.done(id.as_str()))
                 .arg(&keys.delayed)
                 .arg(&keys.stats)
+                .arg(keys.once(id.as_str()))
                 .arg(id.as_str())
                 .arg(job_type)
                 .arg(schema_version)
                 .arg(payload.as_slice())
                 .arg(opts.max_attempts.unwrap_or(max_attempts).max(1))
-                .arg(opts.delay.map(|d| d.as_millis() as u64).unwrap_or(0));
+                .arg(opts.delay.map(|d| d.as_millis() as u64).unwrap_or(0))
+                .arg(epoch_ms(opts.run_at))
+                .arg(opts.once_for.map(|d| d.as_millis() as u64).unwrap_or(0));
             ids.push(id);
         }
         let wait = items.iter().filter_map(|(o, _)| o.replicas).max();
@@ -387,6 +411,13 @@ impl Queue {
         debug!(queue, job_type, jobs = out.len(), "batch enqueued");
         Ok(out)
     }
+}
+
+/// Milliseconds since the epoch, 0 for none (or before the epoch).
+fn epoch_ms(at: Option<std::time::SystemTime>) -> u64 {
+    at.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| (d.as_millis() as u64).max(1))
+        .unwrap_or(0)
 }
 
 fn parse_outcome(queue: &str, id: &JobId, reply: &Value) -> Result<EnqueueOutcome> {

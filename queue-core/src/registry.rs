@@ -19,7 +19,10 @@ pub struct Registration {
     pub(crate) queue: &'static str,
     pub(crate) version: u32,
     pub(crate) timeout: Option<Duration>,
+    pub(crate) max_attempts: u32,
     pub(crate) runner: Runner,
+    /// Periodic schedule (cron expression, with seconds) and the payload each firing enqueues.
+    pub(crate) cron: Option<(&'static str, fn() -> Vec<u8>)>,
 }
 
 impl fmt::Debug for Registration {
@@ -29,6 +32,7 @@ impl fmt::Debug for Registration {
             .field("queue", &self.queue)
             .field("version", &self.version)
             .field("timeout", &self.timeout)
+            .field("cron", &self.cron.map(|(expr, _)| expr))
             .finish()
     }
 }
@@ -55,11 +59,51 @@ impl Registration {
             queue: J::QUEUE,
             version: J::SCHEMA_VERSION,
             timeout: J::TIMEOUT,
+            max_attempts: J::MAX_ATTEMPTS,
+            cron: None,
             runner: Arc::new(|ctx, payload| {
                 let args: J::Args = rmp_serde::from_slice(payload).map_err(|e| e.to_string())?;
                 Ok(J::run(ctx, args))
             }),
         }
+    }
+
+    /// The registration of a periodic job type `J`: every worker that
+    /// registers it enqueues `J::Args::default()` at each time of the cron
+    /// schedule `expr` (6 fields, with seconds: `"0 */5 * * * *"` = every five
+    /// minutes), and each firing runs once across all workers. The expression
+    /// is checked when the worker is built.
+    ///
+    /// ```
+    /// # use queue_core::{BoxFuture, Job, JobContext, JobError, Registration};
+    /// # struct Cleanup;
+    /// # impl Job for Cleanup {
+    /// #     type Args = ();
+    /// #     const NAME: &'static str = "cleanup";
+    /// #     const QUEUE: &'static str = "maintenance";
+    /// #     fn run(_: JobContext, _: ()) -> BoxFuture<'static, Result<(), JobError>> { Box::pin(async { Ok(()) }) }
+    /// # }
+    /// let reg = Registration::periodic::<Cleanup>("0 0 3 * * *"); // 03:00 UTC daily
+    /// assert_eq!(reg.cron(), Some("0 0 3 * * *"));
+    /// ```
+    pub fn periodic<J: Job>(expr: &'static str) -> Self
+    where
+        J::Args: Default,
+    {
+        fn default_payload<J: Job>() -> Vec<u8>
+        where
+            J::Args: Default,
+        {
+            rmp_serde::to_vec_named(&J::Args::default()).unwrap_or_default()
+        }
+        let mut reg = Self::of::<J>();
+        reg.cron = Some((expr, default_payload::<J>));
+        reg
+    }
+
+    /// The cron expression of a periodic job type.
+    pub fn cron(&self) -> Option<&'static str> {
+        self.cron.map(|(expr, _)| expr)
     }
 
     /// The job type name.

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use redis::Value;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 use crate::backoff::Backoff;
@@ -100,6 +100,8 @@ pub struct WorkerBuilder {
     config: WorkerConfig,
     registrations: Vec<Registration>,
     queues: Option<Vec<String>>,
+    priorities: HashMap<String, i32>,
+    limits: HashMap<String, usize>,
 }
 
 impl WorkerBuilder {
@@ -122,6 +124,20 @@ impl WorkerBuilder {
         S: Into<String>,
     {
         self.queues = Some(queues.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Strict priority of `queue` among this worker's queues (default 0):
+    /// while a higher-priority queue has jobs, free slots go to it first.
+    pub fn queue_priority(mut self, queue: impl Into<String>, priority: i32) -> Self {
+        self.priorities.insert(queue.into(), priority);
+        self
+    }
+
+    /// At most `limit` jobs of `queue` run at once on this worker (within the
+    /// worker-wide concurrency).
+    pub fn queue_concurrency(mut self, queue: impl Into<String>, limit: usize) -> Self {
+        self.limits.insert(queue.into(), limit);
         self
     }
 
@@ -188,13 +204,42 @@ impl WorkerBuilder {
         });
         queues.sort();
         queues.dedup();
+        for (q, limit) in &self.limits {
+            if *limit == 0 {
+                return Err(QueueError::Config(format!(
+                    "queue `{q}`: concurrency limit must be at least 1"
+                )));
+            }
+        }
+        for q in self.priorities.keys().chain(self.limits.keys()) {
+            if !queues.contains(q) {
+                return Err(QueueError::Config(format!(
+                    "queue `{q}` has a priority or limit but the worker does not consume it"
+                )));
+            }
+        }
+        let mut queues: Vec<WorkerQueue> = queues
+            .iter()
+            .map(|q| WorkerQueue {
+                keys: QueueKeys::new(q),
+                priority: self.priorities.get(q).copied().unwrap_or(0),
+                limit: self.limits.get(q).map(|n| Arc::new(Semaphore::new(*n))),
+            })
+            .collect();
+        queues.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.keys.queue.cmp(&b.keys.queue))
+        });
+        let periodic = Arc::new(crate::scheduler::parse(&self.registrations)?);
         let conn = connect(&self.url, &cfg.connection).await?;
         Ok(Worker {
             inner: Arc::new(Inner {
                 url: self.url,
                 conn,
+                periodic,
                 handlers,
-                queues: queues.iter().map(|q| QueueKeys::new(q)).collect(),
+                queues,
                 config: self.config,
             }),
             shutdown: watch::channel(false).0,
@@ -205,8 +250,10 @@ impl WorkerBuilder {
 struct Inner {
     url: String,
     conn: RedisConnection,
+    periodic: Arc<Vec<crate::scheduler::Periodic>>,
     handlers: HashMap<(String, String), Registration>,
-    queues: Vec<QueueKeys>,
+    /// Highest priority first.
+    queues: Vec<WorkerQueue>,
     config: WorkerConfig,
 }
 
@@ -244,7 +291,7 @@ impl std::fmt::Debug for Worker {
                     .inner
                     .queues
                     .iter()
-                    .map(|k| &k.queue)
+                    .map(|q| &q.keys.queue)
                     .collect::<Vec<_>>(),
             )
             .field("config", &self.inner.config)
@@ -271,6 +318,8 @@ impl Worker {
             config: WorkerConfig::default(),
             registrations: Vec::new(),
             queues: None,
+            priorities: HashMap::new(),
+            limits: HashMap::new(),
         }
     }
 
@@ -302,13 +351,13 @@ impl Worker {
         });
 
         info!(
-            queues = ?inner.queues.iter().map(|k| &k.queue).collect::<Vec<_>>(),
+            queues = ?inner.queues.iter().map(|q| &q.keys.queue).collect::<Vec<_>>(),
             concurrency = cfg.concurrency,
             "worker started"
         );
 
         let mut tasks = Vec::new();
-        for keys in &inner.queues {
+        for me in 0..inner.queues.len() {
             let blocking = connect(
                 &inner.url,
                 &ConnectionConfig {
@@ -319,7 +368,7 @@ impl Worker {
             .await?;
             let fetcher = Fetcher {
                 inner: inner.clone(),
-                keys: keys.clone(),
+                me,
                 blocking,
                 sem: sem.clone(),
                 stop: stop_tx.subscribe(),
@@ -328,6 +377,11 @@ impl Worker {
             tasks.push(tokio::spawn(fetcher.run()));
         }
         tasks.push(tokio::spawn(promoter(inner.clone(), stop_tx.subscribe())));
+        tasks.push(tokio::spawn(crate::scheduler::run(
+            inner.conn.clone(),
+            inner.periodic.clone(),
+            stop_tx.subscribe(),
+        )));
 
         // Wait for the stop request.
         while !*stop_rx.borrow_and_update() {
@@ -385,7 +439,7 @@ async fn termination_signal() {
 async fn promoter(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     let mut conn = inner.conn.clone();
     loop {
-        for keys in &inner.queues {
+        for keys in inner.queues.iter().map(|q| &q.keys) {
             match promote(&mut conn, keys, 1000).await {
                 Ok(n) if n > 0 => {
                     debug!(queue = %keys.queue, promoted = n, "due delayed jobs moved to main")
@@ -499,9 +553,36 @@ fn parse_claim_row(queue: &str, v: &Value) -> Result<ClaimRow> {
     })
 }
 
+/// A queue as a worker consumes it: its keys, priority and optional
+/// concurrency limit.
+struct WorkerQueue {
+    keys: QueueKeys,
+    priority: i32,
+    limit: Option<Arc<Semaphore>>,
+}
+
+impl WorkerQueue {
+    /// `Some(None)`: no limit; `Some(Some(p))`: a queue permit; `None`: at its limit.
+    fn try_queue_permit(&self) -> Option<Option<OwnedSemaphorePermit>> {
+        match &self.limit {
+            None => Some(None),
+            Some(sem) => sem.clone().try_acquire_owned().ok().map(Some),
+        }
+    }
+}
+
+/// The permits one running job holds: the worker-wide one and, for a queue
+/// with a concurrency limit, the queue's.
+struct Slot {
+    global: OwnedSemaphorePermit,
+    #[allow(dead_code)] // held (not read) until the job ends
+    queue: Option<OwnedSemaphorePermit>,
+}
+
 struct Fetcher {
     inner: Arc<Inner>,
-    keys: QueueKeys,
+    /// Index of this fetcher's queue in `inner.queues`.
+    me: usize,
     blocking: RedisConnection,
     sem: Arc<Semaphore>,
     stop: watch::Receiver<bool>,
@@ -509,28 +590,59 @@ struct Fetcher {
 }
 
 impl Fetcher {
+    fn queue(&self) -> &WorkerQueue {
+        &self.inner.queues[self.me]
+    }
+
+    /// Waits for this queue's permit (if limited), then a worker-wide one.
+    async fn wait_slot(&mut self) -> Option<Slot> {
+        let queue = match self.inner.queues[self.me].limit.clone() {
+            Some(limit) => tokio::select! {
+                p = limit.acquire_owned() => Some(p.ok()?),
+                _ = self.stop.changed() => return None,
+            },
+            None => None,
+        };
+        let global = tokio::select! {
+            p = self.sem.clone().acquire_owned() => p.ok()?,
+            _ = self.stop.changed() => return None,
+        };
+        Some(Slot { global, queue })
+    }
+
+    fn try_slot(&self) -> Option<Slot> {
+        let queue = self.queue().try_queue_permit()?;
+        let global = self.sem.clone().try_acquire_owned().ok()?;
+        Some(Slot { global, queue })
+    }
+
     async fn run(mut self) {
-        let queue = self.keys.queue.clone();
+        let queue = self.queue().keys.queue.clone();
         let mut error_delay = Duration::from_millis(100);
         loop {
             if *self.stop.borrow() {
                 break;
             }
-            let first = tokio::select! {
-                p = self.sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
-                _ = self.stop.changed() => break,
+            let Some(first) = self.wait_slot().await else {
+                break;
             };
-            let mut permits = vec![first];
-            while permits.len() < self.inner.config.fetch_batch {
-                match self.sem.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
+            // Strict priority: while a higher-priority queue has jobs (and room
+            // under its own limit), take from it first, one job per check.
+            let Some(first) = self.serve_higher_priority(first).await else {
+                continue;
+            };
+            let mut slots = vec![first];
+            while slots.len() < self.inner.config.fetch_batch {
+                match self.try_slot() {
+                    Some(s) => slots.push(s),
+                    None => break,
                 }
             }
-            let rows = match self.fetch_ready(permits.len()).await {
+            let keys = self.queue().keys.clone();
+            let rows = match self.fetch_ready(&keys, slots.len()).await {
                 Ok(rows) if !rows.is_empty() => rows,
                 Ok(_) => {
-                    permits.truncate(1);
+                    slots.truncate(1);
                     match self.fetch_blocking().await {
                         Ok(Some(row)) => vec![row],
                         Ok(None) => continue,
@@ -546,36 +658,69 @@ impl Fetcher {
                 }
             };
             error_delay = Duration::from_millis(100);
-            for row in rows {
-                match row {
-                    ClaimRow::Claimed(delivery) => {
-                        let Some(permit) = permits.pop() else {
-                            error!(queue = %queue, job_id = %delivery.id, "claimed more jobs than permits; leaving it leased");
-                            continue;
-                        };
-                        let runner = JobRunner {
-                            inner: self.inner.clone(),
-                            keys: self.keys.clone(),
-                            hard_stop: self.hard_stop.clone(),
-                        };
-                        let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt);
-                        tokio::spawn(
-                            async move {
-                                runner.run(delivery).await;
-                                drop(permit);
-                            }
-                            .instrument(span),
-                        );
-                    }
-                    ClaimRow::Skipped(id, why) => info!(queue = %queue, job_id = %id, "{why}"),
-                }
-            }
+            self.dispatch(&keys, rows, &mut slots);
         }
         debug!(queue = %queue, "fetcher stopped");
     }
 
+    /// Tries the queues with a higher priority than this one; returns the
+    /// slot back when none had a job for it.
+    async fn serve_higher_priority(&self, slot: Slot) -> Option<Slot> {
+        let mine = self.queue().priority;
+        for (i, q) in self.inner.queues.iter().enumerate() {
+            if i == self.me || q.priority <= mine {
+                continue;
+            }
+            let Some(queue_permit) = q.try_queue_permit() else {
+                continue;
+            };
+            match self.fetch_ready(&q.keys, 1).await {
+                Ok(rows) if rows.iter().any(|r| matches!(r, ClaimRow::Claimed(_))) => {
+                    let mut slots = vec![Slot {
+                        global: slot.global,
+                        queue: queue_permit,
+                    }];
+                    self.dispatch(&q.keys, rows, &mut slots);
+                    return None;
+                }
+                Ok(rows) => self.dispatch(&q.keys, rows, &mut Vec::new()),
+                Err(e) => warn!(queue = %q.keys.queue, error = %e, "priority fetch failed"),
+            }
+        }
+        Some(slot)
+    }
+
+    /// Spawns a runner for each claimed row, each holding one slot.
+    fn dispatch(&self, keys: &QueueKeys, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+        let queue = &keys.queue;
+        for row in rows {
+            match row {
+                ClaimRow::Claimed(delivery) => {
+                    let Some(slot) = slots.pop() else {
+                        error!(queue = %queue, job_id = %delivery.id, "claimed more jobs than permits; leaving it leased");
+                        continue;
+                    };
+                    let runner = JobRunner {
+                        inner: self.inner.clone(),
+                        keys: keys.clone(),
+                        hard_stop: self.hard_stop.clone(),
+                    };
+                    let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt);
+                    tokio::spawn(
+                        async move {
+                            runner.run(delivery).await;
+                            drop(slot);
+                        }
+                        .instrument(span),
+                    );
+                }
+                ClaimRow::Skipped(id, why) => info!(queue = %queue, job_id = %id, "{why}"),
+            }
+        }
+    }
+
     async fn pause_after_error(&mut self, e: &QueueError, delay: &mut Duration) {
-        warn!(queue = %self.keys.queue, error = %e, retry_in_ms = delay.as_millis() as u64, "fetch failed; reconnecting with backoff");
+        warn!(queue = %self.queue().keys.queue, error = %e, retry_in_ms = delay.as_millis() as u64, "fetch failed; reconnecting with backoff");
         tokio::select! {
             _ = tokio::time::sleep(*delay) => {}
             _ = self.stop.changed() => {}
@@ -584,8 +729,7 @@ impl Fetcher {
     }
 
     /// LMOVE + claim of up to `count` jobs in one script.
-    async fn fetch_ready(&self, count: usize) -> Result<Vec<ClaimRow>> {
-        let k = &self.keys;
+    async fn fetch_ready(&self, k: &QueueKeys, count: usize) -> Result<Vec<ClaimRow>> {
         let mut conn = self.inner.conn.clone();
         let token_base = uuid::Uuid::new_v4().to_string();
         let reply: Value = scripts::FETCH
@@ -610,7 +754,7 @@ impl Fetcher {
 
     /// BLMOVE on the fetcher's own connection, then the claim script.
     async fn fetch_blocking(&mut self) -> Result<Option<ClaimRow>> {
-        let k = self.keys.clone();
+        let k = self.queue().keys.clone();
         let moved: Option<Vec<u8>> = redis::cmd("BLMOVE")
             .arg(&k.main)
             .arg(&k.processing)

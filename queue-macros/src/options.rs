@@ -11,7 +11,14 @@ use crate::duration;
 use crate::errors::Errors;
 
 /// Every option `#[job]` accepts, in the order they are listed in messages.
-const KNOWN: &[&str] = &["queue", "max_attempts", "timeout", "name", "version"];
+const KNOWN: &[&str] = &[
+    "queue",
+    "max_attempts",
+    "timeout",
+    "name",
+    "version",
+    "cron",
+];
 
 /// Validated options. `None` means "not given": the `Job` trait default applies
 /// (the queue and name have defaults chosen by the code generator).
@@ -27,6 +34,8 @@ pub(crate) struct JobOptions {
     pub(crate) name: Option<String>,
     /// `version = N`, N >= 1.
     pub(crate) version: Option<u32>,
+    /// `cron = "0 */5 * * * *"`: a periodic job (checked when the worker is built).
+    pub(crate) cron: Option<String>,
 }
 
 /// Parses the attribute's tokens.
@@ -98,6 +107,17 @@ fn apply(options: &mut JobOptions, key: &Ident, value: &Expr) -> syn::Result<()>
         }
         "max_attempts" => options.max_attempts = Some(positive_u32(key, value)?),
         "version" => options.version = Some(positive_u32(key, value)?),
+        "cron" => {
+            let lit = string_literal(key, value)?;
+            let fields = lit.value().split_whitespace().count();
+            if !(6..=7).contains(&fields) {
+                return Err(syn::Error::new(
+                    lit.span(),
+                    format!("`cron` expects 6 fields (sec min hour day month weekday), e.g. \"0 */5 * * * *\"; found {fields}"),
+                ));
+            }
+            options.cron = Some(lit.value());
+        }
         other => unreachable!("option `{other}` is in KNOWN but not handled"),
     }
     Ok(())
@@ -218,6 +238,7 @@ fn example_value(key: &str) -> &'static str {
         "timeout" => "\"30s\"",
         "name" => "\"send_welcome\"",
         "version" => "2",
+        "cron" => "\"0 */5 * * * *\"",
         _ => "...",
     }
 }
@@ -298,6 +319,7 @@ mod tests {
                 timeout_ms: Some(30_000),
                 name: Some("welcome".into()),
                 version: Some(3),
+                cron: None,
             }
         );
     }
@@ -312,7 +334,7 @@ mod tests {
         let (_, messages) = parse_err(quote!(max_attempt = 5));
         assert_eq!(
             messages,
-            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version (did you mean `max_attempts`?)"]
+            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version, cron (did you mean `max_attempts`?)"]
         );
         let (_, messages) = parse_err(quote!(priority = 5));
         assert!(!messages[0].contains("did you mean"), "{messages:?}");

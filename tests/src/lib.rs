@@ -29,6 +29,8 @@ pub struct Task {
     pub fail_first: u32,
     /// Fail permanently.
     pub permanent: bool,
+    /// Track how many `task`s run at once (`ledger:running`, `ledger:max_running`).
+    pub probe_concurrency: bool,
 }
 
 /// The test job: records its start, may fail or sleep, then records its side effect.
@@ -39,13 +41,29 @@ pub async fn task(ctx: JobContext, t: Task) -> Result<(), JobError> {
     let _: () = c.hincr("ledger:started", &id, 1).await?;
     let _: () = c.rpush("ledger:order", t.seq).await?;
     if ctx.attempt() <= t.fail_first {
-        return Err(JobError::retryable(format!("planned failure on attempt {}", ctx.attempt())));
+        return Err(JobError::retryable(format!(
+            "planned failure on attempt {}",
+            ctx.attempt()
+        )));
     }
     if t.permanent {
         return Err(JobError::permanent("planned permanent failure"));
     }
+    if t.probe_concurrency {
+        let _: () = redis::Script::new(
+            "local n = redis.call('INCR', KEYS[1]) \
+             if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end",
+        )
+        .key("ledger:running")
+        .key("ledger:max_running")
+        .invoke_async(&mut c)
+        .await?;
+    }
     if t.sleep_ms > 0 && (t.sleep_attempts == 0 || ctx.attempt() <= t.sleep_attempts) {
         tokio::time::sleep(Duration::from_millis(t.sleep_ms)).await;
+    }
+    if t.probe_concurrency {
+        let _: () = c.decr("ledger:running", 1).await?;
     }
     if ctx.lease_lost() {
         let _: () = c.sadd("ledger:lease_lost", &id).await?;
@@ -64,7 +82,9 @@ pub async fn ledger_conn(url: &str) -> redis::RedisResult<MultiplexedConnection>
     }
     let client = redis::Client::open(url)?;
     let conn = client.get_multiplexed_async_connection().await?;
-    map.lock().expect("ledger map").insert(url.to_string(), conn.clone());
+    map.lock()
+        .expect("ledger map")
+        .insert(url.to_string(), conn.clone());
     Ok(conn)
 }
 
@@ -83,7 +103,10 @@ impl Ledger {
     /// Reads all ledger keys from `url` with a fresh connection.
     pub async fn read(url: &str) -> Ledger {
         let client = redis::Client::open(url).expect("url");
-        let mut c = client.get_multiplexed_async_connection().await.expect("ledger connection");
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("ledger connection");
         Ledger {
             started: c.hgetall("ledger:started").await.expect("started"),
             effects: c.hgetall("ledger:effects").await.expect("effects"),
@@ -203,7 +226,12 @@ impl WorkerProcess {
     /// Starts `test-worker <url> <concurrency> <lease_ms> <grace_ms>`.
     pub fn start(bin: &str, url: &str, concurrency: usize, lease_ms: u64, grace_ms: u64) -> Self {
         let child = std::process::Command::new(bin)
-            .args([url.to_string(), concurrency.to_string(), lease_ms.to_string(), grace_ms.to_string()])
+            .args([
+                url.to_string(),
+                concurrency.to_string(),
+                lease_ms.to_string(),
+                grace_ms.to_string(),
+            ])
             .stdin(std::process::Stdio::null())
             .spawn()
             .expect("test-worker starts");
@@ -250,7 +278,11 @@ pub struct Bill {
 /// A fake payment API: deduplicates by idempotency key, like real providers.
 /// Records every call (`ledger:charge_calls`) and every charge actually made
 /// (`ledger:charges`, one per key).
-pub async fn fake_charge(ledger: &str, idempotency_key: &str, cents: u64) -> Result<String, JobError> {
+pub async fn fake_charge(
+    ledger: &str,
+    idempotency_key: &str,
+    cents: u64,
+) -> Result<String, JobError> {
     let mut c = ledger_conn(ledger).await?;
     let _: () = c.hincr("ledger:charge_calls", idempotency_key, 1).await?;
     let charge_id = format!("ch_{}", uuid::Uuid::new_v4().simple());
@@ -275,7 +307,9 @@ pub async fn fake_charge(ledger: &str, idempotency_key: &str, cents: u64) -> Res
 pub async fn bill(ctx: JobContext, b: Bill) -> Result<(), JobError> {
     let key = ctx.step_key("charge");
     let charge_id = ctx
-        .step("charge", || async { fake_charge(&b.ledger, &key, b.cents).await })
+        .step("charge", || async {
+            fake_charge(&b.ledger, &key, b.cents).await
+        })
         .await?;
     if b.sleep_after_charge_ms > 0 && ctx.attempt() == 1 {
         tokio::time::sleep(Duration::from_millis(b.sleep_after_charge_ms)).await;
@@ -290,5 +324,39 @@ pub async fn bill(ctx: JobContext, b: Bill) -> Result<(), JobError> {
     })
     .await?;
     ctx.set_result_ref(charge_id);
+    Ok(())
+}
+
+/// A job on queue `high`, for priority tests: appends `high:<seq>` to `ledger:prio`.
+#[job(queue = "high")]
+pub async fn urgent(_ctx: JobContext, t: Task) -> Result<(), JobError> {
+    let mut c = ledger_conn(&t.ledger).await?;
+    let _: () = c.rpush("ledger:prio", format!("high:{}", t.seq)).await?;
+    Ok(())
+}
+
+/// A job on queue `low`, for priority tests: appends `low:<seq>` to `ledger:prio`.
+#[job(queue = "low")]
+pub async fn routine(_ctx: JobContext, t: Task) -> Result<(), JobError> {
+    let mut c = ledger_conn(&t.ledger).await?;
+    let _: () = c.rpush("ledger:prio", format!("low:{}", t.seq)).await?;
+    Ok(())
+}
+
+/// Where the periodic `tick` job records its runs (set by the test before workers start).
+pub static TICK_LEDGER: OnceLock<String> = OnceLock::new();
+
+/// Payload of the periodic job (none).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Tick {}
+
+/// A periodic job firing every second: counts runs per firing id in `ledger:ticks`.
+#[job(queue = "cron", cron = "*/1 * * * * *")]
+pub async fn tick(ctx: JobContext, _t: Tick) -> Result<(), JobError> {
+    let url = TICK_LEDGER
+        .get()
+        .ok_or_else(|| JobError::permanent("TICK_LEDGER not set"))?;
+    let mut c = ledger_conn(url).await?;
+    let _: () = c.hincr("ledger:ticks", ctx.job_id().as_str(), 1).await?;
     Ok(())
 }

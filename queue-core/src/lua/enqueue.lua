@@ -1,6 +1,14 @@
--- KEYS: 1 main, 2 job hash, 3 completion record, 4 delayed, 5 stats
--- ARGV: 1 id, 2 type, 3 schema version, 4 payload, 5 max_attempts, 6 delay_ms
+-- KEYS: 1 main, 2 job hash, 3 completion record, 4 delayed, 5 stats, 6 once-marker
+-- ARGV: 1 id, 2 type, 3 schema version, 4 payload, 5 max_attempts, 6 delay_ms,
+--       7 run_at_ms (absolute, Redis clock; 0: use the delay), 8 once-marker ttl_ms (0: none)
 -- Returns {'new', run_at} | {'exists', state} | {'done'}
+-- The once-marker makes an id enqueueable once per marker lifetime even after
+-- its completion record is gone (periodic jobs fire once per period).
+if tonumber(ARGV[8]) > 0 then
+  if not redis.call('SET', KEYS[6], '1', 'NX', 'PX', tonumber(ARGV[8])) then
+    return {'exists', 'scheduled'}
+  end
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return {'done'}
 end
@@ -9,6 +17,8 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
 end
 local now = now_ms()
 local delay = tonumber(ARGV[6])
+local run_at = tonumber(ARGV[7])
+if run_at > 0 then delay = math.max(run_at - now, 0) end
 local state = 'queued'
 if delay > 0 then state = 'delayed' end
 redis.call('HSET', KEYS[2], 'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'payload', ARGV[4],
