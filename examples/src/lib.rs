@@ -18,6 +18,8 @@ use queue_core::{job, JobContext, JobError};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
+pub mod http;
+
 /// The payload of [`send_welcome`]: who gets the mail.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Welcome {

@@ -23,7 +23,6 @@
 //! Each child's output is in `<logs>/<name>.log` (default `target/debug/demo-logs/`).
 
 mod children;
-mod http;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -36,7 +35,7 @@ use queue_examples::WELCOME_QUEUE;
 use serde_json::json;
 
 use children::Child;
-use http::Client;
+use queue_examples::http::Client;
 
 /// Crash-recovery demo: web enqueues, workers run, one is SIGKILLed, the watchdog recovers.
 #[derive(Debug, Parser)]

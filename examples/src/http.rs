@@ -1,5 +1,5 @@
-//! A minimal HTTP/1.1 JSON client for the demo: one connection per request,
-//! so every job really goes through the web binary's POST handler.
+//! A minimal HTTP/1.1 JSON client for the examples: one connection per request,
+//! so every call really goes through the server it talks to.
 
 use std::net::SocketAddr;
 use std::time::Duration;
