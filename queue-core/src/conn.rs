@@ -1,13 +1,23 @@
 //! Connections: one type for a single Redis (a `ConnectionManager`, which
-//! reconnects by itself) and a Redis Cluster (redis-rs' cluster client, which
-//! follows MOVED/ASK and reconnects to nodes), with explicit timeouts.
+//! reconnects by itself), a Redis Cluster (redis-rs' cluster client, which
+//! follows MOVED/ASK, retries TRYAGAIN and reconnects to nodes) and a primary
+//! managed by Redis Sentinel (resolved through the sentinels and replaced
+//! after a failover), with explicit timeouts.
+//!
+//! See `docs/SCALE-OUT.md` for how each kind behaves when nodes fail.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
+};
+use tracing::{debug, info, warn};
 
 use crate::error::{QueueError, Result};
 
@@ -21,6 +31,8 @@ use crate::error::{QueueError, Result};
 #[derive(Debug, Clone)]
 pub struct ConnectionConfig {
     /// How long one command may take before it fails with a timeout error.
+    /// For a cluster this bounds the whole request, including the client's
+    /// own retries after MOVED, ASK, TRYAGAIN or a lost node.
     pub response_timeout: Duration,
     /// How long connecting may take.
     pub connection_timeout: Duration,
@@ -35,11 +47,25 @@ impl Default for ConnectionConfig {
     }
 }
 
-/// A connection to a single Redis or to a Redis Cluster. Cheap to clone
-/// (clones share one multiplexed connection).
+/// A connection to a single Redis, a Redis Cluster or a Sentinel-managed
+/// primary. Cheap to clone (clones share one multiplexed connection).
 ///
-/// The URL picks the kind: `redis://host:port/db` for one server,
-/// `redis-cluster://host1:port1,host2:port2` (any reachable nodes) for a cluster.
+/// The URL picks the kind:
+///
+/// | URL | kind |
+/// |---|---|
+/// | `redis://[user:pass@]host:port[/db]` | one server (reconnects by itself) |
+/// | `redis-cluster://[user:pass@]host1:port1,host2:port2` | a Redis Cluster: any reachable nodes as seeds |
+/// | `redis-sentinel://[user:pass@]host1:port1[,host2:port2]/<master-name>[/db]` | the primary that the sentinels name `<master-name>` |
+///
+/// For Sentinel, the credentials are those of the data nodes (the sentinels
+/// are asked without authentication). The primary is resolved on first use
+/// and checked with `ROLE`; after an I/O error, a timeout or a `READONLY`
+/// reply (a demoted primary) the connection asks the sentinels again and
+/// switches to the new primary. A command refused with `READONLY` did not
+/// run, so it is sent once more to the new primary; any other error is
+/// returned to the caller (the command may or may not have run), and the
+/// next command uses the new primary.
 #[derive(Clone)]
 pub struct RedisConnection {
     kind: Kind,
@@ -49,6 +75,7 @@ pub struct RedisConnection {
 enum Kind {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
 }
 
 impl std::fmt::Debug for RedisConnection {
@@ -56,6 +83,7 @@ impl std::fmt::Debug for RedisConnection {
         let kind = match self.kind {
             Kind::Single(_) => "single",
             Kind::Cluster(_) => "cluster",
+            Kind::Sentinel(_) => "sentinel",
         };
         f.debug_struct("RedisConnection")
             .field("kind", &kind)
@@ -78,21 +106,19 @@ impl RedisConnection {
             url: redact(url),
             source,
         };
-        if let Some(nodes) = url.strip_prefix("redis-cluster://") {
-            let nodes: Vec<String> = nodes
-                .trim_end_matches('/')
-                .split(',')
-                .filter(|n| !n.is_empty())
-                .map(|n| format!("redis://{n}/"))
-                .collect();
-            let client = ClusterClientBuilder::new(nodes)
-                .connection_timeout(cfg.connection_timeout)
-                .response_timeout(cfg.response_timeout)
-                .build()
-                .map_err(err)?;
-            let conn = client.get_async_connection().await.map_err(err)?;
+        if let Some(rest) = url.strip_prefix("redis-cluster://") {
+            let conn = connect_cluster(rest, cfg).await.map_err(err)?;
             return Ok(RedisConnection {
                 kind: Kind::Cluster(conn),
+            });
+        }
+        if let Some(rest) = url.strip_prefix("redis-sentinel://") {
+            let target = SentinelTarget::parse(rest).map_err(err)?;
+            let conn = SentinelConnection::new(target, cfg.clone());
+            // Resolve now, so a wrong URL or a missing primary fails at once.
+            conn.current().await.map_err(err)?;
+            return Ok(RedisConnection {
+                kind: Kind::Sentinel(conn),
             });
         }
         let client = redis::Client::open(url).map_err(err)?;
@@ -116,10 +142,81 @@ impl RedisConnection {
         }
     }
 
+    /// Wraps an existing Redis Cluster connection.
+    pub fn from_cluster(conn: ClusterConnection) -> Self {
+        RedisConnection {
+            kind: Kind::Cluster(conn),
+        }
+    }
+
     /// True for a Redis Cluster connection.
     pub fn is_cluster(&self) -> bool {
         matches!(self.kind, Kind::Cluster(_))
     }
+
+    /// True for a Sentinel-managed primary (`redis-sentinel://`).
+    pub fn is_sentinel(&self) -> bool {
+        matches!(self.kind, Kind::Sentinel(_))
+    }
+
+    /// For a Sentinel connection, the `host:port` of the primary it currently
+    /// talks to (`None` between a failure and the next resolution, and for
+    /// the other kinds).
+    pub fn sentinel_primary(&self) -> Option<String> {
+        match &self.kind {
+            Kind::Sentinel(s) => s.read_current().map(|c| c.addr),
+            _ => None,
+        }
+    }
+}
+
+/// `rest` is the URL after `redis-cluster://`: `[user:pass@]h1:p1,h2:p2[/]`.
+async fn connect_cluster(rest: &str, cfg: &ConnectionConfig) -> RedisResult<ClusterConnection> {
+    let (userinfo, hosts) = split_userinfo(rest);
+    let hosts = hosts.split(['/', '?']).next().unwrap_or_default();
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| match userinfo {
+            Some(u) => format!("redis://{u}@{n}/"),
+            None => format!("redis://{n}/"),
+        })
+        .collect();
+    if nodes.is_empty() {
+        return Err(invalid_url(
+            "a cluster URL names at least one node: redis-cluster://host:port[,host:port]",
+        ));
+    }
+    // Retries after MOVED/ASK are immediate; TRYAGAIN (a slot being
+    // migrated), CLUSTERDOWN and lost nodes are retried with a short
+    // jittered exponential wait (10 ms doubling, at most 500 ms per wait) —
+    // the client's default minimum of 1.28 s per retry would stall a worker
+    // for seconds on every slot migration. The whole request, retries
+    // included, is bounded by `response_timeout`.
+    let client = ClusterClientBuilder::new(nodes)
+        .connection_timeout(cfg.connection_timeout)
+        .response_timeout(cfg.response_timeout)
+        .overall_response_timeout(Some(cfg.response_timeout))
+        .retries(32)
+        .min_retry_wait(10)
+        .max_retry_wait(500)
+        .retry_wait_formula(10, 2)
+        .build()?;
+    client.get_async_connection().await
+}
+
+fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
+    // The userinfo ends at the last '@' before the path.
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
+    }
+}
+
+fn invalid_url(msg: &'static str) -> RedisError {
+    RedisError::from((ErrorKind::InvalidClientConfig, msg))
 }
 
 impl ConnectionLike for RedisConnection {
@@ -127,6 +224,7 @@ impl ConnectionLike for RedisConnection {
         match &mut self.kind {
             Kind::Single(c) => c.req_packed_command(cmd),
             Kind::Cluster(c) => c.req_packed_command(cmd),
+            Kind::Sentinel(c) => Box::pin(c.command(cmd)),
         }
     }
 
@@ -139,6 +237,7 @@ impl ConnectionLike for RedisConnection {
         match &mut self.kind {
             Kind::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Kind::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Kind::Sentinel(c) => Box::pin(c.commands(pipeline, offset, count)),
         }
     }
 
@@ -146,6 +245,343 @@ impl ConnectionLike for RedisConnection {
         match &self.kind {
             Kind::Single(c) => c.get_db(),
             Kind::Cluster(c) => c.get_db(),
+            Kind::Sentinel(c) => c.shared.target.db,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Sentinel
+
+/// After a failed resolution, commands fail fast with the same error for
+/// this long instead of asking the sentinels again (a burst of callers during
+/// a failover then costs one round of sentinel queries, not one each).
+const RESOLVE_BACKOFF: Duration = Duration::from_millis(100);
+
+/// What a `redis-sentinel://` URL names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SentinelTarget {
+    /// `host:port` of each sentinel, in the order they are asked.
+    sentinels: Vec<String>,
+    /// The monitored master's name.
+    master: String,
+    /// Database on the primary.
+    db: i64,
+    /// `user:pass` (as written in the URL, still percent-encoded) for the primary.
+    userinfo: Option<String>,
+}
+
+impl SentinelTarget {
+    /// `rest` is the URL after `redis-sentinel://`.
+    fn parse(rest: &str) -> RedisResult<Self> {
+        const USAGE: &str =
+            "a sentinel URL is redis-sentinel://[user:pass@]host:port[,host:port]/<master-name>[/db]";
+        let (userinfo, rest) = split_userinfo(rest);
+        let rest = rest.split('?').next().unwrap_or_default();
+        let (hosts, path) = rest.split_once('/').ok_or_else(|| invalid_url(USAGE))?;
+        let sentinels: Vec<String> = hosts
+            .split(',')
+            .map(str::trim)
+            .filter(|h| !h.is_empty())
+            .map(|h| {
+                if h.contains(':') {
+                    h.to_string()
+                } else {
+                    format!("{h}:26379")
+                }
+            })
+            .collect();
+        let mut parts = path.trim_matches('/').split('/');
+        let master = parts.next().unwrap_or_default().to_string();
+        let db = match parts.next() {
+            Some(d) if !d.is_empty() => d.parse().map_err(|_| invalid_url(USAGE))?,
+            _ => 0,
+        };
+        if sentinels.is_empty() || master.is_empty() || parts.next().is_some() {
+            return Err(invalid_url(USAGE));
+        }
+        Ok(SentinelTarget {
+            sentinels,
+            master,
+            db,
+            userinfo: userinfo.filter(|u| !u.is_empty()).map(str::to_string),
+        })
+    }
+
+    fn primary_url(&self, addr: &str) -> String {
+        match &self.userinfo {
+            Some(u) => format!("redis://{u}@{addr}/{}", self.db),
+            None => format!("redis://{addr}/{}", self.db),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct SentinelConnection {
+    shared: Arc<SentinelShared>,
+}
+
+struct SentinelShared {
+    target: SentinelTarget,
+    cfg: ConnectionConfig,
+    /// The primary in use; `None` after a failure until the next command
+    /// resolves it again.
+    current: RwLock<Option<Current>>,
+    /// Serializes resolutions; holds the last failed one (time, error).
+    resolving: tokio::sync::Mutex<Option<(Instant, RedisError)>>,
+    generation: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Current {
+    generation: u64,
+    addr: String,
+    conn: MultiplexedConnection,
+}
+
+/// What a reply says about the primary we used.
+#[derive(Debug, PartialEq, Eq)]
+enum Health {
+    Fine,
+    /// I/O error or timeout: the command may have run. Re-resolve for the next one.
+    Broken,
+    /// `READONLY`: the node is a replica now; the command did not run.
+    Demoted,
+}
+
+fn is_readonly_value(v: &Value) -> bool {
+    matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
+}
+
+fn health_of_error(e: &RedisError) -> Health {
+    if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
+        Health::Demoted
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || e.kind() == ErrorKind::Server(ServerErrorKind::MasterDown)
+    {
+        Health::Broken
+    } else if let Some(errs) = e.clone().into_server_errors() {
+        if errs
+            .iter()
+            .any(|(_, se)| se.kind() == Some(ServerErrorKind::ReadOnly))
+        {
+            Health::Demoted
+        } else {
+            Health::Fine
+        }
+    } else {
+        Health::Fine
+    }
+}
+
+fn health_of<T>(res: &RedisResult<T>, is_readonly: impl Fn(&T) -> bool) -> Health {
+    match res {
+        Ok(v) if is_readonly(v) => Health::Demoted,
+        Ok(_) => Health::Fine,
+        Err(e) => health_of_error(e),
+    }
+}
+
+impl SentinelConnection {
+    fn new(target: SentinelTarget, cfg: ConnectionConfig) -> Self {
+        SentinelConnection {
+            shared: Arc::new(SentinelShared {
+                target,
+                cfg,
+                current: RwLock::new(None),
+                resolving: tokio::sync::Mutex::new(None),
+                generation: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn read_current(&self) -> Option<Current> {
+        self.shared
+            .current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The primary to use, resolving it through the sentinels when needed.
+    async fn current(&self) -> RedisResult<Current> {
+        if let Some(c) = self.read_current() {
+            return Ok(c);
+        }
+        let mut last_failure = self.shared.resolving.lock().await;
+        if let Some(c) = self.read_current() {
+            return Ok(c);
+        }
+        if let Some((at, e)) = last_failure.as_ref() {
+            if at.elapsed() < RESOLVE_BACKOFF {
+                return Err(e.clone());
+            }
+        }
+        match self.resolve().await {
+            Ok((addr, conn)) => {
+                let generation = self.shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
+                let cur = Current {
+                    generation,
+                    addr,
+                    conn,
+                };
+                info!(master = %self.shared.target.master, primary = %cur.addr, generation, "sentinel: using primary");
+                *self
+                    .shared
+                    .current
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(cur.clone());
+                *last_failure = None;
+                Ok(cur)
+            }
+            Err(e) => {
+                debug!(master = %self.shared.target.master, error = %e, "sentinel: no usable primary yet");
+                *last_failure = Some((Instant::now(), e.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    /// Drops the primary of `generation` (if it is still the current one), so
+    /// the next command resolves the primary again.
+    fn invalidate(&self, generation: u64, why: &str) {
+        let mut cur = self
+            .shared
+            .current
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if cur.as_ref().map(|c| c.generation) == Some(generation) {
+            let addr = cur.take().map(|c| c.addr).unwrap_or_default();
+            warn!(master = %self.shared.target.master, primary = %addr, why, "sentinel: primary lost; asking the sentinels again");
+        }
+    }
+
+    /// Asks each sentinel in turn for the primary's address, connects and
+    /// checks that the node really is a primary (`ROLE`).
+    async fn resolve(&self) -> RedisResult<(String, MultiplexedConnection)> {
+        let t = &self.shared.target;
+        let mut last_err: Option<RedisError> = None;
+        let mut tried: Vec<String> = Vec::new();
+        for sentinel in &t.sentinels {
+            let addr = match self.ask_sentinel(sentinel).await {
+                Ok(addr) => addr,
+                Err(e) => {
+                    debug!(sentinel, error = %e, "sentinel did not answer");
+                    last_err = Some(e);
+                    continue;
+                }
+            };
+            if tried.contains(&addr) {
+                continue;
+            }
+            tried.push(addr.clone());
+            match self.connect_primary(&addr).await {
+                Ok(conn) => return Ok((addr, conn)),
+                Err(e) => {
+                    debug!(sentinel, primary = %addr, error = %e, "primary named by sentinel not usable");
+                    last_err = Some(e);
+                }
+            }
+        }
+        Err(last_err.unwrap_or_else(|| {
+            RedisError::from((ErrorKind::EmptySentinelList, "no sentinel in the URL"))
+        }))
+    }
+
+    fn async_config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.shared.cfg.connection_timeout))
+            .set_response_timeout(Some(self.shared.cfg.response_timeout))
+    }
+
+    async fn ask_sentinel(&self, sentinel: &str) -> RedisResult<String> {
+        let client = redis::Client::open(format!("redis://{sentinel}/"))?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&self.async_config())
+            .await?;
+        let addr: Option<(String, String)> = redis::cmd("SENTINEL")
+            .arg("get-master-addr-by-name")
+            .arg(&self.shared.target.master)
+            .query_async(&mut conn)
+            .await?;
+        let (host, port) = addr.ok_or_else(|| {
+            RedisError::from((
+                ErrorKind::MasterNameNotFoundBySentinel,
+                "the sentinel does not monitor this master name",
+                format!("{} (asked {sentinel})", self.shared.target.master),
+            ))
+        })?;
+        Ok(format!("{host}:{port}"))
+    }
+
+    async fn connect_primary(&self, addr: &str) -> RedisResult<MultiplexedConnection> {
+        let client = redis::Client::open(self.shared.target.primary_url(addr))?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&self.async_config())
+            .await?;
+        let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+        match role.first() {
+            Some(Value::BulkString(r)) if r == b"master" => Ok(conn),
+            Some(Value::SimpleString(r)) if r == "master" => Ok(conn),
+            _ => Err(RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ReadOnly),
+                "the node the sentinels name as primary is not a primary (yet)",
+                addr.to_string(),
+            ))),
+        }
+    }
+
+    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let cur = self.current().await?;
+            let mut conn = cur.conn.clone();
+            let res = conn.req_packed_command(cmd).await;
+            match health_of(&res, is_readonly_value) {
+                Health::Fine => return res,
+                Health::Broken => {
+                    self.invalidate(cur.generation, "connection error");
+                    return res;
+                }
+                Health::Demoted => {
+                    self.invalidate(cur.generation, "READONLY: the primary was demoted");
+                    if attempt >= 2 {
+                        return res;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn commands(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let cur = self.current().await?;
+            let mut conn = cur.conn.clone();
+            let res = conn.req_packed_commands(pipeline, offset, count).await;
+            match health_of(&res, |vs: &Vec<Value>| vs.iter().any(is_readonly_value)) {
+                Health::Fine => return res,
+                Health::Broken => {
+                    self.invalidate(cur.generation, "connection error");
+                    return res;
+                }
+                Health::Demoted => {
+                    self.invalidate(cur.generation, "READONLY: the primary was demoted");
+                    if attempt >= 2 {
+                        return res;
+                    }
+                }
+            }
         }
     }
 }
@@ -163,4 +599,51 @@ pub(crate) fn redact(url: &str) -> String {
 /// Connects with the given timeouts. Fails at once when Redis is unreachable.
 pub(crate) async fn connect(url: &str, cfg: &ConnectionConfig) -> Result<RedisConnection> {
     RedisConnection::connect(url, cfg).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentinel_urls_parse() {
+        let t = SentinelTarget::parse("127.0.0.1:26379,127.0.0.1:26380/mymaster").unwrap();
+        assert_eq!(t.sentinels, vec!["127.0.0.1:26379", "127.0.0.1:26380"]);
+        assert_eq!(t.master, "mymaster");
+        assert_eq!(t.db, 0);
+        assert_eq!(t.userinfo, None);
+        assert_eq!(t.primary_url("10.0.0.1:6379"), "redis://10.0.0.1:6379/0");
+
+        let t = SentinelTarget::parse(":s%40cret@sentinel-a,sentinel-b:5000/orders/3").unwrap();
+        assert_eq!(t.sentinels, vec!["sentinel-a:26379", "sentinel-b:5000"]);
+        assert_eq!((t.master.as_str(), t.db), ("orders", 3));
+        assert_eq!(
+            t.primary_url("10.0.0.1:6379"),
+            "redis://:s%40cret@10.0.0.1:6379/3"
+        );
+
+        for bad in ["127.0.0.1:26379", "127.0.0.1:26379/", "/m", "h:1/m/x", "h:1/m/1/2"] {
+            assert!(SentinelTarget::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn userinfo_is_split_before_the_path() {
+        assert_eq!(split_userinfo("u:p@h:1,h:2"), (Some("u:p"), "h:1,h:2"));
+        assert_eq!(split_userinfo("h:1/m@x"), (None, "h:1/m@x"));
+        assert_eq!(redact("redis-sentinel://:pw@h:1/m"), "redis-sentinel://***@h:1/m");
+    }
+
+    #[test]
+    fn readonly_and_io_errors_mark_the_primary() {
+        let ro = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "You can't write against a read only replica.",
+        ));
+        assert_eq!(health_of_error(&ro), Health::Demoted);
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(health_of_error(&io), Health::Broken);
+        let other = RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "ERR x"));
+        assert_eq!(health_of_error(&other), Health::Fine);
+    }
 }

@@ -168,7 +168,14 @@ impl JobId {
     /// Longest accepted id, in bytes.
     pub const MAX_LEN: usize = 512;
 
-    pub(crate) fn validate(&self) -> Result<(), &'static str> {
+    /// Checks the id is usable: not empty, at most [`JobId::MAX_LEN`] bytes,
+    /// no control characters. Enqueue runs this before sending anything.
+    ///
+    /// ```
+    /// assert!(queue_core::JobId::from("").validate().is_err());
+    /// assert!(queue_core::JobId::from("invoice-1").validate().is_ok());
+    /// ```
+    pub fn validate(&self) -> Result<(), &'static str> {
         if self.0.is_empty() {
             return Err("job id must not be empty");
         }

@@ -8,6 +8,8 @@ use crate::job::{BoxFuture, Job, JobContext, JobError};
 
 type HandlerFuture = BoxFuture<'static, Result<(), JobError>>;
 type Runner = Arc<dyn Fn(JobContext, &[u8]) -> Result<HandlerFuture, String> + Send + Sync>;
+/// A cron expression and the function producing the payload of each firing.
+type CronSpec = (&'static str, fn() -> Vec<u8>);
 
 /// A job type's handler, ready to be given to a [`WorkerBuilder`](crate::WorkerBuilder).
 ///
@@ -22,7 +24,7 @@ pub struct Registration {
     pub(crate) max_attempts: u32,
     pub(crate) runner: Runner,
     /// Periodic schedule (cron expression, with seconds) and the payload each firing enqueues.
-    pub(crate) cron: Option<(&'static str, fn() -> Vec<u8>)>,
+    pub(crate) cron: Option<CronSpec>,
 }
 
 impl fmt::Debug for Registration {

@@ -9,6 +9,10 @@
 //! assert!(server.url().starts_with("redis://127.0.0.1:"));
 //! ```
 
+pub mod cluster;
+pub mod postgres;
+pub mod sentinel;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -93,13 +97,18 @@ impl RedisServer {
         loop {
             if let Some(child) = self.child.as_mut() {
                 if let Some(status) = child.try_wait()? {
-                    let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                    let log =
+                        std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
                     return Err(std::io::Error::other(format!(
                         "redis-server exited early with {status}; log:\n{log}"
                     )));
                 }
             }
-            if self.command(&["PING"]).map(|r| r.contains("PONG")).unwrap_or(false) {
+            if self
+                .command(&["PING"])
+                .map(|r| r.contains("PONG"))
+                .unwrap_or(false)
+            {
                 return Ok(());
             }
             if start.elapsed() > limit {

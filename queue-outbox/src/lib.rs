@@ -1,0 +1,119 @@
+//! # queue-outbox
+//!
+//! A transactional outbox on PostgreSQL for `queue-core`: a job is written to
+//! an outbox table **in the same transaction as your business data**, so it
+//! exists if and only if that transaction commits. A [`Relay`] then publishes
+//! committed rows to Redis and marks them published.
+//!
+//! ```text
+//! your transaction:  UPDATE orders ...; INSERT INTO queue_outbox ...; COMMIT
+//! relay batch:       SELECT unpublished FOR UPDATE SKIP LOCKED
+//!                    -> enqueue each to Redis under its stable job id
+//!                    -> UPDATE published_at = now(); COMMIT
+//! ```
+//!
+//! - **Crash-safe relay.** A relay that dies before its commit leaves its rows
+//!   unpublished; the next batch sends them again, and because every row
+//!   carries its job id, Redis answers `Duplicate` (or `AlreadyCompleted`)
+//!   and writes nothing. A row is published *at least once* and becomes
+//!   *exactly one job* in Redis — as long as the re-send happens while Redis
+//!   still knows the job (it exists, or completed within the workers'
+//!   completion retention, 24 h by default).
+//! - **Several relays** can run at once: `SKIP LOCKED` gives each row to one.
+//! - **Reconciliation** ([`Outbox::reconcile`]) lists rows whose job has not
+//!   completed after a given age, with where the job is.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use queue_core::{job, JobContext, JobError, Queue};
+//! use queue_outbox::{Outbox, Relay};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! pub struct Invoice { pub order: i64 }
+//!
+//! #[job(queue = "billing", max_attempts = 10)]
+//! async fn send_invoice(_ctx: JobContext, args: Invoice) -> Result<(), JobError> { Ok(()) }
+//!
+//! # fn main() {}
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let db = "postgres://app@127.0.0.1/app";
+//! let outbox = Outbox::new();
+//! let mut client = queue_outbox::connect_postgres(db).await?;
+//! outbox.migrate(&client).await?;
+//!
+//! // In the request handler: business write and job, one transaction.
+//! let tx = client.transaction().await?;
+//! tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&7_i64]).await?;
+//! outbox
+//!     .enqueue_in_tx::<send_invoice::Job>(&tx, &Invoice { order: 7 }, Some("invoice-7".into()))
+//!     .await?;
+//! tx.commit().await?;
+//!
+//! // In a background task (or `queue-watchdog outbox relay`):
+//! let queue = Queue::connect("redis://127.0.0.1:6379/").await?;
+//! let relay = Relay::connect(outbox.clone(), db, queue.clone()).await?;
+//! tokio::spawn(relay.run_until(std::future::pending(), Duration::from_millis(500)));
+//!
+//! // From an operator's cron: what has not completed after an hour?
+//! for row in outbox.reconcile(&client, &queue, Duration::from_secs(3600)).await? {
+//!     eprintln!("{} {} {}", row.queue, row.job_id, row.status);
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! ## The table
+//!
+//! [`Outbox::migrate`] creates it (default name `queue_outbox`):
+//!
+//! | column | type | |
+//! |---|---|---|
+//! | `id` | bigserial primary key | insertion order; the relay publishes oldest first |
+//! | `job_id`, `queue` | text, `UNIQUE (queue, job_id)` | the job's identity in Redis |
+//! | `job_type`, `schema_version`, `max_attempts`, `payload` | text, int, int, bytea | what the relay enqueues (MessagePack payload) |
+//! | `created_at` | timestamptz default now() | |
+//! | `published_at` | timestamptz | set by the relay's commit |
+//! | `rejected_at` | timestamptz | set when a row can never be published (e.g. a hand-written invalid job id) |
+//! | `attempts`, `last_error` | int, text | committed publish attempts and the last Redis error (kept after success) |
+//! | `run_at` | timestamptz | from [`EnqueueOptions::delay`](queue_core::EnqueueOptions::delay) or `run_at` |
+//!
+//! plus a partial index on unpublished rows and an index on `created_at`.
+//! Published rows stay until [`Outbox::prune`].
+
+mod error;
+mod outbox;
+mod reconcile;
+mod relay;
+mod table;
+
+pub use error::{OutboxError, Result};
+pub use outbox::{Outbox, OutboxEnqueued, OutboxOutcome, OutboxRow, OutboxStats, DEFAULT_TABLE};
+pub use reconcile::{ReconcileOptions, ReconcileRow, ReconcileStatus};
+pub use relay::{Relay, RelayReport, RelayStep, RelaySummary, DEFAULT_BATCH_SIZE};
+
+/// The PostgreSQL driver this crate uses, re-exported so your version matches.
+pub use tokio_postgres;
+
+/// Connects to PostgreSQL without TLS and drives the connection on a spawned
+/// tokio task (a connection error is logged there and makes the client
+/// report [`is_closed`](tokio_postgres::Client::is_closed)).
+///
+/// For TLS, connect with `tokio_postgres::connect(url, your_tls_connector)`
+/// yourself and hand the client to [`Relay::new`].
+///
+/// ```no_run
+/// # async fn f() -> Result<(), queue_outbox::OutboxError> {
+/// let client = queue_outbox::connect_postgres("postgres://postgres@127.0.0.1:5432/test").await?;
+/// # let _ = client; Ok(()) }
+/// ```
+pub async fn connect_postgres(database_url: &str) -> Result<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)
+        .await
+        .map_err(|source| OutboxError::Connect { source })?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::warn!(error = %e, "postgres connection closed with an error");
+        }
+    });
+    Ok(client)
+}

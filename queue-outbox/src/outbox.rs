@@ -1,0 +1,409 @@
+//! The outbox table: migration, enqueue in the caller's transaction, rows,
+//! pruning and counts.
+
+use std::time::{Duration, SystemTime};
+
+use queue_core::{EnqueueOptions, Job, JobId};
+use tokio_postgres::{GenericClient, Row, Transaction};
+use tracing::debug;
+
+use crate::error::{OutboxError, Result};
+use crate::table::TableName;
+
+/// The default outbox table name.
+pub const DEFAULT_TABLE: &str = "queue_outbox";
+
+/// An outbox table: jobs written in the caller's PostgreSQL transaction and
+/// published to Redis later by a [`Relay`](crate::Relay).
+///
+/// Cheap to clone. The table name is validated once, here.
+///
+/// ```
+/// use queue_outbox::Outbox;
+/// assert_eq!(Outbox::new().table(), "queue_outbox");
+/// assert_eq!(Outbox::with_table("billing.outbox").unwrap().table(), "billing.outbox");
+/// assert!(Outbox::with_table("outbox; drop table users").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outbox {
+    table: TableName,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Whether [`Outbox::enqueue_in_tx`] wrote a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutboxOutcome {
+    /// A row was inserted; it is published when the transaction commits and a relay runs.
+    Inserted,
+    /// A row with this queue and job id is already in the outbox (published
+    /// or not); nothing was written. The existing row's payload is kept.
+    Duplicate,
+}
+
+/// The result of [`Outbox::enqueue_in_tx`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEnqueued {
+    /// The job id (the same one the job will have in Redis).
+    pub id: JobId,
+    /// The queue the job will be published to.
+    pub queue: String,
+    /// Whether a row was written.
+    pub outcome: OutboxOutcome,
+}
+
+impl OutboxEnqueued {
+    /// True when this call inserted the row.
+    pub fn is_new(&self) -> bool {
+        self.outcome == OutboxOutcome::Inserted
+    }
+}
+
+/// One row of the outbox table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRow {
+    /// The row's `id` (insertion order).
+    pub row_id: i64,
+    /// The job id used in Redis.
+    pub job_id: JobId,
+    /// Target queue.
+    pub queue: String,
+    /// Job type name.
+    pub job_type: String,
+    /// Payload schema version (the table checks `>= 0`).
+    pub schema_version: i32,
+    /// Attempt limit of the job.
+    pub max_attempts: i32,
+    /// MessagePack payload.
+    pub payload: Vec<u8>,
+    /// Insert time (PostgreSQL clock; the start of the inserting transaction).
+    pub created_at: SystemTime,
+    /// When a relay published it.
+    pub published_at: Option<SystemTime>,
+    /// When a relay gave up on it (a row no retry can fix, e.g. an invalid job id).
+    pub rejected_at: Option<SystemTime>,
+    /// Publish attempts whose outcome was committed: the successful one and
+    /// each recorded Redis error. A batch that crashed leaves no trace here.
+    pub attempts: i32,
+    /// The last publish error.
+    pub last_error: Option<String>,
+    /// Run no earlier than this (from [`EnqueueOptions::delay`] or [`EnqueueOptions::run_at`]).
+    pub run_at: Option<SystemTime>,
+}
+
+impl OutboxRow {
+    /// Reads a row selected with [`TableName::COLUMNS`]. A column of an
+    /// unexpected type is an error, never a panic.
+    pub(crate) fn from_row(table: &TableName, row: &Row) -> Result<Self> {
+        let row_id: i64 = row.try_get(0).map_err(|e| OutboxError::InvalidRow {
+            table: table.name.clone(),
+            row_id: -1,
+            queue: None,
+            job_id: None,
+            reason: format!("column `id`: {e}"),
+        })?;
+        let bad = |column: &str, e: tokio_postgres::Error| OutboxError::InvalidRow {
+            table: table.name.clone(),
+            row_id,
+            queue: row.try_get::<_, String>(2).ok(),
+            job_id: row.try_get::<_, String>(1).ok().map(JobId::from),
+            reason: format!("column `{column}`: {e}"),
+        };
+        Ok(OutboxRow {
+            row_id,
+            job_id: JobId::from(row.try_get::<_, String>(1).map_err(|e| bad("job_id", e))?),
+            queue: row.try_get(2).map_err(|e| bad("queue", e))?,
+            job_type: row.try_get(3).map_err(|e| bad("job_type", e))?,
+            schema_version: row.try_get(4).map_err(|e| bad("schema_version", e))?,
+            max_attempts: row.try_get(5).map_err(|e| bad("max_attempts", e))?,
+            payload: row.try_get(6).map_err(|e| bad("payload", e))?,
+            created_at: row.try_get(7).map_err(|e| bad("created_at", e))?,
+            published_at: row.try_get(8).map_err(|e| bad("published_at", e))?,
+            rejected_at: row.try_get(9).map_err(|e| bad("rejected_at", e))?,
+            attempts: row.try_get(10).map_err(|e| bad("attempts", e))?,
+            last_error: row.try_get(11).map_err(|e| bad("last_error", e))?,
+            run_at: row.try_get(12).map_err(|e| bad("run_at", e))?,
+        })
+    }
+}
+
+/// Row counts of an outbox table (see [`Outbox::stats`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutboxStats {
+    /// Rows waiting for a relay.
+    pub unpublished: u64,
+    /// Rows a relay gave up on (`rejected_at` set); they need an operator.
+    pub rejected: u64,
+    /// Rows published (kept until [`Outbox::prune`]).
+    pub published: u64,
+    /// Age of the oldest unpublished row (PostgreSQL clock): the relay's lag.
+    pub oldest_unpublished: Option<Duration>,
+}
+
+/// The rules `queue-core` applies to job ids, checked before a row is written
+/// so that no row the relay must reject gets in through this API.
+pub(crate) fn check_job_id(id: &JobId) -> std::result::Result<(), &'static str> {
+    let s = id.as_str();
+    if s.is_empty() {
+        return Err("job id must not be empty");
+    }
+    if s.len() > JobId::MAX_LEN {
+        return Err("job id is longer than 512 bytes");
+    }
+    if s.chars().any(char::is_control) {
+        return Err("job id must not contain control characters");
+    }
+    Ok(())
+}
+
+pub(crate) fn check_queue(queue: &str) -> std::result::Result<(), &'static str> {
+    if queue.is_empty() {
+        return Err("queue name must not be empty");
+    }
+    if queue.chars().any(char::is_control) {
+        return Err("queue name must not contain control characters");
+    }
+    Ok(())
+}
+
+impl Outbox {
+    /// The default table, `queue_outbox`.
+    pub fn new() -> Self {
+        Outbox {
+            table: TableName::parse(DEFAULT_TABLE).expect("the default table name is valid"),
+        }
+    }
+
+    /// Another table: a plain lower-case identifier (`[a-z_][a-z0-9_]*`, at
+    /// most 40 bytes), optionally schema-qualified (`billing.outbox`). It is
+    /// always quoted in SQL, so it cannot inject anything.
+    pub fn with_table(name: &str) -> Result<Self> {
+        Ok(Outbox {
+            table: TableName::parse(name)?,
+        })
+    }
+
+    /// The table name as given.
+    pub fn table(&self) -> &str {
+        &self.table.name
+    }
+
+    pub(crate) fn table_name(&self) -> &TableName {
+        &self.table
+    }
+
+    /// Creates the table and its indexes if absent. Idempotent, and safe to run
+    /// from several processes at once (serialised by an advisory lock).
+    ///
+    /// Works on a [`Client`](tokio_postgres::Client) or inside a
+    /// [`Transaction`] (then it commits with it).
+    ///
+    /// ```no_run
+    /// # async fn f(client: &tokio_postgres::Client) -> Result<(), queue_outbox::OutboxError> {
+    /// queue_outbox::Outbox::new().migrate(client).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn migrate(&self, client: &impl GenericClient) -> Result<()> {
+        client
+            .batch_execute(&self.table.migrate_sql())
+            .await
+            .map_err(|e| OutboxError::pg(&self.table.name, "creating the table", e))?;
+        debug!(table = %self.table.name, "outbox table ready");
+        Ok(())
+    }
+
+    /// Writes job `J` to the outbox inside the caller's transaction.
+    ///
+    /// The job exists for the relay only if `tx` commits; a rollback leaves no
+    /// trace. With `id: None` a random UUID is used. A second row with the same
+    /// queue and id (a business key) is not written: the result says
+    /// [`OutboxOutcome::Duplicate`].
+    ///
+    /// ```no_run
+    /// use queue_core::{job, JobContext, JobError};
+    /// use serde::{Deserialize, Serialize};
+    ///
+    /// #[derive(Serialize, Deserialize)]
+    /// pub struct Receipt { pub order: i64 }
+    ///
+    /// #[job(queue = "emails")]
+    /// async fn send_receipt(_ctx: JobContext, args: Receipt) -> Result<(), JobError> { Ok(()) }
+    ///
+    /// # fn main() {}
+    /// # async fn f(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let outbox = queue_outbox::Outbox::new();
+    /// let tx = client.transaction().await?;
+    /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&42_i64]).await?;
+    /// let staged = outbox
+    ///     .enqueue_in_tx::<send_receipt::Job>(&tx, &Receipt { order: 42 }, Some("receipt-42".into()))
+    ///     .await?;
+    /// tx.commit().await?; // the order update and the job, or neither
+    /// assert_eq!(staged.id.as_str(), "receipt-42");
+    /// # Ok(()) }
+    /// ```
+    pub async fn enqueue_in_tx<J: Job>(
+        &self,
+        tx: &Transaction<'_>,
+        args: &J::Args,
+        id: Option<JobId>,
+    ) -> Result<OutboxEnqueued> {
+        let opts = EnqueueOptions {
+            id,
+            ..EnqueueOptions::new()
+        };
+        self.enqueue_in_tx_with::<J>(tx, opts, args).await
+    }
+
+    /// Like [`enqueue_in_tx`](Self::enqueue_in_tx) with [`EnqueueOptions`]:
+    /// `id`, `max_attempts`, `delay` and `run_at` are honoured.
+    ///
+    /// The delay counts from the insert (PostgreSQL clock): a relay that
+    /// publishes later enqueues the job with whatever remains of it. `run_at`
+    /// takes precedence over `delay`, as in `queue-core`.
+    ///
+    /// `once_for` and `wait_for_replicas` are refused with
+    /// [`OutboxError::InvalidJob`] rather than silently dropped: the outbox
+    /// does not store the first, and the second is a relay setting
+    /// ([`Relay::wait_for_replicas`](crate::Relay::wait_for_replicas)).
+    pub async fn enqueue_in_tx_with<J: Job>(
+        &self,
+        tx: &Transaction<'_>,
+        opts: EnqueueOptions,
+        args: &J::Args,
+    ) -> Result<OutboxEnqueued> {
+        let queue = J::QUEUE;
+        let id = opts.id.unwrap_or_else(JobId::random);
+        let invalid = |reason: &str| OutboxError::InvalidJob {
+            queue: queue.to_string(),
+            id: id.to_string(),
+            reason: reason.to_string(),
+        };
+        check_job_id(&id).map_err(invalid)?;
+        check_queue(queue).map_err(invalid)?;
+        let schema_version =
+            i32::try_from(J::SCHEMA_VERSION).map_err(|_| invalid("schema version above 2^31-1"))?;
+        let max_attempts = i32::try_from(opts.max_attempts.unwrap_or(J::MAX_ATTEMPTS).max(1))
+            .map_err(|_| invalid("max_attempts above 2^31-1"))?;
+        if opts.once_for.is_some() {
+            return Err(invalid("`once_for` is not supported through the outbox"));
+        }
+        if opts.replicas.is_some() {
+            return Err(invalid(
+                "`wait_for_replicas` is a relay setting (Relay::wait_for_replicas), not a per-job one",
+            ));
+        }
+        let delay_us = opts
+            .delay
+            .map(|d| i64::try_from(d.as_micros()).map_err(|_| invalid("delay too long")))
+            .transpose()?;
+        let run_at: Option<SystemTime> = opts.run_at;
+        let payload = rmp_serde::to_vec_named(args).map_err(|source| OutboxError::Encode {
+            queue: queue.to_string(),
+            job_type: J::NAME.to_string(),
+            job_id: id.clone(),
+            source,
+        })?;
+        let rows = tx
+            .query(
+                &self.table.insert_sql(),
+                &[
+                    &id.as_str(),
+                    &queue,
+                    &J::NAME,
+                    &schema_version,
+                    &max_attempts,
+                    &payload,
+                    &delay_us,
+                    &run_at,
+                ],
+            )
+            .await
+            .map_err(|e| OutboxError::pg_job(&self.table.name, "inserting a row", queue, &id, e))?;
+        let outcome = if rows.is_empty() {
+            OutboxOutcome::Duplicate
+        } else {
+            OutboxOutcome::Inserted
+        };
+        debug!(
+            table = %self.table.name,
+            queue,
+            job_id = %id,
+            job_type = J::NAME,
+            ?outcome,
+            "outbox row staged"
+        );
+        Ok(OutboxEnqueued {
+            id,
+            queue: queue.to_string(),
+            outcome,
+        })
+    }
+
+    /// Deletes published rows older than `published_before` (by `published_at`),
+    /// in chunks of 10 000; returns how many were deleted.
+    ///
+    /// Keep published rows at least as long as the workers' completion
+    /// retention (24 h by default): until then [`reconcile`](Self::reconcile)
+    /// can still tell a completed job from a lost one, and a row still in the
+    /// table keeps dedupe of its (queue, job id) in the outbox itself.
+    pub async fn prune(
+        &self,
+        client: &impl GenericClient,
+        published_before: Duration,
+    ) -> Result<u64> {
+        let now = pg_now(client, &self.table).await?;
+        let cutoff = now
+            .checked_sub(published_before)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let sql = self.table.prune_sql();
+        let mut total = 0;
+        loop {
+            let n = client
+                .execute(&sql, &[&cutoff, &10_000_i64])
+                .await
+                .map_err(|e| OutboxError::pg(&self.table.name, "pruning published rows", e))?;
+            total += n;
+            if n < 10_000 {
+                break;
+            }
+        }
+        debug!(table = %self.table.name, deleted = total, "outbox pruned");
+        Ok(total)
+    }
+
+    /// Row counts and the age of the oldest unpublished row.
+    pub async fn stats(&self, client: &impl GenericClient) -> Result<OutboxStats> {
+        let row = client
+            .query_one(&self.table.stats_sql(), &[])
+            .await
+            .map_err(|e| OutboxError::pg(&self.table.name, "counting rows", e))?;
+        let count = |i: usize| -> Result<u64> {
+            row.try_get::<_, i64>(i)
+                .map(|n| n.max(0) as u64)
+                .map_err(|e| OutboxError::pg(&self.table.name, "counting rows", e))
+        };
+        let oldest: Option<f64> = row
+            .try_get(3)
+            .map_err(|e| OutboxError::pg(&self.table.name, "counting rows", e))?;
+        Ok(OutboxStats {
+            unpublished: count(0)?,
+            rejected: count(1)?,
+            published: count(2)?,
+            oldest_unpublished: oldest.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok()),
+        })
+    }
+}
+
+/// PostgreSQL's `now()`: every age in this crate is measured on the database clock.
+pub(crate) async fn pg_now(client: &impl GenericClient, table: &TableName) -> Result<SystemTime> {
+    let row = client
+        .query_one("SELECT now()", &[])
+        .await
+        .map_err(|e| OutboxError::pg(&table.name, "reading the clock", e))?;
+    row.try_get(0)
+        .map_err(|e| OutboxError::pg(&table.name, "reading the clock", e))
+}

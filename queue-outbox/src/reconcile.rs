@@ -1,0 +1,254 @@
+//! Reconciliation: outbox rows whose job has not completed after a given age.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use queue_core::{JobId, Queue};
+use tokio_postgres::GenericClient;
+
+use crate::error::{OutboxError, Result};
+use crate::outbox::{pg_now, Outbox, OutboxRow};
+
+/// Rows read from PostgreSQL per round trip.
+const PAGE: i64 = 500;
+
+/// Where the job of a listed outbox row is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReconcileStatus {
+    /// Not published yet: no relay runs, or Redis keeps failing (see `last_error`).
+    Unpublished,
+    /// A relay gave up on the row (see `last_error`); fix it and set
+    /// `rejected_at = NULL` to have it sent.
+    Rejected,
+    /// Published; waiting in the queue.
+    Queued,
+    /// Published; waiting for a retry or its delay.
+    Delayed,
+    /// Published; a worker holds it.
+    Active,
+    /// Published; dead-lettered (see `job_error`).
+    Dead,
+    /// Published, but Redis has neither the job nor a completion record:
+    /// lost (e.g. Redis restarted without persistence), or completed longer
+    /// ago than the workers' completion retention.
+    Missing,
+    /// Published; the job hash has a state this version does not know.
+    Other(String),
+}
+
+impl ReconcileStatus {
+    /// `unpublished`, `rejected`, `queued`, `delayed`, `active`, `dead`, `missing`, or the unknown state.
+    pub fn as_str(&self) -> &str {
+        match self {
+            ReconcileStatus::Unpublished => "unpublished",
+            ReconcileStatus::Rejected => "rejected",
+            ReconcileStatus::Queued => "queued",
+            ReconcileStatus::Delayed => "delayed",
+            ReconcileStatus::Active => "active",
+            ReconcileStatus::Dead => "dead",
+            ReconcileStatus::Missing => "missing",
+            ReconcileStatus::Other(s) => s,
+        }
+    }
+
+    fn from_state(state: &str) -> Self {
+        match state {
+            "queued" => ReconcileStatus::Queued,
+            "delayed" => ReconcileStatus::Delayed,
+            "active" => ReconcileStatus::Active,
+            "dead" => ReconcileStatus::Dead,
+            other => ReconcileStatus::Other(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for ReconcileStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One outbox row whose job has not completed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileRow {
+    /// The row's `id`.
+    pub row_id: i64,
+    /// Queue.
+    pub queue: String,
+    /// Job id.
+    pub job_id: JobId,
+    /// Job type.
+    pub job_type: String,
+    /// Insert time (PostgreSQL clock).
+    pub created_at: SystemTime,
+    /// Age at reconciliation (PostgreSQL clock).
+    pub age: Duration,
+    /// When it was published, if it was.
+    pub published_at: Option<SystemTime>,
+    /// Publish attempts.
+    pub publish_attempts: i32,
+    /// The last publish error.
+    pub publish_error: Option<String>,
+    /// Where the job is.
+    pub status: ReconcileStatus,
+    /// Deliveries so far, when the job is in Redis.
+    pub job_attempts: Option<u32>,
+    /// The job's `dead_reason` or `last_error`, when it is in Redis and has one.
+    pub job_error: Option<String>,
+}
+
+/// What [`Outbox::reconcile_with`] looks at.
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = queue_outbox::ReconcileOptions::new(Duration::from_secs(3600))
+///     .max_age(Duration::from_secs(24 * 3600))
+///     .limit(100);
+/// assert_eq!(opts.limit, 100);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReconcileOptions {
+    /// Only rows created at least this long ago.
+    pub older_than: Duration,
+    /// Only rows created at most this long ago (`None`: no bound). Set it to
+    /// the completion retention to skip rows whose completion record has expired
+    /// anyway (they would all show as `missing`).
+    pub max_age: Option<Duration>,
+    /// At most this many rows are returned (oldest first).
+    pub limit: usize,
+}
+
+impl ReconcileOptions {
+    /// Rows older than `older_than`, no upper bound, at most 1000.
+    pub fn new(older_than: Duration) -> Self {
+        ReconcileOptions {
+            older_than,
+            max_age: None,
+            limit: 1000,
+        }
+    }
+
+    /// Skip rows older than `max_age`.
+    pub fn max_age(mut self, max_age: Duration) -> Self {
+        self.max_age = Some(max_age);
+        self
+    }
+
+    /// Return at most `n` rows.
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = n;
+        self
+    }
+}
+
+impl Outbox {
+    /// Outbox rows created more than `older_than` ago whose job has not
+    /// completed: unpublished or rejected rows, and published rows whose job
+    /// is still queued, delayed, active, dead-lettered, or missing from Redis.
+    /// Oldest first, at most 1000; see [`reconcile_with`](Self::reconcile_with).
+    ///
+    /// Ages use the PostgreSQL clock. Read-only: it changes nothing.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn f(client: &tokio_postgres::Client, queue: &queue_core::Queue) -> Result<(), queue_outbox::OutboxError> {
+    /// let outbox = queue_outbox::Outbox::new();
+    /// for row in outbox.reconcile(client, queue, Duration::from_secs(3600)).await? {
+    ///     println!("{} {} {} age {:?}", row.queue, row.job_id, row.status, row.age);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn reconcile(
+        &self,
+        client: &impl GenericClient,
+        queue: &Queue,
+        older_than: Duration,
+    ) -> Result<Vec<ReconcileRow>> {
+        self.reconcile_with(client, queue, &ReconcileOptions::new(older_than))
+            .await
+    }
+
+    /// [`reconcile`](Self::reconcile) with an age window and a limit.
+    ///
+    /// For a published row it reads the job hash first and the completion
+    /// record only when there is no hash: an ack deletes the one and writes
+    /// the other atomically, so a job completing meanwhile is never reported
+    /// as missing.
+    pub async fn reconcile_with(
+        &self,
+        client: &impl GenericClient,
+        queue: &Queue,
+        opts: &ReconcileOptions,
+    ) -> Result<Vec<ReconcileRow>> {
+        let table = self.table_name();
+        let now = pg_now(client, table).await?;
+        let newest = now
+            .checked_sub(opts.older_than)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let oldest = opts
+            .max_age
+            .and_then(|age| now.checked_sub(age))
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        let sql = table.reconcile_page_sql();
+        let mut out = Vec::new();
+        let mut after = i64::MIN;
+        while out.len() < opts.limit {
+            let rows = client
+                .query(&sql, &[&after, &newest, &oldest, &PAGE])
+                .await
+                .map_err(|e| OutboxError::pg(&table.name, "selecting rows to reconcile", e))?;
+            for raw in &rows {
+                let row = OutboxRow::from_row(table, raw)?;
+                after = row.row_id;
+                if let Some(listed) = check(queue, row, now).await? {
+                    out.push(listed);
+                    if out.len() >= opts.limit {
+                        break;
+                    }
+                }
+            }
+            if (rows.len() as i64) < PAGE {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The row's job status, or `None` when it completed.
+async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<ReconcileRow>> {
+    let mut job_attempts = None;
+    let mut job_error = None;
+    let status = if row.rejected_at.is_some() {
+        ReconcileStatus::Rejected
+    } else if row.published_at.is_none() {
+        ReconcileStatus::Unpublished
+    } else if let Some(info) = queue.job(&row.queue, &row.job_id).await? {
+        job_attempts = Some(info.attempts());
+        job_error = info
+            .field("dead_reason")
+            .or_else(|| info.field("last_error"))
+            .filter(|s| !s.is_empty())
+            .map(str::to_string);
+        ReconcileStatus::from_state(info.state().unwrap_or(""))
+    } else if queue.completion(&row.queue, &row.job_id).await?.is_some() {
+        return Ok(None);
+    } else {
+        ReconcileStatus::Missing
+    };
+    Ok(Some(ReconcileRow {
+        row_id: row.row_id,
+        age: now.duration_since(row.created_at).unwrap_or_default(),
+        queue: row.queue,
+        job_id: row.job_id,
+        job_type: row.job_type,
+        created_at: row.created_at,
+        published_at: row.published_at,
+        publish_attempts: row.attempts,
+        publish_error: row.last_error,
+        status,
+        job_attempts,
+        job_error,
+    }))
+}

@@ -1,0 +1,600 @@
+//! The relay: publishes committed outbox rows to Redis and marks them published.
+//!
+//! One batch is one PostgreSQL transaction:
+//!
+//! 1. `SELECT .. WHERE published_at IS NULL AND rejected_at IS NULL ORDER BY id
+//!    LIMIT n FOR UPDATE SKIP LOCKED` — rows another relay is publishing are
+//!    skipped, so several relays can run at once and each row is sent by one;
+//! 2. each row is enqueued to Redis with its stable job id
+//!    ([`Queue::enqueue_raw`]); `Created`, `Duplicate` and `AlreadyCompleted`
+//!    all mean "Redis has (or had) this job";
+//! 3. `UPDATE .. SET published_at = now()` for those rows, and `COMMIT`.
+//!
+//! A crash anywhere before the commit rolls the transaction back: the rows
+//! stay unpublished and the next batch sends them again, which Redis answers
+//! with `Duplicate` (or `AlreadyCompleted`) without writing anything.
+
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue, QueueError};
+use tokio_postgres::{Client, IsolationLevel};
+use tracing::{debug, error, info, warn};
+
+use crate::error::{OutboxError, Result};
+use crate::outbox::{check_job_id, check_queue, Outbox, OutboxRow};
+
+/// Default rows per batch.
+pub const DEFAULT_BATCH_SIZE: usize = 100;
+
+/// What one [`Relay::publish_batch`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Unpublished rows the batch locked.
+    pub selected: usize,
+    /// Rows marked published (Redis created the job, or already had it).
+    pub published: usize,
+    /// Of `published`, rows Redis already had (`Duplicate` or
+    /// `AlreadyCompleted`): re-sends after a crash, or jobs also enqueued directly.
+    pub duplicates: usize,
+    /// Rows left unpublished after a Redis error (the batch stops at the
+    /// first one, so 0 or 1); the row's `attempts` and `last_error` are updated.
+    pub failed: usize,
+    /// Rows marked rejected: they can never be published (e.g. an invalid job
+    /// id written by hand). See [`ReconcileStatus::Rejected`](crate::ReconcileStatus::Rejected).
+    pub rejected: usize,
+    /// The Redis error that stopped the batch, if any.
+    pub error: Option<String>,
+}
+
+/// Totals of a [`Relay::run_until`] loop.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RelaySummary {
+    /// Batches run.
+    pub batches: u64,
+    /// Rows published.
+    pub published: u64,
+    /// Of those, rows Redis already had.
+    pub duplicates: u64,
+    /// Rows left unpublished after a Redis error (sent again later).
+    pub failed: u64,
+    /// Rows marked rejected.
+    pub rejected: u64,
+    /// Batches that failed as a whole (PostgreSQL errors).
+    pub errors: u64,
+}
+
+impl RelaySummary {
+    fn add(&mut self, r: &RelayReport) {
+        self.batches += 1;
+        self.published += r.published as u64;
+        self.duplicates += r.duplicates as u64;
+        self.failed += r.failed as u64;
+        self.rejected += r.rejected as u64;
+    }
+}
+
+/// A point inside a relay batch, passed to the hook of
+/// [`Relay::publish_batch_with_hook`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RelayStep<'a> {
+    /// About to enqueue this row to Redis.
+    BeforeEnqueue(&'a OutboxRow),
+    /// Redis answered for this row; it is not yet marked published.
+    AfterEnqueue(&'a OutboxRow, &'a Enqueued),
+    /// Rows are marked published in the transaction; about to commit.
+    BeforeCommit {
+        /// Rows about to be committed as published.
+        published: usize,
+    },
+}
+
+impl RelayStep<'_> {
+    /// `before_enqueue`, `after_enqueue` or `before_commit`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RelayStep::BeforeEnqueue(_) => "before_enqueue",
+            RelayStep::AfterEnqueue(..) => "after_enqueue",
+            RelayStep::BeforeCommit { .. } => "before_commit",
+        }
+    }
+
+    fn row(&self) -> Option<&OutboxRow> {
+        match self {
+            RelayStep::BeforeEnqueue(row) | RelayStep::AfterEnqueue(row, _) => Some(row),
+            RelayStep::BeforeCommit { .. } => None,
+        }
+    }
+}
+
+/// Publishes outbox rows to Redis. Run one or several (on as many machines as
+/// you like): `FOR UPDATE SKIP LOCKED` gives each row to one relay at a time.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use queue_outbox::{Outbox, Relay};
+///
+/// # async fn f() -> Result<(), queue_outbox::OutboxError> {
+/// let queue = queue_core::Queue::connect("redis://127.0.0.1:6379/").await?;
+/// let relay = Relay::connect(Outbox::new(), "postgres://app@127.0.0.1/app", queue)
+///     .await?
+///     .batch_size(200);
+/// let summary = relay
+///     .run_until(async { let _ = tokio::signal::ctrl_c().await; }, Duration::from_millis(500))
+///     .await?;
+/// println!("published {} rows", summary.published);
+/// # Ok(()) }
+/// ```
+pub struct Relay {
+    outbox: Outbox,
+    queue: Queue,
+    client: Client,
+    /// Where to reconnect when the connection closes (set by [`Relay::connect`]).
+    url: Option<String>,
+    batch_size: usize,
+    replicas: Option<(u32, Duration)>,
+    /// A PostgreSQL error happened: reconnect before the next batch.
+    suspect: bool,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("table", &self.outbox.table())
+            .field("batch_size", &self.batch_size)
+            .field("reconnects", &self.url.is_some())
+            .field("replicas", &self.replicas)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// A relay on an existing connection. The relay needs the connection for
+    /// itself (it opens transactions on it); it cannot reconnect if it closes:
+    /// [`run_until`](Self::run_until) then returns the error.
+    pub fn new(outbox: Outbox, client: Client, queue: Queue) -> Self {
+        Relay {
+            outbox,
+            queue,
+            client,
+            url: None,
+            batch_size: DEFAULT_BATCH_SIZE,
+            replicas: None,
+            suspect: false,
+        }
+    }
+
+    /// A relay with its own connection to `database_url` (no TLS; see
+    /// [`connect_postgres`](crate::connect_postgres)). It reconnects by itself
+    /// when the connection closes.
+    pub async fn connect(outbox: Outbox, database_url: &str, queue: Queue) -> Result<Self> {
+        let client = crate::connect_postgres(database_url).await?;
+        Ok(Relay {
+            url: Some(database_url.to_string()),
+            ..Relay::new(outbox, client, queue)
+        })
+    }
+
+    /// Rows per batch for [`run_until`](Self::run_until) (default 100). A batch
+    /// holds its rows' locks while it talks to Redis: keep it in the hundreds.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.max(1);
+        self
+    }
+
+    /// Mark a row published only once `replicas` Redis replicas confirmed its
+    /// job (Redis `WAIT`, at most `timeout` per row). A row whose job was
+    /// written on the primary but not replicated in time stays unpublished
+    /// with the error, like any Redis error, and is sent again (a no-op
+    /// enqueue followed by a new `WAIT`). Use it when a Redis failover must
+    /// not lose a published job.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.replicas = Some((replicas, timeout));
+        self
+    }
+
+    /// The outbox this relay publishes.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    async fn ensure_connected(&mut self) -> Result<()> {
+        if self.client.is_closed() || self.suspect {
+            if let Some(url) = &self.url {
+                info!(table = %self.outbox.table(), "reconnecting to postgres");
+                self.client = crate::connect_postgres(url).await?;
+            }
+            self.suspect = false;
+        }
+        Ok(())
+    }
+
+    /// Publishes up to `limit` unpublished rows (oldest first) in one transaction.
+    ///
+    /// A Redis error is not an `Err`: the row that met it gets `attempts + 1`
+    /// and `last_error`, the batch stops there, what was published before it
+    /// is committed, and the report says `failed: 1`. `Err` means PostgreSQL
+    /// failed and nothing of this batch was committed (so it is sent again).
+    pub async fn publish_batch(&mut self, limit: usize) -> Result<RelayReport> {
+        self.publish_batch_with_hook(limit, |_| ControlFlow::Continue(()))
+            .await
+    }
+
+    /// [`publish_batch`](Self::publish_batch) with a hook called at each
+    /// [`RelayStep`]. When the hook returns `Break`, the batch stops at once and
+    /// its transaction is dropped without commit — exactly what a crash at
+    /// that point does — and the call returns [`OutboxError::Interrupted`].
+    ///
+    /// A test seam for crash tests, and a place for instrumentation.
+    ///
+    /// ```no_run
+    /// use std::ops::ControlFlow;
+    /// use queue_outbox::RelayStep;
+    /// # async fn f(relay: &mut queue_outbox::Relay) {
+    /// // "Crash" after the first row reached Redis, before anything is committed.
+    /// let result = relay
+    ///     .publish_batch_with_hook(10, |step| match step {
+    ///         RelayStep::AfterEnqueue(..) => ControlFlow::Break(()),
+    ///         _ => ControlFlow::Continue(()),
+    ///     })
+    ///     .await;
+    /// assert!(result.is_err());
+    /// # }
+    /// ```
+    pub async fn publish_batch_with_hook<H>(&mut self, limit: usize, hook: H) -> Result<RelayReport>
+    where
+        H: FnMut(&RelayStep<'_>) -> ControlFlow<()>,
+    {
+        self.ensure_connected().await?;
+        let result = self.batch(limit, hook).await;
+        // After a PostgreSQL error the connection may be dying without being
+        // closed yet (e.g. the server terminated the session): a relay that
+        // can reconnect starts the next batch on a fresh one.
+        if let Err(OutboxError::Postgres { .. }) = &result {
+            self.suspect = true;
+        }
+        result
+    }
+
+    async fn batch<H>(&mut self, limit: usize, mut hook: H) -> Result<RelayReport>
+    where
+        H: FnMut(&RelayStep<'_>) -> ControlFlow<()>,
+    {
+        let Relay {
+            outbox,
+            queue,
+            client,
+            replicas,
+            ..
+        } = self;
+        let table = outbox.table_name();
+        let tname = table.name.as_str();
+        let mut interrupt = |step: RelayStep<'_>| -> Result<()> {
+            match hook(&step) {
+                ControlFlow::Continue(()) => Ok(()),
+                ControlFlow::Break(()) => {
+                    let row = step.row();
+                    warn!(
+                        table = %tname,
+                        step = step.name(),
+                        queue = row.map(|r| r.queue.as_str()),
+                        job_id = row.map(|r| r.job_id.as_str()),
+                        "relay batch interrupted by its hook; rolling back"
+                    );
+                    Err(OutboxError::Interrupted {
+                        step: step.name(),
+                        queue: row.map(|r| r.queue.clone()),
+                        job_id: row.map(|r| r.job_id.clone()),
+                    })
+                }
+            }
+        };
+
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::ReadCommitted)
+            .start()
+            .await
+            .map_err(|e| OutboxError::pg(tname, "starting a relay transaction", e))?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = tx
+            .query(&table.select_batch_sql(), &[&limit])
+            .await
+            .map_err(|e| OutboxError::pg(tname, "selecting unpublished rows", e))?;
+
+        let mut report = RelayReport {
+            selected: rows.len(),
+            ..RelayReport::default()
+        };
+        let mut published: Vec<i64> = Vec::with_capacity(rows.len());
+        for raw in &rows {
+            // A column of the wrong type is a table problem, not a row problem:
+            // fail the batch (rolled back) rather than reject every row.
+            let row = OutboxRow::from_row(table, raw)?;
+            let delay_ms: Option<i64> = raw.try_get(13).map_err(|e| OutboxError::InvalidRow {
+                table: tname.to_string(),
+                row_id: row.row_id,
+                queue: Some(row.queue.clone()),
+                job_id: Some(row.job_id.clone()),
+                reason: format!("computed delay: {e}"),
+            })?;
+
+            if let Err(reason) = unpublishable(&row) {
+                error!(
+                    table = %tname,
+                    row_id = row.row_id,
+                    queue = %row.queue,
+                    job_id = %row.job_id,
+                    reason,
+                    "outbox row rejected: it can never be published"
+                );
+                tx.execute(&table.mark_rejected_sql(), &[&row.row_id, &reason])
+                    .await
+                    .map_err(|e| {
+                        OutboxError::pg_job(tname, "rejecting a row", &row.queue, &row.job_id, e)
+                    })?;
+                report.rejected += 1;
+                continue;
+            }
+
+            interrupt(RelayStep::BeforeEnqueue(&row))?;
+            let mut opts = EnqueueOptions::new().id(row.job_id.clone());
+            if let Some(ms) = delay_ms.filter(|ms| *ms > 0) {
+                opts = opts.delay(Duration::from_millis(ms as u64));
+            }
+            if let Some((n, timeout)) = *replicas {
+                opts = opts.wait_for_replicas(n, timeout);
+            }
+            let sent = queue
+                .enqueue_raw(
+                    &row.queue,
+                    &row.job_type,
+                    row.schema_version as u32,
+                    row.max_attempts as u32,
+                    opts,
+                    &row.payload,
+                )
+                .await;
+            match sent {
+                Ok(enqueued) => {
+                    interrupt(RelayStep::AfterEnqueue(&row, &enqueued))?;
+                    match &enqueued.outcome {
+                        EnqueueOutcome::Created => {
+                            debug!(
+                                table = %tname,
+                                row_id = row.row_id,
+                                queue = %row.queue,
+                                job_id = %row.job_id,
+                                "outbox row published"
+                            )
+                        }
+                        EnqueueOutcome::Duplicate { state } => {
+                            report.duplicates += 1;
+                            info!(
+                                table = %tname,
+                                row_id = row.row_id,
+                                queue = %row.queue,
+                                job_id = %row.job_id,
+                                state = %state,
+                                "outbox row was already in redis (re-send); marked published"
+                            )
+                        }
+                        EnqueueOutcome::AlreadyCompleted => {
+                            report.duplicates += 1;
+                            info!(
+                                table = %tname,
+                                row_id = row.row_id,
+                                queue = %row.queue,
+                                job_id = %row.job_id,
+                                "outbox row's job already completed (re-send); marked published"
+                            )
+                        }
+                    }
+                    published.push(row.row_id);
+                }
+                Err(e @ QueueError::InvalidJobId { .. }) => {
+                    let reason = e.to_string();
+                    error!(
+                        table = %tname,
+                        row_id = row.row_id,
+                        queue = %row.queue,
+                        job_id = %row.job_id,
+                        error = %reason,
+                        "outbox row rejected by queue-core"
+                    );
+                    tx.execute(&table.mark_rejected_sql(), &[&row.row_id, &reason])
+                        .await
+                        .map_err(|e| {
+                            OutboxError::pg_job(
+                                tname,
+                                "rejecting a row",
+                                &row.queue,
+                                &row.job_id,
+                                e,
+                            )
+                        })?;
+                    report.rejected += 1;
+                }
+                Err(e) => {
+                    // Redis down, timed out, read-only, not replicated in
+                    // time, or answered oddly. The write may or may not have
+                    // landed: leave the row unpublished (a re-send is a
+                    // no-op) and stop this batch.
+                    let reason = e.to_string();
+                    warn!(
+                        table = %tname,
+                        row_id = row.row_id,
+                        queue = %row.queue,
+                        job_id = %row.job_id,
+                        attempts = row.attempts + 1,
+                        error = %reason,
+                        "outbox row not published; will retry"
+                    );
+                    tx.execute(&table.mark_failed_sql(), &[&row.row_id, &reason])
+                        .await
+                        .map_err(|e| {
+                            OutboxError::pg_job(
+                                tname,
+                                "recording a publish error",
+                                &row.queue,
+                                &row.job_id,
+                                e,
+                            )
+                        })?;
+                    report.failed += 1;
+                    report.error = Some(reason);
+                    break;
+                }
+            }
+        }
+
+        if !published.is_empty() {
+            tx.execute(&table.mark_published_sql(), &[&published])
+                .await
+                .map_err(|e| OutboxError::pg(tname, "marking rows published", e))?;
+        }
+        interrupt(RelayStep::BeforeCommit {
+            published: published.len(),
+        })?;
+        tx.commit()
+            .await
+            .map_err(|e| OutboxError::pg(tname, "committing a relay batch", e))?;
+        report.published = published.len();
+        if report.selected > 0 {
+            info!(
+                table = %tname,
+                selected = report.selected,
+                published = report.published,
+                duplicates = report.duplicates,
+                failed = report.failed,
+                rejected = report.rejected,
+                "outbox batch done"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Publishes batches until `stop` completes: at once again while batches
+    /// come back full, otherwise every `interval`; after errors it backs off
+    /// (doubling up to 30 s). A batch in progress when `stop` completes is
+    /// finished first. Returns the totals.
+    ///
+    /// PostgreSQL and Redis errors are logged and retried (a relay from
+    /// [`Relay::connect`] reconnects). It returns `Err` only when the
+    /// PostgreSQL connection of a relay from [`Relay::new`] is closed.
+    pub async fn run_until<F>(mut self, stop: F, interval: Duration) -> Result<RelaySummary>
+    where
+        F: Future<Output = ()>,
+    {
+        tokio::pin!(stop);
+        let mut summary = RelaySummary::default();
+        let mut errors_in_a_row: u32 = 0;
+        info!(
+            table = %self.outbox.table(),
+            batch_size = self.batch_size,
+            interval_ms = interval.as_millis() as u64,
+            "outbox relay started"
+        );
+        loop {
+            tokio::select! {
+                biased;
+                _ = &mut stop => break,
+                _ = std::future::ready(()) => {}
+            }
+            let wait = match self.publish_batch(self.batch_size).await {
+                Ok(report) => {
+                    summary.add(&report);
+                    if report.failed > 0 {
+                        errors_in_a_row += 1;
+                        backoff(interval, errors_in_a_row)
+                    } else {
+                        errors_in_a_row = 0;
+                        if report.selected >= self.batch_size {
+                            Duration::ZERO
+                        } else {
+                            interval
+                        }
+                    }
+                }
+                Err(e) => {
+                    summary.errors += 1;
+                    errors_in_a_row += 1;
+                    warn!(
+                        table = %self.outbox.table(),
+                        queue = e.queue(),
+                        job_id = e.job_id().map(|id| id.as_str()),
+                        error = %e,
+                        "outbox relay batch failed; nothing of it was committed"
+                    );
+                    if e.is_connection_closed() && self.url.is_none() {
+                        error!(
+                            table = %self.outbox.table(),
+                            "postgres connection closed and the relay cannot reconnect; stopping"
+                        );
+                        return Err(e);
+                    }
+                    backoff(interval, errors_in_a_row)
+                }
+            };
+            if !wait.is_zero() {
+                tokio::select! {
+                    biased;
+                    _ = &mut stop => break,
+                    _ = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+        info!(
+            table = %self.outbox.table(),
+            batches = summary.batches,
+            published = summary.published,
+            duplicates = summary.duplicates,
+            failed = summary.failed,
+            rejected = summary.rejected,
+            errors = summary.errors,
+            "outbox relay stopped"
+        );
+        Ok(summary)
+    }
+}
+
+/// Why a row can never be published, checked before it is sent.
+fn unpublishable(row: &OutboxRow) -> std::result::Result<(), String> {
+    check_job_id(&row.job_id).map_err(str::to_string)?;
+    check_queue(&row.queue).map_err(str::to_string)?;
+    if row.job_type.is_empty() {
+        return Err("job type must not be empty".into());
+    }
+    if row.schema_version < 0 {
+        return Err(format!("negative schema version {}", row.schema_version));
+    }
+    if row.max_attempts < 1 {
+        return Err(format!("max_attempts {} is below 1", row.max_attempts));
+    }
+    Ok(())
+}
+
+fn backoff(interval: Duration, errors_in_a_row: u32) -> Duration {
+    let base = interval.max(Duration::from_millis(100));
+    let cap = interval.max(Duration::from_secs(30));
+    base.saturating_mul(1u32 << errors_in_a_row.saturating_sub(1).min(16))
+        .min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let i = Duration::from_millis(500);
+        assert_eq!(backoff(i, 1), Duration::from_millis(500));
+        assert_eq!(backoff(i, 2), Duration::from_secs(1));
+        assert_eq!(backoff(i, 3), Duration::from_secs(2));
+        assert_eq!(backoff(i, 40), Duration::from_secs(30));
+        assert_eq!(backoff(Duration::from_secs(60), 5), Duration::from_secs(60));
+        assert_eq!(backoff(Duration::ZERO, 1), Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,1144 @@
+//! The outbox against a real PostgreSQL (`DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`) and a throwaway redis-server.
+//!
+//! Each test uses its own outbox table (dropped at the end, even on panic) and
+//! its own Redis, so tests run in parallel. With no PostgreSQL they fail,
+//! unless `QUEUE_TEST_SKIP_POSTGRES=1` is set (then they pass as skipped).
+
+use std::collections::{BTreeMap, HashSet};
+use std::ops::ControlFlow;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use queue_core::{
+    job, EnqueueOptions, EnqueueOutcome, Job, JobContext, JobError, Queue, Worker, WorkerConfig,
+};
+use queue_outbox::tokio_postgres::Client;
+use queue_outbox::{
+    connect_postgres, Outbox, OutboxError, OutboxOutcome, ReconcileOptions, ReconcileStatus, Relay,
+    RelayReport, RelayStep,
+};
+use queue_testkit::postgres::{self, DropTable};
+use queue_testkit::RedisServer;
+use serde::{Deserialize, Serialize};
+
+const T: Duration = Duration::from_secs(20);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Mail {
+    pub to: String,
+    pub n: u32,
+}
+
+fn mail(n: u32) -> Mail {
+    Mail {
+        to: format!("user{n}@example.com"),
+        n,
+    }
+}
+
+#[job(queue = "outbox_mail", max_attempts = 4)]
+async fn send_mail(_ctx: JobContext, _args: Mail) -> Result<(), JobError> {
+    Ok(())
+}
+
+#[job(queue = "outbox_mail", max_attempts = 2)]
+async fn bounce(_ctx: JobContext, _args: Mail) -> Result<(), JobError> {
+    Err(JobError::permanent("mailbox does not exist"))
+}
+
+/// A queue no worker of these tests serves: its jobs stay queued.
+#[job(queue = "outbox_idle")]
+async fn idle(_ctx: JobContext, _args: Mail) -> Result<(), JobError> {
+    Ok(())
+}
+
+const MAIL_Q: &str = "outbox_mail";
+const IDLE_Q: &str = "outbox_idle";
+
+fn init_tracing() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_test_writer()
+            .try_init();
+    });
+}
+
+/// One test's world. Field order is drop order: clients close before the
+/// table is dropped.
+struct Env {
+    client: Client,
+    queue: Queue,
+    outbox: Outbox,
+    db_url: String,
+    redis: RedisServer,
+    _table: DropTable,
+}
+
+impl Env {
+    fn table(&self) -> &str {
+        self.outbox.table()
+    }
+
+    async fn relay(&self) -> Relay {
+        Relay::connect(self.outbox.clone(), &self.db_url, self.queue.clone())
+            .await
+            .expect("relay connects")
+    }
+
+    /// Stages `args` under `id` in its own committed transaction.
+    async fn stage<J: Job>(&mut self, id: &str, args: &J::Args) {
+        let tx = self.client.transaction().await.unwrap();
+        let staged = self
+            .outbox
+            .enqueue_in_tx::<J>(&tx, args, Some(id.into()))
+            .await
+            .unwrap();
+        assert!(staged.is_new(), "{id} staged");
+        tx.commit().await.unwrap();
+    }
+
+    async fn scalar(&self, sql_with_t: &str) -> i64 {
+        let sql = sql_with_t.replace("$T", &format!("\"{}\"", self.table()));
+        self.client.query_one(&sql, &[]).await.unwrap().get(0)
+    }
+
+    async fn unpublished(&self) -> i64 {
+        self.scalar("SELECT count(*) FROM $T WHERE published_at IS NULL")
+            .await
+    }
+
+    /// (published, attempts, last_error) of the row of `job_id`.
+    async fn row(&self, job_id: &str) -> (bool, i32, Option<String>) {
+        let sql = format!(
+            "SELECT published_at IS NOT NULL, attempts, last_error FROM \"{}\" WHERE job_id = $1",
+            self.table()
+        );
+        let r = self.client.query_one(&sql, &[&job_id]).await.unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    }
+
+    async fn enqueued(&self, queue: &str) -> i64 {
+        self.queue.stats(queue).await.unwrap().counter("enqueued")
+    }
+}
+
+async fn setup() -> Option<Env> {
+    init_tracing();
+    let db_url = postgres::require()?;
+    let table = postgres::unique_name("outbox");
+    let guard = DropTable::new(&db_url, &table);
+    let client = connect_postgres(&db_url).await.expect("postgres connects");
+    let outbox = Outbox::with_table(&table).expect("valid table name");
+    outbox.migrate(&client).await.expect("migrate");
+    let redis = RedisServer::start().expect("redis-server starts");
+    let queue = Queue::connect(&redis.url()).await.expect("redis connects");
+    Some(Env {
+        client,
+        queue,
+        outbox,
+        db_url,
+        redis,
+        _table: guard,
+    })
+}
+
+fn break_at(name: &'static str) -> impl FnMut(&RelayStep<'_>) -> ControlFlow<()> {
+    move |step| {
+        if step.name() == name {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_rows_are_published_with_their_id_and_payload() {
+    let Some(mut env) = setup().await else { return };
+    let tx = env.client.transaction().await.unwrap();
+    let keyed = env
+        .outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(1), Some("welcome-1".into()))
+        .await
+        .unwrap();
+    let random = env
+        .outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(2), None)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(keyed.id.as_str(), "welcome-1");
+    assert_eq!(
+        (keyed.outcome, keyed.queue.as_str()),
+        (OutboxOutcome::Inserted, MAIL_Q)
+    );
+    assert_eq!(random.id.as_str().len(), 36, "a UUID when no id is given");
+    assert_eq!(
+        env.queue.stats(MAIL_Q).await.unwrap().main,
+        0,
+        "nothing in Redis before the relay"
+    );
+
+    let mut relay = env.relay().await;
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!(
+        report,
+        RelayReport {
+            selected: 2,
+            published: 2,
+            ..RelayReport::default()
+        }
+    );
+    for (id, args) in [(&keyed.id, mail(1)), (&random.id, mail(2))] {
+        let job = env
+            .queue
+            .job(MAIL_Q, id)
+            .await
+            .unwrap()
+            .expect("job in redis");
+        assert_eq!(
+            job.payload,
+            rmp_serde::to_vec_named(&args).unwrap(),
+            "same payload bytes"
+        );
+        assert_eq!(job.field("type"), Some(send_mail::Job::NAME));
+        assert_eq!(job.field("v"), Some("1"));
+        assert_eq!(job.field("max_attempts"), Some("4"));
+        assert_eq!(job.state(), Some("queued"));
+        let (published, attempts, err) = env.row(id.as_str()).await;
+        assert!(published);
+        assert_eq!((attempts, err), (1, None));
+    }
+    let stats = env.queue.stats(MAIL_Q).await.unwrap();
+    assert_eq!((stats.main, stats.counter("enqueued")), (2, 2));
+
+    // Nothing left: the next batch is empty and sends nothing.
+    assert_eq!(
+        relay.publish_batch(100).await.unwrap(),
+        RelayReport::default()
+    );
+    assert_eq!(env.enqueued(MAIL_Q).await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolled_back_rows_are_never_published() {
+    let Some(mut env) = setup().await else { return };
+    // Explicit rollback.
+    let tx = env.client.transaction().await.unwrap();
+    env.outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(1), Some("rolled-back".into()))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    // A transaction dropped without commit (an error path with `?`).
+    {
+        let tx = env.client.transaction().await.unwrap();
+        env.outbox
+            .enqueue_in_tx::<send_mail::Job>(&tx, &mail(2), Some("dropped".into()))
+            .await
+            .unwrap();
+    }
+    // The business write fails after the enqueue: the whole transaction is void.
+    let tx = env.client.transaction().await.unwrap();
+    env.outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(3), Some("failed-tx".into()))
+        .await
+        .unwrap();
+    assert!(tx.execute("SELECT 1/0", &[]).await.is_err());
+    // PostgreSQL answers COMMIT of a failed transaction with a rollback.
+    let _ = tx.commit().await;
+
+    let mut relay = env.relay().await;
+    assert_eq!(
+        relay.publish_batch(100).await.unwrap(),
+        RelayReport::default()
+    );
+    assert_eq!(env.scalar("SELECT count(*) FROM $T").await, 0);
+    assert_eq!(env.enqueued(MAIL_Q).await, 0);
+    for id in ["rolled-back", "dropped", "failed-tx"] {
+        assert!(
+            env.queue.job(MAIL_Q, id).await.unwrap().is_none(),
+            "{id} never reached Redis"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_business_key_is_staged_once_and_published_once() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("order-9", &mail(1)).await;
+    let tx = env.client.transaction().await.unwrap();
+    let again = env
+        .outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(2), Some("order-9".into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(again.outcome, OutboxOutcome::Duplicate);
+    assert!(!again.is_new());
+    // The same id on another queue is another job.
+    env.stage::<idle::Job>("order-9", &mail(3)).await;
+
+    let mut relay = env.relay().await;
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.duplicates), (2, 0));
+    let job = env.queue.job(MAIL_Q, "order-9").await.unwrap().unwrap();
+    assert_eq!(
+        job.payload,
+        rmp_serde::to_vec_named(&mail(1)).unwrap(),
+        "the first row's payload"
+    );
+    assert!(env.queue.job(IDLE_Q, "order-9").await.unwrap().is_some());
+
+    // Still a duplicate after it was published (the row stays until pruned).
+    let tx = env.client.transaction().await.unwrap();
+    let later = env
+        .outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(4), Some("order-9".into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(later.outcome, OutboxOutcome::Duplicate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_job_ids_are_refused_before_anything_is_written() {
+    let Some(mut env) = setup().await else { return };
+    let tx = env.client.transaction().await.unwrap();
+    for bad in ["", "line\nbreak", &"x".repeat(513)] {
+        let err = env
+            .outbox
+            .enqueue_in_tx::<send_mail::Job>(&tx, &mail(1), Some(bad.into()))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, OutboxError::InvalidJob { .. }),
+            "{bad:?}: {err}"
+        );
+        assert_eq!(err.queue(), Some(MAIL_Q));
+    }
+    // The transaction is still usable: nothing was sent to PostgreSQL.
+    env.outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(2), None)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(env.scalar("SELECT count(*) FROM $T").await, 1);
+}
+
+/// Crash point (a): the job reached Redis, the relay died before its commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_redis_enqueue_is_resent_as_a_duplicate() {
+    let Some(mut env) = setup().await else { return };
+    for n in 0..3 {
+        env.stage::<send_mail::Job>(&format!("a-{n}"), &mail(n))
+            .await;
+    }
+    let mut relay = env.relay().await;
+
+    // Dies after the second row was enqueued.
+    let mut seen = 0;
+    let err = relay
+        .publish_batch_with_hook(100, |step| {
+            if let RelayStep::AfterEnqueue(row, enqueued) = step {
+                assert_eq!(enqueued.outcome, EnqueueOutcome::Created, "{}", row.job_id);
+                seen += 1;
+                if seen == 2 {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        })
+        .await
+        .unwrap_err();
+    match &err {
+        OutboxError::Interrupted {
+            step,
+            job_id,
+            queue,
+        } => {
+            assert_eq!(*step, "after_enqueue");
+            assert_eq!(job_id.as_ref().map(|i| i.as_str()), Some("a-1"));
+            assert_eq!(queue.as_deref(), Some(MAIL_Q));
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert_eq!(env.enqueued(MAIL_Q).await, 2, "two jobs reached Redis");
+    assert_eq!(env.unpublished().await, 3, "none was marked published");
+
+    // Dies with every row enqueued and marked, just before COMMIT.
+    let err = relay
+        .publish_batch_with_hook(100, break_at("before_commit"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            OutboxError::Interrupted {
+                step: "before_commit",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(env.enqueued(MAIL_Q).await, 3);
+    assert_eq!(env.unpublished().await, 3, "the marks were rolled back");
+
+    // The next run re-sends everything; Redis writes nothing new.
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.duplicates), (3, 3));
+    let stats = env.queue.stats(MAIL_Q).await.unwrap();
+    assert_eq!(
+        (stats.main, stats.counter("enqueued")),
+        (3, 3),
+        "exactly one job per row"
+    );
+    assert_eq!(env.unpublished().await, 0);
+    // Crashed batches leave no trace in the row: their updates rolled back.
+    assert_eq!(env.row("a-0").await, (true, 1, None));
+}
+
+/// Crash point (a) when the job already ran: the re-send finds its completion record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_enqueue_and_job_completed_is_not_run_again() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("done-1", &mail(1)).await;
+    let mut relay = env.relay().await;
+    relay
+        .publish_batch_with_hook(100, break_at("before_commit"))
+        .await
+        .unwrap_err();
+
+    let (stop, join) = spawn_worker(&env).await;
+    wait_for(T, "the job completes", || async {
+        env.queue
+            .completion(MAIL_Q, "done-1")
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+
+    let mut steps = Vec::new();
+    let report = relay
+        .publish_batch_with_hook(100, |step| {
+            if let RelayStep::AfterEnqueue(_, enqueued) = step {
+                steps.push(enqueued.outcome.clone());
+            }
+            ControlFlow::Continue(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(steps, vec![EnqueueOutcome::AlreadyCompleted]);
+    assert_eq!((report.published, report.duplicates), (1, 1));
+    let stats = env.queue.stats(MAIL_Q).await.unwrap();
+    assert_eq!(
+        (
+            stats.main,
+            stats.counter("enqueued"),
+            stats.counter("completed")
+        ),
+        (0, 1, 1)
+    );
+}
+
+/// Crash point (b): the relay died before sending anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_before_redis_enqueue_leaves_the_row_for_the_next_run() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("b-1", &mail(1)).await;
+    let mut relay = env.relay().await;
+    let err = relay
+        .publish_batch_with_hook(100, break_at("before_enqueue"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.job_id().map(|i| i.as_str()), Some("b-1"));
+    assert!(env.queue.job(MAIL_Q, "b-1").await.unwrap().is_none());
+    assert_eq!(env.row("b-1").await, (false, 0, None));
+
+    // Another relay (a restarted process) picks it up.
+    let mut other = env.relay().await;
+    let report = other.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.duplicates), (1, 0));
+    assert_eq!(env.enqueued(MAIL_Q).await, 1);
+}
+
+/// The relay's PostgreSQL session dies mid-batch (as when its process is
+/// killed): the server rolls back, the relay reconnects and re-sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_session_killed_mid_batch_rolls_back_and_relay_reconnects() {
+    let Some(mut env) = setup().await else { return };
+    for n in 0..4 {
+        env.stage::<send_mail::Job>(&format!("k-{n}"), &mail(n))
+            .await;
+    }
+    let app = postgres::unique_name("relay");
+    let sep = if env.db_url.contains('?') { '&' } else { '?' };
+    let relay_url = format!("{}{sep}application_name={app}", env.db_url);
+    let mut relay = Relay::connect(env.outbox.clone(), &relay_url, env.queue.clone())
+        .await
+        .unwrap();
+
+    // The hook is synchronous: kill the session from another connection
+    // while the relay waits (a multi-threaded runtime allows the block).
+    let killer = &env.client;
+    let kill_sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                    WHERE application_name = $1";
+    let err = relay
+        .publish_batch_with_hook(100, |step| {
+            if let RelayStep::BeforeCommit { .. } = step {
+                let killed: i64 = tokio::task::block_in_place(|| {
+                    tokio::runtime::Handle::current()
+                        .block_on(killer.query_one(kill_sql, &[&app]))
+                        .expect("pg_terminate_backend")
+                        .get(0)
+                });
+                assert_eq!(killed, 1, "the relay's backend was terminated");
+            }
+            ControlFlow::Continue(())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OutboxError::Postgres { .. }), "{err}");
+    assert_eq!(env.enqueued(MAIL_Q).await, 4);
+    assert_eq!(
+        env.unpublished().await,
+        4,
+        "the killed session's marks were rolled back"
+    );
+
+    // Same relay: it notices the closed connection and reconnects.
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.duplicates), (4, 4));
+    assert_eq!(env.queue.stats(MAIL_Q).await.unwrap().main, 4);
+    assert_eq!(env.unpublished().await, 0);
+}
+
+/// Crash point (c): Redis is down during the relay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_keeps_the_row_unpublished_with_its_error_then_publishes() {
+    let Some(mut env) = setup().await else { return };
+    for n in 0..3 {
+        env.stage::<send_mail::Job>(&format!("c-{n}"), &mail(n))
+            .await;
+    }
+    let mut relay = env.relay().await;
+    env.redis.kill();
+
+    let report = relay
+        .publish_batch(100)
+        .await
+        .expect("a redis error is reported, not raised");
+    assert_eq!(
+        (report.selected, report.published, report.failed),
+        (3, 0, 1),
+        "{report:?}"
+    );
+    assert!(report.error.is_some());
+    let (published, attempts, last_error) = env.row("c-0").await;
+    assert!(!published);
+    assert_eq!(attempts, 1);
+    let last_error = last_error.expect("last_error recorded");
+    assert!(
+        last_error.contains(MAIL_Q) && last_error.contains("c-0"),
+        "{last_error}"
+    );
+    assert_eq!(
+        env.row("c-1").await,
+        (false, 0, None),
+        "the batch stopped at the first error"
+    );
+    assert_eq!(env.unpublished().await, 3);
+
+    env.redis.restart().expect("redis restarts");
+    let start = Instant::now();
+    let mut published = 0;
+    while published < 3 {
+        assert!(
+            start.elapsed() < T,
+            "rows not published after redis came back"
+        );
+        let report = relay.publish_batch(100).await.unwrap();
+        published += report.published;
+        if report.failed > 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(env.unpublished().await, 0);
+    let stats = env.queue.stats(MAIL_Q).await.unwrap();
+    assert_eq!((stats.main, stats.counter("enqueued")), (3, 3));
+    let (published, attempts, last_error) = env.row("c-0").await;
+    assert!(published && attempts >= 2);
+    assert!(
+        last_error.is_some(),
+        "the last error is kept for the record"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_publish_each_of_200_rows_once() {
+    let Some(mut env) = setup().await else { return };
+    for chunk in 0..4u32 {
+        let tx = env.client.transaction().await.unwrap();
+        for n in chunk * 50..(chunk + 1) * 50 {
+            env.outbox
+                .enqueue_in_tx::<send_mail::Job>(&tx, &mail(n), Some(format!("r-{n}").into()))
+                .await
+                .unwrap();
+        }
+        tx.commit().await.unwrap();
+    }
+
+    async fn drain(mut relay: Relay) -> RelayReport {
+        let mut total = RelayReport::default();
+        loop {
+            let r = relay.publish_batch(10).await.unwrap();
+            total.published += r.published;
+            total.duplicates += r.duplicates;
+            total.failed += r.failed;
+            if r.selected == 0 {
+                return total;
+            }
+        }
+    }
+    let a = tokio::spawn(drain(env.relay().await));
+    let b = tokio::spawn(drain(env.relay().await));
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    eprintln!(
+        "relay a published {}, relay b published {}",
+        a.published, b.published
+    );
+
+    assert_eq!(a.published + b.published, 200);
+    assert_eq!(
+        (a.duplicates, b.duplicates, a.failed, b.failed),
+        (0, 0, 0, 0),
+        "no row was sent twice"
+    );
+    let stats = env.queue.stats(MAIL_Q).await.unwrap();
+    assert_eq!((stats.main, stats.counter("enqueued")), (200, 200));
+    assert_eq!(env.unpublished().await, 0);
+    assert_eq!(env.scalar("SELECT max(attempts)::bigint FROM $T").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_locked_by_another_relay_are_skipped_not_waited_for() {
+    let Some(mut env) = setup().await else { return };
+    for n in 0..20 {
+        env.stage::<send_mail::Job>(&format!("s-{n:02}"), &mail(n))
+            .await;
+    }
+    // Another relay holds the five oldest rows.
+    let table = format!("\"{}\"", env.table());
+    let holder = env.client.transaction().await.unwrap();
+    let locked = holder
+        .query(
+            &format!("SELECT id FROM {table} ORDER BY id LIMIT 5 FOR UPDATE"),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(locked.len(), 5);
+
+    let mut relay = Relay::connect(env.outbox.clone(), &env.db_url, env.queue.clone())
+        .await
+        .unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(10), relay.publish_batch(100))
+        .await
+        .expect("the relay does not wait for locked rows")
+        .unwrap();
+    assert_eq!((report.selected, report.published), (15, 15));
+    assert!(env.queue.job(MAIL_Q, "s-00").await.unwrap().is_none());
+    assert!(env.queue.job(MAIL_Q, "s-05").await.unwrap().is_some());
+
+    holder.rollback().await.unwrap();
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!(
+        (report.selected, report.published, report.duplicates),
+        (5, 5, 0)
+    );
+    assert_eq!(env.enqueued(MAIL_Q).await, 20);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_lists_unfinished_jobs_but_not_completed_ones() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("done-1", &mail(1)).await; // completes
+    env.stage::<idle::Job>("stuck-1", &mail(2)).await; // stays queued
+    env.stage::<bounce::Job>("dead-1", &mail(3)).await; // dead-lettered
+    env.stage::<idle::Job>("lost-1", &mail(4)).await; // vanishes from Redis
+    let mut relay = env.relay().await;
+    assert_eq!(relay.publish_batch(100).await.unwrap().published, 4);
+
+    let (stop, join) = spawn_worker(&env).await;
+    wait_for(T, "one completion and one dead letter", || async {
+        let s = env.queue.stats(MAIL_Q).await.unwrap();
+        s.counter("completed") == 1 && s.dead == 1
+    })
+    .await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+
+    // A job lost by Redis (e.g. a restart without persistence).
+    let keys = queue_core::QueueKeys::new(IDLE_Q);
+    env.redis.command(&["DEL", &keys.job("lost-1")]).unwrap();
+    env.redis
+        .command(&["LREM", &keys.main, "0", "lost-1"])
+        .unwrap();
+
+    // Rows no relay has seen yet.
+    env.stage::<send_mail::Job>("unpub-old", &mail(5)).await;
+    env.stage::<send_mail::Job>("unpub-new", &mail(6)).await;
+    // Everything but unpub-new is two hours old.
+    let sql = format!(
+        "UPDATE \"{}\" SET created_at = now() - interval '2 hours' WHERE job_id <> 'unpub-new'",
+        env.table()
+    );
+    env.client.execute(&sql, &[]).await.unwrap();
+
+    let rows = env
+        .outbox
+        .reconcile(&env.client, &env.queue, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let found: BTreeMap<&str, &ReconcileStatus> = rows
+        .iter()
+        .map(|r| (r.job_id.as_str(), &r.status))
+        .collect();
+    assert_eq!(
+        found,
+        BTreeMap::from([
+            ("dead-1", &ReconcileStatus::Dead),
+            ("lost-1", &ReconcileStatus::Missing),
+            ("stuck-1", &ReconcileStatus::Queued),
+            ("unpub-old", &ReconcileStatus::Unpublished),
+        ]),
+        "{rows:#?}"
+    );
+    let dead = rows.iter().find(|r| r.job_id.as_str() == "dead-1").unwrap();
+    assert!(
+        dead.job_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("mailbox does not exist"),
+        "{dead:?}"
+    );
+    assert_eq!(dead.job_attempts, Some(1));
+    assert!(dead.published_at.is_some());
+    let stuck = rows
+        .iter()
+        .find(|r| r.job_id.as_str() == "stuck-1")
+        .unwrap();
+    assert_eq!(
+        (stuck.queue.as_str(), stuck.job_attempts),
+        (IDLE_Q, Some(0))
+    );
+    assert!(stuck.age >= Duration::from_secs(7100) && stuck.age < Duration::from_secs(7300));
+    let unpub = rows
+        .iter()
+        .find(|r| r.job_id.as_str() == "unpub-old")
+        .unwrap();
+    assert!(unpub.published_at.is_none() && unpub.job_attempts.is_none());
+    let ids: Vec<i64> = rows.iter().map(|r| r.row_id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "oldest row first");
+
+    // Window and limit.
+    let recent_only =
+        ReconcileOptions::new(Duration::from_secs(3600)).max_age(Duration::from_secs(1800));
+    let none = env
+        .outbox
+        .reconcile_with(&env.client, &env.queue, &recent_only)
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "{none:?}");
+    let two = ReconcileOptions::new(Duration::from_secs(3600)).limit(2);
+    let first_two = env
+        .outbox
+        .reconcile_with(&env.client, &env.queue, &two)
+        .await
+        .unwrap();
+    assert_eq!(
+        first_two
+            .iter()
+            .map(|r| r.job_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["stuck-1", "dead-1"]
+    );
+    // Reconciliation changes nothing.
+    assert_eq!(env.unpublished().await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
+    let Some(mut env) = setup().await else { return };
+    // Written by hand, bypassing enqueue_in_tx's checks.
+    let sql = format!(
+        "INSERT INTO \"{}\" (job_id, queue, job_type, schema_version, max_attempts, payload) \
+         VALUES (E'bad\\nid', 'outbox_mail', 'send_mail', 1, 3, '\\x80'::bytea)",
+        env.table()
+    );
+    env.client.execute(&sql, &[]).await.unwrap();
+    env.stage::<send_mail::Job>("good-1", &mail(1)).await;
+
+    let mut relay = env.relay().await;
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!(
+        (
+            report.selected,
+            report.published,
+            report.rejected,
+            report.failed
+        ),
+        (2, 1, 1, 0)
+    );
+    let rejected = env
+        .client
+        .query_one(
+            &format!(
+                "SELECT rejected_at IS NOT NULL, published_at IS NULL, last_error FROM \"{}\" WHERE job_id = E'bad\\nid'",
+                env.table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(rejected.get::<_, bool>(0) && rejected.get::<_, bool>(1));
+    assert!(rejected.get::<_, String>(2).contains("control characters"));
+    assert_eq!(
+        relay.publish_batch(100).await.unwrap(),
+        RelayReport::default(),
+        "not picked again"
+    );
+
+    let rows = env
+        .outbox
+        .reconcile(&env.client, &env.queue, Duration::ZERO)
+        .await
+        .unwrap();
+    let statuses: Vec<_> = rows.iter().map(|r| r.status.as_str()).collect();
+    assert_eq!(statuses, vec!["rejected", "queued"]);
+    let stats = env.outbox.stats(&env.client).await.unwrap();
+    assert_eq!(
+        (stats.unpublished, stats.rejected, stats.published),
+        (0, 1, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_of_the_wrong_shape_is_an_error_not_a_panic() {
+    let Some(env) = setup().await else { return };
+    let table = postgres::unique_name("badshape");
+    let _guard = DropTable::new(&env.db_url, &table);
+    let sql = format!(
+        "CREATE TABLE \"{table}\" (id bigserial primary key, job_id text, queue text, job_type text,
+            schema_version text, max_attempts int, payload bytea, created_at timestamptz default now(),
+            published_at timestamptz, rejected_at timestamptz, attempts int default 0, last_error text,
+            run_at timestamptz);
+         INSERT INTO \"{table}\" (job_id, queue, job_type, schema_version, max_attempts, payload)
+            VALUES ('x', 'outbox_mail', 'send_mail', 'one', 3, '\\x80'::bytea);"
+    );
+    env.client.batch_execute(&sql).await.unwrap();
+    let outbox = Outbox::with_table(&table).unwrap();
+    let mut relay = Relay::connect(outbox.clone(), &env.db_url, env.queue.clone())
+        .await
+        .unwrap();
+    let err = relay.publish_batch(10).await.unwrap_err();
+    assert!(
+        matches!(&err, OutboxError::InvalidRow { reason, .. } if reason.contains("schema_version")),
+        "{err}"
+    );
+    assert_eq!(err.job_id().map(|i| i.as_str()), Some("x"));
+    let err = outbox
+        .reconcile(&env.client, &env.queue, Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, OutboxError::InvalidRow { .. }), "{err}");
+    drop(relay);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_until_publishes_rows_as_they_commit_and_stops() {
+    let Some(mut env) = setup().await else { return };
+    let relay = env.relay().await.batch_size(7);
+    let (tx_stop, rx_stop) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run_until(
+        async move {
+            let _ = rx_stop.await;
+        },
+        Duration::from_millis(50),
+    ));
+    for n in 0..30 {
+        env.stage::<send_mail::Job>(&format!("live-{n}"), &mail(n))
+            .await;
+    }
+    wait_for(T, "30 jobs in redis", || async {
+        env.enqueued(MAIL_Q).await == 30
+    })
+    .await;
+    tx_stop.send(()).unwrap();
+    let summary = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("the relay stops")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (summary.published, summary.duplicates, summary.errors),
+        (30, 0, 0),
+        "{summary:?}"
+    );
+    assert!(summary.batches >= 5, "batches of 7: {summary:?}");
+    assert_eq!(env.unpublished().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_counts_from_the_insert_and_reaches_redis() {
+    let Some(mut env) = setup().await else { return };
+    let tx = env.client.transaction().await.unwrap();
+    let opts = EnqueueOptions::new()
+        .id("later-1")
+        .delay(Duration::from_secs(3600))
+        .max_attempts(9);
+    env.outbox
+        .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, &mail(1))
+        .await
+        .unwrap();
+    env.outbox
+        .enqueue_in_tx_with::<send_mail::Job>(&tx, EnqueueOptions::new().id("now-1"), &mail(2))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // The relay runs ten minutes after the insert.
+    let sql = format!(
+        "UPDATE \"{}\" SET created_at = created_at - interval '10 minutes', run_at = run_at - interval '10 minutes'",
+        env.table()
+    );
+    env.client.execute(&sql, &[]).await.unwrap();
+    // An absolute time takes precedence over a delay.
+    let at = std::time::SystemTime::now() + Duration::from_secs(7200);
+    let tx = env.client.transaction().await.unwrap();
+    let opts = EnqueueOptions::new()
+        .id("at-1")
+        .run_at(at)
+        .delay(Duration::from_secs(1));
+    env.outbox
+        .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, &mail(3))
+        .await
+        .unwrap();
+    // Options the outbox cannot carry are refused, not dropped.
+    for opts in [
+        EnqueueOptions::new().once_for(Duration::from_secs(60)),
+        EnqueueOptions::new().wait_for_replicas(1, Duration::from_secs(1)),
+    ] {
+        let err = env
+            .outbox
+            .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, &mail(4))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OutboxError::InvalidJob { .. }), "{err}");
+    }
+    tx.commit().await.unwrap();
+
+    let mut relay = env.relay().await;
+    assert_eq!(relay.publish_batch(100).await.unwrap().published, 3);
+    let at_job = env.queue.job(MAIL_Q, "at-1").await.unwrap().unwrap();
+    let run_at: i64 = at_job.field("run_at").unwrap().parse().unwrap();
+    let want = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert_eq!(at_job.state(), Some("delayed"));
+    assert!((run_at - want).abs() < 2_000, "run_at {run_at} vs {want}");
+    let later = env.queue.job(MAIL_Q, "later-1").await.unwrap().unwrap();
+    assert_eq!(
+        (later.state(), later.field("max_attempts")),
+        (Some("delayed"), Some("9"))
+    );
+    let enqueued: i64 = later.field("enqueued_at").unwrap().parse().unwrap();
+    let run_at: i64 = later.field("run_at").unwrap().parse().unwrap();
+    let remaining = Duration::from_millis((run_at - enqueued) as u64);
+    assert!(
+        remaining > Duration::from_secs(49 * 60) && remaining <= Duration::from_secs(50 * 60),
+        "the 10 minutes already waited are subtracted: {remaining:?}"
+    );
+    let now = env.queue.job(MAIL_Q, "now-1").await.unwrap().unwrap();
+    assert_eq!(now.state(), Some("queued"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_and_prune() {
+    let Some(mut env) = setup().await else { return };
+    for n in 0..5 {
+        env.stage::<send_mail::Job>(&format!("p-{n}"), &mail(n))
+            .await;
+    }
+    let mut relay = env.relay().await;
+    relay.publish_batch(3).await.unwrap();
+    let stats = env.outbox.stats(&env.client).await.unwrap();
+    assert_eq!(
+        (stats.unpublished, stats.rejected, stats.published),
+        (2, 0, 3)
+    );
+    assert!(stats.oldest_unpublished.is_some());
+
+    // Nothing published long enough ago.
+    assert_eq!(
+        env.outbox
+            .prune(&env.client, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    let sql = format!(
+        "UPDATE \"{}\" SET published_at = published_at - interval '2 days' WHERE published_at IS NOT NULL",
+        env.table()
+    );
+    env.client.execute(&sql, &[]).await.unwrap();
+    assert_eq!(
+        env.outbox
+            .prune(&env.client, Duration::from_secs(86_400))
+            .await
+            .unwrap(),
+        3
+    );
+    let stats = env.outbox.stats(&env.client).await.unwrap();
+    assert_eq!(
+        (stats.unpublished, stats.published),
+        (2, 0),
+        "unpublished rows are never pruned"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
+    let Some(env) = setup().await else { return };
+    env.outbox.migrate(&env.client).await.unwrap();
+
+    let table = postgres::unique_name("concur");
+    let _guard = DropTable::new(&env.db_url, &table);
+    let outbox = Outbox::with_table(&table).unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (outbox, url) = (outbox.clone(), env.db_url.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = connect_postgres(&url).await.unwrap();
+            outbox.migrate(&client).await
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("concurrent migrate succeeds");
+    }
+    let indexes: HashSet<String> = env
+        .client
+        .query(
+            "SELECT indexname FROM pg_indexes WHERE tablename = $1",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        indexes.contains(&format!("{table}_unpublished_idx")),
+        "{indexes:?}"
+    );
+    assert!(
+        indexes.contains(&format!("{table}_created_idx")),
+        "{indexes:?}"
+    );
+
+    // Inside a caller's transaction, it commits (or not) with it.
+    let table2 = postgres::unique_name("intx");
+    let _guard2 = DropTable::new(&env.db_url, &table2);
+    let mut client = connect_postgres(&env.db_url).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    Outbox::with_table(&table2)
+        .unwrap()
+        .migrate(&tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table2])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!exists, "rolled back with the caller's transaction");
+}
+
+/// With `wait_for_replicas`, "published" means replicated: with no replica
+/// the row stays unpublished (its job is on the primary), and is marked once
+/// a relay that does not require replicas re-sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_waits_for_replicas_does_not_mark_unreplicated_rows() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("w-1", &mail(1)).await;
+    let mut strict = env
+        .relay()
+        .await
+        .wait_for_replicas(1, Duration::from_millis(100));
+    let report = strict.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.failed), (0, 1), "{report:?}");
+    let (published, attempts, last_error) = env.row("w-1").await;
+    assert!(!published && attempts == 1);
+    assert!(last_error.unwrap().contains("replicas"));
+    assert!(
+        env.queue.job(MAIL_Q, "w-1").await.unwrap().is_some(),
+        "written on the primary"
+    );
+
+    let mut relaxed = env.relay().await;
+    let report = relaxed.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.duplicates), (1, 1));
+    assert_eq!(env.enqueued(MAIL_Q).await, 1);
+}
+
+async fn spawn_worker(
+    env: &Env,
+) -> (
+    queue_core::ShutdownHandle,
+    tokio::task::JoinHandle<queue_core::Result<()>>,
+) {
+    let config = WorkerConfig {
+        concurrency: 2,
+        block_timeout: Duration::from_millis(200),
+        promote_interval: Duration::from_millis(50),
+        grace: Duration::from_secs(2),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::builder(&env.redis.url())
+        .register(send_mail::handler())
+        .register(bounce::handler())
+        .config(config)
+        .build()
+        .await
+        .expect("worker builds");
+    let handle = worker.shutdown_handle();
+    (
+        handle,
+        tokio::spawn(worker.run_until(std::future::pending())),
+    )
+}
+
+async fn wait_for<F, Fut>(limit: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !cond().await {
+        assert!(
+            start.elapsed() < limit,
+            "timed out after {limit:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
