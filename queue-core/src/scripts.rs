@@ -8,27 +8,41 @@ use redis::Script;
 
 const PRELUDE: &str = include_str!("lua/prelude.lua");
 
-fn with_prelude(body: &str) -> Script {
-    Script::new(&format!("{PRELUDE}\n{body}"))
+/// Builds a script: an optional Redis 7 shebang line with flags, the
+/// prelude, then the body.
+fn with_prelude(flags: Option<&str>, body: &str) -> Script {
+    match flags {
+        Some(flags) => Script::new(&format!("#!lua flags={flags}\n{PRELUDE}\n{body}")),
+        None => Script::new(&format!("{PRELUDE}\n{body}")),
+    }
 }
 
 macro_rules! script {
     ($name:ident, $file:literal) => {
+        script!($name, $file, None);
+    };
+    ($name:ident, $file:literal, $flags:expr) => {
         pub(crate) static $name: LazyLock<Script> =
-            LazyLock::new(|| with_prelude(include_str!(concat!("lua/", $file))));
+            LazyLock::new(|| with_prelude($flags, include_str!(concat!("lua/", $file))));
     };
 }
 
+/// Scripts that drain or maintain a queue must keep working when Redis is at
+/// `maxmemory` with `noeviction`: draining is what frees memory. They only
+/// move ids, shrink or rewrite small fields, so `allow-oom` cannot make
+/// memory grow by much. Enqueue has no flag: at OOM it fails loudly.
+const DRAIN: Option<&str> = Some("allow-oom");
+
 script!(ENQUEUE, "enqueue.lua");
-script!(FETCH, "fetch.lua");
-script!(CLAIM, "claim.lua");
-script!(ACK, "ack.lua");
-script!(EXTEND, "extend.lua");
-script!(FAIL, "fail.lua");
-script!(PROMOTE, "promote.lua");
-script!(RECLAIM, "reclaim.lua");
+script!(FETCH, "fetch.lua", DRAIN);
+script!(CLAIM, "claim.lua", DRAIN);
+script!(ACK, "ack.lua", DRAIN);
+script!(EXTEND, "extend.lua", DRAIN);
+script!(FAIL, "fail.lua", DRAIN);
+script!(PROMOTE, "promote.lua", DRAIN);
+script!(RECLAIM, "reclaim.lua", DRAIN);
 script!(REPLAY, "replay.lua");
-script!(STATS, "stats.lua");
+script!(STATS, "stats.lua", Some("no-writes,allow-oom"));
 
 // Locks use plain scripts: they touch only the lock's own keys.
 pub(crate) static LOCK_ACQUIRE: LazyLock<Script> =

@@ -14,8 +14,10 @@ use redis::aio::MultiplexedConnection;
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
-/// The payload of the test job. Each field steers the handler.
+/// The payload of the test job. Each field steers the handler; missing
+/// fields take their default (payloads from older senders still decode).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Task {
     /// Redis URL of the ledger (the test's own server).
     pub ledger: String,

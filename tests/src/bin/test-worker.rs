@@ -10,8 +10,13 @@ use queue_core::{Worker, WorkerConfig};
 async fn main() {
     queue_tests::init_tracing();
     let args: Vec<String> = std::env::args().collect();
-    let arg = |i: usize, default: u64| -> u64 { args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default) };
-    let url = args.get(1).cloned().expect("usage: test-worker <redis-url> [concurrency] [lease-ms] [grace-ms]");
+    let arg = |i: usize, default: u64| -> u64 {
+        args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
+    };
+    let url = args
+        .get(1)
+        .cloned()
+        .expect("usage: test-worker <redis-url> [concurrency] [lease-ms] [grace-ms]");
     let config = WorkerConfig {
         concurrency: arg(2, 4) as usize,
         lease: Duration::from_millis(arg(3, 1000)),

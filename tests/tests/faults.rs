@@ -1,0 +1,1169 @@
+//! Focused crash and fault tests: one per case of the reliability promise
+//! (docs/RELIABILITY.md) that the lifecycle, leases, resilience and
+//! idempotency suites do not already cover. Worker processes are crashed at
+//! named points with the `failpoints` feature (`QUEUE_FAILPOINT`), paused with
+//! SIGSTOP, stopped with SIGTERM; Redis is SIGKILLed, restarted and filled up.
+//! The `chaos` binary runs all of this at once, at random; see chaos_ci.rs.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use queue_core::{
+    EnqueueOptions, EnqueueOutcome, Queue, QueueError, ReclaimReport, Watchdog, Worker,
+};
+use queue_testkit::RedisServer;
+use queue_tests::{
+    bill, fast_config, fast_watchdog, init_tracing, redis_conn, spawn_worker, task, wait_until,
+    Bill, Ledger, Task, WorkerProcess,
+};
+use redis::AsyncCommands;
+
+const T: Duration = Duration::from_secs(30);
+const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
+const SIGABRT: i32 = 6;
+const AOF_ALWAYS: [&str; 4] = ["--appendonly", "yes", "--appendfsync", "always"];
+
+async fn setup() -> (RedisServer, String, Queue) {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let url = server.url();
+    let queue = Queue::connect(&url).await.expect("connect");
+    (server, url, queue)
+}
+
+/// A `test-worker` process with `QUEUE_FAILPOINT` set (or explicitly unset).
+fn worker_process(
+    url: &str,
+    concurrency: usize,
+    lease_ms: u64,
+    grace_ms: u64,
+    failpoint: Option<&str>,
+) -> WorkerProcess {
+    let mut cmd = std::process::Command::new(WORKER_BIN);
+    cmd.args([
+        url.to_string(),
+        concurrency.to_string(),
+        lease_ms.to_string(),
+        grace_ms.to_string(),
+    ])
+    .stdin(std::process::Stdio::null())
+    .env_remove("QUEUE_FAILPOINT");
+    if let Some(point) = failpoint {
+        cmd.env("QUEUE_FAILPOINT", point);
+    }
+    WorkerProcess {
+        child: cmd.spawn().expect("test-worker starts"),
+    }
+}
+
+/// Waits for the process to exit on its own.
+async fn wait_exit(proc: &mut WorkerProcess, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = proc.child.try_wait().expect("try_wait") {
+            return status;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "worker process did not exit within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn hash(url: &str, key: &str) -> HashMap<String, String> {
+    redis_conn(url).await.hgetall(key).await.unwrap()
+}
+
+async fn lease_of(url: &str, queue: &str, id: &str) -> Option<f64> {
+    redis_conn(url)
+        .await
+        .zscore(format!("q:{{{queue}}}:leases"), id)
+        .await
+        .unwrap()
+}
+
+/// Runs watchdog passes until one returns (`reclaimed`) at least `n` jobs in
+/// total; returns the summed report.
+async fn reclaim(url: &str, queue: &str, n: u64) -> ReclaimReport {
+    let watchdog = Watchdog::connect(url, [queue], fast_watchdog())
+        .await
+        .unwrap();
+    let total = Arc::new(Mutex::new(ReclaimReport::default()));
+    wait_until(T, "watchdog reclaim", || {
+        let (watchdog, total) = (&watchdog, total.clone());
+        async move {
+            let r = watchdog.run_once().await.unwrap();
+            let mut t = total.lock().unwrap();
+            t.reclaimed += r.reclaimed;
+            t.adopted += r.adopted;
+            t.dead_lettered += r.dead_lettered;
+            t.promoted += r.promoted;
+            t.reclaimed >= n
+        }
+    })
+    .await;
+    let t = *total.lock().unwrap();
+    t
+}
+
+async fn completed(queue: &Queue, name: &str, n: i64) {
+    wait_until(T, &format!("{n} completions on {name}"), || async {
+        queue
+            .stats(name)
+            .await
+            .map(|s| s.counter("completed") == n)
+            .unwrap_or(false)
+    })
+    .await;
+}
+
+async fn billing_worker(
+    url: &str,
+    cfg: queue_core::WorkerConfig,
+) -> (
+    queue_core::ShutdownHandle,
+    tokio::task::JoinHandle<queue_core::Result<()>>,
+) {
+    let worker = Worker::builder(url)
+        .register(bill::handler())
+        .config(cfg)
+        .build()
+        .await
+        .unwrap();
+    let h = worker.shutdown_handle();
+    (h, tokio::spawn(worker.run_until(std::future::pending())))
+}
+
+// ---------------------------------------------------------------------------
+// Worker crashes at the named points (real processes, failpoints)
+// ---------------------------------------------------------------------------
+
+/// Crash between BLMOVE and the claim: the id sits in processing with no
+/// lease and no attempt counted. The watchdog adopts it (provisional lease),
+/// returns it after the orphan grace, and it runs once.
+#[tokio::test]
+async fn crash_after_blmove_before_claim_is_adopted_and_runs_once() {
+    let (_server, url, queue) = setup().await;
+    let mut proc = worker_process(&url, 1, 1000, 5000, Some("after_blmove"));
+    // The failpoint is only on the blocking path, i.e. when the queue was
+    // empty at fetch time: let the worker block first, then enqueue. (If a job
+    // slips through the non-blocking path it simply completes; try again.)
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut crashed_on = None;
+    for seq in 0..10 {
+        let id = task::enqueue(
+            &queue,
+            Task {
+                ledger: url.clone(),
+                seq,
+                ..Task::default()
+            },
+        )
+        .await
+        .unwrap();
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(5) {
+            if proc.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            if queue.completion("tasks", &id).await.unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if proc.child.try_wait().unwrap().is_some() {
+            crashed_on = Some(id);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let id = crashed_on.expect("the worker reached after_blmove");
+    let status = wait_exit(&mut proc, T).await;
+    assert_eq!(
+        status.signal(),
+        Some(SIGABRT),
+        "aborted at the failpoint: {status}"
+    );
+
+    let processing: Vec<String> = redis_conn(&url)
+        .await
+        .lrange("q:{tasks}:processing", 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(
+        processing,
+        vec![id.to_string()],
+        "the id was moved to processing"
+    );
+    assert_eq!(
+        lease_of(&url, "tasks", id.as_str()).await,
+        None,
+        "never claimed: no lease"
+    );
+    let job = queue.job("tasks", &id).await.unwrap().unwrap();
+    assert_eq!((job.state(), job.attempts()), (Some("queued"), 0));
+    assert!(
+        !Ledger::read(&url).await.started.contains_key(id.as_str()),
+        "the handler never ran"
+    );
+
+    let report = reclaim(&url, "tasks", 1).await;
+    assert!(
+        report.adopted >= 1,
+        "the orphan was adopted first: {report:?}"
+    );
+    let job = queue.job("tasks", &id).await.unwrap().unwrap();
+    assert_eq!(job.attempts(), 0, "no attempt was used");
+    assert!(
+        job.field("last_error").unwrap().contains("never claimed"),
+        "{:?}",
+        job.field("last_error")
+    );
+
+    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    wait_until(T, "completion", || async {
+        queue.completion("tasks", &id).await.unwrap().is_some()
+    })
+    .await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    let ledger = Ledger::read(&url).await;
+    assert_eq!(ledger.started.get(id.as_str()), Some(&1));
+    assert_eq!(ledger.effects.get(id.as_str()), Some(&1));
+    let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
+    assert_eq!(rec.get("attempts").map(String::as_str), Some("1"));
+}
+
+/// Crash after the claim, before the handler: the lease expires, the watchdog
+/// returns the job, and the next delivery runs it (attempt 2) exactly once.
+#[tokio::test]
+async fn crash_after_claim_before_the_handler_is_returned_and_runs_once() {
+    let (_server, url, queue) = setup().await;
+    let id = task::enqueue(
+        &queue,
+        Task {
+            ledger: url.clone(),
+            ..Task::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut proc = worker_process(&url, 1, 500, 5000, Some("after_claim"));
+    let status = wait_exit(&mut proc, T).await;
+    assert_eq!(status.signal(), Some(SIGABRT), "{status}");
+
+    let job = queue.job("tasks", &id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.state(), job.attempts()),
+        (Some("active"), 1),
+        "claimed: leased, attempt counted"
+    );
+    assert!(lease_of(&url, "tasks", id.as_str()).await.is_some());
+    assert!(
+        Ledger::read(&url).await.started.is_empty(),
+        "the handler never started"
+    );
+
+    let report = reclaim(&url, "tasks", 1).await;
+    assert_eq!(report.reclaimed, 1);
+    let job = queue.job("tasks", &id).await.unwrap().unwrap();
+    assert!(job.field("last_error").unwrap().contains("lease expired"));
+
+    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    completed(&queue, "tasks", 1).await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    let ledger = Ledger::read(&url).await;
+    assert_eq!(
+        (
+            ledger.started.get(id.as_str()),
+            ledger.effects.get(id.as_str())
+        ),
+        (Some(&1), Some(&1))
+    );
+    let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
+    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+}
+
+/// Crash after the side effect, before the ack, in a handler that uses the
+/// idempotency support (`ctx.step` + `ctx.step_key`): the redelivery finds the
+/// step records and skips both steps, so the payment API is called once, the
+/// receipt is sent once, and the completion record carries the one charge.
+#[tokio::test]
+async fn crash_after_the_side_effect_before_the_ack_does_not_repeat_it() {
+    let (_server, url, queue) = setup().await;
+    let id = bill::enqueue(
+        &queue,
+        Bill {
+            ledger: url.clone(),
+            cents: 700,
+            ..Bill::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut proc = worker_process(&url, 1, 500, 5000, Some("before_ack"));
+    let status = wait_exit(&mut proc, T).await;
+    assert_eq!(status.signal(), Some(SIGABRT), "{status}");
+
+    let key = format!("billing:{id}:charge");
+    assert_eq!(
+        hash(&url, "ledger:charges")
+            .await
+            .get(&key)
+            .map(String::as_str),
+        Some("700"),
+        "charged"
+    );
+    assert_eq!(
+        hash(&url, "ledger:receipts")
+            .await
+            .get(id.as_str())
+            .map(String::as_str),
+        Some("1")
+    );
+    assert!(
+        queue.completion("billing", &id).await.unwrap().is_none(),
+        "not acked"
+    );
+    assert_eq!(
+        queue.job("billing", &id).await.unwrap().unwrap().state(),
+        Some("active")
+    );
+
+    reclaim(&url, "billing", 1).await;
+    let (stop, join) = billing_worker(&url, fast_config()).await;
+    completed(&queue, "billing", 1).await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+
+    assert_eq!(
+        hash(&url, "ledger:charge_calls")
+            .await
+            .get(&key)
+            .map(String::as_str),
+        Some("1"),
+        "API called once"
+    );
+    assert_eq!(
+        hash(&url, "ledger:charges")
+            .await
+            .get(&key)
+            .map(String::as_str),
+        Some("700"),
+        "charged once"
+    );
+    assert_eq!(
+        hash(&url, "ledger:receipts")
+            .await
+            .get(id.as_str())
+            .map(String::as_str),
+        Some("1"),
+        "one receipt"
+    );
+    let charge_id: String = redis_conn(&url)
+        .await
+        .get(format!("ledger:charge:{key}"))
+        .await
+        .unwrap();
+    let rec = queue.completion("billing", &id).await.unwrap().unwrap();
+    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+    assert_eq!(
+        rec.get("result"),
+        Some(&charge_id),
+        "one logical result: the first delivery's charge"
+    );
+}
+
+/// The same crash in a handler that does *not* use the idempotency support:
+/// delivery is at-least-once, so its side effect runs again. This is the
+/// contract the step helper exists for (and what RELIABILITY.md documents).
+#[tokio::test]
+async fn without_the_idempotency_support_a_crash_before_the_ack_repeats_the_side_effect() {
+    let (_server, url, queue) = setup().await;
+    let id = task::enqueue(
+        &queue,
+        Task {
+            ledger: url.clone(),
+            ..Task::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut proc = worker_process(&url, 1, 500, 5000, Some("before_ack"));
+    assert_eq!(wait_exit(&mut proc, T).await.signal(), Some(SIGABRT));
+    assert_eq!(Ledger::read(&url).await.effects.get(id.as_str()), Some(&1));
+
+    reclaim(&url, "tasks", 1).await;
+    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    completed(&queue, "tasks", 1).await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    assert_eq!(
+        Ledger::read(&url).await.effects.get(id.as_str()),
+        Some(&2),
+        "at-least-once: ran twice"
+    );
+    assert_eq!(
+        queue.stats("tasks").await.unwrap().counter("completed"),
+        1,
+        "but acked once"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The same job delivered twice
+// ---------------------------------------------------------------------------
+
+/// Many concurrent enqueues of one stable id create one job; enqueues while it
+/// runs and after it completed are no-ops; the charge happens once.
+#[tokio::test]
+async fn concurrent_duplicate_enqueues_of_a_stable_id_create_one_job() {
+    let (_server, url, queue) = setup().await;
+    let b = Bill {
+        ledger: url.clone(),
+        cents: 300,
+        sleep_after_charge_ms: 800,
+        ..Bill::default()
+    };
+    let outcomes = futures::future::join_all((0..20).map(|_| {
+        let (queue, b) = (queue.clone(), b.clone());
+        async move {
+            bill::enqueue_with_id(&queue, "order-77", b)
+                .await
+                .unwrap()
+                .outcome
+        }
+    }))
+    .await;
+    let created = outcomes
+        .iter()
+        .filter(|o| **o == EnqueueOutcome::Created)
+        .count();
+    assert_eq!(created, 1, "{outcomes:?}");
+    assert!(outcomes.iter().all(|o| *o == EnqueueOutcome::Created
+        || *o
+            == EnqueueOutcome::Duplicate {
+                state: "queued".into()
+            }));
+    assert_eq!(queue.stats("billing").await.unwrap().main, 1);
+
+    let (stop, join) = billing_worker(&url, fast_config()).await;
+    wait_until(T, "the job runs", || async {
+        queue
+            .job("billing", "order-77")
+            .await
+            .unwrap()
+            .is_some_and(|j| j.state() == Some("active"))
+    })
+    .await;
+    let again = bill::enqueue_with_id(&queue, "order-77", b.clone())
+        .await
+        .unwrap();
+    assert_eq!(
+        again.outcome,
+        EnqueueOutcome::Duplicate {
+            state: "active".into()
+        }
+    );
+    completed(&queue, "billing", 1).await;
+    let after = futures::future::join_all((0..5).map(|_| {
+        let (queue, b) = (queue.clone(), b.clone());
+        async move {
+            bill::enqueue_with_id(&queue, "order-77", b)
+                .await
+                .unwrap()
+                .outcome
+        }
+    }))
+    .await;
+    assert!(
+        after.iter().all(|o| *o == EnqueueOutcome::AlreadyCompleted),
+        "{after:?}"
+    );
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+
+    let s = queue.stats("billing").await.unwrap();
+    assert_eq!(
+        (s.counter("enqueued"), s.counter("completed"), s.main),
+        (1, 1, 0)
+    );
+    let key = "billing:order-77:charge";
+    assert_eq!(
+        hash(&url, "ledger:charge_calls")
+            .await
+            .get(key)
+            .map(String::as_str),
+        Some("1")
+    );
+}
+
+/// A handler slower than its lease, with the heartbeat turned off: the
+/// watchdog returns the job and it is delivered again while the first
+/// delivery still runs. The step records make the charge happen once, and only
+/// the second delivery's ack counts (the first one's lease is gone).
+/// (With the heartbeat on, see leases.rs: the lease is kept and nothing is redelivered.)
+#[tokio::test]
+async fn handler_slower_than_its_lease_without_heartbeat_is_redelivered_and_charges_once() {
+    let (_server, url, queue) = setup().await;
+    let id = bill::enqueue(
+        &queue,
+        Bill {
+            ledger: url.clone(),
+            cents: 450,
+            sleep_after_charge_ms: 2000,
+            ..Bill::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut cfg = fast_config();
+    cfg.lease = Duration::from_millis(500);
+    cfg.heartbeat_enabled = false;
+    let (stop, join) = billing_worker(&url, cfg).await;
+    let watchdog = Watchdog::connect(&url, ["billing"], fast_watchdog())
+        .await
+        .unwrap();
+    let (wd_tx, wd_rx) = tokio::sync::oneshot::channel::<()>();
+    let wd = tokio::spawn(async move {
+        watchdog
+            .run_until(async {
+                let _ = wd_rx.await;
+            })
+            .await
+    });
+
+    let t0 = Instant::now();
+    completed(&queue, "billing", 1).await;
+    assert!(
+        t0.elapsed() < Duration::from_millis(1900),
+        "the redelivery finished before the slow first run"
+    );
+    // Let the first delivery wake up, skip its receipt step and try to ack.
+    tokio::time::sleep(Duration::from_millis(2500).saturating_sub(t0.elapsed())).await;
+    let _ = wd_tx.send(());
+    let report = wd.await.unwrap();
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+
+    assert_eq!(report.reclaimed, 1, "the expired lease was returned once");
+    let key = format!("billing:{id}:charge");
+    assert_eq!(
+        hash(&url, "ledger:charge_calls")
+            .await
+            .get(&key)
+            .map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        hash(&url, "ledger:charges")
+            .await
+            .get(&key)
+            .map(String::as_str),
+        Some("450")
+    );
+    assert_eq!(
+        hash(&url, "ledger:receipts")
+            .await
+            .get(id.as_str())
+            .map(String::as_str),
+        Some("1")
+    );
+    let s = queue.stats("billing").await.unwrap();
+    assert_eq!(
+        (s.counter("completed"), s.processing, s.main, s.delayed),
+        (1, 0, 0, 0),
+        "acked once"
+    );
+    let rec = queue.completion("billing", &id).await.unwrap().unwrap();
+    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+}
+
+/// A worker process paused (SIGSTOP) past its lease, then resumed while the
+/// job's second delivery runs elsewhere: its heartbeat cannot extend and its
+/// ack cannot complete the newer delivery (the lease token differs).
+#[tokio::test]
+async fn worker_paused_past_its_lease_cannot_extend_or_ack_the_newer_delivery() {
+    let (_server, url, queue) = setup().await;
+    let id = task::enqueue(
+        &queue,
+        Task {
+            ledger: url.clone(),
+            sleep_ms: 1500,
+            ..Task::default()
+        },
+    )
+    .await
+    .unwrap();
+    let mut paused = worker_process(&url, 1, 600, 5000, None);
+    wait_until(T, "first delivery starts", || async {
+        Ledger::read(&url).await.started.contains_key(id.as_str())
+    })
+    .await;
+    paused.signal("STOP");
+    let first_token = queue
+        .job("tasks", &id)
+        .await
+        .unwrap()
+        .unwrap()
+        .field("token")
+        .unwrap()
+        .to_string();
+
+    reclaim(&url, "tasks", 1).await;
+    // The second delivery: a long lease and no heartbeat, so its lease_until
+    // stays exactly as claimed unless someone else extends it.
+    let mut cfg = fast_config();
+    cfg.concurrency = 1;
+    cfg.lease = Duration::from_secs(10);
+    cfg.heartbeat_enabled = false;
+    let (stop, join) = spawn_worker(&url, cfg).await;
+    wait_until(T, "second delivery starts", || async {
+        Ledger::read(&url).await.started.get(id.as_str()) == Some(&2)
+    })
+    .await;
+    let job = queue.job("tasks", &id).await.unwrap().unwrap();
+    let (token, lease_until) = (
+        job.field("token").unwrap().to_string(),
+        job.field("lease_until").unwrap().to_string(),
+    );
+    assert_ne!(token, first_token);
+
+    paused.signal("CONT");
+    // While the second delivery runs, the resumed worker's heartbeat (every
+    // 200 ms) and its ack (its handler finishes at once) are refused.
+    let mut samples = 0;
+    while let Some(job) = queue.job("tasks", &id).await.unwrap() {
+        assert_eq!(job.state(), Some("active"));
+        assert_eq!(
+            job.field("token"),
+            Some(token.as_str()),
+            "the stale worker did not take over"
+        );
+        assert_eq!(
+            job.field("lease_until"),
+            Some(lease_until.as_str()),
+            "the stale worker did not extend it"
+        );
+        samples += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(samples > 10, "sampled while both ran ({samples})");
+    completed(&queue, "tasks", 1).await;
+    // The stale handler ran to its end (its side effect is at-least-once: the
+    // task job does not use the step helper), but only the newer delivery acked.
+    wait_until(T, "the stale handler finished", || async {
+        Ledger::read(&url).await.effects.get(id.as_str()) == Some(&2)
+    })
+    .await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
+    assert_eq!(
+        rec.get("attempts").map(String::as_str),
+        Some("2"),
+        "completed by the newer delivery"
+    );
+    let s = queue.stats("tasks").await.unwrap();
+    assert_eq!(
+        (s.counter("completed"), s.counter("reclaimed"), s.processing),
+        (1, 1, 0)
+    );
+    assert!(
+        paused.child.try_wait().unwrap().is_none(),
+        "the resumed worker keeps running"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Redis faults
+// ---------------------------------------------------------------------------
+
+/// With `appendonly yes` and `appendfsync always`, Redis SIGKILLed in the
+/// middle of a stream of enqueues loses none of the enqueues that returned Ok.
+#[tokio::test]
+async fn aof_always_keeps_every_acknowledged_enqueue_across_a_redis_sigkill() {
+    init_tracing();
+    let server = Arc::new(Mutex::new(RedisServer::start_with(&AOF_ALWAYS).unwrap()));
+    let url = server.lock().unwrap().url();
+    let acked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut producers = Vec::new();
+    for p in 0..4 {
+        let queue = Queue::connect(&url).await.unwrap();
+        let acked = acked.clone();
+        producers.push(tokio::spawn(async move {
+            let mut n = 0;
+            loop {
+                let id = format!("p{p}-{n}");
+                let t = Task {
+                    ledger: "redis://unused/".into(),
+                    seq: n,
+                    ..Task::default()
+                };
+                match task::enqueue_with_id(&queue, id.as_str(), t).await {
+                    Ok(e) => {
+                        assert!(e.is_new());
+                        acked.lock().unwrap().push(id);
+                    }
+                    Err(e) => return e,
+                }
+                n += 1;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.lock().unwrap().kill())
+        .await
+        .unwrap();
+    for p in producers {
+        let err = p.await.unwrap();
+        assert!(
+            matches!(err, QueueError::Redis { .. }),
+            "enqueue fails with a Redis error: {err}"
+        );
+    }
+    let s = server.clone();
+    tokio::task::spawn_blocking(move || s.lock().unwrap().restart().unwrap())
+        .await
+        .unwrap();
+
+    let acked = acked.lock().unwrap().clone();
+    assert!(
+        acked.len() > 50,
+        "enqueued a stream before the kill ({})",
+        acked.len()
+    );
+    let queue = Queue::connect(&url).await.unwrap();
+    for id in &acked {
+        let job = queue.job("tasks", id.as_str()).await.unwrap();
+        assert!(
+            job.is_some_and(|j| j.state() == Some("queued")),
+            "acknowledged enqueue {id} survived"
+        );
+    }
+    let main = queue.stats("tasks").await.unwrap().main as usize;
+    // Enqueues in flight at the kill may have landed without their Ok.
+    assert!(
+        main >= acked.len() && main <= acked.len() + 4,
+        "main {main}, acked {}",
+        acked.len()
+    );
+}
+
+/// Redis goes away while a worker process is fetching and running jobs:
+/// enqueues fail with an error (and succeed when retried with the same id
+/// after the restart), the worker reconnects with backoff, the watchdog
+/// returns what was in flight, and every job completes.
+#[tokio::test]
+async fn redis_down_during_fetch_workers_reconnect_and_nothing_is_lost() {
+    init_tracing();
+    let mut server = RedisServer::start_with(&AOF_ALWAYS).unwrap();
+    let ledger_server = RedisServer::start().unwrap();
+    let (url, ledger) = (server.url(), ledger_server.url());
+    let queue = Queue::connect(&url).await.unwrap();
+    let mut ids = Vec::new();
+    for seq in 0..40 {
+        let t = Task {
+            ledger: ledger.clone(),
+            seq,
+            sleep_ms: 100,
+            ..Task::default()
+        };
+        ids.push(task::enqueue(&queue, t).await.unwrap().to_string());
+    }
+    let mut proc = worker_process(&url, 4, 1000, 5000, None);
+    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        .await
+        .unwrap();
+    let (wd_tx, wd_rx) = tokio::sync::oneshot::channel::<()>();
+    let wd = tokio::spawn(async move {
+        watchdog
+            .run_until(async {
+                let _ = wd_rx.await;
+            })
+            .await
+    });
+    wait_until(T, "some jobs done", || async {
+        Ledger::read(&ledger).await.effects.len() >= 8
+    })
+    .await;
+
+    server.kill();
+    let late = Task {
+        ledger: ledger.clone(),
+        seq: 99,
+        ..Task::default()
+    };
+    let err = task::enqueue_with_id(&queue, "late-1", late.clone())
+        .await
+        .expect_err("Redis is down");
+    assert!(matches!(err, QueueError::Redis { .. }), "{err}");
+    assert!(queue.stats("tasks").await.is_err(), "reads fail too");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        proc.child.try_wait().unwrap().is_none(),
+        "the worker survives the outage"
+    );
+    server.restart().unwrap();
+    // The caller retries with the same stable id: a no-op if the first try landed.
+    wait_until(T, "enqueue after the restart", || async {
+        task::enqueue_with_id(&queue, "late-1", late.clone())
+            .await
+            .is_ok()
+    })
+    .await;
+    ids.push("late-1".into());
+
+    wait_until(Duration::from_secs(60), "every job completed", || async {
+        let Ok(s) = queue.stats("tasks").await else {
+            return false;
+        };
+        s.main + s.processing + s.delayed == 0
+    })
+    .await;
+    let _ = wd_tx.send(());
+    wd.await.unwrap();
+    assert!(
+        proc.child.try_wait().unwrap().is_none(),
+        "the worker reconnected and kept running"
+    );
+    for id in &ids {
+        assert!(
+            queue
+                .completion("tasks", id.as_str())
+                .await
+                .unwrap()
+                .is_some(),
+            "{id} completed"
+        );
+    }
+    let effects = Ledger::read(&ledger).await.effects;
+    assert!(
+        ids.iter()
+            .all(|id| effects.get(id).copied().unwrap_or(0) >= 1),
+        "every side effect ran"
+    );
+    assert_eq!(queue.stats("tasks").await.unwrap().dead, 0);
+}
+
+/// At `maxmemory` with `noeviction`, an enqueue returns an error naming OOM,
+/// not Ok, writes nothing, and every enqueue that returned Ok is still there.
+#[tokio::test]
+async fn maxmemory_noeviction_enqueue_returns_an_oom_error_and_keeps_acknowledged_jobs() {
+    let (server, url, queue) = setup().await;
+    assert!(server
+        .command(&["CONFIG", "SET", "maxmemory", "2mb"])
+        .unwrap()
+        .contains("OK"));
+    assert!(server
+        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .unwrap()
+        .contains("OK"));
+    let payload = vec![0x42u8; 8 * 1024];
+    let mut acked = Vec::new();
+    let err = loop {
+        let id = format!("big-{}", acked.len());
+        let opts = EnqueueOptions::new().id(id.as_str());
+        match queue
+            .enqueue_raw("tasks", "task", 1, 3, opts, &payload)
+            .await
+        {
+            Ok(e) => {
+                assert!(e.is_new());
+                acked.push(id);
+                assert!(acked.len() < 5000, "maxmemory was never reached");
+            }
+            Err(e) => break (id, e),
+        }
+    };
+    let (failed_id, err) = err;
+    assert!(matches!(err, QueueError::Redis { .. }), "{err}");
+    assert!(err.to_string().contains("OOM"), "the error says why: {err}");
+    assert_eq!(err.job_id().map(|j| j.as_str()), Some(failed_id.as_str()));
+    assert!(
+        queue
+            .job("tasks", failed_id.as_str())
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing half-written"
+    );
+    let stats = queue.stats("tasks").await.unwrap();
+    assert_eq!(stats.main as usize, acked.len());
+    let listed: HashSet<String> = redis_conn(&url)
+        .await
+        .lrange("q:{tasks}:main", 0, -1)
+        .await
+        .unwrap();
+    for id in &acked {
+        assert!(listed.contains(id), "{id} queued");
+        assert!(
+            queue.job("tasks", id.as_str()).await.unwrap().is_some(),
+            "{id} kept"
+        );
+    }
+}
+
+/// The payload of the `task` job plus padding (the handler ignores unknown fields).
+#[derive(serde::Serialize)]
+struct PaddedTask {
+    ledger: String,
+    seq: u64,
+    pad: String,
+}
+
+/// At `maxmemory` with `noeviction`, workers must still drain the queue:
+/// completing jobs is what frees memory. (This failed before the worker-side
+/// scripts were flagged `allow-oom`: Redis refused the fetch script's LMOVE.)
+#[tokio::test]
+async fn maxmemory_noeviction_workers_still_drain_the_queue() {
+    let (server, url, queue) = setup().await;
+    let ledger_server = RedisServer::start().unwrap();
+    let ledger = ledger_server.url();
+    server
+        .command(&["CONFIG", "SET", "maxmemory", "2mb"])
+        .unwrap();
+    server
+        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .unwrap();
+    let mut acked = 0u64;
+    loop {
+        let t = PaddedTask {
+            ledger: ledger.clone(),
+            seq: acked,
+            pad: "x".repeat(8000),
+        };
+        let bytes = rmp_serde::to_vec_named(&t).unwrap();
+        match queue
+            .enqueue_raw("tasks", "task", 1, 3, EnqueueOptions::new(), &bytes)
+            .await
+        {
+            Ok(_) => acked += 1,
+            Err(e) => {
+                assert!(e.to_string().contains("OOM"), "{e}");
+                break;
+            }
+        }
+        assert!(acked < 5000, "maxmemory was never reached");
+    }
+    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    let drained = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if queue.stats("tasks").await.unwrap().counter("completed") == acked as i64 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let s = queue.stats("tasks").await.unwrap();
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    assert!(
+        drained.is_ok(),
+        "a worker could not drain a queue at maxmemory: {} of {acked} completed, {} still in main",
+        s.counter("completed"),
+        s.main
+    );
+    assert_eq!(Ledger::read(&ledger).await.effects.len() as u64, acked);
+}
+
+// ---------------------------------------------------------------------------
+// Deploys and watchdogs
+// ---------------------------------------------------------------------------
+
+/// A deploy: SIGTERM to a worker process whose jobs outlast the grace period.
+/// Short jobs finish, long ones stay leased, the process exits cleanly, the
+/// watchdog returns the long ones and the next worker runs them once.
+#[tokio::test]
+async fn deploy_sigterm_finishes_short_jobs_and_returns_long_ones() {
+    let (_server, url, queue) = setup().await;
+    let mut short = Vec::new();
+    let mut long = Vec::new();
+    for seq in 0..4 {
+        let is_long = seq % 2 == 1;
+        let t = Task {
+            ledger: url.clone(),
+            seq,
+            sleep_ms: if is_long { 10_000 } else { 200 },
+            sleep_attempts: 1,
+            ..Task::default()
+        };
+        let id = task::enqueue(&queue, t).await.unwrap().to_string();
+        if is_long {
+            long.push(id)
+        } else {
+            short.push(id)
+        }
+    }
+    let mut proc = worker_process(&url, 4, 800, 600, None);
+    wait_until(T, "all four running", || async {
+        Ledger::read(&url).await.started.len() == 4
+    })
+    .await;
+    let t0 = Instant::now();
+    proc.signal("TERM");
+    let status = wait_exit(&mut proc, T).await;
+    assert!(status.success(), "clean exit: {status}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "exits after the grace period, took {:?}",
+        t0.elapsed()
+    );
+
+    let ledger = Ledger::read(&url).await;
+    for id in &short {
+        assert_eq!(
+            ledger.effects.get(id),
+            Some(&1),
+            "short job {id} finished within the grace"
+        );
+    }
+    for id in &long {
+        assert_eq!(ledger.effects.get(id), None);
+        assert_eq!(
+            queue
+                .job("tasks", id.as_str())
+                .await
+                .unwrap()
+                .unwrap()
+                .state(),
+            Some("active"),
+            "left leased"
+        );
+    }
+    assert_eq!(queue.stats("tasks").await.unwrap().processing, 2);
+
+    let report = reclaim(&url, "tasks", 2).await;
+    assert_eq!(report.reclaimed, 2);
+    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    completed(&queue, "tasks", 4).await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    let ledger = Ledger::read(&url).await;
+    assert!(
+        short
+            .iter()
+            .chain(&long)
+            .all(|id| ledger.effects.get(id) == Some(&1)),
+        "{:?}",
+        ledger.effects
+    );
+    for id in &long {
+        let rec = queue
+            .completion("tasks", id.as_str())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+    }
+}
+
+/// `k` watchdog loops at once over expired leases (a SIGKILLed worker's jobs)
+/// and orphans (ids left between BLMOVE and claim), while a worker drains the
+/// queue: each job is returned exactly once and runs exactly once.
+async fn watchdogs_at_once(k: usize) {
+    let (_server, url, queue) = setup().await;
+    const LEASED: u64 = 20;
+    const ORPHANS: u64 = 10;
+    for seq in 0..LEASED {
+        let t = Task {
+            ledger: url.clone(),
+            seq,
+            sleep_ms: 60_000,
+            sleep_attempts: 1,
+            ..Task::default()
+        };
+        task::enqueue(&queue, t).await.unwrap();
+    }
+    let mut proc = worker_process(&url, LEASED as usize, 400, 5000, None);
+    wait_until(T, "all leased jobs started", || async {
+        Ledger::read(&url).await.started.len() == LEASED as usize
+    })
+    .await;
+    proc.kill();
+    let mut conn = redis_conn(&url).await;
+    for seq in 0..ORPHANS {
+        task::enqueue(
+            &queue,
+            Task {
+                ledger: url.clone(),
+                seq: 100 + seq,
+                ..Task::default()
+            },
+        )
+        .await
+        .unwrap();
+        let _: Option<String> = redis::cmd("LMOVE")
+            .arg("q:{tasks}:main")
+            .arg("q:{tasks}:processing")
+            .arg("RIGHT")
+            .arg("LEFT")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        queue.stats("tasks").await.unwrap().processing,
+        LEASED + ORPHANS
+    );
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut dogs = Vec::new();
+    for _ in 0..k {
+        let mut cfg = fast_watchdog();
+        cfg.interval = Duration::from_millis(10);
+        cfg.batch = 2; // small batches so the loops interleave
+        let dog = Watchdog::connect(&url, ["tasks"], cfg).await.unwrap();
+        let mut rx = stop_rx.clone();
+        dogs.push(tokio::spawn(async move {
+            dog.run_until(async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await
+        }));
+    }
+    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    completed(&queue, "tasks", (LEASED + ORPHANS) as i64).await;
+    let _ = stop_tx.send(true);
+    let mut total = ReclaimReport::default();
+    for d in dogs {
+        let r = d.await.unwrap();
+        total.reclaimed += r.reclaimed;
+        total.adopted += r.adopted;
+        total.dead_lettered += r.dead_lettered;
+    }
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    assert_eq!(
+        total.reclaimed,
+        LEASED + ORPHANS,
+        "each job returned exactly once across {k} watchdogs: {total:?}"
+    );
+    assert!(total.adopted >= ORPHANS, "{total:?}");
+    assert_eq!(total.dead_lettered, 0);
+    let ledger = Ledger::read(&url).await;
+    assert_eq!(ledger.effects.len() as u64, LEASED + ORPHANS);
+    assert!(ledger.duplicates().is_empty(), "{:?}", ledger.duplicates());
+    let s = queue.stats("tasks").await.unwrap();
+    assert_eq!(
+        (s.counter("completed"), s.counter("reclaimed"), s.processing),
+        ((LEASED + ORPHANS) as i64, (LEASED + ORPHANS) as i64, 0)
+    );
+}
+
+#[tokio::test]
+async fn two_watchdog_loops_at_once_return_each_job_once() {
+    watchdogs_at_once(2).await;
+}
+
+#[tokio::test]
+async fn three_watchdog_loops_at_once_return_each_job_once() {
+    watchdogs_at_once(3).await;
+}
