@@ -5,8 +5,8 @@ use std::time::Duration;
 use queue_core::{Queue, Watchdog};
 use queue_testkit::RedisServer;
 use queue_tests::{
-    fast_config, fast_watchdog, init_tracing, redis_conn, spawn_worker, task, wait_until, Ledger, Task,
-    WorkerProcess,
+    fast_config, fast_watchdog, init_tracing, redis_conn, spawn_worker, task, wait_until, Ledger,
+    Task, WorkerProcess,
 };
 use redis::AsyncCommands;
 
@@ -28,16 +28,31 @@ async fn started(url: &str, n: usize) -> bool {
 #[tokio::test]
 async fn heartbeat_keeps_a_slow_job_from_being_reclaimed() {
     let (_server, url, queue) = setup().await;
-    let id = task::enqueue(&queue, Task { ledger: url.clone(), sleep_ms: 1500, ..Task::default() })
-        .await
-        .unwrap();
+    let id = task::enqueue(
+        &queue,
+        Task {
+            ledger: url.clone(),
+            sleep_ms: 1500,
+            ..Task::default()
+        },
+    )
+    .await
+    .unwrap();
     let mut cfg = fast_config();
     cfg.lease = Duration::from_millis(300);
     cfg.heartbeat = Some(Duration::from_millis(100));
     let (stop, join) = spawn_worker(&url, cfg).await;
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog()).await.unwrap();
+    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        .await
+        .unwrap();
     let (wd_stop_tx, wd_stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let wd = tokio::spawn(async move { watchdog.run_until(async { let _ = wd_stop_rx.await; }).await });
+    let wd = tokio::spawn(async move {
+        watchdog
+            .run_until(async {
+                let _ = wd_stop_rx.await;
+            })
+            .await
+    });
 
     wait_until(T, "completion", || async {
         queue.stats("tasks").await.unwrap().counter("completed") == 1
@@ -56,9 +71,16 @@ async fn heartbeat_keeps_a_slow_job_from_being_reclaimed() {
 #[tokio::test]
 async fn stale_worker_cannot_ack_after_its_lease_was_reclaimed() {
     let (_server, url, queue) = setup().await;
-    let id = task::enqueue(&queue, Task { ledger: url.clone(), sleep_ms: 1200, ..Task::default() })
-        .await
-        .unwrap();
+    let id = task::enqueue(
+        &queue,
+        Task {
+            ledger: url.clone(),
+            sleep_ms: 1200,
+            ..Task::default()
+        },
+    )
+    .await
+    .unwrap();
     let mut cfg = fast_config();
     cfg.lease = Duration::from_millis(600);
     cfg.heartbeat = Some(Duration::from_millis(100));
@@ -67,7 +89,9 @@ async fn stale_worker_cannot_ack_after_its_lease_was_reclaimed() {
 
     // Force the first delivery's lease to expire and let the watchdog reclaim it,
     // as if the worker had stalled. (Retry: a heartbeat may slip in between.)
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog()).await.unwrap();
+    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        .await
+        .unwrap();
     let mut conn = redis_conn(&url).await;
     wait_until(T, "reclaim of the first delivery", || {
         let (watchdog, mut conn, id) = (&watchdog, conn.clone(), id.clone());
@@ -92,7 +116,11 @@ async fn stale_worker_cannot_ack_after_its_lease_was_reclaimed() {
     let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
     assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
     let lost: Vec<String> = conn.smembers("ledger:lease_lost").await.unwrap();
-    assert_eq!(lost, vec![id.to_string()], "the first delivery saw ctx.lease_lost()");
+    assert_eq!(
+        lost,
+        vec![id.to_string()],
+        "the first delivery saw ctx.lease_lost()"
+    );
     let stats = queue.stats("tasks").await.unwrap();
     assert_eq!(stats.counter("completed"), 1);
     assert_eq!((stats.processing, stats.main, stats.delayed), (0, 0, 0));
@@ -103,18 +131,34 @@ async fn watchdog_returns_a_sigkilled_workers_job_and_it_completes_once() {
     let (_server, url, queue) = setup().await;
     let id = task::enqueue(
         &queue,
-        Task { ledger: url.clone(), sleep_ms: 60_000, sleep_attempts: 1, ..Task::default() },
+        Task {
+            ledger: url.clone(),
+            sleep_ms: 60_000,
+            sleep_attempts: 1,
+            ..Task::default()
+        },
     )
     .await
     .unwrap();
     let mut proc = WorkerProcess::start(WORKER_BIN, &url, 2, 800, 5000);
-    wait_until(T, "the job starts in the worker process", || started(&url, 1)).await;
+    wait_until(T, "the job starts in the worker process", || {
+        started(&url, 1)
+    })
+    .await;
     proc.kill();
     let s = queue.stats("tasks").await.unwrap();
-    assert_eq!(s.processing, 1, "the dead worker's job is still in processing");
+    assert_eq!(
+        s.processing, 1,
+        "the dead worker's job is still in processing"
+    );
 
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog()).await.unwrap();
-    wait_until(T, "reclaim after lease expiry", || async { watchdog.run_once().await.unwrap().reclaimed == 1 }).await;
+    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        .await
+        .unwrap();
+    wait_until(T, "reclaim after lease expiry", || async {
+        watchdog.run_once().await.unwrap().reclaimed == 1
+    })
+    .await;
     let (stop, join) = spawn_worker(&url, fast_config()).await;
     wait_until(T, "completion", || async {
         queue.stats("tasks").await.unwrap().counter("completed") == 1
@@ -124,14 +168,26 @@ async fn watchdog_returns_a_sigkilled_workers_job_and_it_completes_once() {
     join.await.unwrap().unwrap();
     let ledger = Ledger::read(&url).await;
     assert_eq!(ledger.started.get(id.as_str()), Some(&2));
-    assert_eq!(ledger.effects.get(id.as_str()), Some(&1), "side effect exactly once");
+    assert_eq!(
+        ledger.effects.get(id.as_str()),
+        Some(&1),
+        "side effect exactly once"
+    );
     assert_eq!(queue.stats("tasks").await.unwrap().counter("reclaimed"), 1);
 }
 
 #[tokio::test]
 async fn id_left_between_blmove_and_claim_is_recovered() {
     let (_server, url, queue) = setup().await;
-    let id = task::enqueue(&queue, Task { ledger: url.clone(), ..Task::default() }).await.unwrap();
+    let id = task::enqueue(
+        &queue,
+        Task {
+            ledger: url.clone(),
+            ..Task::default()
+        },
+    )
+    .await
+    .unwrap();
     // A worker did BLMOVE main -> processing and died before its claim.
     let mut conn = redis_conn(&url).await;
     let moved: String = redis::cmd("LMOVE")
@@ -144,12 +200,25 @@ async fn id_left_between_blmove_and_claim_is_recovered() {
         .unwrap();
     assert_eq!(moved, id.as_str());
 
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog()).await.unwrap();
+    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        .await
+        .unwrap();
     let first = watchdog.run_once().await.unwrap();
-    assert_eq!((first.adopted, first.reclaimed), (1, 0), "first sight: provisional lease");
+    assert_eq!(
+        (first.adopted, first.reclaimed),
+        (1, 0),
+        "first sight: provisional lease"
+    );
     let second = watchdog.run_once().await.unwrap();
-    assert_eq!((second.adopted, second.reclaimed), (0, 0), "within the grace: left alone");
-    wait_until(T, "reclaim after the orphan grace", || async { watchdog.run_once().await.unwrap().reclaimed == 1 }).await;
+    assert_eq!(
+        (second.adopted, second.reclaimed),
+        (0, 0),
+        "within the grace: left alone"
+    );
+    wait_until(T, "reclaim after the orphan grace", || async {
+        watchdog.run_once().await.unwrap().reclaimed == 1
+    })
+    .await;
     let job = queue.job("tasks", &id).await.unwrap().unwrap();
     assert_eq!(job.attempts(), 0, "it never ran, so no attempt was used");
 
@@ -168,7 +237,13 @@ async fn concurrent_watchdogs_do_not_duplicate_jobs() {
     let (_server, url, queue) = setup().await;
     const N: u64 = 40;
     for seq in 0..N {
-        let t = Task { ledger: url.clone(), seq, sleep_ms: 60_000, sleep_attempts: 1, ..Task::default() };
+        let t = Task {
+            ledger: url.clone(),
+            seq,
+            sleep_ms: 60_000,
+            sleep_attempts: 1,
+            ..Task::default()
+        };
         task::enqueue(&queue, t).await.unwrap();
     }
     let mut proc = WorkerProcess::start(WORKER_BIN, &url, N as usize, 500, 5000);
@@ -184,7 +259,10 @@ async fn concurrent_watchdogs_do_not_duplicate_jobs() {
     }
     let reports = futures::future::join_all(dogs.iter().map(|d| d.run_once())).await;
     let reclaimed: u64 = reports.into_iter().map(|r| r.unwrap().reclaimed).sum();
-    assert_eq!(reclaimed, N, "each expired job reclaimed exactly once across three watchdogs");
+    assert_eq!(
+        reclaimed, N,
+        "each expired job reclaimed exactly once across three watchdogs"
+    );
     let s = queue.stats("tasks").await.unwrap();
     assert_eq!((s.processing, s.delayed + s.main), (0, N));
 
@@ -199,5 +277,9 @@ async fn concurrent_watchdogs_do_not_duplicate_jobs() {
     join.await.unwrap().unwrap();
     let ledger = Ledger::read(&url).await;
     assert_eq!(ledger.effects.len() as u64, N);
-    assert!(ledger.duplicates().is_empty(), "no side effect twice: {:?}", ledger.duplicates());
+    assert!(
+        ledger.duplicates().is_empty(),
+        "no side effect twice: {:?}",
+        ledger.duplicates()
+    );
 }
