@@ -67,5 +67,16 @@ ensure_postgres() {
   log "postgres: $(psql "${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test}" -tAc 'show server_version')"
 }
 
+ensure_chromium() {
+  # Headless Chromium drives the dashboard's browser test (no npm needed).
+  if [ "${SKIP_CHROMIUM:-0}" = "1" ]; then return 0; fi
+  if ! command -v chromium >/dev/null 2>&1; then
+    log "chromium missing: installing Debian's chromium (dashboard browser test)"
+    apt_install chromium || log "chromium could not be installed: the dashboard browser test will be skipped"
+  fi
+  if command -v chromium >/dev/null 2>&1; then log "chromium: $(chromium --version 2>/dev/null | head -n1)"; fi
+}
+
 ensure_redis
 ensure_postgres
+ensure_chromium

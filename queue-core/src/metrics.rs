@@ -31,7 +31,17 @@ pub(crate) fn started(queue: &str, job_type: &str) {
         .increment(1);
 }
 
-pub(crate) fn finished(queue: &str, job_type: &str, outcome: &'static str, elapsed: Duration) {
+pub(crate) fn finished(
+    queue: &str,
+    job_type: &str,
+    outcome: &'static str,
+    elapsed: Option<Duration>,
+) {
+    let Some(elapsed) = elapsed else {
+        // Never started (undecodable payload, unknown type or version).
+        dead_lettered(queue, job_type, 1);
+        return;
+    };
     let labels = [
         ("queue", queue.to_string()),
         ("job_type", job_type.to_string()),
@@ -48,16 +58,16 @@ pub(crate) fn finished(queue: &str, job_type: &str, outcome: &'static str, elaps
     metrics::counter!(name, &labels).increment(1);
 }
 
-pub(crate) fn dead_lettered(queue: &str, job_type: &str) {
+pub(crate) fn dead_lettered(queue: &str, job_type: &str, n: u64) {
     metrics::counter!("queue_jobs_dead_lettered_total", "queue" => queue.to_string(), "job_type" => job_type.to_string())
-        .increment(1);
+        .increment(n);
 }
 
 pub(crate) fn reclaimed(queue: &str, reclaimed: u64, dead: u64) {
     metrics::counter!("queue_jobs_reclaimed_total", "queue" => queue.to_string())
         .increment(reclaimed);
     if dead > 0 {
-        dead_lettered(queue, "unknown");
+        dead_lettered(queue, "unknown", dead);
     }
 }
 

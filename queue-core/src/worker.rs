@@ -842,7 +842,7 @@ impl JobRunner {
                 queue,
                 known.join(", ")
             );
-            self.finish(&d, Outcome::Dead(reason), Duration::ZERO).await;
+            self.finish(&d, Outcome::Dead(reason), None).await;
             return;
         };
         if d.version != reg.version {
@@ -850,7 +850,7 @@ impl JobRunner {
                 "unknown schema version {} for job type `{}` (the handler expects version {})",
                 d.version, d.job_type, reg.version
             );
-            self.finish(&d, Outcome::Dead(reason), Duration::ZERO).await;
+            self.finish(&d, Outcome::Dead(reason), None).await;
             return;
         }
         let ctx = JobContext {
@@ -876,7 +876,7 @@ impl JobRunner {
                         "payload does not decode as `{}`: {msg}",
                         d.job_type
                     )),
-                    Duration::ZERO,
+                    None,
                 )
                 .await;
                 return;
@@ -936,12 +936,14 @@ impl JobRunner {
             }
         };
         debug!(elapsed_ms, "handler returned");
-        self.finish(&d, outcome, elapsed).await;
+        self.finish(&d, outcome, Some(elapsed)).await;
     }
 
     /// Ack / retry / dead-letter, retrying Redis errors until the lease would
     /// have expired anyway (after that the watchdog owns the job).
-    async fn finish(&self, d: &Delivery, outcome: Outcome, elapsed: Duration) {
+    /// `elapsed` is the handler's run time; `None` when it never started
+    /// (unknown type or version, undecodable payload).
+    async fn finish(&self, d: &Delivery, outcome: Outcome, elapsed: Option<Duration>) {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
         loop {

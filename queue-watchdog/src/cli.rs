@@ -1,13 +1,27 @@
 //! Command-line interface definition.
 
+use std::net::SocketAddr;
+
 use clap::{Args, Parser, Subcommand};
 
-/// Operator tool for queue-core queues: reclaim loop, stats, dead letters.
+/// Operator tool for queue-core queues: the reclaim loop, stats, job
+/// inspection, dead-letter replay and purge, a Redis durability check and a
+/// web dashboard.
+///
+/// Exit codes: 0 success; 1 the command ran but found a problem (unknown job
+/// id, doctor findings that can lose data, purge refused); 2 Redis could not
+/// be reached or answered an error, or the command line is wrong.
 #[derive(Debug, Parser)]
-#[command(name = "queue-watchdog", version, about)]
+#[command(name = "queue-watchdog", version, about, long_about)]
 pub struct Cli {
-    /// Redis URL.
-    #[arg(long, global = true, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    /// Redis URL (`redis://[:password@]host:port/db`, or
+    /// `redis-cluster://host1:port1,host2:port2`).
+    #[arg(
+        long,
+        global = true,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/"
+    )]
     pub redis: String,
     #[command(subcommand)]
     pub command: Command,
@@ -15,13 +29,102 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the reclaim loop until SIGTERM / ctrl-c.
+    /// Run the reclaim loop until SIGTERM / ctrl-c: return jobs whose lease
+    /// expired, dead-letter exhausted ones, promote due delayed jobs.
+    /// Several copies may run at once.
     Run(RunArgs),
-    /// Print queue lengths and lifetime counters.
+    /// Per queue: lengths of main, processing, delayed and dead; oldest
+    /// waiting job; expired leases (lost jobs); throughput over the last
+    /// minute; retry and dead-letter counters.
     Stats(StatsArgs),
-    /// Inspect or replay dead-lettered jobs.
+    /// Inspect one job.
+    #[command(subcommand)]
+    Jobs(JobsCommand),
+    /// List, replay or purge dead-lettered jobs.
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// Check the Redis settings that can lose queue data and print each
+    /// finding with its fix. Exit 0: safe for critical queues; 1: findings
+    /// that can lose data; 2: cannot connect.
+    Doctor(DoctorArgs),
+    /// Serve the web dashboard (queues, live throughput, processing jobs with
+    /// their lease, dead letters with replay, job details).
+    Dashboard(DashboardArgs),
+    /// Transactional outbox on PostgreSQL: publish staged jobs to Redis,
+    /// list rows whose job never completed.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
+}
+
+/// Where the outbox table lives.
+#[derive(Debug, Args, Clone)]
+pub struct OutboxTarget {
+    /// PostgreSQL URL (its value is never printed by --help).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Outbox table name.
+    #[arg(long, default_value = "queue_outbox")]
+    pub table: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Create the outbox table if it does not exist.
+    Migrate {
+        #[command(flatten)]
+        target: OutboxTarget,
+    },
+    /// Publish unpublished rows to Redis under their stable job ids and mark
+    /// them published; safe to crash at any point and to run as several copies.
+    Relay {
+        #[command(flatten)]
+        target: OutboxTarget,
+        /// Rows per batch (one PostgreSQL transaction).
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        /// Milliseconds between batches when the outbox is drained.
+        #[arg(long, default_value_t = 500)]
+        interval_ms: u64,
+        /// Publish one batch, print its report and exit (1 when a row failed).
+        #[arg(long)]
+        once: bool,
+        /// Create the table first if it does not exist.
+        #[arg(long)]
+        migrate: bool,
+        /// Mark a row published only once this many replicas confirmed its job.
+        #[arg(long)]
+        wait_replicas: Option<u32>,
+        /// Replica wait timeout (ms).
+        #[arg(long, default_value_t = 1000)]
+        wait_timeout_ms: u64,
+    },
+    /// List rows older than an age whose job has not completed (unpublished,
+    /// rejected, still queued/active/dead, or missing). Exit 1 when any is listed.
+    Reconcile {
+        #[command(flatten)]
+        target: OutboxTarget,
+        /// Only rows created at least this long ago (seconds).
+        #[arg(long, default_value_t = 3600)]
+        older_than_secs: u64,
+        /// Ignore rows older than this (set it to the completion retention).
+        #[arg(long)]
+        max_age_secs: Option<u64>,
+        /// At most this many rows.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Which queues a read command looks at.
+#[derive(Debug, Args, Clone, Default)]
+pub struct QueueSelection {
+    /// Queue (repeat for several). Without it, queues are discovered by
+    /// scanning for `q:{*}:*` keys (not on a Redis Cluster).
+    #[arg(long = "queue", short = 'q')]
+    pub queues: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -48,16 +151,50 @@ pub struct RunArgs {
     /// Run a single pass, print its report and exit.
     #[arg(long)]
     pub once: bool,
+    /// Serve Prometheus metrics on this address (`GET /metrics`), e.g.
+    /// 127.0.0.1:9464. Also publishes per-queue depth and age gauges each pass.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
-    /// Queue (repeat for several).
-    #[arg(long = "queue", short = 'q', required = true)]
-    pub queues: Vec<String>,
+    #[command(flatten)]
+    pub selection: QueueSelection,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobsCommand {
+    /// A job's hash (timestamps readable), where it is now (main, processing
+    /// with lease time left, delayed, dead), its history, completion record
+    /// and step names. Exit 1 when the id is unknown.
+    Show {
+        /// Job id.
+        id: String,
+        #[command(flatten)]
+        selection: QueueSelection,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Which dead-lettered jobs a replay or purge acts on: ids, a filter, or all.
+#[derive(Debug, Args, Clone)]
+#[group(required = true, multiple = false)]
+pub struct DeadTarget {
+    /// Job ids.
+    pub ids: Vec<String>,
+    /// Every dead-lettered job whose reason or type contains this text
+    /// (case-insensitive).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Every dead-lettered job of the queue.
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -67,29 +204,92 @@ pub enum DeadCommand {
         /// Queue.
         #[arg(long, short = 'q')]
         queue: String,
-        /// How many.
+        /// How many to show.
         #[arg(long, default_value_t = 50)]
         limit: u64,
+        /// Skip this many (of the matching jobs), newest first.
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Only jobs whose reason or type contains this text (case-insensitive).
+        #[arg(long)]
+        filter: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Move dead-lettered jobs back to the queue.
+    /// Move dead-lettered jobs back to the main list (by id, --filter or --all).
+    /// Exit 1 when a given id was not in the dead-letter list.
     Replay {
         /// Queue.
         #[arg(long, short = 'q')]
         queue: String,
-        /// Job ids to replay.
-        #[arg(required_unless_present = "all")]
-        ids: Vec<String>,
-        /// Replay every dead-lettered job of the queue.
-        #[arg(long, conflicts_with = "ids")]
-        all: bool,
+        #[command(flatten)]
+        target: DeadTarget,
         /// Restart the attempt count at 0.
         #[arg(long)]
         reset_attempts: bool,
         /// Show what would be replayed without changing anything.
         #[arg(long)]
         dry_run: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
+    /// Delete dead-lettered jobs for good (by id, --filter or --all). Asks
+    /// for confirmation on a terminal; without a terminal it refuses unless
+    /// --yes is given.
+    Purge {
+        /// Queue.
+        #[arg(long, short = 'q')]
+        queue: String,
+        #[command(flatten)]
+        target: DeadTarget,
+        /// Show what would be purged without changing anything.
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Also require `appendfsync always` (no acknowledged write lost even on
+    /// power loss). Without it, `appendfsync everysec` counts as safe.
+    #[arg(long)]
+    pub strict: bool,
+    /// At most this many keys are scanned when looking for TTLs on queue keys.
+    #[arg(long, default_value_t = 100_000)]
+    pub scan_limit: u64,
+    /// Replication lag (seconds) above which a replica is reported.
+    #[arg(long, default_value_t = 10)]
+    pub max_lag_secs: u64,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DashboardArgs {
+    /// Address to serve on. Keep it on loopback (the default) or put an
+    /// authenticating proxy in front: the dashboard can replay jobs.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub selection: QueueSelection,
+    /// How often (ms) the dashboard samples the queues for the throughput chart.
+    #[arg(long, default_value_t = 2000)]
+    pub sample_ms: u64,
+    /// Also serve Prometheus metrics (queue depth and age gauges) at /metrics.
+    #[arg(long)]
+    pub metrics: bool,
+    /// Accept requests for this host name too (repeat for several). By
+    /// default only loopback names and the listen address are accepted, which
+    /// blocks DNS-rebinding attacks from web pages.
+    #[arg(long, value_name = "HOST")]
+    pub allow_host: Vec<String>,
 }

@@ -1,13 +1,27 @@
 //! `queue-watchdog`: the operator binary.
 //!
 //! - `run`: the reclaim loop (expired leases back to the queue with jittered
-//!   backoff, exhausted ones to the dead-letter list, unleased ids adopted).
-//!   Safe to run as several copies at once.
-//! - `stats`: queue lengths and lifetime counters.
-//! - `dead list` / `dead replay`: inspect and replay dead-lettered jobs.
+//!   backoff, exhausted ones to the dead-letter list, unleased ids adopted),
+//!   optionally exporting Prometheus metrics. Safe to run as several copies.
+//! - `stats`: lengths, oldest waiting age, lost (expired-lease) jobs,
+//!   throughput over the last minute, lifetime counters.
+//! - `jobs show`: one job's hash, location, lease and history.
+//! - `dead list` / `dead replay` / `dead purge`: the dead-letter list.
+//! - `doctor`: the Redis settings that lose queue data, with fixes.
+//! - `dashboard`: the web UI.
+//!
+//! See `docs/OPERATIONS.md`.
 
 mod cli;
 mod commands;
+mod dashboard;
+mod deadletters;
+mod doctor;
+mod error;
+mod inspect;
+mod metrics_export;
+mod outbox;
+mod util;
 
 use clap::Parser;
 
@@ -25,7 +39,7 @@ async fn main() -> std::process::ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
-            std::process::ExitCode::from(2)
+            e.exit_code()
         }
     }
 }

@@ -20,12 +20,30 @@ fn expired_delivery(server: &RedisServer, id: &str, attempts: u32, max: u32) {
     let key = format!("q:{{emails}}:job:{id}");
     server
         .command(&[
-            "HSET", &key, "state", "active", "type", "send", "v", "1", "attempts", &attempts.to_string(),
-            "max_attempts", &max.to_string(), "token", "t1", "payload", "x",
+            "HSET",
+            &key,
+            "state",
+            "active",
+            "type",
+            "send",
+            "v",
+            "1",
+            "attempts",
+            &attempts.to_string(),
+            "max_attempts",
+            &max.to_string(),
+            "token",
+            "t1",
+            "payload",
+            "x",
         ])
         .unwrap();
-    server.command(&["LPUSH", "q:{emails}:processing", id]).unwrap();
-    server.command(&["ZADD", "q:{emails}:leases", "1", id]).unwrap();
+    server
+        .command(&["LPUSH", "q:{emails}:processing", id])
+        .unwrap();
+    server
+        .command(&["ZADD", "q:{emails}:leases", "1", id])
+        .unwrap();
 }
 
 #[test]
@@ -34,26 +52,64 @@ fn run_once_reclaims_and_dead_letters_and_reports_counts() {
     let url = server.url();
     expired_delivery(&server, "a", 1, 5);
     expired_delivery(&server, "b", 5, 5);
-    let (ok, stdout, stderr) = run(&["run", "--redis", &url, "--queue", "emails", "--once", "--backoff-base-ms", "1"]);
+    let (ok, stdout, stderr) = run(&[
+        "run",
+        "--redis",
+        &url,
+        "--queue",
+        "emails",
+        "--once",
+        "--backoff-base-ms",
+        "1",
+    ]);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("reclaimed=1 dead_lettered=1"), "{stdout}");
-    assert!(stderr.contains("watchdog pass"), "tracing line per pass: {stderr}");
+    assert!(
+        stderr.contains("watchdog pass"),
+        "tracing line per pass: {stderr}"
+    );
 
     let (ok, stdout, _) = run(&["dead", "list", "--redis", &url, "--queue", "emails"]);
     assert!(ok);
-    assert!(stdout.contains("b\t") && stdout.contains("attempts exhausted (5 of 5)"), "{stdout}");
+    assert!(
+        stdout.contains("b\t") && stdout.contains("attempts exhausted (5 of 5)"),
+        "{stdout}"
+    );
 
     let (ok, stdout, _) = run(&["stats", "--redis", &url, "--queue", "emails", "--json"]);
     assert!(ok);
     assert!(stdout.contains("\"dead\":1"), "{stdout}");
 
-    let (ok, _, stderr) = run(&["dead", "replay", "--redis", &url, "--queue", "emails", "--dry-run", "b"]);
+    let (ok, _, stderr) = run(&[
+        "dead",
+        "replay",
+        "--redis",
+        &url,
+        "--queue",
+        "emails",
+        "--dry-run",
+        "b",
+    ]);
     assert!(ok);
     assert!(stderr.contains("would replay 1"), "{stderr}");
-    let (ok, stdout, _) = run(&["dead", "replay", "--redis", &url, "--queue", "emails", "b", "--reset-attempts"]);
+    let (ok, stdout, _) = run(&[
+        "dead",
+        "replay",
+        "--redis",
+        &url,
+        "--queue",
+        "emails",
+        "b",
+        "--reset-attempts",
+    ]);
     assert!(ok && stdout.contains("replayed b"), "{stdout}");
-    assert!(server.command(&["LRANGE", "q:{emails}:main", "0", "-1"]).unwrap().contains('b'));
-    let (ok, _, stderr) = run(&["dead", "replay", "--redis", &url, "--queue", "emails", "nope"]);
+    assert!(server
+        .command(&["LRANGE", "q:{emails}:main", "0", "-1"])
+        .unwrap()
+        .contains('b'));
+    let (ok, _, stderr) = run(&[
+        "dead", "replay", "--redis", &url, "--queue", "emails", "nope",
+    ]);
     assert!(!ok, "replaying an unknown id fails: {stderr}");
 }
 
@@ -64,4 +120,509 @@ fn unreachable_redis_is_a_clear_error() {
     let (ok, _, stderr) = run(&["stats", "--redis", &url, "--queue", "emails"]);
     assert!(!ok);
     assert!(stderr.contains("cannot connect to redis"), "{stderr}");
+}
+
+// ------------------------------------------------------------------------
+// stats, jobs show, dead list/replay/purge, run --metrics-listen, --help
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use queue_core::{
+    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, Registration, Worker,
+};
+use serde_json::Value;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Ping {
+    n: u32,
+}
+
+struct PingJob;
+impl Job for PingJob {
+    type Args = Ping;
+    const NAME: &'static str = "ping";
+    const QUEUE: &'static str = "emails";
+    fn run(ctx: JobContext, _args: Ping) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async move {
+            ctx.step("notify", || async { Ok::<_, JobError>(1u8) })
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Runs `n` ping jobs to completion through a real worker.
+fn complete_pings(url: &str, ids: &[&str]) {
+    rt().block_on(async {
+        let queue = Queue::connect(url).await.unwrap();
+        for (i, id) in ids.iter().enumerate() {
+            queue
+                .enqueue_with::<PingJob>(EnqueueOptions::new().id(*id), &Ping { n: i as u32 })
+                .await
+                .unwrap();
+        }
+        let worker = Worker::builder(url)
+            .register(Registration::of::<PingJob>())
+            .build()
+            .await
+            .unwrap();
+        let want = ids.len() as i64;
+        let q = queue.clone();
+        worker
+            .run_until(async move {
+                for _ in 0..200 {
+                    if q.stats("emails").await.unwrap().counter("completed") >= want {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+            .unwrap();
+    });
+}
+
+fn server_ms(server: &RedisServer) -> i64 {
+    let t = server.command(&["TIME"]).unwrap();
+    let secs: i64 = t.lines().nth(2).unwrap().trim().parse().unwrap();
+    secs * 1000
+}
+
+fn seed_job(server: &RedisServer, queue: &str, id: &str, fields: &[(&str, &str)]) {
+    let key = format!("q:{{{queue}}}:job:{id}");
+    let mut args = vec!["HSET", key.as_str(), "id", id];
+    for (k, v) in fields {
+        args.push(k);
+        args.push(v);
+    }
+    server.command(&args).unwrap();
+}
+
+#[test]
+fn stats_tells_lost_from_slow_and_shows_throughput() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    complete_pings(&url, &["p1", "p2", "p3"]);
+    let now = server_ms(&server);
+    // Slow: a job has waited in main for two minutes.
+    let old = (now - 125_000).to_string();
+    seed_job(
+        &server,
+        "emails",
+        "waiting-1",
+        &[("state", "queued"), ("type", "ping"), ("enqueued_at", &old)],
+    );
+    server
+        .command(&["LPUSH", "q:{emails}:main", "waiting-1"])
+        .unwrap();
+    // Lost: a delivery whose lease expired 20 s ago.
+    expired_delivery(&server, "lost-1", 1, 5);
+    let expired = (now - 20_000).to_string();
+    server
+        .command(&["ZADD", "q:{emails}:leases", &expired, "lost-1"])
+        .unwrap();
+
+    // Without --queue the queues are discovered.
+    let (ok, stdout, stderr) = run(&["stats", "--redis", &url]);
+    assert!(ok, "{stderr}");
+    let header = stdout.lines().next().unwrap();
+    for col in [
+        "waiting",
+        "oldest",
+        "processing",
+        "lost",
+        "done/min",
+        "retried",
+        "dead-lettered",
+    ] {
+        assert!(header.contains(col), "{header}");
+    }
+    let row = stdout.lines().nth(1).unwrap();
+    assert!(row.starts_with("emails"), "{row}");
+    assert!(row.contains("2m0"), "oldest waiting ~2m05s: {row}");
+    assert!(stdout.contains("1 job(s) LOST in processing"), "{stdout}");
+    assert!(
+        stdout.contains("SLOW: the oldest waiting job has waited 2m0"),
+        "{stdout}"
+    );
+
+    let (ok, stdout, _) = run(&["stats", "--redis", &url, "-q", "emails", "--json"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let s = &v[0];
+    assert_eq!(s["queue"], "emails");
+    assert_eq!(s["main"], 1);
+    assert_eq!(s["processing"], 1);
+    assert_eq!(s["expired_leases"], 1);
+    assert_eq!(s["completed_last_minute"], 3);
+    assert_eq!(s["counters"]["completed"], 3);
+    assert!(s["oldest_waiting_ms"].as_u64().unwrap() >= 120_000, "{s}");
+}
+
+#[test]
+fn jobs_show_prints_where_a_job_is_its_lease_and_history() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    complete_pings(&url, &["done-1"]);
+    let now = server_ms(&server);
+    let (delivered, lease) = ((now - 5_000).to_string(), (now + 60_000).to_string());
+    seed_job(
+        &server,
+        "emails",
+        "running-1",
+        &[
+            ("state", "active"),
+            ("type", "ping"),
+            ("v", "1"),
+            ("attempts", "2"),
+            ("max_attempts", "5"),
+            ("enqueued_at", &delivered),
+            ("delivered_at", &delivered),
+            ("failed_at", &delivered),
+            ("last_error", "smtp-timeout"),
+            ("lease_until", &lease),
+            ("token", "t"),
+        ],
+    );
+    server
+        .command(&["LPUSH", "q:{emails}:processing", "running-1"])
+        .unwrap();
+    server
+        .command(&["ZADD", "q:{emails}:leases", &lease, "running-1"])
+        .unwrap();
+
+    let (ok, stdout, stderr) = run(&["jobs", "show", "running-1", "--redis", &url, "-q", "emails"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("job running-1 (queue emails)"), "{stdout}");
+    assert!(
+        stdout.contains("where     processing (running; lease 5"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("attempts  2 of 5"), "{stdout}");
+    assert!(stdout.contains("failed         smtp-timeout"), "{stdout}");
+    assert!(stdout.contains("delivered      attempt 2"), "{stdout}");
+    // Timestamps are readable: `2026-12-02 13:05:01.123Z (1796...)`.
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("delivered_at"))
+        .unwrap();
+    assert!(line.contains("Z ("), "{line}");
+
+    let (ok, stdout, _) = run(&["jobs", "show", "running-1", "--redis", &url, "--json"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["location"]["list"], "processing");
+    assert_eq!(v["location"]["status"], "running");
+    let left = v["location"]["lease_left_ms"].as_i64().unwrap();
+    assert!(left > 50_000 && left <= 60_000, "{left}");
+
+    // A completed job: its completion record and its steps.
+    let (ok, stdout, _) = run(&["jobs", "show", "done-1", "--redis", &url, "-q", "emails"]);
+    assert!(ok);
+    assert!(stdout.contains("where     completed"), "{stdout}");
+    assert!(stdout.contains("completion record\n"), "{stdout}");
+    assert!(stdout.contains("status        done"), "{stdout}");
+    assert!(stdout.contains("steps: notify"), "{stdout}");
+    assert!(
+        stdout.contains("completed      status done after 1 attempt(s)"),
+        "{stdout}"
+    );
+
+    let (ok, _, stderr) = run(&["jobs", "show", "nope", "--redis", &url, "-q", "emails"]);
+    assert!(!ok);
+    assert!(stderr.contains("no job \"nope\""), "{stderr}");
+}
+
+fn seed_dead(server: &RedisServer, id: &str, job_type: &str, reason: &str) {
+    // The reason goes through HSET on the inline protocol: no spaces.
+    seed_job(
+        server,
+        "emails",
+        id,
+        &[
+            ("state", "dead"),
+            ("type", job_type),
+            ("attempts", "3"),
+            ("max_attempts", "3"),
+            ("dead_reason", reason),
+            ("dead_at", "1796000000000"),
+            ("payload", "x"),
+        ],
+    );
+    server.command(&["LPUSH", "q:{emails}:dead", id]).unwrap();
+}
+
+fn lrange(server: &RedisServer, key: &str) -> String {
+    server.command(&["LRANGE", key, "0", "-1"]).unwrap()
+}
+
+#[test]
+fn dead_letters_filter_replay_and_purge() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    seed_dead(&server, "t1", "send", "SMTP-timeout-after-30s");
+    seed_dead(&server, "bad", "send", "invalid-address");
+    seed_dead(&server, "t2", "charge", "gateway-timeout");
+    seed_dead(&server, "other", "resize", "image-too-large");
+    server
+        .command(&["HSET", "q:{emails}:steps:other", "s", "x"])
+        .unwrap();
+
+    let (ok, stdout, stderr) = run(&[
+        "dead", "list", "--redis", &url, "-q", "emails", "--filter", "TIMEOUT",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(
+        stdout.contains("t1\t") && stdout.contains("t2\t"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("died=2026-"), "{stdout}");
+    assert!(
+        stderr.contains("2 dead-lettered job(s) shown of 4"),
+        "{stderr}"
+    );
+    // Filter by type too.
+    let (_, stdout, _) = run(&[
+        "dead", "list", "--redis", &url, "-q", "emails", "--filter", "charge", "--json",
+    ]);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1);
+    assert_eq!(v[0]["id"], "t2");
+
+    // Dry run changes nothing.
+    let (ok, stdout, stderr) = run(&[
+        "dead",
+        "replay",
+        "--redis",
+        &url,
+        "-q",
+        "emails",
+        "--filter",
+        "timeout",
+        "--dry-run",
+    ]);
+    assert!(ok);
+    assert!(
+        stdout.contains("would replay t1") && stdout.contains("would replay t2"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("would replay 2 job(s)"), "{stderr}");
+    assert!(!lrange(&server, "q:{emails}:main").contains("t1"));
+
+    let (ok, stdout, _) = run(&[
+        "dead",
+        "replay",
+        "--redis",
+        &url,
+        "-q",
+        "emails",
+        "--filter",
+        "timeout",
+        "--reset-attempts",
+        "--json",
+    ]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["replayed"].as_array().unwrap().len(), 2, "{v}");
+    let main = lrange(&server, "q:{emails}:main");
+    assert!(main.contains("t1") && main.contains("t2"), "{main}");
+    assert!(server
+        .command(&["HGET", "q:{emails}:job:t1", "attempts"])
+        .unwrap()
+        .contains('0'));
+    let dead = lrange(&server, "q:{emails}:dead");
+    assert!(
+        dead.contains("bad") && dead.contains("other") && !dead.contains("t1"),
+        "{dead}"
+    );
+
+    // Purge refuses without a terminal and without --yes.
+    let out = Command::new(BIN)
+        .args(["dead", "purge", "--redis", &url, "-q", "emails", "bad"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("refusing to purge 1 job(s) without confirmation"));
+    assert!(lrange(&server, "q:{emails}:dead").contains("bad"));
+
+    // Dry run of --all lists, changes nothing.
+    let (ok, stdout, _) = run(&[
+        "dead",
+        "purge",
+        "--redis",
+        &url,
+        "-q",
+        "emails",
+        "--all",
+        "--dry-run",
+    ]);
+    assert!(ok);
+    assert!(
+        stdout.contains("would purge bad") && stdout.contains("would purge other"),
+        "{stdout}"
+    );
+
+    // On a terminal it asks; "no" keeps the job, "yes" deletes it (list entry,
+    // hash and step results in one script).
+    if let Some(answer) = purge_on_a_tty(&url, "other", "no\n") {
+        assert!(answer.contains("Type 'yes' to continue"), "{answer}");
+        assert!(answer.contains("aborted"), "{answer}");
+        assert!(lrange(&server, "q:{emails}:dead").contains("other"));
+        let answer = purge_on_a_tty(&url, "other", "yes\n").unwrap();
+        assert!(answer.contains("purged other"), "{answer}");
+        assert!(!lrange(&server, "q:{emails}:dead").contains("other"));
+        assert!(server
+            .command(&["EXISTS", "q:{emails}:job:other"])
+            .unwrap()
+            .contains(":0"));
+        assert!(server
+            .command(&["EXISTS", "q:{emails}:steps:other"])
+            .unwrap()
+            .contains(":0"));
+    } else {
+        eprintln!("`script` (util-linux) not found: terminal prompt not exercised");
+    }
+
+    // --yes purges; an id not dead-lettered is reported and exits 1.
+    let (ok, stdout, stderr) = run(&[
+        "dead", "purge", "--redis", &url, "-q", "emails", "bad", "t1", "--yes", "--json",
+    ]);
+    assert!(!ok, "t1 is not dead any more");
+    assert!(
+        stderr.contains("not in the dead-letter list: t1"),
+        "{stderr}"
+    );
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["purged"], serde_json::json!(["bad"]));
+    assert!(
+        lrange(&server, "q:{emails}:main").contains("t1"),
+        "t1 untouched"
+    );
+    let stats = server
+        .command(&["HGET", "q:{emails}:stats", "purged"])
+        .unwrap();
+    assert!(stats.contains('1') || stats.contains('2'), "{stats}");
+
+    // Replay needs ids, --filter or --all.
+    let (ok, _, stderr) = run(&["dead", "replay", "--redis", &url, "-q", "emails"]);
+    assert!(!ok);
+    assert!(stderr.contains("<IDS|--filter <FILTER>|--all>"), "{stderr}");
+}
+
+/// Runs `dead purge <id>` on a pseudo-terminal (util-linux `script`), typing `answer`.
+fn purge_on_a_tty(url: &str, id: &str, answer: &str) -> Option<String> {
+    if Command::new("script").arg("--version").output().is_err() {
+        return None;
+    }
+    let cmd = format!("{BIN} dead purge --redis {url} -q emails {id}");
+    let mut child = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    // Let the prompt appear before typing.
+    std::thread::sleep(Duration::from_millis(500));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(answer.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    Some(String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn run_serves_prometheus_metrics() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    expired_delivery(&server, "lost-1", 1, 5);
+    seed_job(
+        &server,
+        "emails",
+        "w1",
+        &[("state", "queued"), ("type", "send"), ("enqueued_at", "1")],
+    );
+    server.command(&["LPUSH", "q:{emails}:main", "w1"]).unwrap();
+    let port = queue_testkit::free_port().unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new(BIN)
+        .args([
+            "run",
+            "--redis",
+            &url,
+            "-q",
+            "emails",
+            "--interval-ms",
+            "100",
+            "--metrics-listen",
+            &addr,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let body = std::net::TcpStream::connect(&addr).ok().map(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(
+                s,
+                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        });
+        if let Some(b) =
+            body.filter(|b| b.contains("queue_jobs_reclaimed_total{queue=\"emails\"} 1"))
+        {
+            break b;
+        }
+        assert!(Instant::now() < deadline, "no reclaim metric in time");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    for needle in [
+        "# TYPE queue_jobs_reclaimed_total counter",
+        "queue_depth{queue=\"emails\",list=\"main\"}",
+        "queue_depth{queue=\"emails\",list=\"delayed\"}",
+        "queue_oldest_job_age_seconds{queue=\"emails\"}",
+        "queue_completed_last_minute{queue=\"emails\"} 0",
+    ] {
+        assert!(body.contains(needle), "missing {needle} in\n{body}");
+    }
+}
+
+#[test]
+fn help_describes_every_subcommand() {
+    let (ok, stdout, _) = run(&["--help"]);
+    assert!(ok);
+    for sub in ["run", "stats", "jobs", "dead", "doctor", "dashboard"] {
+        assert!(stdout.contains(&format!("\n  {sub} ")), "{sub}: {stdout}");
+    }
+    let (ok, stdout, _) = run(&["dead", "purge", "--help"]);
+    assert!(ok);
+    assert!(
+        stdout.contains("--yes") && stdout.contains("--dry-run") && stdout.contains("--filter"),
+        "{stdout}"
+    );
+    let (ok, stdout, _) = run(&["doctor", "--help"]);
+    assert!(ok && stdout.contains("--strict"), "{stdout}");
 }

@@ -1,0 +1,15 @@
+-- Read-only: lease and delay health of one queue, for stats and the dashboard.
+-- KEYS: 1 processing, 2 leases, 3 delayed
+-- ARGV: 1 job prefix
+-- Returns {now_ms, expired leases, leases, delayed due, delivered_at of the
+--          oldest processing entry (0: none), next delayed run_at (0: none)}
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call('ZCOUNT', KEYS[2], '-inf', now)
+local leased = redis.call('ZCARD', KEYS[2])
+local due = redis.call('ZCOUNT', KEYS[3], '-inf', now)
+local oldest = 0
+local tail = redis.call('LINDEX', KEYS[1], -1)
+if tail then oldest = tonumber(redis.call('HGET', ARGV[1] .. tail, 'delivered_at')) or 0 end
+local nxt = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+return {now, expired, leased, due, oldest, tonumber(nxt[2]) or 0}

@@ -1,0 +1,173 @@
+//! Small formatting helpers: timestamps, durations, HTML and URL escaping,
+//! payload decoding.
+
+/// `1733144701123` → `2024-12-02 13:05:01.123Z` (UTC, from Redis-clock milliseconds).
+pub fn fmt_ts(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let millis = ms.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{millis:03}Z",
+        sod / 3600,
+        (sod / 60) % 60,
+        sod % 60
+    )
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// A duration in ms as `850ms`, `12.3s`, `4m05s`, `3h02m`, `2d04h`.
+pub fn fmt_dur(ms: u64) -> String {
+    let s = ms / 1000;
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if s < 60 {
+        format!("{:.1}s", ms as f64 / 1000.0)
+    } else if s < 3600 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else if s < 86_400 {
+        format!("{}h{:02}m", s / 3600, (s / 60) % 60)
+    } else {
+        format!("{}d{:02}h", s / 86_400, (s / 3600) % 24)
+    }
+}
+
+/// `ts` relative to `now` (both ms): `12.3s ago` or `in 4m05s`.
+pub fn fmt_rel(ts: i64, now: i64) -> String {
+    if ts <= now {
+        format!("{} ago", fmt_dur((now - ts) as u64))
+    } else {
+        format!("in {}", fmt_dur((ts - now) as u64))
+    }
+}
+
+/// Job hash fields that hold a Redis-clock timestamp in ms.
+pub const TIMESTAMP_FIELDS: &[&str] = &[
+    "enqueued_at",
+    "delivered_at",
+    "lease_until",
+    "failed_at",
+    "run_at",
+    "dead_at",
+    "replayed_at",
+    "finished_at",
+];
+
+/// Escapes text for HTML element content and quoted attribute values.
+pub fn html(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Percent-encodes one URL path segment (everything but unreserved characters).
+pub fn url_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The MessagePack payload as JSON when it decodes, else `{"hex": ...}`.
+pub fn payload_json(bytes: &[u8]) -> serde_json::Value {
+    if bytes.is_empty() {
+        return serde_json::Value::Null;
+    }
+    use serde::Deserialize;
+    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(bytes));
+    let decoded = serde_json::Value::deserialize(&mut de)
+        .ok()
+        .filter(|_| de.get_ref().position() == bytes.len() as u64);
+    match decoded {
+        Some(v) => v,
+        None => {
+            let hex: String = bytes.iter().take(512).map(|b| format!("{b:02x}")).collect();
+            serde_json::json!({ "undecodable_msgpack_hex": hex, "bytes": bytes.len() })
+        }
+    }
+}
+
+/// Case-insensitive: does the job's dead reason or type contain `needle`?
+pub fn matches_filter(fields: &std::collections::BTreeMap<String, String>, needle: &str) -> bool {
+    let needle = needle.to_lowercase();
+    ["dead_reason", "type"].iter().any(|f| {
+        fields
+            .get(*f)
+            .is_some_and(|v| v.to_lowercase().contains(&needle))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_are_utc_iso() {
+        assert_eq!(fmt_ts(0), "1970-01-01 00:00:00.000Z");
+        assert_eq!(fmt_ts(951_782_400_000), "2000-02-29 00:00:00.000Z");
+        assert_eq!(fmt_ts(1_733_144_701_123), "2024-12-02 13:05:01.123Z");
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(fmt_dur(850), "850ms");
+        assert_eq!(fmt_dur(12_340), "12.3s");
+        assert_eq!(fmt_dur(245_000), "4m05s");
+        assert_eq!(fmt_dur(3 * 3600 * 1000 + 120_000), "3h02m");
+        assert_eq!(fmt_rel(1000, 3000), "2.0s ago");
+        assert_eq!(fmt_rel(3000, 1000), "in 2.0s");
+    }
+
+    #[test]
+    fn escaping() {
+        assert_eq!(
+            html("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+        assert_eq!(url_segment("a b/c?é"), "a%20b%2Fc%3F%C3%A9");
+    }
+
+    #[test]
+    fn payloads_decode_or_show_hex() {
+        #[derive(serde::Serialize)]
+        struct P {
+            email: String,
+        }
+        let bytes = rmp_serde::to_vec_named(&P {
+            email: "a@b".into(),
+        })
+        .unwrap();
+        assert_eq!(payload_json(&bytes), serde_json::json!({"email": "a@b"}));
+        assert!(payload_json(&[0xc1])
+            .get("undecodable_msgpack_hex")
+            .is_some());
+    }
+}

@@ -1,0 +1,908 @@
+//! The dashboard in a real browser: Debian's headless Chromium, driven over
+//! the DevTools protocol (a small client below), against a real redis-server
+//! seeded by real workers.
+//!
+//! The test clicks "Replay" on a dead letter and checks in Redis that the job
+//! is back in main, checks that cross-site requests cannot replay, and takes
+//! the screenshots used by docs/OPERATIONS.md: they are written to
+//! `target/tmp/dashboard-*.png`, and to `docs/images/` when
+//! `QUEUE_UPDATE_SCREENSHOTS=1`.
+//!
+//! Needs `/usr/bin/chromium` (`apt-get install chromium`; or set `CHROMIUM`).
+//! Without it the test prints why and passes without running, unless
+//! `QUEUE_REQUIRE_CHROMIUM=1`, which makes a missing browser a failure.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use queue_core::{
+    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, Registration, Worker,
+};
+use queue_testkit::RedisServer;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
+
+// ---------------------------------------------------------------- jobs ----
+
+#[derive(Serialize, Deserialize)]
+struct Mail {
+    to: String,
+}
+
+/// Emails: fast, except `slow…` addresses (stay running, lease renewed by the
+/// heartbeat) and addresses without `@` (dead-lettered).
+struct SendWelcome;
+impl Job for SendWelcome {
+    type Args = Mail;
+    const NAME: &'static str = "send_welcome";
+    const QUEUE: &'static str = "emails";
+    const MAX_ATTEMPTS: u32 = 5;
+    fn run(_ctx: JobContext, args: Mail) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async move {
+            if !args.to.contains('@') {
+                return Err(JobError::permanent(format!(
+                    "invalid address {:?}: no '@'",
+                    args.to
+                )));
+            }
+            let ms = if args.to.starts_with("slow") {
+                600_000
+            } else {
+                30
+            };
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok(())
+        })
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Report {
+    name: String,
+}
+
+/// Reports: `q3` fails permanently.
+struct Render;
+impl Job for Render {
+    type Args = Report;
+    const NAME: &'static str = "render_report";
+    const QUEUE: &'static str = "reports";
+    const MAX_ATTEMPTS: u32 = 3;
+    fn run(_ctx: JobContext, args: Report) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async move {
+            if args.name.contains("q3") {
+                return Err(JobError::permanent(
+                    "template quarterly.html: column `revenue_eur` does not exist",
+                ));
+            }
+            Ok(())
+        })
+    }
+}
+
+// ------------------------------------------------------------- helpers ----
+
+fn find_chromium() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("CHROMIUM") {
+        return Some(PathBuf::from(p));
+    }
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+            let p = Path::new(dir).join(name);
+            if p.is_file() {
+                return Some(p);
+            }
+        }
+    }
+    None
+}
+
+/// Kills a child process we started when dropped.
+struct Guard(Child);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One HTTP/1.1 request over a fresh connection; returns (status, body).
+fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\nContent-Length: 0\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: 127.0.0.1:{port}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    // Read the head, then Content-Length bytes (Chromium's DevTools server
+    // keeps the connection open), or to the end.
+    let mut r = BufReader::new(s);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 || line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let length = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("content-length")
+            .then(|| v.trim().parse::<usize>().ok())?
+    });
+    let mut body = Vec::new();
+    match length {
+        Some(n) => {
+            body.resize(n, 0);
+            r.read_exact(&mut body).unwrap();
+        }
+        None => {
+            r.read_to_end(&mut body).unwrap();
+        }
+    }
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn redis(server: &RedisServer, args: &[&str]) -> String {
+    server.command(args).expect("redis command")
+}
+
+fn screenshot_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![PathBuf::from(env!("CARGO_TARGET_TMPDIR"))];
+    if std::env::var("QUEUE_UPDATE_SCREENSHOTS").as_deref() == Ok("1") {
+        dirs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/images"));
+    }
+    dirs
+}
+
+// ------------------------------------------- a tiny DevTools client ----
+
+type Socket = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>;
+
+struct Browser {
+    _child: Guard,
+    _profile: TempDir,
+    page: Socket,
+    next_id: u64,
+}
+
+struct TempDir(PathBuf);
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Browser {
+    fn launch(chromium: &Path) -> Browser {
+        let profile = std::env::temp_dir().join(format!(
+            "queue-dashboard-chromium-{}-{}",
+            std::process::id(),
+            queue_testkit::free_port().unwrap()
+        ));
+        std::fs::create_dir_all(&profile).unwrap();
+        let child = Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+                "--hide-scrollbars",
+                "--remote-debugging-port=0",
+                "--window-size=1280,900",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromium");
+        let child = Guard(child);
+        // Chromium writes its DevTools port to the profile directory.
+        let port_file = profile.join("DevToolsActivePort");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let port: u16 = loop {
+            if let Ok(text) = std::fs::read_to_string(&port_file) {
+                if let Some(p) = text.lines().next().and_then(|l| l.trim().parse().ok()) {
+                    break p;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "chromium did not open its DevTools port"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let ws_url = loop {
+            let (_, body) = http(port, "GET", "/json/list", &[]);
+            let targets: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+            let page = targets.as_array().and_then(|a| {
+                a.iter()
+                    .find(|t| t["type"] == "page")
+                    .and_then(|t| t["webSocketDebuggerUrl"].as_str().map(str::to_string))
+            });
+            if let Some(u) = page {
+                break u;
+            }
+            assert!(Instant::now() < deadline, "no page target: {body}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let (page, _) = tungstenite::connect(ws_url.as_str()).expect("DevTools websocket");
+        if let tungstenite::stream::MaybeTlsStream::Plain(s) = page.get_ref() {
+            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        }
+        let mut b = Browser {
+            _child: child,
+            _profile: TempDir(profile),
+            page,
+            next_id: 1,
+        };
+        b.call("Page.enable", json!({}));
+        b.call("Runtime.enable", json!({}));
+        b.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": false}),
+        );
+        b
+    }
+
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = json!({"id": id, "method": method, "params": params}).to_string();
+        self.page
+            .send(tungstenite::Message::text(msg))
+            .expect("send to chromium");
+        loop {
+            let m = self.page.read().expect("read from chromium");
+            let tungstenite::Message::Text(text) = m else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(text.as_str()).unwrap();
+            if v["id"] == id {
+                if let Some(e) = v.get("error") {
+                    panic!("{method} failed: {e}");
+                }
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluates `expr` in the page (promises awaited) and returns its value.
+    fn eval(&mut self, expr: &str) -> Value {
+        let r = self.call(
+            "Runtime.evaluate",
+            json!({"expression": expr, "returnByValue": true, "awaitPromise": true}),
+        );
+        if let Some(e) = r.get("exceptionDetails") {
+            panic!("page script failed: {expr}\n{e}");
+        }
+        r["result"]["value"].clone()
+    }
+
+    /// Polls `expr` until it is truthy.
+    fn wait_for(&mut self, what: &str, expr: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let v = self.eval(expr);
+            let truthy =
+                !matches!(v, Value::Null | Value::Bool(false)) && v != json!(0) && v != json!("");
+            if truthy {
+                return v;
+            }
+            if Instant::now() > deadline {
+                let text = self.eval("document.body ? document.body.innerText : ''");
+                panic!("timed out waiting for {what} ({expr}); page text:\n{text}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn goto(&mut self, url: &str) {
+        self.call("Page.navigate", json!({"url": url}));
+        self.wait_for(
+            &format!("{url} to load"),
+            &format!(
+                "location.href === {} && document.readyState === 'complete' && !!(window.dashboardState && window.dashboardState.ready)",
+                json!(url)
+            ),
+        );
+    }
+
+    fn text(&mut self, selector: &str) -> String {
+        self.eval(&format!(
+            "(document.querySelector({0}) || {{innerText: ''}}).innerText",
+            json!(selector)
+        ))
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+    }
+
+    /// A real mouse click (trusted input events) in the middle of `selector`.
+    fn click(&mut self, selector: &str) {
+        let rect = self.eval(&format!(
+            "(() => {{ const e = document.querySelector({0}); if (!e) return null; \
+             e.scrollIntoView({{block: 'center'}}); const r = e.getBoundingClientRect(); \
+             return {{x: r.x + r.width / 2, y: r.y + r.height / 2}}; }})()",
+            json!(selector)
+        ));
+        assert!(!rect.is_null(), "nothing matches {selector}");
+        for kind in ["mousePressed", "mouseReleased"] {
+            self.call(
+                "Input.dispatchMouseEvent",
+                json!({"type": kind, "x": rect["x"], "y": rect["y"], "button": "left", "clickCount": 1}),
+            );
+        }
+    }
+
+    /// A full-page PNG, saved as `name` in each screenshot directory.
+    fn screenshot(&mut self, name: &str) {
+        let metrics = self.call("Page.getLayoutMetrics", json!({}));
+        let height = metrics["cssContentSize"]["height"]
+            .as_f64()
+            .unwrap_or(900.0)
+            .ceil()
+            .max(900.0);
+        let shot = self.call(
+            "Page.captureScreenshot",
+            json!({"format": "png", "captureBeyondViewport": true,
+                   "clip": {"x": 0, "y": 0, "width": 1280, "height": height, "scale": 1}}),
+        );
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().expect("screenshot data"))
+            .expect("base64 PNG");
+        assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+        for dir in screenshot_dirs() {
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join(name);
+            std::fs::write(&path, &png).unwrap();
+            eprintln!("screenshot: {}", path.display());
+        }
+    }
+}
+
+// ---------------------------------------------------------------- test ----
+
+#[test]
+fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
+    let Some(chromium) = find_chromium() else {
+        let msg = "SKIPPED dashboard browser test: no chromium found (install Debian's `chromium` package, or set CHROMIUM=/path/to/chromium)";
+        if std::env::var("QUEUE_REQUIRE_CHROMIUM").as_deref() == Ok("1") {
+            panic!("{msg}; QUEUE_REQUIRE_CHROMIUM=1 makes this a failure");
+        }
+        eprintln!("{msg}");
+        return;
+    };
+    // A durable configuration, so the doctor banner shows what operators should aim for.
+    let server =
+        RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "everysec"]).unwrap();
+    let url = server.url();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let queue = rt.block_on(Queue::connect(&url)).unwrap();
+
+    // Reports: a worker dead-letters a permanent failure and an undecodable
+    // payload, then stops; five reports wait in main and one delivery is lost
+    // (its worker died: the lease expired and no watchdog runs here).
+    rt.block_on(async {
+        queue
+            .enqueue_with::<Render>(
+                EnqueueOptions::new().id("report-q3-2026"),
+                &Report {
+                    name: "q3-2026".into(),
+                },
+            )
+            .await
+            .unwrap();
+        queue
+            .enqueue_raw(
+                "reports",
+                "render_report",
+                1,
+                3,
+                EnqueueOptions::new().id("report-legacy-7"),
+                b"\xc1not msgpack",
+            )
+            .await
+            .unwrap();
+        let worker = Worker::builder(&url)
+            .register(Registration::of::<Render>())
+            .build()
+            .await
+            .unwrap();
+        let q = queue.clone();
+        worker
+            .run_until(async move {
+                for _ in 0..200 {
+                    if q.stats("reports").await.unwrap().dead == 2 {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                panic!("reports were not dead-lettered");
+            })
+            .await
+            .unwrap();
+        for m in [
+            "2026-11-01",
+            "2026-11-08",
+            "2026-11-15",
+            "2026-11-22",
+            "2026-11-29",
+        ] {
+            queue
+                .enqueue_with::<Render>(
+                    EnqueueOptions::new().id(format!("report-weekly-{m}")),
+                    &Report {
+                        name: format!("weekly {m}"),
+                    },
+                )
+                .await
+                .unwrap();
+        }
+    });
+    let now: i64 = {
+        let t = redis(&server, &["TIME"]);
+        let secs: i64 = t.lines().nth(2).unwrap().trim().parse().unwrap();
+        secs * 1000
+    };
+    let (delivered, lease) = ((now - 95_000).to_string(), (now - 35_000).to_string());
+    redis(
+        &server,
+        &[
+            "HSET",
+            "q:{reports}:job:report-monthly-11",
+            "id",
+            "report-monthly-11",
+            "type",
+            "render_report",
+            "v",
+            "1",
+            "state",
+            "active",
+            "attempts",
+            "1",
+            "max_attempts",
+            "3",
+            "token",
+            "dead-worker",
+            "enqueued_at",
+            &delivered,
+            "delivered_at",
+            &delivered,
+            "lease_until",
+            &lease,
+            "payload",
+            "x",
+        ],
+    );
+    redis(
+        &server,
+        &["LPUSH", "q:{reports}:processing", "report-monthly-11"],
+    );
+    redis(
+        &server,
+        &["ZADD", "q:{reports}:leases", &lease, "report-monthly-11"],
+    );
+
+    // Emails: a worker keeps running: one slow job holds a lease (renewed by
+    // its heartbeat), one bad address is dead-lettered, one job is scheduled
+    // for later, and a feeder enqueues at a changing rate for the chart.
+    let worker = rt
+        .block_on(
+            Worker::builder(&url)
+                .register(Registration::of::<SendWelcome>())
+                .concurrency(4)
+                .lease(Duration::from_secs(30))
+                .build(),
+        )
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let worker_task = rt.spawn(worker.run_until(std::future::pending()));
+    rt.block_on(async {
+        for (id, to) in [
+            ("welcome-slow-ada", "slow-ada@example.com"),
+            ("welcome-bob", "bob.example.com"),
+        ] {
+            queue
+                .enqueue_with::<SendWelcome>(EnqueueOptions::new().id(id), &Mail { to: to.into() })
+                .await
+                .unwrap();
+        }
+        queue
+            .enqueue_with::<SendWelcome>(
+                EnqueueOptions::new()
+                    .id("welcome-digest-later")
+                    .delay(Duration::from_secs(3600)),
+                &Mail {
+                    to: "digest@example.com".into(),
+                },
+            )
+            .await
+            .unwrap();
+    });
+    let feeder = {
+        let queue = queue.clone();
+        rt.spawn(async move {
+            for i in 0..2000u32 {
+                let _ = queue
+                    .enqueue_with::<SendWelcome>(
+                        EnqueueOptions::new().id(format!("welcome-{i}")),
+                        &Mail {
+                            to: format!("user{i}@example.com"),
+                        },
+                    )
+                    .await;
+                let pause = if (i / 25) % 2 == 0 { 40 } else { 120 };
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+        })
+    };
+    rt.block_on(async {
+        for _ in 0..200 {
+            let s = queue.stats("emails").await.unwrap();
+            if s.processing >= 1 && s.dead == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("emails were not seeded");
+    });
+
+    // The dashboard, on a port of its choosing.
+    let mut dash = Command::new(BIN)
+        .args([
+            "dashboard",
+            "--redis",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+            "--sample-ms",
+            "500",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start dashboard");
+    let mut line = String::new();
+    BufReader::new(dash.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _dash = Guard(dash);
+    let port: u16 = line
+        .trim()
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let base = format!("http://127.0.0.1:{port}");
+
+    // Mutations need the page's header, a same origin and a known host.
+    assert_eq!(
+        http(
+            port,
+            "POST",
+            "/api/queues/reports/dead/report-legacy-7/replay",
+            &[]
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        http(
+            port,
+            "POST",
+            "/api/queues/reports/dead/report-legacy-7/replay",
+            &[
+                ("X-Queue-Dashboard", "1"),
+                ("Origin", "http://evil.example")
+            ]
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        http(port, "GET", "/", &[("Host", "evil.example")]).0,
+        421,
+        "DNS-rebinding host refused"
+    );
+
+    let mut b = Browser::launch(&chromium);
+
+    // Overview: both queues with their numbers, the live chart filling up.
+    b.goto(&format!("{base}/"));
+    b.wait_for(
+        "the chart to have points",
+        "Number(document.getElementById('chart').dataset.points) >= 48",
+    );
+    let cell =
+        |b: &mut Browser, q: &str, k: &str| b.text(&format!("td[data-q=\"{q}\"][data-k=\"{k}\"]"));
+    assert_eq!(cell(&mut b, "reports", "main"), "5");
+    assert_eq!(cell(&mut b, "reports", "expired_leases"), "1");
+    assert_eq!(cell(&mut b, "reports", "dead"), "2");
+    assert_eq!(cell(&mut b, "emails", "dead"), "1");
+    assert_ne!(cell(&mut b, "reports", "oldest_waiting"), "–");
+    b.wait_for(
+        "the doctor banner",
+        "document.getElementById('doctor-banner').innerText.includes('safe for critical queues')",
+    );
+    b.screenshot("dashboard-overview.png");
+
+    // Emails: the slow job runs with its lease time left.
+    b.goto(&format!("{base}/queues/emails"));
+    let row = "#processing tr[data-id=\"welcome-slow-ada\"]";
+    let status = b.text(&format!("{row} td.status"));
+    assert_eq!(status, "running");
+    let left = b.text(&format!("{row} td.lease"));
+    assert!(
+        left.ends_with('s') && !left.contains("expired"),
+        "lease left: {left:?}"
+    );
+    b.wait_for(
+        "the processing table to refresh",
+        "window.dashboardState.polls >= 1",
+    );
+    b.screenshot("dashboard-processing.png");
+
+    // Reports: the lost job and the dead letters with their reason.
+    b.goto(&format!("{base}/queues/reports"));
+    let lost = b.text("#processing tr[data-id=\"report-monthly-11\"]");
+    assert!(lost.contains("lost: lease expired"), "{lost}");
+    let dead = b.text("#dead tr[data-id=\"report-q3-2026\"]");
+    assert!(
+        dead.contains("column `revenue_eur` does not exist"),
+        "{dead}"
+    );
+    assert!(b.text("#dead").contains("report-legacy-7"));
+    b.screenshot("dashboard-dead-letters-before.png");
+
+    // Click Replay: the job goes back to main.
+    b.click("#dead tr[data-id=\"report-q3-2026\"] button.replay");
+    b.wait_for(
+        "the replay to be confirmed",
+        "window.dashboardState.replayed.includes('report-q3-2026')",
+    );
+    assert!(b
+        .text("#dead tr[data-id=\"report-q3-2026\"]")
+        .contains("back in main"));
+    let main = redis(&server, &["LRANGE", "q:{reports}:main", "0", "-1"]);
+    assert!(main.contains("report-q3-2026"), "not in main: {main}");
+    let dead = redis(&server, &["LRANGE", "q:{reports}:dead", "0", "-1"]);
+    assert!(
+        !dead.contains("report-q3-2026") && dead.contains("report-legacy-7"),
+        "{dead}"
+    );
+    assert!(redis(
+        &server,
+        &["HGET", "q:{reports}:job:report-q3-2026", "state"]
+    )
+    .contains("queued"));
+    b.screenshot("dashboard-dead-letters-after.png");
+
+    // A page of another origin (localhost vs 127.0.0.1) cannot replay, with
+    // or without the header (preflight refused / header missing).
+    b.goto(&format!("http://localhost:{port}/"));
+    let target = format!("{base}/api/queues/reports/dead/report-legacy-7/replay");
+    let with_header = b.eval(&format!(
+        "fetch({0}, {{method: 'POST', headers: {{'X-Queue-Dashboard': '1'}}}}).then(r => 'sent ' + r.status, e => 'blocked')",
+        json!(target)
+    ));
+    assert_eq!(with_header, json!("blocked"));
+    b.eval(&format!(
+        "fetch({0}, {{method: 'POST', mode: 'no-cors'}}).then(() => 'sent', () => 'blocked')",
+        json!(target)
+    ));
+    let dead = redis(&server, &["LRANGE", "q:{reports}:dead", "0", "-1"]);
+    assert!(
+        dead.contains("report-legacy-7"),
+        "a cross-site request replayed a job: {dead}"
+    );
+
+    // Job detail: where it is, its history (dead-lettered then replayed), payload.
+    b.goto(&format!("{base}/queues/reports/jobs/report-q3-2026"));
+    let location = b.text("#location");
+    assert!(location.starts_with("main (waiting"), "{location}");
+    let history = b.text("ul.history");
+    assert!(history.contains("enqueued"), "{history}");
+    assert!(
+        history.contains("replayed") && history.contains("revenue_eur"),
+        "{history}"
+    );
+    assert!(b.text("pre.payload").contains("q3-2026"));
+    b.screenshot("dashboard-job.png");
+
+    // And a dead one, with its replay button.
+    b.goto(&format!("{base}/queues/reports/jobs/report-legacy-7"));
+    assert!(b.text("#location").starts_with("dead-letter list"));
+    assert!(b.eval("!!document.querySelector('button.replay')") == json!(true));
+
+    // The doctor page: the durable configuration passes, warnings listed.
+    b.goto(&format!("{base}/doctor"));
+    assert!(b.text("main").contains("Safe for critical queues"));
+    let findings = b.text("#findings");
+    assert!(findings.contains("appendfsync everysec"), "{findings}");
+    assert!(findings.contains("no replica connected"), "{findings}");
+    b.screenshot("dashboard-doctor.png");
+
+    feeder.abort();
+    stop.shutdown();
+    drop(worker_task);
+    rt.shutdown_background();
+}
+
+/// The dashboard's HTTP surface without a browser: pages, JSON, metrics,
+/// and the replay endpoint's protections.
+#[test]
+fn dashboard_http_endpoints_and_replay_protection() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    for cmd in [
+        &[
+            "HSET",
+            "q:{emails}:job:d1",
+            "id",
+            "d1",
+            "state",
+            "dead",
+            "type",
+            "send",
+            "dead_reason",
+            "boom",
+            "dead_at",
+            "1",
+        ][..],
+        &["LPUSH", "q:{emails}:dead", "d1"],
+        &[
+            "HSET",
+            "q:{emails}:job:<img>",
+            "id",
+            "<img>",
+            "state",
+            "queued",
+            "type",
+            "<script>alert(1)</script>",
+            "enqueued_at",
+            "1",
+        ],
+        &["LPUSH", "q:{emails}:main", "<img>"],
+    ] {
+        server.command(cmd).unwrap();
+    }
+    let mut dash = Command::new(BIN)
+        .args([
+            "dashboard",
+            "--redis",
+            &url,
+            "--listen",
+            "127.0.0.1:0",
+            "-q",
+            "emails",
+            "--metrics",
+            "--sample-ms",
+            "200",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(dash.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let _dash = Guard(dash);
+    let port: u16 = line
+        .trim()
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+
+    assert_eq!(http(port, "GET", "/healthz", &[]), (200, "ok".to_string()));
+    let (status, page) = http(port, "GET", "/queues/emails", &[]);
+    assert_eq!(status, 200);
+    assert!(page.contains("data-id=\"d1\"") && page.contains("boom"));
+    // User data is escaped, never markup.
+    assert!(!page.contains("<script>alert"), "unescaped job type");
+    assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(page.contains("/queues/emails/jobs/%3Cimg%3E"));
+    let (status, _) = http(port, "GET", "/queues/emails/jobs/%3Cimg%3E", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(http(port, "GET", "/queues/emails/jobs/nope", &[]).0, 404);
+
+    let (status, body) = http(port, "GET", "/api/overview", &[]);
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["queues"][0]["queue"], "emails");
+    assert_eq!(v["queues"][0]["dead"], 1);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, metrics) = http(port, "GET", "/metrics", &[]);
+        if metrics.contains("queue_depth{queue=\"emails\",list=\"dead\"} 1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no depth gauge: {metrics}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let replay = "/api/queues/emails/dead/d1/replay";
+    assert_eq!(http(port, "POST", replay, &[]).0, 403, "no header");
+    assert_eq!(
+        http(
+            port,
+            "POST",
+            replay,
+            &[("X-Queue-Dashboard", "1"), ("Sec-Fetch-Site", "cross-site")]
+        )
+        .0,
+        403
+    );
+    assert_eq!(
+        http(
+            port,
+            "POST",
+            replay,
+            &[("X-Queue-Dashboard", "1"), ("Origin", "http://127.0.0.1:1")]
+        )
+        .0,
+        403,
+        "another port is another origin"
+    );
+    assert_eq!(
+        http(
+            port,
+            "GET",
+            "/api/overview",
+            &[("Host", "attacker.example:80")]
+        )
+        .0,
+        421
+    );
+    assert!(redis(&server, &["LRANGE", "q:{emails}:dead", "0", "-1"]).contains("d1"));
+    let origin = format!("http://127.0.0.1:{port}");
+    let (status, body) = http(
+        port,
+        "POST",
+        replay,
+        &[
+            ("X-Queue-Dashboard", "1"),
+            ("Origin", &origin),
+            ("Sec-Fetch-Site", "same-origin"),
+        ],
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(redis(&server, &["LRANGE", "q:{emails}:main", "0", "-1"]).contains("d1"));
+    // A second replay: not dead any more.
+    assert_eq!(
+        http(port, "POST", replay, &[("X-Queue-Dashboard", "1")]).0,
+        409
+    );
+}
