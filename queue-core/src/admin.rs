@@ -105,6 +105,7 @@ impl Queue {
                 .key(&k.delayed)
                 .key(&k.dead)
                 .key(&k.stats)
+                .key(&k.guard)
                 .arg(&k.job_prefix)
                 .arg(&k.tput_prefix)
                 .invoke_async(&mut conn)

@@ -6,11 +6,14 @@
 //!
 //! See `docs/SCALE-OUT.md` for how each kind behaves when nodes fail.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -56,16 +59,21 @@ impl Default for ConnectionConfig {
 /// |---|---|
 /// | `redis://[user:pass@]host:port[/db]` | one server (reconnects by itself) |
 /// | `redis-cluster://[user:pass@]host1:port1,host2:port2` | a Redis Cluster: any reachable nodes as seeds |
-/// | `redis-sentinel://[user:pass@]host1:port1[,host2:port2]/<master-name>[/db]` | the primary that the sentinels name `<master-name>` |
+/// | `redis-sentinel://[user:pass@]host1:port1[,host2:port2]/<master-name>[/db][?check_interval_ms=500]` | the primary that the sentinels name `<master-name>` |
 ///
 /// For Sentinel, the credentials are those of the data nodes (the sentinels
-/// are asked without authentication). The primary is resolved on first use
-/// and checked with `ROLE`; after an I/O error, a timeout or a `READONLY`
-/// reply (a demoted primary) the connection asks the sentinels again and
-/// switches to the new primary. A command refused with `READONLY` did not
-/// run, so it is sent once more to the new primary; any other error is
-/// returned to the caller (the command may or may not have run), and the
-/// next command uses the new primary.
+/// are asked without authentication). The primary is resolved when
+/// connecting: every sentinel is asked, the named nodes are tried from the
+/// highest configuration epoch down, and a node is used only if `ROLE` says
+/// it is a primary. After an I/O error, a timeout or a `READONLY` reply (a
+/// demoted primary) the connection asks the sentinels again and switches to
+/// the new primary. A command refused with `READONLY` did not run, so it is
+/// sent once more to the new primary; any other error is returned to the
+/// caller (the command may or may not have run), and the next command uses
+/// the new primary. In the background, every `check_interval_ms` (default
+/// 500, 0 = never) a sentinel is asked whether the primary moved — after a
+/// controlled failover the old primary keeps accepting writes for seconds —
+/// and the connection switches when it did.
 #[derive(Clone)]
 pub struct RedisConnection {
     kind: Kind,
@@ -258,10 +266,14 @@ impl ConnectionLike for RedisConnection {
 /// a failover then costs one round of sentinel queries, not one each).
 const RESOLVE_BACKOFF: Duration = Duration::from_millis(100);
 
+/// Default period of the background check "do the sentinels still name the
+/// primary we use?" (`?check_interval_ms=` in the URL; 0 turns it off).
+const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+
 /// What a `redis-sentinel://` URL names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct SentinelTarget {
-    /// `host:port` of each sentinel, in the order they are asked.
+    /// `host:port` of each sentinel.
     sentinels: Vec<String>,
     /// The monitored master's name.
     master: String,
@@ -269,15 +281,16 @@ struct SentinelTarget {
     db: i64,
     /// `user:pass` (as written in the URL, still percent-encoded) for the primary.
     userinfo: Option<String>,
+    /// Period of the background primary check (zero: none).
+    check_interval: Duration,
 }
 
 impl SentinelTarget {
     /// `rest` is the URL after `redis-sentinel://`.
     fn parse(rest: &str) -> RedisResult<Self> {
-        const USAGE: &str =
-            "a sentinel URL is redis-sentinel://[user:pass@]host:port[,host:port]/<master-name>[/db]";
+        const USAGE: &str = "a sentinel URL is redis-sentinel://[user:pass@]host:port[,host:port]/<master-name>[/db][?check_interval_ms=N]";
         let (userinfo, rest) = split_userinfo(rest);
-        let rest = rest.split('?').next().unwrap_or_default();
+        let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (hosts, path) = rest.split_once('/').ok_or_else(|| invalid_url(USAGE))?;
         let sentinels: Vec<String> = hosts
             .split(',')
@@ -300,11 +313,22 @@ impl SentinelTarget {
         if sentinels.is_empty() || master.is_empty() || parts.next().is_some() {
             return Err(invalid_url(USAGE));
         }
+        let mut check_interval = DEFAULT_CHECK_INTERVAL;
+        for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+            match kv.split_once('=') {
+                Some(("check_interval_ms", v)) => {
+                    check_interval =
+                        Duration::from_millis(v.parse().map_err(|_| invalid_url(USAGE))?);
+                }
+                _ => return Err(invalid_url(USAGE)),
+            }
+        }
         Ok(SentinelTarget {
             sentinels,
             master,
             db,
             userinfo: userinfo.filter(|u| !u.is_empty()).map(str::to_string),
+            check_interval,
         })
     }
 
@@ -387,7 +411,7 @@ fn health_of<T>(res: &RedisResult<T>, is_readonly: impl Fn(&T) -> bool) -> Healt
 
 impl SentinelConnection {
     fn new(target: SentinelTarget, cfg: ConnectionConfig) -> Self {
-        SentinelConnection {
+        let conn = SentinelConnection {
             shared: Arc::new(SentinelShared {
                 target,
                 cfg,
@@ -395,7 +419,66 @@ impl SentinelConnection {
                 resolving: tokio::sync::Mutex::new(None),
                 generation: AtomicU64::new(0),
             }),
+        };
+        conn.spawn_watcher();
+        conn
+    }
+
+    /// Every `check_interval`, asks a sentinel which node is the primary; when
+    /// it names another node than the one in use (a failover happened while
+    /// the old primary still answers, e.g. a controlled failover: Sentinel
+    /// demotes the old primary only seconds later), drops the current
+    /// connection so the next command goes to the new primary. Ends when the
+    /// last clone of the connection is dropped.
+    fn spawn_watcher(&self) {
+        let every = self.shared.target.check_interval;
+        if every.is_zero() {
+            return;
         }
+        let weak = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let mut sentinel: Option<(usize, MultiplexedConnection)> = None;
+            let mut next = 0usize;
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(shared) = weak.upgrade() else { return };
+                let me = SentinelConnection { shared };
+                let Some(cur) = me.read_current() else {
+                    continue;
+                };
+                let n = me.shared.target.sentinels.len();
+                if sentinel.is_none() {
+                    for k in 0..n {
+                        let i = (next + k) % n;
+                        if let Ok(c) = me.sentinel_conn(&me.shared.target.sentinels[i]).await {
+                            sentinel = Some((i, c));
+                            break;
+                        }
+                    }
+                }
+                let Some((i, conn)) = sentinel.as_mut() else {
+                    continue;
+                };
+                let asked: RedisResult<Option<(String, String)>> = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&me.shared.target.master)
+                    .query_async(conn)
+                    .await;
+                match asked {
+                    Ok(Some((host, port))) => {
+                        let addr = format!("{host}:{port}");
+                        if addr != cur.addr {
+                            me.invalidate(cur.generation, "the sentinels name another primary");
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(_) => {
+                        next = *i + 1;
+                        sentinel = None;
+                    }
+                }
+            }
+        });
     }
 
     fn read_current(&self) -> Option<Current> {
@@ -455,25 +538,32 @@ impl SentinelConnection {
             .unwrap_or_else(|p| p.into_inner());
         if cur.as_ref().map(|c| c.generation) == Some(generation) {
             let addr = cur.take().map(|c| c.addr).unwrap_or_default();
-            warn!(master = %self.shared.target.master, primary = %addr, why, "sentinel: primary lost; asking the sentinels again");
+            warn!(master = %self.shared.target.master, primary = %addr, why, "sentinel: leaving this primary; asking the sentinels again");
         }
     }
 
-    /// Asks each sentinel in turn for the primary's address, connects and
-    /// checks that the node really is a primary (`ROLE`).
+    /// Asks every sentinel (at once) for the primary, tries the named nodes
+    /// from the highest configuration epoch down (a sentinel that missed the
+    /// last failover names the old primary with an older epoch), and keeps
+    /// the first that connects and says `ROLE` master.
     async fn resolve(&self) -> RedisResult<(String, MultiplexedConnection)> {
         let t = &self.shared.target;
+        let answers =
+            futures::future::join_all(t.sentinels.iter().map(|s| self.master_info(s))).await;
         let mut last_err: Option<RedisError> = None;
-        let mut tried: Vec<String> = Vec::new();
-        for sentinel in &t.sentinels {
-            let addr = match self.ask_sentinel(sentinel).await {
-                Ok(addr) => addr,
+        let mut candidates: Vec<(i64, String)> = Vec::new();
+        for (answer, sentinel) in answers.into_iter().zip(&t.sentinels) {
+            match answer {
+                Ok(c) => candidates.push(c),
                 Err(e) => {
                     debug!(sentinel, error = %e, "sentinel did not answer");
                     last_err = Some(e);
-                    continue;
                 }
-            };
+            }
+        }
+        candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+        let mut tried: Vec<String> = Vec::new();
+        for (epoch, addr) in candidates {
             if tried.contains(&addr) {
                 continue;
             }
@@ -481,7 +571,7 @@ impl SentinelConnection {
             match self.connect_primary(&addr).await {
                 Ok(conn) => return Ok((addr, conn)),
                 Err(e) => {
-                    debug!(sentinel, primary = %addr, error = %e, "primary named by sentinel not usable");
+                    debug!(primary = %addr, epoch, error = %e, "primary named by the sentinels not usable");
                     last_err = Some(e);
                 }
             }
@@ -497,24 +587,34 @@ impl SentinelConnection {
             .set_response_timeout(Some(self.shared.cfg.response_timeout))
     }
 
-    async fn ask_sentinel(&self, sentinel: &str) -> RedisResult<String> {
-        let client = redis::Client::open(format!("redis://{sentinel}/"))?;
-        let mut conn = client
+    async fn sentinel_conn(&self, sentinel: &str) -> RedisResult<MultiplexedConnection> {
+        redis::Client::open(format!("redis://{sentinel}/"))?
             .get_multiplexed_async_connection_with_config(&self.async_config())
-            .await?;
-        let addr: Option<(String, String)> = redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
+            .await
+    }
+
+    /// `SENTINEL MASTER <name>` of one sentinel: (config epoch, "ip:port").
+    async fn master_info(&self, sentinel: &str) -> RedisResult<(i64, String)> {
+        let mut conn = self.sentinel_conn(sentinel).await?;
+        let fields: HashMap<String, String> = redis::cmd("SENTINEL")
+            .arg("MASTER")
             .arg(&self.shared.target.master)
             .query_async(&mut conn)
             .await?;
-        let (host, port) = addr.ok_or_else(|| {
-            RedisError::from((
+        match (fields.get("ip"), fields.get("port")) {
+            (Some(ip), Some(port)) => {
+                let epoch = fields
+                    .get("config-epoch")
+                    .and_then(|e| e.parse().ok())
+                    .unwrap_or(0);
+                Ok((epoch, format!("{ip}:{port}")))
+            }
+            _ => Err(RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
                 "the sentinel does not monitor this master name",
                 format!("{} (asked {sentinel})", self.shared.target.master),
-            ))
-        })?;
-        Ok(format!("{host}:{port}"))
+            ))),
+        }
     }
 
     async fn connect_primary(&self, addr: &str) -> RedisResult<MultiplexedConnection> {
@@ -622,7 +722,13 @@ mod tests {
             "redis://:s%40cret@10.0.0.1:6379/3"
         );
 
-        for bad in ["127.0.0.1:26379", "127.0.0.1:26379/", "/m", "h:1/m/x", "h:1/m/1/2"] {
+        for bad in [
+            "127.0.0.1:26379",
+            "127.0.0.1:26379/",
+            "/m",
+            "h:1/m/x",
+            "h:1/m/1/2",
+        ] {
             assert!(SentinelTarget::parse(bad).is_err(), "{bad}");
         }
     }
@@ -631,7 +737,10 @@ mod tests {
     fn userinfo_is_split_before_the_path() {
         assert_eq!(split_userinfo("u:p@h:1,h:2"), (Some("u:p"), "h:1,h:2"));
         assert_eq!(split_userinfo("h:1/m@x"), (None, "h:1/m@x"));
-        assert_eq!(redact("redis-sentinel://:pw@h:1/m"), "redis-sentinel://***@h:1/m");
+        assert_eq!(
+            redact("redis-sentinel://:pw@h:1/m"),
+            "redis-sentinel://***@h:1/m"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@
 //! | `q:{<queue>}:steps:<id>` | hash | results of `ctx.step(..)` calls, expire with the completion record |
 //! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
 //! | `q:{<queue>}:tput:<minute>` | string | completions in that minute (epoch minutes), expires after 3 minutes |
+//! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
 //! let keys = queue_core::QueueKeys::new("emails");
@@ -46,6 +47,13 @@ pub struct QueueKeys {
     pub steps_prefix: String,
     /// Prefix of per-minute completion counters (`tput_prefix + epoch minute`).
     pub tput_prefix: String,
+    /// A key that is never written. Scripts that reach keys they do not
+    /// declare (job hashes and completion records, by prefix) declare this
+    /// one too: while the queue's cluster slot is being migrated, Redis then
+    /// answers them TRYAGAIN (a declared key is missing) instead of running
+    /// them until the first undeclared key that already moved
+    /// (see docs/SCALE-OUT.md, "Live resharding").
+    pub guard: String,
 }
 
 impl QueueKeys {
@@ -64,6 +72,7 @@ impl QueueKeys {
             done_prefix: format!("{base}done:"),
             steps_prefix: format!("{base}steps:"),
             tput_prefix: format!("{base}tput:"),
+            guard: format!("{base}guard"),
         }
     }
 

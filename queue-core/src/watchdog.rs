@@ -175,6 +175,7 @@ impl Watchdog {
                 .key(&keys.delayed)
                 .key(&keys.dead)
                 .key(&keys.stats)
+                .key(&keys.guard)
                 .arg(&keys.job_prefix)
                 .arg(self.config.batch)
                 .arg(self.config.orphan_grace.as_millis() as u64)

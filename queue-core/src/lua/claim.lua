@@ -1,5 +1,5 @@
 -- Claim after a BLMOVE (which cannot run inside a script).
--- KEYS: 1 processing, 2 leases, 3 dead, 4 stats
+-- KEYS: 1 processing, 2 leases, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
 -- ARGV: 1 id, 2 job prefix, 3 done prefix, 4 lease_ms, 5 token
 -- Returns a claim row, or {'gone', id} when the watchdog already returned the id.
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then

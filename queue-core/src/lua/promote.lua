@@ -1,5 +1,5 @@
 -- Moves due delayed jobs (retries, scheduled jobs, watchdog returns) to main.
--- KEYS: 1 delayed, 2 main, 3 dead, 4 stats
+-- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 limit
 -- Returns the number of ids moved.
 local now = now_ms()

@@ -1,7 +1,7 @@
 -- Watchdog pass: return jobs whose lease expired (jittered backoff) or
 -- dead-letter them when attempts are exhausted; give a provisional lease to
 -- ids in processing that have none (a worker died between BLMOVE and claim).
--- KEYS: 1 processing, 2 leases, 3 delayed, 4 dead, 5 stats
+-- KEYS: 1 processing, 2 leases, 3 delayed, 4 dead, 5 stats, 6 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 limit, 3 orphan grace ms, 4 backoff base ms, 5 backoff cap ms,
 --       6 random seed, 7 orphan scan length
 -- Returns {reclaimed, dead_lettered, adopted}

@@ -1,5 +1,5 @@
 -- A consistent snapshot of a queue's lengths, counters and ages (read-only).
--- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 stats
+-- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 stats, 6 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 throughput key prefix
 -- Returns {main, processing, delayed, dead, {field, value, ...}, now_ms,
 --          oldest waiting job's enqueued_at (0 if none), completions this minute,

@@ -108,7 +108,12 @@ impl RedisCluster {
             masters: opts.masters,
         };
         let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
-        create.extend(cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())));
+        create.extend(
+            cluster
+                .nodes
+                .iter()
+                .map(|n| format!("127.0.0.1:{}", n.port())),
+        );
         create.extend([
             "--cluster-replicas".into(),
             opts.replicas_per_master.to_string(),
@@ -354,14 +359,8 @@ impl RedisCluster {
         let from_id = self.node_id(from)?;
         let to_id = self.node_id(to)?;
         let to_port = self.nodes[to].port().to_string();
-        expect_ok(self.cli(
-            to,
-            &["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id],
-        )?)?;
-        expect_ok(self.cli(
-            from,
-            &["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id],
-        )?)?;
+        expect_ok(self.cli(to, &["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id])?)?;
+        expect_ok(self.cli(from, &["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id])?)?;
         let mut moved = 0;
         let batch_s = batch.max(1).to_string();
         loop {

@@ -184,8 +184,13 @@ impl SentinelSetup {
     }
 
     /// `SENTINEL FAILOVER` (a controlled failover), then waits until the
-    /// sentinels name another node, that node says `role:master` and the
-    /// old primary was demoted. Returns the new primary's index.
+    /// sentinels name another node and that node says `role:master`.
+    /// Returns the new primary's index.
+    ///
+    /// The old primary is *not* demoted at that point: Sentinel turns it
+    /// into a replica some 8 s later (it waits four publish periods before
+    /// reconfiguring an instance that still claims to be a primary); use
+    /// [`SentinelSetup::wait_role`] with `role:slave` to wait for that.
     pub fn failover(&self, limit: Duration) -> io::Result<usize> {
         let old = self
             .primary_index()
@@ -202,9 +207,7 @@ impl SentinelSetup {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        let new = self.wait_primary_change(old, limit.saturating_sub(start.elapsed()))?;
-        self.wait_role(old, "role:slave", limit.saturating_sub(start.elapsed()))?;
-        Ok(new)
+        self.wait_primary_change(old, limit.saturating_sub(start.elapsed()))
     }
 
     /// Waits until the sentinels name a primary other than node `old` and
@@ -237,7 +240,9 @@ impl SentinelSetup {
     pub fn wait_role(&self, i: usize, needle: &str, limit: Duration) -> io::Result<()> {
         let start = Instant::now();
         loop {
-            let info = self.server_cli(i, &["INFO", "replication"]).unwrap_or_default();
+            let info = self
+                .server_cli(i, &["INFO", "replication"])
+                .unwrap_or_default();
             if info.contains(needle) {
                 return Ok(());
             }
@@ -248,6 +253,42 @@ impl SentinelSetup {
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the primary the sentinels name has every other running
+    /// data node as a linked replica (`master_link_status:up`), and the
+    /// sentinels count them as replicas.
+    pub fn wait_healthy(&self, limit: Duration) -> io::Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some(p) = self.primary_index() {
+                let port = self.servers[p].port();
+                let running: Vec<usize> = (0..self.servers.len())
+                    .filter(|i| *i != p && self.servers[*i].pid().is_some())
+                    .collect();
+                let linked = running.iter().all(|i| {
+                    let info = self
+                        .server_cli(*i, &["INFO", "replication"])
+                        .unwrap_or_default();
+                    info.contains("master_link_status:up")
+                        && info.contains(&format!("master_port:{port}"))
+                });
+                let primary = self
+                    .server_cli(p, &["INFO", "replication"])
+                    .unwrap_or_default();
+                let counted = primary.contains(&format!("connected_slaves:{}", running.len()));
+                if linked && counted {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > limit {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("replicas not linked to the primary after {limit:?}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -303,7 +344,9 @@ impl SentinelSetup {
                 }
             }
             for i in 1..self.servers.len() {
-                let info = self.server_cli(i, &["INFO", "replication"]).unwrap_or_default();
+                let info = self
+                    .server_cli(i, &["INFO", "replication"])
+                    .unwrap_or_default();
                 if !info.contains("master_link_status:up") {
                     ready = false;
                 }
@@ -366,7 +409,11 @@ fn spawn_sentinel(
     let start = Instant::now();
     let p = port.to_string();
     loop {
-        if let Some(status) = proc.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+        if let Some(status) = proc
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
             let log = std::fs::read_to_string(proc.dir.join("sentinel.log")).unwrap_or_default();
             return Err(io::Error::other(format!(
                 "sentinel exited early with {status}; log:\n{log}"
