@@ -1,0 +1,144 @@
+//! A stripped-down consumer that runs queue-core's *own* fetch and ack
+//! scripts (compiled in from `queue-core/src/lua`), with acks either one
+//! EVALSHA per job (as `Worker` does today) or many per EVALSHA (the
+//! prototype `proto/ack_many.lua`). It measures what batching acks would gain
+//! and how much the `Worker` machinery costs on top of the Redis protocol.
+//! A measuring tool for the proposals in docs/BENCHMARKS.md, not a worker:
+//! no heartbeats, retries or shutdown handling.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use queue_core::QueueKeys;
+use redis::{Script, Value};
+use serde_json::{json, Value as Json};
+
+use crate::stats::{self, round3};
+use crate::{Noop, Res};
+
+const PRELUDE: &str = include_str!("../../../queue-core/src/lua/prelude.lua");
+const FETCH: &str = include_str!("../../../queue-core/src/lua/fetch.lua");
+const ACK: &str = include_str!("../../../queue-core/src/lua/ack.lua");
+const ACK_MANY: &str = include_str!("proto/ack_many.lua");
+
+fn script(body: &str) -> Script {
+    Script::new(&format!("{PRELUDE}\n{body}"))
+}
+
+fn text(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+/// Runs `n` preloaded jobs through `fetchers` loops that each fetch up to
+/// `batch` jobs, decode them, and ack them (`batched_ack`: one call).
+pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: bool) -> Res<Json> {
+    let keys = QueueKeys::new(crate::QUEUE);
+    let client = redis::Client::open(url)?;
+    let conn = client.get_multiplexed_async_connection().await?;
+    let mut admin = crate::admin(url).await?;
+    let (fetch, ack, ack_many) = (script(FETCH), script(ACK), script(ACK_MANY));
+    let done = Arc::new(AtomicU64::new(0));
+    let before = stats::snapshot(&mut admin).await?;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for f in 0..fetchers {
+        let (mut conn, keys, fetch, ack, ack_many, done) = (
+            conn.clone(),
+            keys.clone(),
+            fetch.clone(),
+            ack.clone(),
+            ack_many.clone(),
+            done.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut round = 0u64;
+            loop {
+                round += 1;
+                let reply: Value = fetch
+                    .key(&keys.main)
+                    .key(&keys.processing)
+                    .key(&keys.leases)
+                    .key(&keys.dead)
+                    .key(&keys.stats)
+                    .arg(&keys.job_prefix)
+                    .arg(&keys.done_prefix)
+                    .arg(30_000)
+                    .arg(format!("proto-{f}-{round}"))
+                    .arg(batch)
+                    .invoke_async(&mut conn)
+                    .await?;
+                let Value::Array(rows) = reply else {
+                    return Err::<(), crate::BoxError>("fetch reply".into());
+                };
+                if rows.is_empty() {
+                    return Ok(());
+                }
+                let mut claimed = Vec::new();
+                for row in rows {
+                    let Value::Array(r) = row else { continue };
+                    let (Some(id), Some(token), Some(payload)) = (
+                        r.get(1).and_then(text),
+                        r.get(2).and_then(text),
+                        r.get(5).and_then(text),
+                    ) else {
+                        continue;
+                    };
+                    // "Run" the job: decode its payload like the worker does.
+                    let _args: Noop = rmp_serde::from_slice(&payload)?;
+                    claimed.push((id, token));
+                }
+                if batched_ack {
+                    let mut inv = ack_many.key(&keys.processing);
+                    inv.key(&keys.leases).key(&keys.stats);
+                    inv.arg(&keys.job_prefix)
+                        .arg(&keys.done_prefix)
+                        .arg(&keys.steps_prefix);
+                    inv.arg(24 * 3600 * 1000u64).arg(&keys.tput_prefix);
+                    for (id, token) in &claimed {
+                        inv.arg(id).arg(token);
+                    }
+                    let _: Value = inv.invoke_async(&mut conn).await?;
+                } else {
+                    let acks = claimed.iter().map(|(id, token)| {
+                        let id = String::from_utf8_lossy(id).into_owned();
+                        let mut c = conn.clone();
+                        let mut inv = ack.key(&keys.processing);
+                        inv.key(&keys.leases)
+                            .key(keys.job(&id))
+                            .key(keys.done(&id))
+                            .key(&keys.stats)
+                            .key(keys.steps(&id))
+                            .arg(&id)
+                            .arg(token)
+                            .arg(24 * 3600 * 1000u64)
+                            .arg("")
+                            .arg(&keys.tput_prefix);
+                        async move { inv.invoke_async::<i64>(&mut c).await }
+                    });
+                    futures::future::try_join_all(acks).await?;
+                }
+                done.fetch_add(claimed.len() as u64, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let after = stats::snapshot(&mut admin).await?;
+    let processed = done.load(Ordering::Relaxed);
+    let evalsha = after.calls_since(&before, "evalsha") + after.calls_since(&before, "eval");
+    Ok(json!({
+        "workload": "proto", "n": n, "processed": processed, "fetchers": fetchers, "fetch_batch": batch,
+        "ack": if batched_ack { "batched" } else { "one per job" },
+        "seconds": round3(secs), "jobs_per_s": (processed as f64 / secs).round(),
+        "evalsha_per_job": round3(evalsha as f64 / processed.max(1) as f64),
+        "redis_cpu_util": round3(after.cpu_since(&before) / secs),
+        "client_cpu_s": round3(stats::self_cpu_s()),
+    }))
+}
