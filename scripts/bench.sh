@@ -8,6 +8,7 @@
 #   scripts/bench.sh --quick         # small N, 1 run (~3 min): checks that everything works
 #   scripts/bench.sh --no-peers      # queue-core only
 #   scripts/bench.sh --runs 5 --out examples/bench/results/mine.jsonl
+#   scripts/bench.sh --apalis-100k   # also apalis end to end with 100k jobs (+~2 min)
 #
 # Needs: cargo, redis-server + redis-benchmark, node + npm, python3 (venv).
 # Peers are installed into examples/bench/peers/.work/ (gitignored) by
@@ -22,6 +23,7 @@ WITH_PEERS=1
 RUNS=""
 OUT=""
 WAIT_QUIET="${BENCH_WAIT_QUIET:-0}"
+APALIS_100K=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -29,7 +31,8 @@ while [ $# -gt 0 ]; do
     --runs) RUNS="$2"; shift ;;
     --out) OUT="$2"; shift ;;
     --wait-quiet) WAIT_QUIET="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --apalis-100k) APALIS_100K=1 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -39,7 +42,7 @@ if [ "$QUICK" = 1 ]; then
   N=10000; N_APALIS=10000; N_RQ=1000; N_RQ_FORK=200; N_RATE=3000; N_MEM=100000; RUNS="${RUNS:-1}"; IDLE_S=4
 else
   # apalis and RQ are too slow for 100k jobs x 3 runs x every workload in
-  # ~20 minutes: they run fewer jobs (apalis: 100k once, see below).
+  # ~20 minutes: they run fewer jobs (apalis: 100k once with --apalis-100k).
   N=100000; N_APALIS=20000; N_RQ=2000; N_RQ_FORK=500; N_RATE=5000; N_MEM=1000000; RUNS="${RUNS:-3}"; IDLE_S=10
 fi
 RATE=1000   # offered load of the latency workload, jobs/s, same for every system
@@ -183,8 +186,8 @@ for r in $(seq "$RUNS"); do
   fi
 done
 
-if [ "$WITH_PEERS" = 1 ] && [ "$QUICK" = 0 ]; then
-  log "apalis end to end with the same 100k jobs as the others, once"
+if [ "$WITH_PEERS" = 1 ] && [ "$APALIS_100K" = 1 ]; then
+  log "apalis end to end with the same 100k jobs as the others, once (~100 s)"
   apal 1 e2e --n "$N" --producers 16 --concurrency 16
 fi
 if [ "$WITH_PEERS" = 1 ]; then
@@ -197,9 +200,9 @@ fi
 log "idle worker: ${IDLE_S}s on an empty queue"
 "$QB" --redis-url "$URL" --out "$OUT" idle --seconds "$IDLE_S" >/dev/null
 
-log "memory: $N_MEM jobs through one worker process (default 24 h completion retention)"
+log "memory: $N_MEM jobs through one worker process (default 24 h completion retention), then $((N_MEM / 5)) with none"
 "$QB" --redis-url "$URL" --out "$OUT" memory --n "$N_MEM" >/dev/null
-"$QB" --redis-url "$URL" --out "$OUT" memory --n "$N_MEM" --retention-s 0 >/dev/null
+"$QB" --redis-url "$URL" --out "$OUT" memory --n "$((N_MEM / 5))" --retention-s 0 >/dev/null
 
 python3 - "$OUT" <<'PY'
 import json, sys

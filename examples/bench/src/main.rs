@@ -260,8 +260,11 @@ fn emit(cli: &Cli, mut result: Value) -> Res<()> {
 /// A plain connection of our own for INFO, FLUSHALL and counters. A long
 /// response timeout: FLUSHALL of a million jobs' keys takes seconds.
 async fn admin(url: &str) -> Res<redis::aio::ConnectionManager> {
-    let cfg = redis::aio::ConnectionManagerConfig::new().set_response_timeout(Some(Duration::from_secs(120)));
-    Ok(redis::Client::open(url)?.get_connection_manager_with_config(cfg).await?)
+    let cfg = redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(Duration::from_secs(120)));
+    Ok(redis::Client::open(url)?
+        .get_connection_manager_with_config(cfg)
+        .await?)
 }
 
 async fn flush(url: &str) -> Res<()> {
