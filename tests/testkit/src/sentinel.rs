@@ -303,18 +303,50 @@ impl SentinelSetup {
     /// waits for its replication link.
     pub fn restart_as_replica(&mut self, i: usize, limit: Duration) -> io::Result<()> {
         self.servers[i].restart()?;
-        let port = self
-            .primary_port()
-            .ok_or_else(|| io::Error::other("no primary known to the sentinels"))?
-            .to_string();
-        if port != self.servers[i].port().to_string() {
-            let out = self.server_cli(i, &["REPLICAOF", "127.0.0.1", &port])?;
-            if !out.starts_with("OK") {
-                return Err(io::Error::other(format!("REPLICAOF: {out}")));
+        // The sentinels may reconfigure the returning node themselves, in
+        // either direction (on a loaded machine they have been seen to fail
+        // back to it): follow whatever primary they name until the node is
+        // that primary or a linked replica of it.
+        let start = Instant::now();
+        let own = self.servers[i].port();
+        loop {
+            let port = self
+                .primary_port()
+                .ok_or_else(|| io::Error::other("no primary known to the sentinels"))?;
+            if port == own {
+                if self
+                    .wait_role(i, "role:master", Duration::from_secs(2))
+                    .is_ok()
+                {
+                    return Ok(());
+                }
+            } else {
+                let info = self
+                    .server_cli(i, &["INFO", "replication"])
+                    .unwrap_or_default();
+                if !info.contains(&format!("master_port:{port}")) {
+                    let out = self.server_cli(i, &["REPLICAOF", "127.0.0.1", &port.to_string()])?;
+                    if !out.starts_with("OK") {
+                        return Err(io::Error::other(format!("REPLICAOF: {out}")));
+                    }
+                }
+                let linked = self.wait_role(i, "master_link_status:up", Duration::from_secs(5));
+                let still = self.primary_port() == Some(port);
+                if linked.is_ok() && still {
+                    return Ok(());
+                }
             }
-            self.wait_role(i, "master_link_status:up", limit)?;
+            if start.elapsed() > limit {
+                let info = self
+                    .server_cli(i, &["INFO", "replication"])
+                    .unwrap_or_default();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("node {i} did not rejoin within {limit:?}: {info}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
-        Ok(())
     }
 
     fn wait_ready(&self, replicas: usize, limit: Duration) -> io::Result<()> {
