@@ -332,5 +332,5 @@ async fn renew_loop(
         }
     }
     held.store(false, Ordering::SeqCst);
-    let _ = lost.send(true);
+    lost.send_replace(true);
 }

@@ -70,6 +70,9 @@ pub(crate) async fn run(
     let mut conn = conn;
     let mut fired: Vec<Option<i64>> = vec![None; jobs.len()];
     loop {
+        if *stop.borrow() {
+            return;
+        }
         match redis_now(&mut conn).await {
             Ok(now) => {
                 for (i, job) in jobs.iter().enumerate() {
@@ -110,7 +113,7 @@ pub(crate) async fn run(
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = stop.changed() => return,
+            _ = stop.changed() => {}
         }
     }
 }

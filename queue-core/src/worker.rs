@@ -305,8 +305,10 @@ pub struct ShutdownHandle(watch::Sender<bool>);
 
 impl ShutdownHandle {
     /// Stop fetching, let in-flight jobs finish within the grace period.
+    /// A request made before the worker started running is kept: `run`
+    /// then returns at once.
     pub fn shutdown(&self) {
-        let _ = self.0.send(true);
+        self.0.send_replace(true);
     }
 }
 
@@ -347,7 +349,7 @@ impl Worker {
         let signal_tx = stop_tx.clone();
         let signal_task = tokio::spawn(async move {
             signal.await;
-            let _ = signal_tx.send(true);
+            signal_tx.send_replace(true);
         });
 
         info!(
@@ -403,7 +405,7 @@ impl Worker {
                     grace_ms = cfg.grace.as_millis() as u64,
                     "grace period over: leaving running jobs leased; the watchdog returns them when their lease expires"
                 );
-                let _ = hard_tx.send(true);
+                hard_tx.send_replace(true);
                 let _ = tokio::time::timeout(Duration::from_secs(5), sem.acquire_many(all)).await;
             }
         }
@@ -439,6 +441,9 @@ async fn termination_signal() {
 async fn promoter(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
     let mut conn = inner.conn.clone();
     loop {
+        if *stop.borrow() {
+            return;
+        }
         for keys in inner.queues.iter().map(|q| &q.keys) {
             match promote(&mut conn, keys, 1000).await {
                 Ok(n) if n > 0 => {
@@ -450,7 +455,7 @@ async fn promoter(inner: Arc<Inner>, mut stop: watch::Receiver<bool>) {
         }
         tokio::select! {
             _ = tokio::time::sleep(inner.config.promote_interval) => {}
-            _ = stop.changed() => return,
+            _ = stop.changed() => {}
         }
     }
 }

@@ -219,3 +219,23 @@ async fn sigterm_to_a_worker_process_loses_nothing() {
     assert_eq!(ledger.effects.len(), 6);
     assert!(ledger.duplicates().is_empty());
 }
+
+#[tokio::test]
+async fn shutdown_requested_before_run_is_not_lost() {
+    init_tracing();
+    let server = RedisServer::start().unwrap();
+    let worker = queue_core::Worker::builder(&server.url())
+        .register(task::handler())
+        .config(fast_config())
+        .build()
+        .await
+        .unwrap();
+    worker.shutdown_handle().shutdown();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        worker.run_until(std::future::pending()),
+    )
+    .await
+    .expect("run returns promptly after an earlier shutdown request")
+    .unwrap();
+}
