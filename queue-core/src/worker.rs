@@ -894,10 +894,8 @@ impl JobRunner {
         crate::metrics::started(&queue, &d.job_type);
         debug!("started");
         let started = std::time::Instant::now();
-        let heartbeat_enabled = self.inner.config.heartbeat_enabled;
         let heartbeat = tokio::spawn(
             heartbeat(
-                heartbeat_enabled,
                 self.inner.clone(),
                 self.keys.clone(),
                 d.id.clone(),
@@ -1072,15 +1070,8 @@ async fn wait_true(rx: &mut watch::Receiver<bool>) {
 
 /// Extends the lease every heartbeat interval while the token matches; marks
 /// the context lease-lost and stops when it no longer does.
-async fn heartbeat(
-    enabled: bool,
-    inner: Arc<Inner>,
-    keys: QueueKeys,
-    id: JobId,
-    token: String,
-    ctx: JobContext,
-) {
-    if !enabled {
+async fn heartbeat(inner: Arc<Inner>, keys: QueueKeys, id: JobId, token: String, ctx: JobContext) {
+    if !inner.config.heartbeat_enabled {
         return;
     }
     let every = inner.config.heartbeat_interval();
