@@ -40,7 +40,7 @@
 //! # let _ = (id, handle); Ok(()) }
 //! ```
 
-mod admin;
+pub mod admin;
 mod backoff;
 mod conn;
 mod error;

@@ -10,7 +10,7 @@ const PRELUDE: &str = include_str!("lua/prelude.lua");
 
 /// Builds a script: an optional Redis 7 shebang line with flags, the
 /// prelude, then the body.
-fn with_prelude(flags: Option<&str>, body: &str) -> Script {
+pub(crate) fn with_prelude(flags: Option<&str>, body: &str) -> Script {
     match flags {
         Some(flags) => Script::new(&format!("#!lua flags={flags}\n{PRELUDE}\n{body}")),
         None => Script::new(&format!("{PRELUDE}\n{body}")),
@@ -41,8 +41,6 @@ script!(EXTEND, "extend.lua", DRAIN);
 script!(FAIL, "fail.lua", DRAIN);
 script!(PROMOTE, "promote.lua", DRAIN);
 script!(RECLAIM, "reclaim.lua", DRAIN);
-script!(REPLAY, "replay.lua");
-script!(STATS, "stats.lua", Some("no-writes,allow-oom"));
 
 // Locks use plain scripts: they touch only the lock's own keys.
 pub(crate) static LOCK_ACQUIRE: LazyLock<Script> =

@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 
 use clap::{Args, Parser, Subcommand};
+use queue_core::admin::DeadSelection;
+use queue_core::JobId;
 
 /// Operator tool for queue-core queues: the reclaim loop, stats, job
 /// inspection, dead-letter replay and purge, a Redis durability check and a
@@ -49,9 +51,17 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Serve the web dashboard (queues, live throughput, processing jobs with
     /// their lease, dead letters with replay, job details).
+    #[cfg_attr(
+        not(feature = "dashboard"),
+        command(about = "Web dashboard: NOT COMPILED IN (build with --features dashboard)")
+    )]
     Dashboard(DashboardArgs),
     /// Transactional outbox on PostgreSQL: publish staged jobs to Redis,
     /// list rows whose job never completed.
+    #[cfg_attr(
+        not(feature = "outbox"),
+        command(about = "PostgreSQL outbox: NOT COMPILED IN (build with --features outbox)")
+    )]
     #[command(subcommand)]
     Outbox(OutboxCommand),
 }
@@ -76,46 +86,52 @@ pub enum OutboxCommand {
     },
     /// Publish unpublished rows to Redis under their stable job ids and mark
     /// them published; safe to crash at any point and to run as several copies.
-    Relay {
-        #[command(flatten)]
-        target: OutboxTarget,
-        /// Rows per batch (one PostgreSQL transaction).
-        #[arg(long, default_value_t = 100)]
-        batch: usize,
-        /// Milliseconds between batches when the outbox is drained.
-        #[arg(long, default_value_t = 500)]
-        interval_ms: u64,
-        /// Publish one batch, print its report and exit (1 when a row failed).
-        #[arg(long)]
-        once: bool,
-        /// Create the table first if it does not exist.
-        #[arg(long)]
-        migrate: bool,
-        /// Mark a row published only once this many replicas confirmed its job.
-        #[arg(long)]
-        wait_replicas: Option<u32>,
-        /// Replica wait timeout (ms).
-        #[arg(long, default_value_t = 1000)]
-        wait_timeout_ms: u64,
-    },
+    Relay(RelayArgs),
     /// List rows older than an age whose job has not completed (unpublished,
     /// rejected, still queued/active/dead, or missing). Exit 1 when any is listed.
-    Reconcile {
-        #[command(flatten)]
-        target: OutboxTarget,
-        /// Only rows created at least this long ago (seconds).
-        #[arg(long, default_value_t = 3600)]
-        older_than_secs: u64,
-        /// Ignore rows older than this (set it to the completion retention).
-        #[arg(long)]
-        max_age_secs: Option<u64>,
-        /// At most this many rows.
-        #[arg(long, default_value_t = 1000)]
-        limit: usize,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Reconcile(ReconcileArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RelayArgs {
+    #[command(flatten)]
+    pub target: OutboxTarget,
+    /// Rows per batch (one PostgreSQL transaction).
+    #[arg(long, default_value_t = 100)]
+    pub batch: usize,
+    /// Milliseconds between batches when the outbox is drained.
+    #[arg(long, default_value_t = 500)]
+    pub interval_ms: u64,
+    /// Publish one batch, print its report and exit (1 when a row failed).
+    #[arg(long)]
+    pub once: bool,
+    /// Create the table first if it does not exist.
+    #[arg(long)]
+    pub migrate: bool,
+    /// Mark a row published only once this many replicas confirmed its job.
+    #[arg(long)]
+    pub wait_replicas: Option<u32>,
+    /// Replica wait timeout (ms).
+    #[arg(long, default_value_t = 1000)]
+    pub wait_timeout_ms: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    #[command(flatten)]
+    pub target: OutboxTarget,
+    /// Only rows created at least this long ago (seconds).
+    #[arg(long, default_value_t = 3600)]
+    pub older_than_secs: u64,
+    /// Ignore rows older than this (set it to the completion retention).
+    #[arg(long)]
+    pub max_age_secs: Option<u64>,
+    /// At most this many rows.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Which queues a read command looks at.
@@ -197,63 +213,88 @@ pub struct DeadTarget {
     pub all: bool,
 }
 
+impl DeadTarget {
+    /// The selection in queue-core's terms.
+    pub fn selection(&self) -> DeadSelection {
+        if !self.ids.is_empty() {
+            DeadSelection::Ids(self.ids.iter().map(JobId::from).collect())
+        } else if self.all {
+            DeadSelection::All
+        } else {
+            match &self.filter {
+                Some(text) => DeadSelection::Matching(text.clone()),
+                None => DeadSelection::All,
+            }
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum DeadCommand {
     /// List dead-lettered jobs, newest first, with their reason.
-    List {
-        /// Queue.
-        #[arg(long, short = 'q')]
-        queue: String,
-        /// How many to show.
-        #[arg(long, default_value_t = 50)]
-        limit: u64,
-        /// Skip this many (of the matching jobs), newest first.
-        #[arg(long, default_value_t = 0)]
-        offset: u64,
-        /// Only jobs whose reason or type contains this text (case-insensitive).
-        #[arg(long)]
-        filter: Option<String>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    List(DeadListArgs),
     /// Move dead-lettered jobs back to the main list (by id, --filter or --all).
     /// Exit 1 when a given id was not in the dead-letter list.
-    Replay {
-        /// Queue.
-        #[arg(long, short = 'q')]
-        queue: String,
-        #[command(flatten)]
-        target: DeadTarget,
-        /// Restart the attempt count at 0.
-        #[arg(long)]
-        reset_attempts: bool,
-        /// Show what would be replayed without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Replay(DeadReplayArgs),
     /// Delete dead-lettered jobs for good (by id, --filter or --all). Asks
     /// for confirmation on a terminal; without a terminal it refuses unless
     /// --yes is given.
-    Purge {
-        /// Queue.
-        #[arg(long, short = 'q')]
-        queue: String,
-        #[command(flatten)]
-        target: DeadTarget,
-        /// Show what would be purged without changing anything.
-        #[arg(long)]
-        dry_run: bool,
-        /// Do not ask for confirmation.
-        #[arg(long, short = 'y')]
-        yes: bool,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Purge(DeadPurgeArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DeadListArgs {
+    /// Queue.
+    #[arg(long, short = 'q')]
+    pub queue: String,
+    /// How many to show.
+    #[arg(long, default_value_t = 50)]
+    pub limit: u64,
+    /// Skip this many (of the matching jobs), newest first.
+    #[arg(long, default_value_t = 0)]
+    pub offset: u64,
+    /// Only jobs whose reason or type contains this text (case-insensitive).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DeadReplayArgs {
+    /// Queue.
+    #[arg(long, short = 'q')]
+    pub queue: String,
+    #[command(flatten)]
+    pub target: DeadTarget,
+    /// Restart the attempt count at 0.
+    #[arg(long)]
+    pub reset_attempts: bool,
+    /// Show what would be replayed without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DeadPurgeArgs {
+    /// Queue.
+    #[arg(long, short = 'q')]
+    pub queue: String,
+    #[command(flatten)]
+    pub target: DeadTarget,
+    /// Show what would be purged without changing anything.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

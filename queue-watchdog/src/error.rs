@@ -2,6 +2,7 @@
 
 use std::process::ExitCode;
 
+use queue_core::admin::AdminError;
 use queue_core::QueueError;
 
 /// What went wrong running a subcommand.
@@ -10,10 +11,14 @@ pub enum CliError {
     /// An error from queue-core (it names the queue and job).
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// An error of queue-core's admin API.
+    #[error(transparent)]
+    Admin(AdminError),
     /// An outbox (PostgreSQL) operation failed.
+    #[cfg(feature = "outbox")]
     #[error(transparent)]
     Outbox(#[from] queue_outbox::OutboxError),
-    /// A plain Redis command of the watchdog failed.
+    /// A plain Redis command of the watchdog failed (the doctor's reads).
     #[error("redis error ({context}): {source}")]
     Redis {
         /// What was being done.
@@ -22,15 +27,38 @@ pub enum CliError {
         #[source]
         source: redis::RedisError,
     },
-    /// Anything else (bad input, a bind failure, ...).
+    /// Anything else (bad input, a bind failure, a subcommand not compiled in, ...).
     #[error("{0}")]
     Other(String),
+}
+
+impl From<AdminError> for CliError {
+    fn from(e: AdminError) -> Self {
+        match e {
+            AdminError::Queue(e) => CliError::Queue(e),
+            AdminError::DiscoveryNeedsSingleServer => CliError::Other(
+                "queue discovery needs a single Redis; on a cluster name the queues with --queue"
+                    .into(),
+            ),
+            other => CliError::Admin(other),
+        }
+    }
 }
 
 impl CliError {
     pub fn redis(context: impl Into<String>) -> impl FnOnce(redis::RedisError) -> CliError {
         let context = context.into();
         move |source| CliError::Redis { context, source }
+    }
+
+    /// A subcommand whose cargo feature was left out of this build.
+    #[cfg_attr(all(feature = "dashboard", feature = "outbox"), allow(dead_code))]
+    pub fn not_compiled_in(subcommand: &str, feature: &str) -> CliError {
+        CliError::Other(format!(
+            "the `{subcommand}` subcommand is not compiled into this queue-watchdog: \
+             rebuild it with `cargo build -p queue-watchdog --features {feature}` \
+             (it is on by default)"
+        ))
     }
 
     /// Exit code: 2 when Redis could not be reached or answered an error.

@@ -8,20 +8,22 @@
 //! - `jobs show`: one job's hash, location, lease and history.
 //! - `dead list` / `dead replay` / `dead purge`: the dead-letter list.
 //! - `doctor`: the Redis settings that lose queue data, with fixes.
-//! - `dashboard`: the web UI.
+//! - `dashboard` (cargo feature `dashboard`, on by default): the web UI.
+//! - `outbox …` (cargo feature `outbox`, on by default): the PostgreSQL outbox.
 //!
-//! See `docs/OPERATIONS.md`.
+//! Every queue read and write goes through `queue_core::admin`; this crate
+//! parses arguments and formats results. Its own Redis reads are the
+//! doctor's (INFO, CONFIG, TTL scan). See `docs/OPERATIONS.md`.
 
 mod cli;
 mod commands;
+#[cfg(feature = "dashboard")]
 mod dashboard;
-mod deadletters;
 mod doctor;
 mod error;
-mod inspect;
+mod format;
 mod metrics_export;
-mod outbox;
-mod util;
+mod views;
 
 use clap::Parser;
 

@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::error::{CliError, Result};
 
@@ -34,7 +34,8 @@ pub fn serve(addr: SocketAddr) -> Result<()> {
 
 /// Installs the global recorder without a listener; render with the handle
 /// (the dashboard serves it at its own `/metrics`).
-pub fn recorder() -> Result<PrometheusHandle> {
+#[cfg(feature = "dashboard")]
+pub fn recorder() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
     let handle = builder()?
         .install_recorder()
         .map_err(|e| CliError::Other(format!("metrics recorder: {e}")))?;

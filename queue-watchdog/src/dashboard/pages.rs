@@ -2,14 +2,29 @@
 //! [`html`] (text) or [`url_segment`] (links): job ids, reasons and payloads
 //! are user data.
 
-use crate::doctor::{Finding, Severity};
-use crate::inspect::{
-    display_field, JobDetail, LeaseStatus, Location, ProcessingJob, QueueHealth, WaitingJob,
+use queue_core::admin::{
+    JobDetail, JobInfo, LeaseStatus, Location, ProcessingJob, QueueHealth, WaitingJob,
 };
-use crate::util::{fmt_dur, fmt_rel, fmt_ts, html, url_segment};
-use queue_core::JobInfo;
 
-use super::DoctorSummary;
+use super::escape::{html, url_segment};
+use super::sampler::DoctorSummary;
+use crate::doctor::{Finding, Severity};
+use crate::format::{display_field, fmt_dur, fmt_rel, fmt_ts, payload_json};
+use crate::views::{describe_location, event_detail, event_name};
+
+/// A processing entry's lease status in a few words.
+pub fn lease_label(status: LeaseStatus) -> &'static str {
+    match status {
+        LeaseStatus::Running => "running",
+        LeaseStatus::Expired => "lost: lease expired",
+        LeaseStatus::Unleased => "unclaimed: no lease",
+    }
+}
+
+/// An optional number as cell text ("" when missing).
+fn opt_num(n: Option<u32>) -> String {
+    n.map(|n| n.to_string()).unwrap_or_default()
+}
 
 pub fn layout(title: &str, body: &str) -> String {
     format!(
@@ -63,21 +78,22 @@ fn doctor_banner(d: Option<&DoctorSummary>) -> String {
 
 pub fn overview(queues: &[QueueHealth], doctor: Option<&DoctorSummary>, refresh_ms: u64) -> String {
     let mut rows = String::new();
-    for q in queues {
+    for h in queues {
+        let q = &h.stats;
         let cell = |k: &str, v: String, cls: &str| {
             format!(
                 r#"<td class="num {cls}" data-q="{}" data-k="{k}">{v}</td>"#,
                 html(&q.queue)
             )
         };
-        let lost_cls = if q.expired_leases > 0 { "warn" } else { "" };
+        let lost_cls = if h.expired_leases > 0 { "warn" } else { "" };
         let dead_cls = if q.dead > 0 { "warn" } else { "" };
         rows.push_str(&format!(
             r#"<tr data-queue="{qa}"><td><a href="/queues/{qu}">{qa}</a></td>{}{}{}{}{}{}{}{}{}{}</tr>"#,
             cell("main", q.main.to_string(), ""),
             cell("oldest_waiting", opt_dur(q.oldest_waiting_ms), ""),
             cell("processing", q.processing.to_string(), ""),
-            cell("expired_leases", q.expired_leases.to_string(), lost_cls),
+            cell("expired_leases", h.expired_leases.to_string(), lost_cls),
             cell("delayed", q.delayed.to_string(), ""),
             cell("dead", q.dead.to_string(), dead_cls),
             cell("completed_last_minute", q.completed_last_minute.to_string(), ""),
@@ -141,14 +157,14 @@ pub fn processing_rows(queue: &str, jobs: &[ProcessingJob], now: i64) -> String 
         };
         s.push_str(&format!(
             r#"<tr data-id="{}"><td>{}</td><td>{}</td><td class="num">{} / {}</td><td class="num">{}</td>{}<td class="status {cls}">{}</td></tr>"#,
-            html(&j.id),
-            job_link(queue, &j.id),
-            html(&j.job_type),
-            html(&j.attempts),
-            html(&j.max_attempts),
+            html(j.id.as_str()),
+            job_link(queue, j.id.as_str()),
+            html(j.job_type.as_deref().unwrap_or("")),
+            opt_num(j.attempts),
+            opt_num(j.max_attempts),
             j.delivered_at.map(|t| fmt_dur((now - t).max(0) as u64)).unwrap_or_else(|| "–".into()),
             lease_cell(j),
-            j.status.label(),
+            lease_label(j.status),
         ));
     }
     if jobs.is_empty() {
@@ -159,7 +175,8 @@ pub fn processing_rows(queue: &str, jobs: &[ProcessingJob], now: i64) -> String 
 
 pub fn queue(v: QueueView<'_>) -> String {
     let h = v.health;
-    let q = &h.queue;
+    let s = &h.stats;
+    let q = &s.queue;
     let cards = format!(
         r#"<div class="cards">
 <div class="card"><div class="k">waiting</div><div class="v">{}</div><div class="s">oldest {}</div></div>
@@ -168,17 +185,17 @@ pub fn queue(v: QueueView<'_>) -> String {
 <div class="card"><div class="k">dead</div><div class="v">{}</div><div class="s">{} dead-lettered in total</div></div>
 <div class="card"><div class="k">done / min</div><div class="v">{}</div><div class="s">{} completed in total</div></div>
 </div>"#,
-        h.main,
-        opt_dur(h.oldest_waiting_ms),
-        h.processing,
+        s.main,
+        opt_dur(s.oldest_waiting_ms),
+        s.processing,
         h.expired_leases,
         h.unleased,
-        h.delayed,
+        s.delayed,
         h.delayed_due,
-        h.dead,
-        h.counter("dead"),
-        h.completed_last_minute,
-        h.counter("completed"),
+        s.dead,
+        s.counter("dead"),
+        s.completed_last_minute,
+        s.counter("completed"),
     );
     let mut dead = String::new();
     for j in v.dead {
@@ -226,11 +243,11 @@ pub fn queue(v: QueueView<'_>) -> String {
                 .unwrap_or_else(|| "–".into());
             s.push_str(&format!(
                 r#"<tr><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="reason">{}</td></tr>"#,
-                job_link(q, &j.id),
-                html(&j.job_type),
-                html(&j.attempts),
+                job_link(q, j.id.as_str()),
+                html(j.job_type.as_deref().unwrap_or("")),
+                opt_num(j.attempts),
                 when,
-                html(&j.last_error)
+                html(j.last_error.as_deref().unwrap_or(""))
             ));
         }
         if rows.is_empty() {
@@ -279,7 +296,7 @@ pub fn job(d: &JobDetail) -> String {
         _ => "bad",
     };
     let mut fields = String::new();
-    for (k, val) in &d.fields {
+    for (k, val) in d.job.iter().flat_map(|j| &j.fields) {
         fields.push_str(&format!(
             "<tr><th>{}</th><td>{}</td></tr>",
             html(k),
@@ -290,10 +307,10 @@ pub fn job(d: &JobDetail) -> String {
     for e in &d.history {
         history.push_str(&format!(
             r#"<li><span class="when">{}</span> <span class="ago muted">({})</span> <b>{}</b> {}</li>"#,
-            html(&e.at_text),
+            html(&fmt_ts(e.at)),
             fmt_rel(e.at, d.now_ms),
-            html(&e.event),
-            html(&e.detail)
+            html(event_name(&e.kind)),
+            html(&event_detail(&e.kind))
         ));
     }
     let completion = match &d.completion {
@@ -327,12 +344,16 @@ pub fn job(d: &JobDetail) -> String {
         format!(
             r#"<p><button class="replay" type="button" data-queue="{}" data-id="{}">Replay this job</button> <span class="result"></span></p>"#,
             html(q),
-            html(&d.id)
+            html(d.id.as_str())
         )
     } else {
         String::new()
     };
-    let payload = serde_json::to_string_pretty(&d.payload).unwrap_or_default();
+    let (payload, bytes) = match &d.job {
+        Some(j) => (payload_json(&j.payload), j.payload.len()),
+        None => (serde_json::Value::Null, 0),
+    };
+    let payload = serde_json::to_string_pretty(&payload).unwrap_or_default();
     let body = format!(
         r#"<div id="page" data-page="job"></div>
 <p class="crumbs"><a href="/">Queues</a> › <a href="/queues/{qu}">{qa}</a> › job</p>
@@ -350,9 +371,8 @@ pub fn job(d: &JobDetail) -> String {
 {steps}"#,
         qu = url_segment(q),
         qa = html(q),
-        ida = html(&d.id),
-        location = html(&d.location.describe()),
-        bytes = d.payload_bytes,
+        ida = html(d.id.as_str()),
+        location = html(&describe_location(&d.location)),
         payload = html(&payload),
     );
     layout(&format!("Job {}", d.id), &body)

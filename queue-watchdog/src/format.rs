@@ -1,5 +1,7 @@
-//! Small formatting helpers: timestamps, durations, HTML and URL escaping,
-//! payload decoding.
+//! Small formatting helpers shared by the CLI and the dashboard: timestamps,
+//! durations, hash fields, payload decoding.
+
+use queue_core::admin::parse_ms;
 
 /// `1733144701123` → `2024-12-02 13:05:01.123Z` (UTC, from Redis-clock milliseconds).
 pub fn fmt_ts(ms: i64) -> String {
@@ -67,35 +69,6 @@ pub const TIMESTAMP_FIELDS: &[&str] = &[
     "finished_at",
 ];
 
-/// Escapes text for HTML element content and quoted attribute values.
-pub fn html(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// Percent-encodes one URL path segment (everything but unreserved characters).
-pub fn url_segment(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// The MessagePack payload as JSON when it decodes, else `{"hex": ...}`.
 pub fn payload_json(bytes: &[u8]) -> serde_json::Value {
     if bytes.is_empty() {
@@ -115,14 +88,14 @@ pub fn payload_json(bytes: &[u8]) -> serde_json::Value {
     }
 }
 
-/// Case-insensitive: does the job's dead reason or type contain `needle`?
-pub fn matches_filter(fields: &std::collections::BTreeMap<String, String>, needle: &str) -> bool {
-    let needle = needle.to_lowercase();
-    ["dead_reason", "type"].iter().any(|f| {
-        fields
-            .get(*f)
-            .is_some_and(|v| v.to_lowercase().contains(&needle))
-    })
+/// A hash field for display: timestamps become `UTC time (ms)`.
+pub fn display_field(name: &str, value: &str) -> String {
+    if TIMESTAMP_FIELDS.contains(&name) {
+        if let Some(ms) = parse_ms(value) {
+            return format!("{} ({value})", fmt_ts(ms));
+        }
+    }
+    value.to_string()
 }
 
 #[cfg(test)]
@@ -147,12 +120,12 @@ mod tests {
     }
 
     #[test]
-    fn escaping() {
+    fn timestamp_fields_read_as_utc() {
         assert_eq!(
-            html("<a href=\"x\">&'"),
-            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+            display_field("enqueued_at", "1000"),
+            "1970-01-01 00:00:01.000Z (1000)"
         );
-        assert_eq!(url_segment("a b/c?é"), "a%20b%2Fc%3F%C3%A9");
+        assert_eq!(display_field("type", "send"), "send");
     }
 
     #[test]

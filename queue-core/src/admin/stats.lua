@@ -3,9 +3,8 @@
 -- ARGV: 1 job prefix, 2 throughput key prefix
 -- Returns {main, processing, delayed, dead, {field, value, ...}, now_ms,
 --          oldest waiting job's enqueued_at (0 if none), completions this minute,
---          completions previous minute, earliest lease expiry (0 if none)}
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+--          completions previous minute}
+local now = now_ms()
 local oldest = 0
 local tail = redis.call('LINDEX', KEYS[1], -1)
 if tail then oldest = tonumber(redis.call('HGET', ARGV[1] .. tail, 'enqueued_at')) or 0 end

@@ -1,10 +1,9 @@
 -- Read-only: lease and delay health of one queue, for stats and the dashboard.
--- KEYS: 1 processing, 2 leases, 3 delayed
+-- KEYS: 1 processing, 2 leases, 3 delayed, 4 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix
 -- Returns {now_ms, expired leases, leases, delayed due, delivered_at of the
 --          oldest processing entry (0: none), next delayed run_at (0: none)}
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local expired = redis.call('ZCOUNT', KEYS[2], '-inf', now)
 local leased = redis.call('ZCARD', KEYS[2])
 local due = redis.call('ZCOUNT', KEYS[3], '-inf', now)

@@ -1,0 +1,280 @@
+//! Dead letters: listing (newest first, with a reason/type filter and
+//! paging), selecting the jobs a replay or purge acts on, replay
+//! (`replay.lua`) and purge (`purge.lua`), one script each (DESIGN rule 1).
+
+use redis::Value;
+
+use super::jobs::JobInfo;
+use super::{admin_script, Admin, Page, Result};
+use crate::error::QueueError;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+use crate::queue::Queue;
+use crate::reply;
+
+admin_script!(REPLAY, "replay.lua", None);
+admin_script!(PURGE, "purge.lua", None);
+
+/// One page of dead letters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetters {
+    /// Length of the whole dead-letter list (filter or not).
+    pub total: u64,
+    /// The page's jobs, newest first (a job whose hash is gone has no fields).
+    pub jobs: Vec<JobInfo>,
+}
+
+/// Which dead-lettered jobs a replay or purge acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadSelection {
+    /// These ids (each is looked up, and reported when it is not dead).
+    Ids(Vec<JobId>),
+    /// Every dead-lettered job whose reason or type contains this text
+    /// (case-insensitive).
+    Matching(String),
+    /// Every dead-lettered job of the queue.
+    All,
+}
+
+/// A job picked for a replay or purge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadCandidate {
+    /// Job id.
+    pub id: JobId,
+    /// Job type.
+    pub job_type: Option<String>,
+    /// Why it was dead-lettered.
+    pub reason: Option<String>,
+    /// `dead_at` when it was picked: pass it to [`Admin::purge_dead`] so the
+    /// purge only deletes that dead-lettering (not a replay that died again since).
+    pub dead_at: Option<String>,
+    /// False when an id given in [`DeadSelection::Ids`] is not dead-lettered.
+    pub is_dead: bool,
+}
+
+impl DeadCandidate {
+    fn of(id: JobId, info: Option<&JobInfo>) -> Self {
+        let field = |name| info.and_then(|i| i.field(name)).map(str::to_string);
+        DeadCandidate {
+            is_dead: info.and_then(JobInfo::state) == Some("dead"),
+            job_type: field("type"),
+            reason: field("dead_reason"),
+            dead_at: field("dead_at"),
+            id,
+        }
+    }
+}
+
+/// What a replay of one id did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    /// Moved back to main.
+    Replayed,
+    /// The id is not in the dead-letter list: nothing changed.
+    NotDead,
+}
+
+/// What a purge of one id did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeOutcome {
+    /// Deleted: dead-list entry, hash and step results.
+    Purged,
+    /// The id is not in the dead-letter list: nothing changed.
+    NotDead,
+    /// Replayed and dead-lettered again since it was picked: left alone.
+    Changed,
+}
+
+/// Case-insensitive: does the job's dead reason or type contain `needle` (lowercase)?
+fn matches(job: &JobInfo, needle: &str) -> bool {
+    ["dead_reason", "type"].iter().any(|f| {
+        job.field(f)
+            .is_some_and(|v| v.to_lowercase().contains(needle))
+    })
+}
+
+impl Queue {
+    /// Dead-lettered jobs, newest first: `count` entries from `offset`.
+    pub async fn dead_letters(
+        &self,
+        queue: &str,
+        offset: u64,
+        count: u64,
+    ) -> crate::Result<Vec<JobInfo>> {
+        let k = QueueKeys::new(queue);
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = redis::cmd("LRANGE")
+            .arg(&k.dead)
+            .arg(offset)
+            .arg(offset.saturating_add(count - 1).min(i64::MAX as u64))
+            .query_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let id = JobId::from(id);
+            let info = self.job(queue, &id).await?;
+            out.push(info.unwrap_or_else(|| JobInfo::empty(id)));
+        }
+        Ok(out)
+    }
+
+    /// Moves a dead-lettered job back to main. With `reset_attempts` its
+    /// attempt count restarts at 0. Returns false when `id` is not dead-lettered.
+    pub async fn replay_dead(
+        &self,
+        queue: &str,
+        id: impl Into<JobId>,
+        reset_attempts: bool,
+    ) -> crate::Result<bool> {
+        let id = id.into();
+        let k = QueueKeys::new(queue);
+        let v: Value = REPLAY
+            .key(&k.dead)
+            .key(&k.main)
+            .key(k.job(id.as_str()))
+            .key(&k.stats)
+            .arg(id.as_str())
+            .arg(if reset_attempts { "1" } else { "0" })
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, Some(&id), e))?;
+        Ok(reply::int(&v) == Some(1))
+    }
+}
+
+impl Admin {
+    /// Dead-lettered jobs of `queue`, newest first; with `filter`, only those
+    /// whose reason or type contains it (case-insensitive), `page` counting
+    /// matching jobs. Reads the list in pages of 500.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::admin::AdminError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use queue_core::admin::{Admin, Page, PurgeOutcome, ReplayOutcome};
+    ///
+    /// let admin = Admin::connect(&server.url()).await?;
+    /// let dead = admin.dead_letters("emails", Some("smtp"), Page::first(50)).await?;
+    /// for job in &dead.jobs {
+    ///     println!("{} died: {}", job.id, job.field("dead_reason").unwrap_or("?"));
+    /// }
+    /// assert_eq!(dead.total, 0);
+    /// assert_eq!(admin.replay_dead("emails", "nope", false).await?, ReplayOutcome::NotDead);
+    /// assert_eq!(admin.purge_dead("emails", "nope", None).await?, PurgeOutcome::NotDead);
+    /// # Ok(()) }
+    /// ```
+    pub async fn dead_letters(
+        &self,
+        queue: &str,
+        filter: Option<&str>,
+        page: Page,
+    ) -> Result<DeadLetters> {
+        let total: u64 = redis::cmd("LLEN")
+            .arg(QueueKeys::new(queue).dead)
+            .query_async(&mut self.queue.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let Some(needle) = filter.map(str::to_lowercase) else {
+            let count = page.limit.min(total.saturating_sub(page.offset));
+            let jobs = self.queue.dead_letters(queue, page.offset, count).await?;
+            return Ok(DeadLetters { total, jobs });
+        };
+        const BATCH: u64 = 500;
+        let (mut jobs, mut skipped, mut pos) = (Vec::new(), 0u64, 0u64);
+        while pos < total && (jobs.len() as u64) < page.limit {
+            let batch = self.queue.dead_letters(queue, pos, BATCH).await?;
+            if batch.is_empty() {
+                break;
+            }
+            pos += batch.len() as u64;
+            for job in batch.into_iter().filter(|j| matches(j, &needle)) {
+                if skipped < page.offset {
+                    skipped += 1;
+                } else if (jobs.len() as u64) < page.limit {
+                    jobs.push(job);
+                }
+            }
+        }
+        Ok(DeadLetters { total, jobs })
+    }
+
+    /// The jobs `selection` names. Ids are looked up one by one (an id that
+    /// is not dead-lettered comes back with `is_dead: false`); a filter or
+    /// `All` reads the whole dead-letter list.
+    pub async fn select_dead(
+        &self,
+        queue: &str,
+        selection: &DeadSelection,
+    ) -> Result<Vec<DeadCandidate>> {
+        let filter = match selection {
+            DeadSelection::Ids(ids) => {
+                let mut out = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let info = self.queue.job(queue, id).await?;
+                    out.push(DeadCandidate::of(id.clone(), info.as_ref()));
+                }
+                return Ok(out);
+            }
+            DeadSelection::Matching(text) => Some(text.as_str()),
+            DeadSelection::All => None,
+        };
+        let dead = self
+            .dead_letters(queue, filter, Page::first(u64::MAX))
+            .await?;
+        Ok(dead
+            .jobs
+            .into_iter()
+            .map(|j| DeadCandidate {
+                is_dead: true,
+                ..DeadCandidate::of(j.id.clone(), Some(&j))
+            })
+            .collect())
+    }
+
+    /// Moves dead-lettered job `id` back to main (attempts restart at 0 with
+    /// `reset_attempts`), in one script.
+    pub async fn replay_dead(
+        &self,
+        queue: &str,
+        id: impl Into<JobId>,
+        reset_attempts: bool,
+    ) -> Result<ReplayOutcome> {
+        Ok(
+            if self.queue.replay_dead(queue, id, reset_attempts).await? {
+                ReplayOutcome::Replayed
+            } else {
+                ReplayOutcome::NotDead
+            },
+        )
+    }
+
+    /// Deletes dead-lettered job `id` for good (dead-list entry, hash, step
+    /// results) in one script. With `expected_dead_at` (from
+    /// [`DeadCandidate::dead_at`]), only if it is still that dead-lettering.
+    pub async fn purge_dead(
+        &self,
+        queue: &str,
+        id: impl Into<JobId>,
+        expected_dead_at: Option<&str>,
+    ) -> Result<PurgeOutcome> {
+        let id = id.into();
+        let k = QueueKeys::new(queue);
+        let r: i64 = PURGE
+            .key(&k.dead)
+            .key(k.job(id.as_str()))
+            .key(k.steps(id.as_str()))
+            .key(&k.stats)
+            .arg(id.as_str())
+            .arg(expected_dead_at.unwrap_or(""))
+            .invoke_async(&mut self.queue.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, Some(&id), e))?;
+        Ok(match r {
+            1 => PurgeOutcome::Purged,
+            -1 => PurgeOutcome::Changed,
+            _ => PurgeOutcome::NotDead,
+        })
+    }
+}

@@ -1,0 +1,217 @@
+//! Paged listings of the jobs in processing (with their lease), waiting in
+//! main and waiting in the delayed set, each read by one script
+//! (`processing.lua`, `waiting.lua`, `delayed.lua`). Dead letters are in `dead.rs`.
+
+use serde::Serialize;
+
+use super::{admin_script, parse_ms, Admin, Result, READ_ONLY};
+use crate::error::QueueError;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+admin_script!(PROCESSING, "processing.lua", READ_ONLY);
+admin_script!(WAITING, "waiting.lua", READ_ONLY);
+admin_script!(DELAYED, "delayed.lua", READ_ONLY);
+
+/// Which part of a list to read: skip `offset` entries, return at most `limit`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Page {
+    /// Entries to skip, in the listing's order.
+    pub offset: u64,
+    /// Entries to return at most.
+    pub limit: u64,
+}
+
+impl Page {
+    /// The first `limit` entries.
+    pub fn first(limit: u64) -> Self {
+        Page { offset: 0, limit }
+    }
+
+    /// `limit` entries after skipping `offset`.
+    pub fn new(offset: u64, limit: u64) -> Self {
+        Page { offset, limit }
+    }
+
+    /// Offset and limit as script arguments: Lua numbers are doubles, so both
+    /// are capped far above any real list length.
+    fn script_args(self) -> (u64, u64) {
+        const CAP: u64 = 1 << 40;
+        (self.offset.min(CAP), self.limit.min(CAP))
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Listing<T> {
+    /// Redis clock when the page was read.
+    pub now_ms: i64,
+    /// Length of the whole list or set.
+    pub total: u64,
+    /// The page's jobs, in the listing's order.
+    pub jobs: Vec<T>,
+}
+
+/// Where a processing entry's lease stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseStatus {
+    /// The lease runs: the worker is alive (its heartbeat extends it).
+    Running,
+    /// The lease expired: the worker died or stalled; the job is lost until
+    /// the watchdog returns it.
+    Expired,
+    /// Taken from main but never claimed (the worker died between BLMOVE and
+    /// claim, or is about to claim); the watchdog gives it a provisional lease.
+    Unleased,
+}
+
+impl LeaseStatus {
+    /// The status of a lease expiring at `lease_until` (none: unleased) at `now`.
+    pub fn at(lease_until: Option<i64>, now: i64) -> Self {
+        match lease_until {
+            Some(t) if t > now => LeaseStatus::Running,
+            Some(_) => LeaseStatus::Expired,
+            None => LeaseStatus::Unleased,
+        }
+    }
+}
+
+/// One job in processing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProcessingJob {
+    /// Job id.
+    pub id: JobId,
+    /// The hash's `state` (`active` once claimed); none when the hash is missing.
+    pub state: Option<String>,
+    /// Job type.
+    pub job_type: Option<String>,
+    /// Deliveries so far.
+    pub attempts: Option<u32>,
+    /// Deliveries allowed.
+    pub max_attempts: Option<u32>,
+    /// When the current delivery was claimed (Redis clock, ms).
+    pub delivered_at: Option<i64>,
+    /// When its lease expires (none: no lease).
+    pub lease_until: Option<i64>,
+    /// Lease time left in ms (negative: expired that long ago).
+    pub lease_left_ms: Option<i64>,
+    /// Running, expired (lost) or unleased.
+    pub status: LeaseStatus,
+}
+
+/// A job waiting in main or in the delayed set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaitingJob {
+    /// Job id.
+    pub id: JobId,
+    /// `enqueued_at` (main) or the run time (delayed), Redis clock ms.
+    pub at: Option<i64>,
+    /// Job type.
+    pub job_type: Option<String>,
+    /// Deliveries so far.
+    pub attempts: Option<u32>,
+    /// The error of the latest failed delivery.
+    pub last_error: Option<String>,
+}
+
+type Row = Vec<String>;
+
+/// Field `i` of a script row; `""` (missing) is none.
+fn text(row: &Row, i: usize) -> Option<String> {
+    row.get(i).filter(|s| !s.is_empty()).cloned()
+}
+
+fn number<T: std::str::FromStr>(row: &Row, i: usize) -> Option<T> {
+    row.get(i)?.trim().parse().ok()
+}
+
+fn ms(row: &Row, i: usize) -> Option<i64> {
+    parse_ms(row.get(i)?)
+}
+
+impl Admin {
+    /// The processing list, oldest delivery first: `page` of it, with each
+    /// entry's lease (one script: the leases and `now_ms` agree).
+    pub async fn processing(&self, queue: &str, page: Page) -> Result<Listing<ProcessingJob>> {
+        let k = QueueKeys::new(queue);
+        let (now, total, rows): (i64, u64, Vec<Row>) = PROCESSING
+            .key(&k.processing)
+            .key(&k.leases)
+            .key(&k.guard)
+            .arg(&k.job_prefix)
+            .arg(page.script_args().0)
+            .arg(page.script_args().1)
+            .invoke_async(&mut self.queue.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let jobs = rows
+            .iter()
+            .map(|r| {
+                let lease_until = ms(r, 1);
+                ProcessingJob {
+                    id: JobId::from(r.first().cloned().unwrap_or_default()),
+                    state: text(r, 2),
+                    job_type: text(r, 3),
+                    attempts: number(r, 4),
+                    max_attempts: number(r, 5),
+                    delivered_at: ms(r, 6),
+                    lease_until,
+                    lease_left_ms: lease_until.map(|t| t - now),
+                    status: LeaseStatus::at(lease_until, now),
+                }
+            })
+            .collect();
+        Ok(Listing {
+            now_ms: now,
+            total,
+            jobs,
+        })
+    }
+
+    /// The main list, next to run first: `page` of it.
+    pub async fn waiting(&self, queue: &str, page: Page) -> Result<Listing<WaitingJob>> {
+        let k = QueueKeys::new(queue);
+        self.waiting_rows(queue, &WAITING, &k.main, page).await
+    }
+
+    /// The delayed set (retries and scheduled jobs), soonest first: `page` of it.
+    pub async fn delayed(&self, queue: &str, page: Page) -> Result<Listing<WaitingJob>> {
+        let k = QueueKeys::new(queue);
+        self.waiting_rows(queue, &DELAYED, &k.delayed, page).await
+    }
+
+    async fn waiting_rows(
+        &self,
+        queue: &str,
+        script: &redis::Script,
+        key: &str,
+        page: Page,
+    ) -> Result<Listing<WaitingJob>> {
+        let k = QueueKeys::new(queue);
+        let (now, total, rows): (i64, u64, Vec<Row>) = script
+            .key(key)
+            .key(&k.guard)
+            .arg(&k.job_prefix)
+            .arg(page.script_args().0)
+            .arg(page.script_args().1)
+            .invoke_async(&mut self.queue.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let jobs = rows
+            .iter()
+            .map(|r| WaitingJob {
+                id: JobId::from(r.first().cloned().unwrap_or_default()),
+                at: ms(r, 1),
+                job_type: text(r, 2),
+                attempts: number(r, 3),
+                last_error: text(r, 4),
+            })
+            .collect();
+        Ok(Listing {
+            now_ms: now,
+            total,
+            jobs,
+        })
+    }
+}

@@ -1,0 +1,131 @@
+//! [`Location`]: where one job id is now (`locate.lua`, one snapshot).
+
+use serde::Serialize;
+
+use super::{admin_script, parse_ms, Admin, LeaseStatus, Result, READ_ONLY};
+use crate::error::QueueError;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+admin_script!(LOCATE, "locate.lua", READ_ONLY);
+
+/// Where a job is.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(tag = "list", rename_all = "snake_case")]
+pub enum Location {
+    /// Waiting in main; `ahead` jobs run before it.
+    Main {
+        /// Jobs that run before it.
+        ahead: u64,
+    },
+    /// Taken by a worker.
+    Processing {
+        /// When the lease expires (none: not claimed yet).
+        lease_until: Option<i64>,
+        /// Lease time left (negative: expired that long ago).
+        lease_left_ms: Option<i64>,
+        /// Running, expired (lost) or unleased.
+        status: LeaseStatus,
+    },
+    /// In the delayed set until `run_at`.
+    Delayed {
+        /// When it is due (Redis clock, ms).
+        run_at: i64,
+    },
+    /// Dead-lettered; `position` 0 is the newest.
+    Dead {
+        /// Index in the dead-letter list.
+        position: u64,
+    },
+    /// Completed (only the completion record is left).
+    Completed,
+    /// Not in any list (e.g. a hash whose id was lost from the lists).
+    Nowhere,
+}
+
+/// The raw reply of `locate.lua`.
+struct Found {
+    now: i64,
+    in_main: i64,
+    main_len: u64,
+    in_processing: i64,
+    delayed_at: Option<i64>,
+    in_dead: i64,
+    lease_until: Option<i64>,
+    has_hash: bool,
+    has_completion: bool,
+}
+
+impl Found {
+    fn location(&self) -> Option<Location> {
+        let listed = self.in_main >= 0 || self.in_processing >= 0 || self.in_dead >= 0;
+        if !self.has_hash && !self.has_completion && !listed {
+            return None;
+        }
+        Some(if self.in_processing >= 0 {
+            Location::Processing {
+                lease_until: self.lease_until,
+                lease_left_ms: self.lease_until.map(|t| t - self.now),
+                status: LeaseStatus::at(self.lease_until, self.now),
+            }
+        } else if self.in_main >= 0 {
+            Location::Main {
+                ahead: self.main_len.saturating_sub(self.in_main as u64 + 1),
+            }
+        } else if let Some(run_at) = self.delayed_at {
+            Location::Delayed { run_at }
+        } else if self.in_dead >= 0 {
+            Location::Dead {
+                position: self.in_dead as u64,
+            }
+        } else if !self.has_hash && self.has_completion {
+            Location::Completed
+        } else {
+            Location::Nowhere
+        })
+    }
+}
+
+impl Admin {
+    /// Where job `id` of `queue` is now, or `None` when Redis knows nothing
+    /// about it (never enqueued, purged, or completed longer ago than the
+    /// retention).
+    pub async fn locate(&self, queue: &str, id: impl Into<JobId>) -> Result<Option<Location>> {
+        Ok(self.locate_at(queue, &id.into()).await?.1)
+    }
+
+    /// [`Admin::locate`] with the Redis clock of the snapshot.
+    pub(super) async fn locate_at(
+        &self,
+        queue: &str,
+        id: &JobId,
+    ) -> Result<(i64, Option<Location>)> {
+        let k = QueueKeys::new(queue);
+        type Reply = (i64, i64, u64, i64, String, i64, String, i64, i64);
+        let (now, in_main, main_len, in_processing, delayed, in_dead, lease, hash, done): Reply =
+            LOCATE
+                .key(&k.main)
+                .key(&k.processing)
+                .key(&k.delayed)
+                .key(&k.dead)
+                .key(&k.leases)
+                .key(k.job(id.as_str()))
+                .key(k.done(id.as_str()))
+                .arg(id.as_str())
+                .invoke_async(&mut self.queue.connection())
+                .await
+                .map_err(|e| QueueError::redis(queue, Some(id), e))?;
+        let found = Found {
+            now,
+            in_main,
+            main_len,
+            in_processing,
+            delayed_at: parse_ms(&delayed),
+            in_dead,
+            lease_until: parse_ms(&lease),
+            has_hash: hash == 1,
+            has_completion: done == 1,
+        };
+        Ok((now, found.location()))
+    }
+}

@@ -1,0 +1,130 @@
+//! The operator API: read-only inspection of queues and jobs, and the
+//! dead-letter actions (replay, purge). The `queue-watchdog` binary's CLI and
+//! dashboard are views over this module; your own tools can use it the same way.
+//!
+//! [`Admin`] is the entry point. Reads that must agree with each other are one
+//! read-only script each (a consistent snapshot, Redis clock); writes are one
+//! script each (DESIGN rule 1). Each script sits beside its Rust wrapper in
+//! this folder and gets the shared prelude (`lua/prelude.lua`).
+//!
+//! | file | owns |
+//! |---|---|
+//! | `stats.rs` | [`QueueStats`]: lengths and lifetime counters ([`Queue::stats`]) |
+//! | `health.rs` | [`QueueHealth`]: stats plus lease and delay health |
+//! | `listings.rs` | paged listings of processing, waiting and delayed jobs |
+//! | `locate.rs` | [`Location`]: where one id is now |
+//! | `jobs.rs` | [`JobInfo`] (the raw hash), [`JobDetail`] (everything about one job) |
+//! | `history.rs` | [`JobEvent`]: a job's life from the timestamps its hash keeps |
+//! | `dead.rs` | dead letters: list with a filter, select, replay, purge |
+//! | `discovery.rs` | finding queue names from their keys |
+//! | `error.rs` | [`AdminError`] |
+
+mod dead;
+mod discovery;
+mod error;
+mod health;
+mod history;
+mod jobs;
+mod listings;
+mod locate;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+use crate::queue::Queue;
+
+pub use dead::{DeadCandidate, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome};
+pub use discovery::queue_of_key;
+pub use error::{AdminError, Result};
+pub use health::QueueHealth;
+pub use history::{JobEvent, JobEventKind};
+pub use jobs::{JobDetail, JobInfo};
+pub use listings::{LeaseStatus, Listing, Page, ProcessingJob, WaitingJob};
+pub use locate::Location;
+pub use stats::QueueStats;
+
+/// Shebang flags of the read-only admin scripts: they run on replicas and
+/// when Redis is at `maxmemory` (an operator looks most when things go wrong).
+const READ_ONLY: Option<&str> = Some("no-writes,allow-oom");
+
+/// Declares a script of this folder, built with the shared prelude.
+macro_rules! admin_script {
+    ($name:ident, $file:literal, $flags:expr) => {
+        static $name: std::sync::LazyLock<redis::Script> =
+            std::sync::LazyLock::new(|| crate::scripts::with_prelude($flags, include_str!($file)));
+    };
+}
+pub(crate) use admin_script;
+
+/// Operator access to queues: inspection, dead-letter replay and purge,
+/// queue discovery. Cheap to clone (it holds a [`Queue`]).
+///
+/// ```
+/// # #[tokio::main] async fn main() -> Result<(), queue_core::admin::AdminError> {
+/// # let server = queue_testkit::RedisServer::start().unwrap();
+/// use queue_core::admin::{Admin, Page};
+///
+/// let admin = Admin::connect(&server.url()).await?;
+/// admin.queue().enqueue_raw("emails", "send", 1, 3, Default::default(), b"\x80").await?;
+///
+/// assert_eq!(admin.discover_queues().await?, ["emails"]);
+/// let health = admin.health("emails").await?;
+/// assert_eq!((health.stats.main, health.expired_leases), (1, 0));
+/// let waiting = admin.waiting("emails", Page::first(20)).await?;
+/// assert_eq!(waiting.jobs[0].job_type.as_deref(), Some("send"));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Admin {
+    queue: Queue,
+}
+
+impl Admin {
+    /// Operator access through an existing [`Queue`] handle.
+    pub fn new(queue: Queue) -> Self {
+        Admin { queue }
+    }
+
+    /// Connects to Redis (`redis://`, `redis-cluster://`, `redis-sentinel://`).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Ok(Admin::new(Queue::connect(url).await?))
+    }
+
+    /// The queue handle underneath (enqueue, raw reads).
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// The Redis server clock in milliseconds (the clock every timestamp of a
+    /// job hash is taken from).
+    pub async fn server_time_ms(&self) -> Result<i64> {
+        let (s, us): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.queue.connection())
+            .await
+            .map_err(AdminError::server("TIME"))?;
+        Ok(s * 1000 + us / 1000)
+    }
+}
+
+/// The URL without its password, for reports and logs
+/// (`redis://:secret@host:6379/` → `redis://***@host:6379/`).
+///
+/// ```
+/// assert_eq!(queue_core::admin::redact_url("redis://u:pw@h:1/0"), "redis://***@h:1/0");
+/// assert_eq!(queue_core::admin::redact_url("redis://h:1/0"), "redis://h:1/0");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    crate::conn::redact(url)
+}
+
+/// A millisecond timestamp as a job hash or completion record stores it
+/// (`enqueued_at`, `dead_at`, ...); `""`, `0` or garbage: none.
+///
+/// ```
+/// assert_eq!(queue_core::admin::parse_ms("1733144701123"), Some(1_733_144_701_123));
+/// assert_eq!(queue_core::admin::parse_ms(""), None);
+/// ```
+pub fn parse_ms(s: &str) -> Option<i64> {
+    let v = s.trim().parse::<f64>().ok()?;
+    (v > 0.0).then_some(v as i64)
+}

@@ -1,0 +1,108 @@
+//! [`QueueStats`]: a queue's lengths, lifetime counters and throughput, read
+//! by one script (`stats.lua`), and the gauges published from them.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{admin_script, Admin, READ_ONLY};
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
+use crate::queue::Queue;
+
+admin_script!(STATS, "stats.lua", READ_ONLY);
+
+/// Lengths and lifetime counters of one queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct QueueStats {
+    /// Queue name.
+    pub queue: String,
+    /// Jobs waiting in main.
+    pub main: u64,
+    /// Jobs taken by workers (running, or waiting for the watchdog).
+    pub processing: u64,
+    /// Retries and delayed jobs.
+    pub delayed: u64,
+    /// Dead-lettered jobs.
+    pub dead: u64,
+    /// Lifetime counters: enqueued, completed, failed, retried, dead,
+    /// reclaimed, adopted, skipped_done, replayed, purged.
+    pub counters: BTreeMap<String, i64>,
+    /// Age of the oldest job waiting in main (Redis clock), if any waits.
+    pub oldest_waiting_ms: Option<u64>,
+    /// Completions in the last 60 s (from per-minute counters; the previous
+    /// minute is weighted by how much of it falls in the window, rounded up).
+    pub completed_last_minute: u64,
+}
+
+impl QueueStats {
+    /// A lifetime counter, 0 when never incremented.
+    pub fn counter(&self, name: &str) -> i64 {
+        self.counters.get(name).copied().unwrap_or(0)
+    }
+
+    /// Sets the queue's gauges (`queue_depth` per list,
+    /// `queue_oldest_job_age_seconds`, `queue_completed_last_minute`) on the
+    /// installed `metrics` recorder. A no-op without a recorder.
+    pub fn publish_gauges(&self) {
+        crate::metrics::depth(self);
+    }
+}
+
+impl Queue {
+    /// Lengths and counters of `queue`, read by one script (a consistent snapshot).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// let queue = queue_core::Queue::connect(&server.url()).await?;
+    /// let stats = queue.stats("emails").await?;
+    /// assert_eq!(stats.main, 0);
+    /// assert_eq!(stats.counter("completed"), 0);
+    /// # Ok(()) }
+    /// ```
+    pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        let k = QueueKeys::new(queue);
+        type Reply = (
+            u64,
+            u64,
+            u64,
+            u64,
+            BTreeMap<String, i64>,
+            i64,
+            i64,
+            u64,
+            u64,
+        );
+        let (main, processing, delayed, dead, counters, now, oldest, cur, prev): Reply = STATS
+            .key(&k.main)
+            .key(&k.processing)
+            .key(&k.delayed)
+            .key(&k.dead)
+            .key(&k.stats)
+            .key(&k.guard)
+            .arg(&k.job_prefix)
+            .arg(&k.tput_prefix)
+            .invoke_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let into_minute = (now.rem_euclid(60_000)) as f64 / 60_000.0;
+        Ok(QueueStats {
+            queue: queue.to_string(),
+            main,
+            processing,
+            delayed,
+            dead,
+            counters,
+            oldest_waiting_ms: (oldest > 0 && main > 0).then(|| (now - oldest).max(0) as u64),
+            completed_last_minute: cur + (prev as f64 * (1.0 - into_minute)).ceil() as u64,
+        })
+    }
+}
+
+impl Admin {
+    /// Lengths and counters of `queue`: [`Queue::stats`].
+    pub async fn stats(&self, queue: &str) -> super::Result<QueueStats> {
+        Ok(self.queue.stats(queue).await?)
+    }
+}

@@ -1,0 +1,247 @@
+//! Scenarios of the admin API against a throwaway redis-server: paging the
+//! listings, following one job's location, selecting, replaying and purging
+//! dead letters, discovering queues.
+
+use std::time::Duration;
+
+use queue_testkit::RedisServer;
+
+use super::*;
+use crate::{EnqueueOptions, JobId, QueueKeys};
+
+const Q: &str = "emails";
+
+async fn admin(server: &RedisServer) -> Admin {
+    Admin::connect(&server.url()).await.unwrap()
+}
+
+/// Runs one raw command (to set up states no public call creates directly).
+async fn raw(admin: &Admin, args: &[&str]) -> redis::Value {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut admin.queue().connection())
+        .await
+        .unwrap()
+}
+
+async fn enqueue(admin: &Admin, id: &str, delay: Option<Duration>) {
+    let mut opts = EnqueueOptions::new().id(id);
+    if let Some(d) = delay {
+        opts = opts.delay(d);
+    }
+    admin
+        .queue()
+        .enqueue_raw(Q, "send", 1, 3, opts, b"\x80")
+        .await
+        .unwrap();
+}
+
+/// A dead-lettered job as the fail script leaves it.
+async fn dead_letter(admin: &Admin, id: &str, reason: &str, dead_at: &str) {
+    let k = QueueKeys::new(Q);
+    let job = k.job(id);
+    raw(
+        admin,
+        &[
+            "HSET",
+            &job,
+            "id",
+            id,
+            "state",
+            "dead",
+            "type",
+            "send",
+            "attempts",
+            "3",
+            "dead_reason",
+            reason,
+            "dead_at",
+            dead_at,
+        ],
+    )
+    .await;
+    raw(admin, &["LPUSH", &k.dead, id]).await;
+}
+
+fn ids<T>(listing: &Listing<T>, id: impl Fn(&T) -> &JobId) -> Vec<&str> {
+    listing.jobs.iter().map(|j| id(j).as_str()).collect()
+}
+
+#[tokio::test]
+async fn listings_page_in_the_order_jobs_run() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    for id in ["w1", "w2", "w3", "w4"] {
+        enqueue(&admin, id, None).await;
+    }
+    for (id, secs) in [("d3", 30), ("d1", 10), ("d2", 20)] {
+        enqueue(&admin, id, Some(Duration::from_secs(secs))).await;
+    }
+    // Two deliveries, as LMOVE leaves them: the oldest at the tail.
+    let k = QueueKeys::new(Q);
+    for id in ["p-old", "p-new"] {
+        raw(&admin, &["LPUSH", &k.processing, id]).await;
+    }
+    raw(&admin, &["ZADD", &k.leases, "1", "p-old"]).await;
+
+    let waiting = admin.waiting(Q, Page::new(1, 2)).await.unwrap();
+    assert_eq!(
+        (waiting.total, ids(&waiting, |j| &j.id)),
+        (4, vec!["w2", "w3"])
+    );
+    assert!(waiting.jobs[0].at.is_some() && waiting.jobs[0].attempts == Some(0));
+
+    let delayed = admin.delayed(Q, Page::new(1, 5)).await.unwrap();
+    assert_eq!(
+        (delayed.total, ids(&delayed, |j| &j.id)),
+        (3, vec!["d2", "d3"])
+    );
+    let due_in = delayed.jobs[0].at.unwrap() - delayed.now_ms;
+    assert!((15_000..=20_000).contains(&due_in), "{due_in}");
+
+    let processing = admin.processing(Q, Page::first(10)).await.unwrap();
+    assert_eq!(ids(&processing, |j| &j.id), ["p-old", "p-new"]);
+    assert_eq!(processing.jobs[0].status, LeaseStatus::Expired);
+    assert_eq!(processing.jobs[1].status, LeaseStatus::Unleased);
+    assert_eq!(processing.jobs[1].job_type, None, "no hash");
+    let second = admin.processing(Q, Page::new(1, 1)).await.unwrap();
+    assert_eq!(ids(&second, |j| &j.id), ["p-new"]);
+    assert!(admin
+        .waiting(Q, Page::new(0, 0))
+        .await
+        .unwrap()
+        .jobs
+        .is_empty());
+
+    let health = admin.health(Q).await.unwrap();
+    assert_eq!((health.expired_leases, health.unleased), (1, 1));
+    assert_eq!((health.stats.main, health.stats.delayed), (4, 3));
+}
+
+#[tokio::test]
+async fn a_job_is_located_through_its_life() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    assert_eq!(admin.locate(Q, "j").await.unwrap(), None);
+    enqueue(&admin, "j", None).await;
+    enqueue(&admin, "k", None).await;
+    assert_eq!(
+        admin.locate(Q, "j").await.unwrap(),
+        Some(Location::Main { ahead: 0 })
+    );
+    assert_eq!(
+        admin.locate(Q, "k").await.unwrap(),
+        Some(Location::Main { ahead: 1 })
+    );
+
+    let k = QueueKeys::new(Q);
+    raw(&admin, &["LREM", &k.main, "1", "j"]).await;
+    raw(
+        &admin,
+        &[
+            "HSET",
+            &k.job("j"),
+            "state",
+            "dead",
+            "dead_reason",
+            "boom",
+            "dead_at",
+            "5",
+        ],
+    )
+    .await;
+    raw(&admin, &["LPUSH", &k.dead, "j"]).await;
+    let detail = admin.job_detail(Q, "j").await.unwrap().unwrap();
+    assert_eq!(detail.location, Location::Dead { position: 0 });
+    let kinds: Vec<_> = detail.history.iter().map(|e| &e.kind).collect();
+    assert!(matches!(kinds[0], JobEventKind::DeadLettered { reason: Some(r) } if r == "boom"));
+
+    assert_eq!(
+        admin.replay_dead(Q, "j", true).await.unwrap(),
+        ReplayOutcome::Replayed
+    );
+    assert_eq!(
+        admin.locate(Q, "j").await.unwrap(),
+        Some(Location::Main { ahead: 1 })
+    );
+    assert_eq!(admin.job(Q, "j").await.unwrap().unwrap().attempts(), 0);
+
+    raw(&admin, &["LREM", &k.main, "1", "j"]).await;
+    raw(&admin, &["DEL", &k.job("j")]).await;
+    raw(
+        &admin,
+        &["HSET", &k.done("j"), "status", "done", "finished_at", "9"],
+    )
+    .await;
+    raw(&admin, &["HSET", &k.steps("j"), "charge", "x"]).await;
+    let done = admin.job_detail(Q, "j").await.unwrap().unwrap();
+    assert_eq!(done.location, Location::Completed);
+    assert_eq!((done.job, done.steps), (None, vec!["charge".to_string()]));
+    assert!(
+        admin
+            .find_job(&[Q.to_string(), "other".to_string()], "j")
+            .await
+            .unwrap()
+            .len()
+            == 1
+    );
+}
+
+#[tokio::test]
+async fn dead_letters_filter_select_and_purge_only_what_was_listed() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    dead_letter(&admin, "a", "SMTP timeout", "100").await;
+    dead_letter(&admin, "b", "card declined", "200").await;
+    dead_letter(&admin, "c", "smtp refused", "300").await;
+
+    let smtp = admin
+        .dead_letters(Q, Some("smtp"), Page::new(1, 5))
+        .await
+        .unwrap();
+    assert_eq!(smtp.total, 3);
+    assert_eq!(
+        smtp.jobs.iter().map(|j| j.id.as_str()).collect::<Vec<_>>(),
+        ["a"]
+    );
+
+    let picked = admin
+        .select_dead(Q, &DeadSelection::Ids(vec!["b".into(), "nope".into()]))
+        .await
+        .unwrap();
+    assert_eq!((picked[0].is_dead, picked[1].is_dead), (true, false));
+    assert_eq!(picked[0].dead_at.as_deref(), Some("200"));
+    let all = admin.select_dead(Q, &DeadSelection::All).await.unwrap();
+    assert_eq!(all.len(), 3);
+
+    assert_eq!(
+        admin.purge_dead(Q, "b", Some("199")).await.unwrap(),
+        PurgeOutcome::Changed
+    );
+    assert_eq!(
+        admin.purge_dead(Q, "b", Some("200")).await.unwrap(),
+        PurgeOutcome::Purged
+    );
+    assert_eq!(
+        admin.purge_dead(Q, "b", None).await.unwrap(),
+        PurgeOutcome::NotDead
+    );
+    assert_eq!(admin.job(Q, "b").await.unwrap(), None);
+    assert_eq!(admin.stats(Q).await.unwrap().counter("purged"), 1);
+}
+
+#[tokio::test]
+async fn queues_are_discovered_from_their_keys() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    assert!(admin.discover_queues().await.unwrap().is_empty());
+    enqueue(&admin, "x", None).await;
+    raw(&admin, &["LPUSH", &QueueKeys::new("billing").dead, "y"]).await;
+    raw(&admin, &["SET", "q:{not-a-list}:marker", "1"]).await;
+    assert_eq!(admin.discover_queues().await.unwrap(), ["billing", Q]);
+    let named = vec!["mine".to_string()];
+    assert_eq!(admin.queues_or_discover(&named).await.unwrap(), named);
+    assert!(admin.server_time_ms().await.unwrap() > 1_700_000_000_000);
+}

@@ -1,0 +1,73 @@
+//! What each subcommand does: one file per subcommand, each fetching through
+//! `queue_core::admin` (or the doctor) and formatting the result.
+
+mod dead;
+mod doctor;
+mod jobs;
+#[cfg(feature = "outbox")]
+mod outbox;
+mod run;
+mod stats;
+
+use std::process::ExitCode;
+
+use crate::cli::{Cli, Command, JobsCommand};
+use crate::error::{CliError, Result};
+
+pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Run(args) => run::run(&cli.redis, args).await,
+        Command::Stats(args) => stats::stats(&cli.redis, args).await,
+        Command::Jobs(JobsCommand::Show {
+            id,
+            selection,
+            json,
+        }) => jobs::show(&cli.redis, &id, &selection.queues, json).await,
+        Command::Dead(cmd) => dead::dead(&cli.redis, cmd).await,
+        Command::Doctor(args) => doctor::doctor(&cli.redis, args).await,
+        Command::Dashboard(args) => dashboard(&cli.redis, args).await,
+        Command::Outbox(cmd) => outbox(&cli.redis, cmd).await,
+    }
+}
+
+#[cfg(feature = "dashboard")]
+async fn dashboard(url: &str, args: crate::cli::DashboardArgs) -> Result<ExitCode> {
+    crate::dashboard::serve(url, args).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "dashboard"))]
+async fn dashboard(_: &str, _: crate::cli::DashboardArgs) -> Result<ExitCode> {
+    Err(CliError::not_compiled_in("dashboard", "dashboard"))
+}
+
+#[cfg(feature = "outbox")]
+async fn outbox(url: &str, cmd: crate::cli::OutboxCommand) -> Result<ExitCode> {
+    outbox::dispatch(url, cmd).await
+}
+
+#[cfg(not(feature = "outbox"))]
+async fn outbox(_: &str, _: crate::cli::OutboxCommand) -> Result<ExitCode> {
+    Err(CliError::not_compiled_in("outbox", "outbox"))
+}
+
+/// JSON text of a value, for `--json` output.
+fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
+    serde_json::to_string(v).map_err(|e| CliError::Other(e.to_string()))
+}
+
+/// Completes on SIGTERM or ctrl-c.
+pub async fn termination() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

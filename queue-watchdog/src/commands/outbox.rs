@@ -1,0 +1,133 @@
+//! `queue-watchdog outbox migrate | relay | reconcile`: the PostgreSQL outbox
+//! relay and reconciliation (cargo feature `outbox`).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use queue_core::Queue;
+use queue_outbox::{connect_postgres, Outbox, ReconcileOptions, ReconcileRow, Relay};
+use serde_json::json;
+
+use crate::cli::{OutboxCommand, OutboxTarget, ReconcileArgs, RelayArgs};
+use crate::error::Result;
+
+pub async fn dispatch(redis_url: &str, cmd: OutboxCommand) -> Result<ExitCode> {
+    match cmd {
+        OutboxCommand::Migrate { target } => migrate(&target).await,
+        OutboxCommand::Relay(args) => relay(redis_url, args).await,
+        OutboxCommand::Reconcile(args) => reconcile(redis_url, args).await,
+    }
+}
+
+async fn migrate(target: &OutboxTarget) -> Result<ExitCode> {
+    let outbox = Outbox::with_table(&target.table)?;
+    outbox
+        .migrate(&connect_postgres(&target.database_url).await?)
+        .await?;
+    println!("outbox table `{}` is ready", outbox.table());
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn relay(redis_url: &str, args: RelayArgs) -> Result<ExitCode> {
+    let target = &args.target;
+    let outbox = Outbox::with_table(&target.table)?;
+    let queue = Queue::connect(redis_url).await?;
+    if args.migrate {
+        outbox
+            .migrate(&connect_postgres(&target.database_url).await?)
+            .await?;
+    }
+    let mut relay = Relay::connect(outbox, &target.database_url, queue)
+        .await?
+        .batch_size(args.batch);
+    if let Some(n) = args.wait_replicas {
+        relay = relay.wait_for_replicas(n, Duration::from_millis(args.wait_timeout_ms));
+    }
+    if args.once {
+        let r = relay.publish_batch(args.batch).await?;
+        println!(
+            "selected={} published={} duplicates={} failed={} rejected={}",
+            r.selected, r.published, r.duplicates, r.failed, r.rejected
+        );
+        if let Some(e) = &r.error {
+            eprintln!("error: {e}");
+        }
+        return Ok(if r.failed > 0 {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
+    let s = relay
+        .run_until(
+            super::termination(),
+            Duration::from_millis(args.interval_ms),
+        )
+        .await?;
+    println!(
+        "batches={} published={} duplicates={} failed={} rejected={} errors={}",
+        s.batches, s.published, s.duplicates, s.failed, s.rejected, s.errors
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn reconcile(redis_url: &str, args: ReconcileArgs) -> Result<ExitCode> {
+    let client = connect_postgres(&args.target.database_url).await?;
+    let queue = Queue::connect(redis_url).await?;
+    let mut opts =
+        ReconcileOptions::new(Duration::from_secs(args.older_than_secs)).limit(args.limit);
+    if let Some(m) = args.max_age_secs {
+        opts = opts.max_age(Duration::from_secs(m));
+    }
+    let rows = Outbox::with_table(&args.target.table)?
+        .reconcile_with(&client, &queue, &opts)
+        .await?;
+    if args.json {
+        let out: Vec<_> = rows.iter().map(row_json).collect();
+        println!("{}", serde_json::Value::Array(out));
+    } else {
+        print!("{}", table(&rows));
+        eprintln!("{} outbox row(s) without a completed job", rows.len());
+    }
+    Ok(if rows.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn row_json(r: &ReconcileRow) -> serde_json::Value {
+    json!({
+        "row_id": r.row_id, "queue": r.queue, "job_id": r.job_id.as_str(),
+        "job_type": r.job_type, "status": r.status.as_str(),
+        "age_secs": r.age.as_secs(), "published": r.published_at.is_some(),
+        "publish_attempts": r.publish_attempts, "publish_error": r.publish_error,
+        "job_attempts": r.job_attempts, "job_error": r.job_error,
+    })
+}
+
+fn table(rows: &[ReconcileRow]) -> String {
+    let mut out = format!(
+        "{:>8} {:<16} {:<36} {:<12} {:>8} {:>9} {:>8}  error\n",
+        "row", "queue", "job id", "status", "age s", "publishes", "attempts"
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "{:>8} {:<16} {:<36} {:<12} {:>8} {:>9} {:>8}  {}\n",
+            r.row_id,
+            r.queue,
+            r.job_id.as_str(),
+            r.status.as_str(),
+            r.age.as_secs(),
+            r.publish_attempts,
+            r.job_attempts
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "-".into()),
+            r.publish_error
+                .as_deref()
+                .or(r.job_error.as_deref())
+                .unwrap_or("")
+        ));
+    }
+    out
+}

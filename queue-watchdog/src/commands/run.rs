@@ -1,0 +1,40 @@
+//! `run`: the reclaim loop (queue-core's `Watchdog`), optionally exporting
+//! Prometheus metrics.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use queue_core::{Backoff, Watchdog, WatchdogConfig};
+
+use crate::cli::RunArgs;
+use crate::error::Result;
+
+pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
+    if let Some(addr) = args.metrics_listen {
+        crate::metrics_export::serve(addr)?;
+        tracing::info!(%addr, "serving Prometheus metrics at http://{addr}/metrics");
+    }
+    let config = WatchdogConfig {
+        interval: Duration::from_millis(args.interval_ms),
+        orphan_grace: Duration::from_millis(args.orphan_grace_ms),
+        batch: args.batch,
+        backoff: Backoff {
+            base: Duration::from_millis(args.backoff_base_ms),
+            max: Duration::from_millis(args.backoff_max_ms),
+        },
+        // The gauges cost one stats script per queue and pass: only when exported.
+        publish_gauges: args.metrics_listen.is_some(),
+        ..WatchdogConfig::default()
+    };
+    let watchdog = Watchdog::connect(url, &args.queues, config).await?;
+    if args.once {
+        let r = watchdog.run_once().await?;
+        println!(
+            "reclaimed={} dead_lettered={} adopted={} promoted={}",
+            r.reclaimed, r.dead_lettered, r.adopted, r.promoted
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    watchdog.run_until(super::termination()).await;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,106 @@
+//! The dashboard's background task: samples every queue's counters for the
+//! throughput chart (publishing the gauges when metrics are on), refreshes
+//! the discovered queue list every 10 s and the doctor's verdict every minute.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tracing::warn;
+
+use super::{AppState, Shared};
+use crate::doctor;
+
+/// One sample of a queue's lifetime counters, for the throughput chart.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    pub t: i64,
+    pub completed: i64,
+    pub enqueued: i64,
+    pub failed: i64,
+}
+
+/// The doctor's latest verdict, refreshed every minute.
+#[derive(Debug, Clone, Serialize)]
+pub struct DoctorSummary {
+    pub safe: bool,
+    pub critical: usize,
+    pub warnings: usize,
+    pub error: Option<String>,
+}
+
+/// Runs the doctor with the dashboard's defaults (not strict).
+pub async fn run_doctor(url: &str) -> crate::error::Result<Vec<doctor::Finding>> {
+    let facts = doctor::gather(url, 10_000).await?;
+    Ok(doctor::analyze(
+        &facts,
+        doctor::Options {
+            strict: false,
+            max_lag_secs: 10,
+        },
+    ))
+}
+
+async fn doctor_summary(url: &str) -> DoctorSummary {
+    match run_doctor(url).await {
+        Ok(f) => DoctorSummary {
+            safe: doctor::is_safe(&f),
+            critical: doctor::count(&f, doctor::Severity::Critical),
+            warnings: doctor::count(&f, doctor::Severity::Warning),
+            error: None,
+        },
+        Err(e) => DoctorSummary {
+            safe: false,
+            critical: 0,
+            warnings: 0,
+            error: Some(e.to_string()),
+        },
+    }
+}
+
+pub async fn sampler(state: Shared, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut n: u64 = 0;
+    let rediscover = (10_000 / every.as_millis().max(1) as u64).max(1);
+    let redoctor = (60_000 / every.as_millis().max(1) as u64).max(1);
+    loop {
+        tick.tick().await;
+        if state.named.is_empty() && n.is_multiple_of(rediscover) {
+            match state.admin.discover_queues().await {
+                Ok(q) => *state.known.lock().unwrap() = q,
+                Err(e) => warn!(error = %e, "queue discovery failed"),
+            }
+        }
+        if n.is_multiple_of(redoctor) {
+            let summary = doctor_summary(&state.url).await;
+            *state.doctor.lock().unwrap() = Some(summary);
+        }
+        n += 1;
+        sample_queues(&state).await;
+    }
+}
+
+async fn sample_queues(state: &AppState) {
+    let queues = state.known.lock().unwrap().clone();
+    for q in queues {
+        match state.admin.health(&q).await {
+            Ok(h) => {
+                if state.metrics.is_some() {
+                    h.stats.publish_gauges();
+                }
+                let mut samples = state.samples.lock().unwrap();
+                let v = samples.entry(q).or_default();
+                v.push_back(Sample {
+                    t: h.now_ms,
+                    completed: h.stats.counter("completed"),
+                    enqueued: h.stats.counter("enqueued"),
+                    failed: h.stats.counter("failed"),
+                });
+                while v.len() > state.capacity {
+                    v.pop_front();
+                }
+            }
+            Err(e) => warn!(queue = %q, error = %e, "sampling failed"),
+        }
+    }
+}

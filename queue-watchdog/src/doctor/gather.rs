@@ -1,0 +1,143 @@
+//! What the doctor reads from the server: `INFO`, the `CONFIG GET` values
+//! that decide durability, and the TTLs of queue keys (a bounded SCAN). These
+//! are operator-only reads, not part of queue-core.
+
+use std::collections::HashMap;
+
+use queue_core::{ConnectionConfig, RedisConnection};
+
+use super::Facts;
+use crate::error::{CliError, Result};
+
+const CONFIG_KEYS: &[&str] = &[
+    "appendonly",
+    "appendfsync",
+    "save",
+    "maxmemory",
+    "maxmemory-policy",
+    "no-appendfsync-on-rewrite",
+    "replica-read-only",
+    "min-replicas-to-write",
+    "min-replicas-max-lag",
+    "stop-writes-on-bgsave-error",
+];
+
+/// Connects (error = exit 2) and reads INFO, CONFIG and the queue keys' TTLs.
+pub async fn gather(url: &str, scan_limit: u64) -> Result<Facts> {
+    let cfg = ConnectionConfig::default();
+    let conn = RedisConnection::connect(url, &cfg).await?;
+    let mut c = conn.clone();
+    let info: String = redis::cmd("INFO")
+        .query_async(&mut c)
+        .await
+        .map_err(CliError::redis("INFO"))?;
+    let mut facts = Facts {
+        info: parse_info(&info),
+        ..Facts::default()
+    };
+    for key in CONFIG_KEYS {
+        let r: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(*key)
+            .query_async(&mut c)
+            .await;
+        match r {
+            Ok(pairs) => {
+                for kv in pairs.chunks(2) {
+                    if let [k, v] = kv {
+                        facts.config.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            Err(e) => {
+                facts.config_error = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    scan_ttls(&conn, scan_limit, &mut facts).await?;
+    Ok(facts)
+}
+
+/// `INFO` text → field map (`# Section` lines and blanks skipped).
+pub fn parse_info(text: &str) -> HashMap<String, String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// Keys of a queue that expire by design: completion records, step results,
+/// per-minute throughput counters.
+fn expires_by_design(key: &str) -> bool {
+    let Some(rest) = key.find("}:").map(|i| &key[i + 2..]) else {
+        return false;
+    };
+    ["done:", "steps:", "tput:"]
+        .iter()
+        .any(|p| rest.starts_with(p))
+}
+
+async fn scan_ttls(conn: &RedisConnection, limit: u64, facts: &mut Facts) -> Result<()> {
+    let mut c = conn.clone();
+    let mut cursor = 0u64;
+    let mut calls = 0u64;
+    facts.scan_complete = true;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg("q:{*}:*")
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .map_err(CliError::redis("SCAN for queue keys"))?;
+        calls += 1;
+        let keys: Vec<String> = keys.into_iter().filter(|k| !expires_by_design(k)).collect();
+        if !keys.is_empty() {
+            let mut pipe = redis::pipe();
+            for k in &keys {
+                pipe.cmd("PTTL").arg(k);
+            }
+            let ttls: Vec<i64> = pipe
+                .query_async(&mut c)
+                .await
+                .map_err(CliError::redis("PTTL of queue keys"))?;
+            for (k, ttl) in keys.iter().zip(ttls) {
+                if ttl >= 0 {
+                    facts.ttl_count += 1;
+                    if facts.ttl_keys.len() < 20 {
+                        facts.ttl_keys.push((k.clone(), ttl));
+                    }
+                }
+            }
+        }
+        facts.scanned += keys.len() as u64;
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+        // Bounded: the keys returned and the keyspace walked (COUNT 1000 per call).
+        if facts.scanned >= limit || calls * 1000 >= limit.saturating_mul(10) {
+            facts.scan_complete = false;
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn design_ttls_are_not_findings() {
+        assert!(expires_by_design("q:{a}:done:1"));
+        assert!(expires_by_design("q:{a}:steps:1"));
+        assert!(expires_by_design("q:{a}:tput:29000000"));
+        assert!(!expires_by_design("q:{a}:job:done:1"));
+        assert!(!expires_by_design("q:{a}:main"));
+    }
+}
