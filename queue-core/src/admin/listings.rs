@@ -135,83 +135,74 @@ impl Admin {
     /// entry's lease (one script: the leases and `now_ms` agree).
     pub async fn processing(&self, queue: &str, page: Page) -> Result<Listing<ProcessingJob>> {
         let k = QueueKeys::new(queue);
-        let (now, total, rows): (i64, u64, Vec<Row>) = PROCESSING
-            .key(&k.processing)
-            .key(&k.leases)
-            .key(&k.guard)
-            .arg(&k.job_prefix)
-            .arg(page.script_args().0)
-            .arg(page.script_args().1)
-            .invoke_async(&mut self.queue.connection())
-            .await
-            .map_err(|e| QueueError::redis(queue, None, e))?;
-        let jobs = rows
-            .iter()
-            .map(|r| {
-                let lease_until = ms(r, 1);
-                ProcessingJob {
-                    id: JobId::from(r.first().cloned().unwrap_or_default()),
-                    state: text(r, 2),
-                    job_type: text(r, 3),
-                    attempts: number(r, 4),
-                    max_attempts: number(r, 5),
-                    delivered_at: ms(r, 6),
-                    lease_until,
-                    lease_left_ms: lease_until.map(|t| t - now),
-                    status: LeaseStatus::at(lease_until, now),
-                }
-            })
-            .collect();
-        Ok(Listing {
-            now_ms: now,
-            total,
-            jobs,
+        let keys = [&k.processing, &k.leases, &k.guard];
+        self.page(queue, &PROCESSING, &keys, page, |r, now| {
+            let lease_until = ms(r, 1);
+            ProcessingJob {
+                id: JobId::from(r.first().cloned().unwrap_or_default()),
+                state: text(r, 2),
+                job_type: text(r, 3),
+                attempts: number(r, 4),
+                max_attempts: number(r, 5),
+                delivered_at: ms(r, 6),
+                lease_until,
+                lease_left_ms: lease_until.map(|t| t - now),
+                status: LeaseStatus::at(lease_until, now),
+            }
         })
+        .await
     }
 
     /// The main list, next to run first: `page` of it.
     pub async fn waiting(&self, queue: &str, page: Page) -> Result<Listing<WaitingJob>> {
         let k = QueueKeys::new(queue);
-        self.waiting_rows(queue, &WAITING, &k.main, page).await
+        self.page(queue, &WAITING, &[&k.main, &k.guard], page, waiting_job)
+            .await
     }
 
     /// The delayed set (retries and scheduled jobs), soonest first: `page` of it.
     pub async fn delayed(&self, queue: &str, page: Page) -> Result<Listing<WaitingJob>> {
         let k = QueueKeys::new(queue);
-        self.waiting_rows(queue, &DELAYED, &k.delayed, page).await
+        self.page(queue, &DELAYED, &[&k.delayed, &k.guard], page, waiting_job)
+            .await
     }
 
-    async fn waiting_rows(
+    /// Runs a listing script (KEYS `keys`, ARGV job prefix, offset, limit;
+    /// reply `{now_ms, total, rows}`) and turns each row into a `T`.
+    async fn page<T>(
         &self,
         queue: &str,
         script: &redis::Script,
-        key: &str,
+        keys: &[&String],
         page: Page,
-    ) -> Result<Listing<WaitingJob>> {
-        let k = QueueKeys::new(queue);
-        let (now, total, rows): (i64, u64, Vec<Row>) = script
-            .key(key)
-            .key(&k.guard)
-            .arg(&k.job_prefix)
-            .arg(page.script_args().0)
-            .arg(page.script_args().1)
+        row: impl Fn(&Row, i64) -> T,
+    ) -> Result<Listing<T>> {
+        let (offset, limit) = page.script_args();
+        let mut call = script.prepare_invoke();
+        for key in keys {
+            call.key(key.as_str());
+        }
+        let (now, total, rows): (i64, u64, Vec<Row>) = call
+            .arg(QueueKeys::new(queue).job_prefix)
+            .arg(offset)
+            .arg(limit)
             .invoke_async(&mut self.queue.connection())
             .await
             .map_err(|e| QueueError::redis(queue, None, e))?;
-        let jobs = rows
-            .iter()
-            .map(|r| WaitingJob {
-                id: JobId::from(r.first().cloned().unwrap_or_default()),
-                at: ms(r, 1),
-                job_type: text(r, 2),
-                attempts: number(r, 3),
-                last_error: text(r, 4),
-            })
-            .collect();
         Ok(Listing {
             now_ms: now,
             total,
-            jobs,
+            jobs: rows.iter().map(|r| row(r, now)).collect(),
         })
+    }
+}
+
+fn waiting_job(r: &Row, _now: i64) -> WaitingJob {
+    WaitingJob {
+        id: JobId::from(r.first().cloned().unwrap_or_default()),
+        at: ms(r, 1),
+        job_type: text(r, 2),
+        attempts: number(r, 3),
+        last_error: text(r, 4),
     }
 }
