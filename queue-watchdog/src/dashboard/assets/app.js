@@ -239,8 +239,10 @@
       a.className = 'job'; a.href = jobHref(queue, j.id); a.textContent = j.id;
       idc.appendChild(a);
       tr.appendChild(idc);
-      tr.appendChild(td(j.job_type));
-      tr.appendChild(td(j.attempts + ' / ' + j.max_attempts, 'num'));
+      // Fields of a job whose hash is missing come as null.
+      var text = function (v) { return v == null ? '' : String(v); };
+      tr.appendChild(td(text(j.job_type)));
+      tr.appendChild(td(text(j.attempts) + ' / ' + text(j.max_attempts), 'num'));
       tr.appendChild(td(j.delivered_at ? fmtDur(data.now_ms - j.delivered_at) : '–', 'num'));
       var lease = td('no lease', 'num lease muted');
       if (j.lease_until) { lease.className = 'num lease'; lease.dataset.leaseUntil = String(j.lease_until); leaseText(lease); }
