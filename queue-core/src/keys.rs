@@ -96,3 +96,23 @@ impl QueueKeys {
         format!("{}{}", self.steps_prefix, id)
     }
 }
+
+/// The keys of a user lock ([`Lock`](crate::Lock)): `lock:{<name>}` holds the
+/// owner token with a TTL, `lock:{<name>}:fence` the fencing counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// Owner token, with the lock's TTL.
+    pub(crate) lock: String,
+    /// Fencing counter, incremented by each acquisition.
+    pub(crate) fence: String,
+}
+
+impl LockKeys {
+    /// Key names of lock `name`.
+    pub(crate) fn new(name: &str) -> Self {
+        LockKeys {
+            lock: format!("lock:{{{name}}}"),
+            fence: format!("lock:{{{name}}}:fence"),
+        }
+    }
+}

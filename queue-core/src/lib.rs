@@ -41,6 +41,7 @@
 //! ```
 
 mod admin;
+mod background;
 mod backoff;
 mod conn;
 mod error;
@@ -51,11 +52,14 @@ mod lock;
 mod metrics;
 mod queue;
 mod registry;
-mod reply;
-mod scheduler;
 mod scripts;
+mod state;
 mod watchdog;
 mod worker;
+
+// `admin.rs` reads replies through `crate::reply`; the module lives in the
+// script layer.
+use scripts::reply;
 
 pub use admin::{JobInfo, QueueStats};
 pub use backoff::Backoff;
@@ -66,14 +70,19 @@ pub use keys::QueueKeys;
 pub use lock::{Lock, LockError, LockGuard, LockOptions};
 pub use queue::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue};
 pub use registry::Registration;
+pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig};
 
 /// The `#[job]` attribute macro. See the crate docs for an example.
 pub use queue_macros::job;
 
+/// Items used by code that `#[job]` generates. Not a public API.
+///
+/// Versioned: a `queue-macros` that generates code for another version of
+/// this module fails to compile against this `queue-core` instead of
+/// misbehaving.
 #[doc(hidden)]
-pub mod __private {
-    //! Items used by code that `#[job]` generates. Not a public API.
+pub mod __private_v1 {
     pub use std::time::Duration;
 }

@@ -93,8 +93,8 @@ fn generate(function: &ItemFn, sig: &JobSignature, options: &JobOptions) -> Toke
         .map(|n| quote!(const MAX_ATTEMPTS: u32 = #n;));
     let timeout = options.timeout_ms.map(|ms| {
         quote! {
-            const TIMEOUT: ::core::option::Option<::queue_core::__private::Duration> =
-                ::core::option::Option::Some(::queue_core::__private::Duration::from_millis(#ms));
+            const TIMEOUT: ::core::option::Option<::queue_core::__private_v1::Duration> =
+                ::core::option::Option::Some(::queue_core::__private_v1::Duration::from_millis(#ms));
         }
     });
     let version = options

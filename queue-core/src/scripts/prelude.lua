@@ -1,4 +1,4 @@
--- Shared helpers, prepended to every script (see scripts.rs).
+-- Shared helpers, prepended to every script (see scripts/mod.rs).
 
 -- Milliseconds since the epoch from the Redis server clock (rule 2: never a worker's clock).
 local function now_ms()
