@@ -4,7 +4,7 @@
 //! with jittered exponential backoff, a dead-letter list, and a watchdog that
 //! returns jobs whose worker died. See `docs/ARCHITECTURE.md` for the design.
 //!
-//! Most users write handlers with the [`job`] attribute, enqueue through a
+//! Most users write handlers with the [`job`](macro@job) attribute, enqueue through a
 //! [`Queue`] and run them with a [`Worker`]:
 //!
 //! ```
@@ -39,6 +39,8 @@
 //! run.await.unwrap()?;
 //! # let _ = (id, handle); Ok(()) }
 //! ```
+
+#![warn(missing_docs)]
 
 mod admin;
 mod background;
