@@ -1,5 +1,6 @@
 //! Key layout. Every key of one queue shares the hash tag `{<queue>}` so all
-//! of a queue's scripts touch a single cluster slot.
+//! of a queue's scripts touch a single cluster slot (DESIGN rule 6,
+//! docs/DESIGN.md). Build keys with [`QueueKeys`], never by hand.
 //!
 //! | key | type | holds |
 //! |---|---|---|

@@ -1,4 +1,7 @@
-//! The producer side: [`Queue`] enqueues jobs.
+//! The producer side: [`Queue`] enqueues jobs, alone or as a pipelined
+//! batch, through `scripts/enqueue.rs`. An enqueue returns `Ok` only after
+//! Redis confirmed the write (DESIGN rule 8, docs/DESIGN.md), and a stable id
+//! makes a second enqueue a no-op that says so (rule 7).
 
 use std::time::Duration;
 

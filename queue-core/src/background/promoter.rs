@@ -1,6 +1,8 @@
 //! The promoter: moves due retries and delayed jobs from the delayed set to
 //! main (`promote.lua`). A worker runs [`run`] every `promote_interval`; the
-//! watchdog calls [`promote_all_due`] at the end of each pass.
+//! watchdog calls [`promote_all_due`] at the end of each pass. Each call is
+//! one script, so any number of workers and watchdogs can promote at once
+//! (DESIGN rule 1, docs/DESIGN.md).
 
 use std::time::Duration;
 
