@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::reply;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
@@ -51,17 +51,13 @@ impl Ack<'_> {
             .arg(self.retention.as_millis() as u64)
             .arg(self.result_ref.unwrap_or_default())
             .arg(&k.tput_prefix)
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, Some(self.id), e))?;
-        match reply::integer(&k.queue, Some(self.id), "ack reply", &reply)? {
-            1 => Ok(AckReply::Completed),
-            0 => Ok(AckReply::LeaseLost),
-            n => Err(QueueError::protocol(
-                &k.queue,
-                Some(self.id),
-                format!("ack reply: unexpected {n}"),
-            )),
-        }
+            .run(conn, &k.queue, Some(self.id))
+            .await?;
+        Ok(
+            match reply::flag(&k.queue, Some(self.id), "ack reply", &reply)? {
+                true => AckReply::Completed,
+                false => AckReply::LeaseLost,
+            },
+        )
     }
 }

@@ -10,7 +10,7 @@ use redis::{Pipeline, Value};
 use super::reply::Fields;
 use super::{lua_script, Call, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::state::JobState;
@@ -71,9 +71,8 @@ impl Enqueue<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<EnqueueReply> {
         let reply = self
             .call()
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&self.keys.queue, Some(self.id), e))?;
+            .run(conn, &self.keys.queue, Some(self.id))
+            .await?;
         EnqueueReply::decode(&self.keys.queue, self.id, &reply)
     }
 

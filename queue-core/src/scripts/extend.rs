@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::reply;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
@@ -39,9 +39,8 @@ impl Extend<'_> {
             .arg(id)
             .arg(self.token)
             .arg(self.lease.as_millis() as u64)
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, Some(self.id), e))?;
+            .run(conn, &k.queue, Some(self.id))
+            .await?;
         Ok(
             match reply::integer(&k.queue, Some(self.id), "extend reply", &reply)? {
                 0 => ExtendReply::LeaseLost,

@@ -9,7 +9,7 @@ use redis::Value;
 use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
@@ -75,9 +75,8 @@ impl Fail<'_> {
             .arg(self.kind.as_arg())
             .arg(self.message)
             .arg(self.delay.as_millis() as u64)
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, Some(self.id), e))?;
+            .run(conn, &k.queue, Some(self.id))
+            .await?;
         FailReply::decode(&k.queue, self.id, &reply)
     }
 }

@@ -41,9 +41,8 @@ impl Fetch<'_> {
             .arg(self.lease.as_millis() as u64)
             .arg(self.token_base)
             .arg(self.count)
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, None, e))?;
+            .run(conn, &k.queue, None)
+            .await?;
         let rows = reply::array(&reply).ok_or_else(|| {
             QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}"))
         })?;

@@ -21,6 +21,8 @@ use std::sync::LazyLock;
 use redis::{Cmd, Pipeline, RedisResult, Script, ToRedisArgs, Value};
 
 use crate::conn::RedisConnection;
+use crate::error::{QueueError, Result};
+use crate::job::JobId;
 
 pub(crate) mod reply;
 
@@ -178,6 +180,19 @@ impl Call {
             }
             other => other,
         }
+    }
+
+    /// [`invoke`](Self::invoke), with a failure as a [`QueueError`] naming
+    /// the queue and job (DESIGN rule 8: every failure reaches the caller).
+    pub(crate) async fn run(
+        &self,
+        conn: &mut RedisConnection,
+        queue: &str,
+        job_id: Option<&JobId>,
+    ) -> Result<Value> {
+        self.invoke(conn)
+            .await
+            .map_err(|e| QueueError::redis(queue, job_id, e))
     }
 
     /// Adds the call to a pipeline. The caller handles NOSCRIPT for the whole

@@ -31,9 +31,8 @@ impl Promote<'_> {
             .call([&k.delayed, &k.main, &k.dead, &k.stats, &k.guard])
             .arg(&k.job_prefix)
             .arg(self.limit)
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, None, e))?;
+            .run(conn, &k.queue, None)
+            .await?;
         let n = reply::integer(&k.queue, None, "promote reply", &reply)?;
         let promoted = u64::try_from(n).map_err(|_| {
             QueueError::protocol(&k.queue, None, format!("promote reply: negative count {n}"))

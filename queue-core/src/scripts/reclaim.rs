@@ -9,7 +9,7 @@ use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::backoff::Backoff;
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<6> =
@@ -58,9 +58,8 @@ impl Reclaim<'_> {
             .arg(self.backoff.max.as_millis() as u64)
             .arg(self.seed)
             .arg(self.orphan_scan)
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, None, e))?;
+            .run(conn, &k.queue, None)
+            .await?;
         // {reclaimed, dead_lettered, adopted}
         let f = Fields::new(&k.queue, None, "reclaim reply", &reply)?;
         Ok(ReclaimReply {

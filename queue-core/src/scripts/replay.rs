@@ -4,7 +4,7 @@
 use super::reply;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
@@ -41,18 +41,14 @@ impl Replay<'_> {
             .call([k.dead.clone(), k.main.clone(), k.job(id), k.stats.clone()])
             .arg(id)
             .arg(if self.reset_attempts { "1" } else { "0" })
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, Some(self.id), e))?;
-        match reply::integer(&k.queue, Some(self.id), "replay reply", &reply)? {
-            1 => Ok(ReplayReply::Replayed),
-            0 => Ok(ReplayReply::NotDead),
-            n => Err(QueueError::protocol(
-                &k.queue,
-                Some(self.id),
-                format!("replay reply: unexpected {n}"),
-            )),
-        }
+            .run(conn, &k.queue, Some(self.id))
+            .await?;
+        Ok(
+            match reply::flag(&k.queue, Some(self.id), "replay reply", &reply)? {
+                true => ReplayReply::Replayed,
+                false => ReplayReply::NotDead,
+            },
+        )
     }
 }
 

@@ -145,3 +145,16 @@ pub(crate) fn integer(
         QueueError::protocol(queue, job_id, format!("{what}: not an integer: {reply:?}"))
     })
 }
+
+/// A `1` / `0` reply as true / false; anything else is a protocol error.
+pub(crate) fn flag(queue: &str, job_id: Option<&JobId>, what: &str, reply: &Value) -> Result<bool> {
+    match integer(queue, job_id, what, reply)? {
+        1 => Ok(true),
+        0 => Ok(false),
+        n => Err(QueueError::protocol(
+            queue,
+            job_id,
+            format!("{what}: expected 1 or 0, got {n}"),
+        )),
+    }
+}

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<6> =
@@ -54,9 +54,8 @@ impl Stats<'_> {
             ])
             .arg(&k.job_prefix)
             .arg(&k.tput_prefix)
-            .invoke(conn)
-            .await
-            .map_err(|e| QueueError::redis(&k.queue, None, e))?;
+            .run(conn, &k.queue, None)
+            .await?;
         let f = Fields::new(&k.queue, None, "stats reply", &reply)?;
         let counters = f.field(4, "counters", |v| redis::from_redis_value_ref(v).ok())?;
         Ok(StatsReply {
