@@ -1,4 +1,5 @@
-//! Jittered exponential backoff.
+//! Jittered exponential backoff of retries. The worker draws the delay; the
+//! script adds it to the Redis clock (DESIGN rule 2, docs/DESIGN.md).
 
 use std::time::Duration;
 

@@ -1,4 +1,6 @@
-//! Typed errors. Every error names the queue and, where there is one, the job id.
+//! Typed errors. Every error names the queue and, where there is one, the job
+//! id. Any failure of an enqueue is an error to the caller, never a log line
+//! (DESIGN rule 8, docs/DESIGN.md).
 
 use crate::JobId;
 

@@ -1,4 +1,6 @@
-//! Crash points for fault tests (cargo feature `failpoints`).
+//! Crash points for fault tests (cargo feature `failpoints`): the fault tests
+//! kill workers at chosen points and check every job ends exactly once
+//! (docs/DESIGN.md, "Tests").
 //!
 //! With the feature on, `QUEUE_FAILPOINT=name[:probability][,name...]` makes
 //! the process abort at once (no destructors, no acks, like SIGKILL) when it

@@ -1,4 +1,7 @@
 //! The job contract: what `#[job]` implements and what a handler receives.
+//! Payloads are MessagePack with a schema version (DESIGN rule 9,
+//! docs/DESIGN.md); the context gives handlers the stable id, the attempt
+//! number and step results they need to be safe to run twice (rule 7).
 
 use std::fmt;
 use std::future::Future;

@@ -1,5 +1,6 @@
 //! Key layout. Every key of one queue shares the hash tag `{<queue>}` so all
-//! of a queue's scripts touch a single cluster slot.
+//! of a queue's scripts touch a single cluster slot (DESIGN rule 6,
+//! docs/DESIGN.md). Build keys with [`QueueKeys`], never by hand.
 //!
 //! | key | type | holds |
 //! |---|---|---|
@@ -94,5 +95,25 @@ impl QueueKeys {
     /// The step results of job `id`.
     pub fn steps(&self, id: &str) -> String {
         format!("{}{}", self.steps_prefix, id)
+    }
+}
+
+/// The keys of a user lock ([`Lock`](crate::Lock)): `lock:{<name>}` holds the
+/// owner token with a TTL, `lock:{<name>}:fence` the fencing counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LockKeys {
+    /// Owner token, with the lock's TTL.
+    pub(crate) lock: String,
+    /// Fencing counter, incremented by each acquisition.
+    pub(crate) fence: String,
+}
+
+impl LockKeys {
+    /// Key names of lock `name`.
+    pub(crate) fn new(name: &str) -> Self {
+        LockKeys {
+            lock: format!("lock:{{{name}}}"),
+            fence: format!("lock:{{{name}}}:fence"),
+        }
     }
 }

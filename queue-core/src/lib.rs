@@ -4,7 +4,7 @@
 //! with jittered exponential backoff, a dead-letter list, and a watchdog that
 //! returns jobs whose worker died. See `docs/ARCHITECTURE.md` for the design.
 //!
-//! Most users write handlers with the [`job`] attribute, enqueue through a
+//! Most users write handlers with the [`job`](macro@job) attribute, enqueue through a
 //! [`Queue`] and run them with a [`Worker`]:
 //!
 //! ```
@@ -40,7 +40,10 @@
 //! # let _ = (id, handle); Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod admin;
+mod background;
 mod backoff;
 mod conn;
 mod error;
@@ -51,9 +54,8 @@ mod lock;
 mod metrics;
 mod queue;
 mod registry;
-mod reply;
-mod scheduler;
 mod scripts;
+mod state;
 mod watchdog;
 mod worker;
 
@@ -66,14 +68,19 @@ pub use keys::QueueKeys;
 pub use lock::{Lock, LockError, LockGuard, LockOptions};
 pub use queue::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue};
 pub use registry::Registration;
+pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig};
 
 /// The `#[job]` attribute macro. See the crate docs for an example.
 pub use queue_macros::job;
 
+/// Items used by code that `#[job]` generates. Not a public API.
+///
+/// Versioned: a `queue-macros` that generates code for another version of
+/// this module fails to compile against this `queue-core` instead of
+/// misbehaving.
 #[doc(hidden)]
-pub mod __private {
-    //! Items used by code that `#[job]` generates. Not a public API.
+pub mod __private_v1 {
     pub use std::time::Duration;
 }

@@ -20,7 +20,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::scripts;
+use crate::keys::LockKeys;
+use crate::scripts::lock_acquire::{LockAcquire, LockAcquireReply};
+use crate::scripts::lock_extend::LockExtend;
+use crate::scripts::lock_release::LockRelease;
 
 /// Lock errors: Redis failed while acquiring, extending or releasing.
 #[derive(Debug, thiserror::Error)]
@@ -110,27 +113,26 @@ impl Lock {
         name: &str,
         options: LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        let key = format!("lock:{{{name}}}");
-        let fence_key = format!("lock:{{{name}}}:fence");
+        let keys = LockKeys::new(name);
         let token = uuid::Uuid::new_v4().to_string();
         let deadline = tokio::time::Instant::now() + options.wait;
         let mut c = conn.clone();
         loop {
-            let fencing: u64 = scripts::LOCK_ACQUIRE
-                .key(&key)
-                .key(&fence_key)
-                .arg(&token)
-                .arg(options.ttl.as_millis() as u64)
-                .invoke_async(&mut c)
-                .await
-                .map_err(|source| LockError {
-                    name: name.to_string(),
-                    source,
-                })?;
-            if fencing > 0 {
+            let reply = LockAcquire {
+                keys: &keys,
+                token: &token,
+                ttl: options.ttl,
+            }
+            .run(&mut c)
+            .await
+            .map_err(|source| LockError {
+                name: name.to_string(),
+                source,
+            })?;
+            if let LockAcquireReply::Acquired { fencing } = reply {
                 debug!(lock = name, fencing, "lock acquired");
                 return Ok(Some(LockGuard::new(
-                    conn, name, key, token, fencing, options,
+                    conn, name, keys.lock, token, fencing, options,
                 )));
             }
             let now = tokio::time::Instant::now();
@@ -247,16 +249,16 @@ impl LockGuard {
         }
         self.held.store(false, Ordering::SeqCst);
         let mut c = self.conn.clone();
-        let n: i64 = scripts::LOCK_RELEASE
-            .key(&self.key)
-            .arg(&self.token)
-            .invoke_async(&mut c)
-            .await
-            .map_err(|source| LockError {
-                name: self.name.clone(),
-                source,
-            })?;
-        Ok(n == 1)
+        LockRelease {
+            key: &self.key,
+            token: &self.token,
+        }
+        .run(&mut c)
+        .await
+        .map_err(|source| LockError {
+            name: self.name.clone(),
+            source,
+        })
     }
 
     /// The configured lease.
@@ -274,11 +276,11 @@ impl Drop for LockGuard {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
                 let (mut c, key, token) = (self.conn.clone(), self.key.clone(), self.token.clone());
                 rt.spawn(async move {
-                    let _: redis::RedisResult<i64> = scripts::LOCK_RELEASE
-                        .key(&key)
-                        .arg(&token)
-                        .invoke_async(&mut c)
-                        .await;
+                    let release = LockRelease {
+                        key: &key,
+                        token: &token,
+                    };
+                    let _ = release.run(&mut c).await;
                 });
             }
         }
@@ -292,13 +294,7 @@ async fn extend(
     ttl: Duration,
 ) -> redis::RedisResult<bool> {
     let mut c = conn.clone();
-    let n: i64 = scripts::LOCK_EXTEND
-        .key(key)
-        .arg(token)
-        .arg(ttl.as_millis() as u64)
-        .invoke_async(&mut c)
-        .await?;
-    Ok(n == 1)
+    LockExtend { key, token, ttl }.run(&mut c).await
 }
 
 #[allow(clippy::too_many_arguments)]

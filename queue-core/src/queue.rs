@@ -1,4 +1,7 @@
-//! The producer side: [`Queue`] enqueues jobs.
+//! The producer side: [`Queue`] enqueues jobs, alone or as a pipelined
+//! batch, through `scripts/enqueue.rs`. An enqueue returns `Ok` only after
+//! Redis confirmed the write (DESIGN rule 8, docs/DESIGN.md), and a stable id
+//! makes a second enqueue a no-op that says so (rule 7).
 
 use std::time::Duration;
 
@@ -9,8 +12,9 @@ use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::{QueueError, Result};
 use crate::job::{Job, JobId};
 use crate::keys::QueueKeys;
-use crate::reply;
-use crate::scripts;
+use crate::scripts::enqueue::{self, Enqueue, EnqueueReply};
+use crate::scripts::{self, reply};
+use crate::state::JobState;
 
 /// A handle for enqueuing jobs. Cheap to clone; share one per process
 /// (e.g. in your web framework's state).
@@ -140,10 +144,16 @@ impl Enqueued {
 pub enum EnqueueOutcome {
     /// The job was written and will run.
     Created,
-    /// A job with this id exists (queued, delayed, active or dead); nothing was written.
+    /// A job with this id exists (queued, delayed, active or dead); nothing
+    /// was written. `state` is [`JobState::Scheduled`] when a periodic
+    /// firing's once-marker refused the id.
+    ///
+    /// `state` was a `String` before 0.1 was split into typed scripts; it
+    /// compares with and converts from text (`state == "queued"`,
+    /// `"queued".into()`) and prints the same.
     Duplicate {
         /// The existing job's state.
-        state: String,
+        state: JobState,
     },
     /// A job with this id completed within the retention window; nothing was written.
     AlreadyCompleted,
@@ -242,37 +252,22 @@ impl Queue {
                 .pop()
                 .ok_or_else(|| QueueError::protocol(queue, None, "empty batch reply"));
         }
-        let id = opts.id.unwrap_or_else(JobId::random);
-        id.validate().map_err(|reason| QueueError::InvalidJobId {
-            queue: queue.to_string(),
-            id: id.to_string(),
-            reason,
-        })?;
+        let id = valid_id(queue, opts.id.clone())?;
         let keys = QueueKeys::new(queue);
-        let delay_ms = opts.delay.map(|d| d.as_millis() as u64).unwrap_or(0);
         let mut conn = self.conn.clone();
-        let reply: Value = scripts::ENQUEUE
-            .key(&keys.main)
-            .key(keys.job(id.as_str()))
-            .key(keys.done(id.as_str()))
-            .key(&keys.delayed)
-            .key(&keys.stats)
-            .key(keys.once(id.as_str()))
-            .arg(id.as_str())
-            .arg(job_type)
-            .arg(schema_version)
-            .arg(payload)
-            .arg(max_attempts.max(1))
-            .arg(delay_ms)
-            .arg(epoch_ms(opts.run_at))
-            .arg(opts.once_for.map(|d| d.as_millis() as u64).unwrap_or(0))
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| {
-                debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed");
-                QueueError::redis(queue, Some(&id), e)
-            })?;
-        let outcome = parse_outcome(queue, &id, &reply)?;
+        let reply = script_call(
+            &keys,
+            &id,
+            job_type,
+            schema_version,
+            max_attempts,
+            &opts,
+            payload,
+        )
+        .run(&mut conn)
+        .await
+        .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
+        let outcome = EnqueueOutcome::from(reply);
         if outcome == EnqueueOutcome::Created {
             crate::metrics::enqueued(queue, job_type, 1);
         }
@@ -331,29 +326,18 @@ impl Queue {
         let mut ids = Vec::with_capacity(items.len());
         let mut pipe = redis::pipe();
         for (opts, payload) in &items {
-            let id = opts.id.clone().unwrap_or_else(JobId::random);
-            id.validate().map_err(|reason| QueueError::InvalidJobId {
-                queue: queue.to_string(),
-                id: id.to_string(),
-                reason,
-            })?;
-            pipe.cmd("EVALSHA")
-                .arg(scripts::ENQUEUE.get_hash())
-                .arg(6)
-                .arg(&keys.main)
-                .arg(keys.job(id.as_str()))
-                .arg(keys.done(id.as_str()))
-                .arg(&keys.delayed)
-                .arg(&keys.stats)
-                .arg(keys.once(id.as_str()))
-                .arg(id.as_str())
-                .arg(job_type)
-                .arg(schema_version)
-                .arg(payload.as_slice())
-                .arg(opts.max_attempts.unwrap_or(max_attempts).max(1))
-                .arg(opts.delay.map(|d| d.as_millis() as u64).unwrap_or(0))
-                .arg(epoch_ms(opts.run_at))
-                .arg(opts.once_for.map(|d| d.as_millis() as u64).unwrap_or(0));
+            let id = valid_id(queue, opts.id.clone())?;
+            let max_attempts = opts.max_attempts.unwrap_or(max_attempts);
+            script_call(
+                &keys,
+                &id,
+                job_type,
+                schema_version,
+                max_attempts,
+                opts,
+                payload,
+            )
+            .add_to(&mut pipe);
             ids.push(id);
         }
         let wait = items.iter().filter_map(|(o, _)| o.replicas).max();
@@ -365,13 +349,10 @@ impl Queue {
         let mut conn = self.conn.clone();
         let first_id = ids.first().cloned();
         let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
-        if matches!(&res, Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript))
-        {
+        if matches!(&res, Err(e) if scripts::is_noscript(e)) {
             // First use on this server (or after a restart): load and resend.
             // A resend is harmless: ids already written report Duplicate.
-            scripts::ENQUEUE
-                .prepare_invoke()
-                .load_async(&mut conn)
+            enqueue::load(&mut conn)
                 .await
                 .map_err(|e| QueueError::redis(queue, first_id.as_ref(), e))?;
             res = pipe.query_async(&mut conn).await;
@@ -393,7 +374,7 @@ impl Queue {
         }
         let mut out = Vec::with_capacity(ids.len());
         for (id, reply) in ids.into_iter().zip(replies) {
-            let outcome = parse_outcome(queue, &id, &reply)?;
+            let outcome = EnqueueReply::decode(queue, &id, &reply)?.into();
             out.push(Enqueued { id, outcome });
         }
         if let (Some((wanted, _)), Some(acked)) = (wait, acked) {
@@ -413,27 +394,47 @@ impl Queue {
     }
 }
 
-/// Milliseconds since the epoch, 0 for none (or before the epoch).
-fn epoch_ms(at: Option<std::time::SystemTime>) -> u64 {
-    at.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map(|d| (d.as_millis() as u64).max(1))
-        .unwrap_or(0)
+/// The caller's id, or a random one; checked before anything is sent.
+fn valid_id(queue: &str, id: Option<JobId>) -> Result<JobId> {
+    let id = id.unwrap_or_else(JobId::random);
+    id.validate().map_err(|reason| QueueError::InvalidJobId {
+        queue: queue.to_string(),
+        id: id.to_string(),
+        reason,
+    })?;
+    Ok(id)
 }
 
-fn parse_outcome(queue: &str, id: &JobId, reply: &Value) -> Result<EnqueueOutcome> {
-    let items = reply::array(reply)
-        .ok_or_else(|| QueueError::protocol(queue, Some(id), format!("enqueue reply {reply:?}")))?;
-    let tag = items.first().and_then(reply::text).unwrap_or_default();
-    match tag.as_str() {
-        "new" => Ok(EnqueueOutcome::Created),
-        "exists" => Ok(EnqueueOutcome::Duplicate {
-            state: items.get(1).and_then(reply::text).unwrap_or_default(),
-        }),
-        "done" => Ok(EnqueueOutcome::AlreadyCompleted),
-        other => Err(QueueError::protocol(
-            queue,
-            Some(id),
-            format!("unknown enqueue outcome {other:?}"),
-        )),
+/// The enqueue script call of one job, for a single enqueue and for each job
+/// of a batch.
+fn script_call<'a>(
+    keys: &'a QueueKeys,
+    id: &'a JobId,
+    job_type: &'a str,
+    schema_version: u32,
+    max_attempts: u32,
+    opts: &EnqueueOptions,
+    payload: &'a [u8],
+) -> Enqueue<'a> {
+    Enqueue {
+        keys,
+        id,
+        job_type,
+        schema_version,
+        payload,
+        max_attempts,
+        delay: opts.delay,
+        run_at: opts.run_at,
+        once_for: opts.once_for,
+    }
+}
+
+impl From<EnqueueReply> for EnqueueOutcome {
+    fn from(reply: EnqueueReply) -> Self {
+        match reply {
+            EnqueueReply::Created { .. } => EnqueueOutcome::Created,
+            EnqueueReply::Exists { state } => EnqueueOutcome::Duplicate { state },
+            EnqueueReply::Done => EnqueueOutcome::AlreadyCompleted,
+        }
     }
 }

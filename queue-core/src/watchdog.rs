@@ -1,19 +1,20 @@
 //! The watchdog: returns jobs whose lease expired, dead-letters exhausted
 //! ones, adopts unleased ids (BLMOVE→claim crash window) and promotes due
 //! delayed jobs. Every pass is one script per queue, so any number of
-//! watchdogs can run at once without duplicating a job.
+//! watchdogs can run at once without duplicating a job (DESIGN rules 1 and 4,
+//! docs/DESIGN.md).
 
 use std::future::Future;
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+use crate::background::promoter::promote_all_due;
 use crate::backoff::Backoff;
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
-use crate::scripts;
-use crate::worker::promote;
+use crate::scripts::reclaim::Reclaim;
 
 /// Watchdog settings.
 ///
@@ -168,38 +169,24 @@ impl Watchdog {
         let mut conn = self.conn.clone();
         let mut report = ReclaimReport::default();
         loop {
-            let seed: u32 = rand::random();
-            let (reclaimed, dead, adopted): (u64, u64, u64) = scripts::RECLAIM
-                .key(&keys.processing)
-                .key(&keys.leases)
-                .key(&keys.delayed)
-                .key(&keys.dead)
-                .key(&keys.stats)
-                .key(&keys.guard)
-                .arg(&keys.job_prefix)
-                .arg(self.config.batch)
-                .arg(self.config.orphan_grace.as_millis() as u64)
-                .arg(self.config.backoff.base.as_millis() as u64)
-                .arg(self.config.backoff.max.as_millis() as u64)
-                .arg(seed)
-                .arg(self.config.orphan_scan)
-                .invoke_async(&mut conn)
-                .await
-                .map_err(|e| QueueError::redis(&keys.queue, None, e))?;
-            report.reclaimed += reclaimed;
-            report.dead_lettered += dead;
-            report.adopted += adopted;
-            if reclaimed + dead < self.config.batch as u64 {
+            let batch = Reclaim {
+                keys,
+                batch: self.config.batch,
+                orphan_grace: self.config.orphan_grace,
+                backoff: &self.config.backoff,
+                seed: rand::random(),
+                orphan_scan: self.config.orphan_scan,
+            }
+            .run(&mut conn)
+            .await?;
+            report.reclaimed += batch.reclaimed;
+            report.dead_lettered += batch.dead_lettered;
+            report.adopted += batch.adopted;
+            if batch.reclaimed + batch.dead_lettered < self.config.batch as u64 {
                 break;
             }
         }
-        loop {
-            let n = promote(&mut conn, keys, 1000).await?;
-            report.promoted += n;
-            if n < 1000 {
-                break;
-            }
-        }
+        report.promoted += promote_all_due(&mut conn, keys).await?;
         crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
         if self.config.publish_gauges {
             let queue = crate::queue::Queue::from_connection(conn);

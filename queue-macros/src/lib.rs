@@ -6,7 +6,11 @@
 //! crate using the macro (under that name).
 //!
 //! The macro only generates glue that calls into `queue-core`: no Redis logic
-//! lives here.
+//! lives here. Items the generated code needs beyond `queue-core`'s public
+//! API come from the versioned `queue_core::__private_v1`, so a mismatched
+//! pair of crates fails to compile instead of misbehaving.
+
+#![warn(missing_docs)]
 
 mod duration;
 mod errors;
@@ -18,10 +22,11 @@ use proc_macro::TokenStream;
 
 /// Turns an `async fn` into a job handler.
 ///
-/// ```ignore
-/// use queue_core::{job, JobContext, JobError};
+/// ```
+/// use queue_core::{job, JobContext, JobError, Queue, Worker};
+/// use serde::{Deserialize, Serialize};
 ///
-/// #[derive(serde::Serialize, serde::Deserialize)]
+/// #[derive(Serialize, Deserialize)]
 /// pub struct Welcome { pub email: String }
 ///
 /// #[job(queue = "emails", max_attempts = 5, timeout = "30s")]
@@ -30,10 +35,20 @@ use proc_macro::TokenStream;
 ///     Ok(())
 /// }
 ///
+/// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+/// # let server = queue_testkit::RedisServer::start().unwrap();
+/// # let url = server.url();
+/// let queue = Queue::connect(&url).await?;
 /// // Enqueue (returns once Redis stored the job):
 /// let id = send_welcome::enqueue(&queue, Welcome { email: "a@example.com".into() }).await?;
 /// // Run:
 /// let worker = Worker::builder(&url).register(send_welcome::handler()).build().await?;
+/// # let stop = worker.shutdown_handle();
+/// # let running = tokio::spawn(worker.run());
+/// # stop.shutdown();
+/// # running.await.unwrap()?;
+/// # assert!(!id.as_str().is_empty());
+/// # Ok(()) }
 /// ```
 ///
 /// # The function

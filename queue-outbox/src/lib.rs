@@ -80,6 +80,8 @@
 //! plus a partial index on unpublished rows and an index on `created_at`.
 //! Published rows stay until [`Outbox::prune`].
 
+#![warn(missing_docs)]
+
 mod error;
 mod outbox;
 mod reconcile;

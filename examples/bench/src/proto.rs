@@ -1,5 +1,5 @@
 //! A stripped-down consumer that runs queue-core's *own* fetch and ack
-//! scripts (compiled in from `queue-core/src/lua`), with acks either one
+//! scripts (compiled in from `queue-core/src/scripts`), with acks either one
 //! EVALSHA per job (as `Worker` does today) or many per EVALSHA (the
 //! prototype `proto/ack_many.lua`). It measures what batching acks would gain
 //! and how much the `Worker` machinery costs on top of the Redis protocol.
@@ -17,9 +17,9 @@ use serde_json::{json, Value as Json};
 use crate::stats::{self, round3};
 use crate::{Noop, Res};
 
-const PRELUDE: &str = include_str!("../../../queue-core/src/lua/prelude.lua");
-const FETCH: &str = include_str!("../../../queue-core/src/lua/fetch.lua");
-const ACK: &str = include_str!("../../../queue-core/src/lua/ack.lua");
+const PRELUDE: &str = include_str!("../../../queue-core/src/scripts/prelude.lua");
+const FETCH: &str = include_str!("../../../queue-core/src/scripts/fetch.lua");
+const ACK: &str = include_str!("../../../queue-core/src/scripts/ack.lua");
 const ACK_MANY: &str = include_str!("proto/ack_many.lua");
 
 fn script(body: &str) -> Script {

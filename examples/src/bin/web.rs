@@ -127,7 +127,7 @@ async fn enqueue_welcome(
 fn duplicate_state(outcome: &EnqueueOutcome) -> Option<String> {
     match outcome {
         EnqueueOutcome::Created => None,
-        EnqueueOutcome::Duplicate { state } => Some(state.clone()),
+        EnqueueOutcome::Duplicate { state } => Some(state.to_string()),
         EnqueueOutcome::AlreadyCompleted => Some("completed".into()),
     }
 }

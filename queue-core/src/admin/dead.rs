@@ -2,17 +2,14 @@
 //! paging), selecting the jobs a replay or purge acts on, replay
 //! (`replay.lua`) and purge (`purge.lua`), one script each (DESIGN rule 1).
 
-use redis::Value;
-
 use super::jobs::JobInfo;
 use super::{admin_script, Admin, Page, Result};
 use crate::error::QueueError;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::queue::Queue;
-use crate::reply;
+use crate::scripts::replay::{Replay, ReplayReply};
 
-admin_script!(REPLAY, "replay.lua", None);
 admin_script!(PURGE, "purge.lua", None);
 
 /// One page of dead letters.
@@ -130,18 +127,13 @@ impl Queue {
         reset_attempts: bool,
     ) -> crate::Result<bool> {
         let id = id.into();
-        let k = QueueKeys::new(queue);
-        let v: Value = REPLAY
-            .key(&k.dead)
-            .key(&k.main)
-            .key(k.job(id.as_str()))
-            .key(&k.stats)
-            .arg(id.as_str())
-            .arg(if reset_attempts { "1" } else { "0" })
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| QueueError::redis(queue, Some(&id), e))?;
-        Ok(reply::int(&v) == Some(1))
+        let keys = QueueKeys::new(queue);
+        let replay = Replay {
+            keys: &keys,
+            id: &id,
+            reset_attempts,
+        };
+        Ok(replay.run(&mut self.connection()).await? == ReplayReply::Replayed)
     }
 }
 

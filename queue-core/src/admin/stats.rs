@@ -1,16 +1,15 @@
 //! [`QueueStats`]: a queue's lengths, lifetime counters and throughput, read
-//! by one script (`stats.lua`), and the gauges published from them.
+//! by one script (`scripts/stats.lua`), and the gauges published from them.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{admin_script, Admin, READ_ONLY};
-use crate::error::{QueueError, Result};
+use super::Admin;
+use crate::error::Result;
 use crate::keys::QueueKeys;
 use crate::queue::Queue;
-
-admin_script!(STATS, "stats.lua", READ_ONLY);
+use crate::scripts::stats::{Stats, StatsReply};
 
 /// Lengths and lifetime counters of one queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -63,29 +62,17 @@ impl Queue {
     /// ```
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         let k = QueueKeys::new(queue);
-        type Reply = (
-            u64,
-            u64,
-            u64,
-            u64,
-            BTreeMap<String, i64>,
-            i64,
-            i64,
-            u64,
-            u64,
-        );
-        let (main, processing, delayed, dead, counters, now, oldest, cur, prev): Reply = STATS
-            .key(&k.main)
-            .key(&k.processing)
-            .key(&k.delayed)
-            .key(&k.dead)
-            .key(&k.stats)
-            .key(&k.guard)
-            .arg(&k.job_prefix)
-            .arg(&k.tput_prefix)
-            .invoke_async(&mut self.connection())
-            .await
-            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let StatsReply {
+            main,
+            processing,
+            delayed,
+            dead,
+            counters,
+            now_ms: now,
+            oldest_enqueued_ms: oldest,
+            completed_this_minute: cur,
+            completed_previous_minute: prev,
+        } = Stats { keys: &k }.run(&mut self.connection()).await?;
         let into_minute = (now.rem_euclid(60_000)) as f64 / 60_000.0;
         Ok(QueueStats {
             queue: queue.to_string(),

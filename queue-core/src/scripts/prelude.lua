@@ -1,6 +1,6 @@
--- Shared helpers, prepended to every script (see scripts.rs).
+-- Shared helpers, prepended to every script (see scripts/mod.rs).
 
--- Milliseconds since the epoch from the Redis server clock (rule 2: never a worker's clock).
+-- Milliseconds since the epoch from the Redis server clock (DESIGN rule 2: never a worker's clock).
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

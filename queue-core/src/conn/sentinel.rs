@@ -1,266 +1,21 @@
-//! Connections: one type for a single Redis (a `ConnectionManager`, which
-//! reconnects by itself), a Redis Cluster (redis-rs' cluster client, which
-//! follows MOVED/ASK, retries TRYAGAIN and reconnects to nodes) and a primary
-//! managed by Redis Sentinel (resolved through the sentinels and replaced
-//! after a failover), with explicit timeouts.
-//!
-//! See `docs/SCALE-OUT.md` for how each kind behaves when nodes fail.
+//! Sentinel-managed primaries (`redis-sentinel://`): the primary is resolved
+//! through the sentinels, checked in the background, and replaced after a
+//! failover, an I/O error, a timeout or a `READONLY` reply (see
+//! [`RedisConnection`](super::RedisConnection) and docs/SCALE-OUT.md).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
-use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
-    ServerErrorKind, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind,
+    Value,
 };
 use tracing::{debug, info, warn};
 
-use crate::error::{QueueError, Result};
-
-/// Timeouts for talking to Redis.
-///
-/// ```
-/// use std::time::Duration;
-/// let cfg = queue_core::ConnectionConfig::default();
-/// assert_eq!(cfg.response_timeout, Duration::from_secs(5));
-/// ```
-#[derive(Debug, Clone)]
-pub struct ConnectionConfig {
-    /// How long one command may take before it fails with a timeout error.
-    /// For a cluster this bounds the whole request, including the client's
-    /// own retries after MOVED, ASK, TRYAGAIN or a lost node.
-    pub response_timeout: Duration,
-    /// How long connecting may take.
-    pub connection_timeout: Duration,
-}
-
-impl Default for ConnectionConfig {
-    fn default() -> Self {
-        ConnectionConfig {
-            response_timeout: Duration::from_secs(5),
-            connection_timeout: Duration::from_secs(5),
-        }
-    }
-}
-
-/// A connection to a single Redis, a Redis Cluster or a Sentinel-managed
-/// primary. Cheap to clone (clones share one multiplexed connection).
-///
-/// The URL picks the kind:
-///
-/// | URL | kind |
-/// |---|---|
-/// | `redis://[user:pass@]host:port[/db]` | one server (reconnects by itself) |
-/// | `redis-cluster://[user:pass@]host1:port1,host2:port2` | a Redis Cluster: any reachable nodes as seeds |
-/// | `redis-sentinel://[user:pass@]host1:port1[,host2:port2]/<master-name>[/db][?check_interval_ms=500]` | the primary that the sentinels name `<master-name>` |
-///
-/// For Sentinel, the credentials are those of the data nodes (the sentinels
-/// are asked without authentication). The primary is resolved when
-/// connecting: every sentinel is asked, the named nodes are tried from the
-/// highest configuration epoch down, and a node is used only if `ROLE` says
-/// it is a primary. After an I/O error, a timeout or a `READONLY` reply (a
-/// demoted primary) the connection asks the sentinels again and switches to
-/// the new primary. A command refused with `READONLY` did not run, so it is
-/// sent once more to the new primary; any other error is returned to the
-/// caller (the command may or may not have run), and the next command uses
-/// the new primary. In the background, every `check_interval_ms` (default
-/// 500, 0 = never) a sentinel is asked whether the primary moved — after a
-/// controlled failover the old primary keeps accepting writes for seconds —
-/// and the connection switches when it did.
-#[derive(Clone)]
-pub struct RedisConnection {
-    kind: Kind,
-}
-
-#[derive(Clone)]
-enum Kind {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-    Sentinel(SentinelConnection),
-}
-
-impl std::fmt::Debug for RedisConnection {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match self.kind {
-            Kind::Single(_) => "single",
-            Kind::Cluster(_) => "cluster",
-            Kind::Sentinel(_) => "sentinel",
-        };
-        f.debug_struct("RedisConnection")
-            .field("kind", &kind)
-            .finish()
-    }
-}
-
-impl RedisConnection {
-    /// Connects to `url` (see the type's docs for the URL forms).
-    ///
-    /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
-    /// # let server = queue_testkit::RedisServer::start().unwrap();
-    /// let conn = queue_core::RedisConnection::connect(&server.url(), &Default::default()).await?;
-    /// assert!(!conn.is_cluster());
-    /// # Ok(()) }
-    /// ```
-    pub async fn connect(url: &str, cfg: &ConnectionConfig) -> Result<Self> {
-        let err = |source| QueueError::Connect {
-            url: redact(url),
-            source,
-        };
-        if let Some(rest) = url.strip_prefix("redis-cluster://") {
-            let conn = connect_cluster(rest, cfg).await.map_err(err)?;
-            return Ok(RedisConnection {
-                kind: Kind::Cluster(conn),
-            });
-        }
-        if let Some(rest) = url.strip_prefix("redis-sentinel://") {
-            let target = SentinelTarget::parse(rest).map_err(err)?;
-            let conn = SentinelConnection::new(target, cfg.clone());
-            // Resolve now, so a wrong URL or a missing primary fails at once.
-            conn.current().await.map_err(err)?;
-            return Ok(RedisConnection {
-                kind: Kind::Sentinel(conn),
-            });
-        }
-        let client = redis::Client::open(url).map_err(err)?;
-        let mgr_cfg = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(cfg.response_timeout))
-            .set_connection_timeout(Some(cfg.connection_timeout))
-            .set_number_of_retries(3)
-            .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_with_config(client, mgr_cfg)
-            .await
-            .map_err(err)?;
-        Ok(RedisConnection {
-            kind: Kind::Single(conn),
-        })
-    }
-
-    /// Wraps an existing single-server connection manager.
-    pub fn from_manager(conn: ConnectionManager) -> Self {
-        RedisConnection {
-            kind: Kind::Single(conn),
-        }
-    }
-
-    /// Wraps an existing Redis Cluster connection.
-    pub fn from_cluster(conn: ClusterConnection) -> Self {
-        RedisConnection {
-            kind: Kind::Cluster(conn),
-        }
-    }
-
-    /// True for a Redis Cluster connection.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.kind, Kind::Cluster(_))
-    }
-
-    /// True for a Sentinel-managed primary (`redis-sentinel://`).
-    pub fn is_sentinel(&self) -> bool {
-        matches!(self.kind, Kind::Sentinel(_))
-    }
-
-    /// For a Sentinel connection, the `host:port` of the primary it currently
-    /// talks to (`None` between a failure and the next resolution, and for
-    /// the other kinds).
-    pub fn sentinel_primary(&self) -> Option<String> {
-        match &self.kind {
-            Kind::Sentinel(s) => s.read_current().map(|c| c.addr),
-            _ => None,
-        }
-    }
-}
-
-/// `rest` is the URL after `redis-cluster://`: `[user:pass@]h1:p1,h2:p2[/]`.
-async fn connect_cluster(rest: &str, cfg: &ConnectionConfig) -> RedisResult<ClusterConnection> {
-    let (userinfo, hosts) = split_userinfo(rest);
-    let hosts = hosts.split(['/', '?']).next().unwrap_or_default();
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(|n| match userinfo {
-            Some(u) => format!("redis://{u}@{n}/"),
-            None => format!("redis://{n}/"),
-        })
-        .collect();
-    if nodes.is_empty() {
-        return Err(invalid_url(
-            "a cluster URL names at least one node: redis-cluster://host:port[,host:port]",
-        ));
-    }
-    // Retries after MOVED/ASK are immediate; TRYAGAIN (a slot being
-    // migrated), CLUSTERDOWN and lost nodes are retried with a short
-    // jittered exponential wait (10 ms doubling, at most 500 ms per wait) —
-    // the client's default minimum of 1.28 s per retry would stall a worker
-    // for seconds on every slot migration. The whole request, retries
-    // included, is bounded by `response_timeout`.
-    let client = ClusterClientBuilder::new(nodes)
-        .connection_timeout(cfg.connection_timeout)
-        .response_timeout(cfg.response_timeout)
-        .overall_response_timeout(Some(cfg.response_timeout))
-        .retries(32)
-        .min_retry_wait(10)
-        .max_retry_wait(500)
-        .retry_wait_formula(10, 2)
-        .build()?;
-    client.get_async_connection().await
-}
-
-fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
-    // The userinfo ends at the last '@' before the path.
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
-        None => (None, rest),
-    }
-}
-
-fn invalid_url(msg: &'static str) -> RedisError {
-    RedisError::from((ErrorKind::InvalidClientConfig, msg))
-}
-
-impl ConnectionLike for RedisConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match &mut self.kind {
-            Kind::Single(c) => c.req_packed_command(cmd),
-            Kind::Cluster(c) => c.req_packed_command(cmd),
-            Kind::Sentinel(c) => Box::pin(c.command(cmd)),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match &mut self.kind {
-            Kind::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            Kind::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-            Kind::Sentinel(c) => Box::pin(c.commands(pipeline, offset, count)),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match &self.kind {
-            Kind::Single(c) => c.get_db(),
-            Kind::Cluster(c) => c.get_db(),
-            Kind::Sentinel(c) => c.shared.target.db,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
-// Sentinel
-
+use super::{invalid_url, split_userinfo, ConnectionConfig};
 /// After a failed resolution, commands fail fast with the same error for
 /// this long instead of asking the sentinels again (a burst of callers during
 /// a failover then costs one round of sentinel queries, not one each).
@@ -272,7 +27,7 @@ const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// What a `redis-sentinel://` URL names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct SentinelTarget {
+pub(super) struct SentinelTarget {
     /// `host:port` of each sentinel.
     sentinels: Vec<String>,
     /// The monitored master's name.
@@ -287,7 +42,7 @@ struct SentinelTarget {
 
 impl SentinelTarget {
     /// `rest` is the URL after `redis-sentinel://`.
-    fn parse(rest: &str) -> RedisResult<Self> {
+    pub(super) fn parse(rest: &str) -> RedisResult<Self> {
         const USAGE: &str = "a sentinel URL is redis-sentinel://[user:pass@]host:port[,host:port]/<master-name>[/db][?check_interval_ms=N]";
         let (userinfo, rest) = split_userinfo(rest);
         let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
@@ -341,7 +96,7 @@ impl SentinelTarget {
 }
 
 #[derive(Clone)]
-struct SentinelConnection {
+pub(super) struct SentinelConnection {
     shared: Arc<SentinelShared>,
 }
 
@@ -357,9 +112,9 @@ struct SentinelShared {
 }
 
 #[derive(Clone)]
-struct Current {
+pub(super) struct Current {
     generation: u64,
-    addr: String,
+    pub(super) addr: String,
     conn: MultiplexedConnection,
 }
 
@@ -410,7 +165,12 @@ fn health_of<T>(res: &RedisResult<T>, is_readonly: impl Fn(&T) -> bool) -> Healt
 }
 
 impl SentinelConnection {
-    fn new(target: SentinelTarget, cfg: ConnectionConfig) -> Self {
+    /// Database number on the primary.
+    pub(super) fn db(&self) -> i64 {
+        self.shared.target.db
+    }
+
+    pub(super) fn new(target: SentinelTarget, cfg: ConnectionConfig) -> Self {
         let conn = SentinelConnection {
             shared: Arc::new(SentinelShared {
                 target,
@@ -481,7 +241,7 @@ impl SentinelConnection {
         });
     }
 
-    fn read_current(&self) -> Option<Current> {
+    pub(super) fn read_current(&self) -> Option<Current> {
         self.shared
             .current
             .read()
@@ -490,7 +250,7 @@ impl SentinelConnection {
     }
 
     /// The primary to use, resolving it through the sentinels when needed.
-    async fn current(&self) -> RedisResult<Current> {
+    pub(super) async fn current(&self) -> RedisResult<Current> {
         if let Some(c) = self.read_current() {
             return Ok(c);
         }
@@ -634,7 +394,7 @@ impl SentinelConnection {
         }
     }
 
-    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+    pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -657,7 +417,7 @@ impl SentinelConnection {
         }
     }
 
-    async fn commands(
+    pub(super) async fn commands(
         &self,
         pipeline: &Pipeline,
         offset: usize,
@@ -684,21 +444,6 @@ impl SentinelConnection {
             }
         }
     }
-}
-
-/// The URL without its password, for error messages and logs.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://***@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
-}
-
-/// Connects with the given timeouts. Fails at once when Redis is unreachable.
-pub(crate) async fn connect(url: &str, cfg: &ConnectionConfig) -> Result<RedisConnection> {
-    RedisConnection::connect(url, cfg).await
 }
 
 #[cfg(test)]
@@ -731,16 +476,6 @@ mod tests {
         ] {
             assert!(SentinelTarget::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn userinfo_is_split_before_the_path() {
-        assert_eq!(split_userinfo("u:p@h:1,h:2"), (Some("u:p"), "h:1,h:2"));
-        assert_eq!(split_userinfo("h:1/m@x"), (None, "h:1/m@x"));
-        assert_eq!(
-            redact("redis-sentinel://:pw@h:1/m"),
-            "redis-sentinel://***@h:1/m"
-        );
     }
 
     #[test]

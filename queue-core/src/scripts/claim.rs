@@ -1,0 +1,205 @@
+//! `claim.lua` and the claim row: the claim after a blocking `BLMOVE` (which
+//! cannot run in a script, DESIGN rule 4), and the decoding of the rows that
+//! `claim()` in `prelude.lua` returns, for this script and for `fetch.lua`.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::reply::Fields;
+use super::{lua_script, LuaScript};
+use crate::conn::RedisConnection;
+use crate::error::{QueueError, Result};
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+pub(crate) static SCRIPT: LuaScript<5> =
+    lua_script!("claim.lua", keys = 5, args = 5, prelude(super::DRAIN));
+
+/// Claims `id`, which a `BLMOVE` just moved to processing.
+pub(crate) struct Claim<'a> {
+    pub(crate) keys: &'a QueueKeys,
+    /// The id as `BLMOVE` returned it.
+    pub(crate) id: &'a [u8],
+    pub(crate) lease: Duration,
+    /// The fresh lease token of this delivery (DESIGN rule 3).
+    pub(crate) token: &'a str,
+}
+
+impl Claim<'_> {
+    /// Runs the script. A Redis failure is a [`QueueError::Redis`] naming the
+    /// job (the caller may retry it); a bad reply a [`QueueError::Protocol`].
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ClaimRow> {
+        let k = self.keys;
+        let reply = SCRIPT
+            .call([&k.processing, &k.leases, &k.dead, &k.stats, &k.guard])
+            .arg(self.id)
+            .arg(&k.job_prefix)
+            .arg(&k.done_prefix)
+            .arg(self.lease.as_millis() as u64)
+            .arg(self.token)
+            .invoke(conn)
+            .await
+            .map_err(|e| {
+                let id = JobId::from(String::from_utf8_lossy(self.id).into_owned());
+                QueueError::redis(&k.queue, Some(&id), e)
+            })?;
+        ClaimRow::decode(&k.queue, &reply)
+    }
+}
+
+/// One claimed delivery: what the worker needs to run the job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Delivery {
+    pub(crate) id: JobId,
+    /// The lease token that ack, extend and fail must present.
+    pub(crate) token: String,
+    pub(crate) job_type: String,
+    /// Payload schema version.
+    pub(crate) version: u32,
+    /// MessagePack payload.
+    pub(crate) payload: Vec<u8>,
+    /// 1 on the first delivery.
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) enqueued_at_ms: i64,
+    pub(crate) delivered_at_ms: i64,
+}
+
+/// Why a row was not claimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Skip {
+    /// `done`: a completion record exists; acked without running.
+    Done,
+    /// `missing`: the job hash was gone; dead-lettered.
+    Missing,
+    /// `busy`: another delivery owns the job.
+    Busy,
+    /// `gone`: the watchdog returned the id before this claim (claim.lua only).
+    Gone,
+}
+
+impl Skip {
+    /// The log line for a skipped row.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Skip::Done => "completion record exists: acked without running the handler again",
+            Skip::Missing => "job hash missing: dead-lettered",
+            Skip::Busy => "another delivery owns this job",
+            Skip::Gone => "already returned by the watchdog before the claim",
+        }
+    }
+}
+
+/// A row of a fetch or claim reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ClaimRow {
+    /// Ours to run.
+    Claimed(Delivery),
+    /// Not ours to run.
+    Skipped(JobId, Skip),
+}
+
+impl ClaimRow {
+    /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
+    /// enqueued_at, delivered_at, lease_until}` or `{tag, id}` with tag
+    /// `done`, `missing`, `busy` or `gone`.
+    pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
+        let mut f = Fields::new(queue, None, "claim row", reply)?;
+        let tag = f.tag()?;
+        let id = JobId::from(String::from_utf8_lossy(&f.bytes(1, "id")?).into_owned());
+        f.set_job_id(&id);
+        let skip = match tag.as_str() {
+            "claimed" => {
+                return Ok(ClaimRow::Claimed(Delivery {
+                    token: f.text(2, "token")?,
+                    job_type: f.text(3, "type")?,
+                    version: f.u32(4, "schema version")?,
+                    payload: f.bytes(5, "payload")?,
+                    attempt: f.u32(6, "attempts")?,
+                    max_attempts: f.u32(7, "max_attempts")?.max(1),
+                    enqueued_at_ms: f.int(8, "enqueued_at")?,
+                    delivered_at_ms: f.int(9, "delivered_at")?,
+                    id,
+                }))
+            }
+            "done" => Skip::Done,
+            "missing" => Skip::Missing,
+            "busy" => Skip::Busy,
+            "gone" => Skip::Gone,
+            other => return Err(f.error(format_args!("unknown claim outcome {other:?}"))),
+        };
+        Ok(ClaimRow::Skipped(id, skip))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::{ClaimRow, Skip};
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn claimed_row() -> Vec<Value> {
+        vec![
+            bulk("claimed"),
+            bulk("j1"),
+            bulk("tok"),
+            bulk("send"),
+            bulk("2"),
+            bulk(""),
+            Value::Int(1),
+            bulk("5"),
+            bulk("100"),
+            Value::Int(200),
+            Value::Int(300),
+        ]
+    }
+
+    #[test]
+    fn decodes_a_claimed_row() {
+        let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(claimed_row())).unwrap()
+        else {
+            panic!("not claimed")
+        };
+        assert_eq!(
+            (d.id.as_str(), d.token.as_str(), d.job_type.as_str()),
+            ("j1", "tok", "send")
+        );
+        assert_eq!((d.version, d.attempt, d.max_attempts), (2, 1, 5));
+        assert_eq!((d.enqueued_at_ms, d.delivered_at_ms), (100, 200));
+        assert!(d.payload.is_empty());
+    }
+
+    #[test]
+    fn decodes_skipped_rows() {
+        let row = Value::Array(vec![bulk("gone"), bulk("j2")]);
+        assert_eq!(
+            ClaimRow::decode("q", &row).unwrap(),
+            ClaimRow::Skipped("j2".into(), Skip::Gone)
+        );
+    }
+
+    #[test]
+    fn every_required_field_is_checked_and_the_error_names_the_job() {
+        for i in 2..10 {
+            let mut row = claimed_row();
+            row.truncate(i);
+            let err = ClaimRow::decode("emails", &Value::Array(row)).unwrap_err();
+            assert!(matches!(err, crate::QueueError::Protocol { .. }), "{err}");
+            assert_eq!(err.queue(), Some("emails"));
+            assert_eq!(err.job_id().map(|j| j.as_str()), Some("j1"), "field {i}");
+        }
+        let mut row = claimed_row();
+        row[4] = bulk("-1");
+        assert!(
+            ClaimRow::decode("q", &Value::Array(row)).is_err(),
+            "negative version"
+        );
+        assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("claimed")])).is_err());
+        assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("odd"), bulk("j")])).is_err());
+    }
+}

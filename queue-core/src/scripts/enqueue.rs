@@ -1,0 +1,167 @@
+//! `enqueue.lua`: writes one job (hash + `LPUSH main`, or `ZADD delayed`),
+//! refusing an id whose job or completion record exists (dedupe at enqueue,
+//! DESIGN rule 7). Used alone and, through [`Enqueue::add_to`], by the batch
+//! pipeline, so the keys are listed once.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::{Pipeline, Value};
+
+use super::reply::Fields;
+use super::{lua_script, Call, LuaScript};
+use crate::conn::RedisConnection;
+use crate::error::Result;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+use crate::state::JobState;
+
+pub(crate) static SCRIPT: LuaScript<6> =
+    lua_script!("enqueue.lua", keys = 6, args = 8, prelude(None));
+
+/// One job to write.
+pub(crate) struct Enqueue<'a> {
+    pub(crate) keys: &'a QueueKeys,
+    pub(crate) id: &'a JobId,
+    pub(crate) job_type: &'a str,
+    pub(crate) schema_version: u32,
+    pub(crate) payload: &'a [u8],
+    /// Deliveries before dead-lettering (at least 1 is sent).
+    pub(crate) max_attempts: u32,
+    pub(crate) delay: Option<Duration>,
+    /// Absolute run-at (Redis clock); takes precedence over `delay`.
+    pub(crate) run_at: Option<SystemTime>,
+    /// Refuse the id for this long even after it completed (periodic jobs).
+    pub(crate) once_for: Option<Duration>,
+}
+
+/// What the script did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EnqueueReply {
+    /// Written; runs at `run_at_ms` (Redis clock).
+    Created { run_at_ms: i64 },
+    /// A job with this id exists, in `state`; nothing written.
+    Exists { state: JobState },
+    /// A completion record exists; nothing written.
+    Done,
+}
+
+impl Enqueue<'_> {
+    fn call(&self) -> Call {
+        let (k, id) = (self.keys, self.id.as_str());
+        SCRIPT
+            .call([
+                k.main.clone(),
+                k.job(id),
+                k.done(id),
+                k.delayed.clone(),
+                k.stats.clone(),
+                k.once(id),
+            ])
+            .arg(id)
+            .arg(self.job_type)
+            .arg(self.schema_version)
+            .arg(self.payload)
+            .arg(self.max_attempts.max(1))
+            .arg(millis(self.delay))
+            .arg(epoch_ms(self.run_at))
+            .arg(millis(self.once_for))
+    }
+
+    /// Runs the script alone.
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<EnqueueReply> {
+        let reply = self
+            .call()
+            .run(conn, &self.keys.queue, Some(self.id))
+            .await?;
+        EnqueueReply::decode(&self.keys.queue, self.id, &reply)
+    }
+
+    /// Adds the call to a batch pipeline; on NOSCRIPT the caller runs
+    /// [`load`] and resends the pipeline.
+    pub(crate) fn add_to(&self, pipe: &mut Pipeline) {
+        self.call().add_to(pipe);
+    }
+}
+
+/// Loads the script (after a pipeline got NOSCRIPT).
+pub(crate) async fn load(conn: &mut RedisConnection) -> redis::RedisResult<()> {
+    SCRIPT.load(conn).await
+}
+
+impl EnqueueReply {
+    /// `{'new', run_at} | {'exists', state} | {'done'}`.
+    pub(crate) fn decode(queue: &str, id: &JobId, reply: &Value) -> Result<Self> {
+        let f = Fields::new(queue, Some(id), "enqueue reply", reply)?;
+        match f.tag()?.as_str() {
+            "new" => Ok(EnqueueReply::Created {
+                run_at_ms: f.int(1, "run_at")?,
+            }),
+            "exists" => match f.text(1, "state")? {
+                state if state.is_empty() => Err(f.error("field 1 (state) is empty")),
+                state => Ok(EnqueueReply::Exists {
+                    state: JobState::parse(&state),
+                }),
+            },
+            "done" => Ok(EnqueueReply::Done),
+            other => Err(f.error(format_args!("unknown outcome {other:?}"))),
+        }
+    }
+}
+
+fn millis(d: Option<Duration>) -> u64 {
+    d.map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Milliseconds since the epoch, 0 for none (or before the epoch).
+fn epoch_ms(at: Option<SystemTime>) -> u64 {
+    at.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| (d.as_millis() as u64).max(1))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::EnqueueReply;
+    use crate::state::JobState;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn decodes_each_outcome() {
+        let id = "a".into();
+        let dec = |v: Vec<Value>| EnqueueReply::decode("q", &id, &Value::Array(v));
+        assert_eq!(
+            dec(vec![bulk("new"), Value::Int(5)]).unwrap(),
+            EnqueueReply::Created { run_at_ms: 5 }
+        );
+        assert_eq!(
+            dec(vec![bulk("exists"), bulk("active")]).unwrap(),
+            EnqueueReply::Exists {
+                state: JobState::Active
+            }
+        );
+        assert_eq!(dec(vec![bulk("done")]).unwrap(), EnqueueReply::Done);
+    }
+
+    #[test]
+    fn a_missing_or_unknown_field_is_a_protocol_error_naming_queue_and_job() {
+        let id = "job-7".into();
+        for bad in [
+            Value::Int(1),
+            Value::Array(vec![bulk("exists")]),
+            Value::Array(vec![bulk("exists"), bulk("")]),
+            Value::Array(vec![bulk("new")]),
+            Value::Array(vec![bulk("what")]),
+            Value::Array(vec![]),
+        ] {
+            let err = EnqueueReply::decode("emails", &id, &bad).unwrap_err();
+            assert!(matches!(err, crate::QueueError::Protocol { .. }), "{err}");
+            assert_eq!(err.queue(), Some("emails"));
+            assert_eq!(err.job_id().map(|j| j.as_str()), Some("job-7"));
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! `lock_acquire.lua`: takes a user lock (`SET NX PX`) and bumps its fencing
+//! counter, in one script. Plain script (no prelude): it touches only the
+//! lock's own keys.
+
+use std::time::Duration;
+
+use redis::RedisResult;
+
+use super::{lua_script, LuaScript};
+use crate::conn::RedisConnection;
+use crate::keys::LockKeys;
+
+pub(crate) static SCRIPT: LuaScript<2> = lua_script!("lock_acquire.lua", keys = 2, args = 2, plain);
+
+/// One attempt to take a lock.
+pub(crate) struct LockAcquire<'a> {
+    pub(crate) keys: &'a LockKeys,
+    /// The new owner's token.
+    pub(crate) token: &'a str,
+    pub(crate) ttl: Duration,
+}
+
+/// What the attempt did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LockAcquireReply {
+    /// Taken, with a fencing number higher than any earlier acquisition.
+    Acquired { fencing: u64 },
+    /// Another owner holds it.
+    Held,
+}
+
+impl LockAcquire<'_> {
+    /// Runs the script. Errors stay `redis` errors: lock errors carry the
+    /// lock name, not a queue.
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> RedisResult<LockAcquireReply> {
+        let reply = SCRIPT
+            .call([&self.keys.lock, &self.keys.fence])
+            .arg(self.token)
+            .arg(self.ttl.as_millis() as u64)
+            .invoke(conn)
+            .await?;
+        Ok(match redis::from_redis_value::<u64>(reply)? {
+            0 => LockAcquireReply::Held,
+            fencing => LockAcquireReply::Acquired { fencing },
+        })
+    }
+}

@@ -1,0 +1,128 @@
+//! `replay.lua`: returns a dead-lettered job to main (operator action),
+//! keeping its previous dead-letter reason.
+
+use super::reply;
+use super::{lua_script, LuaScript};
+use crate::conn::RedisConnection;
+use crate::error::Result;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+pub(crate) static SCRIPT: LuaScript<4> =
+    lua_script!("replay.lua", keys = 4, args = 2, prelude(None));
+
+/// Replays one dead-lettered job.
+pub(crate) struct Replay<'a> {
+    pub(crate) keys: &'a QueueKeys,
+    pub(crate) id: &'a JobId,
+    /// Restart the attempt count at 0.
+    pub(crate) reset_attempts: bool,
+}
+
+/// What the script did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplayReply {
+    /// Back in main.
+    Replayed,
+    /// The id is not in the dead-letter list.
+    NotDead,
+}
+
+impl Replay<'_> {
+    /// Runs the script.
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ReplayReply> {
+        let (k, id) = (self.keys, self.id.as_str());
+        let reply = SCRIPT
+            .call([k.dead.clone(), k.main.clone(), k.job(id), k.stats.clone()])
+            .arg(id)
+            .arg(if self.reset_attempts { "1" } else { "0" })
+            .run(conn, &k.queue, Some(self.id))
+            .await?;
+        Ok(
+            match reply::flag(&k.queue, Some(self.id), "replay reply", &reply)? {
+                true => ReplayReply::Replayed,
+                false => ReplayReply::NotDead,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Replay, ReplayReply};
+    use crate::conn::{connect, ConnectionConfig};
+    use crate::keys::QueueKeys;
+    use crate::scripts::claim::ClaimRow;
+    use crate::scripts::enqueue::{Enqueue, EnqueueReply};
+    use crate::scripts::fail::{Fail, FailKind, FailReply};
+    use crate::scripts::fetch::Fetch;
+    use crate::state::JobState;
+
+    /// Enqueue → fetch → permanent failure → replay, through the wrappers.
+    #[tokio::test]
+    async fn a_dead_job_is_replayed_once() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut conn = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        let keys = QueueKeys::new("scripts-replay");
+        let id = "job-1".into();
+        let enqueue = Enqueue {
+            keys: &keys,
+            id: &id,
+            job_type: "t",
+            schema_version: 1,
+            payload: b"",
+            max_attempts: 3,
+            delay: None,
+            run_at: None,
+            once_for: None,
+        };
+        assert!(matches!(
+            enqueue.run(&mut conn).await.unwrap(),
+            EnqueueReply::Created { .. }
+        ));
+        assert_eq!(
+            enqueue.run(&mut conn).await.unwrap(),
+            EnqueueReply::Exists {
+                state: JobState::Queued
+            }
+        );
+        let rows = Fetch {
+            keys: &keys,
+            lease: Duration::from_secs(30),
+            token_base: "tok",
+            count: 2,
+        }
+        .run(&mut conn)
+        .await
+        .unwrap();
+        let [ClaimRow::Claimed(d)] = rows.as_slice() else {
+            panic!("{rows:?}")
+        };
+        let fail = Fail {
+            keys: &keys,
+            id: &d.id,
+            token: &d.token,
+            kind: FailKind::Permanent,
+            message: "bad",
+            delay: Duration::ZERO,
+        };
+        assert_eq!(
+            fail.run(&mut conn).await.unwrap(),
+            FailReply::Dead {
+                reason: "bad".into()
+            }
+        );
+        assert_eq!(fail.run(&mut conn).await.unwrap(), FailReply::LeaseLost);
+        let replay = Replay {
+            keys: &keys,
+            id: &id,
+            reset_attempts: true,
+        };
+        assert_eq!(replay.run(&mut conn).await.unwrap(), ReplayReply::Replayed);
+        assert_eq!(replay.run(&mut conn).await.unwrap(), ReplayReply::NotDead);
+    }
+}

@@ -1,0 +1,115 @@
+//! `stats.lua`: a consistent, read-only snapshot of one queue's lengths,
+//! counters, oldest waiting job and recent completions.
+
+use std::collections::BTreeMap;
+
+use super::reply::Fields;
+use super::{lua_script, LuaScript};
+use crate::conn::RedisConnection;
+use crate::error::Result;
+use crate::keys::QueueKeys;
+
+pub(crate) static SCRIPT: LuaScript<6> =
+    lua_script!("stats.lua", keys = 6, args = 2, prelude(super::READ_ONLY));
+
+/// Reads the snapshot of one queue.
+pub(crate) struct Stats<'a> {
+    pub(crate) keys: &'a QueueKeys,
+}
+
+/// The snapshot, as the script returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StatsReply {
+    pub(crate) main: u64,
+    pub(crate) processing: u64,
+    pub(crate) delayed: u64,
+    pub(crate) dead: u64,
+    /// Lifetime counters (`enqueued`, `completed`, ...).
+    pub(crate) counters: BTreeMap<String, i64>,
+    /// Redis clock.
+    pub(crate) now_ms: i64,
+    /// `enqueued_at` of the oldest job waiting in main; 0 if none.
+    pub(crate) oldest_enqueued_ms: i64,
+    pub(crate) completed_this_minute: u64,
+    pub(crate) completed_previous_minute: u64,
+}
+
+impl Stats<'_> {
+    /// Runs the script.
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<StatsReply> {
+        let k = self.keys;
+        let reply = SCRIPT
+            .call([
+                &k.main,
+                &k.processing,
+                &k.delayed,
+                &k.dead,
+                &k.stats,
+                &k.guard,
+            ])
+            .arg(&k.job_prefix)
+            .arg(&k.tput_prefix)
+            .run(conn, &k.queue, None)
+            .await?;
+        let f = Fields::new(&k.queue, None, "stats reply", &reply)?;
+        let counters = f.field(4, "counters", |v| redis::from_redis_value_ref(v).ok())?;
+        Ok(StatsReply {
+            main: f.u64(0, "main")?,
+            processing: f.u64(1, "processing")?,
+            delayed: f.u64(2, "delayed")?,
+            dead: f.u64(3, "dead")?,
+            counters,
+            now_ms: f.int(5, "now")?,
+            oldest_enqueued_ms: f.int(6, "oldest")?,
+            completed_this_minute: f.u64(7, "completed this minute")?,
+            completed_previous_minute: f.u64(8, "completed previous minute")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Stats;
+    use crate::conn::{connect, ConnectionConfig};
+    use crate::keys::QueueKeys;
+    use crate::scripts::enqueue::Enqueue;
+    use crate::Queue;
+
+    #[tokio::test]
+    async fn the_typed_reply_matches_queue_stats() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut conn = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        let keys = QueueKeys::new("scripts-stats");
+        for id in ["a", "b"] {
+            Enqueue {
+                keys: &keys,
+                id: &id.into(),
+                job_type: "t",
+                schema_version: 1,
+                payload: b"x",
+                max_attempts: 1,
+                delay: None,
+                run_at: None,
+                once_for: None,
+            }
+            .run(&mut conn)
+            .await
+            .unwrap();
+        }
+        let typed = Stats { keys: &keys }.run(&mut conn).await.unwrap();
+        let stats = Queue::from_connection(conn)
+            .stats(&keys.queue)
+            .await
+            .unwrap();
+        assert_eq!(typed.main, 2);
+        assert_eq!(
+            (typed.main, typed.processing, typed.delayed, typed.dead),
+            (stats.main, stats.processing, stats.delayed, stats.dead)
+        );
+        assert_eq!(typed.counters, stats.counters);
+        assert_eq!(typed.counters.get("enqueued"), Some(&2));
+        assert!(typed.oldest_enqueued_ms > 0 && typed.now_ms >= typed.oldest_enqueued_ms);
+    }
+}

@@ -1,0 +1,266 @@
+//! Configuring a worker: [`WorkerConfig`] (the settings and their
+//! defaults) and [`WorkerBuilder`] (registrations, queues, priorities and
+//! limits, validated by [`WorkerBuilder::build`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::slots::WorkerQueue;
+use super::{Inner, Worker};
+use crate::backoff::Backoff;
+use crate::conn::{connect, ConnectionConfig};
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
+use crate::registry::Registration;
+
+/// Worker settings. The defaults suit most queues; see each field.
+///
+/// ```
+/// let cfg = queue_core::WorkerConfig::default();
+/// assert_eq!(cfg.concurrency, 16);
+/// assert!(cfg.heartbeat_interval() < cfg.lease);
+/// ```
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Jobs run at once, across all queues of the worker.
+    pub concurrency: usize,
+    /// Lease per delivery. A job whose worker stops heartbeating is returned
+    /// by the watchdog once its lease expires.
+    pub lease: Duration,
+    /// Heartbeat period; `None`: a third of the lease.
+    pub heartbeat: Option<Duration>,
+    /// Extend leases while handlers run (default true). Turning it off makes
+    /// any handler slower than the lease get reclaimed and redelivered.
+    pub heartbeat_enabled: bool,
+    /// How long one BLMOVE waits on an empty queue. Also bounds how long
+    /// shutdown waits for the fetchers; an idle worker makes one call per period.
+    pub block_timeout: Duration,
+    /// Jobs moved and claimed per round trip when the queue is deep.
+    pub fetch_batch: usize,
+    /// On shutdown, how long in-flight jobs may take to finish before they
+    /// are left leased for the watchdog.
+    pub grace: Duration,
+    /// How long completion records are kept (the window in which a redelivery
+    /// or a re-enqueue of a finished job is recognised). Zero: no record.
+    pub completion_retention: Duration,
+    /// Retry backoff for retryable handler errors.
+    pub backoff: Backoff,
+    /// How often due delayed jobs (retries) are moved to main.
+    pub promote_interval: Duration,
+    /// Redis timeouts.
+    pub connection: ConnectionConfig,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            concurrency: 16,
+            lease: Duration::from_secs(30),
+            heartbeat: None,
+            heartbeat_enabled: true,
+            block_timeout: Duration::from_secs(2),
+            fetch_batch: 16,
+            grace: Duration::from_secs(30),
+            completion_retention: Duration::from_secs(24 * 3600),
+            backoff: Backoff::default(),
+            promote_interval: Duration::from_millis(500),
+            connection: ConnectionConfig::default(),
+        }
+    }
+}
+
+impl WorkerConfig {
+    /// The effective heartbeat period.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat
+            .unwrap_or(self.lease / 3)
+            .max(Duration::from_millis(10))
+    }
+}
+
+/// Builds a [`Worker`]. Start with [`Worker::builder`].
+#[derive(Debug)]
+pub struct WorkerBuilder {
+    url: String,
+    config: WorkerConfig,
+    registrations: Vec<Registration>,
+    queues: Option<Vec<String>>,
+    priorities: HashMap<String, i32>,
+    limits: HashMap<String, usize>,
+}
+
+impl WorkerBuilder {
+    pub(super) fn new(url: &str) -> Self {
+        WorkerBuilder {
+            url: url.to_string(),
+            config: WorkerConfig::default(),
+            registrations: Vec::new(),
+            queues: None,
+            priorities: HashMap::new(),
+            limits: HashMap::new(),
+        }
+    }
+
+    /// Adds a job type (e.g. `send_welcome::handler()`).
+    pub fn register(mut self, registration: Registration) -> Self {
+        self.registrations.push(registration);
+        self
+    }
+
+    /// Jobs run at once (default 16).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.config.concurrency = n;
+        self
+    }
+
+    /// Queues to fetch from. Default: every queue a registered job type uses.
+    pub fn queues<I, S>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.queues = Some(queues.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Strict priority of `queue` among this worker's queues (default 0):
+    /// while a higher-priority queue has jobs, free slots go to it first.
+    pub fn queue_priority(mut self, queue: impl Into<String>, priority: i32) -> Self {
+        self.priorities.insert(queue.into(), priority);
+        self
+    }
+
+    /// At most `limit` jobs of `queue` run at once on this worker (within the
+    /// worker-wide concurrency).
+    pub fn queue_concurrency(mut self, queue: impl Into<String>, limit: usize) -> Self {
+        self.limits.insert(queue.into(), limit);
+        self
+    }
+
+    /// Lease per delivery (default 30 s).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Shutdown grace period (default 30 s).
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.config.grace = grace;
+        self
+    }
+
+    /// Retry backoff for retryable handler errors.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Connects and validates the configuration.
+    pub async fn build(self) -> Result<Worker> {
+        self.validate_config()?;
+        let handlers = self.handlers()?;
+        let queues = self.worker_queues()?;
+        let periodic = Arc::new(crate::background::scheduler::parse(&self.registrations)?);
+        let conn = connect(&self.url, &self.config.connection).await?;
+        Ok(Worker {
+            inner: Arc::new(Inner {
+                url: self.url,
+                conn,
+                periodic,
+                handlers,
+                queues,
+                config: self.config,
+            }),
+            shutdown: watch::channel(false).0,
+        })
+    }
+
+    fn validate_config(&self) -> Result<()> {
+        let cfg = &self.config;
+        if self.registrations.is_empty() {
+            return Err(QueueError::Config(
+                "a worker needs at least one registered job type".into(),
+            ));
+        }
+        if cfg.concurrency == 0 || cfg.fetch_batch == 0 {
+            return Err(QueueError::Config(
+                "concurrency and fetch_batch must be at least 1".into(),
+            ));
+        }
+        if cfg.lease < Duration::from_millis(100) {
+            return Err(QueueError::Config("lease must be at least 100ms".into()));
+        }
+        if cfg.heartbeat_interval() >= cfg.lease {
+            return Err(QueueError::Config(
+                "heartbeat must be shorter than the lease".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Handlers by `(queue, job type)`; a type registered twice is an error.
+    fn handlers(&self) -> Result<HashMap<(String, String), Registration>> {
+        let mut handlers = HashMap::new();
+        for reg in &self.registrations {
+            let key = (reg.queue.to_string(), reg.name.to_string());
+            if handlers.insert(key, reg.clone()).is_some() {
+                return Err(QueueError::Config(format!(
+                    "job type `{}` registered twice on queue `{}`",
+                    reg.name, reg.queue
+                )));
+            }
+        }
+        Ok(handlers)
+    }
+
+    /// The consumed queues, highest priority first (then by name).
+    fn worker_queues(&self) -> Result<Vec<WorkerQueue>> {
+        let mut queues = self.queues.clone().unwrap_or_else(|| {
+            self.registrations
+                .iter()
+                .map(|r| r.queue.to_string())
+                .collect()
+        });
+        queues.sort();
+        queues.dedup();
+        for (q, limit) in &self.limits {
+            if *limit == 0 {
+                return Err(QueueError::Config(format!(
+                    "queue `{q}`: concurrency limit must be at least 1"
+                )));
+            }
+        }
+        for q in self.priorities.keys().chain(self.limits.keys()) {
+            if !queues.contains(q) {
+                return Err(QueueError::Config(format!(
+                    "queue `{q}` has a priority or limit but the worker does not consume it"
+                )));
+            }
+        }
+        let mut queues: Vec<WorkerQueue> = queues
+            .iter()
+            .map(|q| {
+                WorkerQueue::new(
+                    QueueKeys::new(q),
+                    self.priorities.get(q).copied().unwrap_or(0),
+                    self.limits.get(q).copied(),
+                )
+            })
+            .collect();
+        queues.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.keys.queue.cmp(&b.keys.queue))
+        });
+        Ok(queues)
+    }
+}

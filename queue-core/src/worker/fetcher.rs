@@ -1,0 +1,251 @@
+//! The fetcher: one task per queue that turns free concurrency permits into
+//! running jobs.
+//!
+//! It waits for a free [`Slot`], first serves queues of higher priority (one
+//! job each), takes as many more free slots as `fetch_batch` allows, and
+//! moves and claims that many jobs with one script (`fetch.lua`: atomic, one
+//! round trip). Only when the queue is empty does it block in `BLMOVE` on its
+//! own connection (a blocking command would stall the shared one; BLMOVE
+//! cannot run in a script) and claim the id with `claim.lua`; a crash between
+//! the two leaves an unleased id the watchdog recovers (DESIGN rule 4,
+//! docs/DESIGN.md).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Semaphore};
+use tracing::{debug, error, info, info_span, warn, Instrument};
+
+use super::runner::JobRunner;
+use super::slots::{Slot, WorkerQueue};
+use super::Inner;
+use crate::conn::RedisConnection;
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
+use crate::scripts::claim::{Claim, ClaimRow};
+use crate::scripts::fetch::Fetch;
+
+/// Claim attempts after a `BLMOVE` before the id is left to the watchdog.
+const CLAIM_ATTEMPTS: u32 = 5;
+
+/// Fetches jobs of one queue (and, by priority, of higher ones).
+pub(super) struct Fetcher {
+    pub(super) inner: Arc<Inner>,
+    /// Index of this fetcher's queue in `inner.queues`.
+    pub(super) me: usize,
+    /// This fetcher's own connection, for `BLMOVE`.
+    pub(super) blocking: RedisConnection,
+    /// The worker-wide concurrency limit.
+    pub(super) sem: Arc<Semaphore>,
+    pub(super) stop: watch::Receiver<bool>,
+    pub(super) hard_stop: watch::Receiver<bool>,
+}
+
+impl Fetcher {
+    fn queue(&self) -> &WorkerQueue {
+        &self.inner.queues[self.me]
+    }
+
+    /// Fetches and dispatches until the stop flag turns true.
+    pub(super) async fn run(mut self) {
+        let queue = self.queue().keys.queue.clone();
+        let mut error_delay = Duration::from_millis(100);
+        loop {
+            if *self.stop.borrow() {
+                break;
+            }
+            let Some(first) = self.wait_slot().await else {
+                break;
+            };
+            // Strict priority: while a higher-priority queue has jobs (and room
+            // under its own limit), take from it first, one job per check.
+            let Some(first) = self.serve_higher_priority(first).await else {
+                continue;
+            };
+            let mut slots = vec![first];
+            while slots.len() < self.inner.config.fetch_batch {
+                match self.try_slot() {
+                    Some(s) => slots.push(s),
+                    None => break,
+                }
+            }
+            let keys = self.queue().keys.clone();
+            match self.fetch(&keys, &mut slots).await {
+                Ok(rows) if rows.is_empty() => {} // the blocking wait timed out
+                Ok(rows) => {
+                    error_delay = Duration::from_millis(100);
+                    self.dispatch(&keys, rows, &mut slots);
+                }
+                Err(e) => self.pause_after_error(&e, &mut error_delay).await,
+            }
+        }
+        debug!(queue = %queue, "fetcher stopped");
+    }
+
+    /// Claims up to `slots.len()` ready jobs; when there are none, keeps one
+    /// slot and blocks for the next job. No rows: the block timed out.
+    async fn fetch(&mut self, keys: &QueueKeys, slots: &mut Vec<Slot>) -> Result<Vec<ClaimRow>> {
+        let rows = self.fetch_ready(keys, slots.len()).await?;
+        if !rows.is_empty() {
+            return Ok(rows);
+        }
+        slots.truncate(1);
+        Ok(self.fetch_blocking().await?.into_iter().collect())
+    }
+
+    /// Waits for this queue's permit (if limited), then a worker-wide one.
+    async fn wait_slot(&mut self) -> Option<Slot> {
+        let inner = self.inner.clone();
+        let queue = tokio::select! {
+            p = inner.queues[self.me].queue_permit() => p?,
+            _ = self.stop.changed() => return None,
+        };
+        let global = tokio::select! {
+            p = self.sem.clone().acquire_owned() => p.ok()?,
+            _ = self.stop.changed() => return None,
+        };
+        Some(Slot { global, queue })
+    }
+
+    fn try_slot(&self) -> Option<Slot> {
+        let queue = self.queue().try_queue_permit()?;
+        let global = self.sem.clone().try_acquire_owned().ok()?;
+        Some(Slot { global, queue })
+    }
+
+    /// Tries the queues with a higher priority than this one; returns the
+    /// slot back when none had a job for it.
+    async fn serve_higher_priority(&self, slot: Slot) -> Option<Slot> {
+        let mine = self.queue().priority;
+        for (i, q) in self.inner.queues.iter().enumerate() {
+            if i == self.me || q.priority <= mine {
+                continue;
+            }
+            let Some(queue_permit) = q.try_queue_permit() else {
+                continue;
+            };
+            match self.fetch_ready(&q.keys, 1).await {
+                Ok(rows) if rows.iter().any(|r| matches!(r, ClaimRow::Claimed(_))) => {
+                    let mut slots = vec![Slot {
+                        global: slot.global,
+                        queue: queue_permit,
+                    }];
+                    self.dispatch(&q.keys, rows, &mut slots);
+                    return None;
+                }
+                Ok(rows) => self.dispatch(&q.keys, rows, &mut Vec::new()),
+                Err(e) => warn!(queue = %q.keys.queue, error = %e, "priority fetch failed"),
+            }
+        }
+        Some(slot)
+    }
+
+    /// Spawns a runner for each claimed row, each holding one slot.
+    fn dispatch(&self, keys: &QueueKeys, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+        let queue = &keys.queue;
+        for row in rows {
+            match row {
+                ClaimRow::Claimed(delivery) => {
+                    let Some(slot) = slots.pop() else {
+                        error!(queue = %queue, job_id = %delivery.id, "claimed more jobs than permits; leaving it leased");
+                        continue;
+                    };
+                    let runner = JobRunner {
+                        inner: self.inner.clone(),
+                        keys: keys.clone(),
+                        hard_stop: self.hard_stop.clone(),
+                    };
+                    let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt);
+                    tokio::spawn(
+                        async move {
+                            runner.run(delivery).await;
+                            drop(slot);
+                        }
+                        .instrument(span),
+                    );
+                }
+                ClaimRow::Skipped(id, why) => {
+                    info!(queue = %queue, job_id = %id, "{}", why.reason())
+                }
+            }
+        }
+    }
+
+    async fn pause_after_error(&mut self, e: &QueueError, delay: &mut Duration) {
+        warn!(queue = %self.queue().keys.queue, error = %e, retry_in_ms = delay.as_millis() as u64, "fetch failed; reconnecting with backoff");
+        tokio::select! {
+            _ = tokio::time::sleep(*delay) => {}
+            _ = self.stop.changed() => {}
+        }
+        *delay = (*delay * 2).min(Duration::from_secs(5));
+    }
+
+    /// LMOVE + claim of up to `count` jobs in one script.
+    async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<Vec<ClaimRow>> {
+        let mut conn = self.inner.conn.clone();
+        let token_base = uuid::Uuid::new_v4().to_string();
+        Fetch {
+            keys,
+            lease: self.inner.config.lease,
+            token_base: &token_base,
+            count,
+        }
+        .run(&mut conn)
+        .await
+    }
+
+    /// BLMOVE on the fetcher's own connection, then the claim script.
+    async fn fetch_blocking(&mut self) -> Result<Option<ClaimRow>> {
+        let k = self.queue().keys.clone();
+        let moved: Option<Vec<u8>> = redis::cmd("BLMOVE")
+            .arg(&k.main)
+            .arg(&k.processing)
+            .arg("RIGHT")
+            .arg("LEFT")
+            .arg(self.inner.config.block_timeout.as_secs_f64())
+            .query_async(&mut self.blocking)
+            .await
+            .map_err(|e| QueueError::redis(&k.queue, None, e))?;
+        let Some(id) = moved else { return Ok(None) };
+        crate::failpoint::hit("after_blmove");
+        // The window of DESIGN rule 4 is here: until the claim lands, the id
+        // sits in processing with no lease. Retry the claim briefly; if it
+        // never lands, the watchdog adopts the id and returns it.
+        let token = uuid::Uuid::new_v4().to_string();
+        let claim = Claim {
+            keys: &k,
+            id: &id,
+            lease: self.inner.config.lease,
+            token: &token,
+        };
+        self.claim_with_retries(&claim).await.map(Some)
+    }
+
+    /// Runs the claim, retrying Redis failures (not bad replies) up to
+    /// [`CLAIM_ATTEMPTS`] times with a doubling pause.
+    async fn claim_with_retries(&self, claim: &Claim<'_>) -> Result<ClaimRow> {
+        let mut delay = Duration::from_millis(50);
+        let mut attempt = 1;
+        loop {
+            let mut conn = self.inner.conn.clone();
+            match claim.run(&mut conn).await {
+                Err(e) if attempt < CLAIM_ATTEMPTS && is_redis_failure(&e) => {
+                    warn!(queue = %claim.keys.queue, job_id = %String::from_utf8_lossy(claim.id), error = %e, "claim failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+}
+
+/// A failure to reach Redis or run the command (worth retrying), as opposed
+/// to a reply this version does not understand.
+fn is_redis_failure(e: &QueueError) -> bool {
+    matches!(
+        e,
+        QueueError::Redis { .. } | QueueError::ReadOnlyReplica { .. }
+    )
+}

@@ -1,0 +1,50 @@
+//! The heartbeat of one running job: extends its lease every
+//! `heartbeat_interval` while the token matches (`extend.lua`, DESIGN rule 3)
+//! and marks the job's context lease-lost when it no longer does.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tracing::{debug, warn};
+
+use super::Inner;
+use crate::job::{JobContext, JobId};
+use crate::keys::QueueKeys;
+use crate::scripts::extend::{Extend, ExtendReply};
+
+/// Extends the lease every heartbeat interval while the token matches; marks
+/// the context lease-lost and stops when it no longer does. Runs until
+/// aborted by the runner.
+pub(super) async fn heartbeat(
+    inner: Arc<Inner>,
+    keys: QueueKeys,
+    id: JobId,
+    token: String,
+    ctx: JobContext,
+) {
+    if !inner.config.heartbeat_enabled {
+        return;
+    }
+    let every = inner.config.heartbeat_interval();
+    let mut conn = inner.conn.clone();
+    let extend = Extend {
+        keys: &keys,
+        id: &id,
+        token: &token,
+        lease: inner.config.lease,
+    };
+    loop {
+        tokio::time::sleep(every).await;
+        match extend.run(&mut conn).await {
+            Ok(ExtendReply::LeaseLost) => {
+                ctx.inner.lease_lost.store(true, Ordering::SeqCst);
+                warn!("lease lost: the job was reclaimed; its result will be discarded");
+                return;
+            }
+            Ok(ExtendReply::Extended { lease_until_ms }) => {
+                debug!(lease_until_ms, "lease extended")
+            }
+            Err(e) => warn!(error = %e, "heartbeat failed; retrying at the next interval"),
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The consumer side: [`Worker`] fetches, runs, acks, retries and
+//! heartbeats; this module owns its lifecycle (start the tasks, wait for the
+//! stop signal, graceful shutdown: DESIGN rule 10, docs/DESIGN.md).
+//!
+//! | file | owns |
+//! |---|---|
+//! | `builder.rs` | [`WorkerConfig`], [`WorkerBuilder`] and its validation |
+//! | `slots.rs` | concurrency permits (worker-wide and per queue) |
+//! | `fetcher.rs` | one task per queue: batch fetch, priority, blocking fallback + claim |
+//! | `runner.rs` | one delivery: handler, timeout, panic, ack / retry / dead-letter |
+//! | `heartbeat.rs` | extending a running job's lease |
+//!
+//! The promoter and the cron scheduler it also starts live in
+//! `crate::background`.
+
+mod builder;
+mod fetcher;
+mod heartbeat;
+mod runner;
+mod slots;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+pub use builder::{WorkerBuilder, WorkerConfig};
+
+use crate::background::scheduler::Periodic;
+use crate::background::{promoter, scheduler};
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::error::Result;
+use crate::registry::Registration;
+use fetcher::Fetcher;
+use slots::WorkerQueue;
+
+/// What the worker's tasks share.
+struct Inner {
+    url: String,
+    conn: RedisConnection,
+    periodic: Arc<Vec<Periodic>>,
+    handlers: HashMap<(String, String), Registration>,
+    /// Highest priority first.
+    queues: Vec<WorkerQueue>,
+    config: WorkerConfig,
+}
+
+/// Runs registered jobs from one or more queues.
+///
+/// ```
+/// # use queue_core::{job, JobContext, JobError, Worker};
+/// # #[job(queue = "reports")]
+/// # async fn build_report(_ctx: JobContext, _id: u64) -> Result<(), JobError> { Ok(()) }
+/// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+/// # let server = queue_testkit::RedisServer::start().unwrap();
+/// # let url = server.url();
+/// let worker = Worker::builder(&url)
+///     .register(build_report::handler())
+///     .concurrency(8)
+///     .build()
+///     .await?;
+/// let stop = worker.shutdown_handle();
+/// let running = tokio::spawn(worker.run()); // stops on SIGTERM, ctrl-c or the handle
+/// stop.shutdown();
+/// running.await.unwrap()?;
+/// # Ok(()) }
+/// ```
+pub struct Worker {
+    inner: Arc<Inner>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field(
+                "queues",
+                &self
+                    .inner
+                    .queues
+                    .iter()
+                    .map(|q| &q.keys.queue)
+                    .collect::<Vec<_>>(),
+            )
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Asks a running [`Worker`] to shut down gracefully. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ShutdownHandle(watch::Sender<bool>);
+
+impl ShutdownHandle {
+    /// Stop fetching, let in-flight jobs finish within the grace period.
+    /// A request made before the worker started running is kept: `run`
+    /// then returns at once.
+    pub fn shutdown(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl Worker {
+    /// Starts building a worker connected to `url`.
+    pub fn builder(url: &str) -> WorkerBuilder {
+        WorkerBuilder::new(url)
+    }
+
+    /// A handle that triggers graceful shutdown.
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle(self.shutdown.clone())
+    }
+
+    /// Runs until SIGTERM, SIGINT (ctrl-c) or [`ShutdownHandle::shutdown`].
+    pub async fn run(self) -> Result<()> {
+        self.run_until(termination_signal()).await
+    }
+
+    /// Runs until `signal` completes (or the shutdown handle fires), then
+    /// shuts down gracefully: stop fetching, wait up to the grace period for
+    /// in-flight jobs, leave any still running leased for the watchdog.
+    pub async fn run_until(self, signal: impl Future<Output = ()> + Send + 'static) -> Result<()> {
+        let inner = self.inner;
+        let cfg = &inner.config;
+        let stop_tx = self.shutdown;
+        let mut stop_rx = stop_tx.subscribe();
+        let (hard_tx, hard_rx) = watch::channel(false);
+        let sem = Arc::new(Semaphore::new(cfg.concurrency));
+
+        let signal_tx = stop_tx.clone();
+        let signal_task = tokio::spawn(async move {
+            signal.await;
+            signal_tx.send_replace(true);
+        });
+
+        info!(
+            queues = ?inner.queues.iter().map(|q| &q.keys.queue).collect::<Vec<_>>(),
+            concurrency = cfg.concurrency,
+            "worker started"
+        );
+
+        let tasks = spawn_tasks(&inner, &sem, &stop_tx, &hard_rx).await?;
+
+        // Wait for the stop request.
+        while !*stop_rx.borrow_and_update() {
+            if stop_rx.changed().await.is_err() {
+                break;
+            }
+        }
+        info!("shutdown requested: no new fetches, waiting for in-flight jobs");
+        for t in tasks {
+            let _ = t.await;
+        }
+        let all = cfg.concurrency as u32;
+        match tokio::time::timeout(cfg.grace, sem.acquire_many(all)).await {
+            Ok(_) => info!("worker stopped: all in-flight jobs finished"),
+            Err(_) => {
+                let running = cfg.concurrency - sem.available_permits();
+                warn!(
+                    running,
+                    grace_ms = cfg.grace.as_millis() as u64,
+                    "grace period over: leaving running jobs leased; the watchdog returns them when their lease expires"
+                );
+                hard_tx.send_replace(true);
+                let _ = tokio::time::timeout(Duration::from_secs(5), sem.acquire_many(all)).await;
+            }
+        }
+        signal_task.abort();
+        Ok(())
+    }
+}
+
+/// Starts one fetcher per queue (each with its own blocking connection),
+/// the promoter and the cron scheduler.
+async fn spawn_tasks(
+    inner: &Arc<Inner>,
+    sem: &Arc<Semaphore>,
+    stop_tx: &watch::Sender<bool>,
+    hard_rx: &watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>> {
+    let cfg = &inner.config;
+    let mut tasks = Vec::new();
+    for me in 0..inner.queues.len() {
+        let blocking = connect(
+            &inner.url,
+            &ConnectionConfig {
+                response_timeout: cfg.block_timeout + cfg.connection.response_timeout,
+                connection_timeout: cfg.connection.connection_timeout,
+            },
+        )
+        .await?;
+        let fetcher = Fetcher {
+            inner: inner.clone(),
+            me,
+            blocking,
+            sem: sem.clone(),
+            stop: stop_tx.subscribe(),
+            hard_stop: hard_rx.clone(),
+        };
+        tasks.push(tokio::spawn(fetcher.run()));
+    }
+    tasks.push(tokio::spawn(promoter::run(
+        inner.conn.clone(),
+        inner.queues.iter().map(|q| q.keys.clone()).collect(),
+        cfg.promote_interval,
+        stop_tx.subscribe(),
+    )));
+    tasks.push(tokio::spawn(scheduler::run(
+        inner.conn.clone(),
+        inner.periodic.clone(),
+        stop_tx.subscribe(),
+    )));
+    Ok(tasks)
+}
+
+async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => info!("SIGTERM received"),
+                    _ = tokio::signal::ctrl_c() => info!("SIGINT received"),
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM; only ctrl-c stops the worker");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Completes once the flag is true (never, if its sender is gone first).
+async fn wait_true(rx: &mut watch::Receiver<bool>) {
+    while !*rx.borrow_and_update() {
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}

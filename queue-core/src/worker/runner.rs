@@ -1,0 +1,258 @@
+//! Running one claimed delivery: find its handler, decode the payload, run
+//! the handler under its timeout with a heartbeat, then record the outcome
+//! (`ack.lua` or `fail.lua`). An unknown type or schema version, or a payload
+//! that does not decode, is dead-lettered with the reason, never retried
+//! (DESIGN rule 9); a panic is a retryable error.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn, Instrument};
+
+use super::heartbeat::heartbeat;
+use super::{wait_true, Inner};
+use crate::error::{QueueError, Result};
+use crate::job::{ContextInner, JobContext, JobError};
+use crate::keys::QueueKeys;
+use crate::registry::Registration;
+use crate::scripts::ack::{Ack, AckReply};
+use crate::scripts::claim::Delivery;
+use crate::scripts::fail::{Fail, FailKind, FailReply};
+
+/// Runs one delivery: decode, heartbeat, handler, then ack or fail.
+pub(super) struct JobRunner {
+    pub(super) inner: Arc<Inner>,
+    pub(super) keys: QueueKeys,
+    pub(super) hard_stop: watch::Receiver<bool>,
+}
+
+/// What to tell Redis after the handler.
+enum Outcome {
+    /// Success, with the handler's result reference.
+    Ack(Option<String>),
+    Retry(String),
+    Dead(String),
+}
+
+impl JobRunner {
+    pub(super) async fn run(mut self, d: Delivery) {
+        let reg = match self.registration(&d) {
+            Ok(reg) => reg,
+            Err(reason) => return self.finish(&d, Outcome::Dead(reason), None).await,
+        };
+        let ctx = self.context(&d);
+        let fut = match (reg.runner)(ctx.clone(), &d.payload) {
+            Ok(f) => f,
+            Err(msg) => {
+                let reason = format!("payload does not decode as `{}`: {msg}", d.job_type);
+                return self.finish(&d, Outcome::Dead(reason), None).await;
+            }
+        };
+        crate::failpoint::hit("after_claim");
+        crate::metrics::started(&self.keys.queue, &d.job_type);
+        debug!("started");
+        let started = std::time::Instant::now();
+        let heartbeat = tokio::spawn(
+            heartbeat(
+                self.inner.clone(),
+                self.keys.clone(),
+                d.id.clone(),
+                d.token.clone(),
+                ctx.clone(),
+            )
+            .in_current_span(),
+        );
+
+        let guarded = AssertUnwindSafe(fut).catch_unwind();
+        let timed = async {
+            match reg.timeout {
+                Some(limit) => match tokio::time::timeout(limit, guarded).await {
+                    Ok(r) => r,
+                    Err(_) => Ok(Err(JobError::retryable(format!(
+                        "handler timed out after {limit:?}"
+                    )))),
+                },
+                None => guarded.await,
+            }
+        };
+        let result = tokio::select! {
+            r = timed => r,
+            _ = wait_true(&mut self.hard_stop) => {
+                heartbeat.abort();
+                warn!("shutdown grace over: job left leased; the watchdog will return it");
+                return;
+            }
+        };
+        heartbeat.abort();
+        let elapsed = started.elapsed();
+        let elapsed_ms = elapsed.as_millis() as u64;
+        let outcome = match result {
+            Ok(Ok(())) => Outcome::Ack(ctx.take_result_ref()),
+            Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
+            Ok(Err(e)) => Outcome::Dead(format!("permanent error: {}", e.message())),
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into());
+                Outcome::Retry(format!("handler panicked: {msg}"))
+            }
+        };
+        debug!(elapsed_ms, "handler returned");
+        self.finish(&d, outcome, Some(elapsed)).await;
+    }
+
+    /// The handler of the delivery's `(queue, type)`, or the dead-letter
+    /// reason when there is none or its schema version differs.
+    fn registration(&self, d: &Delivery) -> std::result::Result<Registration, String> {
+        let queue = &self.keys.queue;
+        let Some(reg) = self
+            .inner
+            .handlers
+            .get(&(queue.clone(), d.job_type.clone()))
+            .cloned()
+        else {
+            let known: Vec<_> = self
+                .inner
+                .handlers
+                .keys()
+                .filter(|(q, _)| q == queue)
+                .map(|(_, n)| n.as_str())
+                .collect();
+            return Err(format!(
+                "unknown job type `{}` on queue `{}` (this worker handles: {})",
+                d.job_type,
+                queue,
+                known.join(", ")
+            ));
+        };
+        if d.version != reg.version {
+            return Err(format!(
+                "unknown schema version {} for job type `{}` (the handler expects version {})",
+                d.version, d.job_type, reg.version
+            ));
+        }
+        Ok(reg)
+    }
+
+    /// The handler's view of the delivery.
+    fn context(&self, d: &Delivery) -> JobContext {
+        JobContext {
+            inner: Arc::new(ContextInner {
+                job_id: d.id.clone(),
+                queue: self.keys.queue.clone(),
+                job_type: d.job_type.clone(),
+                attempt: d.attempt,
+                max_attempts: d.max_attempts,
+                enqueued_at_ms: d.enqueued_at_ms,
+                delivered_at_ms: d.delivered_at_ms,
+                lease_lost: AtomicBool::new(false),
+                conn: Some(self.inner.conn.clone()),
+                result_ref: std::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// Ack / retry / dead-letter, retrying Redis errors until the lease would
+    /// have expired anyway (after that the watchdog owns the job).
+    /// `elapsed` is the handler's run time; `None` when it never started
+    /// (unknown type or version, undecodable payload).
+    async fn finish(&self, d: &Delivery, outcome: Outcome, elapsed: Option<Duration>) {
+        let deadline = tokio::time::Instant::now() + self.inner.config.lease;
+        let mut delay = Duration::from_millis(50);
+        loop {
+            crate::failpoint::hit(match &outcome {
+                Outcome::Ack(_) => "before_ack",
+                _ => "before_fail",
+            });
+            let res = match &outcome {
+                Outcome::Ack(result_ref) => self.ack(d, result_ref.as_deref()).await,
+                Outcome::Retry(msg) => self.fail(d, FailKind::Retry, msg).await,
+                Outcome::Dead(reason) => self.fail(d, FailKind::Permanent, reason).await,
+            };
+            match res {
+                Ok(label) => {
+                    crate::metrics::finished(&self.keys.queue, &d.job_type, label, elapsed);
+                    return;
+                }
+                Err(e) if e.is_lease_lost() => {
+                    warn!(error = %e, "result discarded: lease lost");
+                    return;
+                }
+                Err(e) if tokio::time::Instant::now() + delay < deadline => {
+                    warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "could not record the job's result; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    error!(error = %e, "could not record the job's result before its lease expired; the watchdog will return it");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Runs the ack script; the metrics label on success.
+    async fn ack(&self, d: &Delivery, result_ref: Option<&str>) -> Result<&'static str> {
+        let mut conn = self.inner.conn.clone();
+        let reply = Ack {
+            keys: &self.keys,
+            id: &d.id,
+            token: &d.token,
+            retention: self.inner.config.completion_retention,
+            result_ref,
+        }
+        .run(&mut conn)
+        .await?;
+        match reply {
+            AckReply::Completed => {
+                info!("completed");
+                Ok("completed")
+            }
+            AckReply::LeaseLost => Err(self.lease_lost(d)),
+        }
+    }
+
+    /// Runs the fail script; the metrics label on success.
+    async fn fail(&self, d: &Delivery, kind: FailKind, message: &str) -> Result<&'static str> {
+        let delay = self.inner.config.backoff.delay(d.attempt);
+        let mut conn = self.inner.conn.clone();
+        let reply = Fail {
+            keys: &self.keys,
+            id: &d.id,
+            token: &d.token,
+            kind,
+            message,
+            delay,
+        }
+        .run(&mut conn)
+        .await?;
+        match reply {
+            FailReply::Retry { .. } => {
+                warn!(
+                    error = message,
+                    retry_in_ms = delay.as_millis() as u64,
+                    "failed; will retry"
+                );
+                Ok("retried")
+            }
+            FailReply::Dead { reason } => {
+                error!(reason = %reason, "dead-lettered");
+                Ok("dead_lettered")
+            }
+            FailReply::LeaseLost => Err(self.lease_lost(d)),
+        }
+    }
+
+    fn lease_lost(&self, d: &Delivery) -> QueueError {
+        QueueError::LeaseLost {
+            queue: self.keys.queue.clone(),
+            job_id: d.id.clone(),
+        }
+    }
+}
