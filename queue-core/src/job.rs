@@ -240,6 +240,7 @@ pub(crate) struct ContextInner {
     pub(crate) max_attempts: u32,
     pub(crate) enqueued_at_ms: i64,
     pub(crate) delivered_at_ms: i64,
+    pub(crate) fence: u64,
     pub(crate) lease_lost: AtomicBool,
     pub(crate) conn: Option<crate::conn::RedisConnection>,
     pub(crate) result_ref: std::sync::Mutex<Option<String>>,
@@ -275,6 +276,7 @@ impl JobContext {
                 max_attempts: attempt.max(1),
                 enqueued_at_ms: 0,
                 delivered_at_ms: 0,
+                fence: attempt as u64,
                 lease_lost: AtomicBool::new(false),
                 conn: None,
                 result_ref: std::sync::Mutex::new(None),
@@ -315,6 +317,24 @@ impl JobContext {
     /// This delivery's claim time, milliseconds since the Unix epoch, Redis clock.
     pub fn delivered_at_ms(&self) -> i64 {
         self.inner.delivered_at_ms
+    }
+
+    /// This delivery's fencing token: a number that grows with every delivery
+    /// of this job (claims, retries, watchdog returns, replays) and is never
+    /// reused. Pass it with a write to a system that keeps the highest token
+    /// it has seen per job and refuses smaller ones: a stale worker whose
+    /// lease was lost (and whose job now runs elsewhere with a larger token)
+    /// is then refused instead of overwriting the newer delivery's work.
+    ///
+    /// ```
+    /// # use queue_core::JobContext;
+    /// let ctx = JobContext::for_test("invoice-7", "billing", 2);
+    /// // e.g. UPDATE invoices SET .., fence = $1 WHERE id = $2 AND fence < $1
+    /// let fence: u64 = ctx.fencing_token();
+    /// assert!(fence >= 1);
+    /// ```
+    pub fn fencing_token(&self) -> u64 {
+        self.inner.fence
     }
 
     /// A key that is the same on every delivery of this job: pass it to external

@@ -64,6 +64,8 @@ pub(crate) struct Delivery {
     pub(crate) max_attempts: u32,
     pub(crate) enqueued_at_ms: i64,
     pub(crate) delivered_at_ms: i64,
+    /// Fencing token: +1 on every delivery of this job, never reset.
+    pub(crate) fence: u64,
 }
 
 /// Why a row was not claimed.
@@ -102,7 +104,7 @@ pub(crate) enum ClaimRow {
 
 impl ClaimRow {
     /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
-    /// enqueued_at, delivered_at, lease_until}` or `{tag, id}` with tag
+    /// enqueued_at, delivered_at, lease_until, fence}` or `{tag, id}` with tag
     /// `done`, `missing`, `busy` or `gone`.
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
         let mut f = Fields::new(queue, None, "claim row", reply)?;
@@ -120,6 +122,7 @@ impl ClaimRow {
                     max_attempts: f.u32(7, "max_attempts")?.max(1),
                     enqueued_at_ms: f.int(8, "enqueued_at")?,
                     delivered_at_ms: f.int(9, "delivered_at")?,
+                    fence: f.u64(11, "fence")?,
                     id,
                 }))
             }
@@ -156,6 +159,7 @@ mod tests {
             bulk("100"),
             Value::Int(200),
             Value::Int(300),
+            Value::Int(4),
         ]
     }
 
@@ -171,6 +175,7 @@ mod tests {
         );
         assert_eq!((d.version, d.attempt, d.max_attempts), (2, 1, 5));
         assert_eq!((d.enqueued_at_ms, d.delivered_at_ms), (100, 200));
+        assert_eq!(d.fence, 4);
         assert!(d.payload.is_empty());
     }
 
@@ -185,7 +190,7 @@ mod tests {
 
     #[test]
     fn every_required_field_is_checked_and_the_error_names_the_job() {
-        for i in 2..10 {
+        for i in (2..10).chain([11]) {
             let mut row = claimed_row();
             row.truncate(i);
             let err = ClaimRow::decode("emails", &Value::Array(row)).unwrap_err();
@@ -201,5 +206,94 @@ mod tests {
         );
         assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("claimed")])).is_err());
         assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("odd"), bulk("j")])).is_err());
+    }
+}
+
+#[cfg(test)]
+mod fencing {
+    use std::time::Duration;
+
+    use super::ClaimRow;
+    use crate::conn::{connect, ConnectionConfig, RedisConnection};
+    use crate::job::JobId;
+    use crate::keys::QueueKeys;
+    use crate::scripts::enqueue::Enqueue;
+    use crate::scripts::fail::{Fail, FailKind};
+    use crate::scripts::fetch::Fetch;
+    use crate::scripts::promote::Promote;
+    use crate::scripts::replay::Replay;
+
+    async fn fetch_one(conn: &mut RedisConnection, keys: &QueueKeys) -> super::Delivery {
+        let fetch = Fetch {
+            keys,
+            lease: Duration::from_secs(30),
+            token_base: &uuid::Uuid::new_v4().to_string(),
+            count: 1,
+        };
+        match fetch.run(conn).await.unwrap().pop() {
+            Some(ClaimRow::Claimed(d)) => d,
+            other => panic!("expected a claimed row, got {other:?}"),
+        }
+    }
+
+    async fn fail(
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        d: &super::Delivery,
+        kind: FailKind,
+    ) {
+        let fail = Fail {
+            keys,
+            id: &d.id,
+            token: &d.token,
+            kind,
+            message: "planned",
+            delay: Duration::ZERO,
+        };
+        fail.run(conn).await.unwrap();
+    }
+
+    /// The fencing token grows with every delivery: a retry, and a replay
+    /// after dead-lettering (which resets attempts) both get a larger one.
+    #[tokio::test]
+    async fn every_delivery_gets_a_larger_fencing_token() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut conn = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        let keys = QueueKeys::new("fencing");
+        let id = JobId::from("job-1");
+        let enqueue = Enqueue {
+            keys: &keys,
+            id: &id,
+            job_type: "t",
+            schema_version: 1,
+            payload: b"",
+            max_attempts: 5,
+            delay: None,
+            run_at: None,
+            once_for: None,
+        };
+        enqueue.run(&mut conn).await.unwrap();
+        let first = fetch_one(&mut conn, &keys).await;
+        fail(&mut conn, &keys, &first, FailKind::Retry).await;
+        Promote {
+            keys: &keys,
+            limit: 10,
+        }
+        .run(&mut conn)
+        .await
+        .unwrap();
+        let second = fetch_one(&mut conn, &keys).await;
+        fail(&mut conn, &keys, &second, FailKind::Permanent).await;
+        let replay = Replay {
+            keys: &keys,
+            id: &id,
+            reset_attempts: true,
+        };
+        replay.run(&mut conn).await.unwrap();
+        let third = fetch_one(&mut conn, &keys).await;
+        assert_eq!((first.attempt, second.attempt, third.attempt), (1, 2, 1));
+        assert_eq!((first.fence, second.fence, third.fence), (1, 2, 3));
     }
 }

@@ -16,7 +16,9 @@ local function dead_letter(jobkey, dead, stats, id, reason, now)
 end
 
 -- Claims `id`, which the caller knows sits in the processing list: attempts+1,
--- delivered_at and a fresh lease token, lease registered in the leases zset.
+-- delivered_at, a fresh lease token and the next fencing token (`fence`, +1 on
+-- every delivery and never reset, so a later delivery always carries a larger
+-- number), lease registered in the leases zset.
 local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token, now)
   local jobkey = jobprefix .. id
   if redis.call('EXISTS', doneprefix .. id) == 1 then
@@ -42,7 +44,8 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   local lease_until = now + lease_ms
   redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
     'token', token, 'lease_until', lease_until)
+  local fence = redis.call('HINCRBY', jobkey, 'fence', 1)
   redis.call('ZADD', leases, lease_until, id)
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, h[6] or '1',
-    h[7] or '0', now, lease_until}
+    h[7] or '0', now, lease_until, fence}
 end

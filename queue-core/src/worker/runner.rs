@@ -151,6 +151,7 @@ impl JobRunner {
                 max_attempts: d.max_attempts,
                 enqueued_at_ms: d.enqueued_at_ms,
                 delivered_at_ms: d.delivered_at_ms,
+                fence: d.fence,
                 lease_lost: AtomicBool::new(false),
                 conn: Some(self.inner.conn.clone()),
                 result_ref: std::sync::Mutex::new(None),
