@@ -134,7 +134,17 @@ impl SentinelSetup {
         let quorum = opts.quorum.unwrap_or(opts.sentinels / 2 + 1).max(1);
         let mut sentinels = Vec::new();
         for _ in 0..opts.sentinels.max(1) {
-            sentinels.push(spawn_sentinel(&opts, &pport, quorum)?);
+            // The port is picked free but taken only when the sentinel binds
+            // it: if another process got it first, try again with a new one.
+            let mut attempt = 0;
+            let sentinel = loop {
+                attempt += 1;
+                match spawn_sentinel(&opts, &pport, quorum) {
+                    Err(e) if attempt < 3 && e.kind() != io::ErrorKind::NotFound => continue,
+                    other => break other?,
+                }
+            };
+            sentinels.push(sentinel);
         }
         let mut switches = SwitchLog::default();
         for (s, sentinel) in sentinels.iter().enumerate() {
