@@ -447,7 +447,7 @@ impl SentinelSetup {
     /// meanwhile.
     pub fn restart_as_replica(&mut self, i: usize, limit: Duration) -> io::Result<()> {
         let start = Instant::now();
-        let left = |start: Instant| limit.saturating_sub(start.elapsed());
+        let left = || limit.saturating_sub(start.elapsed());
         let primary = self.wait_settled(limit)?;
         if primary == i {
             return Err(io::Error::other(format!(
@@ -466,8 +466,8 @@ impl SentinelSetup {
         expect_ok(node.command(&["CONFIG", "SET", "replica-priority", "0"])?)?;
         let pport = self.servers[primary].port().to_string();
         expect_ok(node.command(&["REPLICAOF", "127.0.0.1", &pport])?)?;
-        self.wait_role(i, "master_link_status:up", left(start))?;
-        let now = self.wait_settled(left(start))?;
+        self.wait_role(i, "master_link_status:up", left())?;
+        let now = self.wait_settled(left())?;
         if now != primary {
             return Err(io::Error::other(format!(
                 "the sentinels switched from node {primary} to node {now} while node {i} synced"
