@@ -3,7 +3,8 @@
 # primary + replica(s) + 3 sentinels on loopback, producers with and without
 # WAIT, two workers and a watchdog, FAILOVER_ROUNDS failovers alternating
 # `SENTINEL FAILOVER` and a SIGKILL of the primary; prints one Markdown row
-# per failover and the totals. About 100 s per replica count.
+# per failover and the totals (and a line for any round in which the sentinels
+# switched more than once). About 2 min per replica count.
 #
 #   scripts/failover.sh            # 1 and 2 replicas, 6 failovers each
 #   FAILOVER_ROUNDS=10 scripts/failover.sh 1

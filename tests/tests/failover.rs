@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use queue_core::{EnqueueOptions, Queue, QueueError, Watchdog, Worker};
 use queue_testkit::sentinel::SentinelSetup;
 use queue_testkit::RedisServer;
-use queue_tests::{fast_config, fast_watchdog, init_tracing, task, Ledger, Task};
+use queue_tests::{fast_config, fast_watchdog, init_tracing, task, wait_until, Ledger, Task};
 
 const T: Duration = Duration::from_secs(60);
 
@@ -85,6 +85,8 @@ struct Harness {
     round: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     producers: Vec<tokio::task::JoinHandle<ProducerLog>>,
+    /// Per producer: whether it uses WAIT, and its successful enqueues so far.
+    progress: Vec<(bool, Arc<AtomicUsize>)>,
     workers: Vec<(
         queue_core::ShutdownHandle,
         tokio::task::JoinHandle<queue_core::Result<()>>,
@@ -94,6 +96,8 @@ struct Harness {
         tokio::task::JoinHandle<queue_core::ReclaimReport>,
     )>,
     triggers: Vec<(usize, Trigger, Instant, Duration)>,
+    /// Per trigger: the switch-log mark taken just before it.
+    switch_marks: Vec<usize>,
 }
 
 impl Harness {
@@ -134,9 +138,11 @@ impl Harness {
             round,
             stop,
             producers: Vec::new(),
+            progress: Vec::new(),
             workers,
             watchdog: Some((tx, wd)),
             triggers: Vec::new(),
+            switch_marks: Vec::new(),
             ledger,
         };
         for p in 0..producers_per_mode {
@@ -154,6 +160,8 @@ impl Harness {
         let round = self.round.clone();
         let stop = self.stop.clone();
         let tag = if wait { "w" } else { "n" };
+        let done = Arc::new(AtomicUsize::new(0));
+        self.progress.push((wait, done.clone()));
         self.producers.push(tokio::spawn(async move {
             let mut log = ProducerLog {
                 wait,
@@ -182,6 +190,7 @@ impl Harness {
                                 at: Instant::now(),
                                 wait,
                             });
+                            done.fetch_add(1, Ordering::SeqCst);
                             break;
                         }
                         Err(e) => {
@@ -200,24 +209,43 @@ impl Harness {
         }));
     }
 
-    /// Makes the primary go away, waits for the new one; returns how long
-    /// until the sentinels named it.
-    async fn trigger(&mut self, how: Trigger) -> Duration {
+    /// Waits until every producer has made `n` more successful enqueues
+    /// (only those without WAIT when `with_wait` is false).
+    async fn wait_traffic(&self, n: usize, with_wait: bool, what: &str) {
+        let from: Vec<usize> = self
+            .progress
+            .iter()
+            .map(|(_, done)| done.load(Ordering::SeqCst))
+            .collect();
+        wait_until(T, what, || async {
+            self.progress
+                .iter()
+                .zip(&from)
+                .filter(|((wait, _), _)| with_wait || !*wait)
+                .all(|((_, done), from)| done.load(Ordering::SeqCst) >= from + n)
+        })
+        .await;
+    }
+
+    /// Makes the primary go away and waits for the sentinels' switch to a
+    /// new one (for a SIGKILL, the killed node is then restarted as a
+    /// replica of it). Returns the old and the new primary.
+    async fn trigger(&mut self, how: Trigger) -> (usize, usize) {
         let r = self.round.fetch_add(1, Ordering::SeqCst) + 1;
         let old = self.setup.primary_index().expect("a primary");
+        let mark = self.setup.switch_mark();
         let at = Instant::now();
         let setup = &mut self.setup;
-        let switched = tokio::task::block_in_place(|| match how {
+        let (new, switch) = tokio::task::block_in_place(|| match how {
             Trigger::Controlled => {
                 setup.failover(T).expect("controlled failover");
-                at.elapsed()
+                setup.wait_switch(old, mark, T).expect("switch recorded")
             }
             Trigger::Kill => {
                 setup.kill(old);
-                setup
-                    .wait_primary_change(old, T)
+                let switched = setup
+                    .wait_switch(old, mark, T)
                     .expect("failover after kill");
-                let switched = at.elapsed();
                 // An operator (or orchestrator) brings the node back; it
                 // joins as a replica of the new primary.
                 setup
@@ -226,8 +254,33 @@ impl Harness {
                 switched
             }
         });
-        self.triggers.push((r, how, at, switched));
-        switched
+        self.triggers
+            .push((r, how, at, switch.at.duration_since(at)));
+        self.switch_marks.push(mark);
+        (old, new)
+    }
+
+    /// The sentinels' switches from trigger `i` (0-based) up to the next
+    /// one, as (from, to) node indexes, once per switch (every sentinel
+    /// publishes each).
+    fn switches_in_round(&self, i: usize) -> Vec<(usize, usize)> {
+        let node = |port| {
+            self.setup
+                .index_of_port(port)
+                .expect("the sentinels switch between data nodes")
+        };
+        let mut events = self.setup.switches_since(self.switch_marks[i]);
+        if let Some(next) = self.switch_marks.get(i + 1) {
+            events.truncate(next - self.switch_marks[i]);
+        }
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for s in events {
+            let sw = (node(s.from), node(s.to));
+            if out.last() != Some(&sw) {
+                out.push(sw);
+            }
+        }
+        out
     }
 
     /// Stops producers, waits for the queue to drain, stops everything and
@@ -400,19 +453,29 @@ fn probe(h: &Harness) -> Task {
     }
 }
 
-/// One failover of the given kind in the middle of ~2 s of traffic on each side.
+/// One failover of the given kind with traffic on each side: every producer
+/// makes 150 enqueues before it, and 150 more after the switch
+/// (producers with WAIT too after a SIGKILL, once the restarted node
+/// confirms; after a controlled failover they need the demoted old primary,
+/// which Sentinel reconfigures only 8-16 s later).
 async fn one_failover(how: Trigger) -> RoundFigures {
     let _serial = serial().await;
     let mut h = Harness::start(1, 1, 2).await;
     let queue = Queue::connect(&h.url).await.unwrap();
     assert!(queue.connection().is_sentinel());
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let old = h.setup.primary_index().unwrap();
-    h.trigger(how).await;
-    let new = h.setup.primary_index().unwrap();
+    h.wait_traffic(150, true, "150 enqueues per producer before the failover")
+        .await;
+    let (old, new) = h.trigger(how).await;
     assert_ne!(old, new);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    h.wait_traffic(150, false, "150 enqueues per producer after the switch")
+        .await;
     if how == Trigger::Kill {
+        h.wait_traffic(
+            50,
+            true,
+            "enqueues with WAIT confirmed by the restarted node",
+        )
+        .await;
         // The restarted old primary is a replica now and refuses enqueues clearly.
         let direct = Queue::connect(&h.setup.server(old).url()).await.unwrap();
         let err = task::enqueue(&direct, probe(&h)).await.unwrap_err();
@@ -433,6 +496,15 @@ async fn one_failover(how: Trigger) -> RoundFigures {
         queue.connection().sentinel_primary(),
         Some(format!("127.0.0.1:{}", h.setup.server(new).port()))
     );
+    // The node promoted at the switch is still the primary: no second
+    // failover (a failback) happened during the scenario.
+    assert_eq!(
+        h.switches_in_round(0),
+        vec![(old, new)],
+        "{}",
+        h.setup.sentinel_logs()
+    );
+    assert_eq!(h.setup.primary_index(), Some(new));
     let mut figures = h.finish().await;
     let f = figures.pop().unwrap();
     println!("{HEADER}\n{}", f.row());
@@ -504,12 +576,21 @@ async fn failover_long_run() {
         h.trigger(how).await;
     }
     tokio::time::sleep(between).await;
+    let switches: Vec<Vec<(usize, usize)>> = (0..rounds).map(|r| h.switches_in_round(r)).collect();
     let figures = h.finish().await;
     println!("{rounds} failovers, {replicas} replica(s), 3 sentinels, WAIT 1 replica / 500 ms");
     println!("{HEADER}");
     let mut totals: HashMap<&str, (u64, u64, u64, u64, u64, u64)> = HashMap::new();
     for f in &figures {
         println!("{}", f.row());
+        let own = &switches[f.round - 1];
+        if own.len() != 1 {
+            println!(
+                "round {}: the sentinels switched {} times: {own:?}",
+                f.round,
+                own.len()
+            );
+        }
         let k = match f.trigger {
             Trigger::Controlled => "Controlled",
             Trigger::Kill => "Kill",

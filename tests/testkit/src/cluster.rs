@@ -84,24 +84,7 @@ impl RedisCluster {
         };
         let mut nodes = Vec::with_capacity(total);
         for _ in 0..total {
-            let bus = free_port()?.to_string();
-            let mut args: Vec<&str> = vec![
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-port",
-                &bus,
-                "--cluster-node-timeout",
-                &timeout,
-                "--cluster-require-full-coverage",
-                coverage,
-                // Let a replica take over however long it was disconnected.
-                "--cluster-replica-validity-factor",
-                "0",
-            ];
-            args.extend(opts.extra_args.iter().map(String::as_str));
-            nodes.push(RedisServer::start_with(&args)?);
+            nodes.push(start_node(&opts.extra_args, &timeout, coverage)?);
         }
         let cluster = RedisCluster {
             nodes,
@@ -392,6 +375,37 @@ impl RedisCluster {
             }
         }
         Ok(moved)
+    }
+}
+
+/// Starts one cluster node. Its bus port is picked free but only taken when
+/// the node binds it, so another process (or the node's own data port) can
+/// get it first and the node exits: then try again with fresh ports.
+fn start_node(extra: &[String], timeout: &str, coverage: &str) -> io::Result<RedisServer> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let bus = free_port()?.to_string();
+        let mut args: Vec<&str> = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-port",
+            &bus,
+            "--cluster-node-timeout",
+            timeout,
+            "--cluster-require-full-coverage",
+            coverage,
+            // Let a replica take over however long it was disconnected.
+            "--cluster-replica-validity-factor",
+            "0",
+        ];
+        args.extend(extra.iter().map(String::as_str));
+        match RedisServer::start_with(&args) {
+            Err(e) if attempt < 3 && e.kind() != io::ErrorKind::NotFound => continue,
+            other => return other,
+        }
     }
 }
 

@@ -3,21 +3,47 @@
 //! Data nodes are [`RedisServer`]s (node 0 starts as the primary, the others
 //! with `--replicaof` it); sentinels are `redis-server <conf> --sentinel`
 //! processes (no separate `redis-sentinel` binary needed) monitoring the
-//! primary under [`SentinelSetup::master_name`].
+//! primary under [`SentinelSetup::master_name`]. Every sentinel's
+//! `+switch-master` events are recorded from the start ([`Switch`]), so a test
+//! learns which node was promoted at the switch itself and can check that no
+//! other switch followed.
 //!
 //! ```no_run
 //! let setup = queue_testkit::sentinel::SentinelSetup::start(1, 1).expect("sentinel");
 //! assert!(setup.url().starts_with("redis-sentinel://127.0.0.1:"));
 //! let old = setup.primary_index().unwrap();
+//! let mark = setup.switch_mark();
 //! let new = setup.failover(std::time::Duration::from_secs(20)).unwrap();
 //! assert_ne!(old, new);
+//! let switches = setup.switches_since(mark);
+//! assert!(switches.iter().all(|s| s.to == setup.server(new).port()));
 //! ```
+//!
+//! ## A Sentinel quirk the helpers work around
+//!
+//! When a sentinel switches to the promoted replica it resets the master's
+//! link and starts the "no answer since" clock at that instant, but it only
+//! reconnects once a second has passed since its *last* reconnection attempt
+//! — which, after a SIGKILL, was to the dead old primary, possibly just
+//! before the switch. With `down-after-milliseconds` at 1000 (the default
+//! here) the sentinel can therefore judge the brand-new primary down about a
+//! second after the switch, before its first PING was even answered, and
+//! (the switch also clears the failover cool-down) fail over again at once:
+//! to the old primary if it has just been restarted as a replica. So
+//! [`SentinelSetup::restart_as_replica`] first waits until every sentinel has
+//! had an answer from the new primary ([`SentinelSetup::wait_settled`]), and
+//! keeps the restarted node at `replica-priority 0` until it has synced.
+
+mod switches;
 
 use std::io;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+
+pub use switches::Switch;
+use switches::SwitchLog;
 
 use crate::{free_port, RedisServer};
 
@@ -80,6 +106,7 @@ pub struct SentinelSetup {
     servers: Vec<RedisServer>,
     sentinels: Vec<SentinelProcess>,
     master_name: String,
+    switches: SwitchLog,
 }
 
 impl SentinelSetup {
@@ -107,12 +134,27 @@ impl SentinelSetup {
         let quorum = opts.quorum.unwrap_or(opts.sentinels / 2 + 1).max(1);
         let mut sentinels = Vec::new();
         for _ in 0..opts.sentinels.max(1) {
-            sentinels.push(spawn_sentinel(&opts, &pport, quorum)?);
+            // The port is picked free but taken only when the sentinel binds
+            // it: if another process got it first, try again with a new one.
+            let mut attempt = 0;
+            let sentinel = loop {
+                attempt += 1;
+                match spawn_sentinel(&opts, &pport, quorum) {
+                    Err(e) if attempt < 3 && e.kind() != io::ErrorKind::NotFound => continue,
+                    other => break other?,
+                }
+            };
+            sentinels.push(sentinel);
+        }
+        let mut switches = SwitchLog::default();
+        for (s, sentinel) in sentinels.iter().enumerate() {
+            switches.watch(s, sentinel.port, &opts.master_name)?;
         }
         let setup = SentinelSetup {
             servers,
             sentinels,
             master_name: opts.master_name.clone(),
+            switches,
         };
         setup.wait_ready(opts.replicas, Duration::from_secs(30))?;
         Ok(setup)
@@ -156,6 +198,19 @@ impl SentinelSetup {
         cli(&all)
     }
 
+    /// Every sentinel's log (its events: `+sdown`, `+switch-master`, …),
+    /// for a test's failure message.
+    pub fn sentinel_logs(&self) -> String {
+        self.sentinels
+            .iter()
+            .enumerate()
+            .map(|(s, p)| {
+                let log = std::fs::read_to_string(p.dir.join("sentinel.log")).unwrap_or_default();
+                format!("--- sentinel {s}:\n{log}")
+            })
+            .collect()
+    }
+
     /// Runs a command on data node `i` with `redis-cli`; returns raw stdout.
     pub fn server_cli(&self, i: usize, args: &[&str]) -> io::Result<String> {
         let port = self.servers[i].port().to_string();
@@ -179,12 +234,28 @@ impl SentinelSetup {
 
     /// The index of the data node the sentinels name as primary.
     pub fn primary_index(&self) -> Option<usize> {
-        let port = self.primary_port()?;
+        self.index_of_port(self.primary_port()?)
+    }
+
+    /// The index of the data node listening on `port`.
+    pub fn index_of_port(&self, port: u16) -> Option<usize> {
         self.servers.iter().position(|s| s.port() == port)
     }
 
-    /// `SENTINEL FAILOVER` (a controlled failover), then waits until the
-    /// sentinels name another node and that node says `role:master`.
+    /// A mark in the log of `+switch-master` events, for
+    /// [`SentinelSetup::switches_since`] and [`SentinelSetup::wait_switch`].
+    pub fn switch_mark(&self) -> usize {
+        self.switches.mark()
+    }
+
+    /// Every `+switch-master` event (from every sentinel) recorded after
+    /// `mark`, oldest first.
+    pub fn switches_since(&self, mark: usize) -> Vec<Switch> {
+        self.switches.since(mark)
+    }
+
+    /// `SENTINEL FAILOVER` (a controlled failover), then waits for the
+    /// switch away from the current primary ([`SentinelSetup::wait_switch`]).
     /// Returns the new primary's index.
     ///
     /// The old primary is *not* demoted at that point: Sentinel turns it
@@ -195,101 +266,165 @@ impl SentinelSetup {
         let old = self
             .primary_index()
             .ok_or_else(|| io::Error::other("no primary known to the sentinels"))?;
+        let mark = self.switch_mark();
         let start = Instant::now();
-        loop {
-            let out = self.sentinel_cli(0, &["SENTINEL", "FAILOVER", &self.master_name])?;
-            if out.trim() == "OK" {
-                break;
-            }
+        poll(limit, Duration::from_millis(200), || {
+            let out = self
+                .sentinel_cli(0, &["SENTINEL", "FAILOVER", &self.master_name])
+                .map_err(|e| e.to_string())?;
             // NOGOODSLAVE right after a previous failover: replicas not seen yet.
-            if start.elapsed() > limit {
-                return Err(io::Error::other(format!("SENTINEL FAILOVER: {out}")));
+            match out.trim() {
+                "OK" => Ok(()),
+                other => Err(format!("SENTINEL FAILOVER: {other}")),
             }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        self.wait_primary_change(old, limit.saturating_sub(start.elapsed()))
+        })?;
+        let (new, _) = self.wait_switch(old, mark, limit.saturating_sub(start.elapsed()))?;
+        Ok(new)
     }
 
-    /// Waits until the sentinels name a primary other than node `old` and
-    /// that node reports `role:master`. Returns its index.
-    pub fn wait_primary_change(&self, old: usize, limit: Duration) -> io::Result<usize> {
+    /// Waits for the first `+switch-master` event after `mark` that moves
+    /// the primary away from node `old`, then until the promoted node reports
+    /// `role:master`. Returns the promoted node's index and the event.
+    pub fn wait_switch(
+        &self,
+        old: usize,
+        mark: usize,
+        limit: Duration,
+    ) -> io::Result<(usize, Switch)> {
         let start = Instant::now();
-        loop {
-            if let Some(i) = self.primary_index() {
-                if i != old
-                    && self
-                        .server_cli(i, &["ROLE"])
-                        .map(|r| r.starts_with("master"))
-                        .unwrap_or(false)
-                {
-                    return Ok(i);
+        let from = self.servers[old].port();
+        let switch = poll(limit, Duration::from_millis(10), || {
+            self.switches_since(mark)
+                .into_iter()
+                .find(|s| s.from == from)
+                .ok_or_else(|| format!("no +switch-master away from node {old}"))
+        })?;
+        let new = self.index_of_port(switch.to).ok_or_else(|| {
+            io::Error::other(format!("switched to port {}: not a data node", switch.to))
+        })?;
+        self.wait_role(new, "role:master", limit.saturating_sub(start.elapsed()))?;
+        Ok((new, switch))
+    }
+
+    /// Waits until every sentinel names the same primary, sees it up (flags
+    /// exactly `master`: not down, no failover in progress) and has had an
+    /// answer to a PING since it switched to it (`last-ping-sent` 0: the
+    /// switch starts that clock, only an answer stops it). From then on a
+    /// sentinel judges the primary down only if it really stops answering;
+    /// before, it can do so spuriously (see the module docs). Returns the
+    /// primary's index.
+    pub fn wait_settled(&self, limit: Duration) -> io::Result<usize> {
+        poll(limit, Duration::from_millis(20), || {
+            let mut named = None;
+            for s in 0..self.sentinels.len() {
+                let out = self
+                    .sentinel_cli(s, &["SENTINEL", "MASTER", &self.master_name])
+                    .map_err(|e| e.to_string())?;
+                let m = records(&out).pop().unwrap_or_default();
+                let field = |k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+                let (flags, ping) = (field("flags"), field("last-ping-sent"));
+                if flags != Some("master") || ping != Some("0") {
+                    return Err(format!(
+                        "sentinel {s}: flags {flags:?}, last-ping-sent {ping:?}"
+                    ));
                 }
+                let port = field("port").and_then(|p| p.parse().ok());
+                if named.is_some() && named != port {
+                    return Err(format!("sentinels name {named:?} and {port:?}"));
+                }
+                named = port;
             }
-            if start.elapsed() > limit {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("no new primary after {limit:?}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+            named
+                .and_then(|p| self.index_of_port(p))
+                .ok_or_else(|| format!("primary {named:?} is not a data node"))
+        })
     }
 
     /// Waits until data node `i`'s `INFO replication` contains `needle`
     /// (e.g. `role:slave`, `master_link_status:up`).
     pub fn wait_role(&self, i: usize, needle: &str, limit: Duration) -> io::Result<()> {
-        let start = Instant::now();
-        loop {
+        poll(limit, Duration::from_millis(20), || {
             let info = self
                 .server_cli(i, &["INFO", "replication"])
                 .unwrap_or_default();
             if info.contains(needle) {
-                return Ok(());
+                Ok(())
+            } else {
+                Err(format!("node {i}: no `{needle}`: {info}"))
             }
-            if start.elapsed() > limit {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("node {i}: no `{needle}` after {limit:?}: {info}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        })
     }
 
-    /// Waits until the primary the sentinels name has every other running
-    /// data node as a linked replica (`master_link_status:up`), and the
-    /// sentinels count them as replicas.
+    /// Waits until the setup is ready for the next failover: the sentinels
+    /// are settled on a primary ([`SentinelSetup::wait_settled`]), every
+    /// other running data node is a linked replica of it, the primary counts
+    /// them, and every sentinel lists each of them as a replica it could
+    /// promote (up, link `ok`, `slave-priority` not 0; sentinels refresh a
+    /// replica's INFO every 10 s, so this can take that long after a
+    /// [`SentinelSetup::restart_as_replica`]).
     pub fn wait_healthy(&self, limit: Duration) -> io::Result<()> {
         let start = Instant::now();
-        loop {
-            if let Some(p) = self.primary_index() {
-                let port = self.servers[p].port();
-                let running: Vec<usize> = (0..self.servers.len())
-                    .filter(|i| *i != p && self.servers[*i].pid().is_some())
-                    .collect();
-                let linked = running.iter().all(|i| {
-                    let info = self
-                        .server_cli(*i, &["INFO", "replication"])
-                        .unwrap_or_default();
-                    info.contains("master_link_status:up")
-                        && info.contains(&format!("master_port:{port}"))
-                });
-                let primary = self
-                    .server_cli(p, &["INFO", "replication"])
+        poll(limit, Duration::from_millis(50), || {
+            let left = limit.saturating_sub(start.elapsed());
+            let p = self.wait_settled(left).map_err(|e| e.to_string())?;
+            let port = self.servers[p].port();
+            let running: Vec<usize> = (0..self.servers.len())
+                .filter(|i| *i != p && self.servers[*i].pid().is_some())
+                .collect();
+            for i in &running {
+                let info = self
+                    .server_cli(*i, &["INFO", "replication"])
                     .unwrap_or_default();
-                let counted = primary.contains(&format!("connected_slaves:{}", running.len()));
-                if linked && counted {
-                    return Ok(());
+                if !info.contains("master_link_status:up")
+                    || !info.contains(&format!("master_port:{port}"))
+                {
+                    return Err(format!("node {i} is not a linked replica of node {p}"));
                 }
             }
-            if start.elapsed() > limit {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("replicas not linked to the primary after {limit:?}"),
+            let primary = self
+                .server_cli(p, &["INFO", "replication"])
+                .unwrap_or_default();
+            if !primary.contains(&format!("connected_slaves:{}", running.len())) {
+                return Err(format!(
+                    "node {p} does not count {} replicas",
+                    running.len()
                 ));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            for s in 0..self.sentinels.len() {
+                self.sentinel_sees_promotable(s, port, &running)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Whether sentinel `s` lists every node of `replicas` as a replica of
+    /// the primary on `primary_port` that it could promote.
+    fn sentinel_sees_promotable(
+        &self,
+        s: usize,
+        primary_port: u16,
+        replicas: &[usize],
+    ) -> Result<(), String> {
+        let out = self
+            .sentinel_cli(s, &["SENTINEL", "REPLICAS", &self.master_name])
+            .map_err(|e| e.to_string())?;
+        let listed = records(&out);
+        for i in replicas {
+            let port = self.servers[*i].port().to_string();
+            let r = listed
+                .iter()
+                .find(|r| r.iter().any(|(k, v)| k == "port" && *v == port))
+                .ok_or_else(|| format!("sentinel {s} does not list node {i}"))?;
+            let field = |k: &str| r.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+            let ok = field("flags") == Some("slave")
+                && field("master-link-status") == Some("ok")
+                && field("master-port") == Some(primary_port.to_string().as_str())
+                && field("slave-priority").is_some_and(|p| p != "0");
+            if !ok {
+                return Err(format!("sentinel {s} cannot promote node {i} yet: {r:?}"));
+            }
         }
+        Ok(())
     }
 
     /// SIGKILLs data node `i`.
@@ -300,79 +435,62 @@ impl SentinelSetup {
     /// Restarts data node `i` (same port and arguments) and makes it a
     /// replica of the current primary right away with `REPLICAOF` — what the
     /// sentinels would do themselves some 8 s after seeing it back — then
-    /// waits for its replication link.
+    /// waits for its replication link (the initial sync done).
+    ///
+    /// It first waits until the sentinels are settled on the new primary
+    /// ([`SentinelSetup::wait_settled`]): until then a sentinel may judge the
+    /// new primary down spuriously and fail over again, which with the
+    /// restarted node available would promote it straight back. And the node
+    /// runs with `replica-priority 0` (never promoted) until it has synced,
+    /// so no failover can promote an empty node; then its configured
+    /// priority is restored. Fails if the sentinels switched primaries
+    /// meanwhile.
     pub fn restart_as_replica(&mut self, i: usize, limit: Duration) -> io::Result<()> {
-        self.servers[i].restart()?;
-        // The sentinels may reconfigure the returning node themselves, in
-        // either direction (on a loaded machine they have been seen to fail
-        // back to it): follow whatever primary they name until the node is
-        // that primary or a linked replica of it.
         let start = Instant::now();
-        let own = self.servers[i].port();
-        loop {
-            let port = self
-                .primary_port()
-                .ok_or_else(|| io::Error::other("no primary known to the sentinels"))?;
-            if port == own {
-                if self
-                    .wait_role(i, "role:master", Duration::from_secs(2))
-                    .is_ok()
-                {
-                    return Ok(());
-                }
-            } else {
-                let info = self
-                    .server_cli(i, &["INFO", "replication"])
-                    .unwrap_or_default();
-                if !info.contains(&format!("master_port:{port}")) {
-                    let out = self.server_cli(i, &["REPLICAOF", "127.0.0.1", &port.to_string()])?;
-                    if !out.starts_with("OK") {
-                        return Err(io::Error::other(format!("REPLICAOF: {out}")));
-                    }
-                }
-                let linked = self.wait_role(i, "master_link_status:up", Duration::from_secs(5));
-                let still = self.primary_port() == Some(port);
-                if linked.is_ok() && still {
-                    return Ok(());
-                }
-            }
-            if start.elapsed() > limit {
-                let info = self
-                    .server_cli(i, &["INFO", "replication"])
-                    .unwrap_or_default();
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("node {i} did not rejoin within {limit:?}: {info}"),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        let left = || limit.saturating_sub(start.elapsed());
+        let primary = self.wait_settled(limit)?;
+        if primary == i {
+            return Err(io::Error::other(format!(
+                "node {i} is the primary the sentinels name"
+            )));
         }
+        self.servers[i].restart()?;
+        let node = &self.servers[i];
+        let reply = node.command(&["CONFIG", "GET", "replica-priority"])?;
+        let configured = reply
+            .lines()
+            .rev()
+            .find(|l| !l.is_empty())
+            .unwrap_or_default()
+            .to_string();
+        expect_ok(node.command(&["CONFIG", "SET", "replica-priority", "0"])?)?;
+        let pport = self.servers[primary].port().to_string();
+        expect_ok(node.command(&["REPLICAOF", "127.0.0.1", &pport])?)?;
+        self.wait_role(i, "master_link_status:up", left())?;
+        let now = self.wait_settled(left())?;
+        if now != primary {
+            return Err(io::Error::other(format!(
+                "the sentinels switched from node {primary} to node {now} while node {i} synced"
+            )));
+        }
+        expect_ok(node.command(&["CONFIG", "SET", "replica-priority", &configured])?)
     }
 
     fn wait_ready(&self, replicas: usize, limit: Duration) -> io::Result<()> {
-        let start = Instant::now();
         let others = (self.sentinels.len() - 1).to_string();
         let replicas_s = replicas.to_string();
-        loop {
-            let mut ready = true;
+        poll(limit, Duration::from_millis(100), || {
             for s in 0..self.sentinels.len() {
                 let out = self
                     .sentinel_cli(s, &["SENTINEL", "MASTER", &self.master_name])
                     .unwrap_or_default();
-                let lines: Vec<&str> = out.lines().collect();
-                let field = |name: &str| {
-                    lines
-                        .iter()
-                        .position(|l| *l == name)
-                        .and_then(|p| lines.get(p + 1))
-                        .copied()
-                        .unwrap_or_default()
-                };
-                if field("num-slaves") != replicas_s
-                    || field("num-other-sentinels") != others
-                    || field("flags") != "master"
+                let m = records(&out).pop().unwrap_or_default();
+                let field = |k: &str| m.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+                if field("num-slaves") != Some(replicas_s.as_str())
+                    || field("num-other-sentinels") != Some(others.as_str())
+                    || field("flags") != Some("master")
                 {
-                    ready = false;
+                    return Err(format!("sentinel {s} not ready: {m:?}"));
                 }
             }
             for i in 1..self.servers.len() {
@@ -380,20 +498,59 @@ impl SentinelSetup {
                     .server_cli(i, &["INFO", "replication"])
                     .unwrap_or_default();
                 if !info.contains("master_link_status:up") {
-                    ready = false;
+                    return Err(format!("replica {i} not linked"));
                 }
             }
-            if ready {
-                return Ok(());
-            }
-            if start.elapsed() > limit {
+            Ok(())
+        })
+    }
+}
+
+/// Calls `probe` every `every` until it returns `Ok`; after `limit`, a
+/// `TimedOut` error with the last reason `probe` gave.
+fn poll<T>(
+    limit: Duration,
+    every: Duration,
+    mut probe: impl FnMut() -> Result<T, String>,
+) -> io::Result<T> {
+    let start = Instant::now();
+    loop {
+        match probe() {
+            Ok(t) => return Ok(t),
+            Err(why) if start.elapsed() > limit => {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("sentinels not ready after {limit:?}"),
-                ));
+                    format!("after {limit:?}: {why}"),
+                ))
             }
-            std::thread::sleep(Duration::from_millis(100));
+            Err(_) => std::thread::sleep(every),
         }
+    }
+}
+
+/// `redis-cli` output of key/value replies (`SENTINEL MASTER`, `SENTINEL
+/// REPLICAS`: one element per line) as records, a new one at each `name`.
+fn records(out: &str) -> Vec<Vec<(String, String)>> {
+    let lines: Vec<&str> = out.lines().collect();
+    let mut all: Vec<Vec<(String, String)>> = Vec::new();
+    for pair in lines.chunks(2) {
+        let [k, v] = pair else { break };
+        if *k == "name" || all.is_empty() {
+            all.push(Vec::new());
+        }
+        if let Some(r) = all.last_mut() {
+            r.push((k.to_string(), v.to_string()));
+        }
+    }
+    all
+}
+
+/// An inline command's raw reply must be `+OK`.
+fn expect_ok(reply: String) -> io::Result<()> {
+    if reply.starts_with("+OK") {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!("expected +OK, got {reply:?}")))
     }
 }
 
