@@ -24,6 +24,7 @@ mod doctor;
 mod error;
 mod format;
 mod metrics_export;
+mod queue_gauges;
 mod views;
 
 use clap::Parser;

@@ -11,11 +11,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use queue_core::{job, JobContext, JobError, JobState, Queue, QueueKeys, Worker};
 use queue_testkit::RedisServer;
 use serde::{Deserialize, Serialize};
+
+mod support;
 
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 const QUEUE: &str = "orders";
@@ -244,18 +245,10 @@ fn run_worker_until_finished(url: &str, n: i64) {
             .build()
             .await
             .unwrap();
-        worker
-            .run_until(async move {
-                for _ in 0..600 {
-                    let s = queue.stats(QUEUE).await.unwrap();
-                    if s.counter("completed") + s.counter("dead") >= n {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            })
-            .await
-            .unwrap();
+        support::run_worker_until(worker, queue, QUEUE, move |s| {
+            s.counter("completed") + s.counter("dead") >= n
+        })
+        .await;
     });
 }
 
