@@ -2,15 +2,17 @@
 //! the Python snippet (redis-py + msgpack) and the Node snippet (ioredis +
 //! msgpackr) each enqueue a nested payload that a real `#[job]` worker
 //! decodes and compares with the value the test meant; each reports
-//! duplicates and completed ids the way the Rust `Queue` does; and the script
-//! SHA that docs/PROTOCOL.md gives is the one Rust loads.
+//! duplicates and completed ids the way the Rust `Queue` does; the CLI reads
+//! stdin, schedules by `--run-at` and passes the schema version on; and the
+//! script SHA that docs/PROTOCOL.md gives is the one Rust loads.
 //!
 //! The Python and Node libraries are installed by
 //! `examples/producers/setup.sh`; when that fails the test fails (it never skips).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Mutex;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 
 use queue_core::{job, JobContext, JobError, JobState, Queue, QueueKeys, Worker};
 use queue_testkit::RedisServer;
@@ -121,20 +123,31 @@ fn producers_dir() -> PathBuf {
     repo_root().join("examples/producers")
 }
 
-/// Installs the Python and Node libraries (a no-op when present). Panics
+/// Installs the Python and Node libraries (a no-op when present), once per
+/// test binary (the tests run in parallel and share the folders). Panics
 /// with the installer's output when that fails: no silent skip.
 fn setup_producers() {
-    let out = Command::new("bash")
-        .arg(producers_dir().join("setup.sh"))
-        .output()
-        .expect("bash runs examples/producers/setup.sh");
-    assert!(
-        out.status.success(),
-        "examples/producers/setup.sh failed: the Python/Node producer test needs python3 (venv), \
-         node and npm and the package registries (scripts/ensure-services.sh installs the tools)\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    static SETUP: OnceLock<Result<(), String>> = OnceLock::new();
+    let result = SETUP.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(producers_dir().join("setup.sh"))
+            .output()
+            .map_err(|e| format!("bash does not run: {e}"))?;
+        if out.status.success() {
+            return Ok(());
+        }
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    });
+    if let Err(output) = result {
+        panic!(
+            "examples/producers/setup.sh failed: the Python/Node producer tests need python3 (venv), \
+             node and npm and the package registries (scripts/ensure-services.sh installs the tools)\n{output}"
+        );
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -382,4 +395,73 @@ fn the_documented_script_sha_is_the_one_rust_loads_and_the_snippets_send() {
     for p in [Producer::Python, Producer::Node] {
         assert_eq!(p.script_sha().as_deref(), Some(sha.as_str()), "{p:?}");
     }
+}
+
+/// The Redis clock in ms (`TIME`).
+fn redis_now_ms(server: &RedisServer) -> i64 {
+    let reply = server.command(&["TIME"]).unwrap();
+    let secs: i64 = reply.lines().nth(2).unwrap().trim().parse().unwrap();
+    secs * 1000
+}
+
+#[test]
+fn the_cli_reads_stdin_schedules_by_run_at_and_a_wrong_schema_version_is_dead_lettered() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let json = serde_json::to_string(&expected_order()).unwrap();
+
+    // `--json -` reads the arguments from stdin; `--run-at` in Unix ms, an
+    // hour ahead on the Redis clock, leaves the job delayed until then.
+    let run_at = redis_now_ms(&server) + 3_600_000;
+    let mut child = Producer::Cli
+        .command(&url, "cli-stdin", "-")
+        .args(["--run-at", &run_at.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "created cli-stdin"
+    );
+    assert_eq!(job_field(&server, "cli-stdin", "state"), "delayed");
+    assert_eq!(
+        job_field(&server, "cli-stdin", "run_at"),
+        run_at.to_string()
+    );
+
+    // An RFC 3339 time in the past runs now.
+    let at = ["--run-at", "2001-02-03T04:05:06Z"];
+    assert_eq!(
+        Producer::Cli.enqueue(&url, "cli-past", &json, &at),
+        "created cli-past"
+    );
+    assert_eq!(job_field(&server, "cli-past", "state"), "queued");
+
+    // A schema version the handler does not know is dead-lettered, never run.
+    let v2 = ["--schema-version", "2"];
+    assert_eq!(
+        Producer::Cli.enqueue(&url, "cli-v2", &json, &v2),
+        "created cli-v2"
+    );
+    run_worker_until_finished(&url, 2);
+    let dead = dead_list(&url);
+    assert!(
+        dead.contains("cli-v2") && dead.contains("unknown schema version 2"),
+        "{dead}"
+    );
+    let received = RECEIVED.lock().unwrap().clone();
+    assert!(received
+        .iter()
+        .any(|(id, o)| id == "cli-past" && *o == expected_order()));
+    assert!(!received
+        .iter()
+        .any(|(id, _)| id == "cli-v2" || id == "cli-stdin"));
 }
