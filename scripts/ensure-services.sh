@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure the binaries and services the tests and the demo need exist on
 # this machine: redis-server (tests start their own instances from it) and a
-# PostgreSQL server on 127.0.0.1:5432 with a `test` database (outbox tests).
+# PostgreSQL server on 127.0.0.1:5432 with a `test` database (outbox tests),
+# Chromium (dashboard test), python3-venv, node and npm (producer examples).
 # Installs Debian packages when missing. Safe to run repeatedly.
 set -euo pipefail
 
@@ -77,6 +78,31 @@ ensure_chromium() {
   if command -v chromium >/dev/null 2>&1; then log "chromium: $(chromium --version 2>/dev/null | head -n1)"; fi
 }
 
+ensure_producer_tools() {
+  # python3 with venv, node and npm: the Python and Node producer examples
+  # (examples/producers) that queue-watchdog's `producers` test drives. The
+  # test installs their libraries with examples/producers/setup.sh.
+  if [ "${SKIP_PRODUCERS:-0}" = "1" ]; then return 0; fi
+  if ! command -v python3 >/dev/null 2>&1; then
+    log "python3 missing: installing the Debian package"
+    apt_install python3 python3-venv
+  fi
+  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    log "python3 venv/ensurepip missing: installing python3-venv"
+    apt_install python3-venv
+  fi
+  if ! command -v node >/dev/null 2>&1; then
+    log "node missing: installing the Debian package"
+    apt_install nodejs
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    log "npm missing: installing the Debian package"
+    apt_install npm
+  fi
+  log "producers: $(python3 --version 2>&1), node $(node --version), npm $(npm --version)"
+}
+
 ensure_redis
 ensure_postgres
 ensure_chromium
+ensure_producer_tools

@@ -64,6 +64,41 @@ pub enum Command {
     )]
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Enqueue one job from JSON (converted to the MessagePack a Rust
+    /// handler's serde type decodes). Prints `created <id>`,
+    /// `duplicate <id> state=<state>` or `already-completed <id>` (exit 0 for
+    /// each: a known id is a no-op, not an error). See docs/PROTOCOL.md.
+    Enqueue(EnqueueArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EnqueueArgs {
+    /// Queue.
+    #[arg(long, short = 'q')]
+    pub queue: String,
+    /// Job type (the handler's name, `Job::NAME`).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub job_type: String,
+    /// The job's arguments as JSON, shaped like the handler's serde type
+    /// (enums externally tagged: `"Unit"`, `{"Variant": value}`); `-` reads stdin.
+    #[arg(long, value_name = "JSON|-")]
+    pub json: String,
+    /// Stable job id (business key); a random UUID without it.
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Run no earlier than this long from now: `500ms`, `30s`, `5m`, `2h`, `1d`.
+    #[arg(long, value_parser = crate::commands::parse_delay, conflicts_with = "run_at")]
+    pub delay: Option<std::time::Duration>,
+    /// Run no earlier than this time: RFC 3339 (`2030-01-02T03:04:05Z`) or
+    /// Unix milliseconds. Compared with the Redis clock; the past runs now.
+    #[arg(long, value_parser = crate::commands::parse_run_at)]
+    pub run_at: Option<std::time::SystemTime>,
+    /// Deliveries before the job is dead-lettered (default: `Job::MAX_ATTEMPTS`'s default).
+    #[arg(long, default_value_t = 25)]
+    pub max_attempts: u32,
+    /// Payload schema version; must equal the handler's `SCHEMA_VERSION`.
+    #[arg(long, default_value_t = 1)]
+    pub schema_version: u32,
 }
 
 /// Where the outbox table lives.

@@ -9,6 +9,7 @@
 //! - `dead list` / `dead replay` / `dead purge`: the dead-letter list.
 //! - `doctor`: the Redis settings that lose queue data, with fixes.
 //! - `dashboard` (cargo feature `dashboard`, on by default): the web UI.
+//! - `enqueue`: one job from JSON (producers without Rust, scripts).
 //! - `outbox …` (cargo feature `outbox`, on by default): the PostgreSQL outbox.
 //!
 //! Every queue read and write goes through `queue_core::admin`; this crate
@@ -23,6 +24,7 @@ mod doctor;
 mod error;
 mod format;
 mod metrics_export;
+mod queue_gauges;
 mod views;
 
 use clap::Parser;

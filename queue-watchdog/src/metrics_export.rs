@@ -92,4 +92,22 @@ fn describe() {
         "queue_completed_last_minute",
         "Completions in the last 60 seconds"
     );
+    use crate::queue_gauges::{DELAYED_DUE, EXPIRED_LEASES, LAST_SAMPLE, STATS_TOTAL};
+    describe_gauge!(
+        EXPIRED_LEASES,
+        "Processing entries whose lease expired and that no watchdog returned yet (lost deliveries)"
+    );
+    describe_gauge!(
+        DELAYED_DUE,
+        "Delayed jobs whose run time has come that are not promoted to main yet"
+    );
+    describe_gauge!(
+        LAST_SAMPLE,
+        Unit::Seconds,
+        "Redis time of this watchdog's last successful read of the queue"
+    );
+    describe_counter!(
+        STATS_TOTAL,
+        "The queue's lifetime counters kept in Redis (q:{Q}:stats), written by every worker and watchdog"
+    );
 }

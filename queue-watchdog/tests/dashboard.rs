@@ -846,10 +846,15 @@ fn dashboard_http_endpoints_and_replay_protection() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, metrics) = http(port, "GET", "/metrics", &[]);
-        if metrics.contains("queue_depth{queue=\"emails\",list=\"dead\"} 1") {
+        if metrics.contains("queue_depth{queue=\"emails\",list=\"dead\"} 1")
+            && metrics.contains("queue_expired_leases{queue=\"emails\"} 0")
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "no depth gauge: {metrics}");
+        assert!(
+            Instant::now() < deadline,
+            "no depth or expired-lease gauge: {metrics}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 

@@ -3,6 +3,7 @@
 
 mod dead;
 mod doctor;
+mod enqueue;
 mod jobs;
 #[cfg(feature = "outbox")]
 mod outbox;
@@ -10,6 +11,8 @@ mod run;
 mod stats;
 
 use std::process::ExitCode;
+
+pub use enqueue::{parse_delay, parse_run_at};
 
 use crate::cli::{Cli, Command, JobsCommand};
 use crate::error::{CliError, Result};
@@ -27,6 +30,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Doctor(args) => doctor::doctor(&cli.redis, args).await,
         Command::Dashboard(args) => dashboard(&cli.redis, args).await,
         Command::Outbox(cmd) => outbox(&cli.redis, cmd).await,
+        Command::Enqueue(args) => enqueue::enqueue(&cli.redis, args).await,
     }
 }
 

@@ -1,5 +1,5 @@
 //! `run`: the reclaim loop (queue-core's `Watchdog`), optionally exporting
-//! Prometheus metrics.
+//! Prometheus metrics (the queue series come from `queue_gauges`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,11 +22,20 @@ pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
             base: Duration::from_millis(args.backoff_base_ms),
             max: Duration::from_millis(args.backoff_max_ms),
         },
-        // The gauges cost one stats script per queue and pass: only when exported.
-        publish_gauges: args.metrics_listen.is_some(),
+        // With --metrics-listen the sampler below publishes the gauges (from
+        // one health read per queue and interval); the passes need not.
+        publish_gauges: false,
         ..WatchdogConfig::default()
     };
     let watchdog = Watchdog::connect(url, &args.queues, config).await?;
+    if args.metrics_listen.is_some() && !args.once {
+        let admin = queue_core::admin::Admin::connect(url).await?;
+        crate::queue_gauges::spawn(
+            admin,
+            args.queues.clone(),
+            Duration::from_millis(args.interval_ms.max(100)),
+        );
+    }
     if args.once {
         let r = watchdog.run_once().await?;
         println!(

@@ -86,7 +86,7 @@ async fn sample_queues(state: &AppState) {
         match state.admin.health(&q).await {
             Ok(h) => {
                 if state.metrics.is_some() {
-                    h.stats.publish_gauges();
+                    crate::queue_gauges::publish(&h);
                 }
                 let mut samples = state.samples.lock().unwrap();
                 let v = samples.entry(q).or_default();
