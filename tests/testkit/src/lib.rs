@@ -41,7 +41,16 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments, e.g.
     /// `["--appendonly", "yes", "--appendfsync", "always"]`.
+    ///
+    /// The port is picked free but only taken when the server binds it; if
+    /// another process got it first, the server is started again on a fresh
+    /// port (see [`retry_on_fresh_port`]).
     pub fn start_with(extra_args: &[&str]) -> std::io::Result<Self> {
+        retry_on_fresh_port(|| Self::start_once(extra_args))
+    }
+
+    /// One attempt of [`RedisServer::start_with`] on one freshly picked port.
+    pub(crate) fn start_once(extra_args: &[&str]) -> std::io::Result<Self> {
         let port = free_port()?;
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!(
@@ -104,9 +113,12 @@ impl RedisServer {
                     )));
                 }
             }
+            // Only our own child counts: if another process holds the port,
+            // it may answer before our child exits with "Address already in use".
+            let own = format!("process_id:{}", self.pid().unwrap_or_default());
             if self
-                .command(&["PING"])
-                .map(|r| r.contains("PONG"))
+                .command(&["INFO", "server"])
+                .map(|r| r.contains(&own))
                 .unwrap_or(false)
             {
                 return Ok(());
@@ -192,6 +204,31 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Attempts of [`retry_on_fresh_port`].
+const PORT_ATTEMPTS: u32 = 4;
+
+/// Runs `start` (which picks its own free ports) again while it fails
+/// because a port was taken by another process between being picked and
+/// being bound ("Address already in use" in the server's log), at most
+/// [`PORT_ATTEMPTS`] times. Used for plain servers, cluster nodes (whose bus
+/// port is picked the same way) and sentinels.
+pub(crate) fn retry_on_fresh_port<T>(
+    mut start: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => attempt += 1,
+            other => return other,
+        }
+    }
+}
+
+/// Whether a start failed because its port was already bound.
+fn port_taken(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::AddrInUse || e.to_string().contains("Address already in use")
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
