@@ -207,6 +207,12 @@ impl TestEnv {
         c.hgetall(key).await.expect("HGETALL")
     }
 
+    /// One field of a ledger hash (`HGET`).
+    pub async fn ledger_field(&self, key: &str, field: &str) -> Option<String> {
+        let mut c = redis_conn(&self.ledger_url).await;
+        c.hget(key, field).await.expect("HGET")
+    }
+
     /// The ids in one of `queue`'s lists (`QueueKeys::main`, `processing`, `dead`).
     pub async fn list(&self, key: &str) -> Vec<String> {
         self.conn().await.lrange(key, 0, -1).await.expect("LRANGE")
@@ -271,27 +277,42 @@ impl TestEnv {
         .await;
     }
 
-    /// Waits until at least `n` clients are blocked (e.g. workers in BLMOVE
-    /// on an empty queue).
-    pub async fn wait_blocked_clients(&self, n: u64) {
-        wait_until(BOUND, &format!("{n} blocked clients"), || async {
-            blocked_clients(&self.url).await >= n
+    /// Waits until a client other than `except` is blocked (e.g. a worker's
+    /// fetcher in BLMOVE on an empty queue); returns its client id. Each
+    /// fetcher blocks on a connection of its own, so passing the id returned
+    /// last waits for another fetcher's turn.
+    pub async fn wait_blocked_client(&self, except: Option<u64>) -> u64 {
+        let found = Arc::new(Mutex::new(None));
+        wait_until(BOUND, "a blocked client", || async {
+            let ids = blocked_clients(&self.url).await;
+            let other = ids.into_iter().find(|id| Some(*id) != except);
+            *found.lock().expect("found") = other;
+            other.is_some()
         })
         .await;
+        let id = found
+            .lock()
+            .expect("found")
+            .expect("found a blocked client");
+        id
     }
 }
 
-/// `blocked_clients` of the server at `url` (`INFO clients`).
-pub async fn blocked_clients(url: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
+/// Ids of the clients blocked right now on the server at `url` (`CLIENT LIST`, flag `b`).
+pub async fn blocked_clients(url: &str) -> Vec<u64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
         .query_async(&mut redis_conn(url).await)
         .await
-        .expect("INFO clients");
-    info.lines()
-        .find_map(|l| l.strip_prefix("blocked_clients:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.strip_prefix("flags=").is_some_and(|f| f.contains('b')))
+        })
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .filter_map(|id| id.parse().ok())
+        .collect()
 }
 
 /// A `task` payload with sequence number `seq` writing to the ledger at `ledger`.
