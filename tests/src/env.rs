@@ -207,6 +207,15 @@ impl TestEnv {
         c.hgetall(key).await.expect("HGETALL")
     }
 
+    /// The `attempts` of job `id`'s completion record (panics if it has none).
+    pub async fn completion_attempts(&self, queue: &str, id: impl Into<JobId>) -> u32 {
+        let rec = self.queue.completion(queue, id).await.expect("completion");
+        let rec = rec.expect("completion record");
+        rec.get("attempts")
+            .and_then(|a| a.parse().ok())
+            .expect("attempts in the completion record")
+    }
+
     /// One field of a ledger hash (`HGET`).
     pub async fn ledger_field(&self, key: &str, field: &str) -> Option<String> {
         let mut c = redis_conn(&self.ledger_url).await;

@@ -197,6 +197,17 @@ pub fn fast_config() -> queue_core::WorkerConfig {
     }
 }
 
+/// [`fast_config`] with lease `lease` and a heartbeat every `heartbeat`
+/// (`None`: no heartbeat at all, so a job slower than its lease loses it).
+pub fn lease_config(lease: Duration, heartbeat: Option<Duration>) -> queue_core::WorkerConfig {
+    queue_core::WorkerConfig {
+        lease,
+        heartbeat,
+        heartbeat_enabled: heartbeat.is_some(),
+        ..fast_config()
+    }
+}
+
 /// Watchdog settings for tests: frequent passes, short backoff.
 pub fn fast_watchdog() -> queue_core::WatchdogConfig {
     queue_core::WatchdogConfig {

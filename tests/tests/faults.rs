@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use queue_core::{EnqueueOptions, EnqueueOutcome, Queue, QueueError, QueueKeys, Watchdog};
 use queue_tests::handles::stop_watchdogs;
 use queue_tests::{
-    bill, fast_config, fast_watchdog, task, wait_until, Bill, Task, TestEnv, WatchdogHandle,
-    WorkerProcess, BOUND,
+    bill, fast_config, fast_watchdog, lease_config, task, wait_until, Bill, Task, TestEnv,
+    WatchdogHandle, WorkerProcess, BOUND,
 };
 
 const T: Duration = BOUND;
@@ -38,6 +38,25 @@ fn worker_process(
         grace_ms,
         failpoint,
     )
+}
+
+/// Runs a `test-worker` process (concurrency 1, lease `lease_ms`) with the
+/// crash point `failpoint` and waits until it aborted there.
+async fn crash_at(env: &TestEnv, lease_ms: u64, failpoint: &str) {
+    let mut proc = worker_process(env, 1, lease_ms, 5000, Some(failpoint));
+    let status = proc.wait_exit(T).await;
+    assert_eq!(
+        status.signal(),
+        Some(SIGABRT),
+        "aborted at {failpoint}: {status}"
+    );
+}
+
+/// Enqueues one `task` and lets a worker process crash at `failpoint` on it.
+async fn task_crashed_at(env: &TestEnv, failpoint: &str) -> queue_core::JobId {
+    let id = env.enqueue(env.task(0)).await;
+    crash_at(env, 500, failpoint).await;
+    id
 }
 
 // ---------------------------------------------------------------------------
@@ -127,8 +146,7 @@ async fn crash_after_blmove_before_claim_is_adopted_and_runs_once() {
     let ledger = env.ledger().await;
     assert_eq!(ledger.started.get(id.as_str()), Some(&1));
     assert_eq!(ledger.effects.get(id.as_str()), Some(&1));
-    let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("1"));
+    assert_eq!(env.completion_attempts("tasks", &id).await, 1);
 }
 
 /// Crash after the claim, before the handler: the lease expires, the watchdog
@@ -136,11 +154,8 @@ async fn crash_after_blmove_before_claim_is_adopted_and_runs_once() {
 #[tokio::test]
 async fn crash_after_claim_before_the_handler_is_returned_and_runs_once() {
     let env = TestEnv::start().await;
+    let id = task_crashed_at(&env, "after_claim").await;
     let queue = &env.queue;
-    let id = env.enqueue(env.task(0)).await;
-    let mut proc = worker_process(&env, 1, 500, 5000, Some("after_claim"));
-    let status = proc.wait_exit(T).await;
-    assert_eq!(status.signal(), Some(SIGABRT), "{status}");
 
     let job = queue.job("tasks", &id).await.unwrap().unwrap();
     assert_eq!(
@@ -168,8 +183,7 @@ async fn crash_after_claim_before_the_handler_is_returned_and_runs_once() {
         ),
         (Some(&1), Some(&1))
     );
-    let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+    assert_eq!(env.completion_attempts("tasks", &id).await, 2);
 }
 
 /// Crash after the side effect, before the ack, in a handler that uses the
@@ -181,9 +195,7 @@ async fn crash_after_the_side_effect_before_the_ack_does_not_repeat_it() {
     let env = TestEnv::start().await;
     let queue = &env.queue;
     let id = env.enqueue_bill(env.bill(700)).await;
-    let mut proc = worker_process(&env, 1, 500, 5000, Some("before_ack"));
-    let status = proc.wait_exit(T).await;
-    assert_eq!(status.signal(), Some(SIGABRT), "{status}");
+    crash_at(&env, 500, "before_ack").await;
 
     let key = format!("billing:{id}:charge");
     assert_eq!(
@@ -247,9 +259,7 @@ async fn crash_after_the_side_effect_before_the_ack_does_not_repeat_it() {
 #[tokio::test]
 async fn without_the_idempotency_support_a_crash_before_the_ack_repeats_the_side_effect() {
     let env = TestEnv::start().await;
-    let id = env.enqueue(env.task(0)).await;
-    let mut proc = worker_process(&env, 1, 500, 5000, Some("before_ack"));
-    assert_eq!(proc.wait_exit(T).await.signal(), Some(SIGABRT));
+    let id = task_crashed_at(&env, "before_ack").await;
     assert_eq!(env.ledger().await.effects.get(id.as_str()), Some(&1));
 
     env.reclaim("tasks", 1).await;
@@ -357,9 +367,7 @@ async fn handler_slower_than_its_lease_without_heartbeat_is_redelivered_and_char
             ..env.bill(450)
         })
         .await;
-    let mut cfg = fast_config();
-    cfg.lease = Duration::from_millis(500);
-    cfg.heartbeat_enabled = false;
+    let cfg = lease_config(Duration::from_millis(500), None);
     let worker = env.spawn_billing_worker(cfg).await;
     let watchdog = env.spawn_watchdog("billing").await;
 
@@ -398,8 +406,7 @@ async fn handler_slower_than_its_lease_without_heartbeat_is_redelivered_and_char
         (1, 0, 0, 0),
         "acked once"
     );
-    let rec = env.queue.completion("billing", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+    assert_eq!(env.completion_attempts("billing", &id).await, 2);
 }
 
 /// A worker process paused (SIGSTOP) past its lease, then resumed while the
@@ -433,10 +440,8 @@ async fn worker_paused_past_its_lease_cannot_extend_or_ack_the_newer_delivery() 
     env.reclaim("tasks", 1).await;
     // The second delivery: a long lease and no heartbeat, so its lease_until
     // stays exactly as claimed unless someone else extends it.
-    let mut cfg = fast_config();
+    let mut cfg = lease_config(Duration::from_secs(10), None);
     cfg.concurrency = 1;
-    cfg.lease = Duration::from_secs(10);
-    cfg.heartbeat_enabled = false;
     let worker = env.spawn_worker(cfg).await;
     env.wait_ledger("second delivery starts", |l| {
         l.started.get(id.as_str()) == Some(&2)

@@ -2,24 +2,39 @@
 
 use std::time::Duration;
 
-use queue_tests::{fast_config, fast_watchdog, wait_until, Task, TestEnv, WorkerProcess, BOUND};
+use queue_core::JobId;
+use queue_tests::WorkerHandle;
+use queue_tests::{
+    fast_config, fast_watchdog, lease_config, wait_until, Task, TestEnv, WorkerProcess, BOUND,
+};
 use redis::AsyncCommands;
 
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
 
-#[tokio::test]
-async fn heartbeat_keeps_a_slow_job_from_being_reclaimed() {
-    let env = TestEnv::start().await;
+/// Enqueues a job that runs `sleep_ms` and starts a worker with a lease of
+/// `lease_ms` and a heartbeat every 100 ms.
+async fn slow_job_heartbeating(
+    env: &TestEnv,
+    sleep_ms: u64,
+    lease_ms: u64,
+) -> (JobId, WorkerHandle) {
     let id = env
         .enqueue(Task {
-            sleep_ms: 1500,
+            sleep_ms,
             ..env.task(0)
         })
         .await;
-    let mut cfg = fast_config();
-    cfg.lease = Duration::from_millis(300);
-    cfg.heartbeat = Some(Duration::from_millis(100));
-    let worker = env.spawn_worker(cfg).await;
+    let cfg = lease_config(
+        Duration::from_millis(lease_ms),
+        Some(Duration::from_millis(100)),
+    );
+    (id, env.spawn_worker(cfg).await)
+}
+
+#[tokio::test]
+async fn heartbeat_keeps_a_slow_job_from_being_reclaimed() {
+    let env = TestEnv::start().await;
+    let (id, worker) = slow_job_heartbeating(&env, 1500, 300).await;
     let watchdog = env.spawn_watchdog("tasks").await;
 
     env.wait_completed("tasks", 1).await;
@@ -34,16 +49,7 @@ async fn heartbeat_keeps_a_slow_job_from_being_reclaimed() {
 #[tokio::test]
 async fn stale_worker_cannot_ack_after_its_lease_was_reclaimed() {
     let env = TestEnv::start().await;
-    let id = env
-        .enqueue(Task {
-            sleep_ms: 1200,
-            ..env.task(0)
-        })
-        .await;
-    let mut cfg = fast_config();
-    cfg.lease = Duration::from_millis(600);
-    cfg.heartbeat = Some(Duration::from_millis(100));
-    let worker = env.spawn_worker(cfg).await;
+    let (id, worker) = slow_job_heartbeating(&env, 1200, 600).await;
     env.wait_ledger("first start", |l| !l.started.is_empty())
         .await;
 
@@ -63,8 +69,7 @@ async fn stale_worker_cannot_ack_after_its_lease_was_reclaimed() {
     // delivery acks. Only one completion is recorded, by attempt 2.
     env.wait_completed("tasks", 1).await;
     worker.stop().await;
-    let rec = env.queue.completion("tasks", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+    assert_eq!(env.completion_attempts("tasks", &id).await, 2);
     let lost: Vec<String> = env
         .conn()
         .await

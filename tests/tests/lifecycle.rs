@@ -108,8 +108,7 @@ async fn retry_then_success() {
     let ledger = env.ledger().await;
     assert_eq!(ledger.started.get(id.as_str()), Some(&3));
     assert_eq!(ledger.effects.get(id.as_str()), Some(&1));
-    let rec = env.queue.completion("tasks", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("3"));
+    assert_eq!(env.completion_attempts("tasks", &id).await, 3);
 }
 
 /// Starts a worker, waits for `dead` dead letters on `tasks`, stops it.
