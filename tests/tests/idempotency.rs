@@ -73,10 +73,16 @@ async fn worker_killed_after_the_charge_before_the_ack_does_not_charge_twice() {
     // A worker process charges, then is SIGKILLed before it can ack.
     let mut proc = WorkerProcess::start(WORKER_BIN, url, 2, 500, 5000);
     let key = format!("billing:{id}:charge");
-    wait_until(BOUND, "the charge happened", || async {
-        env.ledger_hash::<i64>("ledger:charges")
+    // The charge step is over once its result is recorded under the job (a
+    // kill between the charge and that record would rightly repeat the call).
+    let steps = QueueKeys::new("billing").steps(id.as_str());
+    wait_until(BOUND, "the charge step is recorded", || async {
+        let charged = env
+            .ledger_hash::<i64>("ledger:charges")
             .await
-            .contains_key(&key)
+            .contains_key(&key);
+        let recorded: bool = env.conn().await.hexists(&steps, "charge").await.unwrap();
+        charged && recorded
     })
     .await;
     proc.kill();
