@@ -180,6 +180,65 @@ async fn enqueue_on(
     queue.enqueue_raw(q, "task", 1, 3, opts, &payload).await
 }
 
+/// Per queue: 20 single enqueues, a batch of 30 in one pipeline, a job
+/// that fails twice then succeeds, one that fails permanently, one that
+/// exhausts its attempts (max 3), and a stable id enqueued twice.
+async fn enqueue_lifecycle_mix(env: &ClusterEnv, q: &str, seq: &mut u64) {
+    let (queue, lurl) = (&env.queue, &env.lurl);
+    for _ in 0..20 {
+        *seq += 1;
+        let e = enqueue_on(queue, q, EnqueueOptions::new(), &job(lurl, *seq))
+            .await
+            .unwrap();
+        assert!(e.is_new());
+    }
+    let payloads: Vec<(EnqueueOptions, Vec<u8>)> = (0..30)
+        .map(|_| {
+            *seq += 1;
+            (
+                EnqueueOptions::new(),
+                rmp_serde::to_vec_named(&job(lurl, *seq)).unwrap(),
+            )
+        })
+        .collect();
+    let out = queue
+        .enqueue_raw_batch(q, "task", 1, 3, payloads)
+        .await
+        .unwrap();
+    assert!(out.iter().all(|e| e.is_new()));
+    let retry = Task {
+        fail_first: 2,
+        ..job(lurl, 0)
+    };
+    let permanent = Task {
+        permanent: true,
+        ..job(lurl, 0)
+    };
+    let exhausted = Task {
+        fail_first: 3,
+        ..job(lurl, 0)
+    };
+    for (name, t) in [
+        ("retry-ok", &retry),
+        ("permanent", &permanent),
+        ("exhausted", &exhausted),
+    ] {
+        let opts = EnqueueOptions::new().id(format!("{q}-{name}"));
+        enqueue_on(queue, q, opts, t).await.unwrap();
+    }
+    let again = enqueue_on(
+        queue,
+        q,
+        EnqueueOptions::new().id(format!("{q}-retry-ok")),
+        &retry,
+    )
+    .await
+    .unwrap();
+    assert!(!again.is_new(), "stable id dedupes on the cluster too");
+    let s = queue.stats(q).await.unwrap();
+    assert_eq!(s.main, 53, "{q}: {s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_queues_on_three_primaries_run_the_whole_lifecycle() {
     let env = ClusterEnv::three().await;
@@ -198,63 +257,9 @@ async fn three_queues_on_three_primaries_run_the_whole_lifecycle() {
     );
     assert!(queue.connection().is_cluster());
 
-    // Per queue: 20 single enqueues, a batch of 30 in one pipeline, a job
-    // that fails twice then succeeds, one that fails permanently, one that
-    // exhausts its attempts (max 3), and a stable id enqueued twice.
     let mut seq = 0;
     for q in QUEUES {
-        for _ in 0..20 {
-            seq += 1;
-            let e = enqueue_on(queue, q, EnqueueOptions::new(), &job(lurl, seq))
-                .await
-                .unwrap();
-            assert!(e.is_new());
-        }
-        let payloads: Vec<(EnqueueOptions, Vec<u8>)> = (0..30)
-            .map(|_| {
-                seq += 1;
-                (
-                    EnqueueOptions::new(),
-                    rmp_serde::to_vec_named(&job(lurl, seq)).unwrap(),
-                )
-            })
-            .collect();
-        let out = queue
-            .enqueue_raw_batch(q, "task", 1, 3, payloads)
-            .await
-            .unwrap();
-        assert!(out.iter().all(|e| e.is_new()));
-        let retry = Task {
-            fail_first: 2,
-            ..job(lurl, 0)
-        };
-        let permanent = Task {
-            permanent: true,
-            ..job(lurl, 0)
-        };
-        let exhausted = Task {
-            fail_first: 3,
-            ..job(lurl, 0)
-        };
-        for (name, t) in [
-            ("retry-ok", &retry),
-            ("permanent", &permanent),
-            ("exhausted", &exhausted),
-        ] {
-            let opts = EnqueueOptions::new().id(format!("{q}-{name}"));
-            enqueue_on(queue, q, opts, t).await.unwrap();
-        }
-        let again = enqueue_on(
-            queue,
-            q,
-            EnqueueOptions::new().id(format!("{q}-retry-ok")),
-            &retry,
-        )
-        .await
-        .unwrap();
-        assert!(!again.is_new(), "stable id dedupes on the cluster too");
-        let s = queue.stats(q).await.unwrap();
-        assert_eq!(s.main, 53, "{q}: {s:?}");
+        enqueue_lifecycle_mix(&env, q, &mut seq).await;
     }
     // Each queue's keys live on its own primary.
     for (q, owner) in QUEUES.iter().zip(&owners) {

@@ -979,134 +979,204 @@ async fn verify(
 ) -> Result<(), String> {
     let keys = QueueKeys::new(QUEUE);
     let mut conn = queue.connection();
-    let e = |e: redis::RedisError| format!("verify: {e}");
-    let runs: HashMap<String, u64> = redis::cmd("HGETALL")
-        .arg(job::LEDGER_RUNS)
-        .query_async(&mut ledger)
-        .await
-        .map_err(e)?;
-    let calls: HashMap<String, u64> = redis::cmd("HGETALL")
-        .arg(job::LEDGER_CALLS)
-        .query_async(&mut ledger)
-        .await
-        .map_err(e)?;
-    let effects: HashMap<String, u64> = redis::cmd("HGETALL")
-        .arg(job::LEDGER_EFFECTS)
-        .query_async(&mut ledger)
-        .await
-        .map_err(e)?;
+    let counts = LedgerCounts::read(&ledger).await?;
     let dead: Vec<String> = redis::cmd("LRANGE")
         .arg(&keys.dead)
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)
         .await
-        .map_err(e)?;
+        .map_err(verify_error)?;
     let dead: HashSet<String> = dead.into_iter().collect();
     let stats = queue.stats(QUEUE).await.map_err(|e| e.to_string())?;
 
     let ids: Vec<String> = (0..plan.len() as u64).map(job_id).collect();
-    let mut problems = Vec::new();
-    let mut note = |p: String| {
-        if problems.len() < 20 {
-            problems.push(p);
-        }
-    };
+    let mut notes = Notes::default();
     for (chunk_no, chunk) in ids.chunks(500).enumerate() {
-        let mut pipe = redis::pipe();
-        for id in chunk {
-            pipe.cmd("HMGET")
-                .arg(keys.done(id))
-                .arg("status")
-                .arg("result");
-            pipe.cmd("HMGET")
-                .arg(keys.job(id))
-                .arg("state")
-                .arg("dead_reason");
-        }
-        let rows: Vec<(Option<String>, Option<String>)> =
-            pipe.query_async(&mut conn).await.map_err(e)?;
-        let mut charge_pipe = redis::pipe();
-        for id in chunk {
-            charge_pipe.cmd("GET").arg(format!(
-                "{}{}",
-                job::LEDGER_CHARGE_PREFIX,
-                job::effect_key(id)
-            ));
-        }
-        let charges: Vec<Option<String>> = charge_pipe.query_async(&mut ledger).await.map_err(e)?;
+        let rows = job_rows(&mut conn, &keys, chunk).await?;
+        let charges = charges_of(&mut ledger, chunk).await?;
         for (i, id) in chunk.iter().enumerate() {
-            let seq = chunk_no * 500 + i;
-            let (done_status, result) = &rows[2 * i];
-            let (state, dead_reason) = &rows[2 * i + 1];
-            let effect_count = effects.get(id).copied().unwrap_or(0);
-            let good = matches!(plan[seq], Plan::Good(_));
-            if effect_count > 1 {
-                r.duplicates += 1;
-                note(format!("{id}: side effect made {effect_count} times"));
-            }
-            if done_status.is_some() {
-                r.completed += 1;
-                if !good {
-                    r.poison_mishandled += 1;
-                    note(format!("{id}: a poison payload completed"));
-                } else if effect_count == 0 {
-                    r.completed_without_effect += 1;
-                    note(format!(
-                        "{id}: completed but its side effect never happened"
-                    ));
-                } else if result != &charges[i] {
-                    r.result_mismatches += 1;
-                    note(format!(
-                        "{id}: completion result {result:?} is not its side effect {:?}",
-                        charges[i]
-                    ));
-                }
-            } else if dead.contains(id) {
-                r.dead_lettered += 1;
-                let reason = dead_reason.clone().unwrap_or_default();
-                match &plan[seq] {
-                    Plan::Good(_) => {
-                        r.dead_unexpected += 1;
-                        note(format!("{id}: dead-lettered: {reason}"));
-                    }
-                    Plan::Corrupt if !reason.contains("does not decode") => {
-                        r.poison_mishandled += 1;
-                        note(format!(
-                            "{id}: corrupt payload dead-lettered with reason {reason:?}"
-                        ));
-                    }
-                    Plan::FutureVersion if !reason.contains("unknown schema version 99") => {
-                        r.poison_mishandled += 1;
-                        note(format!(
-                            "{id}: unknown version dead-lettered with reason {reason:?}"
-                        ));
-                    }
-                    _ => {}
-                }
-            } else if let Some(state) = state {
-                r.pending += 1;
-                note(format!("{id}: still {state} at exit"));
-            } else {
-                r.lost += 1;
-                note(format!(
-                    "{id}: LOST (no completion record, not dead-lettered, no job hash)"
-                ));
-            }
+            let seen = Seen {
+                done: &rows[2 * i],
+                job: &rows[2 * i + 1],
+                charge: &charges[i],
+                effects: counts.effects.get(id).copied().unwrap_or(0),
+                dead: dead.contains(id),
+            };
+            check_job(id, &plan[chunk_no * 500 + i], &seen, r, &mut notes);
         }
     }
-    r.logical_effects = effects.values().sum();
-    r.handler_runs = runs.values().sum();
-    r.jobs_run_more_than_once = runs.values().filter(|&&n| n > 1).count() as u64;
-    r.effect_calls = calls.values().sum();
-    r.jobs_called_more_than_once = calls.values().filter(|&&n| n > 1).count() as u64;
+    r.logical_effects = counts.effects.values().sum();
+    r.handler_runs = counts.runs.values().sum();
+    r.jobs_run_more_than_once = counts.runs.values().filter(|&&n| n > 1).count() as u64;
+    r.effect_calls = counts.calls.values().sum();
+    r.jobs_called_more_than_once = counts.calls.values().filter(|&&n| n > 1).count() as u64;
     let acked = stats.counter("completed").max(0) as u64;
     r.double_acks = acked.saturating_sub(r.completed);
     if r.double_acks > 0 {
-        note(format!("{acked} acks for {} completed jobs", r.completed));
+        notes.add(format!("{acked} acks for {} completed jobs", r.completed));
     }
     r.skipped_done = stats.counter("skipped_done").max(0) as u64;
     r.retried = stats.counter("retried").max(0) as u64;
-    r.problems.extend(problems);
+    r.problems.extend(notes.0);
     Ok(())
+}
+
+fn verify_error(e: redis::RedisError) -> String {
+    format!("verify: {e}")
+}
+
+/// The ledger's counters per job id: handler runs, effect calls, effects made.
+struct LedgerCounts {
+    runs: HashMap<String, u64>,
+    calls: HashMap<String, u64>,
+    effects: HashMap<String, u64>,
+}
+
+impl LedgerCounts {
+    async fn read(ledger: &ConnectionManager) -> Result<Self, String> {
+        let hash = |key: &'static str| {
+            let mut ledger = ledger.clone();
+            async move {
+                redis::cmd("HGETALL")
+                    .arg(key)
+                    .query_async::<HashMap<String, u64>>(&mut ledger)
+                    .await
+                    .map_err(verify_error)
+            }
+        };
+        Ok(LedgerCounts {
+            runs: hash(job::LEDGER_RUNS).await?,
+            calls: hash(job::LEDGER_CALLS).await?,
+            effects: hash(job::LEDGER_EFFECTS).await?,
+        })
+    }
+}
+
+/// Per id of `chunk`, two rows: its completion record's (status, result) and
+/// its job hash's (state, dead_reason).
+async fn job_rows(
+    conn: &mut queue_core::RedisConnection,
+    keys: &QueueKeys,
+    chunk: &[String],
+) -> Result<Vec<(Option<String>, Option<String>)>, String> {
+    let mut pipe = redis::pipe();
+    for id in chunk {
+        pipe.cmd("HMGET")
+            .arg(keys.done(id))
+            .arg("status")
+            .arg("result");
+        pipe.cmd("HMGET")
+            .arg(keys.job(id))
+            .arg("state")
+            .arg("dead_reason");
+    }
+    pipe.query_async(conn).await.map_err(verify_error)
+}
+
+/// The charge id the ledger recorded for each id of `chunk`.
+async fn charges_of(
+    ledger: &mut ConnectionManager,
+    chunk: &[String],
+) -> Result<Vec<Option<String>>, String> {
+    let mut pipe = redis::pipe();
+    for id in chunk {
+        pipe.cmd("GET").arg(format!(
+            "{}{}",
+            job::LEDGER_CHARGE_PREFIX,
+            job::effect_key(id)
+        ));
+    }
+    pipe.query_async(ledger).await.map_err(verify_error)
+}
+
+/// The first 20 problems found.
+#[derive(Default)]
+struct Notes(Vec<String>);
+
+impl Notes {
+    fn add(&mut self, p: String) {
+        if self.0.len() < 20 {
+            self.0.push(p);
+        }
+    }
+}
+
+/// What the end state says about one job.
+struct Seen<'a> {
+    /// Completion record: (status, result).
+    done: &'a (Option<String>, Option<String>),
+    /// Job hash: (state, dead_reason).
+    job: &'a (Option<String>, Option<String>),
+    /// The charge the ledger recorded.
+    charge: &'a Option<String>,
+    /// Side effects made.
+    effects: u64,
+    /// In the dead-letter list.
+    dead: bool,
+}
+
+/// Classifies one job: completed, dead-lettered, still pending or lost, and
+/// whether that is what its plan allows.
+fn check_job(id: &str, plan: &Plan, seen: &Seen<'_>, r: &mut Report, notes: &mut Notes) {
+    let (done_status, result) = seen.done;
+    let (state, dead_reason) = seen.job;
+    let effect_count = seen.effects;
+    let good = matches!(plan, Plan::Good(_));
+    if effect_count > 1 {
+        r.duplicates += 1;
+        notes.add(format!("{id}: side effect made {effect_count} times"));
+    }
+    if done_status.is_some() {
+        r.completed += 1;
+        if !good {
+            r.poison_mishandled += 1;
+            notes.add(format!("{id}: a poison payload completed"));
+        } else if effect_count == 0 {
+            r.completed_without_effect += 1;
+            notes.add(format!(
+                "{id}: completed but its side effect never happened"
+            ));
+        } else if result != seen.charge {
+            r.result_mismatches += 1;
+            notes.add(format!(
+                "{id}: completion result {result:?} is not its side effect {:?}",
+                seen.charge
+            ));
+        }
+    } else if seen.dead {
+        r.dead_lettered += 1;
+        check_dead(id, plan, dead_reason.clone().unwrap_or_default(), r, notes);
+    } else if let Some(state) = state {
+        r.pending += 1;
+        notes.add(format!("{id}: still {state} at exit"));
+    } else {
+        r.lost += 1;
+        notes.add(format!(
+            "{id}: LOST (no completion record, not dead-lettered, no job hash)"
+        ));
+    }
+}
+
+/// A dead-lettered job: only poison belongs there, with the matching reason.
+fn check_dead(id: &str, plan: &Plan, reason: String, r: &mut Report, notes: &mut Notes) {
+    match plan {
+        Plan::Good(_) => {
+            r.dead_unexpected += 1;
+            notes.add(format!("{id}: dead-lettered: {reason}"));
+        }
+        Plan::Corrupt if !reason.contains("does not decode") => {
+            r.poison_mishandled += 1;
+            notes.add(format!(
+                "{id}: corrupt payload dead-lettered with reason {reason:?}"
+            ));
+        }
+        Plan::FutureVersion if !reason.contains("unknown schema version 99") => {
+            r.poison_mishandled += 1;
+            notes.add(format!(
+                "{id}: unknown version dead-lettered with reason {reason:?}"
+            ));
+        }
+        _ => {}
+    }
 }
