@@ -113,14 +113,17 @@ impl RedisServer {
                     )));
                 }
             }
-            // Only our own child counts: if another process holds the port,
-            // it may answer before our child exits with "Address already in use".
+            // PONG: up and done loading its AOF/RDB (while loading it answers
+            // -LOADING). And only our own child counts: if another process
+            // holds the port, it may answer before our child exits with
+            // "Address already in use".
             let own = format!("process_id:{}", self.pid().unwrap_or_default());
-            if self
-                .command(&["INFO", "server"])
-                .map(|r| r.contains(&own))
-                .unwrap_or(false)
-            {
+            let answers = |args: &[&str], needle: &str| {
+                self.command(args)
+                    .map(|r| r.contains(needle))
+                    .unwrap_or(false)
+            };
+            if answers(&["PING"], "PONG") && answers(&["INFO", "server"], &own) {
                 return Ok(());
             }
             if start.elapsed() > limit {
