@@ -239,3 +239,47 @@ pub fn free_port() -> std::io::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::retry_on_fresh_port;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_taken_port_is_retried_and_other_errors_are_not() {
+        let mut calls = 0;
+        let taken = || Error::other("exited early; log:\nbind: Address already in use");
+        let r = retry_on_fresh_port(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(taken())
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(r.unwrap(), 3);
+
+        let mut calls = 0;
+        let r: std::io::Result<()> = retry_on_fresh_port(|| {
+            calls += 1;
+            Err(Error::new(ErrorKind::NotFound, "no redis-server"))
+        });
+        assert_eq!((r.unwrap_err().kind(), calls), (ErrorKind::NotFound, 1));
+
+        let mut calls = 0;
+        let r: std::io::Result<()> = retry_on_fresh_port(|| {
+            calls += 1;
+            Err(taken())
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 4, "gives up after a few fresh ports");
+    }
+
+    #[test]
+    fn a_started_server_answers_as_itself() {
+        let server = super::RedisServer::start().expect("redis-server");
+        let pid = server.pid().expect("running");
+        let info = server.command(&["INFO", "server"]).unwrap();
+        assert!(info.contains(&format!("process_id:{pid}")), "{info}");
+    }
+}
