@@ -3,6 +3,18 @@
 //!
 //! The ledger lives in the same Redis under `ledger:*` keys, written by the
 //! handler itself, so a test can count how often a job's side effect ran.
+//!
+//! The tests are written over [`env`] (`TestEnv`: server, queue, waits,
+//! seeding), [`handles`] (worker and watchdog handles) and [`process`]
+//! (`test-worker` child processes).
+
+pub mod env;
+pub mod handles;
+pub mod process;
+
+pub use env::{TestEnv, BOUND};
+pub use handles::{WatchdogHandle, WorkerHandle};
+pub use process::WorkerProcess;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -185,6 +197,17 @@ pub fn fast_config() -> queue_core::WorkerConfig {
     }
 }
 
+/// [`fast_config`] with lease `lease` and a heartbeat every `heartbeat`
+/// (`None`: no heartbeat at all, so a job slower than its lease loses it).
+pub fn lease_config(lease: Duration, heartbeat: Option<Duration>) -> queue_core::WorkerConfig {
+    queue_core::WorkerConfig {
+        lease,
+        heartbeat,
+        heartbeat_enabled: heartbeat.is_some(),
+        ..fast_config()
+    }
+}
+
 /// Watchdog settings for tests: frequent passes, short backoff.
 pub fn fast_watchdog() -> queue_core::WatchdogConfig {
     queue_core::WatchdogConfig {
@@ -199,7 +222,8 @@ pub fn fast_watchdog() -> queue_core::WatchdogConfig {
 }
 
 /// Starts a worker for the `task` job in the background; returns its
-/// shutdown handle and join handle.
+/// shutdown handle and join handle (see [`TestEnv::spawn_worker`] for a
+/// [`WorkerHandle`]).
 pub async fn spawn_worker(
     url: &str,
     config: queue_core::WorkerConfig,
@@ -207,60 +231,8 @@ pub async fn spawn_worker(
     queue_core::ShutdownHandle,
     tokio::task::JoinHandle<queue_core::Result<()>>,
 ) {
-    let worker = queue_core::Worker::builder(url)
-        .register(task::handler())
-        .config(config)
-        .build()
-        .await
-        .expect("worker builds");
-    let handle = worker.shutdown_handle();
-    let join = tokio::spawn(worker.run_until(std::future::pending()));
-    (handle, join)
-}
-
-/// A `test-worker` child process (see `src/bin/test-worker.rs`).
-pub struct WorkerProcess {
-    /// The child.
-    pub child: std::process::Child,
-}
-
-impl WorkerProcess {
-    /// Starts `test-worker <url> <concurrency> <lease_ms> <grace_ms>`.
-    pub fn start(bin: &str, url: &str, concurrency: usize, lease_ms: u64, grace_ms: u64) -> Self {
-        let child = std::process::Command::new(bin)
-            .args([
-                url.to_string(),
-                concurrency.to_string(),
-                lease_ms.to_string(),
-                grace_ms.to_string(),
-            ])
-            .stdin(std::process::Stdio::null())
-            .spawn()
-            .expect("test-worker starts");
-        WorkerProcess { child }
-    }
-
-    /// SIGKILL: the process dies at once, mid-job.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Sends a signal by name (`TERM`, `STOP`, `CONT`) with kill(1).
-    pub fn signal(&self, sig: &str) {
-        let status = std::process::Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .expect("kill(1) runs");
-        assert!(status.success(), "kill -{sig} failed");
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    let builder = env::worker_on(url, [task::handler()], config);
+    WorkerHandle::start(builder).await.into_parts()
 }
 
 /// Payload of the billing test job.

@@ -17,13 +17,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queue_core::{
-    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueError, Registration,
-    Watchdog, Worker,
+    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueError, QueueKeys,
+    Registration, Watchdog,
 };
 use queue_testkit::cluster::{ClusterOptions, RedisCluster};
 use queue_testkit::RedisServer;
+use queue_tests::env::{completed, task_for as job, wait_completed, wait_ledger, worker_on};
+use queue_tests::handles::stop_all;
 use queue_tests::{
-    fast_config, fast_watchdog, init_tracing, task, wait_until, Ledger, Task, WorkerProcess,
+    fast_config, fast_watchdog, init_tracing, task, wait_until, Ledger, Task, WatchdogHandle,
+    WorkerHandle, WorkerProcess,
 };
 
 const T: Duration = Duration::from_secs(60);
@@ -67,67 +70,104 @@ async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
     SERIAL.lock().await
 }
 
-async fn start_workers(
-    url: &str,
-    n: usize,
-    concurrency: usize,
-) -> Vec<(
-    queue_core::ShutdownHandle,
-    tokio::task::JoinHandle<queue_core::Result<()>>,
-)> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let mut cfg = fast_config();
-        cfg.concurrency = concurrency;
-        let mut b = Worker::builder(url).config(cfg);
-        for r in registrations() {
-            b = b.register(r);
+/// A cluster test's world: the cluster, the ledger on a separate server, a
+/// `Queue` on the cluster. Holds the one-test-at-a-time lock (dropped last).
+struct ClusterEnv {
+    cluster: RedisCluster,
+    _ledger: RedisServer,
+    lurl: String,
+    url: String,
+    queue: Queue,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl ClusterEnv {
+    async fn start(opts: ClusterOptions) -> ClusterEnv {
+        init_tracing();
+        let serial = serial().await;
+        let cluster = RedisCluster::start_with(opts).expect("cluster starts");
+        let ledger = RedisServer::start().unwrap();
+        let url = cluster.url();
+        let queue = Queue::connect(&url).await.unwrap();
+        ClusterEnv {
+            cluster,
+            lurl: ledger.url(),
+            _ledger: ledger,
+            url,
+            queue,
+            _serial: serial,
         }
-        let w = b.build().await.expect("worker builds");
-        let h = w.shutdown_handle();
-        out.push((h, tokio::spawn(w.run_until(std::future::pending()))));
     }
-    out
-}
 
-async fn stop_workers(
-    workers: Vec<(
-        queue_core::ShutdownHandle,
-        tokio::task::JoinHandle<queue_core::Result<()>>,
-    )>,
-) {
-    for (h, _) in &workers {
-        h.shutdown();
+    /// Three primaries, no replicas.
+    async fn three() -> ClusterEnv {
+        Self::start(ClusterOptions::default()).await
     }
-    for (_, j) in workers {
-        j.await.unwrap().unwrap();
-    }
-}
 
-/// Runs a watchdog until the returned flag is set.
-fn spawn_watchdog(
-    watchdog: Watchdog,
-) -> (
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<queue_core::ReclaimReport>,
-) {
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let join = tokio::spawn(async move {
-        watchdog
-            .run_until(async {
-                let _ = rx.await;
-            })
+    /// `n` in-process workers of `concurrency` for the three queues.
+    async fn start_workers(&self, n: usize, concurrency: usize) -> Vec<WorkerHandle> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let mut cfg = fast_config();
+            cfg.concurrency = concurrency;
+            out.push(WorkerHandle::start(worker_on(&self.url, registrations(), cfg)).await);
+        }
+        out
+    }
+
+    /// A watchdog loop on `queues`.
+    async fn spawn_watchdog(&self, queues: &[&str]) -> WatchdogHandle {
+        let dog = Watchdog::connect(&self.url, queues.iter().copied(), fast_watchdog())
             .await
-    });
-    (tx, join)
+            .unwrap();
+        WatchdogHandle::spawn(dog)
+    }
+
+    /// Puts `slot` half-way from primary `from` to `to` (IMPORTING / MIGRATING)
+    /// and moves only `key`; returns MIGRATE's answer.
+    fn half_migrate(&self, slot: u16, from: usize, to: usize, key: &str) -> String {
+        let c = &self.cluster;
+        let (from_id, to_id) = (c.node_id(from).unwrap(), c.node_id(to).unwrap());
+        let s = slot.to_string();
+        c.cli(to, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id])
+            .unwrap();
+        c.cli(from, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id])
+            .unwrap();
+        let to_port = c.node(to).port().to_string();
+        c.cli(from, &["MIGRATE", "127.0.0.1", &to_port, key, "0", "5000"])
+            .unwrap()
+    }
 }
 
-fn job(ledger: &str, seq: u64) -> Task {
-    Task {
-        ledger: ledger.to_string(),
-        seq,
-        ..Task::default()
-    }
+/// `batch` jobs of `task` on `q` with ids `<prefix>-<n>` for `n` in `range`,
+/// each sleeping `sleep_ms`, in one pipeline (`opts` shapes each job's
+/// options); returns the acknowledged ids.
+async fn enqueue_batch(
+    env: &ClusterEnv,
+    q: &str,
+    prefix: &str,
+    range: std::ops::Range<u64>,
+    sleep_ms: u64,
+    opts: impl Fn(EnqueueOptions) -> EnqueueOptions,
+) -> Vec<String> {
+    let batch: Vec<(EnqueueOptions, Vec<u8>)> = range
+        .map(|n| {
+            let t = Task {
+                sleep_ms,
+                ..job(&env.lurl, n)
+            };
+            (
+                opts(EnqueueOptions::new().id(format!("{prefix}-{n}"))),
+                rmp_serde::to_vec_named(&t).unwrap(),
+            )
+        })
+        .collect();
+    let out = env
+        .queue
+        .enqueue_raw_batch(q, "task", 1, 3, batch)
+        .await
+        .expect("batch enqueued");
+    out.into_iter().map(|e| e.id.to_string()).collect()
 }
 
 async fn enqueue_on(
@@ -140,22 +180,69 @@ async fn enqueue_on(
     queue.enqueue_raw(q, "task", 1, 3, opts, &payload).await
 }
 
-async fn completed(queue: &Queue, q: &str) -> i64 {
-    queue
-        .stats(q)
+/// Per queue: 20 single enqueues, a batch of 30 in one pipeline, a job
+/// that fails twice then succeeds, one that fails permanently, one that
+/// exhausts its attempts (max 3), and a stable id enqueued twice.
+async fn enqueue_lifecycle_mix(env: &ClusterEnv, q: &str, seq: &mut u64) {
+    let (queue, lurl) = (&env.queue, &env.lurl);
+    for _ in 0..20 {
+        *seq += 1;
+        let e = enqueue_on(queue, q, EnqueueOptions::new(), &job(lurl, *seq))
+            .await
+            .unwrap();
+        assert!(e.is_new());
+    }
+    let payloads: Vec<(EnqueueOptions, Vec<u8>)> = (0..30)
+        .map(|_| {
+            *seq += 1;
+            (
+                EnqueueOptions::new(),
+                rmp_serde::to_vec_named(&job(lurl, *seq)).unwrap(),
+            )
+        })
+        .collect();
+    let out = queue
+        .enqueue_raw_batch(q, "task", 1, 3, payloads)
         .await
-        .map(|s| s.counter("completed"))
-        .unwrap_or(-1)
+        .unwrap();
+    assert!(out.iter().all(|e| e.is_new()));
+    let retry = Task {
+        fail_first: 2,
+        ..job(lurl, 0)
+    };
+    let permanent = Task {
+        permanent: true,
+        ..job(lurl, 0)
+    };
+    let exhausted = Task {
+        fail_first: 3,
+        ..job(lurl, 0)
+    };
+    for (name, t) in [
+        ("retry-ok", &retry),
+        ("permanent", &permanent),
+        ("exhausted", &exhausted),
+    ] {
+        let opts = EnqueueOptions::new().id(format!("{q}-{name}"));
+        enqueue_on(queue, q, opts, t).await.unwrap();
+    }
+    let again = enqueue_on(
+        queue,
+        q,
+        EnqueueOptions::new().id(format!("{q}-retry-ok")),
+        &retry,
+    )
+    .await
+    .unwrap();
+    assert!(!again.is_new(), "stable id dedupes on the cluster too");
+    let s = queue.stats(q).await.unwrap();
+    assert_eq!(s.main, 53, "{q}: {s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_queues_on_three_primaries_run_the_whole_lifecycle() {
-    init_tracing();
-    let _serial = serial().await;
-    let cluster = RedisCluster::start(3).expect("cluster starts");
-    let ledger = RedisServer::start().unwrap();
-    let lurl = ledger.url();
-    let url = cluster.url();
+    let env = ClusterEnv::three().await;
+    let (cluster, queue, lurl) = (&env.cluster, &env.queue, &env.lurl);
 
     // Hash tags spread the three queues over the three primaries.
     let owners: Vec<usize> = QUEUES
@@ -168,87 +255,21 @@ async fn three_queues_on_three_primaries_run_the_whole_lifecycle() {
         3,
         "queues on distinct primaries: {owners:?}"
     );
-
-    let queue = Queue::connect(&url).await.unwrap();
     assert!(queue.connection().is_cluster());
 
-    // Per queue: 20 single enqueues, a batch of 30 in one pipeline, a job
-    // that fails twice then succeeds, one that fails permanently, one that
-    // exhausts its attempts (max 3), and a stable id enqueued twice.
     let mut seq = 0;
     for q in QUEUES {
-        for _ in 0..20 {
-            seq += 1;
-            let e = enqueue_on(&queue, q, EnqueueOptions::new(), &job(&lurl, seq))
-                .await
-                .unwrap();
-            assert!(e.is_new());
-        }
-        let payloads: Vec<(EnqueueOptions, Vec<u8>)> = (0..30)
-            .map(|_| {
-                seq += 1;
-                (
-                    EnqueueOptions::new(),
-                    rmp_serde::to_vec_named(&job(&lurl, seq)).unwrap(),
-                )
-            })
-            .collect();
-        let out = queue
-            .enqueue_raw_batch(q, "task", 1, 3, payloads)
-            .await
-            .unwrap();
-        assert!(out.iter().all(|e| e.is_new()));
-        let mut retry = job(&lurl, 0);
-        retry.fail_first = 2;
-        enqueue_on(
-            &queue,
-            q,
-            EnqueueOptions::new().id(format!("{q}-retry-ok")),
-            &retry,
-        )
-        .await
-        .unwrap();
-        let mut permanent = job(&lurl, 0);
-        permanent.permanent = true;
-        enqueue_on(
-            &queue,
-            q,
-            EnqueueOptions::new().id(format!("{q}-permanent")),
-            &permanent,
-        )
-        .await
-        .unwrap();
-        let mut exhausted = job(&lurl, 0);
-        exhausted.fail_first = 3;
-        enqueue_on(
-            &queue,
-            q,
-            EnqueueOptions::new().id(format!("{q}-exhausted")),
-            &exhausted,
-        )
-        .await
-        .unwrap();
-        let again = enqueue_on(
-            &queue,
-            q,
-            EnqueueOptions::new().id(format!("{q}-retry-ok")),
-            &retry,
-        )
-        .await
-        .unwrap();
-        assert!(!again.is_new(), "stable id dedupes on the cluster too");
-        let s = queue.stats(q).await.unwrap();
-        assert_eq!(s.main, 53, "{q}: {s:?}");
+        enqueue_lifecycle_mix(&env, q, &mut seq).await;
     }
     // Each queue's keys live on its own primary.
     for (q, owner) in QUEUES.iter().zip(&owners) {
         let n = cluster
-            .cli(*owner, &["LLEN", &format!("q:{{{q}}}:main")])
+            .cli(*owner, &["LLEN", &QueueKeys::new(q).main])
             .unwrap();
         assert_eq!(n.trim(), "53", "{q} on node {owner}");
     }
 
-    let workers = start_workers(&url, 1, 8).await;
+    let workers = env.start_workers(1, 8).await;
     for q in QUEUES {
         wait_until(T, "51 completions and 2 dead letters per queue", || async {
             let s = queue.stats(q).await.unwrap();
@@ -274,14 +295,11 @@ async fn three_queues_on_three_primaries_run_the_whole_lifecycle() {
             .unwrap());
     }
     for q in QUEUES {
-        wait_until(T, "replayed job completes", || async {
-            completed(&queue, q).await == 52
-        })
-        .await;
+        wait_completed(queue, q, 52).await;
     }
-    stop_workers(workers).await;
+    stop_all(workers).await;
 
-    let ledger_view = Ledger::read(&lurl).await;
+    let ledger_view = Ledger::read(lurl).await;
     for q in QUEUES {
         let s = queue.stats(q).await.unwrap();
         assert_eq!(
@@ -316,7 +334,7 @@ async fn three_queues_on_three_primaries_run_the_whole_lifecycle() {
     assert_eq!(ledger_view.total_effects(), 156);
 
     // The watchdog works per queue, each on its own shard.
-    let watchdog = Watchdog::connect(&url, QUEUES, fast_watchdog())
+    let watchdog = Watchdog::connect(&env.url, QUEUES, fast_watchdog())
         .await
         .unwrap();
     assert!(watchdog.run_once().await.unwrap().is_empty());
@@ -324,27 +342,22 @@ async fn three_queues_on_three_primaries_run_the_whole_lifecycle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkilled_worker_process_jobs_are_reclaimed_on_the_cluster() {
-    init_tracing();
-    let _serial = serial().await;
-    let cluster = RedisCluster::start(3).expect("cluster starts");
-    let ledger = RedisServer::start().unwrap();
-    let lurl = ledger.url();
-    let url = cluster.url();
-    let queue = Queue::connect(&url).await.unwrap();
+    let env = ClusterEnv::three().await;
+    let (queue, lurl, url) = (&env.queue, &env.lurl, &env.url);
     const N: usize = 6;
     let mut ids = Vec::new();
     for seq in 0..N as u64 {
         let t = Task {
             sleep_ms: 60_000,
             sleep_attempts: 1,
-            ..job(&lurl, seq)
+            ..job(lurl, seq)
         };
-        ids.push(task::enqueue(&queue, t).await.unwrap());
+        ids.push(task::enqueue(queue, t).await.unwrap());
     }
     // `test-worker` takes the cluster URL like any other.
-    let mut proc = WorkerProcess::start(WORKER_BIN, &url, N, 800, 5000);
-    wait_until(T, "all jobs started in the worker process", || async {
-        Ledger::read(&lurl).await.started.len() == N
+    let mut proc = WorkerProcess::start(WORKER_BIN, url, N, 800, 5000);
+    wait_ledger(lurl, "all jobs started in the worker process", |l| {
+        l.started.len() == N
     })
     .await;
     proc.kill();
@@ -354,21 +367,14 @@ async fn sigkilled_worker_process_jobs_are_reclaimed_on_the_cluster() {
         "the dead worker's jobs stay in processing"
     );
 
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
-        .await
-        .unwrap();
-    let (wd_stop, wd) = spawn_watchdog(watchdog);
-    let mut proc = WorkerProcess::start(WORKER_BIN, &url, N, 800, 5000);
-    wait_until(T, "all reclaimed jobs complete", || async {
-        completed(&queue, "tasks").await == N as i64
-    })
-    .await;
+    let wd = env.spawn_watchdog(&["tasks"]).await;
+    let mut proc = WorkerProcess::start(WORKER_BIN, url, N, 800, 5000);
+    wait_completed(queue, "tasks", N as i64).await;
     proc.signal("TERM");
     let _ = proc.child.wait();
-    let _ = wd_stop.send(());
-    let report = wd.await.unwrap();
+    let report = wd.stop().await;
     assert_eq!(report.reclaimed, N as u64);
-    let l = Ledger::read(&lurl).await;
+    let l = Ledger::read(lurl).await;
     for id in &ids {
         assert_eq!(l.started.get(id.as_str()), Some(&2), "{id} started twice");
         assert_eq!(l.effects.get(id.as_str()), Some(&1), "{id} effect once");
@@ -464,41 +470,17 @@ async fn settle(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_slot_migration_while_producing_and_consuming_loses_no_job() {
-    init_tracing();
-    let _serial = serial().await;
-    let cluster = RedisCluster::start(3).expect("cluster starts");
-    let ledger = RedisServer::start().unwrap();
-    let lurl = ledger.url();
-    let url = cluster.url();
+    let env = ClusterEnv::three().await;
+    let (cluster, queue, lurl) = (&env.cluster, &env.queue, &env.lurl);
     let slot = cluster.keyslot("{tasks}");
     let from = cluster.master_of_slot(slot).unwrap();
     let to = (from + 1) % 3;
 
-    let queue = Queue::connect(&url).await.unwrap();
     // A backlog, so the slot holds a few thousand keys while it moves.
-    let backlog: Vec<(EnqueueOptions, Vec<u8>)> = (0..1500)
-        .map(|n| {
-            let t = Task {
-                sleep_ms: 5,
-                ..job(&lurl, n)
-            };
-            (
-                EnqueueOptions::new().id(format!("backlog-{n}")),
-                rmp_serde::to_vec_named(&t).unwrap(),
-            )
-        })
-        .collect();
-    let out = queue
-        .enqueue_raw_batch("tasks", "task", 1, 3, backlog)
-        .await
-        .unwrap();
-    let mut acked: Vec<String> = out.into_iter().map(|e| e.id.to_string()).collect();
+    let mut acked = enqueue_batch(&env, "tasks", "backlog", 0..1500, 5, |o| o).await;
 
-    let workers = start_workers(&url, 2, 8).await;
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
-        .await
-        .unwrap();
-    let (wd_stop, wd) = spawn_watchdog(watchdog);
+    let workers = env.start_workers(2, 8).await;
+    let wd = env.spawn_watchdog(&["tasks"]).await;
     let stop = Arc::new(AtomicBool::new(false));
     let producer = spawn_producer(
         queue.clone(),
@@ -510,7 +492,7 @@ async fn live_slot_migration_while_producing_and_consuming_loses_no_job() {
         stop.clone(),
     );
     wait_until(T, "workers are consuming", || async {
-        completed(&queue, "tasks").await > 100
+        completed(queue, "tasks").await > 100
     })
     .await;
 
@@ -526,25 +508,24 @@ async fn live_slot_migration_while_producing_and_consuming_loses_no_job() {
     assert!(keys_moved > 100, "moved {keys_moved} keys");
 
     // Keep going on the new owner for a moment, then stop producing.
-    let before = completed(&queue, "tasks").await;
+    let before = completed(queue, "tasks").await;
     wait_until(T, "progress after the migration", || async {
-        completed(&queue, "tasks").await > before + 200
+        completed(queue, "tasks").await > before + 200
     })
     .await;
     stop.store(true, Ordering::SeqCst);
     let (live_acked, errors) = producer.await.unwrap();
     acked.extend(live_acked);
 
-    let (lost, dups) = settle(&lurl, &acked, &queue, &["tasks"], T).await;
-    let _ = wd_stop.send(());
-    let report = wd.await.unwrap();
-    stop_workers(workers).await;
+    let (lost, dups) = settle(lurl, &acked, queue, &["tasks"], T).await;
+    let report = wd.stop().await;
+    stop_all(workers).await;
 
     // A connection made after the change goes straight to the new owner.
     let fresh = Queue::connect(&cluster.url_via(from)).await.unwrap();
     let s = fresh.stats("tasks").await.unwrap();
     let n = cluster
-        .cli(to, &["HGET", "q:{tasks}:stats", "completed"])
+        .cli(to, &["HGET", &QueueKeys::new("tasks").stats, "completed"])
         .unwrap();
     assert_eq!(n.trim(), s.counter("completed").to_string());
     println!(
@@ -570,52 +551,22 @@ async fn live_slot_migration_while_producing_and_consuming_loses_no_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_follow_ask_redirects_while_a_slot_migrates() {
-    init_tracing();
-    let _serial = serial().await;
-    let cluster = RedisCluster::start(3).expect("cluster starts");
-    let ledger = RedisServer::start().unwrap();
-    let lurl = ledger.url();
-    let url = cluster.url();
+    let env = ClusterEnv::three().await;
+    let (cluster, queue, lurl) = (&env.cluster, &env.queue, &env.lurl);
     let slot = cluster.keyslot("{tasks}");
     let from = cluster.master_of_slot(slot).unwrap();
     let to = (from + 1) % 3;
-    let queue = Queue::connect(&url).await.unwrap();
     for id in ["moved", "stays"] {
-        enqueue_on(
-            &queue,
-            "tasks",
-            EnqueueOptions::new().id(id),
-            &job(&lurl, 1),
-        )
-        .await
-        .unwrap();
+        enqueue_on(queue, "tasks", EnqueueOptions::new().id(id), &job(lurl, 1))
+            .await
+            .unwrap();
     }
     // Slot half-migrated: only job `moved`'s hash is on the new primary.
-    let (from_id, to_id) = (cluster.node_id(from).unwrap(), cluster.node_id(to).unwrap());
-    let s = slot.to_string();
-    cluster
-        .cli(to, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id])
-        .unwrap();
-    cluster
-        .cli(from, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id])
-        .unwrap();
-    let to_port = cluster.node(to).port().to_string();
-    let out = cluster
-        .cli(
-            from,
-            &[
-                "MIGRATE",
-                "127.0.0.1",
-                &to_port,
-                "q:{tasks}:job:moved",
-                "0",
-                "5000",
-            ],
-        )
-        .unwrap();
+    let moved_key = QueueKeys::new("tasks").job("moved");
+    let out = env.half_migrate(slot, from, to, &moved_key);
     assert_eq!(out.trim(), "OK");
     let asked = cluster
-        .cli(from, &["HGET", "q:{tasks}:job:moved", "state"])
+        .cli(from, &["HGET", &moved_key, "state"])
         .unwrap_or_else(|e| e.to_string());
     assert!(asked.contains("ASK"), "the source answers ASK: {asked}");
 
@@ -639,12 +590,18 @@ async fn reads_follow_ask_redirects_while_a_slot_migrates() {
     tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, 100, Duration::ZERO))
         .expect("migration completes");
     assert_eq!(queue.stats("tasks").await.unwrap().main, 2);
-    let workers = start_workers(&url, 1, 4).await;
-    wait_until(T, "both jobs complete", || async {
-        completed(&queue, "tasks").await == 2
-    })
-    .await;
-    stop_workers(workers).await;
+    let workers = env.start_workers(1, 4).await;
+    wait_completed(queue, "tasks", 2).await;
+    stop_all(workers).await;
+}
+
+/// `errorstat_TRYAGAIN` of node `i`: scripts refused on a migrating slot.
+fn tryagain_count(cluster: &RedisCluster, i: usize) -> u64 {
+    let info = cluster.cli(i, &["INFO", "errorstats"]).unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("errorstat_TRYAGAIN:count="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// A script that starts on a migrating slot must not stop halfway: an
@@ -654,36 +611,25 @@ async fn reads_follow_ask_redirects_while_a_slot_migrates() {
 /// hash, leaving the job in no list at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_never_half_run_on_a_migrating_slot() {
-    init_tracing();
-    let _serial = serial().await;
-    let cluster = RedisCluster::start(3).expect("cluster starts");
-    let ledger = RedisServer::start().unwrap();
-    let lurl = ledger.url();
-    let url = cluster.url();
+    let env = ClusterEnv::three().await;
+    let (cluster, queue, lurl, url) = (&env.cluster, &env.queue, &env.lurl, &env.url);
     let slot = cluster.keyslot("{tasks}");
     let from = cluster.master_of_slot(slot).unwrap();
     let to = (from + 1) % 3;
-    let queue = Queue::connect(&url).await.unwrap();
 
     // A queue with a waiting job, a dead letter and a due delayed job.
+    let due = |id: &str| EnqueueOptions::new().id(id).delay(Duration::from_millis(1));
     enqueue_on(
-        &queue,
+        queue,
         "tasks",
         EnqueueOptions::new().id("waiting"),
-        &job(&lurl, 1),
+        &job(lurl, 1),
     )
     .await
     .unwrap();
-    enqueue_on(
-        &queue,
-        "tasks",
-        EnqueueOptions::new()
-            .id("victim")
-            .delay(Duration::from_millis(1)),
-        &job(&lurl, 2),
-    )
-    .await
-    .unwrap();
+    enqueue_on(queue, "tasks", due("victim"), &job(lurl, 2))
+        .await
+        .unwrap();
     queue
         .enqueue_raw(
             "tasks",
@@ -697,107 +643,59 @@ async fn scripts_never_half_run_on_a_migrating_slot() {
         .unwrap();
     let mut cfg = fast_config();
     cfg.concurrency = 1;
+    let tasks_worker = || worker_on(url, [task::handler()], cfg.clone()).queues(["tasks"]);
     {
         // Let one worker dead-letter the undecodable job, then stop it.
-        let w = Worker::builder(&url)
-            .register(task::handler())
-            .config(cfg.clone())
-            .queues(["tasks"])
-            .build()
-            .await
-            .unwrap();
-        let h = w.shutdown_handle();
-        let j = tokio::spawn(w.run_until(std::future::pending()));
+        let w = WorkerHandle::start(tasks_worker()).await;
         wait_until(T, "dead letter", || async {
             queue.stats("tasks").await.unwrap().dead == 1
         })
         .await;
-        h.shutdown();
-        j.await.unwrap().unwrap();
+        w.stop().await;
     }
     // Re-create the due delayed job and a waiting job (the worker ran them).
+    enqueue_on(queue, "tasks", due("victim2"), &job(lurl, 3))
+        .await
+        .unwrap();
     enqueue_on(
-        &queue,
-        "tasks",
-        EnqueueOptions::new()
-            .id("victim2")
-            .delay(Duration::from_millis(1)),
-        &job(&lurl, 3),
-    )
-    .await
-    .unwrap();
-    enqueue_on(
-        &queue,
+        queue,
         "tasks",
         EnqueueOptions::new().id("waiting2"),
-        &job(&lurl, 4),
+        &job(lurl, 4),
     )
     .await
     .unwrap();
 
     // Start migrating the slot and move only the victim's hash.
-    let from_id = cluster.node_id(from).unwrap();
-    let to_id = cluster.node_id(to).unwrap();
-    let s = slot.to_string();
-    cluster
-        .cli(to, &["CLUSTER", "SETSLOT", &s, "IMPORTING", &from_id])
-        .unwrap();
-    cluster
-        .cli(from, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id])
-        .unwrap();
-    let to_port = cluster.node(to).port().to_string();
-    cluster
-        .cli(
-            from,
-            &[
-                "MIGRATE",
-                "127.0.0.1",
-                &to_port,
-                "q:{tasks}:job:victim2",
-                "0",
-                "5000",
-            ],
-        )
-        .unwrap();
+    let refused_before = tryagain_count(cluster, from);
+    env.half_migrate(slot, from, to, &QueueKeys::new("tasks").job("victim2"));
 
-    // A worker's promoter runs meanwhile.
-    let w = Worker::builder(&url)
-        .register(task::handler())
-        .config(cfg)
-        .queues(["tasks"])
-        .build()
-        .await
-        .unwrap();
-    let h = w.shutdown_handle();
-    let j = tokio::spawn(w.run_until(std::future::pending()));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A worker's promoter runs meanwhile: wait until the source primary has
+    // refused the worker's scripts on the migrating slot a few times
+    // (instead of a fixed sleep).
+    let w = WorkerHandle::start(tasks_worker()).await;
+    wait_until(T, "scripts refused with TRYAGAIN", || async {
+        tryagain_count(cluster, from) >= refused_before + 3
+    })
+    .await;
     // Finish the migration; everything must still run.
     tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, 100, Duration::ZERO))
         .expect("migration completes");
-    wait_until(Duration::from_secs(20), "victim2 runs", || async {
-        Ledger::read(&lurl).await.effects.contains_key("victim2")
-    })
-    .await;
-    h.shutdown();
-    j.await.unwrap().unwrap();
+    wait_ledger(lurl, "victim2 runs", |l| l.effects.contains_key("victim2")).await;
+    w.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_replicas_is_answered_by_the_queues_own_shard_and_a_primary_loss_fails_over() {
-    init_tracing();
-    let _serial = serial().await;
-    let mut cluster = RedisCluster::start_with(ClusterOptions {
+    let mut env = ClusterEnv::start(ClusterOptions {
         masters: 3,
         replicas_per_master: 1,
         ..ClusterOptions::default()
     })
-    .expect("cluster with replicas starts");
-    let ledger = RedisServer::start().unwrap();
-    let lurl = ledger.url();
-    let url = cluster.url();
-    let queue = Queue::connect(&url).await.unwrap();
-    let owner = cluster.master_of_queue("tasks").unwrap();
-    let replica = cluster.replicas_of(owner);
+    .await;
+    let (queue, lurl) = (env.queue.clone(), env.lurl.clone());
+    let owner = env.cluster.master_of_queue("tasks").unwrap();
+    let replica = env.cluster.replicas_of(owner);
     assert_eq!(replica.len(), 1, "one replica for the tasks primary");
     let replica = replica[0];
     let wait = |opts: EnqueueOptions| opts.wait_for_replicas(1, Duration::from_millis(300));
@@ -805,7 +703,7 @@ async fn wait_for_replicas_is_answered_by_the_queues_own_shard_and_a_primary_los
     // WAIT goes with the batch to the queue's primary: with that primary's
     // replica down, `tasks` is NotReplicated while `emails` (another shard,
     // replica up) is confirmed.
-    cluster.kill_node(replica);
+    env.cluster.kill_node(replica);
     let err = enqueue_on(
         &queue,
         "tasks",
@@ -834,38 +732,18 @@ async fn wait_for_replicas_is_answered_by_the_queues_own_shard_and_a_primary_los
     .await
     .expect("emails' shard has its replica");
     tokio::task::block_in_place(|| {
-        cluster.restart_node(replica).unwrap();
-        cluster.wait_ok(T).unwrap();
+        env.cluster.restart_node(replica).unwrap();
+        env.cluster.wait_ok(T).unwrap();
     });
 
     // 400 jobs, each batch confirmed by the replica.
     let mut acked = vec!["unconfirmed".to_string()];
     for b in 0..8 {
-        let batch: Vec<(EnqueueOptions, Vec<u8>)> = (0..50)
-            .map(|i| {
-                let n = b * 50 + i;
-                let t = Task {
-                    sleep_ms: 10,
-                    ..job(&lurl, n)
-                };
-                (
-                    wait(EnqueueOptions::new().id(format!("r-{n}"))),
-                    rmp_serde::to_vec_named(&t).unwrap(),
-                )
-            })
-            .collect();
-        let out = queue
-            .enqueue_raw_batch("tasks", "task", 1, 3, batch)
-            .await
-            .expect("replicated batch");
-        acked.extend(out.into_iter().map(|e| e.id.to_string()));
+        acked.extend(enqueue_batch(&env, "tasks", "r", b * 50..(b + 1) * 50, 10, wait).await);
     }
 
-    let workers = start_workers(&url, 2, 4).await;
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
-        .await
-        .unwrap();
-    let (wd_stop, wd) = spawn_watchdog(watchdog);
+    let workers = env.start_workers(2, 4).await;
+    let wd = env.spawn_watchdog(&["tasks"]).await;
     wait_until(T, "processing under way", || async {
         completed(&queue, "tasks").await > 50
     })
@@ -873,14 +751,13 @@ async fn wait_for_replicas_is_answered_by_the_queues_own_shard_and_a_primary_los
 
     // Lose the primary: its replica takes over after the node timeout.
     let killed_at = Instant::now();
-    cluster.kill_node(owner);
-    tokio::task::block_in_place(|| cluster.wait_master(replica, T)).expect("replica promoted");
+    env.cluster.kill_node(owner);
+    tokio::task::block_in_place(|| env.cluster.wait_master(replica, T)).expect("replica promoted");
     let promoted = killed_at.elapsed();
     let (lost, dups) = settle(&lurl, &acked, &queue, &["tasks"], T).await;
     let recovered = killed_at.elapsed();
-    let _ = wd_stop.send(());
-    let report = wd.await.unwrap();
-    stop_workers(workers).await;
+    let report = wd.stop().await;
+    stop_all(workers).await;
     let s = queue.stats("tasks").await.unwrap();
     println!(
         "primary of `tasks` SIGKILLed: replica promoted after {promoted:?}, all {} jobs done after \
@@ -891,57 +768,33 @@ async fn wait_for_replicas_is_answered_by_the_queues_own_shard_and_a_primary_los
     );
     assert!(lost.is_empty(), "lost: {lost:?}");
     assert_eq!((s.main, s.delayed, s.dead), (0, 0, 0), "{s:?}");
-    assert_eq!(cluster.master_of_queue("tasks"), Some(replica));
+    assert_eq!(env.cluster.master_of_queue("tasks"), Some(replica));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_restarted_from_its_aof_loses_nothing_and_other_shards_keep_working() {
-    init_tracing();
-    let _serial = serial().await;
-    let mut cluster = RedisCluster::start_with(ClusterOptions {
+    let mut env = ClusterEnv::start(ClusterOptions {
         extra_args: ["--appendonly", "yes", "--appendfsync", "always"]
             .map(String::from)
             .to_vec(),
         ..ClusterOptions::default()
     })
-    .expect("cluster starts");
-    let ledger = RedisServer::start().unwrap();
-    let lurl = ledger.url();
-    let url = cluster.url();
-    let queue = Queue::connect(&url).await.unwrap();
-    let owner = cluster.master_of_queue("tasks").unwrap();
+    .await;
+    let (queue, lurl) = (env.queue.clone(), env.lurl.clone());
+    let owner = env.cluster.master_of_queue("tasks").unwrap();
 
     let mut acked: HashMap<&str, Vec<String>> = HashMap::new();
     for q in ["tasks", "emails"] {
-        let batch: Vec<(EnqueueOptions, Vec<u8>)> = (0..300)
-            .map(|n| {
-                let t = Task {
-                    sleep_ms: 20,
-                    ..job(&lurl, n)
-                };
-                (
-                    EnqueueOptions::new().id(format!("{q}-{n}")),
-                    rmp_serde::to_vec_named(&t).unwrap(),
-                )
-            })
-            .collect();
-        let out = queue
-            .enqueue_raw_batch(q, "task", 1, 3, batch)
-            .await
-            .unwrap();
-        acked.insert(q, out.into_iter().map(|e| e.id.to_string()).collect());
+        acked.insert(q, enqueue_batch(&env, q, q, 0..300, 20, |o| o).await);
     }
-    let workers = start_workers(&url, 2, 4).await;
-    let watchdog = Watchdog::connect(&url, ["tasks", "emails"], fast_watchdog())
-        .await
-        .unwrap();
-    let (wd_stop, wd) = spawn_watchdog(watchdog);
+    let workers = env.start_workers(2, 4).await;
+    let wd = env.spawn_watchdog(&["tasks", "emails"]).await;
     wait_until(T, "processing under way", || async {
         completed(&queue, "tasks").await > 30
     })
     .await;
 
-    cluster.kill_node(owner);
+    env.cluster.kill_node(owner);
     let down_at = Instant::now();
     // While `tasks`' primary is down, `emails` (another primary) progresses.
     let emails_before = completed(&queue, "emails").await;
@@ -949,18 +802,18 @@ async fn a_primary_restarted_from_its_aof_loses_nothing_and_other_shards_keep_wo
         completed(&queue, "emails").await > emails_before + 20
     })
     .await;
+    // The outage lasts at least 1.5 s (its length is the scenario, not a wait).
     tokio::time::sleep(Duration::from_millis(1500).saturating_sub(down_at.elapsed())).await;
     let outage = down_at.elapsed();
     tokio::task::block_in_place(|| {
-        cluster.restart_node(owner).unwrap();
-        cluster.wait_ok(T).unwrap();
+        env.cluster.restart_node(owner).unwrap();
+        env.cluster.wait_ok(T).unwrap();
     });
     let all: Vec<String> = acked.values().flatten().cloned().collect();
     let (lost, dups) = settle(&lurl, &all, &queue, &["tasks", "emails"], T).await;
     let recovered = down_at.elapsed();
-    let _ = wd_stop.send(());
-    wd.await.unwrap();
-    stop_workers(workers).await;
+    wd.stop().await;
+    stop_all(workers).await;
     println!(
         "primary of `tasks` down for {outage:?} then restarted from its AOF: all {} jobs done \
          {recovered:?} after the kill; lost {}, duplicated side effects {}",

@@ -5,137 +5,58 @@
 //! SIGSTOP, stopped with SIGTERM; Redis is SIGKILLed, restarted and filled up.
 //! The `chaos` binary runs all of this at once, at random; see chaos_ci.rs.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::os::unix::process::ExitStatusExt;
-use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use queue_core::{
-    EnqueueOptions, EnqueueOutcome, Queue, QueueError, ReclaimReport, Watchdog, Worker,
-};
-use queue_testkit::RedisServer;
+use queue_core::{EnqueueOptions, EnqueueOutcome, Queue, QueueError, QueueKeys, Watchdog};
+use queue_tests::handles::stop_watchdogs;
 use queue_tests::{
-    bill, fast_config, fast_watchdog, init_tracing, redis_conn, spawn_worker, task, wait_until,
-    Bill, Ledger, Task, WorkerProcess,
+    bill, fast_config, fast_watchdog, lease_config, task, wait_until, Bill, Task, TestEnv,
+    WatchdogHandle, WorkerProcess, BOUND,
 };
-use redis::AsyncCommands;
 
-const T: Duration = Duration::from_secs(30);
+const T: Duration = BOUND;
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
 const SIGABRT: i32 = 6;
 const AOF_ALWAYS: [&str; 4] = ["--appendonly", "yes", "--appendfsync", "always"];
 
-async fn setup() -> (RedisServer, String, Queue) {
-    init_tracing();
-    let server = RedisServer::start().expect("redis-server starts");
-    let url = server.url();
-    let queue = Queue::connect(&url).await.expect("connect");
-    (server, url, queue)
-}
-
 /// A `test-worker` process with `QUEUE_FAILPOINT` set (or explicitly unset).
 fn worker_process(
-    url: &str,
+    env: &TestEnv,
     concurrency: usize,
     lease_ms: u64,
     grace_ms: u64,
     failpoint: Option<&str>,
 ) -> WorkerProcess {
-    let mut cmd = std::process::Command::new(WORKER_BIN);
-    cmd.args([
-        url.to_string(),
-        concurrency.to_string(),
-        lease_ms.to_string(),
-        grace_ms.to_string(),
-    ])
-    .stdin(std::process::Stdio::null())
-    .env_remove("QUEUE_FAILPOINT");
-    if let Some(point) = failpoint {
-        cmd.env("QUEUE_FAILPOINT", point);
-    }
-    WorkerProcess {
-        child: cmd.spawn().expect("test-worker starts"),
-    }
+    WorkerProcess::start_with_failpoint(
+        WORKER_BIN,
+        &env.url,
+        concurrency,
+        lease_ms,
+        grace_ms,
+        failpoint,
+    )
 }
 
-/// Waits for the process to exit on its own.
-async fn wait_exit(proc: &mut WorkerProcess, limit: Duration) -> ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(status) = proc.child.try_wait().expect("try_wait") {
-            return status;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "worker process did not exit within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Runs a `test-worker` process (concurrency 1, lease `lease_ms`) with the
+/// crash point `failpoint` and waits until it aborted there.
+async fn crash_at(env: &TestEnv, lease_ms: u64, failpoint: &str) {
+    let mut proc = worker_process(env, 1, lease_ms, 5000, Some(failpoint));
+    let status = proc.wait_exit(T).await;
+    assert_eq!(
+        status.signal(),
+        Some(SIGABRT),
+        "aborted at {failpoint}: {status}"
+    );
 }
 
-async fn hash(url: &str, key: &str) -> HashMap<String, String> {
-    redis_conn(url).await.hgetall(key).await.unwrap()
-}
-
-async fn lease_of(url: &str, queue: &str, id: &str) -> Option<f64> {
-    redis_conn(url)
-        .await
-        .zscore(format!("q:{{{queue}}}:leases"), id)
-        .await
-        .unwrap()
-}
-
-/// Runs watchdog passes until one returns (`reclaimed`) at least `n` jobs in
-/// total; returns the summed report.
-async fn reclaim(url: &str, queue: &str, n: u64) -> ReclaimReport {
-    let watchdog = Watchdog::connect(url, [queue], fast_watchdog())
-        .await
-        .unwrap();
-    let total = Arc::new(Mutex::new(ReclaimReport::default()));
-    wait_until(T, "watchdog reclaim", || {
-        let (watchdog, total) = (&watchdog, total.clone());
-        async move {
-            let r = watchdog.run_once().await.unwrap();
-            let mut t = total.lock().unwrap();
-            t.reclaimed += r.reclaimed;
-            t.adopted += r.adopted;
-            t.dead_lettered += r.dead_lettered;
-            t.promoted += r.promoted;
-            t.reclaimed >= n
-        }
-    })
-    .await;
-    let t = *total.lock().unwrap();
-    t
-}
-
-async fn completed(queue: &Queue, name: &str, n: i64) {
-    wait_until(T, &format!("{n} completions on {name}"), || async {
-        queue
-            .stats(name)
-            .await
-            .map(|s| s.counter("completed") == n)
-            .unwrap_or(false)
-    })
-    .await;
-}
-
-async fn billing_worker(
-    url: &str,
-    cfg: queue_core::WorkerConfig,
-) -> (
-    queue_core::ShutdownHandle,
-    tokio::task::JoinHandle<queue_core::Result<()>>,
-) {
-    let worker = Worker::builder(url)
-        .register(bill::handler())
-        .config(cfg)
-        .build()
-        .await
-        .unwrap();
-    let h = worker.shutdown_handle();
-    (h, tokio::spawn(worker.run_until(std::future::pending())))
+/// Enqueues one `task` and lets a worker process crash at `failpoint` on it.
+async fn task_crashed_at(env: &TestEnv, failpoint: &str) -> queue_core::JobId {
+    let id = env.enqueue(env.task(0)).await;
+    crash_at(env, 500, failpoint).await;
+    id
 }
 
 // ---------------------------------------------------------------------------
@@ -147,27 +68,23 @@ async fn billing_worker(
 /// returns it after the orphan grace, and it runs once.
 #[tokio::test]
 async fn crash_after_blmove_before_claim_is_adopted_and_runs_once() {
-    let (_server, url, queue) = setup().await;
-    let mut proc = worker_process(&url, 1, 1000, 5000, Some("after_blmove"));
+    let env = TestEnv::start().await;
+    let queue = &env.queue;
+    let mut proc = worker_process(&env, 1, 1000, 5000, Some("after_blmove"));
     // The failpoint is only on the blocking path, i.e. when the queue was
     // empty at fetch time: let the worker block first, then enqueue. (If a job
     // slips through the non-blocking path it simply completes; try again.)
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // The process fetches from `tasks` and `billing`, one blocking fetcher at
+    // a time (concurrency 1): after an attempt that did not crash, wait for
+    // the other fetcher's turn.
     let mut crashed_on = None;
+    let mut blocked = None;
     for seq in 0..10 {
-        let id = task::enqueue(
-            &queue,
-            Task {
-                ledger: url.clone(),
-                seq,
-                ..Task::default()
-            },
-        )
-        .await
-        .unwrap();
+        blocked = Some(env.wait_blocked_client(blocked).await);
+        let id = env.enqueue(env.task(seq)).await;
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(5) {
-            if proc.child.try_wait().unwrap().is_some() {
+            if proc.exited() {
                 break;
             }
             if queue.completion("tasks", &id).await.unwrap().is_some() {
@@ -175,43 +92,38 @@ async fn crash_after_blmove_before_claim_is_adopted_and_runs_once() {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if proc.child.try_wait().unwrap().is_some() {
+        if proc.exited() {
             crashed_on = Some(id);
             break;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let id = crashed_on.expect("the worker reached after_blmove");
-    let status = wait_exit(&mut proc, T).await;
+    let status = proc.wait_exit(T).await;
     assert_eq!(
         status.signal(),
         Some(SIGABRT),
         "aborted at the failpoint: {status}"
     );
 
-    let processing: Vec<String> = redis_conn(&url)
-        .await
-        .lrange("q:{tasks}:processing", 0, -1)
-        .await
-        .unwrap();
+    let processing = env.list(&QueueKeys::new("tasks").processing).await;
     assert_eq!(
         processing,
         vec![id.to_string()],
         "the id was moved to processing"
     );
     assert_eq!(
-        lease_of(&url, "tasks", id.as_str()).await,
+        env.lease_of("tasks", id.as_str()).await,
         None,
         "never claimed: no lease"
     );
     let job = queue.job("tasks", &id).await.unwrap().unwrap();
     assert_eq!((job.state(), job.attempts()), (Some("queued"), 0));
     assert!(
-        !Ledger::read(&url).await.started.contains_key(id.as_str()),
+        !env.ledger().await.started.contains_key(id.as_str()),
         "the handler never ran"
     );
 
-    let report = reclaim(&url, "tasks", 1).await;
+    let report = env.reclaim("tasks", 1).await;
     assert!(
         report.adopted >= 1,
         "the orphan was adopted first: {report:?}"
@@ -224,37 +136,26 @@ async fn crash_after_blmove_before_claim_is_adopted_and_runs_once() {
         job.field("last_error")
     );
 
-    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    // Earlier tries may have completed other jobs: wait for this one.
+    let worker = env.spawn_worker(fast_config()).await;
     wait_until(T, "completion", || async {
         queue.completion("tasks", &id).await.unwrap().is_some()
     })
     .await;
-    stop.shutdown();
-    join.await.unwrap().unwrap();
-    let ledger = Ledger::read(&url).await;
+    worker.stop().await;
+    let ledger = env.ledger().await;
     assert_eq!(ledger.started.get(id.as_str()), Some(&1));
     assert_eq!(ledger.effects.get(id.as_str()), Some(&1));
-    let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("1"));
+    assert_eq!(env.completion_attempts("tasks", &id).await, 1);
 }
 
 /// Crash after the claim, before the handler: the lease expires, the watchdog
 /// returns the job, and the next delivery runs it (attempt 2) exactly once.
 #[tokio::test]
 async fn crash_after_claim_before_the_handler_is_returned_and_runs_once() {
-    let (_server, url, queue) = setup().await;
-    let id = task::enqueue(
-        &queue,
-        Task {
-            ledger: url.clone(),
-            ..Task::default()
-        },
-    )
-    .await
-    .unwrap();
-    let mut proc = worker_process(&url, 1, 500, 5000, Some("after_claim"));
-    let status = wait_exit(&mut proc, T).await;
-    assert_eq!(status.signal(), Some(SIGABRT), "{status}");
+    let env = TestEnv::start().await;
+    let id = task_crashed_at(&env, "after_claim").await;
+    let queue = &env.queue;
 
     let job = queue.job("tasks", &id).await.unwrap().unwrap();
     assert_eq!(
@@ -262,22 +163,19 @@ async fn crash_after_claim_before_the_handler_is_returned_and_runs_once() {
         (Some("active"), 1),
         "claimed: leased, attempt counted"
     );
-    assert!(lease_of(&url, "tasks", id.as_str()).await.is_some());
+    assert!(env.lease_of("tasks", id.as_str()).await.is_some());
     assert!(
-        Ledger::read(&url).await.started.is_empty(),
+        env.ledger().await.started.is_empty(),
         "the handler never started"
     );
 
-    let report = reclaim(&url, "tasks", 1).await;
+    let report = env.reclaim("tasks", 1).await;
     assert_eq!(report.reclaimed, 1);
     let job = queue.job("tasks", &id).await.unwrap().unwrap();
     assert!(job.field("last_error").unwrap().contains("lease expired"));
 
-    let (stop, join) = spawn_worker(&url, fast_config()).await;
-    completed(&queue, "tasks", 1).await;
-    stop.shutdown();
-    join.await.unwrap().unwrap();
-    let ledger = Ledger::read(&url).await;
+    env.run_until_completed("tasks", 1).await;
+    let ledger = env.ledger().await;
     assert_eq!(
         (
             ledger.started.get(id.as_str()),
@@ -285,8 +183,7 @@ async fn crash_after_claim_before_the_handler_is_returned_and_runs_once() {
         ),
         (Some(&1), Some(&1))
     );
-    let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+    assert_eq!(env.completion_attempts("tasks", &id).await, 2);
 }
 
 /// Crash after the side effect, before the ack, in a handler that uses the
@@ -295,35 +192,21 @@ async fn crash_after_claim_before_the_handler_is_returned_and_runs_once() {
 /// receipt is sent once, and the completion record carries the one charge.
 #[tokio::test]
 async fn crash_after_the_side_effect_before_the_ack_does_not_repeat_it() {
-    let (_server, url, queue) = setup().await;
-    let id = bill::enqueue(
-        &queue,
-        Bill {
-            ledger: url.clone(),
-            cents: 700,
-            ..Bill::default()
-        },
-    )
-    .await
-    .unwrap();
-    let mut proc = worker_process(&url, 1, 500, 5000, Some("before_ack"));
-    let status = wait_exit(&mut proc, T).await;
-    assert_eq!(status.signal(), Some(SIGABRT), "{status}");
+    let env = TestEnv::start().await;
+    let queue = &env.queue;
+    let id = env.enqueue_bill(env.bill(700)).await;
+    crash_at(&env, 500, "before_ack").await;
 
     let key = format!("billing:{id}:charge");
     assert_eq!(
-        hash(&url, "ledger:charges")
-            .await
-            .get(&key)
-            .map(String::as_str),
+        env.ledger_field("ledger:charges", &key).await.as_deref(),
         Some("700"),
         "charged"
     );
     assert_eq!(
-        hash(&url, "ledger:receipts")
+        env.ledger_field("ledger:receipts", id.as_str())
             .await
-            .get(id.as_str())
-            .map(String::as_str),
+            .as_deref(),
         Some("1")
     );
     assert!(
@@ -335,41 +218,32 @@ async fn crash_after_the_side_effect_before_the_ack_does_not_repeat_it() {
         Some("active")
     );
 
-    reclaim(&url, "billing", 1).await;
-    let (stop, join) = billing_worker(&url, fast_config()).await;
-    completed(&queue, "billing", 1).await;
-    stop.shutdown();
-    join.await.unwrap().unwrap();
+    env.reclaim("billing", 1).await;
+    env.run_until_completed("billing", 1).await;
 
     assert_eq!(
-        hash(&url, "ledger:charge_calls")
+        env.ledger_field("ledger:charge_calls", &key)
             .await
-            .get(&key)
-            .map(String::as_str),
+            .as_deref(),
         Some("1"),
         "API called once"
     );
     assert_eq!(
-        hash(&url, "ledger:charges")
-            .await
-            .get(&key)
-            .map(String::as_str),
+        env.ledger_field("ledger:charges", &key).await.as_deref(),
         Some("700"),
         "charged once"
     );
     assert_eq!(
-        hash(&url, "ledger:receipts")
+        env.ledger_field("ledger:receipts", id.as_str())
             .await
-            .get(id.as_str())
-            .map(String::as_str),
+            .as_deref(),
         Some("1"),
         "one receipt"
     );
-    let charge_id: String = redis_conn(&url)
-        .await
-        .get(format!("ledger:charge:{key}"))
-        .await
-        .unwrap();
+    let charge_id: String =
+        redis::AsyncCommands::get(&mut env.conn().await, format!("ledger:charge:{key}"))
+            .await
+            .unwrap();
     let rec = queue.completion("billing", &id).await.unwrap().unwrap();
     assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
     assert_eq!(
@@ -384,32 +258,19 @@ async fn crash_after_the_side_effect_before_the_ack_does_not_repeat_it() {
 /// contract the step helper exists for (and what RELIABILITY.md documents).
 #[tokio::test]
 async fn without_the_idempotency_support_a_crash_before_the_ack_repeats_the_side_effect() {
-    let (_server, url, queue) = setup().await;
-    let id = task::enqueue(
-        &queue,
-        Task {
-            ledger: url.clone(),
-            ..Task::default()
-        },
-    )
-    .await
-    .unwrap();
-    let mut proc = worker_process(&url, 1, 500, 5000, Some("before_ack"));
-    assert_eq!(wait_exit(&mut proc, T).await.signal(), Some(SIGABRT));
-    assert_eq!(Ledger::read(&url).await.effects.get(id.as_str()), Some(&1));
+    let env = TestEnv::start().await;
+    let id = task_crashed_at(&env, "before_ack").await;
+    assert_eq!(env.ledger().await.effects.get(id.as_str()), Some(&1));
 
-    reclaim(&url, "tasks", 1).await;
-    let (stop, join) = spawn_worker(&url, fast_config()).await;
-    completed(&queue, "tasks", 1).await;
-    stop.shutdown();
-    join.await.unwrap().unwrap();
+    env.reclaim("tasks", 1).await;
+    env.run_until_completed("tasks", 1).await;
     assert_eq!(
-        Ledger::read(&url).await.effects.get(id.as_str()),
+        env.ledger().await.effects.get(id.as_str()),
         Some(&2),
         "at-least-once: ran twice"
     );
     assert_eq!(
-        queue.stats("tasks").await.unwrap().counter("completed"),
+        env.stats("tasks").await.counter("completed"),
         1,
         "but acked once"
     );
@@ -419,27 +280,28 @@ async fn without_the_idempotency_support_a_crash_before_the_ack_repeats_the_side
 // The same job delivered twice
 // ---------------------------------------------------------------------------
 
+/// `n` concurrent enqueues of `b` under the stable id `order-77`; their outcomes.
+async fn enqueue_order_77(queue: &Queue, b: &Bill, n: usize) -> Vec<EnqueueOutcome> {
+    futures::future::join_all((0..n).map(|_| async move {
+        bill::enqueue_with_id(queue, "order-77", b.clone())
+            .await
+            .unwrap()
+            .outcome
+    }))
+    .await
+}
+
 /// Many concurrent enqueues of one stable id create one job; enqueues while it
 /// runs and after it completed are no-ops; the charge happens once.
 #[tokio::test]
 async fn concurrent_duplicate_enqueues_of_a_stable_id_create_one_job() {
-    let (_server, url, queue) = setup().await;
+    let env = TestEnv::start().await;
+    let queue = &env.queue;
     let b = Bill {
-        ledger: url.clone(),
-        cents: 300,
         sleep_after_charge_ms: 800,
-        ..Bill::default()
+        ..env.bill(300)
     };
-    let outcomes = futures::future::join_all((0..20).map(|_| {
-        let (queue, b) = (queue.clone(), b.clone());
-        async move {
-            bill::enqueue_with_id(&queue, "order-77", b)
-                .await
-                .unwrap()
-                .outcome
-        }
-    }))
-    .await;
+    let outcomes = enqueue_order_77(queue, &b, 20).await;
     let created = outcomes
         .iter()
         .filter(|o| **o == EnqueueOutcome::Created)
@@ -450,9 +312,9 @@ async fn concurrent_duplicate_enqueues_of_a_stable_id_create_one_job() {
             == EnqueueOutcome::Duplicate {
                 state: "queued".into()
             }));
-    assert_eq!(queue.stats("billing").await.unwrap().main, 1);
+    assert_eq!(env.stats("billing").await.main, 1);
 
-    let (stop, join) = billing_worker(&url, fast_config()).await;
+    let worker = env.spawn_billing_worker(fast_config()).await;
     wait_until(T, "the job runs", || async {
         queue
             .job("billing", "order-77")
@@ -461,7 +323,7 @@ async fn concurrent_duplicate_enqueues_of_a_stable_id_create_one_job() {
             .is_some_and(|j| j.state() == Some("active"))
     })
     .await;
-    let again = bill::enqueue_with_id(&queue, "order-77", b.clone())
+    let again = bill::enqueue_with_id(queue, "order-77", b.clone())
         .await
         .unwrap();
     assert_eq!(
@@ -470,35 +332,23 @@ async fn concurrent_duplicate_enqueues_of_a_stable_id_create_one_job() {
             state: "active".into()
         }
     );
-    completed(&queue, "billing", 1).await;
-    let after = futures::future::join_all((0..5).map(|_| {
-        let (queue, b) = (queue.clone(), b.clone());
-        async move {
-            bill::enqueue_with_id(&queue, "order-77", b)
-                .await
-                .unwrap()
-                .outcome
-        }
-    }))
-    .await;
+    env.wait_completed("billing", 1).await;
+    let after = enqueue_order_77(queue, &b, 5).await;
     assert!(
         after.iter().all(|o| *o == EnqueueOutcome::AlreadyCompleted),
         "{after:?}"
     );
-    stop.shutdown();
-    join.await.unwrap().unwrap();
+    worker.stop().await;
 
-    let s = queue.stats("billing").await.unwrap();
+    let s = env.stats("billing").await;
     assert_eq!(
         (s.counter("enqueued"), s.counter("completed"), s.main),
         (1, 1, 0)
     );
-    let key = "billing:order-77:charge";
     assert_eq!(
-        hash(&url, "ledger:charge_calls")
+        env.ledger_field("ledger:charge_calls", "billing:order-77:charge")
             .await
-            .get(key)
-            .map(String::as_str),
+            .as_deref(),
         Some("1")
     );
 }
@@ -510,78 +360,53 @@ async fn concurrent_duplicate_enqueues_of_a_stable_id_create_one_job() {
 /// (With the heartbeat on, see leases.rs: the lease is kept and nothing is redelivered.)
 #[tokio::test]
 async fn handler_slower_than_its_lease_without_heartbeat_is_redelivered_and_charges_once() {
-    let (_server, url, queue) = setup().await;
-    let id = bill::enqueue(
-        &queue,
-        Bill {
-            ledger: url.clone(),
-            cents: 450,
+    let env = TestEnv::start().await;
+    let id = env
+        .enqueue_bill(Bill {
             sleep_after_charge_ms: 2000,
-            ..Bill::default()
-        },
-    )
-    .await
-    .unwrap();
-    let mut cfg = fast_config();
-    cfg.lease = Duration::from_millis(500);
-    cfg.heartbeat_enabled = false;
-    let (stop, join) = billing_worker(&url, cfg).await;
-    let watchdog = Watchdog::connect(&url, ["billing"], fast_watchdog())
-        .await
-        .unwrap();
-    let (wd_tx, wd_rx) = tokio::sync::oneshot::channel::<()>();
-    let wd = tokio::spawn(async move {
-        watchdog
-            .run_until(async {
-                let _ = wd_rx.await;
-            })
-            .await
-    });
+            ..env.bill(450)
+        })
+        .await;
+    let cfg = lease_config(Duration::from_millis(500), None);
+    let worker = env.spawn_billing_worker(cfg).await;
+    let watchdog = env.spawn_watchdog("billing").await;
 
     let t0 = Instant::now();
-    completed(&queue, "billing", 1).await;
+    env.wait_completed("billing", 1).await;
     assert!(
         t0.elapsed() < Duration::from_millis(1900),
         "the redelivery finished before the slow first run"
     );
-    // Let the first delivery wake up, skip its receipt step and try to ack.
-    tokio::time::sleep(Duration::from_millis(2500).saturating_sub(t0.elapsed())).await;
-    let _ = wd_tx.send(());
-    let report = wd.await.unwrap();
-    stop.shutdown();
-    join.await.unwrap().unwrap();
+    // Let the first delivery wake up, skip its receipt step and try to ack:
+    // the graceful shutdown waits for it (instead of a fixed sleep).
+    worker.stop().await;
+    let report = watchdog.stop().await;
 
     assert_eq!(report.reclaimed, 1, "the expired lease was returned once");
     let key = format!("billing:{id}:charge");
     assert_eq!(
-        hash(&url, "ledger:charge_calls")
+        env.ledger_field("ledger:charge_calls", &key)
             .await
-            .get(&key)
-            .map(String::as_str),
+            .as_deref(),
         Some("1")
     );
     assert_eq!(
-        hash(&url, "ledger:charges")
-            .await
-            .get(&key)
-            .map(String::as_str),
+        env.ledger_field("ledger:charges", &key).await.as_deref(),
         Some("450")
     );
     assert_eq!(
-        hash(&url, "ledger:receipts")
+        env.ledger_field("ledger:receipts", id.as_str())
             .await
-            .get(id.as_str())
-            .map(String::as_str),
+            .as_deref(),
         Some("1")
     );
-    let s = queue.stats("billing").await.unwrap();
+    let s = env.stats("billing").await;
     assert_eq!(
         (s.counter("completed"), s.processing, s.main, s.delayed),
         (1, 0, 0, 0),
         "acked once"
     );
-    let rec = queue.completion("billing", &id).await.unwrap().unwrap();
-    assert_eq!(rec.get("attempts").map(String::as_str), Some("2"));
+    assert_eq!(env.completion_attempts("billing", &id).await, 2);
 }
 
 /// A worker process paused (SIGSTOP) past its lease, then resumed while the
@@ -589,20 +414,17 @@ async fn handler_slower_than_its_lease_without_heartbeat_is_redelivered_and_char
 /// ack cannot complete the newer delivery (the lease token differs).
 #[tokio::test]
 async fn worker_paused_past_its_lease_cannot_extend_or_ack_the_newer_delivery() {
-    let (_server, url, queue) = setup().await;
-    let id = task::enqueue(
-        &queue,
-        Task {
-            ledger: url.clone(),
+    let env = TestEnv::start().await;
+    let queue = &env.queue;
+    let id = env
+        .enqueue(Task {
             sleep_ms: 1500,
-            ..Task::default()
-        },
-    )
-    .await
-    .unwrap();
-    let mut paused = worker_process(&url, 1, 600, 5000, None);
-    wait_until(T, "first delivery starts", || async {
-        Ledger::read(&url).await.started.contains_key(id.as_str())
+            ..env.task(0)
+        })
+        .await;
+    let mut paused = worker_process(&env, 1, 600, 5000, None);
+    env.wait_ledger("first delivery starts", |l| {
+        l.started.contains_key(id.as_str())
     })
     .await;
     paused.signal("STOP");
@@ -615,16 +437,14 @@ async fn worker_paused_past_its_lease_cannot_extend_or_ack_the_newer_delivery() 
         .unwrap()
         .to_string();
 
-    reclaim(&url, "tasks", 1).await;
+    env.reclaim("tasks", 1).await;
     // The second delivery: a long lease and no heartbeat, so its lease_until
     // stays exactly as claimed unless someone else extends it.
-    let mut cfg = fast_config();
+    let mut cfg = lease_config(Duration::from_secs(10), None);
     cfg.concurrency = 1;
-    cfg.lease = Duration::from_secs(10);
-    cfg.heartbeat_enabled = false;
-    let (stop, join) = spawn_worker(&url, cfg).await;
-    wait_until(T, "second delivery starts", || async {
-        Ledger::read(&url).await.started.get(id.as_str()) == Some(&2)
+    let worker = env.spawn_worker(cfg).await;
+    env.wait_ledger("second delivery starts", |l| {
+        l.started.get(id.as_str()) == Some(&2)
     })
     .await;
     let job = queue.job("tasks", &id).await.unwrap().unwrap();
@@ -654,30 +474,26 @@ async fn worker_paused_past_its_lease_cannot_extend_or_ack_the_newer_delivery() 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(samples > 10, "sampled while both ran ({samples})");
-    completed(&queue, "tasks", 1).await;
+    env.wait_completed("tasks", 1).await;
     // The stale handler ran to its end (its side effect is at-least-once: the
     // task job does not use the step helper), but only the newer delivery acked.
-    wait_until(T, "the stale handler finished", || async {
-        Ledger::read(&url).await.effects.get(id.as_str()) == Some(&2)
+    env.wait_ledger("the stale handler finished", |l| {
+        l.effects.get(id.as_str()) == Some(&2)
     })
     .await;
-    stop.shutdown();
-    join.await.unwrap().unwrap();
+    worker.stop().await;
     let rec = queue.completion("tasks", &id).await.unwrap().unwrap();
     assert_eq!(
         rec.get("attempts").map(String::as_str),
         Some("2"),
         "completed by the newer delivery"
     );
-    let s = queue.stats("tasks").await.unwrap();
+    let s = env.stats("tasks").await;
     assert_eq!(
         (s.counter("completed"), s.counter("reclaimed"), s.processing),
         (1, 1, 0)
     );
-    assert!(
-        paused.child.try_wait().unwrap().is_none(),
-        "the resumed worker keeps running"
-    );
+    assert!(!paused.exited(), "the resumed worker keeps running");
 }
 
 // ---------------------------------------------------------------------------
@@ -688,9 +504,9 @@ async fn worker_paused_past_its_lease_cannot_extend_or_ack_the_newer_delivery() 
 /// middle of a stream of enqueues loses none of the enqueues that returned Ok.
 #[tokio::test]
 async fn aof_always_keeps_every_acknowledged_enqueue_across_a_redis_sigkill() {
-    init_tracing();
-    let server = Arc::new(Mutex::new(RedisServer::start_with(&AOF_ALWAYS).unwrap()));
-    let url = server.lock().unwrap().url();
+    let env = TestEnv::start_with(&AOF_ALWAYS).await;
+    let url = env.url.clone();
+    let server = Arc::new(Mutex::new(env.server));
     let acked: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut producers = Vec::new();
     for p in 0..4 {
@@ -716,7 +532,11 @@ async fn aof_always_keeps_every_acknowledged_enqueue_across_a_redis_sigkill() {
             }
         }));
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A stream is under way (instead of a fixed sleep).
+    wait_until(T, "a stream of enqueues", || async {
+        acked.lock().unwrap().len() > 100
+    })
+    .await;
     let s = server.clone();
     tokio::task::spawn_blocking(move || s.lock().unwrap().kill())
         .await
@@ -762,55 +582,35 @@ async fn aof_always_keeps_every_acknowledged_enqueue_across_a_redis_sigkill() {
 /// returns what was in flight, and every job completes.
 #[tokio::test]
 async fn redis_down_during_fetch_workers_reconnect_and_nothing_is_lost() {
-    init_tracing();
-    let mut server = RedisServer::start_with(&AOF_ALWAYS).unwrap();
-    let ledger_server = RedisServer::start().unwrap();
-    let (url, ledger) = (server.url(), ledger_server.url());
-    let queue = Queue::connect(&url).await.unwrap();
-    let mut ids = Vec::new();
-    for seq in 0..40 {
-        let t = Task {
-            ledger: ledger.clone(),
-            seq,
-            sleep_ms: 100,
-            ..Task::default()
-        };
-        ids.push(task::enqueue(&queue, t).await.unwrap().to_string());
-    }
-    let mut proc = worker_process(&url, 4, 1000, 5000, None);
-    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+    let mut env = TestEnv::start_with(&AOF_ALWAYS)
         .await
-        .unwrap();
-    let (wd_tx, wd_rx) = tokio::sync::oneshot::channel::<()>();
-    let wd = tokio::spawn(async move {
-        watchdog
-            .run_until(async {
-                let _ = wd_rx.await;
-            })
-            .await
-    });
-    wait_until(T, "some jobs done", || async {
-        Ledger::read(&ledger).await.effects.len() >= 8
-    })
-    .await;
+        .with_separate_ledger();
+    let queue = env.queue.clone();
+    let mut ids: Vec<String> = env
+        .enqueue_tasks(40, |t| Task { sleep_ms: 100, ..t })
+        .await
+        .into_iter()
+        .map(|id| id.to_string())
+        .collect();
+    let mut proc = worker_process(&env, 4, 1000, 5000, None);
+    let watchdog = env.spawn_watchdog("tasks").await;
+    env.wait_ledger("some jobs done", |l| l.effects.len() >= 8)
+        .await;
 
-    server.kill();
+    env.server.kill();
     let late = Task {
-        ledger: ledger.clone(),
         seq: 99,
-        ..Task::default()
+        ..env.task(0)
     };
     let err = task::enqueue_with_id(&queue, "late-1", late.clone())
         .await
         .expect_err("Redis is down");
     assert!(matches!(err, QueueError::Redis { .. }), "{err}");
     assert!(queue.stats("tasks").await.is_err(), "reads fail too");
+    // The outage itself: the worker must live through 1.5 s without Redis.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(
-        proc.child.try_wait().unwrap().is_none(),
-        "the worker survives the outage"
-    );
-    server.restart().unwrap();
+    assert!(!proc.exited(), "the worker survives the outage");
+    env.server.restart().unwrap();
     // The caller retries with the same stable id: a no-op if the first try landed.
     wait_until(T, "enqueue after the restart", || async {
         task::enqueue_with_id(&queue, "late-1", late.clone())
@@ -820,19 +620,12 @@ async fn redis_down_during_fetch_workers_reconnect_and_nothing_is_lost() {
     .await;
     ids.push("late-1".into());
 
-    wait_until(Duration::from_secs(60), "every job completed", || async {
-        let Ok(s) = queue.stats("tasks").await else {
-            return false;
-        };
+    env.wait_stats("tasks", "every job completed", |s| {
         s.main + s.processing + s.delayed == 0
     })
     .await;
-    let _ = wd_tx.send(());
-    wd.await.unwrap();
-    assert!(
-        proc.child.try_wait().unwrap().is_none(),
-        "the worker reconnected and kept running"
-    );
+    watchdog.stop().await;
+    assert!(!proc.exited(), "the worker reconnected and kept running");
     for id in &ids {
         assert!(
             queue
@@ -843,7 +636,7 @@ async fn redis_down_during_fetch_workers_reconnect_and_nothing_is_lost() {
             "{id} completed"
         );
     }
-    let effects = Ledger::read(&ledger).await.effects;
+    let effects = env.ledger().await.effects;
     assert!(
         ids.iter()
             .all(|id| effects.get(id).copied().unwrap_or(0) >= 1),
@@ -852,19 +645,27 @@ async fn redis_down_during_fetch_workers_reconnect_and_nothing_is_lost() {
     assert_eq!(queue.stats("tasks").await.unwrap().dead, 0);
 }
 
+/// Sets `maxmemory 2mb` with the `noeviction` policy.
+fn fill_limit(env: &TestEnv) {
+    assert!(env
+        .server
+        .command(&["CONFIG", "SET", "maxmemory", "2mb"])
+        .unwrap()
+        .contains("OK"));
+    assert!(env
+        .server
+        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+        .unwrap()
+        .contains("OK"));
+}
+
 /// At `maxmemory` with `noeviction`, an enqueue returns an error naming OOM,
 /// not Ok, writes nothing, and every enqueue that returned Ok is still there.
 #[tokio::test]
 async fn maxmemory_noeviction_enqueue_returns_an_oom_error_and_keeps_acknowledged_jobs() {
-    let (server, url, queue) = setup().await;
-    assert!(server
-        .command(&["CONFIG", "SET", "maxmemory", "2mb"])
-        .unwrap()
-        .contains("OK"));
-    assert!(server
-        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
-        .unwrap()
-        .contains("OK"));
+    let env = TestEnv::start().await;
+    let queue = &env.queue;
+    fill_limit(&env);
     let payload = vec![0x42u8; 8 * 1024];
     let mut acked = Vec::new();
     let err = loop {
@@ -894,13 +695,13 @@ async fn maxmemory_noeviction_enqueue_returns_an_oom_error_and_keeps_acknowledge
             .is_none(),
         "nothing half-written"
     );
-    let stats = queue.stats("tasks").await.unwrap();
+    let stats = env.stats("tasks").await;
     assert_eq!(stats.main as usize, acked.len());
-    let listed: HashSet<String> = redis_conn(&url)
+    let listed: HashSet<String> = env
+        .list(&QueueKeys::new("tasks").main)
         .await
-        .lrange("q:{tasks}:main", 0, -1)
-        .await
-        .unwrap();
+        .into_iter()
+        .collect();
     for id in &acked {
         assert!(listed.contains(id), "{id} queued");
         assert!(
@@ -923,19 +724,13 @@ struct PaddedTask {
 /// scripts were flagged `allow-oom`: Redis refused the fetch script's LMOVE.)
 #[tokio::test]
 async fn maxmemory_noeviction_workers_still_drain_the_queue() {
-    let (server, url, queue) = setup().await;
-    let ledger_server = RedisServer::start().unwrap();
-    let ledger = ledger_server.url();
-    server
-        .command(&["CONFIG", "SET", "maxmemory", "2mb"])
-        .unwrap();
-    server
-        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
-        .unwrap();
+    let env = TestEnv::start().await.with_separate_ledger();
+    let queue = &env.queue;
+    fill_limit(&env);
     let mut acked = 0u64;
     loop {
         let t = PaddedTask {
-            ledger: ledger.clone(),
+            ledger: env.ledger_url.clone(),
             seq: acked,
             pad: "x".repeat(8000),
         };
@@ -952,26 +747,25 @@ async fn maxmemory_noeviction_workers_still_drain_the_queue() {
         }
         assert!(acked < 5000, "maxmemory was never reached");
     }
-    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    let worker = env.spawn_worker(fast_config()).await;
     let drained = tokio::time::timeout(Duration::from_secs(20), async {
         loop {
-            if queue.stats("tasks").await.unwrap().counter("completed") == acked as i64 {
+            if env.stats("tasks").await.counter("completed") == acked as i64 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     })
     .await;
-    let s = queue.stats("tasks").await.unwrap();
-    stop.shutdown();
-    join.await.unwrap().unwrap();
+    let s = env.stats("tasks").await;
+    worker.stop().await;
     assert!(
         drained.is_ok(),
         "a worker could not drain a queue at maxmemory: {} of {acked} completed, {} still in main",
         s.counter("completed"),
         s.main
     );
-    assert_eq!(Ledger::read(&ledger).await.effects.len() as u64, acked);
+    assert_eq!(env.ledger().await.effects.len() as u64, acked);
 }
 
 // ---------------------------------------------------------------------------
@@ -983,33 +777,30 @@ async fn maxmemory_noeviction_workers_still_drain_the_queue() {
 /// watchdog returns the long ones and the next worker runs them once.
 #[tokio::test]
 async fn deploy_sigterm_finishes_short_jobs_and_returns_long_ones() {
-    let (_server, url, queue) = setup().await;
+    let env = TestEnv::start().await;
+    let queue = &env.queue;
     let mut short = Vec::new();
     let mut long = Vec::new();
     for seq in 0..4 {
         let is_long = seq % 2 == 1;
         let t = Task {
-            ledger: url.clone(),
-            seq,
             sleep_ms: if is_long { 10_000 } else { 200 },
             sleep_attempts: 1,
-            ..Task::default()
+            ..env.task(seq)
         };
-        let id = task::enqueue(&queue, t).await.unwrap().to_string();
+        let id = env.enqueue(t).await.to_string();
         if is_long {
             long.push(id)
         } else {
             short.push(id)
         }
     }
-    let mut proc = worker_process(&url, 4, 800, 600, None);
-    wait_until(T, "all four running", || async {
-        Ledger::read(&url).await.started.len() == 4
-    })
-    .await;
+    let mut proc = worker_process(&env, 4, 800, 600, None);
+    env.wait_ledger("all four running", |l| l.started.len() == 4)
+        .await;
     let t0 = Instant::now();
     proc.signal("TERM");
-    let status = wait_exit(&mut proc, T).await;
+    let status = proc.wait_exit(T).await;
     assert!(status.success(), "clean exit: {status}");
     assert!(
         t0.elapsed() < Duration::from_secs(4),
@@ -1017,7 +808,7 @@ async fn deploy_sigterm_finishes_short_jobs_and_returns_long_ones() {
         t0.elapsed()
     );
 
-    let ledger = Ledger::read(&url).await;
+    let ledger = env.ledger().await;
     for id in &short {
         assert_eq!(
             ledger.effects.get(id),
@@ -1038,15 +829,12 @@ async fn deploy_sigterm_finishes_short_jobs_and_returns_long_ones() {
             "left leased"
         );
     }
-    assert_eq!(queue.stats("tasks").await.unwrap().processing, 2);
+    assert_eq!(env.stats("tasks").await.processing, 2);
 
-    let report = reclaim(&url, "tasks", 2).await;
+    let report = env.reclaim("tasks", 2).await;
     assert_eq!(report.reclaimed, 2);
-    let (stop, join) = spawn_worker(&url, fast_config()).await;
-    completed(&queue, "tasks", 4).await;
-    stop.shutdown();
-    join.await.unwrap().unwrap();
-    let ledger = Ledger::read(&url).await;
+    env.run_until_completed("tasks", 4).await;
+    let ledger = env.ledger().await;
     assert!(
         short
             .iter()
@@ -1069,78 +857,39 @@ async fn deploy_sigterm_finishes_short_jobs_and_returns_long_ones() {
 /// and orphans (ids left between BLMOVE and claim), while a worker drains the
 /// queue: each job is returned exactly once and runs exactly once.
 async fn watchdogs_at_once(k: usize) {
-    let (_server, url, queue) = setup().await;
+    let env = TestEnv::start().await;
     const LEASED: u64 = 20;
     const ORPHANS: u64 = 10;
-    for seq in 0..LEASED {
-        let t = Task {
-            ledger: url.clone(),
-            seq,
-            sleep_ms: 60_000,
-            sleep_attempts: 1,
-            ..Task::default()
-        };
-        task::enqueue(&queue, t).await.unwrap();
-    }
-    let mut proc = worker_process(&url, LEASED as usize, 400, 5000, None);
-    wait_until(T, "all leased jobs started", || async {
-        Ledger::read(&url).await.started.len() == LEASED as usize
+    env.enqueue_tasks(LEASED, |t| Task {
+        sleep_ms: 60_000,
+        sleep_attempts: 1,
+        ..t
+    })
+    .await;
+    let mut proc = worker_process(&env, LEASED as usize, 400, 5000, None);
+    env.wait_ledger("all leased jobs started", |l| {
+        l.started.len() == LEASED as usize
     })
     .await;
     proc.kill();
-    let mut conn = redis_conn(&url).await;
     for seq in 0..ORPHANS {
-        task::enqueue(
-            &queue,
-            Task {
-                ledger: url.clone(),
-                seq: 100 + seq,
-                ..Task::default()
-            },
-        )
-        .await
-        .unwrap();
-        let _: Option<String> = redis::cmd("LMOVE")
-            .arg("q:{tasks}:main")
-            .arg("q:{tasks}:processing")
-            .arg("RIGHT")
-            .arg("LEFT")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        env.enqueue(env.task(100 + seq)).await;
+        env.orphan("tasks").await;
     }
-    assert_eq!(
-        queue.stats("tasks").await.unwrap().processing,
-        LEASED + ORPHANS
-    );
+    assert_eq!(env.stats("tasks").await.processing, LEASED + ORPHANS);
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut dogs = Vec::new();
     for _ in 0..k {
         let mut cfg = fast_watchdog();
         cfg.interval = Duration::from_millis(10);
         cfg.batch = 2; // small batches so the loops interleave
-        let dog = Watchdog::connect(&url, ["tasks"], cfg).await.unwrap();
-        let mut rx = stop_rx.clone();
-        dogs.push(tokio::spawn(async move {
-            dog.run_until(async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await
-        }));
+        let dog = Watchdog::connect(&env.url, ["tasks"], cfg).await.unwrap();
+        dogs.push(WatchdogHandle::spawn(dog));
     }
-    let (stop, join) = spawn_worker(&url, fast_config()).await;
-    completed(&queue, "tasks", (LEASED + ORPHANS) as i64).await;
-    let _ = stop_tx.send(true);
-    let mut total = ReclaimReport::default();
-    for d in dogs {
-        let r = d.await.unwrap();
-        total.reclaimed += r.reclaimed;
-        total.adopted += r.adopted;
-        total.dead_lettered += r.dead_lettered;
-    }
-    stop.shutdown();
-    join.await.unwrap().unwrap();
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_completed("tasks", (LEASED + ORPHANS) as i64).await;
+    let total = stop_watchdogs(dogs).await;
+    worker.stop().await;
     assert_eq!(
         total.reclaimed,
         LEASED + ORPHANS,
@@ -1148,10 +897,10 @@ async fn watchdogs_at_once(k: usize) {
     );
     assert!(total.adopted >= ORPHANS, "{total:?}");
     assert_eq!(total.dead_lettered, 0);
-    let ledger = Ledger::read(&url).await;
+    let ledger = env.ledger().await;
     assert_eq!(ledger.effects.len() as u64, LEASED + ORPHANS);
     assert!(ledger.duplicates().is_empty(), "{:?}", ledger.duplicates());
-    let s = queue.stats("tasks").await.unwrap();
+    let s = env.stats("tasks").await;
     assert_eq!(
         (s.counter("completed"), s.counter("reclaimed"), s.processing),
         ((LEASED + ORPHANS) as i64, (LEASED + ORPHANS) as i64, 0)

@@ -168,34 +168,51 @@ async fn r#move(_ctx: JobContext, args: (String, u32)) -> Result<(), JobError> {
     Ok(())
 }
 
+/// A job type's constants: (NAME, QUEUE, MAX_ATTEMPTS, TIMEOUT, SCHEMA_VERSION).
+fn constants<J: Job>() -> (&'static str, &'static str, u32, Option<Duration>, u32) {
+    (
+        J::NAME,
+        J::QUEUE,
+        J::MAX_ATTEMPTS,
+        J::TIMEOUT,
+        J::SCHEMA_VERSION,
+    )
+}
+
 #[test]
 fn options_become_job_constants() {
-    type J = send_welcome::Job;
-    assert_eq!(<J as Job>::NAME, "send_welcome");
-    assert_eq!(<J as Job>::QUEUE, "emails");
-    assert_eq!(<J as Job>::MAX_ATTEMPTS, 5);
-    assert_eq!(<J as Job>::TIMEOUT, Some(Duration::from_secs(30)));
-    assert_eq!(<J as Job>::SCHEMA_VERSION, 1);
+    assert_eq!(
+        constants::<send_welcome::Job>(),
+        (
+            "send_welcome",
+            "emails",
+            5,
+            Some(Duration::from_secs(30)),
+            1
+        )
+    );
 }
 
 #[test]
 fn defaults_apply_when_options_are_omitted() {
-    type J = public::ping::Job;
-    assert_eq!(<J as Job>::NAME, "ping");
-    assert_eq!(<J as Job>::QUEUE, "default");
-    assert_eq!(<J as Job>::MAX_ATTEMPTS, 25);
-    assert_eq!(<J as Job>::TIMEOUT, None);
-    assert_eq!(<J as Job>::SCHEMA_VERSION, 1);
+    assert_eq!(
+        constants::<public::ping::Job>(),
+        ("ping", "default", 25, None, 1)
+    );
 }
 
 #[test]
 fn name_and_version_options() {
-    type J = send_invoice::Job;
-    assert_eq!(<J as Job>::NAME, "invoice.send");
-    assert_eq!(<J as Job>::QUEUE, "billing");
-    assert_eq!(<J as Job>::SCHEMA_VERSION, 3);
-    assert_eq!(<J as Job>::TIMEOUT, Some(Duration::from_millis(500)));
-    assert_eq!(<J as Job>::MAX_ATTEMPTS, 25);
+    assert_eq!(
+        constants::<send_invoice::Job>(),
+        (
+            "invoice.send",
+            "billing",
+            25,
+            Some(Duration::from_millis(500)),
+            3
+        )
+    );
 }
 
 #[test]

@@ -2,11 +2,9 @@
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, Queue, QueueError};
+use queue_core::{EnqueueOptions, Queue, QueueError, QueueKeys};
 use queue_testkit::RedisServer;
-use queue_tests::{init_tracing, task, wait_until, Task};
-
-const T: Duration = Duration::from_secs(20);
+use queue_tests::{task, wait_until, Task, TestEnv, BOUND};
 
 fn replica_of(primary: &RedisServer) -> RedisServer {
     let port = primary.port().to_string();
@@ -14,7 +12,7 @@ fn replica_of(primary: &RedisServer) -> RedisServer {
 }
 
 async fn link_up(replica: &RedisServer) {
-    wait_until(T, "replication link up", || async {
+    wait_until(BOUND, "replication link up", || async {
         replica
             .command(&["INFO", "replication"])
             .map(|i| i.contains("master_link_status:up"))
@@ -25,17 +23,13 @@ async fn link_up(replica: &RedisServer) {
 
 #[tokio::test]
 async fn wait_for_replicas_reports_an_unreplicated_write() {
-    init_tracing();
-    let primary = RedisServer::start().unwrap();
-    let queue = Queue::connect(&primary.url()).await.unwrap();
-    let t = Task {
-        ledger: primary.url(),
-        ..Task::default()
-    };
+    let env = TestEnv::start().await;
+    let queue = &env.queue;
+    let t = env.task(0);
     let opts = EnqueueOptions::new()
         .id("needs-replica")
         .wait_for_replicas(1, Duration::from_millis(200));
-    let err = task::enqueue_with(&queue, opts.clone(), t.clone())
+    let err = task::enqueue_with(queue, opts.clone(), t.clone())
         .await
         .unwrap_err();
     match &err {
@@ -53,21 +47,22 @@ async fn wait_for_replicas_reports_an_unreplicated_write() {
     }
     // The write itself landed on the primary, and the message says so.
     assert!(err.to_string().contains("written on the primary"));
-    assert_eq!(queue.stats("tasks").await.unwrap().main, 1);
+    assert_eq!(env.stats("tasks").await.main, 1);
 
-    let replica = replica_of(&primary);
+    let replica = replica_of(&env.server);
     link_up(&replica).await;
     let ok = task::enqueue_with(
-        &queue,
+        queue,
         EnqueueOptions::new().wait_for_replicas(1, Duration::from_secs(2)),
         t,
     )
     .await
     .unwrap();
     assert!(ok.is_new());
-    wait_until(T, "the replica has both jobs", || async {
+    let main = QueueKeys::new("tasks").main;
+    wait_until(BOUND, "the replica has both jobs", || async {
         replica
-            .command(&["LLEN", "q:{tasks}:main"])
+            .command(&["LLEN", &main])
             .map(|r| r.contains(":2"))
             .unwrap_or(false)
     })
@@ -76,9 +71,8 @@ async fn wait_for_replicas_reports_an_unreplicated_write() {
 
 #[tokio::test]
 async fn enqueue_through_a_read_only_replica_is_refused_clearly() {
-    init_tracing();
-    let primary = RedisServer::start().unwrap();
-    let replica = replica_of(&primary);
+    let env = TestEnv::start().await;
+    let replica = replica_of(&env.server);
     link_up(&replica).await;
     let queue = Queue::connect(&replica.url()).await.unwrap();
     let err = task::enqueue(&queue, Task::default()).await.unwrap_err();
@@ -89,33 +83,20 @@ async fn enqueue_through_a_read_only_replica_is_refused_clearly() {
 
 #[tokio::test]
 async fn stats_report_oldest_waiting_age_and_recent_throughput() {
-    init_tracing();
-    let server = RedisServer::start().unwrap();
-    let url = server.url();
-    let queue = Queue::connect(&url).await.unwrap();
-    assert_eq!(queue.stats("tasks").await.unwrap().oldest_waiting_ms, None);
-    task::enqueue(
-        &queue,
-        Task {
-            ledger: url.clone(),
-            ..Task::default()
-        },
-    )
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let s = queue.stats("tasks").await.unwrap();
+    let env = TestEnv::start().await;
+    assert_eq!(env.stats("tasks").await.oldest_waiting_ms, None);
+    env.enqueue(env.task(0)).await;
+    // The job has waited 300 ms by the Redis clock (instead of a fixed sleep).
+    env.wait_stats("tasks", "the job waited 300 ms", |s| {
+        s.oldest_waiting_ms.is_some_and(|age| age >= 300)
+    })
+    .await;
+    let s = env.stats("tasks").await;
     let age = s.oldest_waiting_ms.expect("a job waits");
     assert!((300..5000).contains(&age), "age {age}");
     assert_eq!(s.completed_last_minute, 0);
-    let (stop, join) = queue_tests::spawn_worker(&url, queue_tests::fast_config()).await;
-    wait_until(T, "completion", || async {
-        queue.stats("tasks").await.unwrap().counter("completed") == 1
-    })
-    .await;
-    stop.shutdown();
-    join.await.unwrap().unwrap();
-    let s = queue.stats("tasks").await.unwrap();
+    env.run_until_completed("tasks", 1).await;
+    let s = env.stats("tasks").await;
     assert_eq!(s.completed_last_minute, 1);
     assert_eq!(s.oldest_waiting_ms, None);
 }

@@ -18,7 +18,7 @@ use std::io;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{free_port, RedisServer};
+use crate::{free_port, retry_on_fresh_port, RedisServer};
 
 /// Options of [`RedisCluster::start_with`].
 #[derive(Debug, Clone)]
@@ -382,9 +382,7 @@ impl RedisCluster {
 /// the node binds it, so another process (or the node's own data port) can
 /// get it first and the node exits: then try again with fresh ports.
 fn start_node(extra: &[String], timeout: &str, coverage: &str) -> io::Result<RedisServer> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
+    retry_on_fresh_port(|| {
         let bus = free_port()?.to_string();
         let mut args: Vec<&str> = vec![
             "--cluster-enabled",
@@ -402,11 +400,8 @@ fn start_node(extra: &[String], timeout: &str, coverage: &str) -> io::Result<Red
             "0",
         ];
         args.extend(extra.iter().map(String::as_str));
-        match RedisServer::start_with(&args) {
-            Err(e) if attempt < 3 && e.kind() != io::ErrorKind::NotFound => continue,
-            other => return other,
-        }
-    }
+        RedisServer::start_once(&args)
+    })
 }
 
 fn expect_ok(out: String) -> io::Result<()> {

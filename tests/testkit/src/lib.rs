@@ -41,7 +41,16 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments, e.g.
     /// `["--appendonly", "yes", "--appendfsync", "always"]`.
+    ///
+    /// The port is picked free but only taken when the server binds it; if
+    /// another process got it first, the server is started again on a fresh
+    /// port (see [`retry_on_fresh_port`]).
     pub fn start_with(extra_args: &[&str]) -> std::io::Result<Self> {
+        retry_on_fresh_port(|| Self::start_once(extra_args))
+    }
+
+    /// One attempt of [`RedisServer::start_with`] on one freshly picked port.
+    pub(crate) fn start_once(extra_args: &[&str]) -> std::io::Result<Self> {
         let port = free_port()?;
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let dir = std::env::temp_dir().join(format!(
@@ -104,11 +113,17 @@ impl RedisServer {
                     )));
                 }
             }
-            if self
-                .command(&["PING"])
-                .map(|r| r.contains("PONG"))
-                .unwrap_or(false)
-            {
+            // PONG: up and done loading its AOF/RDB (while loading it answers
+            // -LOADING). And only our own child counts: if another process
+            // holds the port, it may answer before our child exits with
+            // "Address already in use".
+            let own = format!("process_id:{}", self.pid().unwrap_or_default());
+            let answers = |args: &[&str], needle: &str| {
+                self.command(args)
+                    .map(|r| r.contains(needle))
+                    .unwrap_or(false)
+            };
+            if answers(&["PING"], "PONG") && answers(&["INFO", "server"], &own) {
                 return Ok(());
             }
             if start.elapsed() > limit {
@@ -194,8 +209,77 @@ impl Drop for RedisServer {
     }
 }
 
+/// Attempts of [`retry_on_fresh_port`].
+const PORT_ATTEMPTS: u32 = 4;
+
+/// Runs `start` (which picks its own free ports) again while it fails
+/// because a port was taken by another process between being picked and
+/// being bound ("Address already in use" in the server's log), at most
+/// [`PORT_ATTEMPTS`] times. Used for plain servers, cluster nodes (whose bus
+/// port is picked the same way) and sentinels.
+pub(crate) fn retry_on_fresh_port<T>(
+    mut start: impl FnMut() -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Err(e) if attempt < PORT_ATTEMPTS && port_taken(&e) => attempt += 1,
+            other => return other,
+        }
+    }
+}
+
+/// Whether a start failed because its port was already bound.
+fn port_taken(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::AddrInUse || e.to_string().contains("Address already in use")
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> std::io::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_on_fresh_port;
+    use std::io::{Error, ErrorKind};
+
+    #[test]
+    fn a_taken_port_is_retried_and_other_errors_are_not() {
+        let mut calls = 0;
+        let taken = || Error::other("exited early; log:\nbind: Address already in use");
+        let r = retry_on_fresh_port(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(taken())
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(r.unwrap(), 3);
+
+        let mut calls = 0;
+        let r: std::io::Result<()> = retry_on_fresh_port(|| {
+            calls += 1;
+            Err(Error::new(ErrorKind::NotFound, "no redis-server"))
+        });
+        assert_eq!((r.unwrap_err().kind(), calls), (ErrorKind::NotFound, 1));
+
+        let mut calls = 0;
+        let r: std::io::Result<()> = retry_on_fresh_port(|| {
+            calls += 1;
+            Err(taken())
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 4, "gives up after a few fresh ports");
+    }
+
+    #[test]
+    fn a_started_server_answers_as_itself() {
+        let server = super::RedisServer::start().expect("redis-server");
+        let pid = server.pid().expect("running");
+        let info = server.command(&["INFO", "server"]).unwrap();
+        assert!(info.contains(&format!("process_id:{pid}")), "{info}");
+    }
 }

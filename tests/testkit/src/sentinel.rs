@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 pub use switches::Switch;
 use switches::SwitchLog;
 
-use crate::{free_port, RedisServer};
+use crate::{free_port, retry_on_fresh_port, RedisServer};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -136,15 +136,9 @@ impl SentinelSetup {
         for _ in 0..opts.sentinels.max(1) {
             // The port is picked free but taken only when the sentinel binds
             // it: if another process got it first, try again with a new one.
-            let mut attempt = 0;
-            let sentinel = loop {
-                attempt += 1;
-                match spawn_sentinel(&opts, &pport, quorum) {
-                    Err(e) if attempt < 3 && e.kind() != io::ErrorKind::NotFound => continue,
-                    other => break other?,
-                }
-            };
-            sentinels.push(sentinel);
+            sentinels.push(retry_on_fresh_port(|| {
+                spawn_sentinel(&opts, &pport, quorum)
+            })?);
         }
         let mut switches = SwitchLog::default();
         for (s, sentinel) in sentinels.iter().enumerate() {

@@ -128,6 +128,9 @@ pub async fn main(argv: &[String]) -> i32 {
     }
 }
 
+/// Acknowledged enqueue ids with the time (epoch seconds) of their Ok.
+type Acked = Arc<Mutex<Vec<(String, f64)>>>;
+
 async fn run(
     extra: &[&str],
     seconds: f64,
@@ -144,15 +147,57 @@ async fn run(
         None
     };
     let server = Arc::new(Mutex::new(server));
+    let acked: Acked = Arc::default();
+    let start = Instant::now();
+    let tasks = spawn_producers(&url, producers, &acked).await?;
+    let mut rng = Rng::new(seed);
+    let wait = seconds / 2.0 + rng.unit() * seconds / 2.0;
+    tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+    let killed_at = on_server(&server, |s| {
+        let t = epoch();
+        s.kill();
+        Ok(t)
+    })
+    .await?;
+    for t in tasks {
+        let _ = t.await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let fsyncs = match tracer.as_mut() {
+        Some(t) => Some(t.finish()?),
+        None => None,
+    };
+    on_server(&server, |s| s.restart().map_err(|e| e.to_string())).await?;
+
+    let acked = acked.lock().expect("acked").clone();
+    let (lost, oldest_lost) = count_lost(&url, &acked).await?;
+    let lost_window_ms = oldest_lost
+        .map(|o| ((killed_at - o).max(0.0) * 1000.0) as u64)
+        .unwrap_or(0);
+    let fsync = fsyncs.map(|trace| fsync_window(&trace, &acked, killed_at));
+    Ok(Measured {
+        acked: acked.len() as u64,
+        lost,
+        lost_window_ms,
+        rate: acked.len() as f64 / elapsed.max(0.001),
+        fsync,
+    })
+}
+
+/// `producers` tasks enqueueing as fast as they can until an enqueue fails
+/// (Redis died), each on its own connection, recording every Ok in `acked`.
+async fn spawn_producers(
+    url: &str,
+    producers: usize,
+    acked: &Acked,
+) -> Result<Vec<tokio::task::JoinHandle<()>>, String> {
     let cfg = ConnectionConfig {
         response_timeout: Duration::from_secs(2),
         connection_timeout: Duration::from_secs(1),
     };
-    let acked: Arc<Mutex<Vec<(String, f64)>>> = Arc::default();
-    let start = Instant::now();
     let mut tasks = Vec::new();
     for p in 0..producers {
-        let queue = Queue::connect_with(&url, &cfg)
+        let queue = Queue::connect_with(url, &cfg)
             .await
             .map_err(|e| e.to_string())?;
         let acked = acked.clone();
@@ -167,35 +212,25 @@ async fn run(
             }
         }));
     }
-    let mut rng = Rng::new(seed);
-    let wait = seconds / 2.0 + rng.unit() * seconds / 2.0;
-    tokio::time::sleep(Duration::from_secs_f64(wait)).await;
-    let killer = server.clone();
-    let killed_at = tokio::task::spawn_blocking(move || {
-        let mut s = killer.lock().expect("server");
-        let t = epoch();
-        s.kill();
-        t
-    })
-    .await
-    .map_err(|e| e.to_string())?;
-    for t in tasks {
-        let _ = t.await;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let fsyncs = match tracer.as_mut() {
-        Some(t) => Some(t.finish()?),
-        None => None,
-    };
-    let restarter = server.clone();
-    tokio::task::spawn_blocking(move || restarter.lock().expect("server").restart())
+    Ok(tasks)
+}
+
+/// Runs `f` on the server in a blocking task (kill and restart block).
+async fn on_server<T: Send + 'static>(
+    server: &Arc<Mutex<RedisServer>>,
+    f: impl FnOnce(&mut RedisServer) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    let server = server.clone();
+    tokio::task::spawn_blocking(move || f(&mut server.lock().expect("server")))
         .await
         .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+}
 
-    let acked = acked.lock().expect("acked").clone();
+/// How many acknowledged ids have no job after the restart, and the Ok time
+/// of the oldest of them.
+async fn count_lost(url: &str, acked: &[(String, f64)]) -> Result<(u64, Option<f64>), String> {
     let keys = QueueKeys::new(QUEUE);
-    let mut conn = redis::Client::open(url.as_str())
+    let mut conn = redis::Client::open(url)
         .map_err(|e| e.to_string())?
         .get_multiplexed_async_connection()
         .await
@@ -218,54 +253,47 @@ async fn run(
             }
         }
     }
-    let lost_window_ms = oldest_lost
-        .map(|o| ((killed_at - o).max(0.0) * 1000.0) as u64)
-        .unwrap_or(0);
-    let fsync = fsyncs.map(|trace| {
-        // The last fsync that completed (strace saw it return, so before Redis
-        // died) made durable every AOF write issued before it started. Redis
-        // sends a reply right after the write holding its command (after the
-        // fsync too, with `always`), so the Oks not covered are those from the
-        // first AOF write that followed that fsync's start.
-        let covering = trace
-            .fsyncs
-            .iter()
-            .map(|(s, _)| *s)
-            .fold(f64::MIN, f64::max);
-        let first_ack = acked.first().map(|(_, t)| *t).unwrap_or(killed_at);
-        let exposed_from = trace
-            .aof_writes
-            .iter()
-            .copied()
-            .filter(|w| *w > covering)
-            .fold(f64::MAX, f64::min);
-        let exposed_from = if covering == f64::MIN {
-            first_ack
+    Ok((lost, oldest_lost))
+}
+
+/// The fsync cadence and the exposure at the kill, from the strace.
+fn fsync_window(trace: &Trace, acked: &[(String, f64)], killed_at: f64) -> FsyncWindow {
+    // The last fsync that completed (strace saw it return, so before Redis
+    // died) made durable every AOF write issued before it started. Redis
+    // sends a reply right after the write holding its command (after the
+    // fsync too, with `always`), so the Oks not covered are those from the
+    // first AOF write that followed that fsync's start.
+    let covering = trace
+        .fsyncs
+        .iter()
+        .map(|(s, _)| *s)
+        .fold(f64::MIN, f64::max);
+    let first_ack = acked.first().map(|(_, t)| *t).unwrap_or(killed_at);
+    let exposed_from = trace
+        .aof_writes
+        .iter()
+        .copied()
+        .filter(|w| *w > covering)
+        .fold(f64::MAX, f64::min);
+    let exposed_from = if covering == f64::MIN {
+        first_ack
+    } else {
+        exposed_from
+    };
+    let mut starts: Vec<f64> = trace.fsyncs.iter().map(|(s, _)| *s).collect();
+    starts.sort_by(f64::total_cmp);
+    let max_gap = starts.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    let unsynced_at_kill = acked.iter().filter(|(_, t)| *t >= exposed_from).count() as u64;
+    FsyncWindow {
+        fsyncs: starts.len() as u64,
+        max_gap_ms: (max_gap * 1000.0) as u64,
+        unsynced_at_kill,
+        unsynced_ms: if unsynced_at_kill == 0 {
+            0
         } else {
-            exposed_from
-        };
-        let mut starts: Vec<f64> = trace.fsyncs.iter().map(|(s, _)| *s).collect();
-        starts.sort_by(f64::total_cmp);
-        let max_gap = starts.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
-        let unsynced_at_kill = acked.iter().filter(|(_, t)| *t >= exposed_from).count() as u64;
-        FsyncWindow {
-            fsyncs: starts.len() as u64,
-            max_gap_ms: (max_gap * 1000.0) as u64,
-            unsynced_at_kill,
-            unsynced_ms: if unsynced_at_kill == 0 {
-                0
-            } else {
-                ((killed_at - exposed_from).max(0.0) * 1000.0) as u64
-            },
-        }
-    });
-    Ok(Measured {
-        acked: acked.len() as u64,
-        lost,
-        lost_window_ms,
-        rate: acked.len() as f64 / elapsed.max(0.001),
-        fsync,
-    })
+            ((killed_at - exposed_from).max(0.0) * 1000.0) as u64
+        },
+    }
 }
 
 /// `strace` attached to redis-server, recording its fsync calls.

@@ -295,54 +295,138 @@ async fn run(s: Settings) -> Result<(bool, Report), String> {
     let started = Instant::now();
     let mut rng = Rng::new(s.seed);
 
-    // Servers: the queue's (maybe with AOF) and the ledger's (never restarted).
-    let mut owned_queue_server = None;
-    let url = match &s.redis_url {
-        Some(u) => u.clone(),
-        None => {
-            let extra: &[&str] = if s.appendonly {
-                &["--appendonly", "yes", "--appendfsync", "always"]
-            } else {
-                &[]
-            };
-            let server =
-                RedisServer::start_with(extra).map_err(|e| format!("redis-server: {e}"))?;
-            let u = server.url();
-            owned_queue_server = Some(server);
-            u
-        }
-    };
-    let mut _ledger_server = None;
-    let ledger_url = match (&s.ledger_url, &s.redis_url) {
-        (Some(u), _) => u.clone(),
-        (None, Some(u)) => u.clone(),
-        (None, None) => {
-            let server = RedisServer::start().map_err(|e| format!("redis-server (ledger): {e}"))?;
-            let u = server.url();
-            _ledger_server = Some(server);
-            u
-        }
-    };
-    let can_restart_redis = s.appendonly && owned_queue_server.is_some();
-    let queue_server = Arc::new(Mutex::new(owned_queue_server));
-
+    let servers = Servers::start(&s)?;
     let conn_cfg = ConnectionConfig {
         response_timeout: Duration::from_secs(2),
         connection_timeout: Duration::from_secs(1),
     };
-    let queue = Queue::connect_with(&url, &conn_cfg)
+    let (queue, ledger) = connect_fresh(&servers, &conn_cfg).await?;
+
+    // The plan: which jobs are poison, fail once, how long they work.
+    let plan = Arc::new(make_plan(&s, &mut rng));
+    let poison = plan.iter().filter(|p| !matches!(p, Plan::Good(_))).count() as u64;
+
+    let logs = std::env::temp_dir().join(format!("chaos-{}-{}", std::process::id(), s.seed));
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let env = Env {
+        exe: std::env::current_exe().map_err(|e| e.to_string())?,
+        url: servers.url.clone(),
+        ledger_url: servers.ledger_url.clone(),
+        logs: logs.clone(),
+        concurrency: s.concurrency,
+        lease_ms: s.lease_ms,
+    };
+
+    let watchdogs = Watchdogs::start(&s, &servers.url, &conn_cfg).await?;
+
+    // The producer.
+    let produced = Arc::new(Produced::default());
+    let producer = tokio::spawn(produce(
+        queue.clone(),
+        plan.clone(),
+        s.rate,
+        s.dup_rate,
+        s.seed ^ 0x5EED,
+        produced.clone(),
+    ));
+
+    let mut chaos = ChaosLoop::new(&s, rng, servers.can_restart_redis);
+    let timed_out = chaos
+        .drive(&s, &env, &queue, &produced, &servers.queue_server, started)
+        .await?;
+
+    chaos.wind_down().await;
+    producer.abort();
+    let _ = producer.await;
+    if let Some(h) = chaos.redis_restart.take() {
+        let _ = h.await;
+    }
+    let wd_total = watchdogs.stop().await;
+
+    let mut report = new_report(&s, &produced, &chaos.done, wd_total, poison, timed_out);
+    verify(&queue, ledger, &plan, &mut report).await?;
+    report.wall_time_s = started.elapsed().as_secs_f64();
+    if report.passed() && !s.keep_logs {
+        let _ = std::fs::remove_dir_all(&logs);
+    } else {
+        report
+            .problems
+            .push(format!("worker logs: {}", logs.display()));
+    }
+    Ok((s.json, report))
+}
+
+/// The queue's server (maybe with AOF, restartable) and the ledger's (never
+/// restarted), started by the harness unless given by URL.
+struct Servers {
+    url: String,
+    ledger_url: String,
+    queue_server: Arc<Mutex<Option<RedisServer>>>,
+    _ledger_server: Option<RedisServer>,
+    can_restart_redis: bool,
+}
+
+impl Servers {
+    fn start(s: &Settings) -> Result<Servers, String> {
+        let mut owned_queue_server = None;
+        let url = match &s.redis_url {
+            Some(u) => u.clone(),
+            None => {
+                let extra: &[&str] = if s.appendonly {
+                    &["--appendonly", "yes", "--appendfsync", "always"]
+                } else {
+                    &[]
+                };
+                let server =
+                    RedisServer::start_with(extra).map_err(|e| format!("redis-server: {e}"))?;
+                let u = server.url();
+                owned_queue_server = Some(server);
+                u
+            }
+        };
+        let mut ledger_server = None;
+        let ledger_url = match (&s.ledger_url, &s.redis_url) {
+            (Some(u), _) => u.clone(),
+            (None, Some(u)) => u.clone(),
+            (None, None) => {
+                let server =
+                    RedisServer::start().map_err(|e| format!("redis-server (ledger): {e}"))?;
+                let u = server.url();
+                ledger_server = Some(server);
+                u
+            }
+        };
+        Ok(Servers {
+            url,
+            ledger_url,
+            can_restart_redis: s.appendonly && owned_queue_server.is_some(),
+            queue_server: Arc::new(Mutex::new(owned_queue_server)),
+            _ledger_server: ledger_server,
+        })
+    }
+}
+
+/// Connects to the queue and the ledger and deletes what an earlier run left.
+async fn connect_fresh(
+    servers: &Servers,
+    conn_cfg: &ConnectionConfig,
+) -> Result<(Queue, ConnectionManager), String> {
+    let queue = Queue::connect_with(&servers.url, conn_cfg)
         .await
         .map_err(|e| e.to_string())?;
-    let ledger = redis::Client::open(ledger_url.as_str())
+    let ledger = redis::Client::open(servers.ledger_url.as_str())
         .map_err(|e| e.to_string())?
         .get_connection_manager()
         .await
         .map_err(|e| format!("ledger: {e}"))?;
     delete_keys(&mut queue.connection(), &format!("q:{{{QUEUE}}}:*")).await?;
     delete_keys(&mut ledger.clone(), "chaos:ledger:*").await?;
+    Ok((queue, ledger))
+}
 
-    // The plan: which jobs are poison, fail once, how long they work.
-    let plan: Vec<Plan> = (0..s.jobs)
+/// Which jobs are poison, which fail once, how long each works.
+fn make_plan(s: &Settings, rng: &mut Rng) -> Vec<Plan> {
+    (0..s.jobs)
         .map(|seq| {
             if rng.chance(s.poison_rate) {
                 if rng.chance(0.5) {
@@ -358,127 +442,196 @@ async fn run(s: Settings) -> Result<(bool, Report), String> {
                 })
             }
         })
-        .collect();
-    let plan = Arc::new(plan);
-    let poison = plan.iter().filter(|p| !matches!(p, Plan::Good(_))).count() as u64;
+        .collect()
+}
 
-    let logs = std::env::temp_dir().join(format!("chaos-{}-{}", std::process::id(), s.seed));
-    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
-    let env = Env {
-        exe: std::env::current_exe().map_err(|e| e.to_string())?,
-        url: url.clone(),
-        ledger_url: ledger_url.clone(),
-        logs: logs.clone(),
-        concurrency: s.concurrency,
-        lease_ms: s.lease_ms,
-    };
+/// The in-process watchdogs, all running at once until stopped.
+struct Watchdogs {
+    stop: tokio::sync::watch::Sender<bool>,
+    dogs: Vec<tokio::task::JoinHandle<ReclaimReport>>,
+}
 
-    // Watchdogs, in-process, all at once.
-    let (wd_stop_tx, wd_stop_rx) = tokio::sync::watch::channel(false);
-    let mut dogs = Vec::new();
-    for _ in 0..s.watchdogs {
-        let cfg = WatchdogConfig {
-            interval: Duration::from_millis(100),
-            orphan_grace: Duration::from_millis(s.lease_ms),
-            backoff: Backoff {
-                base: Duration::from_millis(50),
-                max: Duration::from_millis(500),
-            },
-            connection: conn_cfg.clone(),
-            ..WatchdogConfig::default()
-        };
-        let wd = Watchdog::connect(&url, [QUEUE], cfg)
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut rx = wd_stop_rx.clone();
-        dogs.push(tokio::spawn(async move {
-            wd.run_until(async move {
-                let _ = rx.wait_for(|stop| *stop).await;
-            })
-            .await
-        }));
+impl Watchdogs {
+    async fn start(s: &Settings, url: &str, conn_cfg: &ConnectionConfig) -> Result<Self, String> {
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        let mut dogs = Vec::new();
+        for _ in 0..s.watchdogs {
+            let cfg = WatchdogConfig {
+                interval: Duration::from_millis(100),
+                orphan_grace: Duration::from_millis(s.lease_ms),
+                backoff: Backoff {
+                    base: Duration::from_millis(50),
+                    max: Duration::from_millis(500),
+                },
+                connection: conn_cfg.clone(),
+                ..WatchdogConfig::default()
+            };
+            let wd = Watchdog::connect(url, [QUEUE], cfg)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut rx = stop_rx.clone();
+            dogs.push(tokio::spawn(async move {
+                wd.run_until(async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                })
+                .await
+            }));
+        }
+        Ok(Watchdogs { stop, dogs })
     }
 
-    // Workers.
-    let mut chaos = Chaos::default();
-    let mut slots: Vec<Slot> = (0..s.workers)
-        .map(|index| Slot {
-            index,
-            child: None,
-            failpoint: None,
-            restart_at: Some(Instant::now()),
-            stopped_until: None,
-        })
-        .collect();
+    /// Stops them all and sums their reports.
+    async fn stop(self) -> ReclaimReport {
+        let _ = self.stop.send(true);
+        let mut total = ReclaimReport::default();
+        for d in self.dogs {
+            if let Ok(r) = d.await {
+                total.reclaimed += r.reclaimed;
+                total.adopted += r.adopted;
+                total.dead_lettered += r.dead_lettered;
+            }
+        }
+        total
+    }
+}
 
-    // The producer.
-    let produced = Arc::new(Produced::default());
-    let producer = tokio::spawn(produce(
-        queue.clone(),
-        plan.clone(),
-        s.rate,
-        s.dup_rate,
-        s.seed ^ 0x5EED,
-        produced.clone(),
-    ));
+/// The chaos loop's state: worker slots, what it did so far, and the points
+/// of progress (completed + dead-lettered jobs) at which the next kill,
+/// stall and Redis restart happen, so they spread over the whole run
+/// whatever the machine's speed.
+struct ChaosLoop {
+    rng: Rng,
+    slots: Vec<Slot>,
+    done: Chaos,
+    kill_at: std::iter::Peekable<std::vec::IntoIter<u64>>,
+    stall_at: std::iter::Peekable<std::vec::IntoIter<u64>>,
+    restart_redis_at: Option<u64>,
+    redis_restart: Option<tokio::task::JoinHandle<Result<(), String>>>,
+    progress: u64,
+    lease: Duration,
+}
 
-    // Kills, stalls and the Redis restart happen at random points of progress
-    // (completed + dead-lettered jobs), so they spread over the whole run
-    // whatever the machine's speed.
-    let lo = (s.jobs / 50).max(1);
-    let hi = (s.jobs * 9 / 10).max(lo + 1);
-    let mut kill_at = rng.sorted_points(s.kills, lo, hi).into_iter().peekable();
-    let mut stall_at = rng.sorted_points(s.stalls, lo, hi).into_iter().peekable();
-    let mut restart_redis_at = if can_restart_redis {
-        Some(rng.range(s.jobs * 3 / 10, s.jobs * 6 / 10 + 1))
-    } else {
-        None
-    };
-    let mut redis_restart: Option<tokio::task::JoinHandle<Result<(), String>>> = None;
+impl ChaosLoop {
+    fn new(s: &Settings, mut rng: Rng, can_restart_redis: bool) -> Self {
+        let slots: Vec<Slot> = (0..s.workers)
+            .map(|index| Slot {
+                index,
+                child: None,
+                failpoint: None,
+                restart_at: Some(Instant::now()),
+                stopped_until: None,
+            })
+            .collect();
+        let lo = (s.jobs / 50).max(1);
+        let hi = (s.jobs * 9 / 10).max(lo + 1);
+        let kill_at = rng.sorted_points(s.kills, lo, hi).into_iter().peekable();
+        let stall_at = rng.sorted_points(s.stalls, lo, hi).into_iter().peekable();
+        let restart_redis_at = if can_restart_redis {
+            Some(rng.range(s.jobs * 3 / 10, s.jobs * 6 / 10 + 1))
+        } else {
+            None
+        };
+        ChaosLoop {
+            rng,
+            slots,
+            done: Chaos::default(),
+            kill_at,
+            stall_at,
+            restart_redis_at,
+            redis_restart: None,
+            progress: 0,
+            lease: Duration::from_millis(s.lease_ms),
+        }
+    }
 
-    let mut last_print = Instant::now();
-    let mut progress = 0u64;
-    let mut timed_out = false;
-    let lease = Duration::from_millis(s.lease_ms);
-    loop {
-        tokio::time::sleep(Duration::from_millis(25)).await;
-        let now = Instant::now();
+    /// Runs the loop until the run settled (or timed out: returns true).
+    async fn drive(
+        &mut self,
+        s: &Settings,
+        env: &Env,
+        queue: &Queue,
+        produced: &Produced,
+        queue_server: &Arc<Mutex<Option<RedisServer>>>,
+        started: Instant,
+    ) -> Result<bool, String> {
+        let mut last_print = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            let now = Instant::now();
+            self.reap(now);
+            self.restart_slots(now, env, s.failpoint_crashes)?;
+            self.resume_stalled(now);
+            self.finish_redis_restart().await?;
 
-        // Reap worker processes that exited on their own (failpoint aborts,
-        // startup failures while Redis is down).
-        for slot in &mut slots {
+            let stats = queue.stats(QUEUE).await.ok();
+            if let Some(st) = &stats {
+                self.progress = (st.counter("completed") + st.counter("dead")).max(0) as u64;
+            }
+            self.kill_due(now);
+            self.stall_due(now);
+            self.restart_redis_due(queue_server, s.redis_down_ms);
+
+            if last_print.elapsed() >= Duration::from_secs(2) {
+                last_print = Instant::now();
+                self.print_progress(s, started, produced, stats.as_ref());
+            }
+            let settled = stats
+                .as_ref()
+                .is_some_and(|st| st.main + st.processing + st.delayed == 0);
+            if produced.done.load(Ordering::SeqCst) && settled && self.nothing_pending() {
+                return Ok(false);
+            }
+            if started.elapsed() > s.timeout {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Reaps worker processes that exited on their own (failpoint aborts,
+    /// startup failures while Redis is down).
+    fn reap(&mut self, now: Instant) {
+        for slot in &mut self.slots {
             let Some(child) = slot.child.as_mut() else {
                 continue;
             };
             if let Ok(Some(status)) = child.try_wait() {
                 match (status.signal(), slot.failpoint) {
                     (Some(6), Some(point)) => {
-                        *chaos.crashes.entry(point.to_string()).or_default() += 1
+                        *self.done.crashes.entry(point.to_string()).or_default() += 1
                     }
-                    _ => chaos.other_exits += 1,
+                    _ => self.done.other_exits += 1,
                 }
                 slot.child = None;
                 slot.stopped_until = None;
-                slot.restart_at = Some(now + Duration::from_millis(rng.range(50, 300)));
+                slot.restart_at = Some(now + Duration::from_millis(self.rng.range(50, 300)));
             }
         }
-        // Restart dead slots. Until `--failpoint-crashes` crashes happened,
-        // half of the starts arm the crash point that fired least so far.
-        for i in 0..slots.len() {
-            if slots[i].child.is_some() || slots[i].restart_at.is_none_or(|t| now < t) {
+    }
+
+    /// Restarts dead slots. Until `failpoint_crashes` crashes happened, half
+    /// of the starts arm the crash point that fired least so far.
+    fn restart_slots(
+        &mut self,
+        now: Instant,
+        env: &Env,
+        failpoint_crashes: u64,
+    ) -> Result<(), String> {
+        for i in 0..self.slots.len() {
+            let slot = &self.slots[i];
+            if slot.child.is_some() || slot.restart_at.is_none_or(|t| now < t) {
                 continue;
             }
             let mut pending: BTreeMap<&str, u64> = FAILPOINTS
                 .iter()
-                .map(|(p, _)| (*p, chaos.crashes.get(*p).copied().unwrap_or(0)))
+                .map(|(p, _)| (*p, self.done.crashes.get(*p).copied().unwrap_or(0)))
                 .collect();
-            for other in slots.iter().filter(|o| o.child.is_some()) {
+            for other in self.slots.iter().filter(|o| o.child.is_some()) {
                 if let Some(p) = other.failpoint {
                     *pending.entry(p).or_default() += 1;
                 }
             }
             let failpoint =
-                if pending.values().sum::<u64>() < s.failpoint_crashes && rng.chance(0.5) {
+                if pending.values().sum::<u64>() < failpoint_crashes && self.rng.chance(0.5) {
                     FAILPOINTS
                         .iter()
                         .map(|(p, _)| *p)
@@ -486,11 +639,15 @@ async fn run(s: Settings) -> Result<(bool, Report), String> {
                 } else {
                     None
                 };
-            slots[i].spawn(&env, failpoint)?;
-            chaos.starts += 1;
+            self.slots[i].spawn(env, failpoint)?;
+            self.done.starts += 1;
         }
-        // Resume stalled workers.
-        for slot in &mut slots {
+        Ok(())
+    }
+
+    /// Resumes stalled workers whose stall is over.
+    fn resume_stalled(&mut self, now: Instant) {
+        for slot in &mut self.slots {
             if slot.stopped_until.is_some_and(|t| now >= t) {
                 if let Some(child) = &slot.child {
                     signal(child.id(), "CONT");
@@ -498,145 +655,151 @@ async fn run(s: Settings) -> Result<(bool, Report), String> {
                 slot.stopped_until = None;
             }
         }
-        if let Some(h) = &redis_restart {
-            if h.is_finished() {
-                let h = redis_restart.take().expect("checked");
-                h.await.map_err(|e| e.to_string())??;
-                chaos.redis_restarts += 1;
-            }
-        }
+    }
 
-        let stats = queue.stats(QUEUE).await.ok();
-        if let Some(st) = &stats {
-            progress = (st.counter("completed") + st.counter("dead")).max(0) as u64;
+    /// Collects a finished Redis restart.
+    async fn finish_redis_restart(&mut self) -> Result<(), String> {
+        if self.redis_restart.as_ref().is_some_and(|h| h.is_finished()) {
+            let h = self.redis_restart.take().expect("checked");
+            h.await.map_err(|e| e.to_string())??;
+            self.done.redis_restarts += 1;
         }
-        while kill_at.peek().is_some_and(|&p| p <= progress) {
-            let live: Vec<usize> = slots
-                .iter()
-                .filter(|s| s.running())
-                .map(|s| s.index)
-                .collect();
-            if live.is_empty() {
-                break;
-            }
-            kill_at.next();
-            let slot = &mut slots[live[rng.range(0, live.len() as u64) as usize]];
-            if let Some(mut child) = slot.child.take() {
+        Ok(())
+    }
+
+    /// A random slot that runs (not stalled), if any.
+    fn pick_running(&mut self) -> Option<usize> {
+        let live: Vec<usize> = self
+            .slots
+            .iter()
+            .filter(|s| s.running())
+            .map(|s| s.index)
+            .collect();
+        if live.is_empty() {
+            return None;
+        }
+        Some(live[self.rng.range(0, live.len() as u64) as usize])
+    }
+
+    /// SIGKILLs a random running worker at each kill point reached.
+    fn kill_due(&mut self, now: Instant) {
+        while self.kill_at.peek().is_some_and(|&p| p <= self.progress) {
+            let Some(i) = self.pick_running() else { break };
+            self.kill_at.next();
+            if let Some(mut child) = self.slots[i].child.take() {
                 let _ = child.kill();
                 let _ = child.wait();
-                chaos.kills += 1;
+                self.done.kills += 1;
             }
-            slot.restart_at = Some(now + Duration::from_millis(rng.range(50, 500)));
+            self.slots[i].restart_at = Some(now + Duration::from_millis(self.rng.range(50, 500)));
         }
-        while stall_at.peek().is_some_and(|&p| p <= progress) {
-            let live: Vec<usize> = slots
-                .iter()
-                .filter(|s| s.running())
-                .map(|s| s.index)
-                .collect();
-            if live.is_empty() {
-                break;
-            }
-            stall_at.next();
-            let slot = &mut slots[live[rng.range(0, live.len() as u64) as usize]];
-            if let Some(child) = &slot.child {
+    }
+
+    /// SIGSTOPs a random running worker past its lease at each stall point reached.
+    fn stall_due(&mut self, now: Instant) {
+        while self.stall_at.peek().is_some_and(|&p| p <= self.progress) {
+            let Some(i) = self.pick_running() else { break };
+            self.stall_at.next();
+            if let Some(child) = &self.slots[i].child {
                 signal(child.id(), "STOP");
-                slot.stopped_until =
-                    Some(now + lease + Duration::from_millis(rng.range(500, 1500)));
-                chaos.stalls += 1;
+                self.slots[i].stopped_until =
+                    Some(now + self.lease + Duration::from_millis(self.rng.range(500, 1500)));
+                self.done.stalls += 1;
             }
         }
-        if restart_redis_at.is_some_and(|p| p <= progress) && redis_restart.is_none() {
-            restart_redis_at = None;
-            let server = queue_server.clone();
-            let down = Duration::from_millis(s.redis_down_ms);
-            redis_restart = Some(tokio::task::spawn_blocking(move || {
-                let mut guard = server
-                    .lock()
-                    .map_err(|_| "redis server lock poisoned".to_string())?;
-                let server = guard.as_mut().ok_or("no owned redis server")?;
-                server.kill();
-                std::thread::sleep(down);
-                server.restart().map_err(|e| format!("redis restart: {e}"))
-            }));
-        }
+    }
 
-        if last_print.elapsed() >= Duration::from_secs(2) {
-            last_print = Instant::now();
-            let (main, processing, delayed) = stats
-                .as_ref()
-                .map(|s| (s.main, s.processing, s.delayed))
-                .unwrap_or_default();
-            eprintln!(
-                "[{:>6.1}s] done {progress}/{} (enqueued {}) | main {main} processing {processing} delayed {delayed} | kills {}/{} crashes {} stalls {} redis restarts {}{}",
-                started.elapsed().as_secs_f64(),
-                s.jobs,
-                produced.enqueued.load(Ordering::SeqCst),
-                chaos.kills,
-                s.kills,
-                chaos.crashes.values().sum::<u64>(),
-                chaos.stalls,
-                chaos.redis_restarts,
-                if stats.is_none() { " | redis unreachable" } else { "" },
-            );
-        }
-
-        let settled = stats
-            .as_ref()
-            .is_some_and(|st| st.main + st.processing + st.delayed == 0);
-        if produced.done.load(Ordering::SeqCst)
-            && settled
-            && redis_restart.is_none()
-            && restart_redis_at.is_none()
-            && kill_at.peek().is_none()
-            && stall_at.peek().is_none()
-            && slots.iter().all(|s| s.stopped_until.is_none())
+    /// SIGKILLs Redis and restarts it after `down_ms` once its point is reached.
+    fn restart_redis_due(&mut self, queue_server: &Arc<Mutex<Option<RedisServer>>>, down_ms: u64) {
+        if !(self.restart_redis_at.is_some_and(|p| p <= self.progress)
+            && self.redis_restart.is_none())
         {
-            break;
+            return;
         }
-        if started.elapsed() > s.timeout {
-            timed_out = true;
-            break;
-        }
+        self.restart_redis_at = None;
+        let server = queue_server.clone();
+        let down = Duration::from_millis(down_ms);
+        self.redis_restart = Some(tokio::task::spawn_blocking(move || {
+            let mut guard = server
+                .lock()
+                .map_err(|_| "redis server lock poisoned".to_string())?;
+            let server = guard.as_mut().ok_or("no owned redis server")?;
+            server.kill();
+            std::thread::sleep(down);
+            server.restart().map_err(|e| format!("redis restart: {e}"))
+        }));
     }
 
-    // Wind down: resume stalled workers, SIGTERM everyone (graceful), stop the watchdogs.
-    for slot in &mut slots {
-        if let Some(child) = &slot.child {
-            if slot.stopped_until.take().is_some() {
-                signal(child.id(), "CONT");
-            }
-            signal(child.id(), "TERM");
-        }
+    fn print_progress(
+        &self,
+        s: &Settings,
+        started: Instant,
+        produced: &Produced,
+        stats: Option<&queue_core::QueueStats>,
+    ) {
+        let (main, processing, delayed) = stats
+            .map(|s| (s.main, s.processing, s.delayed))
+            .unwrap_or_default();
+        eprintln!(
+            "[{:>6.1}s] done {}/{} (enqueued {}) | main {main} processing {processing} delayed {delayed} | kills {}/{} crashes {} stalls {} redis restarts {}{}",
+            started.elapsed().as_secs_f64(),
+            self.progress,
+            s.jobs,
+            produced.enqueued.load(Ordering::SeqCst),
+            self.done.kills,
+            s.kills,
+            self.done.crashes.values().sum::<u64>(),
+            self.done.stalls,
+            self.done.redis_restarts,
+            if stats.is_none() { " | redis unreachable" } else { "" },
+        );
     }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for slot in &mut slots {
-        if let Some(mut child) = slot.child.take() {
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break;
+
+    /// No kill, stall or Redis restart still to come or under way.
+    fn nothing_pending(&mut self) -> bool {
+        self.redis_restart.is_none()
+            && self.restart_redis_at.is_none()
+            && self.kill_at.peek().is_none()
+            && self.stall_at.peek().is_none()
+            && self.slots.iter().all(|s| s.stopped_until.is_none())
+    }
+
+    /// Resumes stalled workers, SIGTERMs everyone (graceful) and waits up to
+    /// 15 s for them to exit (then SIGKILL).
+    async fn wind_down(&mut self) {
+        for slot in &mut self.slots {
+            if let Some(child) = &slot.child {
+                if slot.stopped_until.take().is_some() {
+                    signal(child.id(), "CONT");
                 }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                signal(child.id(), "TERM");
             }
-            let _ = child.kill();
-            let _ = child.wait();
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for slot in &mut self.slots {
+            if let Some(mut child) = slot.child.take() {
+                while Instant::now() < deadline {
+                    if let Ok(Some(_)) = child.try_wait() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
-    producer.abort();
-    let _ = producer.await;
-    if let Some(h) = redis_restart.take() {
-        let _ = h.await;
-    }
-    let _ = wd_stop_tx.send(true);
-    let mut wd_total = ReclaimReport::default();
-    for d in dogs {
-        if let Ok(r) = d.await {
-            wd_total.reclaimed += r.reclaimed;
-            wd_total.adopted += r.adopted;
-            wd_total.dead_lettered += r.dead_lettered;
-        }
-    }
+}
 
+/// The report's figures known before verification.
+fn new_report(
+    s: &Settings,
+    produced: &Produced,
+    chaos: &Chaos,
+    wd_total: ReclaimReport,
+    poison: u64,
+    timed_out: bool,
+) -> Report {
     let mut report = Report {
         seed: s.seed,
         jobs: s.jobs,
@@ -675,16 +838,7 @@ async fn run(s: Settings) -> Result<(bool, Report), String> {
             .map(|p| p.clone())
             .unwrap_or_default(),
     );
-    verify(&queue, ledger, &plan, &mut report).await?;
-    report.wall_time_s = started.elapsed().as_secs_f64();
-    if report.passed() && !s.keep_logs {
-        let _ = std::fs::remove_dir_all(&logs);
-    } else {
-        report
-            .problems
-            .push(format!("worker logs: {}", logs.display()));
-    }
-    Ok((s.json, report))
+    report
 }
 
 /// Deletes keys matching `pattern` (a fresh run on a reused server).
@@ -825,134 +979,204 @@ async fn verify(
 ) -> Result<(), String> {
     let keys = QueueKeys::new(QUEUE);
     let mut conn = queue.connection();
-    let e = |e: redis::RedisError| format!("verify: {e}");
-    let runs: HashMap<String, u64> = redis::cmd("HGETALL")
-        .arg(job::LEDGER_RUNS)
-        .query_async(&mut ledger)
-        .await
-        .map_err(e)?;
-    let calls: HashMap<String, u64> = redis::cmd("HGETALL")
-        .arg(job::LEDGER_CALLS)
-        .query_async(&mut ledger)
-        .await
-        .map_err(e)?;
-    let effects: HashMap<String, u64> = redis::cmd("HGETALL")
-        .arg(job::LEDGER_EFFECTS)
-        .query_async(&mut ledger)
-        .await
-        .map_err(e)?;
+    let counts = LedgerCounts::read(&ledger).await?;
     let dead: Vec<String> = redis::cmd("LRANGE")
         .arg(&keys.dead)
         .arg(0)
         .arg(-1)
         .query_async(&mut conn)
         .await
-        .map_err(e)?;
+        .map_err(verify_error)?;
     let dead: HashSet<String> = dead.into_iter().collect();
     let stats = queue.stats(QUEUE).await.map_err(|e| e.to_string())?;
 
     let ids: Vec<String> = (0..plan.len() as u64).map(job_id).collect();
-    let mut problems = Vec::new();
-    let mut note = |p: String| {
-        if problems.len() < 20 {
-            problems.push(p);
-        }
-    };
+    let mut notes = Notes::default();
     for (chunk_no, chunk) in ids.chunks(500).enumerate() {
-        let mut pipe = redis::pipe();
-        for id in chunk {
-            pipe.cmd("HMGET")
-                .arg(keys.done(id))
-                .arg("status")
-                .arg("result");
-            pipe.cmd("HMGET")
-                .arg(keys.job(id))
-                .arg("state")
-                .arg("dead_reason");
-        }
-        let rows: Vec<(Option<String>, Option<String>)> =
-            pipe.query_async(&mut conn).await.map_err(e)?;
-        let mut charge_pipe = redis::pipe();
-        for id in chunk {
-            charge_pipe.cmd("GET").arg(format!(
-                "{}{}",
-                job::LEDGER_CHARGE_PREFIX,
-                job::effect_key(id)
-            ));
-        }
-        let charges: Vec<Option<String>> = charge_pipe.query_async(&mut ledger).await.map_err(e)?;
+        let rows = job_rows(&mut conn, &keys, chunk).await?;
+        let charges = charges_of(&mut ledger, chunk).await?;
         for (i, id) in chunk.iter().enumerate() {
-            let seq = chunk_no * 500 + i;
-            let (done_status, result) = &rows[2 * i];
-            let (state, dead_reason) = &rows[2 * i + 1];
-            let effect_count = effects.get(id).copied().unwrap_or(0);
-            let good = matches!(plan[seq], Plan::Good(_));
-            if effect_count > 1 {
-                r.duplicates += 1;
-                note(format!("{id}: side effect made {effect_count} times"));
-            }
-            if done_status.is_some() {
-                r.completed += 1;
-                if !good {
-                    r.poison_mishandled += 1;
-                    note(format!("{id}: a poison payload completed"));
-                } else if effect_count == 0 {
-                    r.completed_without_effect += 1;
-                    note(format!(
-                        "{id}: completed but its side effect never happened"
-                    ));
-                } else if result != &charges[i] {
-                    r.result_mismatches += 1;
-                    note(format!(
-                        "{id}: completion result {result:?} is not its side effect {:?}",
-                        charges[i]
-                    ));
-                }
-            } else if dead.contains(id) {
-                r.dead_lettered += 1;
-                let reason = dead_reason.clone().unwrap_or_default();
-                match &plan[seq] {
-                    Plan::Good(_) => {
-                        r.dead_unexpected += 1;
-                        note(format!("{id}: dead-lettered: {reason}"));
-                    }
-                    Plan::Corrupt if !reason.contains("does not decode") => {
-                        r.poison_mishandled += 1;
-                        note(format!(
-                            "{id}: corrupt payload dead-lettered with reason {reason:?}"
-                        ));
-                    }
-                    Plan::FutureVersion if !reason.contains("unknown schema version 99") => {
-                        r.poison_mishandled += 1;
-                        note(format!(
-                            "{id}: unknown version dead-lettered with reason {reason:?}"
-                        ));
-                    }
-                    _ => {}
-                }
-            } else if let Some(state) = state {
-                r.pending += 1;
-                note(format!("{id}: still {state} at exit"));
-            } else {
-                r.lost += 1;
-                note(format!(
-                    "{id}: LOST (no completion record, not dead-lettered, no job hash)"
-                ));
-            }
+            let seen = Seen {
+                done: &rows[2 * i],
+                job: &rows[2 * i + 1],
+                charge: &charges[i],
+                effects: counts.effects.get(id).copied().unwrap_or(0),
+                dead: dead.contains(id),
+            };
+            check_job(id, &plan[chunk_no * 500 + i], &seen, r, &mut notes);
         }
     }
-    r.logical_effects = effects.values().sum();
-    r.handler_runs = runs.values().sum();
-    r.jobs_run_more_than_once = runs.values().filter(|&&n| n > 1).count() as u64;
-    r.effect_calls = calls.values().sum();
-    r.jobs_called_more_than_once = calls.values().filter(|&&n| n > 1).count() as u64;
+    r.logical_effects = counts.effects.values().sum();
+    r.handler_runs = counts.runs.values().sum();
+    r.jobs_run_more_than_once = counts.runs.values().filter(|&&n| n > 1).count() as u64;
+    r.effect_calls = counts.calls.values().sum();
+    r.jobs_called_more_than_once = counts.calls.values().filter(|&&n| n > 1).count() as u64;
     let acked = stats.counter("completed").max(0) as u64;
     r.double_acks = acked.saturating_sub(r.completed);
     if r.double_acks > 0 {
-        note(format!("{acked} acks for {} completed jobs", r.completed));
+        notes.add(format!("{acked} acks for {} completed jobs", r.completed));
     }
     r.skipped_done = stats.counter("skipped_done").max(0) as u64;
     r.retried = stats.counter("retried").max(0) as u64;
-    r.problems.extend(problems);
+    r.problems.extend(notes.0);
     Ok(())
+}
+
+fn verify_error(e: redis::RedisError) -> String {
+    format!("verify: {e}")
+}
+
+/// The ledger's counters per job id: handler runs, effect calls, effects made.
+struct LedgerCounts {
+    runs: HashMap<String, u64>,
+    calls: HashMap<String, u64>,
+    effects: HashMap<String, u64>,
+}
+
+impl LedgerCounts {
+    async fn read(ledger: &ConnectionManager) -> Result<Self, String> {
+        let hash = |key: &'static str| {
+            let mut ledger = ledger.clone();
+            async move {
+                redis::cmd("HGETALL")
+                    .arg(key)
+                    .query_async::<HashMap<String, u64>>(&mut ledger)
+                    .await
+                    .map_err(verify_error)
+            }
+        };
+        Ok(LedgerCounts {
+            runs: hash(job::LEDGER_RUNS).await?,
+            calls: hash(job::LEDGER_CALLS).await?,
+            effects: hash(job::LEDGER_EFFECTS).await?,
+        })
+    }
+}
+
+/// Per id of `chunk`, two rows: its completion record's (status, result) and
+/// its job hash's (state, dead_reason).
+async fn job_rows(
+    conn: &mut queue_core::RedisConnection,
+    keys: &QueueKeys,
+    chunk: &[String],
+) -> Result<Vec<(Option<String>, Option<String>)>, String> {
+    let mut pipe = redis::pipe();
+    for id in chunk {
+        pipe.cmd("HMGET")
+            .arg(keys.done(id))
+            .arg("status")
+            .arg("result");
+        pipe.cmd("HMGET")
+            .arg(keys.job(id))
+            .arg("state")
+            .arg("dead_reason");
+    }
+    pipe.query_async(conn).await.map_err(verify_error)
+}
+
+/// The charge id the ledger recorded for each id of `chunk`.
+async fn charges_of(
+    ledger: &mut ConnectionManager,
+    chunk: &[String],
+) -> Result<Vec<Option<String>>, String> {
+    let mut pipe = redis::pipe();
+    for id in chunk {
+        pipe.cmd("GET").arg(format!(
+            "{}{}",
+            job::LEDGER_CHARGE_PREFIX,
+            job::effect_key(id)
+        ));
+    }
+    pipe.query_async(ledger).await.map_err(verify_error)
+}
+
+/// The first 20 problems found.
+#[derive(Default)]
+struct Notes(Vec<String>);
+
+impl Notes {
+    fn add(&mut self, p: String) {
+        if self.0.len() < 20 {
+            self.0.push(p);
+        }
+    }
+}
+
+/// What the end state says about one job.
+struct Seen<'a> {
+    /// Completion record: (status, result).
+    done: &'a (Option<String>, Option<String>),
+    /// Job hash: (state, dead_reason).
+    job: &'a (Option<String>, Option<String>),
+    /// The charge the ledger recorded.
+    charge: &'a Option<String>,
+    /// Side effects made.
+    effects: u64,
+    /// In the dead-letter list.
+    dead: bool,
+}
+
+/// Classifies one job: completed, dead-lettered, still pending or lost, and
+/// whether that is what its plan allows.
+fn check_job(id: &str, plan: &Plan, seen: &Seen<'_>, r: &mut Report, notes: &mut Notes) {
+    let (done_status, result) = seen.done;
+    let (state, dead_reason) = seen.job;
+    let effect_count = seen.effects;
+    let good = matches!(plan, Plan::Good(_));
+    if effect_count > 1 {
+        r.duplicates += 1;
+        notes.add(format!("{id}: side effect made {effect_count} times"));
+    }
+    if done_status.is_some() {
+        r.completed += 1;
+        if !good {
+            r.poison_mishandled += 1;
+            notes.add(format!("{id}: a poison payload completed"));
+        } else if effect_count == 0 {
+            r.completed_without_effect += 1;
+            notes.add(format!(
+                "{id}: completed but its side effect never happened"
+            ));
+        } else if result != seen.charge {
+            r.result_mismatches += 1;
+            notes.add(format!(
+                "{id}: completion result {result:?} is not its side effect {:?}",
+                seen.charge
+            ));
+        }
+    } else if seen.dead {
+        r.dead_lettered += 1;
+        check_dead(id, plan, dead_reason.clone().unwrap_or_default(), r, notes);
+    } else if let Some(state) = state {
+        r.pending += 1;
+        notes.add(format!("{id}: still {state} at exit"));
+    } else {
+        r.lost += 1;
+        notes.add(format!(
+            "{id}: LOST (no completion record, not dead-lettered, no job hash)"
+        ));
+    }
+}
+
+/// A dead-lettered job: only poison belongs there, with the matching reason.
+fn check_dead(id: &str, plan: &Plan, reason: String, r: &mut Report, notes: &mut Notes) {
+    match plan {
+        Plan::Good(_) => {
+            r.dead_unexpected += 1;
+            notes.add(format!("{id}: dead-lettered: {reason}"));
+        }
+        Plan::Corrupt if !reason.contains("does not decode") => {
+            r.poison_mishandled += 1;
+            notes.add(format!(
+                "{id}: corrupt payload dead-lettered with reason {reason:?}"
+            ));
+        }
+        Plan::FutureVersion if !reason.contains("unknown schema version 99") => {
+            r.poison_mishandled += 1;
+            notes.add(format!(
+                "{id}: unknown version dead-lettered with reason {reason:?}"
+            ));
+        }
+        _ => {}
+    }
 }

@@ -3,6 +3,9 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+/// Rows of the table: (label, value).
+type Rows = Vec<(String, String)>;
+
 /// Everything the run measured. Field names are the JSON keys.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
@@ -89,7 +92,24 @@ impl Report {
 
     /// The human-readable table.
     pub fn table(&self) -> String {
-        let mut rows: Vec<(String, String)> = Vec::new();
+        let mut rows = Rows::new();
+        self.setup_rows(&mut rows);
+        self.outcome_rows(&mut rows);
+        self.chaos_rows(&mut rows);
+        self.verdict_rows(&mut rows);
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        let mut out = String::from("chaos report\n");
+        for (k, v) in &rows {
+            let _ = writeln!(out, "  {k:<width$}  {v}");
+        }
+        for p in &self.problems {
+            let _ = writeln!(out, "  ! {p}");
+        }
+        out
+    }
+
+    /// The harness settings.
+    fn setup_rows(&self, rows: &mut Rows) {
         let mut row = |k: &str, v: String| rows.push((k.to_string(), v));
         row(
             "setup",
@@ -107,6 +127,11 @@ impl Report {
                 }
             ),
         );
+    }
+
+    /// What happened to the jobs: enqueued, completed, dead, lost, duplicated, the raw counts and the checks.
+    fn outcome_rows(&self, rows: &mut Rows) {
+        let mut row = |k: &str, v: String| rows.push((k.to_string(), v));
         row(
             "enqueued (Ok)",
             format!(
@@ -166,6 +191,11 @@ impl Report {
                 self.completed_without_effect, self.result_mismatches, self.double_acks, self.poison_mishandled
             ),
         );
+    }
+
+    /// What the chaos did, and what the queue did to recover.
+    fn chaos_rows(&self, rows: &mut Rows) {
+        let mut row = |k: &str, v: String| rows.push((k.to_string(), v));
         row("SIGKILLs", self.kills.to_string());
         let fp: Vec<String> = self
             .failpoint_crashes
@@ -199,6 +229,11 @@ impl Report {
         );
         row("handler retries", self.retried.to_string());
         row("skipped (already done)", self.skipped_done.to_string());
+    }
+
+    /// Wall time and PASS / FAIL.
+    fn verdict_rows(&self, rows: &mut Rows) {
+        let mut row = |k: &str, v: String| rows.push((k.to_string(), v));
         row(
             "wall time",
             format!(
@@ -215,16 +250,6 @@ impl Report {
                 "FAIL".into()
             },
         );
-
-        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-        let mut out = String::from("chaos report\n");
-        for (k, v) in &rows {
-            let _ = writeln!(out, "  {k:<width$}  {v}");
-        }
-        for p in &self.problems {
-            let _ = writeln!(out, "  ! {p}");
-        }
-        out
     }
 
     /// One JSON object (hand-written: the fields are numbers, bools and plain strings).
