@@ -35,6 +35,9 @@ use crate::scripts::fetch::Fetch;
 /// First pause before a fetch or claim is retried with the same token.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+/// Longest decoding error kept in the dead-letter reason of an unreadable row.
+const REASON_CHARS: usize = 300;
+
 /// Fetches jobs of one queue (and, by priority, of higher ones).
 pub(super) struct Fetcher {
     pub(super) inner: Arc<Inner>,
@@ -288,7 +291,10 @@ impl Fetcher {
         error!(queue = %keys.queue, job_id = %id, detail = %row.detail, "unreadable claim row: dead-lettering the job");
         let (inner, keys) = (self.inner.clone(), keys.clone());
         tokio::spawn(async move {
-            let message = format!("claim row unreadable: {}", row.detail);
+            // The detail names the field first, then quotes the whole row
+            // (payload included): the reason keeps the start.
+            let detail: String = row.detail.chars().take(REASON_CHARS).collect();
+            let message = format!("claim row unreadable: {detail}");
             let fail = Fail {
                 keys: &keys,
                 id: &id,
