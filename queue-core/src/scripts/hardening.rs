@@ -1,6 +1,6 @@
 //! Regression tests of the script layer against a real redis-server (issue
-//! #11): a claim or fetch retried with its token after a lost reply gets the
-//! same deliveries; corrupt job data is dead-lettered naming the field; a
+//! #11): a claim, fetch or fail retried with its token after a lost reply
+//! gets the same answer; corrupt job data is dead-lettered naming the field; a
 //! queue key of the wrong type is refused before any write; a corrupt counter
 //! never blocks a move; replay and purge touch only dead jobs; one bad claim
 //! row is reported alone.
@@ -285,6 +285,38 @@ async fn a_fetch_retried_after_its_reply_was_lost_gets_the_same_deliveries() {
     assert!(ttl > 0 && ttl <= LEASE.as_millis() as i64 / 2, "{ttl}");
     // A new fetch (another token base) takes nothing more.
     assert!(fx.fetch(5, "other").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_fail_retried_after_its_reply_was_lost_gets_the_same_outcome() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 3).await;
+    let d = fx.fetch_one().await;
+    super::fail::SCRIPT.load(&mut fx.conn).await.unwrap();
+    let keys = fx.keys.clone();
+    let fail = Fail {
+        keys: &keys,
+        id: &d.id,
+        token: &d.token,
+        kind: FailKind::Retry,
+        message: "planned",
+        delay: Duration::from_secs(60),
+    };
+    fx.lose_reply(async |c| fail.run(c).await).await;
+    fx.wait_state("j1", "delayed").await;
+    let again = fail.run(&mut fx.conn.clone()).await.unwrap();
+    let run_at = fx.job("j1").await["run_at"].parse().unwrap();
+    assert_eq!(
+        again,
+        FailReply::Retry { run_at_ms: run_at },
+        "not lease lost"
+    );
+    let stale = Fail {
+        token: "another delivery",
+        ..fail
+    };
+    let reply = stale.run(&mut fx.conn.clone()).await.unwrap();
+    assert_eq!(reply, FailReply::LeaseLost);
 }
 
 #[tokio::test]
