@@ -15,6 +15,7 @@
 //! | `q:{<queue>}:steps:<id>` | hash | results of `ctx.step(..)` calls, expire with the completion record |
 //! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
 //! | `q:{<queue>}:tput:<minute>` | string | completions in that minute (epoch minutes), expires after 3 minutes |
+//! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -48,6 +49,8 @@ pub struct QueueKeys {
     pub steps_prefix: String,
     /// Prefix of per-minute completion counters (`tput_prefix + epoch minute`).
     pub tput_prefix: String,
+    /// Prefix of fetch receipts (`fetch_receipt_prefix + token base`).
+    pub fetch_receipt_prefix: String,
     /// A key that is never written. Scripts that reach keys they do not
     /// declare (job hashes and completion records, by prefix) declare this
     /// one too: while the queue's cluster slot is being migrated, Redis then
@@ -73,6 +76,7 @@ impl QueueKeys {
             done_prefix: format!("{base}done:"),
             steps_prefix: format!("{base}steps:"),
             tput_prefix: format!("{base}tput:"),
+            fetch_receipt_prefix: format!("{base}fetch:"),
             guard: format!("{base}guard"),
         }
     }
@@ -90,6 +94,12 @@ impl QueueKeys {
     /// The once-marker of job id `id` (periodic jobs).
     pub fn once(&self, id: &str) -> String {
         format!("q:{{{}}}:once:{}", self.queue, id)
+    }
+
+    /// The receipt of the fetch made with `token_base`: which ids it took,
+    /// so that a retry whose first reply was lost gets the same deliveries.
+    pub fn fetch_receipt(&self, token_base: &str) -> String {
+        format!("{}{}", self.fetch_receipt_prefix, token_base)
     }
 
     /// The step results of job `id`.

@@ -2,7 +2,8 @@
 //! ones, adopts unleased ids (BLMOVE→claim crash window) and promotes due
 //! delayed jobs. Every pass is one script per queue, so any number of
 //! watchdogs can run at once without duplicating a job (DESIGN rules 1 and 4,
-//! docs/DESIGN.md).
+//! docs/DESIGN.md). Each queue's pass is isolated: one that fails is logged
+//! with its queue and counted, and the other queues still get theirs.
 
 use std::future::Future;
 use std::time::Duration;
@@ -70,6 +71,10 @@ pub struct ReclaimReport {
     pub adopted: u64,
     /// Due delayed jobs moved to main.
     pub promoted: u64,
+    /// Queues whose pass failed (Redis unreachable, a queue key of the wrong
+    /// type, ...). Each is logged with its queue; the other queues still got
+    /// their pass.
+    pub failed_queue_passes: u64,
 }
 
 impl ReclaimReport {
@@ -78,6 +83,7 @@ impl ReclaimReport {
         self.dead_lettered += other.dead_lettered;
         self.adopted += other.adopted;
         self.promoted += other.promoted;
+        self.failed_queue_passes += other.failed_queue_passes;
     }
 
     /// True when the pass changed nothing.
@@ -145,11 +151,20 @@ impl Watchdog {
         })
     }
 
-    /// One pass over every queue.
+    /// One pass over every queue. A queue whose pass fails is logged with its
+    /// name and counted in [`ReclaimReport::failed_queue_passes`]; the other
+    /// queues still get their pass, so one broken queue never stalls the rest.
     pub async fn run_once(&self) -> Result<ReclaimReport> {
         let mut total = ReclaimReport::default();
         for keys in &self.queues {
-            let report = self.pass(keys).await?;
+            let report = match self.pass(keys).await {
+                Ok(report) => report,
+                Err(e) => {
+                    warn!(queue = %keys.queue, error = %e, "watchdog pass of this queue failed; going on with the other queues");
+                    total.failed_queue_passes += 1;
+                    continue;
+                }
+            };
             if !report.is_empty() {
                 info!(
                     queue = %keys.queue,
@@ -217,6 +232,12 @@ impl Watchdog {
                     if report.is_empty() {
                         debug!("watchdog pass: nothing to do");
                     }
+                    if report.failed_queue_passes > 0 {
+                        warn!(
+                            failed_queue_passes = report.failed_queue_passes,
+                            "watchdog pass: some queues failed; retrying next interval"
+                        );
+                    }
                 }
                 Err(e) => warn!(error = %e, "watchdog pass failed; retrying next interval"),
             }
@@ -227,6 +248,7 @@ impl Watchdog {
                     dead_lettered = since_summary.dead_lettered,
                     adopted = since_summary.adopted,
                     promoted = since_summary.promoted,
+                    failed_queue_passes = since_summary.failed_queue_passes,
                     "watchdog summary (last minute)"
                 );
                 since_summary = ReclaimReport::default();

@@ -334,3 +334,13 @@ pub async fn tick(ctx: JobContext, _t: Tick) -> Result<(), JobError> {
     let _: () = c.hincr("ledger:ticks", ctx.job_id().as_str(), 1).await?;
     Ok(())
 }
+
+/// A throwaway redis-server, its URL and a [`queue_core::Queue`] on it, with
+/// test tracing installed: the start of most scenarios.
+pub async fn redis_and_queue() -> (queue_testkit::RedisServer, String, queue_core::Queue) {
+    init_tracing();
+    let server = queue_testkit::RedisServer::start().expect("redis-server starts");
+    let url = server.url();
+    let queue = queue_core::Queue::connect(&url).await.expect("connect");
+    (server, url, queue)
+}

@@ -59,17 +59,21 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
             let mut round = 0u64;
             loop {
                 round += 1;
+                let token_base = format!("proto-{f}-{round}");
                 let reply: Value = fetch
                     .key(&keys.main)
                     .key(&keys.processing)
                     .key(&keys.leases)
                     .key(&keys.dead)
                     .key(&keys.stats)
+                    .key(&keys.guard)
+                    .key(keys.fetch_receipt(&token_base))
                     .arg(&keys.job_prefix)
                     .arg(&keys.done_prefix)
                     .arg(30_000)
-                    .arg(format!("proto-{f}-{round}"))
+                    .arg(&token_base)
                     .arg(batch)
+                    .arg(15_000)
                     .invoke_async(&mut conn)
                     .await?;
                 let Value::Array(rows) = reply else {

@@ -1,6 +1,9 @@
 //! `claim.lua` and the claim row: the claim after a blocking `BLMOVE` (which
 //! cannot run in a script, DESIGN rule 4), and the decoding of the rows that
 //! `claim()` in `prelude.lua` returns, for this script and for `fetch.lua`.
+//! A claim retried with the same token answers the same row (a lost reply
+//! never turns into `busy`); a row that does not decode is
+//! [`ClaimRow::Unreadable`], on its own.
 
 use std::time::Duration;
 
@@ -28,7 +31,8 @@ pub(crate) struct Claim<'a> {
 
 impl Claim<'_> {
     /// Runs the script. A Redis failure is a [`QueueError::Redis`] naming the
-    /// job (the caller may retry it); a bad reply a [`QueueError::Protocol`].
+    /// job (the caller may retry it with the same token: the retry answers
+    /// the same row); a bad reply a [`QueueError::Protocol`].
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ClaimRow> {
         let k = self.keys;
         let reply = SCRIPT
@@ -100,12 +104,53 @@ pub(crate) enum ClaimRow {
     Claimed(Delivery),
     /// Not ours to run.
     Skipped(JobId, Skip),
+    /// `corrupt`: the job's stored data was corrupt (a count that is not a
+    /// non-negative integer, a job key that is not a hash); the script
+    /// dead-lettered it with this reason, which names the field.
+    Corrupt(JobId, String),
+    /// A row this version cannot decode. The job may be claimed (leased to
+    /// us, with `token`): the caller dead-letters it alone, the other rows run.
+    Unreadable(Unreadable),
+}
+
+/// What could be read of a row that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unreadable {
+    /// The job id, when the row has one.
+    pub(crate) id: Option<JobId>,
+    /// The delivery's lease token, when the row is a readable `claimed` row
+    /// up to its token: the job is then leased to this worker.
+    pub(crate) token: Option<String>,
+    /// The decoding error, naming the field.
+    pub(crate) detail: String,
 }
 
 impl ClaimRow {
+    /// [`decode`](Self::decode), with a row that does not decode returned as
+    /// [`ClaimRow::Unreadable`] (what could be read of it, and why).
+    pub(crate) fn decode_or_unreadable(queue: &str, reply: &Value) -> Self {
+        Self::decode(queue, reply).unwrap_or_else(|e| {
+            let items = super::reply::array(reply).unwrap_or_default();
+            let field = |i: usize| items.get(i).and_then(super::reply::text);
+            let id = items
+                .get(1)
+                .and_then(super::reply::bytes)
+                .map(|b| JobId::from(String::from_utf8_lossy(&b).into_owned()));
+            let token = match field(0).as_deref() {
+                Some("claimed") => field(2),
+                _ => None,
+            };
+            ClaimRow::Unreadable(Unreadable {
+                id,
+                token,
+                detail: e.to_string(),
+            })
+        })
+    }
+
     /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
-    /// enqueued_at, delivered_at, lease_until, fence}` or `{tag, id}` with tag
-    /// `done`, `missing`, `busy` or `gone`.
+    /// enqueued_at, delivered_at, lease_until, fence}`, `{'corrupt', id,
+    /// reason}` or `{tag, id}` with tag `done`, `missing`, `busy` or `gone`.
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
         let mut f = Fields::new(queue, None, "claim row", reply)?;
         let tag = f.tag()?;
@@ -126,6 +171,7 @@ impl ClaimRow {
                     id,
                 }))
             }
+            "corrupt" => return Ok(ClaimRow::Corrupt(id, f.text(2, "reason")?)),
             "done" => Skip::Done,
             "missing" => Skip::Missing,
             "busy" => Skip::Busy,

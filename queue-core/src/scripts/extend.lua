@@ -2,11 +2,13 @@
 -- KEYS: 1 leases, 2 job hash
 -- ARGV: 1 id, 2 token, 3 lease_ms
 -- Returns the new lease expiry (ms), or 0 when the lease was lost.
+local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local h = redis.call('HMGET', KEYS[2], 'token', 'state')
 if h[2] ~= 'active' or h[1] ~= ARGV[2] then
   return 0
 end
-local lease_until = now_ms() + tonumber(ARGV[3])
-redis.call('HSET', KEYS[2], 'lease_until', lease_until)
+local lease_until = now_ms() + lease_ms
+-- The zset first: a leases key of another type fails here, before any write.
 redis.call('ZADD', KEYS[1], lease_until, ARGV[1])
+redis.call('HSET', KEYS[2], 'lease_until', lease_until)
 return lease_until

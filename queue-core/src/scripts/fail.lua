@@ -1,29 +1,52 @@
 -- Failure: retry later (delayed zset) or dead-letter, only while the token matches.
+-- Validates first (queue key types, the job's counts); corrupt job data is
+-- dead-lettered with the field named. Destination before source, counters last.
+-- Idempotent for its token (`failed_token`): a retry whose first reply was
+-- lost gets the same outcome, not 'lost'.
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats
 -- ARGV: 1 id, 2 token, 3 kind ('retry' | 'permanent'), 4 message, 5 delay_ms
 -- Returns {'retry', run_at} | {'dead', reason} | {'lost'}
-local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'max_attempts')
-if h[2] ~= 'active' or h[1] ~= ARGV[2] then
+local delay = arg_count(ARGV[5], 'delay_ms')
+expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list')
+local h, bad = read_job(KEYS[3], 'token', 'state', 'attempts', 'max_attempts', 'failed_token',
+  'run_at', 'dead_reason')
+if h and h[5] == ARGV[2] then
+  if h[2] == 'dead' then return {'dead', h[7] or ''} end
+  return {'retry', as_count(h[6]) or now_ms()}
+end
+if h and (h[2] ~= 'active' or h[1] ~= ARGV[2]) then
   return {'lost'}
 end
-local now = now_ms()
-redis.call('LREM', KEYS[1], 1, ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-redis.call('HINCRBY', KEYS[6], 'failed', 1)
-local attempts = tonumber(h[3]) or 0
-local max = tonumber(h[4]) or 1
-redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now)
-if ARGV[3] == 'retry' and attempts < max then
-  local run_at = now + tonumber(ARGV[5])
-  redis.call('HSET', KEYS[3], 'state', 'delayed', 'run_at', run_at)
-  redis.call('HDEL', KEYS[3], 'token', 'lease_until')
-  redis.call('ZADD', KEYS[4], run_at, ARGV[1])
-  redis.call('HINCRBY', KEYS[6], 'retried', 1)
-  return {'retry', run_at}
+-- A job key of another type has no token to check: act only while the id is
+-- still in processing, so a stale delivery cannot dead-letter it twice.
+if bad and not redis.call('LPOS', KEYS[1], ARGV[1]) then
+  return {'lost'}
 end
-local reason = ARGV[4]
-if ARGV[3] == 'retry' then
-  reason = 'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. ARGV[4]
+local attempts, max
+if not bad then attempts, max, bad = job_counts(h[3], h[4]) end
+local now = now_ms()
+local reason = bad
+if not bad then
+  if ARGV[3] == 'retry' and attempts < max then
+    local run_at = now + delay
+    redis.call('ZADD', KEYS[4], run_at, ARGV[1])
+    redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'state', 'delayed',
+      'run_at', run_at, 'failed_token', ARGV[2])
+    redis.call('HDEL', KEYS[3], 'token', 'lease_until')
+    redis.call('LREM', KEYS[1], 1, ARGV[1])
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    bump(KEYS[6], 'failed', 1)
+    bump(KEYS[6], 'retried', 1)
+    return {'retry', run_at}
+  end
+  reason = ARGV[4]
+  if ARGV[3] == 'retry' then
+    reason = 'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. ARGV[4]
+  end
 end
 dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
+redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_token', ARGV[2])
+redis.call('LREM', KEYS[1], 1, ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+bump(KEYS[6], 'failed', 1)
 return {'dead', reason}

@@ -1,14 +1,46 @@
 -- Non-blocking fetch: LMOVE main -> processing and claim, in one atomic step
--- (no crash window), for up to `count` jobs.
--- KEYS: 1 main, 2 processing, 3 leases, 4 dead, 5 stats, 6 guard (never written: see keys.rs)
--- ARGV: 1 job prefix, 2 done prefix, 3 lease_ms, 4 token base, 5 count
+-- (no crash window), for up to `count` jobs. Idempotent for its token base: the
+-- rows are kept in a receipt (a list of `tag:id`, expiring after `receipt_ms`),
+-- and a retry whose first reply was lost gets the same deliveries again.
+-- KEYS: 1 main, 2 processing, 3 leases, 4 dead, 5 stats, 6 guard (never written: see keys.rs),
+--       7 receipt of this token base
+-- ARGV: 1 job prefix, 2 done prefix, 3 lease_ms, 4 token base, 5 count, 6 receipt_ms
 -- Returns a list of claim rows (see claim() in the prelude).
-local now = now_ms()
+local lease_ms = arg_count(ARGV[3], 'lease_ms')
+local count = arg_count(ARGV[5], 'count')
+local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
+-- LMOVE checks main and processing itself, and LRANGE the receipt, before any write.
+expect_types(KEYS[3], 'zset', KEYS[4], 'list')
 local out = {}
-for i = 1, tonumber(ARGV[5]) do
+local receipt = redis.call('LRANGE', KEYS[7], 0, -1)
+if #receipt > 0 then
+  -- A retry of this fetch: the same rows, re-read from the jobs (nothing written).
+  for i, entry in ipairs(receipt) do
+    local colon = string.find(entry, ':', 1, true)
+    local tag, id = string.sub(entry, 1, colon - 1), string.sub(entry, colon + 1)
+    local row = {tag, id}
+    if tag == 'claimed' then
+      local h = read_job(ARGV[1] .. id, unpack(CLAIM_FIELDS))
+      row = (h and same_claim(id, ARGV[4] .. ':' .. i, h)) or {'busy', id}
+    elseif tag == 'corrupt' then
+      row = {tag, id, 'dead-lettered by the first run of this fetch'}
+    end
+    out[i] = row
+  end
+  return out
+end
+local now = now_ms()
+local entries = {}
+for i = 1, count do
   local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
   if not id then break end
-  out[#out + 1] = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
-    tonumber(ARGV[3]), ARGV[4] .. ':' .. i, now)
+  local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
+    lease_ms, ARGV[4] .. ':' .. i, now)
+  out[i] = row
+  entries[i] = row[1] .. ':' .. id
+end
+if #entries > 0 then
+  redis.call('RPUSH', KEYS[7], unpack(entries))
+  redis.call('PEXPIRE', KEYS[7], math.max(receipt_ms, 1))
 end
 return out

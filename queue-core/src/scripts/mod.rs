@@ -40,6 +40,9 @@ pub(crate) mod reclaim;
 pub(crate) mod replay;
 pub(crate) mod stats;
 
+#[cfg(test)]
+mod hardening;
+
 const PRELUDE: &str = include_str!("prelude.lua");
 
 /// Scripts that drain or maintain a queue must keep working when Redis is at

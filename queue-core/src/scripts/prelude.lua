@@ -1,4 +1,7 @@
--- Shared helpers, prepended to every script (see scripts/mod.rs).
+-- Shared helpers, prepended to every queue script (see scripts/mod.rs).
+-- Every script reads and validates first (key types, numbers), then writes the
+-- destination before it removes from the source, counters last: a Lua error
+-- after a write is not rolled back, so nothing may fail half-way.
 
 -- Milliseconds since the epoch from the Redis server clock (DESIGN rule 2: never a worker's clock).
 local function now_ms()
@@ -6,19 +9,103 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Dead-letters job `id`: the hash is kept (a minimal one is created when it
--- was missing) so its reason, attempts and timestamps stay readable.
+-- A count as stored or passed (attempts, max_attempts, fence, a limit): the
+-- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
+local function as_count(v)
+  local n = tonumber(v)
+  if n and n >= 0 and n <= 9007199254740991 and n == math.floor(n) then return n end
+  return nil
+end
+
+-- A numeric argument of the caller; anything else refuses the call before any write.
+local function arg_count(v, name)
+  local n = as_count(v)
+  if not n then error({err = 'ERR invalid argument ' .. name .. ': ' .. tostring(v)}) end
+  return n
+end
+
+-- Refuses the call, before any write, when a queue key holds another type than
+-- expected. Arguments: key, type, key, type, ... (a missing key is fine).
+local function expect_types(...)
+  local a = {...}
+  for i = 1, #a, 2 do
+    local t = redis.call('TYPE', a[i])['ok']
+    if t ~= 'none' and t ~= a[i + 1] then
+      error({err = 'WRONGTYPE queue key ' .. a[i] .. ' holds a ' .. t .. ', not a ' .. a[i + 1]
+        .. ': refused before any write'})
+    end
+  end
+end
+
+-- A lifetime counter. Counters come last and never block a move: a corrupt
+-- field or a stats key of another type is skipped (pcall).
+local function bump(stats, field, n)
+  redis.pcall('HINCRBY', stats, field, n or 1)
+end
+
+-- HMGET of a job's fields. A job key of another type gives nil and the
+-- dead-letter reason naming it, instead of aborting the script.
+local function read_job(jobkey, ...)
+  local h = redis.pcall('HMGET', jobkey, ...)
+  if h['err'] then
+    return nil, 'corrupt job key: holds a ' .. redis.call('TYPE', jobkey)['ok'] .. ', not a hash'
+  end
+  return h
+end
+
+-- The dead-letter reason of a corrupt stored count, naming the field.
+local function corrupt_field(name, v)
+  return 'corrupt field ' .. name .. ": '" .. string.sub(tostring(v), 1, 64)
+    .. "' is not a non-negative integer"
+end
+
+-- Validated attempts and max_attempts (missing: 0 and 1), or nil, nil and the
+-- dead-letter reason naming the corrupt field.
+local function job_counts(attempts_raw, max_raw)
+  local attempts, max = 0, 1
+  if attempts_raw then
+    attempts = as_count(attempts_raw)
+    if not attempts then return nil, nil, corrupt_field('attempts', attempts_raw) end
+  end
+  if max_raw then
+    max = as_count(max_raw)
+    if not max then return nil, nil, corrupt_field('max_attempts', max_raw) end
+    if max < 1 then max = 1 end
+  end
+  return attempts, max
+end
+
+-- Dead-letters job `id`: pushes it on the dead list and keeps the hash (a
+-- minimal one is created when it was missing; a job key of another type is
+-- replaced by one) so its reason, attempts and timestamps stay readable. The
+-- caller removes the id from its source afterwards.
 local function dead_letter(jobkey, dead, stats, id, reason, now)
+  local t = redis.call('TYPE', jobkey)['ok']
+  if t ~= 'hash' and t ~= 'none' then redis.call('DEL', jobkey) end
+  redis.call('LPUSH', dead, id)
   redis.call('HSET', jobkey, 'id', id, 'state', 'dead', 'dead_reason', reason, 'dead_at', now)
   redis.call('HDEL', jobkey, 'token', 'lease_until')
-  redis.call('LPUSH', dead, id)
-  redis.call('HINCRBY', stats, 'dead', 1)
+  bump(stats, 'dead', 1)
+end
+
+-- The job fields claim() reads, in this order.
+local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
+  'token', 'delivered_at', 'lease_until', 'fence'}
+
+-- The claim row of a delivery already made with `token` (a retry whose first
+-- reply was lost gets the same answer), or nil when `h` is not that delivery.
+local function same_claim(id, token, h)
+  if h[1] ~= 'active' or h[8] ~= token then return nil end
+  return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
+    h[7] or '0', h[9] or '0', h[10] or '0', h[11] or '0'}
 end
 
 -- Claims `id`, which the caller knows sits in the processing list: attempts+1,
 -- delivered_at, a fresh lease token and the next fencing token (`fence`, +1 on
 -- every delivery and never reset, so a later delivery always carries a larger
--- number), lease registered in the leases zset.
+-- number), lease registered in the leases zset. Called again with the same
+-- token, it answers the same row and changes nothing. Corrupt job data
+-- (counts, a job key that is not a hash) is dead-lettered with the field named.
 local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token, now)
   local jobkey = jobprefix .. id
   if redis.call('EXISTS', doneprefix .. id) == 1 then
@@ -26,26 +113,45 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     redis.call('LREM', processing, 1, id)
     redis.call('ZREM', leases, id)
     redis.call('DEL', jobkey)
-    redis.call('HINCRBY', stats, 'skipped_done', 1)
+    bump(stats, 'skipped_done', 1)
     return {'done', id}
   end
-  local h = redis.call('HMGET', jobkey, 'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at')
-  if not h[1] then
+  local h, bad = read_job(jobkey, unpack(CLAIM_FIELDS))
+  if h and not h[1] then
+    dead_letter(jobkey, dead, stats, id, 'job hash missing (key deleted or evicted)', now)
     redis.call('LREM', processing, 1, id)
     redis.call('ZREM', leases, id)
-    dead_letter(jobkey, dead, stats, id, 'job hash missing (key deleted or evicted)', now)
     return {'missing', id}
   end
-  if h[1] ~= 'queued' then
-    -- Another delivery owns this id (e.g. a late claim after a watchdog return).
-    return {'busy', id}
+  if h then
+    local again = same_claim(id, token, h)
+    if again then return again end
+    if h[1] ~= 'queued' then
+      -- Another delivery owns this id (e.g. a late claim after a watchdog return).
+      return {'busy', id}
+    end
   end
-  local attempts = (tonumber(h[5]) or 0) + 1
+  local attempts, max, fence
+  if not bad then attempts, max, bad = job_counts(h[5], h[6]) end
+  if not bad then
+    fence = 0
+    if h[11] then
+      fence = as_count(h[11])
+      if not fence then bad = corrupt_field('fence', h[11]) end
+    end
+  end
+  if bad then
+    dead_letter(jobkey, dead, stats, id, bad, now)
+    redis.call('LREM', processing, 1, id)
+    redis.call('ZREM', leases, id)
+    return {'corrupt', id, bad}
+  end
+  attempts = attempts + 1
+  fence = fence + 1
   local lease_until = now + lease_ms
-  redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
-    'token', token, 'lease_until', lease_until)
-  local fence = redis.call('HINCRBY', jobkey, 'fence', 1)
   redis.call('ZADD', leases, lease_until, id)
-  return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, h[6] or '1',
+  redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
+    'token', token, 'lease_until', lease_until, 'fence', fence)
+  return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
     h[7] or '0', now, lease_until, fence}
 end

@@ -1,18 +1,24 @@
 -- Moves due delayed jobs (retries, scheduled jobs, watchdog returns) to main.
+-- Validates first; a missing or non-hash job is dead-lettered, never dropped;
+-- each id is pushed on main (or dead) before it leaves the delayed set.
 -- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 limit
 -- Returns the number of ids moved.
+local limit = arg_count(ARGV[2], 'limit')
+expect_types(KEYS[2], 'list', KEYS[3], 'list')
 local now = now_ms()
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
   local jobkey = ARGV[1] .. id
-  if redis.call('EXISTS', jobkey) == 1 then
+  local h, bad = read_job(jobkey, 'state')
+  if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
+  if bad then
+    dead_letter(jobkey, KEYS[3], KEYS[4], id, bad, now)
+  else
+    redis.call('LPUSH', KEYS[2], id)
     redis.call('HSET', jobkey, 'state', 'queued')
     redis.call('HDEL', jobkey, 'run_at')
-    redis.call('LPUSH', KEYS[2], id)
-  else
-    dead_letter(jobkey, KEYS[3], KEYS[4], id, 'job hash missing (key deleted or evicted)', now)
   end
+  redis.call('ZREM', KEYS[1], id)
 end
 return #ids

@@ -1,54 +1,66 @@
 -- Watchdog pass: return jobs whose lease expired (jittered backoff) or
 -- dead-letter them when attempts are exhausted; give a provisional lease to
 -- ids in processing that have none (a worker died between BLMOVE and claim).
+-- Validates first (queue key types, arguments, each job's counts: corrupt job
+-- data is dead-lettered with the field named); destination before source,
+-- counters last.
 -- KEYS: 1 processing, 2 leases, 3 delayed, 4 dead, 5 stats, 6 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 limit, 3 orphan grace ms, 4 backoff base ms, 5 backoff cap ms,
 --       6 random seed, 7 orphan scan length
 -- Returns {reclaimed, dead_lettered, adopted}
+local limit = arg_count(ARGV[2], 'limit')
+local grace = arg_count(ARGV[3], 'orphan grace')
+local base = arg_count(ARGV[4], 'backoff base')
+local cap = arg_count(ARGV[5], 'backoff cap')
+local seed = arg_count(ARGV[6], 'seed')
+local scan = arg_count(ARGV[7], 'orphan scan')
+expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'list')
 local now = now_ms()
-math.randomseed(tonumber(ARGV[6]))
+math.randomseed(seed)
 local reclaimed, dead, adopted = 0, 0, 0
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
-  redis.call('ZREM', KEYS[2], id)
-  if redis.call('LREM', KEYS[1], 1, id) > 0 then
+  if redis.call('LPOS', KEYS[1], id) then
     local jobkey = ARGV[1] .. id
-    local h = redis.call('HMGET', jobkey, 'state', 'attempts', 'max_attempts')
-    if not h[1] then
-      dead_letter(jobkey, KEYS[4], KEYS[5], id, 'job hash missing (key deleted or evicted)', now)
+    local h, bad = read_job(jobkey, 'state', 'attempts', 'max_attempts')
+    local attempts, max
+    if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
+    if not bad then attempts, max, bad = job_counts(h[2], h[3]) end
+    if bad then
+      dead_letter(jobkey, KEYS[4], KEYS[5], id, bad, now)
       dead = dead + 1
     else
-      local attempts = tonumber(h[2]) or 0
-      local max = tonumber(h[3]) or 1
       local msg = 'lease expired: the worker died or stalled'
       if h[1] ~= 'active' then
         msg = 'taken from main but never claimed: the worker died between BLMOVE and claim'
       end
-      redis.call('HSET', jobkey, 'last_error', msg, 'failed_at', now)
       if h[1] == 'active' and attempts >= max then
         dead_letter(jobkey, KEYS[4], KEYS[5], id,
           'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. msg, now)
+        redis.call('HSET', jobkey, 'last_error', msg, 'failed_at', now)
         dead = dead + 1
       else
-        local backoff = tonumber(ARGV[4]) * 2 ^ math.max(attempts - 1, 0)
-        local cap = tonumber(ARGV[5])
+        local backoff = base * 2 ^ math.max(attempts - 1, 0)
         if backoff > cap then backoff = cap end
         local run_at = now + math.floor(backoff / 2 + math.random() * backoff / 2)
-        redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at)
-        redis.call('HDEL', jobkey, 'token', 'lease_until')
         redis.call('ZADD', KEYS[3], run_at, id)
+        redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at, 'last_error', msg,
+          'failed_at', now)
+        redis.call('HDEL', jobkey, 'token', 'lease_until')
         reclaimed = reclaimed + 1
       end
     end
+    redis.call('LREM', KEYS[1], 1, id)
   end
+  redis.call('ZREM', KEYS[2], id)
 end
-local tail = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[7]), -1)
+local tail = redis.call('LRANGE', KEYS[1], -scan, -1)
 for _, id in ipairs(tail) do
   if not redis.call('ZSCORE', KEYS[2], id) then
-    redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), id)
+    redis.call('ZADD', KEYS[2], now + grace, id)
     adopted = adopted + 1
   end
 end
-if reclaimed > 0 then redis.call('HINCRBY', KEYS[5], 'reclaimed', reclaimed) end
-if adopted > 0 then redis.call('HINCRBY', KEYS[5], 'adopted', adopted) end
+if reclaimed > 0 then bump(KEYS[5], 'reclaimed', reclaimed) end
+if adopted > 0 then bump(KEYS[5], 'adopted', adopted) end
 return {reclaimed, dead, adopted}

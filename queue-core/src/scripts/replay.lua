@@ -1,16 +1,18 @@
--- Returns a dead-lettered job to main.
+-- Returns a dead-lettered job to main, only while its state is `dead` (a live
+-- job that reuses the id is never touched). Main before the dead list.
 -- KEYS: 1 dead, 2 main, 3 job hash, 4 stats
 -- ARGV: 1 id, 2 reset attempts ('1' | '0')
--- Returns 1 when replayed, 0 when the id is not in the dead-letter list.
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
+-- Returns 1 when replayed, 0 when the job is not dead-lettered.
+local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason')
+if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return 0
 end
 local now = now_ms()
-local reason = redis.call('HGET', KEYS[3], 'dead_reason')
-if reason then redis.call('HSET', KEYS[3], 'previous_dead_reason', reason) end
+redis.call('LPUSH', KEYS[2], ARGV[1])
+if h[2] then redis.call('HSET', KEYS[3], 'previous_dead_reason', h[2]) end
 redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now)
 redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at')
 if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'attempts', 0) end
-redis.call('LPUSH', KEYS[2], ARGV[1])
-redis.call('HINCRBY', KEYS[4], 'replayed', 1)
+redis.call('LREM', KEYS[1], 1, ARGV[1])
+bump(KEYS[4], 'replayed', 1)
 return 1

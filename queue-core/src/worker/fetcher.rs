@@ -9,6 +9,11 @@
 //! cannot run in a script) and claim the id with `claim.lua`; a crash between
 //! the two leaves an unleased id the watchdog recovers (DESIGN rule 4,
 //! docs/DESIGN.md).
+//!
+//! Both scripts are idempotent for their token, so a fetch or claim whose
+//! reply was lost (timeout, dropped connection, failover) is retried with the
+//! same token for a third of a lease and gets the same deliveries. Each row
+//! is decoded on its own: a row that does not decode is dead-lettered alone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,12 +26,17 @@ use super::slots::{Slot, WorkerQueue};
 use super::Inner;
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
+use crate::job::JobId;
 use crate::keys::QueueKeys;
-use crate::scripts::claim::{Claim, ClaimRow};
+use crate::scripts::claim::{Claim, ClaimRow, Unreadable};
+use crate::scripts::fail::{Fail, FailKind};
 use crate::scripts::fetch::Fetch;
 
-/// Claim attempts after a `BLMOVE` before the id is left to the watchdog.
-const CLAIM_ATTEMPTS: u32 = 5;
+/// First pause before a fetch or claim is retried with the same token.
+const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Longest decoding error kept in the dead-letter reason of an unreadable row.
+const REASON_CHARS: usize = 300;
 
 /// Fetches jobs of one queue (and, by priority, of higher ones).
 pub(super) struct Fetcher {
@@ -167,6 +177,10 @@ impl Fetcher {
                 ClaimRow::Skipped(id, why) => {
                     info!(queue = %queue, job_id = %id, "{}", why.reason())
                 }
+                ClaimRow::Corrupt(id, reason) => {
+                    error!(queue = %queue, job_id = %id, reason = %reason, "corrupt job data: dead-lettered")
+                }
+                ClaimRow::Unreadable(row) => self.dead_letter_unreadable(keys, row),
             }
         }
     }
@@ -180,17 +194,21 @@ impl Fetcher {
         *delay = (*delay * 2).min(Duration::from_secs(5));
     }
 
-    /// LMOVE + claim of up to `count` jobs in one script.
+    /// LMOVE + claim of up to `count` jobs in one script, retried with the
+    /// same token base while Redis fails (see [`Fetcher::same_token_retries`]).
     async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<Vec<ClaimRow>> {
-        let mut conn = self.inner.conn.clone();
         let token_base = uuid::Uuid::new_v4().to_string();
-        Fetch {
+        let fetch = Fetch {
             keys,
             lease: self.inner.config.lease,
             token_base: &token_base,
             count,
-        }
-        .run(&mut conn)
+        };
+        self.same_token_retries(keys, None, "fetch", || {
+            let mut conn = self.inner.conn.clone();
+            let fetch = &fetch;
+            async move { fetch.run(&mut conn).await }
+        })
         .await
     }
 
@@ -218,26 +236,78 @@ impl Fetcher {
             lease: self.inner.config.lease,
             token: &token,
         };
-        self.claim_with_retries(&claim).await.map(Some)
+        let job_id = JobId::from(String::from_utf8_lossy(&id).into_owned());
+        self.same_token_retries(&k, Some(&job_id), "claim", || {
+            let mut conn = self.inner.conn.clone();
+            let claim = &claim;
+            async move { claim.run(&mut conn).await }
+        })
+        .await
+        .map(Some)
     }
 
-    /// Runs the claim, retrying Redis failures (not bad replies) up to
-    /// [`CLAIM_ATTEMPTS`] times with a doubling pause.
-    async fn claim_with_retries(&self, claim: &Claim<'_>) -> Result<ClaimRow> {
-        let mut delay = Duration::from_millis(50);
-        let mut attempt = 1;
+    /// Runs `op`, a fetch or claim with one fixed token, retrying Redis
+    /// failures (not bad replies) with a doubling pause for at most a third
+    /// of a lease. Both scripts answer a retry with the same token with the
+    /// same rows (claim: the hash holds the token; fetch: its receipt lives
+    /// half a lease), so a first try that ran but whose reply was lost is not
+    /// claimed twice, not answered `busy`, and its jobs run.
+    async fn same_token_retries<T, F, Fut>(
+        &self,
+        keys: &QueueKeys,
+        job_id: Option<&JobId>,
+        what: &str,
+        mut op: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let window = self.inner.config.lease / 3;
+        let started = tokio::time::Instant::now();
+        let mut pause = FIRST_RETRY_PAUSE;
         loop {
-            let mut conn = self.inner.conn.clone();
-            match claim.run(&mut conn).await {
-                Err(e) if attempt < CLAIM_ATTEMPTS && is_redis_failure(&e) => {
-                    warn!(queue = %claim.keys.queue, job_id = %String::from_utf8_lossy(claim.id), error = %e, "claim failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay *= 2;
-                    attempt += 1;
+            match op().await {
+                Err(e) if is_redis_failure(&e) && started.elapsed() + pause < window => {
+                    warn!(queue = %keys.queue, job_id = ?job_id.map(JobId::as_str), error = %e,
+                        retry_in_ms = pause.as_millis() as u64, "{what} failed; retrying with the same token");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
                 }
                 result => return result,
             }
         }
+    }
+
+    /// Dead-letters the job of a row that does not decode (its reason names
+    /// the field), in a task of its own; the batch's other rows run. Without
+    /// a readable id and token the job stays leased: the watchdog returns it.
+    fn dead_letter_unreadable(&self, keys: &QueueKeys, row: Unreadable) {
+        let (Some(id), Some(token)) = (row.id.clone(), row.token) else {
+            error!(queue = %keys.queue, job_id = ?row.id.as_ref().map(JobId::as_str), detail = %row.detail,
+                "unreadable claim row without a lease token: left to the watchdog");
+            return;
+        };
+        error!(queue = %keys.queue, job_id = %id, detail = %row.detail, "unreadable claim row: dead-lettering the job");
+        let (inner, keys) = (self.inner.clone(), keys.clone());
+        tokio::spawn(async move {
+            // The detail names the field first, then quotes the whole row
+            // (payload included): the reason keeps the start.
+            let detail: String = row.detail.chars().take(REASON_CHARS).collect();
+            let message = format!("claim row unreadable: {detail}");
+            let fail = Fail {
+                keys: &keys,
+                id: &id,
+                token: &token,
+                kind: FailKind::Permanent,
+                message: &message,
+                delay: Duration::ZERO,
+            };
+            if let Err(e) = fail.run(&mut inner.conn.clone()).await {
+                warn!(queue = %keys.queue, job_id = %id, error = %e,
+                    "cannot dead-letter an unreadable job; the watchdog returns it when its lease expires");
+            }
+        });
     }
 }
 

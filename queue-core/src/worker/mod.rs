@@ -143,7 +143,13 @@ impl Worker {
             "worker started"
         );
 
-        let tasks = spawn_tasks(&inner, &sem, &stop_tx, &hard_rx).await?;
+        let tasks = match spawn_tasks(&inner, &sem, &stop_tx, &hard_rx).await {
+            Ok(tasks) => tasks,
+            Err(e) => {
+                signal_task.abort();
+                return Err(e);
+            }
+        };
 
         // Wait for the stop request.
         while !*stop_rx.borrow_and_update() {
@@ -175,7 +181,9 @@ impl Worker {
 }
 
 /// Starts one fetcher per queue (each with its own blocking connection),
-/// the promoter and the cron scheduler.
+/// the promoter and the cron scheduler. Every blocking connection is made
+/// before any task starts: a queue whose connection fails leaves nothing
+/// running (no detached fetcher outlives the returned error).
 async fn spawn_tasks(
     inner: &Arc<Inner>,
     sem: &Arc<Semaphore>,
@@ -183,16 +191,21 @@ async fn spawn_tasks(
     hard_rx: &watch::Receiver<bool>,
 ) -> Result<Vec<JoinHandle<()>>> {
     let cfg = &inner.config;
+    let mut blocking = Vec::with_capacity(inner.queues.len());
+    for _ in &inner.queues {
+        blocking.push(
+            connect(
+                &inner.url,
+                &ConnectionConfig {
+                    response_timeout: cfg.block_timeout + cfg.connection.response_timeout,
+                    connection_timeout: cfg.connection.connection_timeout,
+                },
+            )
+            .await?,
+        );
+    }
     let mut tasks = Vec::new();
-    for me in 0..inner.queues.len() {
-        let blocking = connect(
-            &inner.url,
-            &ConnectionConfig {
-                response_timeout: cfg.block_timeout + cfg.connection.response_timeout,
-                connection_timeout: cfg.connection.connection_timeout,
-            },
-        )
-        .await?;
+    for (me, blocking) in blocking.into_iter().enumerate() {
         let fetcher = Fetcher {
             inner: inner.clone(),
             me,

@@ -39,9 +39,12 @@ pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
     if args.once {
         let r = watchdog.run_once().await?;
         println!(
-            "reclaimed={} dead_lettered={} adopted={} promoted={}",
-            r.reclaimed, r.dead_lettered, r.adopted, r.promoted
+            "reclaimed={} dead_lettered={} adopted={} promoted={} failed_queue_passes={}",
+            r.reclaimed, r.dead_lettered, r.adopted, r.promoted, r.failed_queue_passes
         );
+        if r.failed_queue_passes > 0 {
+            return Ok(ExitCode::FAILURE);
+        }
         return Ok(ExitCode::SUCCESS);
     }
     watchdog.run_until(super::termination()).await;

@@ -69,12 +69,12 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
 }
 
 /// Keys of a queue that expire by design: completion records, step results,
-/// per-minute throughput counters.
+/// per-minute throughput counters, fetch receipts.
 fn expires_by_design(key: &str) -> bool {
     let Some(rest) = key.find("}:").map(|i| &key[i + 2..]) else {
         return false;
     };
-    ["done:", "steps:", "tput:"]
+    ["done:", "steps:", "tput:", "fetch:"]
         .iter()
         .any(|p| rest.starts_with(p))
 }
@@ -137,6 +137,7 @@ mod tests {
         assert!(expires_by_design("q:{a}:done:1"));
         assert!(expires_by_design("q:{a}:steps:1"));
         assert!(expires_by_design("q:{a}:tput:29000000"));
+        assert!(expires_by_design("q:{a}:fetch:6f1c0e2a-token-base"));
         assert!(!expires_by_design("q:{a}:job:done:1"));
         assert!(!expires_by_design("q:{a}:main"));
     }

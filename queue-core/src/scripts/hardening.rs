@@ -1,0 +1,501 @@
+//! Regression tests of the script layer against a real redis-server (issue
+//! #11): a claim, fetch or fail retried with its token after a lost reply
+//! gets the same answer; corrupt job data is dead-lettered naming the field; a
+//! queue key of the wrong type is refused before any write; a corrupt counter
+//! never blocks a move; replay and purge touch only dead jobs; one bad claim
+//! row is reported alone.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use redis::Value;
+
+use super::claim::{Claim, ClaimRow, Delivery, Skip};
+use super::enqueue::Enqueue;
+use super::fail::{Fail, FailKind, FailReply};
+use super::fetch::Fetch;
+use super::promote::Promote;
+use super::reclaim::Reclaim;
+use super::replay::{Replay, ReplayReply};
+use crate::backoff::Backoff;
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::error::Result;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// One throwaway redis-server (DEBUG allowed) and one queue on it.
+struct Fixture {
+    server: queue_testkit::RedisServer,
+    conn: RedisConnection,
+    keys: QueueKeys,
+}
+
+/// Where a job id is found.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Places {
+    main: bool,
+    processing: bool,
+    leased: bool,
+    delayed: bool,
+    dead: bool,
+}
+
+impl Fixture {
+    async fn start() -> Self {
+        let server =
+            queue_testkit::RedisServer::start_with(&["--enable-debug-command", "local"]).unwrap();
+        let conn = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        Fixture {
+            server,
+            conn,
+            keys: QueueKeys::new("hardening"),
+        }
+    }
+
+    async fn cmd(&mut self, args: &[&str]) -> Value {
+        self.try_cmd(args).await.expect("command succeeds")
+    }
+
+    /// The reply, or `None` on an error reply (e.g. a key of the wrong type).
+    async fn try_cmd(&mut self, args: &[&str]) -> Option<Value> {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut self.conn).await.ok()
+    }
+
+    async fn enqueue(&mut self, id: &str, max_attempts: u32) {
+        let id = JobId::from(id);
+        Enqueue {
+            keys: &self.keys,
+            id: &id,
+            job_type: "t",
+            schema_version: 1,
+            payload: b"",
+            max_attempts,
+            delay: None,
+            run_at: None,
+            once_for: None,
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap();
+    }
+
+    async fn fetch(&mut self, count: usize, token_base: &str) -> Result<Vec<ClaimRow>> {
+        let mut conn = self.conn.clone();
+        self.fetch_on(&mut conn, count, token_base).await
+    }
+
+    async fn fetch_on(
+        &self,
+        conn: &mut RedisConnection,
+        count: usize,
+        token_base: &str,
+    ) -> Result<Vec<ClaimRow>> {
+        Fetch {
+            keys: &self.keys,
+            lease: LEASE,
+            token_base,
+            count,
+        }
+        .run(conn)
+        .await
+    }
+
+    async fn fetch_one(&mut self) -> Delivery {
+        let base = uuid::Uuid::new_v4().to_string();
+        match self.fetch(1, &base).await.unwrap().pop() {
+            Some(ClaimRow::Claimed(d)) => d,
+            other => panic!("expected a claimed row, got {other:?}"),
+        }
+    }
+
+    async fn fail(&mut self, d: &Delivery, kind: FailKind) -> Result<FailReply> {
+        Fail {
+            keys: &self.keys,
+            id: &d.id,
+            token: &d.token,
+            kind,
+            message: "planned",
+            delay: Duration::ZERO,
+        }
+        .run(&mut self.conn)
+        .await
+    }
+
+    async fn reclaim(&mut self) -> Result<super::reclaim::ReclaimReply> {
+        Reclaim {
+            keys: &self.keys,
+            batch: 100,
+            orphan_grace: Duration::from_secs(30),
+            backoff: &Backoff {
+                base: Duration::from_millis(10),
+                max: Duration::from_millis(100),
+            },
+            seed: 7,
+            orphan_scan: 100,
+        }
+        .run(&mut self.conn)
+        .await
+    }
+
+    async fn promote(&mut self) -> Result<super::promote::PromoteReply> {
+        Promote {
+            keys: &self.keys,
+            limit: 100,
+        }
+        .run(&mut self.conn)
+        .await
+    }
+
+    async fn job(&mut self, id: &str) -> HashMap<String, String> {
+        let key = self.keys.job(id);
+        redis::cmd("HGETALL")
+            .arg(key)
+            .query_async(&mut self.conn)
+            .await
+            .unwrap()
+    }
+
+    async fn places(&mut self, id: &str) -> Places {
+        let k = self.keys.clone();
+        // A key of the wrong type holds nothing.
+        let in_list = |v: Option<Value>| !matches!(v, None | Some(Value::Nil));
+        Places {
+            main: in_list(self.try_cmd(&["LPOS", &k.main, id]).await),
+            processing: in_list(self.try_cmd(&["LPOS", &k.processing, id]).await),
+            leased: in_list(self.try_cmd(&["ZSCORE", &k.leases, id]).await),
+            delayed: in_list(self.try_cmd(&["ZSCORE", &k.delayed, id]).await),
+            dead: in_list(self.try_cmd(&["LPOS", &k.dead, id]).await),
+        }
+    }
+
+    /// Runs `op` on a connection that gives up after 200 ms while a second
+    /// connection holds the server in `DEBUG SLEEP`: the script still runs
+    /// after the sleep, but its reply is lost to the caller.
+    async fn lose_reply<T: std::fmt::Debug>(
+        &self,
+        op: impl AsyncFnOnce(&mut RedisConnection) -> Result<T>,
+    ) {
+        let mut impatient = connect(
+            &self.server.url(),
+            &ConnectionConfig {
+                response_timeout: Duration::from_millis(200),
+                ..ConnectionConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+        let mut sleeper = connect(&self.server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        let sleeping = tokio::spawn(async move {
+            redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(1)
+                .query_async::<Value>(&mut sleeper)
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let lost = op(&mut impatient).await;
+        assert!(lost.is_err(), "the reply should time out: {lost:?}");
+        sleeping.await.unwrap().unwrap();
+    }
+
+    /// Waits until job `id`'s `state` is `want` (the delayed script ran).
+    async fn wait_state(&mut self, id: &str, want: &str) {
+        let start = Instant::now();
+        while self.job(id).await.get("state").map(String::as_str) != Some(want) {
+            assert!(start.elapsed() < Duration::from_secs(10), "state {want}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_claim_retried_after_its_reply_was_lost_gets_the_same_delivery() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 1).await;
+    let k = fx.keys.clone();
+    let id = fx
+        .cmd(&["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"])
+        .await;
+    let Value::BulkString(id) = id else {
+        panic!("{id:?}")
+    };
+    let claim = Claim {
+        keys: &k,
+        id: &id,
+        lease: LEASE,
+        token: "tok-1",
+    };
+    // Loaded first: an EVALSHA of an unknown script would only get NOSCRIPT.
+    super::claim::SCRIPT.load(&mut fx.conn).await.unwrap();
+    fx.lose_reply(async |c| claim.run(c).await).await;
+    fx.wait_state("j1", "active").await;
+    let ClaimRow::Claimed(d) = claim.run(&mut fx.conn.clone()).await.unwrap() else {
+        panic!("the retry must answer the same delivery, not busy")
+    };
+    assert_eq!((d.token.as_str(), d.attempt, d.fence), ("tok-1", 1, 1));
+    let job = fx.job("j1").await;
+    assert_eq!(job["attempts"], "1", "the retry claims nothing more");
+    let other = Claim {
+        token: "tok-2",
+        ..claim
+    };
+    let row = other.run(&mut fx.conn.clone()).await.unwrap();
+    assert_eq!(row, ClaimRow::Skipped("j1".into(), Skip::Busy));
+}
+
+#[tokio::test]
+async fn a_fetch_retried_after_its_reply_was_lost_gets_the_same_deliveries() {
+    let mut fx = Fixture::start().await;
+    for id in ["j1", "j2"] {
+        fx.enqueue(id, 1).await;
+    }
+    super::fetch::SCRIPT.load(&mut fx.conn).await.unwrap();
+    fx.lose_reply(async |c| fx.fetch_on(c, 5, "base").await)
+        .await;
+    fx.wait_state("j2", "active").await;
+    let rows = fx.fetch(5, "base").await.unwrap();
+    let tokens: Vec<_> = rows
+        .iter()
+        .map(|r| match r {
+            ClaimRow::Claimed(d) => (d.id.to_string(), d.token.clone(), d.attempt),
+            other => panic!("not the same delivery: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        tokens,
+        [
+            ("j1".to_string(), "base:1".to_string(), 1),
+            ("j2".to_string(), "base:2".to_string(), 1)
+        ]
+    );
+    let receipt = fx.keys.fetch_receipt("base");
+    let Value::Int(ttl) = fx.cmd(&["PTTL", &receipt]).await else {
+        panic!("receipt ttl")
+    };
+    assert!(ttl > 0 && ttl <= LEASE.as_millis() as i64 / 2, "{ttl}");
+    // A new fetch (another token base) takes nothing more.
+    assert!(fx.fetch(5, "other").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_fail_retried_after_its_reply_was_lost_gets_the_same_outcome() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 3).await;
+    let d = fx.fetch_one().await;
+    super::fail::SCRIPT.load(&mut fx.conn).await.unwrap();
+    let keys = fx.keys.clone();
+    let fail = Fail {
+        keys: &keys,
+        id: &d.id,
+        token: &d.token,
+        kind: FailKind::Retry,
+        message: "planned",
+        delay: Duration::from_secs(60),
+    };
+    fx.lose_reply(async |c| fail.run(c).await).await;
+    fx.wait_state("j1", "delayed").await;
+    let again = fail.run(&mut fx.conn.clone()).await.unwrap();
+    let run_at = fx.job("j1").await["run_at"].parse().unwrap();
+    assert_eq!(
+        again,
+        FailReply::Retry { run_at_ms: run_at },
+        "not lease lost"
+    );
+    let stale = Fail {
+        token: "another delivery",
+        ..fail
+    };
+    let reply = stale.run(&mut fx.conn.clone()).await.unwrap();
+    assert_eq!(reply, FailReply::LeaseLost);
+}
+
+#[tokio::test]
+async fn one_unreadable_row_is_reported_alone() {
+    let mut fx = Fixture::start().await;
+    for id in ["j1", "j2", "j3"] {
+        fx.enqueue(id, 3).await;
+    }
+    let key = fx.keys.job("j2");
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("type")
+        .arg(b"\xff\xfe".as_slice())
+        .query_async(&mut fx.conn)
+        .await
+        .unwrap();
+    let rows = fx
+        .fetch(3, "b")
+        .await
+        .expect("the batch is not thrown away");
+    assert!(matches!(&rows[0], ClaimRow::Claimed(d) if d.id.as_str() == "j1"));
+    let ClaimRow::Unreadable(bad) = &rows[1] else {
+        panic!("{rows:?}")
+    };
+    assert_eq!(bad.id.as_ref().map(JobId::as_str), Some("j2"));
+    assert_eq!(bad.token.as_deref(), Some("b:2"));
+    assert!(bad.detail.contains("type"), "{}", bad.detail);
+    assert!(matches!(&rows[2], ClaimRow::Claimed(d) if d.id.as_str() == "j3"));
+}
+
+#[tokio::test]
+async fn corrupt_counts_are_dead_lettered_naming_the_field() {
+    let mut fx = Fixture::start().await;
+    // Claim: attempts -inf.
+    fx.enqueue("claim", 3).await;
+    fx.cmd(&["HSET", &fx.keys.job("claim"), "attempts", "-inf"])
+        .await;
+    let rows = fx.fetch(1, "b").await.unwrap();
+    assert!(
+        matches!(&rows[..], [ClaimRow::Corrupt(id, why)] if id.as_str() == "claim" && why.contains("attempts")),
+        "{rows:?}"
+    );
+    // Fail: max_attempts nan.
+    fx.enqueue("fail", 3).await;
+    let d = fx.fetch_one().await;
+    fx.cmd(&["HSET", &fx.keys.job("fail"), "max_attempts", "nan"])
+        .await;
+    let reply = fx.fail(&d, FailKind::Retry).await.unwrap();
+    assert!(
+        matches!(&reply, FailReply::Dead { reason } if reason.contains("max_attempts")),
+        "{reply:?}"
+    );
+    // Reclaim: attempts nan on an expired lease.
+    fx.enqueue("reclaim", 3).await;
+    fx.fetch_one().await;
+    fx.cmd(&["HSET", &fx.keys.job("reclaim"), "attempts", "nan"])
+        .await;
+    let leases = fx.keys.leases.clone();
+    fx.cmd(&["ZADD", &leases, "1", "reclaim"]).await;
+    assert_eq!(fx.reclaim().await.unwrap().dead_lettered, 1);
+    for id in ["claim", "fail", "reclaim"] {
+        let dead = Places {
+            dead: true,
+            ..Places::default()
+        };
+        assert_eq!(fx.places(id).await, dead, "{id}");
+        let job = fx.job(id).await;
+        assert_eq!(job["state"], "dead", "{id}");
+        assert!(job["dead_reason"].starts_with("corrupt field"), "{job:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_job_key_that_is_not_a_hash_is_dead_lettered() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.cmd(&["SET", &k.job("promoted"), "garbage"]).await;
+    fx.cmd(&["ZADD", &k.delayed, "1", "promoted"]).await;
+    assert_eq!(fx.promote().await.unwrap().promoted, 1);
+    fx.enqueue("claimed", 3).await;
+    fx.cmd(&["DEL", &k.job("claimed")]).await;
+    fx.cmd(&["SADD", &k.job("claimed"), "x"]).await;
+    let rows = fx.fetch(1, "b").await.unwrap();
+    assert!(matches!(&rows[..], [ClaimRow::Corrupt(..)]), "{rows:?}");
+    for id in ["promoted", "claimed"] {
+        let dead = Places {
+            dead: true,
+            ..Places::default()
+        };
+        assert_eq!(fx.places(id).await, dead, "{id}");
+        let reason = &fx.job(id).await["dead_reason"];
+        assert!(reason.contains("not a hash"), "{reason}");
+    }
+}
+
+#[tokio::test]
+async fn a_queue_key_of_the_wrong_type_is_refused_before_any_write() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("j1", 3).await;
+    let d = fx.fetch_one().await;
+    fx.cmd(&["SET", &k.delayed, "x"]).await;
+    let err = fx.fail(&d, FailKind::Retry).await.unwrap_err();
+    assert!(
+        err.to_string().contains("refused before any write"),
+        "{err}"
+    );
+    let active = Places {
+        processing: true,
+        leased: true,
+        ..Places::default()
+    };
+    assert_eq!(fx.places("j1").await, active, "fail left the job in place");
+    assert_eq!(fx.job("j1").await["state"], "active");
+
+    fx.cmd(&["DEL", &k.delayed]).await;
+    assert_eq!(
+        fx.fail(&d, FailKind::Retry).await.unwrap(),
+        FailReply::Retry {
+            run_at_ms: fx.job("j1").await["failed_at"].parse().unwrap()
+        }
+    );
+    fx.cmd(&["SET", &k.main, "x"]).await;
+    assert!(fx.promote().await.is_err());
+    let delayed = Places {
+        delayed: true,
+        ..Places::default()
+    };
+    assert_eq!(
+        fx.places("j1").await,
+        delayed,
+        "promote left the job in place"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_counter_never_blocks_a_move() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("j1", 3).await;
+    let d = fx.fetch_one().await;
+    fx.cmd(&["HSET", &k.stats, "failed", "many", "retried", "x"])
+        .await;
+    let reply = fx.fail(&d, FailKind::Retry).await.unwrap();
+    assert!(matches!(reply, FailReply::Retry { .. }), "{reply:?}");
+    let delayed = Places {
+        delayed: true,
+        ..Places::default()
+    };
+    assert_eq!(fx.places("j1").await, delayed);
+}
+
+#[tokio::test]
+async fn replay_and_purge_touch_only_dead_jobs() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    // A stale dead-list entry for an id whose live job waits in main.
+    fx.enqueue("j1", 3).await;
+    fx.cmd(&["LPUSH", &k.dead, "j1"]).await;
+    let id = JobId::from("j1");
+    let replay = Replay {
+        keys: &k,
+        id: &id,
+        reset_attempts: true,
+    };
+    assert_eq!(
+        replay.run(&mut fx.conn.clone()).await.unwrap(),
+        ReplayReply::NotDead
+    );
+    let admin = crate::admin::Admin::connect(&fx.server.url())
+        .await
+        .unwrap();
+    assert_eq!(
+        admin.purge_dead("hardening", "j1", None).await.unwrap(),
+        crate::admin::PurgeOutcome::NotDead
+    );
+    let Value::Int(len) = fx.cmd(&["LLEN", &k.main]).await else {
+        panic!("main length")
+    };
+    assert_eq!(len, 1, "replay must not push the live job a second time");
+    assert_eq!(fx.job("j1").await["state"], "queued", "purge kept the job");
+}

@@ -1,0 +1,199 @@
+//! Reliability regressions of issue #11 at the worker and watchdog level,
+//! against a real redis-server: a fetch whose reply was lost still runs its
+//! job (once, without burning an attempt); one unreadable job does not stall
+//! its batch; one broken queue does not stop the watchdog for the others; a
+//! worker that cannot make every blocking connection leaves nothing running.
+
+use std::time::Duration;
+
+use queue_core::{EnqueueOptions, Queue, QueueKeys, Watchdog, Worker};
+use queue_tests::{
+    fast_config, fast_watchdog, redis_and_queue, redis_conn, routine, spawn_worker, task, urgent,
+    wait_until, Ledger, Task,
+};
+use redis::AsyncCommands;
+
+const T: Duration = Duration::from_secs(30);
+
+fn a_task(url: &str) -> Task {
+    Task {
+        ledger: url.to_string(),
+        ..Task::default()
+    }
+}
+
+/// Runs a watchdog in the background until the returned sender fires.
+fn start_watchdog(url: &str) -> tokio::sync::oneshot::Sender<()> {
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let url = url.to_string();
+    tokio::spawn(async move {
+        let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+            .await
+            .unwrap();
+        watchdog
+            .run_until(async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    tx
+}
+
+async fn counter(queue: &Queue, name: &str) -> i64 {
+    queue.stats("tasks").await.unwrap().counter(name)
+}
+
+/// Item 1: the worker's fetch script runs while its client has already given
+/// up (writes paused longer than the response timeout). The retry with the
+/// same token gets the same delivery: the job runs once and, with
+/// `max_attempts = 1`, is not dead-lettered at lease expiry.
+#[tokio::test]
+async fn a_fetch_whose_reply_was_lost_still_runs_its_job_once() {
+    let (_server, url, queue) = redis_and_queue().await;
+    let mut cfg = fast_config();
+    cfg.lease = Duration::from_secs(6);
+    cfg.connection.response_timeout = Duration::from_millis(250);
+    let (stop, join) = spawn_worker(&url, cfg).await;
+    let watchdog = start_watchdog(&url);
+    // A first job loads the scripts (a lost EVALSHA of an unknown script
+    // would only get NOSCRIPT, and never run).
+    task::enqueue(&queue, a_task(&url)).await.unwrap();
+    wait_until(T, "warm-up job", || async {
+        counter(&queue, "completed").await == 1
+    })
+    .await;
+
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "1000", "WRITE"][..])
+        .query_async(&mut redis_conn(&url).await)
+        .await
+        .unwrap();
+    // Paused too: it runs first when the pause ends, then the worker's fetch.
+    let job = task::enqueue_with(&queue, EnqueueOptions::new().max_attempts(1), a_task(&url))
+        .await
+        .unwrap();
+    wait_until(T, "the job completes or dies", || async {
+        counter(&queue, "completed").await == 2 || counter(&queue, "dead").await > 0
+    })
+    .await;
+    let _ = watchdog.send(());
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    assert_eq!(counter(&queue, "dead").await, 0, "not dead-lettered");
+    let ledger = Ledger::read(&url).await;
+    assert_eq!(ledger.started.get(job.id.as_str()), Some(&1), "ran once");
+    assert_eq!(ledger.effects.get(job.id.as_str()), Some(&1));
+}
+
+/// Item 3: a job whose `type` is not UTF-8 is dead-lettered alone, with a
+/// reason naming the field; the other jobs of the same fetch run.
+#[tokio::test]
+async fn one_unreadable_job_is_dead_lettered_and_the_rest_of_its_batch_runs() {
+    let (_server, url, queue) = redis_and_queue().await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(task::enqueue(&queue, a_task(&url)).await.unwrap());
+    }
+    let keys = QueueKeys::new("tasks");
+    let _: () = redis_conn(&url)
+        .await
+        .hset(keys.job(ids[1].as_str()), "type", b"\xff\xfe".as_slice())
+        .await
+        .unwrap();
+    let (stop, join) = spawn_worker(&url, fast_config()).await;
+    wait_until(T, "two jobs complete and one dies", || async {
+        counter(&queue, "completed").await == 2 && counter(&queue, "dead").await == 1
+    })
+    .await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+    let dead = queue.job("tasks", &ids[1]).await.unwrap().expect("kept");
+    assert_eq!(dead.state(), Some("dead"));
+    let reason = dead.field("dead_reason").unwrap_or_default();
+    assert!(
+        reason.contains("type"),
+        "the reason names the field: {reason}"
+    );
+    let ledger = Ledger::read(&url).await;
+    for good in [&ids[0], &ids[2]] {
+        assert_eq!(ledger.effects.get(good.as_str()), Some(&1));
+    }
+}
+
+/// Item 4: a queue whose pass fails (its leases key has the wrong type) is
+/// counted and logged; the queue after it still gets its pass.
+#[tokio::test]
+async fn one_failing_queue_does_not_stop_the_watchdog_for_the_others() {
+    let (_server, url, queue) = redis_and_queue().await;
+    let mut c = redis_conn(&url).await;
+    let _: () = c
+        .set(QueueKeys::new("broken").leases, "not a zset")
+        .await
+        .unwrap();
+    // An expired delivery on `tasks`, the queue after the broken one.
+    let id = task::enqueue(&queue, a_task(&url)).await.unwrap();
+    let k = QueueKeys::new("tasks");
+    let _: () = c.lpop(&k.main, None).await.unwrap();
+    let _: () = c.lpush(&k.processing, id.as_str()).await.unwrap();
+    let _: () = c
+        .hset_multiple(
+            k.job(id.as_str()),
+            &[("state", "active"), ("attempts", "1")],
+        )
+        .await
+        .unwrap();
+    let _: () = c.zadd(&k.leases, id.as_str(), 1).await.unwrap();
+
+    let watchdog = Watchdog::connect(&url, ["broken", "tasks"], fast_watchdog())
+        .await
+        .unwrap();
+    let report = watchdog.run_once().await.unwrap();
+    assert_eq!(report.failed_queue_passes, 1);
+    assert_eq!(report.reclaimed, 1, "the second queue got its pass");
+}
+
+/// Item 9: when the blocking connection of the second queue cannot be made,
+/// `run_until` fails and no fetcher of the first queue is left running.
+#[tokio::test]
+async fn a_worker_that_cannot_connect_every_fetcher_leaves_none_running() {
+    let (_server, url, queue) = redis_and_queue().await;
+    let worker = Worker::builder(&url)
+        .register(urgent::handler())
+        .register(routine::handler())
+        .config(fast_config())
+        .build()
+        .await
+        .unwrap();
+    let mut admin = redis_conn(&url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let clients: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients");
+    // Room for exactly one more connection: the first fetcher's.
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxclients", &(clients + 1).to_string()][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let result = worker.run_until(std::future::pending()).await;
+    assert!(result.is_err(), "the second blocking connection fails");
+    let _: () = redis::cmd("CONFIG")
+        .arg(&["SET", "maxclients", "10000"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    urgent::enqueue(&queue, a_task(&url)).await.unwrap();
+    routine::enqueue(&queue, a_task(&url)).await.unwrap();
+    // Nothing may take them: give a detached fetcher ample time to.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for q in ["high", "low"] {
+        let waiting: u64 = admin.llen(QueueKeys::new(q).main).await.unwrap();
+        assert_eq!(waiting, 1, "queue {q}: no fetcher is running");
+    }
+}
