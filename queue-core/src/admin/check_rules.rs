@@ -254,9 +254,9 @@ pub(crate) fn is_count(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && s.parse::<u64>().is_ok()
 }
 
-/// The corrupt fields of an existing job hash. A dead job may be the minimal
-/// hash a missing one is dead-lettered with (no attempts), so its counts are
-/// only checked when present.
+/// The corrupt fields of an existing job hash. A dead job's counts are not
+/// checked: it may be the minimal hash a missing one is dead-lettered with,
+/// or a job dead-lettered *because* a field was corrupt.
 pub(crate) fn field_problems(id: &JobId, row: &JobRow) -> Vec<Violation> {
     let mut out = Vec::new();
     if !row.is_hash() {
@@ -272,15 +272,17 @@ pub(crate) fn field_problems(id: &JobId, row: &JobRow) -> Vec<Violation> {
         Some(JobState::Queued | JobState::Active | JobState::Delayed | JobState::Dead) => {}
         _ => out.push(corrupt("state", &row.state)),
     }
-    let dead = state == Some(JobState::Dead);
+    if state == Some(JobState::Dead) {
+        // Parked for the operator: its reason says what was wrong, and a
+        // replay with reset attempts (or a purge) is the way out.
+        return out;
+    }
     match row.attempts.as_deref() {
         Some(a) if is_count(a) && a.parse::<u32>().is_ok() => {}
-        None if dead => {}
         _ => out.push(corrupt("attempts", &row.attempts)),
     }
     match row.max_attempts.as_deref() {
         Some(m) if is_count(m) && m.parse::<u32>().is_ok_and(|m| m >= 1) => {}
-        None if dead => {}
         _ => out.push(corrupt("max_attempts", &row.max_attempts)),
     }
     if state == Some(JobState::Active) && row.token.as_deref().is_none_or(str::is_empty) {
@@ -402,13 +404,15 @@ mod tests {
             })
             .collect();
         assert_eq!(found, ["attempts", "max_attempts", "token"]);
-        // A minimal dead hash (dead-lettered because its hash was missing) is fine.
+        // A minimal dead hash (dead-lettered because its hash was missing) is
+        // fine, and so is a job dead-lettered for its corrupt attempts.
         let minimal = JobRow {
             key_type: "hash".into(),
             state: Some("dead".into()),
             ..JobRow::default()
         };
         assert!(field_problems(&id, &minimal).is_empty());
+        assert!(field_problems(&id, &row("dead", "nan", "x", None)).is_empty());
         assert!(field_problems(&id, &row("paused", "1", "3", None)).len() == 1);
     }
 

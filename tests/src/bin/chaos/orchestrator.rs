@@ -676,6 +676,7 @@ async fn run(s: Settings) -> Result<(bool, Report), String> {
             .unwrap_or_default(),
     );
     verify(&queue, ledger, &plan, &mut report).await?;
+    crate::check::after_run(&queue, &mut report).await;
     report.wall_time_s = started.elapsed().as_secs_f64();
     if report.passed() && !s.keep_logs {
         let _ = std::fs::remove_dir_all(&logs);
