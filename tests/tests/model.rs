@@ -171,6 +171,14 @@ impl Harness {
         format!("tok-{}", self.tokens)
     }
 
+    /// Job `start`, or the next one after it that `ok` accepts: a retry op
+    /// acts on some job whose reply could have been lost.
+    fn pick(&self, start: usize, ok: impl Fn(&Job) -> bool) -> Option<usize> {
+        (0..JOBS)
+            .map(|i| (start + i) % JOBS)
+            .find(|&j| ok(&self.jobs[j]))
+    }
+
     fn job_of(&self, id: &str) -> Result<usize, TestCaseError> {
         (0..JOBS)
             .find(|&j| self.jobs[j].at != At::Absent && id == self.jobs_id(j))
@@ -295,6 +303,10 @@ impl Harness {
                 }
             }
             Op::RetryClaim(j) => {
+                let active = |job: &Job| matches!(job.at, At::Processing { token: Some(_), .. });
+                let Some(j) = self.pick(j, active) else {
+                    return Ok(());
+                };
                 let (At::Processing { token: Some(t), .. }, Some(last)) =
                     (self.jobs[j].at.clone(), self.jobs[j].last_token.clone())
                 else {
@@ -363,6 +375,10 @@ impl Harness {
                 prop_assert!(!ok, "a stale token completed {}", id(j));
             }
             Op::RetryAck(j) => {
+                let acked = |job: &Job| job.at == At::Completed && job.last_ack == Some(true);
+                let Some(j) = self.pick(j, acked) else {
+                    return Ok(());
+                };
                 let (Some(t), Some(true)) =
                     (self.jobs[j].last_token.clone(), self.jobs[j].last_ack)
                 else {
@@ -418,6 +434,15 @@ impl Harness {
                 self.jobs[j].last_fail = Some(got);
             }
             Op::RetryFail(j, retry) => {
+                // Only while the job is still where that fail put it.
+                let failed = |job: &Job| match &job.last_fail {
+                    Some(Failed::Retry) => job.at == At::Delayed,
+                    Some(Failed::Dead(_)) => job.at == At::Dead,
+                    _ => false,
+                };
+                let Some(j) = self.pick(j, failed) else {
+                    return Ok(());
+                };
                 let (Some(t), Some(first)) = (
                     self.jobs[j].last_token.clone(),
                     self.jobs[j].last_fail.clone(),
