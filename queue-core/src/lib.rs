@@ -56,6 +56,9 @@ mod queue;
 mod registry;
 mod scripts;
 mod state;
+#[cfg(feature = "failpoints")]
+#[doc(hidden)]
+pub mod testing;
 mod watchdog;
 mod worker;
 

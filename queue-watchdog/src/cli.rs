@@ -49,6 +49,12 @@ pub enum Command {
     /// finding with its fix. Exit 0: safe for critical queues; 1: findings
     /// that can lose data; 2: cannot connect.
     Doctor(DoctorArgs),
+    /// Verify the queue invariants (every id listed once, in the structure
+    /// its state names; no job hash listed nowhere; no entry without a hash;
+    /// claimed jobs leased; no stray lease; sane fields, key types and
+    /// counters). Read-only unless --repair. Exit 0: clean; 1: violations
+    /// found (even if repaired); 2: Redis unreachable.
+    Check(CheckArgs),
     /// Serve the web dashboard (queues, live throughput, processing jobs with
     /// their lease, dead letters with replay, job details).
     #[cfg_attr(
@@ -213,6 +219,21 @@ pub struct StatsArgs {
     #[command(flatten)]
     pub selection: QueueSelection,
     /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub selection: QueueSelection,
+    /// Mend what can be mended without losing a job: a hash listed nowhere
+    /// goes back to main (or dead), an entry whose hash is gone is
+    /// dead-lettered (or dropped when the job completed), a stray lease is
+    /// dropped. Each repair re-checks atomically first.
+    #[arg(long)]
+    pub repair: bool,
+    /// Print JSON (one report per queue) instead of text.
     #[arg(long)]
     pub json: bool,
 }

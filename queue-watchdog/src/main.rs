@@ -7,6 +7,7 @@
 //!   throughput over the last minute, lifetime counters.
 //! - `jobs show`: one job's hash, location, lease and history.
 //! - `dead list` / `dead replay` / `dead purge`: the dead-letter list.
+//! - `check`: the queue invariants, with `--repair`.
 //! - `doctor`: the Redis settings that lose queue data, with fixes.
 //! - `dashboard` (cargo feature `dashboard`, on by default): the web UI.
 //! - `enqueue`: one job from JSON (producers without Rust, scripts).

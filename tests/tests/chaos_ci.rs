@@ -2,7 +2,8 @@
 //! test suite: 1000 jobs, 3 worker processes, 10 random SIGKILLs plus crashes
 //! at every failpoint, a SIGSTOP past the lease and two watchdogs; the second
 //! test also SIGKILLs and restarts Redis (appendonly, appendfsync always)
-//! mid-run. Each must report nothing lost and no duplicate side effect.
+//! mid-run. Each must report nothing lost, no duplicate side effect and no
+//! invariant violation (`Admin::check` after the run).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -54,6 +55,11 @@ fn run_chaos(extra: &[&str]) {
         "duplicate side effects: {json}"
     );
     assert_eq!(field(json, "pending"), Some("0"), "{json}");
+    assert_eq!(
+        field(json, "violations"),
+        Some("0"),
+        "invariant check after the run: {json}"
+    );
     assert_eq!(field(json, "enqueued"), Some("1000"), "{json}");
     assert_eq!(field(json, "kills"), Some("10"), "{json}");
     assert_eq!(field(json, "passed"), Some("true"), "{json}");

@@ -26,6 +26,10 @@ pub enum AdminError {
     /// queues are spread over nodes: name them instead.
     #[error("queue discovery needs a single Redis server; on a Redis Cluster name the queues")]
     DiscoveryNeedsSingleServer,
+    /// The invariant check SCANs for job hashes on one server; it does not
+    /// run through a Redis Cluster connection.
+    #[error("the invariant check needs a single Redis server (or a Sentinel primary), not a Redis Cluster connection")]
+    CheckNeedsSingleServer,
 }
 
 impl AdminError {

@@ -16,9 +16,14 @@
 //! | `jobs.rs` | [`JobInfo`] (the raw hash), [`JobDetail`] (everything about one job) |
 //! | `history.rs` | [`JobEvent`]: a job's life from the timestamps its hash keeps |
 //! | `dead.rs` | dead letters: list with a filter, select, replay, purge |
+//! | `check.rs` | [`Admin::check`]: the invariant checker (`check.lua`), [`CheckReport`] |
+//! | `check_rules.rs` | [`Violation`]: the invariants, and the rules that judge what the checker read |
+//! | `repair.rs` | [`Admin::repair`]: mending a violation without losing a job (`repair_*.lua`) |
 //! | `discovery.rs` | finding queue names from their keys |
 //! | `error.rs` | [`AdminError`] |
 
+mod check;
+mod check_rules;
 mod dead;
 mod discovery;
 mod error;
@@ -27,12 +32,15 @@ mod history;
 mod jobs;
 mod listings;
 mod locate;
+mod repair;
 mod stats;
 #[cfg(test)]
 mod tests;
 
 use crate::queue::Queue;
 
+pub use check::{CheckReport, Scanned, MAX_PROBES, PAGE};
+pub use check_rules::{Place, Violation};
 pub use dead::{DeadCandidate, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome};
 pub use discovery::queue_of_key;
 pub use error::{AdminError, Result};
@@ -41,6 +49,7 @@ pub use history::{JobEvent, JobEventKind};
 pub use jobs::{JobDetail, JobInfo};
 pub use listings::{LeaseStatus, Listing, Page, ProcessingJob, WaitingJob};
 pub use locate::Location;
+pub use repair::{Repair, RepairAction, MISSING_HASH_REASON};
 pub use stats::QueueStats;
 
 /// Shebang flags of the read-only admin scripts: they run on replicas and

@@ -1,6 +1,7 @@
 //! What each subcommand does: one file per subcommand, each fetching through
 //! `queue_core::admin` (or the doctor) and formatting the result.
 
+mod check;
 mod dead;
 mod doctor;
 mod enqueue;
@@ -27,6 +28,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
             json,
         }) => jobs::show(&cli.redis, &id, &selection.queues, json).await,
         Command::Dead(cmd) => dead::dead(&cli.redis, cmd).await,
+        Command::Check(args) => check::check(&cli.redis, args).await,
         Command::Doctor(args) => doctor::doctor(&cli.redis, args).await,
         Command::Dashboard(args) => dashboard(&cli.redis, args).await,
         Command::Outbox(cmd) => outbox(&cli.redis, cmd).await,

@@ -10,6 +10,7 @@
 
 mod aof;
 mod args;
+mod check;
 mod job;
 mod orchestrator;
 mod report;

@@ -345,6 +345,7 @@ async fn run(s: Settings) -> Result<(bool, Report), String> {
 
     let mut report = new_report(&s, &produced, &chaos.done, wd_total, poison, timed_out);
     verify(&queue, ledger, &plan, &mut report).await?;
+    crate::check::after_run(&queue, &mut report).await;
     report.wall_time_s = started.elapsed().as_secs_f64();
     if report.passed() && !s.keep_logs {
         let _ = std::fs::remove_dir_all(&logs);

@@ -64,6 +64,8 @@ pub struct Report {
     pub adopted: u64,
     pub watchdog_dead_lettered: u64,
     pub retried: u64,
+    /// Invariant violations `Admin::check` found after the run (must be 0).
+    pub violations: u64,
     pub wall_time_s: f64,
     pub timed_out: bool,
     /// Examples of what went wrong, for the log.
@@ -81,6 +83,7 @@ impl Report {
             && self.double_acks == 0
             && self.duplicate_enqueues_created == 0
             && self.poison_mishandled == 0
+            && self.violations == 0
             && !self.timed_out
             && self.enqueued == self.jobs
             && self.completed + self.dead_lettered + self.pending + self.lost == self.enqueued
@@ -235,6 +238,13 @@ impl Report {
     fn verdict_rows(&self, rows: &mut Rows) {
         let mut row = |k: &str, v: String| rows.push((k.to_string(), v));
         row(
+            "invariant violations",
+            format!(
+                "{} (queue-watchdog check after the run; must be 0)",
+                self.violations
+            ),
+        );
+        row(
             "wall time",
             format!(
                 "{:.1} s{}",
@@ -299,6 +309,7 @@ impl Report {
         num("adopted", self.adopted);
         num("watchdog_dead_lettered", self.watchdog_dead_lettered);
         num("retried", self.retried);
+        num("violations", self.violations);
         f.push(("appendonly".into(), self.appendonly.to_string()));
         f.push(("wall_time_s".into(), format!("{:.3}", self.wall_time_s)));
         f.push(("timed_out".into(), self.timed_out.to_string()));

@@ -1,0 +1,65 @@
+-- Read-only reads of the invariant checker (admin/check.rs), one consistent
+-- snapshot per call: the key types and counters, one page of a structure, the
+-- job hashes a SCAN found, or everything about one id (the probe that
+-- confirms a suspicion, so a job moving between two pages is never reported).
+-- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 stats, 7 guard (never written)
+-- ARGV: 1 mode ('types' | 'page' | 'hashes' | 'probe'), 2 job prefix, 3 done prefix,
+--       4 structure ('main' | 'processing' | 'delayed' | 'dead' | 'leases'), 5 offset, 6 limit
+--       (mode 'hashes': ARGV 4.. are job keys; mode 'probe': ARGV 4 is the id)
+-- A row is {key type, state, attempts, max_attempts, token} (false: field missing).
+-- Returns, by mode:
+--   types:  {now, {type of KEYS 1..6}, stats fields and values (when a hash)}
+--   page:   {now, length, {{id, lease expiry or false, row}, ...}}
+--   hashes: {now, {{key, row}, ...}}
+--   probe:  {now, main count, processing count, dead count, delayed score or false,
+--            lease expiry or false, row, completion record exists (1/0)}
+local mode, prefix = ARGV[1], ARGV[2]
+local now = now_ms()
+
+local function row(key)
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'hash' then return {t, false, false, false, false} end
+  local h = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'token')
+  return {t, h[1], h[2], h[3], h[4]}
+end
+
+if mode == 'types' then
+  local types = {}
+  for i = 1, 6 do types[i] = redis.call('TYPE', KEYS[i])['ok'] end
+  local stats = {}
+  if types[6] == 'hash' then stats = redis.call('HGETALL', KEYS[6]) end
+  return {now, types, stats}
+elseif mode == 'page' then
+  local which = ARGV[4]
+  local key = ({main = KEYS[1], processing = KEYS[2], delayed = KEYS[3], dead = KEYS[4],
+    leases = KEYS[5]})[which]
+  local offset, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local ids, len
+  if which == 'delayed' or which == 'leases' then
+    ids = redis.call('ZRANGE', key, offset, offset + limit - 1)
+    len = redis.call('ZCARD', key)
+  else
+    ids = redis.call('LRANGE', key, offset, offset + limit - 1)
+    len = redis.call('LLEN', key)
+  end
+  local rows = {}
+  for i, id in ipairs(ids) do
+    rows[i] = {id, redis.call('ZSCORE', KEYS[5], id), row(prefix .. id)}
+  end
+  return {now, len, rows}
+elseif mode == 'hashes' then
+  local rows = {}
+  for i = 4, #ARGV do rows[#rows + 1] = {ARGV[i], row(ARGV[i])} end
+  return {now, rows}
+elseif mode == 'probe' then
+  local id = ARGV[4]
+  return {now,
+    #redis.call('LPOS', KEYS[1], id, 'COUNT', 0),
+    #redis.call('LPOS', KEYS[2], id, 'COUNT', 0),
+    #redis.call('LPOS', KEYS[4], id, 'COUNT', 0),
+    redis.call('ZSCORE', KEYS[3], id),
+    redis.call('ZSCORE', KEYS[5], id),
+    row(prefix .. id),
+    redis.call('EXISTS', ARGV[3] .. id)}
+end
+return redis.error_reply('check.lua: unknown mode ' .. tostring(mode))

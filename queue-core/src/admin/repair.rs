@@ -1,0 +1,118 @@
+//! Repairs of what the checker found, never losing a job: one small script
+//! each (`repair_orphan.lua`, `repair_missing.lua`, `repair_lease.lua`) that
+//! checks again, atomically, that the violation still holds before it writes.
+
+use serde::Serialize;
+
+use super::check_rules::Violation;
+use super::{admin_script, Admin, Result};
+use crate::error::QueueError;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+admin_script!(REPAIR_ORPHAN, "repair_orphan.lua", None);
+admin_script!(REPAIR_MISSING, "repair_missing.lua", None);
+admin_script!(REPAIR_LEASE, "repair_lease.lua", None);
+
+/// The dead-letter reason of an entry whose hash was gone.
+pub const MISSING_HASH_REASON: &str =
+    "job hash missing (found by queue-watchdog check; payload lost)";
+
+/// What a repair did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RepairAction {
+    /// A hash listed nowhere went back to main (state `queued`).
+    RequeuedToMain,
+    /// A dead hash listed nowhere went back to the dead list.
+    RestoredToDead,
+    /// An entry whose hash was gone was dead-lettered with
+    /// [`MISSING_HASH_REASON`].
+    DeadLettered,
+    /// An entry whose hash was gone belonged to a completed job: removed.
+    RemovedCompleted,
+    /// A lease without a processing entry was dropped.
+    LeaseDropped,
+    /// The violation no longer held when the repair ran (a live move): nothing changed.
+    Changed,
+}
+
+/// One repair attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Repair {
+    /// The job repaired.
+    pub id: JobId,
+    /// What was done.
+    pub action: RepairAction,
+}
+
+impl Admin {
+    /// Repairs `violation` when it is one a script can mend without losing a
+    /// job (a hash listed nowhere, an entry whose hash is gone, a stray
+    /// lease); `None` for the others, which need an operator.
+    pub async fn repair(&self, queue: &str, violation: &Violation) -> Result<Option<Repair>> {
+        let k = QueueKeys::new(queue);
+        // Every place an id can be listed, then its hash (both repairs of a
+        // job take these first).
+        let listed = |id: &JobId| {
+            vec![
+                k.main.clone(),
+                k.processing.clone(),
+                k.delayed.clone(),
+                k.dead.clone(),
+                k.leases.clone(),
+                k.job(id.as_str()),
+            ]
+        };
+        let (script, id, keys, args): (_, _, Vec<String>, Vec<&str>) = match violation {
+            Violation::OrphanHash { id, .. } => (&REPAIR_ORPHAN, id, listed(id), vec![]),
+            Violation::MissingHash { id, .. } => {
+                let mut keys = listed(id);
+                keys.extend([k.done(id.as_str()), k.stats.clone()]);
+                (&REPAIR_MISSING, id, keys, vec![MISSING_HASH_REASON])
+            }
+            Violation::StrayLease { id } => (
+                &REPAIR_LEASE,
+                id,
+                vec![k.processing.clone(), k.leases.clone()],
+                vec![],
+            ),
+            _ => return Ok(None),
+        };
+        let mut inv = script.prepare_invoke();
+        for key in &keys {
+            inv.key(key);
+        }
+        inv.arg(id.as_str());
+        for a in args {
+            inv.arg(a);
+        }
+        let reply: String = inv
+            .invoke_async(&mut self.queue.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, Some(id), e))?;
+        let action = match reply.as_str() {
+            "main" => RepairAction::RequeuedToMain,
+            "dead" if matches!(violation, Violation::OrphanHash { .. }) => {
+                RepairAction::RestoredToDead
+            }
+            "dead" => RepairAction::DeadLettered,
+            "removed" => RepairAction::RemovedCompleted,
+            "dropped" => RepairAction::LeaseDropped,
+            "changed" => RepairAction::Changed,
+            other => {
+                return Err(QueueError::protocol(
+                    queue,
+                    Some(id),
+                    format!("repair reply {other:?}"),
+                )
+                .into())
+            }
+        };
+        tracing::info!(queue, job_id = %id, ?action, "check: repaired {}", violation.kind());
+        Ok(Some(Repair {
+            id: id.clone(),
+            action,
+        }))
+    }
+}

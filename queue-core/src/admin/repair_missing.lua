@@ -1,0 +1,29 @@
+-- Repair (checker): entries whose job hash is gone. A job that completed
+-- (its completion record exists) only loses its stale entries; any other is
+-- dead-lettered with the reason (a minimal hash, as claim() does for a
+-- missing hash), so an operator sees it. The dead entry is written before
+-- the others are removed; the counter last. Every entry goes (LREM 0): with
+-- no hash, each of them is stale. Only while the hash is still missing.
+-- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash, 7 completion record, 8 stats
+-- ARGV: 1 id, 2 reason
+-- Returns 'removed' | 'dead' | 'changed'
+local id = ARGV[1]
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  return 'changed'
+end
+local completed = redis.call('EXISTS', KEYS[7]) == 1
+local listed_dead = redis.call('LPOS', KEYS[4], id)
+if not completed then
+  redis.call('HSET', KEYS[6], 'id', id, 'state', 'dead', 'dead_reason', ARGV[2], 'dead_at', now_ms())
+  if not listed_dead then redis.call('LPUSH', KEYS[4], id) end
+end
+redis.call('LREM', KEYS[1], 0, id)
+redis.call('LREM', KEYS[2], 0, id)
+redis.call('ZREM', KEYS[3], id)
+redis.call('ZREM', KEYS[5], id)
+if completed then
+  redis.call('LREM', KEYS[4], 0, id)
+  return 'removed'
+end
+if not listed_dead then redis.call('HINCRBY', KEYS[8], 'dead', 1) end
+return 'dead'

@@ -1,0 +1,24 @@
+-- Repair (checker): a job hash that no structure lists goes back where its
+-- state says: a dead job to the dead list, any other to main (state queued,
+-- its old delivery forgotten, no attempt used). Only while it is still listed
+-- nowhere: a job that moved meanwhile is left alone.
+-- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash
+-- ARGV: 1 id
+-- Returns 'main' | 'dead' | 'changed'
+local id = ARGV[1]
+if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id)
+    or redis.call('LPOS', KEYS[2], id) or redis.call('LPOS', KEYS[4], id)
+    or redis.call('ZSCORE', KEYS[3], id) then
+  return 'changed'
+end
+local now = now_ms()
+if redis.call('HGET', KEYS[6], 'state') == 'dead' then
+  redis.call('LPUSH', KEYS[4], id)
+  redis.call('HSET', KEYS[6], 'repaired_at', now)
+  return 'dead'
+end
+redis.call('LPUSH', KEYS[1], id)
+redis.call('HSET', KEYS[6], 'state', 'queued', 'repaired_at', now)
+redis.call('HDEL', KEYS[6], 'token', 'lease_until', 'run_at')
+redis.call('ZREM', KEYS[5], id)
+return 'main'

@@ -1,0 +1,225 @@
+//! The state-transition scripts, callable one by one by tests (cargo feature
+//! `failpoints` only; hidden, not a public API): the model-based test
+//! (`tests/tests/model.rs`) drives a real redis-server through exactly the
+//! calls a worker and the watchdog make, in any order, including the ones a
+//! crash or a lost reply produces (a `LMOVE` with no claim, a retried claim).
+
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+use crate::conn::RedisConnection;
+use crate::error::Result;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+use crate::scripts::ack::{Ack, AckReply};
+use crate::scripts::claim::{Claim, ClaimRow};
+use crate::scripts::extend::{Extend, ExtendReply};
+use crate::scripts::fail::{Fail, FailKind, FailReply};
+use crate::scripts::fetch::Fetch;
+use crate::scripts::promote::Promote;
+use crate::scripts::reclaim::Reclaim;
+
+/// One row of a fetch or claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claimed {
+    /// Claimed: run it under `token`; `attempt` is 1 on the first delivery.
+    Claimed {
+        /// Job id.
+        id: JobId,
+        /// Lease token of the delivery.
+        token: String,
+        /// Attempt number.
+        attempt: u32,
+    },
+    /// A completion record existed: acked without running.
+    Done(JobId),
+    /// The hash was missing: dead-lettered.
+    Missing(JobId),
+    /// Another delivery owns the job.
+    Busy(JobId),
+    /// Not in processing any more (claim only).
+    Gone(JobId),
+    /// The job's data was corrupt: dead-lettered with this reason.
+    Corrupt(JobId, String),
+    /// A row that did not decode (the id, when it could be read).
+    Unreadable(Option<JobId>, String),
+}
+
+impl From<ClaimRow> for Claimed {
+    fn from(row: ClaimRow) -> Self {
+        use crate::scripts::claim::Skip;
+        match row {
+            ClaimRow::Claimed(d) => Claimed::Claimed {
+                id: d.id,
+                token: d.token,
+                attempt: d.attempt,
+            },
+            ClaimRow::Skipped(id, Skip::Done) => Claimed::Done(id),
+            ClaimRow::Skipped(id, Skip::Missing) => Claimed::Missing(id),
+            ClaimRow::Skipped(id, Skip::Busy) => Claimed::Busy(id),
+            ClaimRow::Skipped(id, Skip::Gone) => Claimed::Gone(id),
+            ClaimRow::Corrupt(id, reason) => Claimed::Corrupt(id, reason),
+            ClaimRow::Unreadable(u) => Claimed::Unreadable(u.id, u.detail),
+        }
+    }
+}
+
+/// What a failed attempt did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failed {
+    /// Back in the delayed set.
+    Retry,
+    /// Dead-lettered with this reason.
+    Dead(String),
+    /// The token did not match.
+    LeaseLost,
+}
+
+/// `fetch.lua`: LMOVE and claim up to `count` jobs.
+pub async fn fetch(
+    conn: &mut RedisConnection,
+    queue: &str,
+    lease: Duration,
+    token_base: &str,
+    count: usize,
+) -> Result<Vec<Claimed>> {
+    let keys = QueueKeys::new(queue);
+    let rows = Fetch {
+        keys: &keys,
+        lease,
+        token_base,
+        count,
+    }
+    .run(conn)
+    .await?;
+    Ok(rows.into_iter().map(Claimed::from).collect())
+}
+
+/// `claim.lua`: the claim after a BLMOVE.
+pub async fn claim(
+    conn: &mut RedisConnection,
+    queue: &str,
+    id: &str,
+    lease: Duration,
+    token: &str,
+) -> Result<Claimed> {
+    let keys = QueueKeys::new(queue);
+    let row = Claim {
+        keys: &keys,
+        id: id.as_bytes(),
+        lease,
+        token,
+    }
+    .run(conn)
+    .await?;
+    Ok(row.into())
+}
+
+/// `ack.lua` (no completion-record retention when `retention` is zero).
+/// True when completed, false when the lease was lost.
+pub async fn ack(
+    conn: &mut RedisConnection,
+    queue: &str,
+    id: &str,
+    token: &str,
+    retention: Duration,
+) -> Result<bool> {
+    let keys = QueueKeys::new(queue);
+    let id = JobId::from(id);
+    let reply = Ack {
+        keys: &keys,
+        id: &id,
+        token,
+        retention,
+        result_ref: None,
+    }
+    .run(conn)
+    .await?;
+    Ok(reply == AckReply::Completed)
+}
+
+/// `fail.lua`: a retryable (`retry`) or permanent failure.
+pub async fn fail(
+    conn: &mut RedisConnection,
+    queue: &str,
+    id: &str,
+    token: &str,
+    retry: bool,
+    delay: Duration,
+) -> Result<Failed> {
+    let keys = QueueKeys::new(queue);
+    let id = JobId::from(id);
+    let reply = Fail {
+        keys: &keys,
+        id: &id,
+        token,
+        kind: if retry {
+            FailKind::Retry
+        } else {
+            FailKind::Permanent
+        },
+        message: "model failure",
+        delay,
+    }
+    .run(conn)
+    .await?;
+    Ok(match reply {
+        FailReply::Retry { .. } => Failed::Retry,
+        FailReply::Dead { reason } => Failed::Dead(reason),
+        FailReply::LeaseLost => Failed::LeaseLost,
+    })
+}
+
+/// `extend.lua`: true when extended, false when the lease was lost.
+pub async fn extend(
+    conn: &mut RedisConnection,
+    queue: &str,
+    id: &str,
+    token: &str,
+    lease: Duration,
+) -> Result<bool> {
+    let keys = QueueKeys::new(queue);
+    let id = JobId::from(id);
+    let reply = Extend {
+        keys: &keys,
+        id: &id,
+        token,
+        lease,
+    }
+    .run(conn)
+    .await?;
+    Ok(matches!(reply, ExtendReply::Extended { .. }))
+}
+
+/// `reclaim.lua`, one batch: `(reclaimed, dead_lettered, adopted)`.
+pub async fn reclaim(
+    conn: &mut RedisConnection,
+    queue: &str,
+    orphan_grace: Duration,
+    backoff: Backoff,
+) -> Result<(u64, u64, u64)> {
+    let keys = QueueKeys::new(queue);
+    let r = Reclaim {
+        keys: &keys,
+        batch: 1000,
+        orphan_grace,
+        backoff: &backoff,
+        seed: 7,
+        orphan_scan: 1000,
+    }
+    .run(conn)
+    .await?;
+    Ok((r.reclaimed, r.dead_lettered, r.adopted))
+}
+
+/// `promote.lua`: due delayed jobs to main; the number moved.
+pub async fn promote(conn: &mut RedisConnection, queue: &str) -> Result<u64> {
+    let keys = QueueKeys::new(queue);
+    Ok(Promote {
+        keys: &keys,
+        limit: 1000,
+    }
+    .run(conn)
+    .await?
+    .promoted)
+}

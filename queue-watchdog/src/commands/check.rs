@@ -1,0 +1,60 @@
+//! `check`: the invariant checker (`Admin::check`) per queue, as text or
+//! JSON; `--repair` mends what can be mended. Exit 1 when anything was found.
+
+use std::process::ExitCode;
+
+use queue_core::admin::{Admin, CheckReport};
+
+use crate::cli::CheckArgs;
+use crate::error::Result;
+
+pub async fn check(url: &str, args: CheckArgs) -> Result<ExitCode> {
+    let admin = Admin::connect(url).await?;
+    let mut reports = Vec::new();
+    for q in admin.queues_or_discover(&args.selection.queues).await? {
+        reports.push(admin.check(&q, args.repair).await?);
+    }
+    if args.json {
+        println!("{}", super::to_json(&reports)?);
+    } else if reports.is_empty() {
+        eprintln!("no queue found (nothing enqueued yet?); name queues with --queue");
+    } else {
+        print!("{}", text(&reports));
+    }
+    Ok(if reports.iter().all(CheckReport::is_clean) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// One block per queue: a summary line, each violation, each repair.
+fn text(reports: &[CheckReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        let s = &r.scanned;
+        out.push_str(&format!(
+            "{}: {} violation(s); read main={} processing={} delayed={} dead={} leases={} job_keys={} probed={}{}\n",
+            r.queue,
+            r.violations.len(),
+            s.main,
+            s.processing,
+            s.delayed,
+            s.dead,
+            s.leases,
+            s.job_keys,
+            s.probed,
+            if r.truncated { " (truncated: too many suspicious ids, run again)" } else { "" }
+        ));
+        for v in &r.violations {
+            out.push_str(&format!("{}: {}: {v}\n", r.queue, v.kind()));
+        }
+        for rep in &r.repairs {
+            out.push_str(&format!(
+                "{}: repaired {}: {:?}\n",
+                r.queue, rep.id, rep.action
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,124 @@
+//! `queue-watchdog check` as an operator runs it: exit codes, `--repair`, `--json`.
+
+use std::process::{Command, Output};
+
+use queue_testkit::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
+
+fn check(url: &str, extra: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(["check", "--redis", url, "--queue", "emails"])
+        .args(extra)
+        .output()
+        .expect("binary runs")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn enqueue(server: &RedisServer, id: &str) {
+    let key = format!("q:{{emails}}:job:{id}");
+    server
+        .command(&[
+            "HSET",
+            &key,
+            "id",
+            id,
+            "state",
+            "queued",
+            "attempts",
+            "0",
+            "max_attempts",
+            "3",
+        ])
+        .unwrap();
+    server.command(&["LPUSH", "q:{emails}:main", id]).unwrap();
+}
+
+#[test]
+fn a_clean_queue_exits_0_and_a_broken_one_1_until_repaired() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    enqueue(&server, "a");
+    let out = check(&url, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("emails: 0 violation(s)"),
+        "{}",
+        stdout(&out)
+    );
+
+    // The id fell out of main: its hash is listed nowhere.
+    server
+        .command(&["LREM", "q:{emails}:main", "1", "a"])
+        .unwrap();
+    let out = check(&url, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stdout(&out).contains("orphan_hash: job a"),
+        "{}",
+        stdout(&out)
+    );
+
+    let out = check(&url, &["--repair"]);
+    assert_eq!(out.status.code(), Some(1), "found, then repaired");
+    assert!(
+        stdout(&out).contains("repaired a: RequeuedToMain"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(
+        server
+            .command(&["LRANGE", "q:{emails}:main", "0", "-1"])
+            .unwrap(),
+        "*1\r\n$1\r\na\r\n"
+    );
+    let out = check(&url, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}
+
+#[test]
+fn json_lists_each_violation_with_its_kind() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    server
+        .command(&["ZADD", "q:{emails}:leases", "1", "ghost"])
+        .unwrap();
+    server
+        .command(&["HSET", "q:{emails}:stats", "dead", "x"])
+        .unwrap();
+    let out = check(&url, &["--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let json = stdout(&out);
+    assert!(json.starts_with("[{\"queue\":\"emails\""), "{json}");
+    assert!(
+        json.contains(r#"{"kind":"stray_lease","id":"ghost"}"#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#"{"kind":"bad_counter","field":"dead","value":"x"}"#),
+        "{json}"
+    );
+    let out = check(&url, &["--json", "--repair"]);
+    assert!(
+        stdout(&out).contains(r#""repairs":[{"id":"ghost","action":"lease_dropped"}]"#),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn unreachable_redis_exits_2() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    drop(server);
+    let out = check(&url, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
