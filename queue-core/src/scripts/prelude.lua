@@ -125,8 +125,13 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   end
   if h then
     local again = same_claim(id, token, h)
-    if again then return again end
-    if h[1] ~= 'queued' then
+    if again then
+      -- Our own delivery, answered again only while its counts still read;
+      -- corrupted since the first claim: dead-lettered below like any claim.
+      local _, _, bad_again = job_counts(h[5], h[6])
+      if not bad_again then return again end
+      bad = bad_again
+    elseif h[1] ~= 'queued' then
       -- Another delivery owns this id (e.g. a late claim after a watchdog return).
       return {'busy', id}
     end
