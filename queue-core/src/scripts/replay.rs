@@ -116,7 +116,19 @@ mod tests {
                 reason: "bad".into()
             }
         );
-        assert_eq!(fail.run(&mut conn).await.unwrap(), FailReply::LeaseLost);
+        // The same fail again (a retry after a lost reply) gets the same
+        // answer; a fail under any other token finds no lease.
+        assert_eq!(
+            fail.run(&mut conn).await.unwrap(),
+            FailReply::Dead {
+                reason: "bad".into()
+            }
+        );
+        let stale = Fail {
+            token: "another-token",
+            ..fail
+        };
+        assert_eq!(stale.run(&mut conn).await.unwrap(), FailReply::LeaseLost);
         let replay = Replay {
             keys: &keys,
             id: &id,
