@@ -27,6 +27,7 @@ impl Fetch<'_> {
     /// Runs the script; the rows in the order the jobs were taken.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<Vec<ClaimRow>> {
         let k = self.keys;
+        let sent_at = tokio::time::Instant::now();
         let reply = SCRIPT
             .call([
                 &k.main,
@@ -46,6 +47,8 @@ impl Fetch<'_> {
         let rows = reply::array(&reply).ok_or_else(|| {
             QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}"))
         })?;
-        rows.iter().map(|r| ClaimRow::decode(&k.queue, r)).collect()
+        rows.iter()
+            .map(|r| ClaimRow::decode(&k.queue, r).map(|row| row.sent_at(sent_at)))
+            .collect()
     }
 }
