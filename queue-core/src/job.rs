@@ -240,6 +240,8 @@ pub(crate) struct ContextInner {
     pub(crate) enqueued_at_ms: i64,
     pub(crate) delivered_at_ms: i64,
     pub(crate) fence: u64,
+    /// This delivery's lease token (step results are fenced by it).
+    pub(crate) token: String,
     /// This delivery's lease on the local clock (lost flag + deadline).
     pub(crate) lease: crate::lease_clock::LeaseClock,
     pub(crate) conn: Option<crate::conn::RedisConnection>,
@@ -277,6 +279,7 @@ impl JobContext {
                 enqueued_at_ms: 0,
                 delivered_at_ms: 0,
                 fence: attempt as u64,
+                token: String::new(),
                 lease: crate::lease_clock::LeaseClock::unbounded(),
                 conn: None,
                 result_ref: std::sync::Mutex::new(None),
@@ -425,7 +428,11 @@ impl JobContext {
     /// This makes a *completed* step safe to retry. A crash after `f`'s side
     /// effect and before the result is stored still runs `f` again, so pass
     /// [`step_key`](Self::step_key) to external APIs that deduplicate.
-    /// Step results expire with the completion record. Outside a worker
+    /// The result is stored only while this delivery still owns the job
+    /// (a token-checked script): a stale delivery gets an error, stores
+    /// nothing and sees [`lease_lost`](Self::lease_lost) turn true. Step
+    /// results expire 7 days after the last step at the latest, and with the
+    /// completion record once the job completes. Outside a worker
     /// (a context from [`JobContext::for_test`]) `f` simply runs.
     ///
     /// ```
@@ -452,7 +459,8 @@ impl JobContext {
             return f().await;
         };
         let mut conn = conn.clone();
-        let key = crate::keys::QueueKeys::new(&self.inner.queue).steps(self.inner.job_id.as_str());
+        let keys = crate::keys::QueueKeys::new(&self.inner.queue);
+        let key = keys.steps(self.inner.job_id.as_str());
         let stored: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(&key)
             .arg(name)
@@ -471,17 +479,29 @@ impl JobContext {
         let bytes = rmp_serde::to_vec_named(&value).map_err(|e| {
             JobError::permanent(format!("result of step `{name}` does not encode: {e}"))
         })?;
-        let _: () = redis::cmd("HSET")
-            .arg(&key)
-            .arg(name)
-            .arg(bytes)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| {
-                JobError::retryable(format!(
-                    "step `{name}` ran but its result could not be stored: {e}"
-                ))
-            })?;
+        let record = crate::scripts::step_record::StepRecord {
+            keys: &keys,
+            id: &self.inner.job_id,
+            token: &self.inner.token,
+            name,
+            value: &bytes,
+            ttl: crate::scripts::step_record::STEP_TTL,
+        };
+        let reply = record.run(&mut conn).await.map_err(|e| {
+            JobError::retryable(format!(
+                "step `{name}` ran but its result could not be stored: {e}"
+            ))
+        })?;
+        if reply == crate::scripts::step_record::StepReply::LeaseLost {
+            self.inner.lease.mark_lost();
+            tracing::warn!(
+                step = name,
+                "step result not stored: this delivery lost its lease"
+            );
+            return Err(JobError::retryable(format!(
+                "step `{name}` ran but its result was not stored: the lease was lost (the job was reclaimed or finished elsewhere)"
+            )));
+        }
         tracing::debug!(step = name, "step done and recorded");
         Ok(value)
     }

@@ -6,9 +6,13 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use queue_core::{job, JobContext, JobError, Lock, LockOptions, Queue, Worker, WorkerConfig};
+use queue_core::{
+    job, ConnectionConfig, EnqueueOptions, EnqueueOutcome, JobContext, JobError, Lock, LockOptions,
+    Queue, QueueKeys, Worker, WorkerConfig,
+};
 use queue_testkit::RedisServer;
-use queue_tests::{fast_config, init_tracing, wait_until};
+use queue_tests::{fast_config, init_tracing, redis_conn, wait_until};
+use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 const T: Duration = Duration::from_secs(30);
@@ -187,4 +191,170 @@ async fn a_renewed_lock_is_not_held_once_its_ttl_passes_without_a_renewal() {
         .expect("lost() completes");
     assert!(stopped_at.elapsed() < Duration::from_secs(3));
     drop(paused);
+}
+
+// ---- item 6: step results are fenced by the lease token ------------------
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Steps {}
+
+static STEP1_DONE: AtomicBool = AtomicBool::new(false);
+static STEP2_GO: AtomicBool = AtomicBool::new(false);
+/// 1: the second step was refused and `lease_lost()` was true; 2: it was stored.
+static STEP2_OUTCOME: AtomicU64 = AtomicU64::new(0);
+
+/// Records step `first`, waits for the test, then tries step `second`.
+#[job(queue = "steps", max_attempts = 1, timeout = "60s")]
+async fn stepper(ctx: JobContext, _s: Steps) -> Result<(), JobError> {
+    ctx.step("first", || async { Ok(1u32) }).await?;
+    STEP1_DONE.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    while !STEP2_GO.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = ctx.step("second", || async { Ok(2u32) }).await;
+    let outcome = if second.is_err() && ctx.lease_lost() {
+        1
+    } else {
+        2
+    };
+    STEP2_OUTCOME.store(outcome, Ordering::SeqCst);
+    second.map(drop)
+}
+
+/// A step write carries a TTL, and a delivery that no longer owns its job
+/// (here: the job finished elsewhere with retention 0, which deletes the
+/// hash and the step results) stores nothing, gets an error and sees
+/// `lease_lost()`; it used to recreate the step results with no TTL.
+#[tokio::test]
+async fn a_stale_step_write_stores_nothing_and_every_step_write_has_a_ttl() {
+    let (_server, url, queue) = setup().await;
+    let cfg = WorkerConfig {
+        lease: Duration::from_secs(60),
+        heartbeat_enabled: false, // only the step write may notice the loss
+        ..fast_config()
+    };
+    let (stop, join) = start_worker(&url, |b| b.register(stepper::handler()), cfg).await;
+    let id = stepper::enqueue_with_id(&queue, "order-1", Steps {})
+        .await
+        .unwrap()
+        .id;
+    let keys = QueueKeys::new("steps");
+    let mut c = redis_conn(&url).await;
+    wait_until(T, "first step recorded", || async {
+        STEP1_DONE.load(Ordering::SeqCst)
+    })
+    .await;
+    let ttl: i64 = c.pttl(keys.steps(id.as_str())).await.unwrap();
+    assert!(ttl > 0, "step results carry a TTL, got PTTL {ttl}");
+    // Another delivery completed the job with retention 0.
+    let _: () = c
+        .del(&[keys.job(id.as_str()), keys.steps(id.as_str())])
+        .await
+        .unwrap();
+    STEP2_GO.store(true, Ordering::SeqCst);
+    wait_until(T, "second step tried", || async {
+        STEP2_OUTCOME.load(Ordering::SeqCst) != 0
+    })
+    .await;
+    assert_eq!(
+        STEP2_OUTCOME.load(Ordering::SeqCst),
+        1,
+        "the stale step write is refused and the lease is reported lost"
+    );
+    let exists: bool = c.exists(keys.steps(id.as_str())).await.unwrap();
+    assert!(!exists, "a stale step write recreated the step results");
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+}
+
+// ---- item 11: an enqueue survives a lost connection or a lost reply -----
+
+/// Enqueues an empty payload of type `t` under `id` on queue `enq`.
+async fn enqueue_id(queue: &Queue, id: &str) -> queue_core::Result<queue_core::Enqueued> {
+    queue
+        .enqueue_raw("enq", "t", 1, 1, EnqueueOptions::new().id(id), b"")
+        .await
+}
+
+/// A restart breaks the client's connection; the next enqueue used to fail
+/// with "broken pipe". It is now sent again once the client reconnected.
+#[tokio::test]
+async fn the_first_enqueue_after_a_redis_restart_succeeds() {
+    let (mut server, _url, queue) = setup().await;
+    assert!(enqueue_id(&queue, "before").await.unwrap().is_new());
+    server.restart().expect("redis restarts");
+    let after = enqueue_id(&queue, "after")
+        .await
+        .expect("the first enqueue after the restart succeeds");
+    assert!(after.is_new());
+}
+
+/// The enqueue reaches a paused Redis, the client times out and sends it
+/// again; when Redis resumes, the first request writes the job and the
+/// retries find their own token: the call reports `Created`, exactly one job
+/// exists, and another call with the same id gets `Duplicate`.
+#[tokio::test]
+async fn an_enqueue_whose_reply_was_lost_reports_created_once() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let cfg = ConnectionConfig {
+        response_timeout: Duration::from_millis(300),
+        ..ConnectionConfig::default()
+    };
+    let queue = Queue::connect_with(&server.url(), &cfg).await.unwrap();
+    assert!(enqueue_id(&queue, "warm-up").await.unwrap().is_new());
+    let paused = Paused::pause(&server);
+    let q = queue.clone();
+    let call = tokio::spawn(async move { enqueue_id(&q, "order-1").await });
+    tokio::time::sleep(Duration::from_millis(1200)).await; // several timeouts
+    drop(paused);
+    let first = call.await.unwrap().expect("retried until Redis answered");
+    assert_eq!(first.outcome, EnqueueOutcome::Created);
+    let again = enqueue_id(&queue, "order-1").await.unwrap();
+    assert!(
+        matches!(again.outcome, EnqueueOutcome::Duplicate { .. }),
+        "{again:?}"
+    );
+    let stats = queue.stats("enq").await.unwrap();
+    assert_eq!(stats.counter("enqueued"), 2, "warm-up + order-1, once");
+    assert_eq!(stats.main, 2);
+}
+
+/// Producers in other languages send the 8 documented arguments: the
+/// optional enqueue token must not be required, and without it a second
+/// call with the id is a duplicate as before.
+#[tokio::test]
+async fn an_enqueue_without_the_optional_token_still_works() {
+    let (_server, url, queue) = setup().await;
+    let script = redis::Script::new(&format!(
+        "{}\n{}",
+        include_str!("../../queue-core/src/scripts/prelude.lua"),
+        include_str!("../../queue-core/src/scripts/enqueue.lua")
+    ));
+    let keys = QueueKeys::new("enq");
+    let id = "foreign-1";
+    let mut c = redis_conn(&url).await;
+    for expected in ["new", "exists"] {
+        let reply: Vec<redis::Value> = script
+            .key(&keys.main)
+            .key(keys.job(id))
+            .key(keys.done(id))
+            .key(&keys.delayed)
+            .key(&keys.stats)
+            .key(keys.once(id))
+            .arg(id)
+            .arg("t")
+            .arg(1)
+            .arg(b"".as_slice())
+            .arg(3)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .invoke_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(reply[0], redis::Value::BulkString(expected.into()));
+    }
+    assert_eq!(queue.stats("enq").await.unwrap().main, 1);
 }

@@ -39,6 +39,7 @@ pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod replay;
 pub(crate) mod stats;
+pub(crate) mod step_record;
 
 const PRELUDE: &str = include_str!("prelude.lua");
 
@@ -228,6 +229,7 @@ mod tests {
             entry!(reclaim),
             entry!(replay),
             entry!(stats),
+            entry!(step_record),
         ]
     }
 

@@ -151,6 +151,7 @@ impl JobRunner {
                 enqueued_at_ms: d.enqueued_at_ms,
                 delivered_at_ms: d.delivered_at_ms,
                 fence: d.fence,
+                token: d.token.clone(),
                 lease: crate::lease_clock::LeaseClock::new(
                     d.claim_sent_at,
                     self.inner.config.lease,
