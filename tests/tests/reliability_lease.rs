@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use queue_core::{
     job, ConnectionConfig, EnqueueOptions, EnqueueOutcome, JobContext, JobError, Lock, LockOptions,
-    Queue, QueueKeys, Worker, WorkerConfig,
+    Queue, QueueKeys, Watchdog, WatchdogConfig, Worker, WorkerConfig,
 };
 use queue_testkit::RedisServer;
 use queue_tests::{fast_config, init_tracing, redis_conn, wait_until};
@@ -357,4 +357,72 @@ async fn an_enqueue_without_the_optional_token_still_works() {
         assert_eq!(reply[0], redis::Value::BulkString(expected.into()));
     }
     assert_eq!(queue.stats("enq").await.unwrap().main, 1);
+}
+
+// ---- item 10: connecting to a hung Redis fails within the timeout --------
+
+/// A SIGSTOPped Redis accepts TCP connections (the kernel does) but never
+/// answers. `Queue::connect_with`, `Worker::build` and `Watchdog::connect`
+/// must give up within `connection_timeout`, not a multiple of it.
+#[tokio::test]
+async fn connecting_to_a_hung_redis_fails_within_the_connection_timeout() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let url = server.url();
+    let timeout = Duration::from_millis(1000);
+    let connection = ConnectionConfig {
+        connection_timeout: timeout,
+        response_timeout: timeout,
+    };
+    // Generous against a loaded machine, far below the old 4x (retries).
+    let limit = timeout * 2 + Duration::from_millis(500);
+    let _paused = Paused::pause(&server);
+
+    let t0 = Instant::now();
+    let res = Queue::connect_with(&url, &connection).await;
+    assert!(
+        res.is_err(),
+        "Queue::connect_with answered against a paused Redis"
+    );
+    assert!(
+        t0.elapsed() < limit,
+        "Queue::connect_with took {:?}",
+        t0.elapsed()
+    );
+
+    let t0 = Instant::now();
+    let cfg = WorkerConfig {
+        connection: connection.clone(),
+        ..fast_config()
+    };
+    let res = Worker::builder(&url)
+        .register(probe::handler())
+        .config(cfg)
+        .build()
+        .await;
+    assert!(
+        res.is_err(),
+        "Worker::build answered against a paused Redis"
+    );
+    assert!(
+        t0.elapsed() < limit,
+        "Worker::build took {:?}",
+        t0.elapsed()
+    );
+
+    let t0 = Instant::now();
+    let cfg = WatchdogConfig {
+        connection,
+        ..WatchdogConfig::default()
+    };
+    let res = Watchdog::connect(&url, ["tasks"], cfg).await;
+    assert!(
+        res.is_err(),
+        "Watchdog::connect answered against a paused Redis"
+    );
+    assert!(
+        t0.elapsed() < limit,
+        "Watchdog::connect took {:?}",
+        t0.elapsed()
+    );
 }
