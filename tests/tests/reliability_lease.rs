@@ -426,3 +426,108 @@ async fn connecting_to_a_hung_redis_fails_within_the_connection_timeout() {
         t0.elapsed()
     );
 }
+
+// ---- item 8: dead letters and lock fences do not grow forever -----------
+
+/// Writes a dead letter as `dead_letter()` leaves it: id at the head of the
+/// dead list, its hash (state dead, `dead_at`) and a step result.
+async fn dead_letter(
+    c: &mut redis::aio::MultiplexedConnection,
+    keys: &QueueKeys,
+    id: &str,
+    dead_at_ms: u64,
+) {
+    let _: () = c.lpush(&keys.dead, id).await.unwrap();
+    let _: () = c
+        .hset_multiple(
+            keys.job(id),
+            &[
+                ("id", id),
+                ("state", "dead"),
+                ("dead_at", &dead_at_ms.to_string()),
+            ],
+        )
+        .await
+        .unwrap();
+    let _: () = c.hset(keys.steps(id), "charge", "x").await.unwrap();
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+async fn exists(c: &mut redis::aio::MultiplexedConnection, key: String) -> bool {
+    c.exists(key).await.unwrap()
+}
+
+/// Each watchdog pass deletes the oldest dead letters beyond `dead_max_len`
+/// (at most `batch` per pass) and those older than `dead_retention`, with
+/// their hashes and step results, and counts them.
+#[tokio::test]
+async fn the_watchdog_trims_dead_letters_by_length_and_age_a_bounded_number_per_pass() {
+    let (_server, url, _queue) = setup().await;
+    let keys = QueueKeys::new("trim");
+    let mut c = redis_conn(&url).await;
+    let now = now_ms();
+    let ten_days = 10 * 24 * 3600 * 1000;
+    for (i, age) in [ten_days, ten_days, 0, 0, 0].into_iter().enumerate() {
+        dead_letter(&mut c, &keys, &format!("d{i}"), now - age).await;
+    }
+    // By length: keep 4, one id per pass.
+    let by_length = Watchdog::connect(
+        &url,
+        ["trim"],
+        WatchdogConfig {
+            dead_max_len: 4,
+            dead_retention: Duration::ZERO,
+            batch: 1,
+            ..WatchdogConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(by_length.run_once().await.unwrap().trimmed, 1);
+    assert_eq!(by_length.run_once().await.unwrap().trimmed, 0);
+    assert!(!exists(&mut c, keys.job("d0")).await && !exists(&mut c, keys.steps("d0")).await);
+    // By age: the other ten-day-old one goes, the recent ones stay.
+    let by_age = Watchdog::connect(&url, ["trim"], WatchdogConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(by_age.run_once().await.unwrap().trimmed, 1);
+    assert!(!exists(&mut c, keys.job("d1")).await && !exists(&mut c, keys.steps("d1")).await);
+    let left: Vec<String> = c.lrange(&keys.dead, 0, -1).await.unwrap();
+    assert_eq!(left, ["d4", "d3", "d2"]);
+    assert!(exists(&mut c, keys.job("d2")).await && exists(&mut c, keys.steps("d2")).await);
+    let trimmed: u64 = c.hget(&keys.stats, "trimmed").await.unwrap();
+    assert_eq!(trimmed, 2);
+}
+
+/// The fencing counter of a lock expires, and a recreated one starts above
+/// every number the old one handed out.
+#[tokio::test]
+async fn a_lock_fence_expires_and_a_recreated_one_still_grows() {
+    let (_server, url, queue) = setup().await;
+    let take = || async {
+        Lock::acquire(queue.connection(), "fenced", LockOptions::default())
+            .await
+            .unwrap()
+            .expect("free")
+    };
+    let first = take().await;
+    let first_fence = first.fencing();
+    assert!(first.release().await.unwrap());
+    let mut c = redis_conn(&url).await;
+    let ttl: i64 = c.pttl("lock:{fenced}:fence").await.unwrap();
+    assert!(ttl > 0, "the fencing counter has a TTL, got PTTL {ttl}");
+    // It expired (a day without acquisitions): the next one starts anew.
+    let _: () = c.del("lock:{fenced}:fence").await.unwrap();
+    let second = take().await;
+    assert!(
+        second.fencing() > first_fence,
+        "{} after {first_fence}",
+        second.fencing()
+    );
+}

@@ -28,6 +28,7 @@ pub(crate) mod reply;
 
 pub(crate) mod ack;
 pub(crate) mod claim;
+pub(crate) mod dead_trim;
 pub(crate) mod enqueue;
 pub(crate) mod extend;
 pub(crate) mod fail;
@@ -218,6 +219,7 @@ mod tests {
         vec![
             entry!(ack),
             entry!(claim),
+            entry!(dead_trim),
             entry!(enqueue),
             entry!(extend),
             entry!(fail),

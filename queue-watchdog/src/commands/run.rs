@@ -24,14 +24,16 @@ pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
         },
         // The gauges cost one stats script per queue and pass: only when exported.
         publish_gauges: args.metrics_listen.is_some(),
+        dead_max_len: args.dead_max_len,
+        dead_retention: Duration::from_secs(args.dead_retention_hours.saturating_mul(3600)),
         ..WatchdogConfig::default()
     };
     let watchdog = Watchdog::connect(url, &args.queues, config).await?;
     if args.once {
         let r = watchdog.run_once().await?;
         println!(
-            "reclaimed={} dead_lettered={} adopted={} promoted={}",
-            r.reclaimed, r.dead_lettered, r.adopted, r.promoted
+            "reclaimed={} dead_lettered={} adopted={} promoted={} trimmed={}",
+            r.reclaimed, r.dead_lettered, r.adopted, r.promoted, r.trimmed
         );
         return Ok(ExitCode::SUCCESS);
     }
