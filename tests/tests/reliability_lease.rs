@@ -1,7 +1,7 @@
 //! Reliability of leases, step results, enqueue and connections when Redis
 //! stops answering (issue #11 items 5, 6, 8, 9, 10, 11): each scenario runs
-//! against its own redis-server, which it pauses (SIGSTOP), restarts or
-//! slows down (`DEBUG SLEEP`).
+//! against its own redis-server, which it pauses (SIGSTOP: connections stay
+//! open, nothing is answered) or restarts.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -130,7 +130,7 @@ async fn lease_lost_turns_true_when_redis_stops_answering_the_heartbeat() {
     // The deadline (90 % of the lease after the last confirmed extend was
     // sent) is at most one lease after the pause; allow scheduling slack.
     assert!(
-        stopped_at.elapsed() < lease * 4,
+        stopped_at.elapsed() < lease * 5,
         "noticed {:?} after the pause",
         stopped_at.elapsed()
     );
