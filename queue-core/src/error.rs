@@ -14,8 +14,9 @@ use crate::JobId;
 pub enum QueueError {
     /// Redis could not be reached, refused the command, or timed out.
     ///
-    /// For an enqueue this means the job may or may not have been written:
-    /// retry with the same stable job id (see [`Queue::enqueue_with_id`](crate::Queue::enqueue_with_id))
+    /// For an enqueue, [`outcome_unknown`](Self::outcome_unknown) tells
+    /// "not enqueued" from "may or may not have been written"; in the latter
+    /// case retry with the same stable job id (see [`Queue::enqueue_with_id`](crate::Queue::enqueue_with_id))
     /// to make the retry a no-op if the first write landed.
     #[error("redis error on queue `{queue}`{}: {source}", job_suffix(.job_id))]
     Redis {
@@ -175,6 +176,40 @@ impl QueueError {
     /// True for the lease-lost outcome of ack/extend/retry.
     pub fn is_lease_lost(&self) -> bool {
         matches!(self, QueueError::LeaseLost { .. })
+    }
+
+    /// For an enqueue error: `true` when the job **may or may not** have been
+    /// written — a request reached (or may have reached) Redis and its reply
+    /// was lost (response timeout, connection reset, broken pipe, closed
+    /// connection). Enqueue again with the same id to learn the truth.
+    /// `false`: the job was **not enqueued** by this call (refused connection,
+    /// an error reply such as OOM, a read-only replica, an invalid id or
+    /// payload), except [`QueueError::NotReplicated`], which was written on
+    /// the primary.
+    ///
+    /// ```
+    /// let e = queue_core::QueueError::Config("x".into());
+    /// assert!(!e.outcome_unknown());
+    /// ```
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            QueueError::Redis { source, .. } => {
+                source.kind() == redis::ErrorKind::Io && !source.is_connection_refusal()
+            }
+            _ => false,
+        }
+    }
+
+    /// A failure of the connection rather than an answer from Redis: worth
+    /// sending again once the client has reconnected.
+    pub(crate) fn is_connection_failure(&self) -> bool {
+        match self {
+            QueueError::Redis { source, .. } => matches!(
+                source.kind(),
+                redis::ErrorKind::Io | redis::ErrorKind::ClusterConnectionNotFound
+            ),
+            _ => false,
+        }
     }
 }
 

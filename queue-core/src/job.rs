@@ -6,7 +6,6 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -241,7 +240,10 @@ pub(crate) struct ContextInner {
     pub(crate) enqueued_at_ms: i64,
     pub(crate) delivered_at_ms: i64,
     pub(crate) fence: u64,
-    pub(crate) lease_lost: AtomicBool,
+    /// This delivery's lease token (step results are fenced by it).
+    pub(crate) token: String,
+    /// This delivery's lease on the local clock (lost flag + deadline).
+    pub(crate) lease: crate::lease_clock::LeaseClock,
     pub(crate) conn: Option<crate::conn::RedisConnection>,
     pub(crate) result_ref: std::sync::Mutex<Option<String>>,
 }
@@ -277,7 +279,8 @@ impl JobContext {
                 enqueued_at_ms: 0,
                 delivered_at_ms: 0,
                 fence: attempt as u64,
-                lease_lost: AtomicBool::new(false),
+                token: String::new(),
+                lease: crate::lease_clock::LeaseClock::unbounded(),
                 conn: None,
                 result_ref: std::sync::Mutex::new(None),
             }),
@@ -325,13 +328,45 @@ impl JobContext {
     /// it has seen per job and refuses smaller ones: a stale worker whose
     /// lease was lost (and whose job now runs elsewhere with a larger token)
     /// is then refused instead of overwriting the newer delivery's work.
+    /// [`lease_lost`](Self::lease_lost) tells the handler early; the fence
+    /// is what makes the store itself safe, even against a worker that was
+    /// paused between its check and its write.
+    ///
+    /// In SQL the guarded write is one statement:
+    /// `UPDATE invoices SET status = $1, fence = $2 WHERE id = $3 AND fence < $2`
+    /// (zero rows updated: a newer delivery already wrote; stop). The same
+    /// rule with an in-memory store:
     ///
     /// ```
-    /// # use queue_core::JobContext;
-    /// let ctx = JobContext::for_test("invoice-7", "billing", 2);
-    /// // e.g. UPDATE invoices SET .., fence = $1 WHERE id = $2 AND fence < $1
-    /// let fence: u64 = ctx.fencing_token();
-    /// assert!(fence >= 1);
+    /// use std::collections::HashMap;
+    /// use queue_core::{JobContext, JobError};
+    ///
+    /// /// Keeps, per record, the highest fence that wrote it.
+    /// #[derive(Default)]
+    /// struct Store { rows: HashMap<String, (u64, String)> }
+    /// impl Store {
+    ///     fn write(&mut self, key: &str, fence: u64, value: &str) -> Result<(), JobError> {
+    ///         match self.rows.get(key) {
+    ///             Some((seen, _)) if *seen >= fence => Err(JobError::permanent(format!(
+    ///                 "stale writer: fence {fence} <= {seen}"
+    ///             ))),
+    ///             _ => {
+    ///                 self.rows.insert(key.into(), (fence, value.into()));
+    ///                 Ok(())
+    ///             }
+    ///         }
+    ///     }
+    /// }
+    ///
+    /// let mut store = Store::default();
+    /// // Delivery 1 stalls; the job is reclaimed and delivery 2 runs and writes.
+    /// let stale = JobContext::for_test("invoice-7", "billing", 1);
+    /// let fresh = JobContext::for_test("invoice-7", "billing", 2);
+    /// assert!(fresh.fencing_token() > stale.fencing_token());
+    /// store.write("invoice-7", fresh.fencing_token(), "sent").unwrap();
+    /// // The stale delivery wakes up and tries to write: refused.
+    /// assert!(store.write("invoice-7", stale.fencing_token(), "draft").is_err());
+    /// assert_eq!(store.rows["invoice-7"].1, "sent");
     /// ```
     pub fn fencing_token(&self) -> u64 {
         self.inner.fence
@@ -343,11 +378,25 @@ impl JobContext {
         format!("{}:{}", self.inner.queue, self.inner.job_id)
     }
 
-    /// True once the heartbeat found that this delivery's lease was lost (the
-    /// job was reclaimed and may be running elsewhere). A long handler should
-    /// check it between steps and stop early; its result will be discarded.
+    /// True once this delivery may no longer own its job, so another worker
+    /// may be running it: either an extend found another token (the job was
+    /// reclaimed), or the local lease deadline passed without a confirmed
+    /// extend (Redis unreachable or too slow to answer the heartbeat).
+    ///
+    /// The deadline is kept on this process's monotonic clock, measured from
+    /// *before* the claim (then each successful extend) was sent, and counts
+    /// only 90 % of the lease, so it passes before Redis can give the job to
+    /// anyone else. Once true it stays true. A long handler should check it
+    /// before each side effect and stop early (return an error); its result
+    /// will be discarded if the job was indeed reclaimed. Pair it with
+    /// [`fencing_token`](Self::fencing_token) where the target store allows.
+    ///
+    /// ```
+    /// let ctx = queue_core::JobContext::for_test("job-1", "emails", 1);
+    /// assert!(!ctx.lease_lost()); // a test context has no deadline
+    /// ```
     pub fn lease_lost(&self) -> bool {
-        self.inner.lease_lost.load(Ordering::SeqCst)
+        self.inner.lease.is_lost()
     }
 
     /// An idempotency key for one named step of this job, e.g. for a second
@@ -379,7 +428,11 @@ impl JobContext {
     /// This makes a *completed* step safe to retry. A crash after `f`'s side
     /// effect and before the result is stored still runs `f` again, so pass
     /// [`step_key`](Self::step_key) to external APIs that deduplicate.
-    /// Step results expire with the completion record. Outside a worker
+    /// The result is stored only while this delivery still owns the job
+    /// (a token-checked script): a stale delivery gets an error, stores
+    /// nothing and sees [`lease_lost`](Self::lease_lost) turn true. Step
+    /// results expire 7 days after the last step at the latest, and with the
+    /// completion record once the job completes. Outside a worker
     /// (a context from [`JobContext::for_test`]) `f` simply runs.
     ///
     /// ```
@@ -406,7 +459,8 @@ impl JobContext {
             return f().await;
         };
         let mut conn = conn.clone();
-        let key = crate::keys::QueueKeys::new(&self.inner.queue).steps(self.inner.job_id.as_str());
+        let keys = crate::keys::QueueKeys::new(&self.inner.queue);
+        let key = keys.steps(self.inner.job_id.as_str());
         let stored: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(&key)
             .arg(name)
@@ -425,17 +479,29 @@ impl JobContext {
         let bytes = rmp_serde::to_vec_named(&value).map_err(|e| {
             JobError::permanent(format!("result of step `{name}` does not encode: {e}"))
         })?;
-        let _: () = redis::cmd("HSET")
-            .arg(&key)
-            .arg(name)
-            .arg(bytes)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| {
-                JobError::retryable(format!(
-                    "step `{name}` ran but its result could not be stored: {e}"
-                ))
-            })?;
+        let record = crate::scripts::step_record::StepRecord {
+            keys: &keys,
+            id: &self.inner.job_id,
+            token: &self.inner.token,
+            name,
+            value: &bytes,
+            ttl: crate::scripts::step_record::STEP_TTL,
+        };
+        let reply = record.run(&mut conn).await.map_err(|e| {
+            JobError::retryable(format!(
+                "step `{name}` ran but its result could not be stored: {e}"
+            ))
+        })?;
+        if reply == crate::scripts::step_record::StepReply::LeaseLost {
+            self.inner.lease.mark_lost();
+            tracing::warn!(
+                step = name,
+                "step result not stored: this delivery lost its lease"
+            );
+            return Err(JobError::retryable(format!(
+                "step `{name}` ran but its result was not stored: the lease was lost (the job was reclaimed or finished elsewhere)"
+            )));
+        }
         tracing::debug!(step = name, "step done and recorded");
         Ok(value)
     }

@@ -50,6 +50,7 @@ mod error;
 mod failpoint;
 mod job;
 mod keys;
+mod lease_clock;
 mod lock;
 mod metrics;
 mod queue;

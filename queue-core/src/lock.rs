@@ -2,7 +2,10 @@
 //! short lease, a fresh random owner token per acquisition, release and
 //! extend only while the token matches (one script each), an auto-renew loop
 //! that stops once the lock is lost or cannot be renewed in time, and a
-//! bounded wait on acquire.
+//! bounded wait on acquire. Whether the lock is held follows its TTL on the
+//! local monotonic clock (`lease_clock.rs`): measured from before the
+//! acquire (then each confirmed extend) was sent, 90 % of the TTL, with or
+//! without auto-renew.
 //!
 //! A single-instance Redis lock is a *efficiency* lock: after a failover or a
 //! long pause the holder may have lost it without knowing. Check
@@ -10,7 +13,6 @@
 //! store allows it, pass [`LockGuard::fencing`] along so stale holders are
 //! rejected there.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +23,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::keys::LockKeys;
+use crate::lease_clock::LeaseClock;
 use crate::scripts::lock_acquire::{LockAcquire, LockAcquireReply};
 use crate::scripts::lock_extend::LockExtend;
 use crate::scripts::lock_release::LockRelease;
@@ -118,6 +121,7 @@ impl Lock {
         let deadline = tokio::time::Instant::now() + options.wait;
         let mut c = conn.clone();
         loop {
+            let sent_at = tokio::time::Instant::now();
             let reply = LockAcquire {
                 keys: &keys,
                 token: &token,
@@ -131,8 +135,9 @@ impl Lock {
             })?;
             if let LockAcquireReply::Acquired { fencing } = reply {
                 debug!(lock = name, fencing, "lock acquired");
+                let clock = LeaseClock::new(sent_at, options.ttl);
                 return Ok(Some(LockGuard::new(
-                    conn, name, keys.lock, token, fencing, options,
+                    conn, name, keys.lock, token, fencing, clock, options,
                 )));
             }
             let now = tokio::time::Instant::now();
@@ -156,7 +161,7 @@ pub struct LockGuard {
     token: String,
     fencing: u64,
     ttl: Duration,
-    held: Arc<AtomicBool>,
+    held: Arc<LeaseClock>,
     lost_rx: watch::Receiver<bool>,
     renew: Option<JoinHandle<()>>,
     released: bool,
@@ -169,9 +174,10 @@ impl LockGuard {
         key: String,
         token: String,
         fencing: u64,
+        clock: LeaseClock,
         options: LockOptions,
     ) -> Self {
-        let held = Arc::new(AtomicBool::new(true));
+        let held = Arc::new(clock);
         let (lost_tx, lost_rx) = watch::channel(false);
         let renew = options.renew_every.map(|every| {
             tokio::spawn(renew_loop(
@@ -199,19 +205,44 @@ impl LockGuard {
         }
     }
 
-    /// False once a renewal found the lock gone or could not renew it before
-    /// the lease ran out. Check before each critical write.
+    /// False once a renewal or extend found the lock gone, or once 90 % of
+    /// the TTL passed (local monotonic clock, from before the acquire or the
+    /// last confirmed extend was sent) without a confirmed renewal: with
+    /// [`LockOptions::no_renew`] that is 90 % of the TTL after acquiring
+    /// unless [`extend`](Self::extend) is called. Check before each
+    /// critical write.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = queue_testkit::RedisServer::start()?;
+    /// use std::time::Duration;
+    /// use queue_core::{Lock, LockOptions, Queue};
+    /// let queue = Queue::connect(&server.url()).await?;
+    /// let opts = LockOptions::default().ttl(Duration::from_millis(300)).no_renew();
+    /// let guard = Lock::acquire(queue.connection(), "report", opts).await?.expect("free");
+    /// assert!(guard.is_held());
+    /// tokio::time::sleep(Duration::from_millis(300)).await;
+    /// assert!(!guard.is_held()); // its TTL ran out: another owner may hold it now
+    /// # Ok(()) }
+    /// ```
     pub fn is_held(&self) -> bool {
-        self.held.load(Ordering::SeqCst)
+        !self.held.is_lost()
     }
 
-    /// Completes when the lock is lost (use in `tokio::select!` to abort work).
+    /// Completes when the lock is lost (use in `tokio::select!` to abort
+    /// work): a renewal found it gone, or its local deadline passed.
     pub async fn lost(&self) {
         let mut rx = self.lost_rx.clone();
-        while !*rx.borrow_and_update() {
-            if rx.changed().await.is_err() {
-                // The renew loop ended without losing the lock (no auto-renew or released).
-                std::future::pending::<()>().await;
+        let mut renewing = true;
+        while !*rx.borrow_and_update() && !self.held.is_lost() {
+            let deadline = self.held.deadline();
+            tokio::select! {
+                changed = rx.changed(), if renewing => {
+                    // Err: the renew loop ended without losing the lock
+                    // (no auto-renew): only the deadline is left to watch.
+                    renewing = changed.is_ok();
+                }
+                _ = sleep_until_or_forever(deadline) => {}
             }
         }
     }
@@ -229,14 +260,17 @@ impl LockGuard {
 
     /// Extends the lease to `ttl` from now; false when the lock was lost.
     pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
+        let sent_at = tokio::time::Instant::now();
         let ok = extend(&self.conn, &self.key, &self.token, ttl)
             .await
             .map_err(|source| LockError {
                 name: self.name.clone(),
                 source,
             })?;
-        if !ok {
-            self.held.store(false, Ordering::SeqCst);
+        if ok {
+            self.held.confirm(sent_at, ttl);
+        } else {
+            self.held.mark_lost();
         }
         Ok(ok)
     }
@@ -247,7 +281,7 @@ impl LockGuard {
         if let Some(t) = self.renew.take() {
             t.abort();
         }
-        self.held.store(false, Ordering::SeqCst);
+        self.held.mark_lost();
         let mut c = self.conn.clone();
         LockRelease {
             key: &self.key,
@@ -305,28 +339,35 @@ async fn renew_loop(
     token: String,
     ttl: Duration,
     every: Duration,
-    held: Arc<AtomicBool>,
+    held: Arc<LeaseClock>,
     lost: watch::Sender<bool>,
 ) {
-    let mut valid_until = tokio::time::Instant::now() + ttl;
     loop {
         tokio::time::sleep(every).await;
+        if held.is_lost() {
+            warn!(lock = %name, "lock lost: no renewal confirmed before its TTL ran out");
+            break;
+        }
         let attempt_at = tokio::time::Instant::now();
         match extend(&conn, &key, &token, ttl).await {
-            Ok(true) => valid_until = attempt_at + ttl,
+            Ok(true) => held.confirm(attempt_at, ttl),
             Ok(false) => {
                 warn!(lock = %name, "lock lost: another owner holds it or it expired");
                 break;
             }
-            Err(e) if tokio::time::Instant::now() + every < valid_until => {
-                warn!(lock = %name, error = %e, "lock renewal failed; retrying");
-            }
             Err(e) => {
-                warn!(lock = %name, error = %e, "lock renewal failed until the lease ran out: treating the lock as lost");
-                break;
+                warn!(lock = %name, error = %e, "lock renewal failed; retrying while the TTL lasts");
             }
         }
     }
-    held.store(false, Ordering::SeqCst);
+    held.mark_lost();
     lost.send_replace(true);
+}
+
+/// Sleeps until `deadline`; forever when there is none.
+async fn sleep_until_or_forever(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }

@@ -2,11 +2,18 @@
 //! batch, through `scripts/enqueue.rs`. An enqueue returns `Ok` only after
 //! Redis confirmed the write (DESIGN rule 8, docs/DESIGN.md), and a stable id
 //! makes a second enqueue a no-op that says so (rule 7).
+//!
+//! A call whose request may have reached Redis without an answer (timeout,
+//! reset, broken pipe) is sent again, for at most [`Queue::retry_window`],
+//! with the same id and the same per-call enqueue token (`enq_token`, stored
+//! on the job): a retry that finds its own token reports `Created`, any other
+//! call with the id still gets `Duplicate`.
 
+use std::future::Future;
 use std::time::Duration;
 
 use redis::Value;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::{QueueError, Result};
@@ -42,7 +49,11 @@ use crate::state::JobState;
 #[derive(Clone)]
 pub struct Queue {
     conn: RedisConnection,
+    retry_window: Duration,
 }
+
+/// Default of [`Queue::retry_window`].
+const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for Queue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -169,12 +180,42 @@ impl Queue {
     pub async fn connect_with(url: &str, cfg: &ConnectionConfig) -> Result<Self> {
         Ok(Queue {
             conn: connect(url, cfg).await?,
+            retry_window: DEFAULT_RETRY_WINDOW,
         })
     }
 
     /// Wraps an existing connection.
     pub fn from_connection(conn: RedisConnection) -> Self {
-        Queue { conn }
+        Queue {
+            conn,
+            retry_window: DEFAULT_RETRY_WINDOW,
+        }
+    }
+
+    /// How long an enqueue keeps resending after a connection failure
+    /// (default 5 s; zero: send once). Each attempt is bounded by
+    /// [`ConnectionConfig::response_timeout`], so an enqueue returns within
+    /// about `retry_window + response_timeout`. Retries reuse the id and the
+    /// call's enqueue token, so they never create a second job.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use std::time::Duration;
+    /// let queue = queue_core::Queue::connect(&server.url())
+    ///     .await?
+    ///     .with_retry_window(Duration::from_secs(2));
+    /// assert_eq!(queue.retry_window(), Duration::from_secs(2));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_retry_window(mut self, window: Duration) -> Self {
+        self.retry_window = window;
+        self
+    }
+
+    /// The current retry window (see [`with_retry_window`](Self::with_retry_window)).
+    pub fn retry_window(&self) -> Duration {
+        self.retry_window
     }
 
     /// The underlying connection (for admin calls).
@@ -185,6 +226,18 @@ impl Queue {
     /// Enqueues a job with a fresh random id and returns the id.
     ///
     /// Returns `Ok` only after Redis confirmed the write; any failure is an error.
+    ///
+    /// # Errors: not enqueued, or unknown
+    ///
+    /// Connection failures are retried for [`retry_window`](Self::retry_window)
+    /// first. When an `Err` is returned, [`QueueError::outcome_unknown`] says
+    /// what it means for the job: `false` — it was **not enqueued** (invalid
+    /// id, encoding error, Redis refused the command or the connection, OOM,
+    /// read-only replica); `true` — **unknown**: a request may have reached
+    /// Redis and its reply was lost. Enqueue again with the same id: a job
+    /// that landed reports `Duplicate`, one that did not is created.
+    /// `NotReplicated` means written on the primary, not yet replicated.
+    /// All enqueue methods follow this rule.
     pub async fn enqueue<J: Job>(&self, args: &J::Args) -> Result<JobId> {
         Ok(self
             .enqueue_with::<J>(EnqueueOptions::new(), args)
@@ -254,8 +307,7 @@ impl Queue {
         }
         let id = valid_id(queue, opts.id.clone())?;
         let keys = QueueKeys::new(queue);
-        let mut conn = self.conn.clone();
-        let reply = script_call(
+        let call = script_call(
             &keys,
             &id,
             job_type,
@@ -263,10 +315,16 @@ impl Queue {
             max_attempts,
             &opts,
             payload,
-        )
-        .run(&mut conn)
-        .await
-        .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
+        );
+        let enq_token = uuid::Uuid::new_v4().to_string();
+        let reply = self
+            .with_retries(queue, &id, || {
+                let mut conn = self.conn.clone();
+                let (call, enq_token) = (&call, &enq_token);
+                async move { call.run_with_token(&mut conn, enq_token).await }
+            })
+            .await
+            .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
         let outcome = EnqueueOutcome::from(reply);
         if outcome == EnqueueOutcome::Created {
             crate::metrics::enqueued(queue, job_type, 1);
@@ -325,6 +383,7 @@ impl Queue {
         let keys = QueueKeys::new(queue);
         let mut ids = Vec::with_capacity(items.len());
         let mut pipe = redis::pipe();
+        let enq_token = uuid::Uuid::new_v4().to_string();
         for (opts, payload) in &items {
             let id = valid_id(queue, opts.id.clone())?;
             let max_attempts = opts.max_attempts.unwrap_or(max_attempts);
@@ -337,7 +396,7 @@ impl Queue {
                 opts,
                 payload,
             )
-            .add_to(&mut pipe);
+            .add_to(&mut pipe, &enq_token);
             ids.push(id);
         }
         let wait = items.iter().filter_map(|(o, _)| o.replicas).max();
@@ -346,21 +405,30 @@ impl Queue {
                 .arg(replicas)
                 .arg(timeout.as_millis() as u64);
         }
-        let mut conn = self.conn.clone();
         let first_id = ids.first().cloned();
-        let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
-        if matches!(&res, Err(e) if scripts::is_noscript(e)) {
-            // First use on this server (or after a restart): load and resend.
-            // A resend is harmless: ids already written report Duplicate.
-            enqueue::load(&mut conn)
-                .await
-                .map_err(|e| QueueError::redis(queue, first_id.as_ref(), e))?;
-            res = pipe.query_async(&mut conn).await;
-        }
-        let mut replies = res.map_err(|e| {
-            debug!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed");
-            QueueError::redis(queue, first_id.as_ref(), e)
-        })?;
+        let send = || {
+            let (mut conn, pipe, first_id) = (self.conn.clone(), &pipe, first_id.as_ref());
+            async move {
+                let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
+                if matches!(&res, Err(e) if scripts::is_noscript(e)) {
+                    // First use on this server (or after a restart): load and
+                    // resend. A resend is harmless: the call's own jobs report
+                    // Created again (same enqueue token).
+                    enqueue::load(&mut conn)
+                        .await
+                        .map_err(|e| QueueError::redis(queue, first_id, e))?;
+                    res = pipe.query_async(&mut conn).await;
+                }
+                res.map_err(|e| QueueError::redis(queue, first_id, e))
+            }
+        };
+        let retry_id = first_id.clone().unwrap_or_else(|| JobId::from(""));
+        let mut replies = self
+            .with_retries(queue, &retry_id, send)
+            .await
+            .inspect_err(
+                |e| debug!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed"),
+            )?;
         let acked = match wait {
             Some(_) => replies.pop().as_ref().and_then(reply::int),
             None => None,
@@ -391,6 +459,44 @@ impl Queue {
         crate::metrics::enqueued(queue, job_type, created);
         debug!(queue, job_type, jobs = out.len(), "batch enqueued");
         Ok(out)
+    }
+}
+
+impl Queue {
+    /// Runs `send` until it succeeds, fails for a reason other than the
+    /// connection, or [`Queue::retry_window`] has passed. When any attempt's
+    /// outcome was unknown, the error returned says so
+    /// ([`QueueError::outcome_unknown`]) even if a later attempt failed
+    /// definitely (e.g. connection refused while Redis restarts).
+    async fn with_retries<T, F, Fut>(&self, queue: &str, id: &JobId, mut send: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.retry_window;
+        let mut delay = Duration::from_millis(50);
+        let mut unknown: Option<QueueError> = None;
+        loop {
+            let err = match send().await {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let retry =
+                err.is_connection_failure() && tokio::time::Instant::now() + delay < deadline;
+            if !retry {
+                return Err(match unknown {
+                    Some(first) if !err.outcome_unknown() => first,
+                    _ => err,
+                });
+            }
+            warn!(queue, job_id = %id, error = %err, retry_in_ms = delay.as_millis() as u64,
+                "enqueue failed on the connection; sending it again with the same id and token");
+            if err.outcome_unknown() {
+                unknown = Some(err);
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(1));
+        }
     }
 }
 

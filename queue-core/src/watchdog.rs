@@ -1,6 +1,6 @@
 //! The watchdog: returns jobs whose lease expired, dead-letters exhausted
-//! ones, adopts unleased ids (BLMOVE→claim crash window) and promotes due
-//! delayed jobs. Every pass is one script per queue, so any number of
+//! ones, adopts unleased ids (BLMOVE→claim crash window), promotes due
+//! delayed jobs and trims the dead-letter list (`dead_trim.lua`). Every pass is one script per queue, so any number of
 //! watchdogs can run at once without duplicating a job (DESIGN rules 1 and 4,
 //! docs/DESIGN.md). Each queue's pass is isolated: one that fails is logged
 //! with its queue and counted, and the other queues still get theirs.
@@ -15,6 +15,7 @@ use crate::backoff::Backoff;
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
+use crate::scripts::dead_trim::DeadTrim;
 use crate::scripts::reclaim::Reclaim;
 
 /// Watchdog settings.
@@ -41,6 +42,12 @@ pub struct WatchdogConfig {
     pub publish_gauges: bool,
     /// Redis timeouts.
     pub connection: ConnectionConfig,
+    /// Each pass deletes the oldest dead letters beyond this many per queue
+    /// (with their hashes and step results); 0: no limit. Default 10,000.
+    pub dead_max_len: usize,
+    /// Each pass deletes dead letters older than this; zero: kept forever.
+    /// Default 7 days. At most `batch` dead letters are deleted per pass.
+    pub dead_retention: Duration,
 }
 
 impl Default for WatchdogConfig {
@@ -56,6 +63,8 @@ impl Default for WatchdogConfig {
             },
             publish_gauges: true,
             connection: ConnectionConfig::default(),
+            dead_max_len: 10_000,
+            dead_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -75,6 +84,9 @@ pub struct ReclaimReport {
     /// type, ...). Each is logged with its queue; the other queues still got
     /// their pass.
     pub failed_queue_passes: u64,
+    /// Dead letters deleted by the trim (beyond `dead_max_len` or older
+    /// than `dead_retention`).
+    pub trimmed: u64,
 }
 
 impl ReclaimReport {
@@ -84,6 +96,7 @@ impl ReclaimReport {
         self.adopted += other.adopted;
         self.promoted += other.promoted;
         self.failed_queue_passes += other.failed_queue_passes;
+        self.trimmed += other.trimmed;
     }
 
     /// True when the pass changed nothing.
@@ -172,6 +185,7 @@ impl Watchdog {
                     dead_lettered = report.dead_lettered,
                     adopted = report.adopted,
                     promoted = report.promoted,
+                    trimmed = report.trimmed,
                     "watchdog pass"
                 );
             }
@@ -202,12 +216,34 @@ impl Watchdog {
             }
         }
         report.promoted += promote_all_due(&mut conn, keys).await?;
+        report.trimmed += self.trim_dead(&mut conn, keys).await?;
         crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
         if self.config.publish_gauges {
             let queue = crate::queue::Queue::from_connection(conn);
             crate::metrics::depth(&queue.stats(&keys.queue).await?);
         }
         Ok(report)
+    }
+
+    /// One bounded trim of the queue's dead-letter list (at most `batch`
+    /// ids); the number of dead letters deleted.
+    async fn trim_dead(&self, conn: &mut RedisConnection, keys: &QueueKeys) -> Result<u64> {
+        let cfg = &self.config;
+        if cfg.dead_max_len == 0 && cfg.dead_retention.is_zero() {
+            return Ok(0);
+        }
+        let reply = DeadTrim {
+            keys,
+            max_len: cfg.dead_max_len,
+            retention: cfg.dead_retention,
+            limit: cfg.batch,
+        }
+        .run(conn)
+        .await?;
+        if reply.trimmed > 0 {
+            debug!(queue = %keys.queue, trimmed = reply.trimmed, remaining = reply.remaining, "dead letters trimmed");
+        }
+        Ok(reply.trimmed)
     }
 
     /// Runs passes every `interval` until `stop` completes. Redis errors are
@@ -249,6 +285,7 @@ impl Watchdog {
                     adopted = since_summary.adopted,
                     promoted = since_summary.promoted,
                     failed_queue_passes = since_summary.failed_queue_passes,
+                    trimmed = since_summary.trimmed,
                     "watchdog summary (last minute)"
                 );
                 since_summary = ReclaimReport::default();

@@ -205,6 +205,13 @@ pub struct RunArgs {
     /// Expired leases handled per script call.
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
+    /// Each pass deletes the oldest dead letters beyond this many per queue
+    /// (with their job hashes and step results); 0: no limit.
+    #[arg(long, default_value_t = 10_000)]
+    pub dead_max_len: usize,
+    /// Each pass deletes dead letters older than this many hours; 0: keep.
+    #[arg(long, default_value_t = 168)]
+    pub dead_retention_hours: u64,
     /// Run a single pass, print its report and exit.
     #[arg(long)]
     pub once: bool,

@@ -180,14 +180,16 @@ fn evicting_maxmemory_policy_and_evicted_keys() {
     assert!(what.contains("evicted since Redis started"), "{what}");
 }
 
+/// A `volatile-*` policy evicts completion records (completed jobs run
+/// again): CRITICAL like `allkeys-*` (issue #11 item 9).
 #[test]
-fn volatile_policy_is_a_warning_noeviction_is_ok() {
+fn volatile_policy_is_critical_noeviction_is_ok() {
     let mut args = SAFE.to_vec();
     args.extend(["--maxmemory", "64mb", "--maxmemory-policy", "volatile-lru"]);
     let server = RedisServer::start_with(&args).unwrap();
     let (code, v) = doctor_json(&server.url(), &[]);
-    assert_eq!(code, 0, "{v:#}");
-    assert_eq!(severity(&v, "maxmemory"), "warning");
+    assert_eq!(code, 1, "{v:#}");
+    assert_eq!(severity(&v, "maxmemory"), "critical");
 
     let mut args = SAFE.to_vec();
     args.extend(["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"]);

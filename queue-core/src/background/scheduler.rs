@@ -1,6 +1,11 @@
 //! Periodic jobs: each worker that registers a job with a cron schedule
 //! enqueues it at each due time, under the id `cron:<job>:<unix seconds>` with
 //! a once-marker, so a firing runs once however many workers try.
+//!
+//! Every firing since the last one this scheduler handled is enqueued, in
+//! order, within the catch-up window (a schedule faster than the 500 ms tick,
+//! or a stalled tick, skips nothing). At start-up only the latest due firing
+//! is enqueued.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -46,10 +51,25 @@ pub(crate) fn parse(regs: &[Registration]) -> Result<Vec<Periodic>> {
         .collect()
 }
 
-/// The latest firing at or before `now`, if within the catch-up window.
-fn due(schedule: &cron::Schedule, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-    let from = now - chrono::Duration::from_std(CATCH_UP).ok()?;
-    schedule.after(&from).take_while(|t| *t <= now).last()
+/// The firings to enqueue at `now`, oldest first: every firing after `last`
+/// (the latest one already handled) up to `now`, but none older than the
+/// catch-up window; with no `last` (start-up), only the latest due firing.
+/// At most one per second of the window (cron's finest step).
+fn due_since(
+    schedule: &cron::Schedule,
+    last: Option<DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Vec<DateTime<Utc>> {
+    let Ok(window) = chrono::Duration::from_std(CATCH_UP) else {
+        return Vec::new();
+    };
+    let window_start = now - window;
+    let due = schedule.after(&last.map_or(window_start, |l| l.max(window_start)));
+    let due = due.take_while(|t| *t <= now);
+    match last {
+        None => due.last().into_iter().collect(),
+        Some(_) => due.take(CATCH_UP.as_secs() as usize + 1).collect(),
+    }
 }
 
 async fn redis_now(conn: &mut RedisConnection) -> redis::RedisResult<DateTime<Utc>> {
@@ -68,7 +88,8 @@ pub(crate) async fn run(
     }
     let queue = Queue::from_connection(conn.clone());
     let mut conn = conn;
-    let mut fired: Vec<Option<i64>> = vec![None; jobs.len()];
+    // The latest firing handled per job.
+    let mut fired: Vec<Option<DateTime<Utc>>> = vec![None; jobs.len()];
     loop {
         if *stop.borrow() {
             return;
@@ -76,35 +97,32 @@ pub(crate) async fn run(
         match redis_now(&mut conn).await {
             Ok(now) => {
                 for (i, job) in jobs.iter().enumerate() {
-                    let Some(at) = due(&job.schedule, now) else {
-                        continue;
-                    };
-                    if fired[i] == Some(at.timestamp()) {
-                        continue;
-                    }
-                    let id = format!("cron:{}:{}", job.reg.name, at.timestamp());
-                    let opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
-                    match queue
-                        .enqueue_raw(
-                            job.reg.queue,
-                            job.reg.name,
-                            job.reg.version,
-                            job.reg.max_attempts,
-                            opts,
-                            &job.payload,
-                        )
-                        .await
-                    {
-                        Ok(e) => {
-                            fired[i] = Some(at.timestamp());
-                            if e.outcome == EnqueueOutcome::Created {
-                                info!(queue = job.reg.queue, job_id = %id, job_type = job.reg.name, "periodic job fired");
-                            } else {
-                                debug!(queue = job.reg.queue, job_id = %id, "periodic firing already enqueued by another worker");
+                    for at in due_since(&job.schedule, fired[i], now) {
+                        let id = format!("cron:{}:{}", job.reg.name, at.timestamp());
+                        let opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
+                        match queue
+                            .enqueue_raw(
+                                job.reg.queue,
+                                job.reg.name,
+                                job.reg.version,
+                                job.reg.max_attempts,
+                                opts,
+                                &job.payload,
+                            )
+                            .await
+                        {
+                            Ok(e) => {
+                                fired[i] = Some(at);
+                                if e.outcome == EnqueueOutcome::Created {
+                                    info!(queue = job.reg.queue, job_id = %id, job_type = job.reg.name, "periodic job fired");
+                                } else {
+                                    debug!(queue = job.reg.queue, job_id = %id, "periodic firing already enqueued by another worker");
+                                }
                             }
-                        }
-                        Err(e) => {
-                            warn!(queue = job.reg.queue, job_id = %id, error = %e, "periodic job not enqueued; retrying")
+                            Err(e) => {
+                                warn!(queue = job.reg.queue, job_id = %id, error = %e, "periodic job not enqueued; retrying");
+                                break;
+                            }
                         }
                     }
                 }
@@ -122,19 +140,41 @@ pub(crate) async fn run(
 mod tests {
     use super::*;
 
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn times(v: Vec<DateTime<Utc>>) -> Vec<String> {
+        v.iter().map(|t| t.format("%H:%M:%S").to_string()).collect()
+    }
+
     #[test]
-    fn due_picks_the_latest_firing_within_the_window() {
+    fn at_start_up_only_the_latest_firing_within_the_window_is_due() {
         let s = cron::Schedule::from_str("0 */5 * * * *").unwrap();
-        let now = DateTime::parse_from_rfc3339("2026-01-01T10:05:30Z")
-            .unwrap()
-            .with_timezone(&Utc);
-        assert_eq!(
-            due(&s, now).unwrap().to_rfc3339(),
-            "2026-01-01T10:05:00+00:00"
+        let now = at("2026-01-01T10:05:30Z");
+        assert_eq!(times(due_since(&s, None, now)), ["10:05:00"]);
+        let later = at("2026-01-01T10:07:00Z");
+        assert!(
+            due_since(&s, None, later).is_empty(),
+            "older than the catch-up window"
         );
-        let later = DateTime::parse_from_rfc3339("2026-01-01T10:07:00Z")
-            .unwrap()
-            .with_timezone(&Utc);
-        assert_eq!(due(&s, later), None, "older than the catch-up window");
+    }
+
+    /// A schedule faster than the tick (or a tick that stalled) used to fire
+    /// only the latest firing of each tick, skipping the others.
+    #[test]
+    fn every_firing_since_the_last_one_is_due_within_the_window() {
+        let s = cron::Schedule::from_str("* * * * * *").unwrap();
+        let last = at("2026-01-01T10:00:00Z");
+        let now = at("2026-01-01T10:00:03.200Z");
+        assert_eq!(
+            times(due_since(&s, Some(last), now)),
+            ["10:00:01", "10:00:02", "10:00:03"]
+        );
+        assert!(due_since(&s, Some(at("2026-01-01T10:00:03Z")), now).is_empty());
+        // After a long stall, only the window is caught up.
+        let stalled = due_since(&s, Some(at("2026-01-01T09:00:00Z")), now);
+        assert_eq!(stalled.len(), 60);
+        assert_eq!(times(stalled)[0], "09:59:04");
     }
 }

@@ -21,6 +21,19 @@ use sentinel::{SentinelConnection, SentinelTarget};
 
 /// Timeouts for talking to Redis.
 ///
+/// # How long a call can block
+///
+/// | call | upper bound |
+/// |---|---|
+/// | `Queue::connect*`, `Worker::build`, `Watchdog::connect`, `Admin::connect` | `connection_timeout` (the whole connect, retries included, also against a Redis that accepts TCP but never answers) |
+/// | one command or script (stats, admin reads, lock acquire/extend/release) | `response_timeout` |
+/// | `Queue::enqueue*` | `retry_window + response_timeout` (see `Queue::with_retry_window`) |
+/// | `Lock::acquire` | `wait + response_timeout` |
+/// | `JobContext::step`, `JobContext::lock` | two commands: `2 × response_timeout` plus the step's own work |
+/// | `Worker::run_until` start-up | `connection_timeout` per queue (one blocking connection each) |
+/// | `Worker` shutdown after the signal | `block_timeout + response_timeout` (fetchers) + `grace` + 5 s |
+/// | `Watchdog::run_once` | per queue and batch, `response_timeout` |
+///
 /// ```
 /// use std::time::Duration;
 /// let cfg = queue_core::ConnectionConfig::default();
@@ -104,7 +117,28 @@ impl RedisConnection {
     /// assert!(!conn.is_cluster());
     /// # Ok(()) }
     /// ```
+    ///
+    /// The whole connect, the client's own retries included, is bounded by
+    /// `cfg.connection_timeout`: a Redis that accepts the TCP connection but
+    /// never answers (paused, overloaded) fails in that time, not a multiple.
     pub async fn connect(url: &str, cfg: &ConnectionConfig) -> Result<Self> {
+        match tokio::time::timeout(cfg.connection_timeout, Self::connect_unbounded(url, cfg)).await
+        {
+            Ok(result) => result,
+            Err(_) => Err(QueueError::Connect {
+                url: redact(url),
+                source: RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within the connection timeout ({:?})",
+                        cfg.connection_timeout
+                    ),
+                )),
+            }),
+        }
+    }
+
+    async fn connect_unbounded(url: &str, cfg: &ConnectionConfig) -> Result<Self> {
         let err = |source| QueueError::Connect {
             url: redact(url),
             source,

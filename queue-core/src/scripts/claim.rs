@@ -35,6 +35,7 @@ impl Claim<'_> {
     /// the same row); a bad reply a [`QueueError::Protocol`].
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ClaimRow> {
         let k = self.keys;
+        let sent_at = tokio::time::Instant::now();
         let reply = SCRIPT
             .call([&k.processing, &k.leases, &k.dead, &k.stats, &k.guard])
             .arg(self.id)
@@ -48,7 +49,7 @@ impl Claim<'_> {
                 let id = JobId::from(String::from_utf8_lossy(self.id).into_owned());
                 QueueError::redis(&k.queue, Some(&id), e)
             })?;
-        ClaimRow::decode(&k.queue, &reply)
+        ClaimRow::decode(&k.queue, &reply).map(|row| row.sent_at(sent_at))
     }
 }
 
@@ -70,6 +71,9 @@ pub(crate) struct Delivery {
     pub(crate) delivered_at_ms: i64,
     /// Fencing token: +1 on every delivery of this job, never reset.
     pub(crate) fence: u64,
+    /// When the request that claimed it was sent (local monotonic clock):
+    /// where the local lease deadline is measured from.
+    pub(crate) claim_sent_at: tokio::time::Instant,
 }
 
 /// Why a row was not claimed.
@@ -168,6 +172,7 @@ impl ClaimRow {
                     enqueued_at_ms: f.int(8, "enqueued_at")?,
                     delivered_at_ms: f.int(9, "delivered_at")?,
                     fence: f.u64(11, "fence")?,
+                    claim_sent_at: tokio::time::Instant::now(),
                     id,
                 }))
             }
@@ -179,6 +184,15 @@ impl ClaimRow {
             other => return Err(f.error(format_args!("unknown claim outcome {other:?}"))),
         };
         Ok(ClaimRow::Skipped(id, skip))
+    }
+
+    /// Records when the claiming request was sent (decode stamps the reply's
+    /// arrival, which is later than the lease start).
+    pub(crate) fn sent_at(mut self, at: tokio::time::Instant) -> Self {
+        if let ClaimRow::Claimed(d) = &mut self {
+            d.claim_sent_at = at;
+        }
+        self
     }
 }
 

@@ -1,9 +1,21 @@
 -- KEYS: 1 main, 2 job hash, 3 completion record, 4 delayed, 5 stats, 6 once-marker
 -- ARGV: 1 id, 2 type, 3 schema version, 4 payload, 5 max_attempts, 6 delay_ms,
---       7 run_at_ms (absolute, Redis clock; 0: use the delay), 8 once-marker ttl_ms (0: none)
+--       7 run_at_ms (absolute, Redis clock; 0: use the delay), 8 once-marker ttl_ms (0: none),
+--       9 enqueue token (OPTIONAL: producers that send 8 arguments keep working)
 -- Returns {'new', run_at} | {'exists', state} | {'done'}
 -- The once-marker makes an id enqueueable once per marker lifetime even after
 -- its completion record is gone (periodic jobs fire once per period).
+-- The enqueue token is unique per enqueue call and stored on the job
+-- (`enq_token`): a retry of a call whose reply was lost finds its own token
+-- and answers 'new' again, while any other call with the same id still gets
+-- 'exists'.
+local enq_token = ARGV[9] or ''
+if enq_token ~= '' then
+  local own = redis.call('HMGET', KEYS[2], 'enq_token', 'run_at', 'enqueued_at')
+  if own[1] == enq_token then
+    return {'new', tonumber(own[2] or own[3]) or 0}
+  end
+end
 if tonumber(ARGV[8]) > 0 then
   if not redis.call('SET', KEYS[6], '1', 'NX', 'PX', tonumber(ARGV[8])) then
     return {'exists', 'scheduled'}
@@ -23,6 +35,9 @@ local state = 'queued'
 if delay > 0 then state = 'delayed' end
 redis.call('HSET', KEYS[2], 'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'payload', ARGV[4],
   'max_attempts', ARGV[5], 'attempts', 0, 'enqueued_at', now, 'state', state)
+if enq_token ~= '' then
+  redis.call('HSET', KEYS[2], 'enq_token', enq_token)
+end
 if delay > 0 then
   redis.call('HSET', KEYS[2], 'run_at', now + delay)
   redis.call('ZADD', KEYS[4], now + delay, ARGV[1])

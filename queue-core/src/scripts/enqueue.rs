@@ -16,7 +16,7 @@ use crate::keys::QueueKeys;
 use crate::state::JobState;
 
 pub(crate) static SCRIPT: LuaScript<6> =
-    lua_script!("enqueue.lua", keys = 6, args = 8, prelude(None));
+    lua_script!("enqueue.lua", keys = 6, args = 9, prelude(None));
 
 /// One job to write.
 pub(crate) struct Enqueue<'a> {
@@ -46,7 +46,9 @@ pub(crate) enum EnqueueReply {
 }
 
 impl Enqueue<'_> {
-    fn call(&self) -> Call {
+    /// `enq_token` is unique per enqueue call (kept across its retries): a
+    /// retry that finds it on the job answers `Created` again. `""`: none.
+    fn call(&self, enq_token: &str) -> Call {
         let (k, id) = (self.keys, self.id.as_str());
         SCRIPT
             .call([
@@ -65,12 +67,23 @@ impl Enqueue<'_> {
             .arg(millis(self.delay))
             .arg(epoch_ms(self.run_at))
             .arg(millis(self.once_for))
+            .arg(enq_token)
     }
 
-    /// Runs the script alone.
+    /// Runs the script alone, without an enqueue token.
+    #[cfg(test)]
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<EnqueueReply> {
+        self.run_with_token(conn, "").await
+    }
+
+    /// Runs the script alone, as the enqueue call identified by `enq_token`.
+    pub(crate) async fn run_with_token(
+        &self,
+        conn: &mut RedisConnection,
+        enq_token: &str,
+    ) -> Result<EnqueueReply> {
         let reply = self
-            .call()
+            .call(enq_token)
             .run(conn, &self.keys.queue, Some(self.id))
             .await?;
         EnqueueReply::decode(&self.keys.queue, self.id, &reply)
@@ -78,8 +91,8 @@ impl Enqueue<'_> {
 
     /// Adds the call to a batch pipeline; on NOSCRIPT the caller runs
     /// [`load`] and resends the pipeline.
-    pub(crate) fn add_to(&self, pipe: &mut Pipeline) {
-        self.call().add_to(pipe);
+    pub(crate) fn add_to(&self, pipe: &mut Pipeline, enq_token: &str) {
+        self.call(enq_token).add_to(pipe);
     }
 }
 

@@ -33,6 +33,7 @@ impl Fetch<'_> {
     /// its own.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<Vec<ClaimRow>> {
         let k = self.keys;
+        let sent_at = tokio::time::Instant::now();
         let reply = SCRIPT
             .call([
                 &k.main,
@@ -56,7 +57,7 @@ impl Fetch<'_> {
         })?;
         Ok(rows
             .iter()
-            .map(|r| ClaimRow::decode_or_unreadable(&k.queue, r))
+            .map(|r| ClaimRow::decode_or_unreadable(&k.queue, r).sent_at(sent_at))
             .collect())
     }
 }

@@ -1,5 +1,6 @@
 //! `lock_acquire.lua`: takes a user lock (`SET NX PX`) and bumps its fencing
-//! counter, in one script. Plain script (no prelude): it touches only the
+//! counter (which expires a day after the last acquisition and restarts
+//! above any earlier value), in one script. Plain script (no prelude): it touches only the
 //! lock's own keys.
 
 use std::time::Duration;
@@ -10,7 +11,11 @@ use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::keys::LockKeys;
 
-pub(crate) static SCRIPT: LuaScript<2> = lua_script!("lock_acquire.lua", keys = 2, args = 2, plain);
+pub(crate) static SCRIPT: LuaScript<2> = lua_script!("lock_acquire.lua", keys = 2, args = 3, plain);
+
+/// The fencing counter lives at least this long after the last acquisition
+/// (and at least the lock's TTL).
+pub(crate) const FENCE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// One attempt to take a lock.
 pub(crate) struct LockAcquire<'a> {
@@ -37,6 +42,7 @@ impl LockAcquire<'_> {
             .call([&self.keys.lock, &self.keys.fence])
             .arg(self.token)
             .arg(self.ttl.as_millis() as u64)
+            .arg(self.ttl.max(FENCE_TTL).as_millis() as u64)
             .invoke(conn)
             .await?;
         Ok(match redis::from_redis_value::<u64>(reply)? {

@@ -28,6 +28,7 @@ pub(crate) mod reply;
 
 pub(crate) mod ack;
 pub(crate) mod claim;
+pub(crate) mod dead_trim;
 pub(crate) mod enqueue;
 pub(crate) mod extend;
 pub(crate) mod fail;
@@ -39,6 +40,7 @@ pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod replay;
 pub(crate) mod stats;
+pub(crate) mod step_record;
 
 #[cfg(test)]
 mod hardening;
@@ -220,6 +222,7 @@ mod tests {
         vec![
             entry!(ack),
             entry!(claim),
+            entry!(dead_trim),
             entry!(enqueue),
             entry!(extend),
             entry!(fail),
@@ -231,6 +234,7 @@ mod tests {
             entry!(reclaim),
             entry!(replay),
             entry!(stats),
+            entry!(step_record),
         ]
     }
 

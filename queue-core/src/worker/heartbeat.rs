@@ -1,8 +1,9 @@
 //! The heartbeat of one running job: extends its lease every
-//! `heartbeat_interval` while the token matches (`extend.lua`, DESIGN rule 3)
-//! and marks the job's context lease-lost when it no longer does.
+//! `heartbeat_interval` while the token matches (`extend.lua`, DESIGN rule 3),
+//! moves the context's local lease deadline forward on each confirmed extend
+//! (`lease_clock.rs`), and marks the context lease-lost when an extend finds
+//! another token or the deadline passed without a confirmed extend.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tracing::{debug, warn};
@@ -13,8 +14,8 @@ use crate::keys::QueueKeys;
 use crate::scripts::extend::{Extend, ExtendReply};
 
 /// Extends the lease every heartbeat interval while the token matches; marks
-/// the context lease-lost and stops when it no longer does. Runs until
-/// aborted by the runner.
+/// the context lease-lost and stops when it no longer does or when the local
+/// deadline passed (Redis unreachable). Runs until aborted by the runner.
 pub(super) async fn heartbeat(
     inner: Arc<Inner>,
     keys: QueueKeys,
@@ -35,13 +36,19 @@ pub(super) async fn heartbeat(
     };
     loop {
         tokio::time::sleep(every).await;
+        if ctx.inner.lease.is_lost() {
+            warn!("lease lost: no extend confirmed before the local lease deadline; another worker may run this job");
+            return;
+        }
+        let sent_at = tokio::time::Instant::now();
         match extend.run(&mut conn).await {
             Ok(ExtendReply::LeaseLost) => {
-                ctx.inner.lease_lost.store(true, Ordering::SeqCst);
+                ctx.inner.lease.mark_lost();
                 warn!("lease lost: the job was reclaimed; its result will be discarded");
                 return;
             }
             Ok(ExtendReply::Extended { lease_until_ms }) => {
+                ctx.inner.lease.confirm(sent_at, inner.config.lease);
                 debug!(lease_until_ms, "lease extended")
             }
             Err(e) => warn!(error = %e, "heartbeat failed; retrying at the next interval"),

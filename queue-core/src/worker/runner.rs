@@ -5,7 +5,6 @@
 //! (DESIGN rule 9); a panic is a retryable error.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,7 +151,11 @@ impl JobRunner {
                 enqueued_at_ms: d.enqueued_at_ms,
                 delivered_at_ms: d.delivered_at_ms,
                 fence: d.fence,
-                lease_lost: AtomicBool::new(false),
+                token: d.token.clone(),
+                lease: crate::lease_clock::LeaseClock::new(
+                    d.claim_sent_at,
+                    self.inner.config.lease,
+                ),
                 conn: Some(self.inner.conn.clone()),
                 result_ref: std::sync::Mutex::new(None),
             }),

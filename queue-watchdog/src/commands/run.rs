@@ -25,6 +25,8 @@ pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
         // With --metrics-listen the sampler below publishes the gauges (from
         // one health read per queue and interval); the passes need not.
         publish_gauges: false,
+        dead_max_len: args.dead_max_len,
+        dead_retention: Duration::from_secs(args.dead_retention_hours.saturating_mul(3600)),
         ..WatchdogConfig::default()
     };
     let watchdog = Watchdog::connect(url, &args.queues, config).await?;
@@ -39,8 +41,13 @@ pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
     if args.once {
         let r = watchdog.run_once().await?;
         println!(
-            "reclaimed={} dead_lettered={} adopted={} promoted={} failed_queue_passes={}",
-            r.reclaimed, r.dead_lettered, r.adopted, r.promoted, r.failed_queue_passes
+            "reclaimed={} dead_lettered={} adopted={} promoted={} trimmed={} failed_queue_passes={}",
+            r.reclaimed,
+            r.dead_lettered,
+            r.adopted,
+            r.promoted,
+            r.trimmed,
+            r.failed_queue_passes
         );
         if r.failed_queue_passes > 0 {
             return Ok(ExitCode::FAILURE);

@@ -63,6 +63,10 @@ pub const CHECKS: &[Check] = &[
         run: expirations,
     },
     Check {
+        name: "dead-letters",
+        run: dead_letters,
+    },
+    Check {
         name: "replica-url",
         run: replica_url,
     },
@@ -263,9 +267,8 @@ fn maxmemory(f: &Facts, _opts: Options, out: &mut Findings) {
             "when memory is full Redis deletes any key, including job hashes and the main, processing and dead lists: jobs vanish without an error",
             "maxmemory-policy noeviction");
     } else if policy.starts_with("volatile") {
-        let sev = if f.ttl_count > 0 { Critical } else { Warning };
-        out.add(sev, format!("maxmemory {maxmemory} with maxmemory-policy {policy}"),
-            "when memory is full Redis deletes keys that have a TTL: completion records go early (a re-enqueued or redelivered job runs again), and any queue key with a TTL vanishes",
+        out.add(Critical, format!("maxmemory {maxmemory} with maxmemory-policy {policy}"),
+            "when memory is full Redis deletes keys that have a TTL: completion records and step results go early (a completed job that is redelivered or re-enqueued runs its side effects again), and any queue key with a TTL vanishes",
             "maxmemory-policy noeviction");
     } else {
         let pct = used as f64 * 100.0 / maxmemory as f64;
@@ -316,6 +319,33 @@ fn evictions(f: &Facts, _opts: Options, out: &mut Findings) {
             "maxmemory-policy noeviction, more memory; then CONFIG RESETSTAT to restart the counter");
     } else {
         out.add(Ok, "no key evicted since Redis started".into(), "", "");
+    }
+}
+
+/// Dead-letter lists above this length get a warning (the watchdog's
+/// default `--dead-max-len`).
+const DEAD_WARN: u64 = 10_000;
+
+/// Dead-letter lists that grew past [`DEAD_WARN`] (the watchdog trims them
+/// unless its trim is off).
+fn dead_letters(f: &Facts, _opts: Options, out: &mut Findings) {
+    let over: Vec<String> = f
+        .dead_lengths
+        .iter()
+        .filter(|(_, n)| *n > DEAD_WARN)
+        .map(|(k, n)| format!("{k} ({n})"))
+        .collect();
+    if !over.is_empty() {
+        out.add(Warning, format!("{} dead-letter list(s) over {DEAD_WARN} entries: {}", over.len(), over.join(", ")),
+            "dead letters and their job hashes use memory until they are replayed or purged; at maxmemory, enqueues fail",
+            "inspect with `queue-watchdog dead list`, then replay or purge; run the watchdog with its dead-letter trim on (--dead-max-len, --dead-retention-hours)");
+    } else if let Some(max) = f.dead_lengths.iter().map(|(_, n)| *n).max() {
+        out.add(
+            Ok,
+            format!("dead-letter lists at most {max} entries"),
+            "",
+            "",
+        );
     }
 }
 

@@ -1,5 +1,6 @@
 //! What the doctor reads from the server: `INFO`, the `CONFIG GET` values
-//! that decide durability, and the TTLs of queue keys (a bounded SCAN). These
+//! that decide durability, and the TTLs of queue keys and the lengths of
+//! dead-letter lists (a bounded SCAN). These
 //! are operator-only reads, not part of queue-core.
 
 use std::collections::HashMap;
@@ -96,6 +97,20 @@ async fn scan_ttls(conn: &RedisConnection, limit: u64, facts: &mut Facts) -> Res
             .map_err(CliError::redis("SCAN for queue keys"))?;
         calls += 1;
         let keys: Vec<String> = keys.into_iter().filter(|k| !expires_by_design(k)).collect();
+        let dead: Vec<&String> = keys.iter().filter(|k| k.ends_with("}:dead")).collect();
+        if !dead.is_empty() {
+            let mut pipe = redis::pipe();
+            for k in &dead {
+                pipe.cmd("LLEN").arg(*k);
+            }
+            let lens: Vec<u64> = pipe
+                .query_async(&mut c)
+                .await
+                .map_err(CliError::redis("LLEN of dead-letter lists"))?;
+            facts
+                .dead_lengths
+                .extend(dead.into_iter().cloned().zip(lens));
+        }
         if !keys.is_empty() {
             let mut pipe = redis::pipe();
             for k in &keys {

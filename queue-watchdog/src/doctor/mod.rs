@@ -4,8 +4,9 @@
 //! "Safe for critical queues" (exit 0) means no CRITICAL finding:
 //! - AOF on (`appendonly yes`) with `appendfsync everysec` or `always`
 //!   (`--strict`: only `always`, and fsync also during rewrites);
-//! - no evicting `maxmemory-policy` (`noeviction`, or `volatile-*` while no
-//!   queue key has a TTL), no evictions so far, no TTL on queue keys;
+//! - no evicting `maxmemory-policy` (only `noeviction`: `volatile-*` evicts
+//!   completion records, so completed jobs run again), no evictions so far,
+//!   no TTL on queue keys;
 //! - AOF writes succeeding;
 //! - the URL points at a primary, not a replica.
 //!
@@ -93,6 +94,8 @@ pub struct Facts {
     pub scanned: u64,
     /// False when the scan stopped at the limit.
     pub scan_complete: bool,
+    /// Dead-letter list lengths found by the scan: (queue key, length).
+    pub dead_lengths: Vec<(String, u64)>,
 }
 
 impl Facts {
@@ -280,17 +283,35 @@ mod tests {
         )));
     }
 
+    /// Evicted completion records make completed jobs run again: a
+    /// `volatile-*` policy is as critical as `allkeys-*`, TTL'd queue keys or not.
     #[test]
-    fn volatile_policy_is_critical_only_with_ttl_keys() {
+    fn volatile_policy_is_critical_like_allkeys() {
         let mut info = safe_info();
         info.retain(|(k, _)| *k != "maxmemory" && *k != "maxmemory_policy");
         info.push(("maxmemory", "10485760"));
         info.push(("maxmemory_policy", "volatile-lru"));
         let mut f = facts(&info, &[("appendfsync", "everysec")]);
-        assert!(is_safe(&analyze(&f, OPTS)));
+        assert_eq!(
+            checks(&analyze(&f, OPTS), Severity::Critical),
+            ["maxmemory"]
+        );
         f.ttl_count = 1;
         f.ttl_keys = vec![("q:{a}:main".into(), 1000)];
         let found = analyze(&f, OPTS);
         assert_eq!(checks(&found, Severity::Critical), ["maxmemory", "ttl"]);
+    }
+
+    #[test]
+    fn more_than_ten_thousand_dead_letters_warn() {
+        let mut f = facts(&safe_info(), &[("appendfsync", "everysec")]);
+        f.dead_lengths = vec![("q:{a}:dead".into(), 10), ("q:{b}:dead".into(), 10_001)];
+        let found = analyze(&f, OPTS);
+        assert!(is_safe(&found));
+        assert!(checks(&found, Severity::Warning).contains(&"dead-letters"));
+        f.dead_lengths.truncate(1);
+        let found = analyze(&f, OPTS);
+        assert!(!checks(&found, Severity::Warning).contains(&"dead-letters"));
+        assert!(checks(&found, Severity::Ok).contains(&"dead-letters"));
     }
 }

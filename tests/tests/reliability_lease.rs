@@ -1,0 +1,533 @@
+//! Reliability of leases, step results, enqueue and connections when Redis
+//! stops answering (issue #11 items 5, 6, 8, 9, 10, 11): each scenario runs
+//! against its own redis-server, which it pauses (SIGSTOP: connections stay
+//! open, nothing is answered) or restarts.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use queue_core::{
+    job, ConnectionConfig, EnqueueOptions, EnqueueOutcome, JobContext, JobError, Lock, LockOptions,
+    Queue, QueueKeys, Watchdog, WatchdogConfig, Worker, WorkerConfig,
+};
+use queue_testkit::RedisServer;
+use queue_tests::{fast_config, init_tracing, redis_conn, wait_until};
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+const T: Duration = Duration::from_secs(30);
+
+async fn setup() -> (RedisServer, String, Queue) {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let url = server.url();
+    let queue = Queue::connect(&url).await.expect("connect");
+    (server, url, queue)
+}
+
+/// A redis-server paused with SIGSTOP: it keeps its connections open and
+/// answers nothing. Resumed (SIGCONT) on drop.
+struct Paused(u32);
+
+impl Paused {
+    fn pause(server: &RedisServer) -> Paused {
+        let pid = server.pid().expect("server runs");
+        signal(pid, "STOP");
+        Paused(pid)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        signal(self.0, "CONT");
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill(1) runs");
+    assert!(status.success(), "kill -{sig} {pid} failed");
+}
+
+// ---- item 5: lease loss is visible without Redis -------------------------
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Probe {}
+
+static PROBE_STARTED: AtomicBool = AtomicBool::new(false);
+/// Milliseconds into the handler at which `lease_lost()` turned true (0: not yet).
+static PROBE_LOST_AT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Watches `ctx.lease_lost()` for up to 30 s and records when it turns true.
+#[job(queue = "lease-probe", max_attempts = 1, timeout = "60s")]
+async fn probe(ctx: JobContext, _p: Probe) -> Result<(), JobError> {
+    PROBE_STARTED.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if ctx.lease_lost() {
+            PROBE_LOST_AT_MS.store(start.elapsed().as_millis().max(1) as u64, Ordering::SeqCst);
+            return Err(JobError::retryable("lease lost"));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+async fn start_worker(
+    url: &str,
+    builder: impl FnOnce(queue_core::WorkerBuilder) -> queue_core::WorkerBuilder,
+    config: WorkerConfig,
+) -> (
+    queue_core::ShutdownHandle,
+    tokio::task::JoinHandle<queue_core::Result<()>>,
+) {
+    let worker = builder(Worker::builder(url))
+        .config(config)
+        .build()
+        .await
+        .expect("worker builds");
+    let handle = worker.shutdown_handle();
+    (
+        handle,
+        tokio::spawn(worker.run_until(std::future::pending())),
+    )
+}
+
+/// A heartbeat that cannot reach Redis never confirms an extend: the
+/// handler must see `lease_lost()` once the local lease deadline passes,
+/// before the watchdog could give the job to another worker.
+#[tokio::test]
+async fn lease_lost_turns_true_when_redis_stops_answering_the_heartbeat() {
+    let (server, url, queue) = setup().await;
+    let lease = Duration::from_millis(1000);
+    let cfg = WorkerConfig {
+        lease,
+        heartbeat: Some(Duration::from_millis(200)),
+        ..fast_config()
+    };
+    let (stop, join) = start_worker(&url, |b| b.register(probe::handler()), cfg).await;
+    probe::enqueue(&queue, Probe {}).await.unwrap();
+    wait_until(T, "probe started", || async {
+        PROBE_STARTED.load(Ordering::SeqCst)
+    })
+    .await;
+    // While the heartbeat works, the lease holds for several leases.
+    tokio::time::sleep(lease * 3).await;
+    assert_eq!(
+        PROBE_LOST_AT_MS.load(Ordering::SeqCst),
+        0,
+        "a heartbeating lease is not lost"
+    );
+    let paused = Paused::pause(&server);
+    let stopped_at = Instant::now();
+    wait_until(T, "lease_lost() after Redis stopped answering", || async {
+        PROBE_LOST_AT_MS.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    // The deadline (90 % of the lease after the last confirmed extend was
+    // sent) is at most one lease after the pause; allow scheduling slack.
+    assert!(
+        stopped_at.elapsed() < lease * 5,
+        "noticed {:?} after the pause",
+        stopped_at.elapsed()
+    );
+    drop(paused);
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+}
+
+/// `no_renew()`: the guard stops claiming the lock once its TTL ran out
+/// (it used to say "held" forever).
+#[tokio::test]
+async fn a_lock_without_renewal_is_not_held_after_its_ttl() {
+    let (_server, _url, queue) = setup().await;
+    let ttl = Duration::from_millis(400);
+    let guard = Lock::acquire(
+        queue.connection(),
+        "no-renew",
+        LockOptions::default().ttl(ttl).no_renew(),
+    )
+    .await
+    .unwrap()
+    .expect("free");
+    assert!(guard.is_held());
+    tokio::time::sleep(ttl).await;
+    assert!(!guard.is_held(), "its TTL ran out");
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() completes at the deadline");
+    // An explicit extend of a lock whose local deadline passed does not
+    // revive the guard (someone else may have held it in between).
+    let _ = guard.extend(ttl).await.unwrap();
+    assert!(!guard.is_held());
+}
+
+/// Auto-renew against a paused Redis: the renewal hangs until the response
+/// timeout (5 s), but the guard turns "not held" when its TTL runs out.
+#[tokio::test]
+async fn a_renewed_lock_is_not_held_once_its_ttl_passes_without_a_renewal() {
+    let (server, _url, queue) = setup().await;
+    let ttl = Duration::from_millis(600);
+    let guard = Lock::acquire(
+        queue.connection(),
+        "paused",
+        LockOptions::default().ttl(ttl),
+    )
+    .await
+    .unwrap()
+    .expect("free");
+    let paused = Paused::pause(&server);
+    let stopped_at = Instant::now();
+    tokio::time::sleep(ttl).await;
+    assert!(
+        !guard.is_held(),
+        "no renewal could be confirmed within the TTL"
+    );
+    tokio::time::timeout(ttl, guard.lost())
+        .await
+        .expect("lost() completes");
+    assert!(stopped_at.elapsed() < Duration::from_secs(3));
+    drop(paused);
+}
+
+// ---- item 6: step results are fenced by the lease token ------------------
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Steps {}
+
+static STEP1_DONE: AtomicBool = AtomicBool::new(false);
+static STEP2_GO: AtomicBool = AtomicBool::new(false);
+/// 1: the second step was refused and `lease_lost()` was true; 2: it was stored.
+static STEP2_OUTCOME: AtomicU64 = AtomicU64::new(0);
+
+/// Records step `first`, waits for the test, then tries step `second`.
+#[job(queue = "steps", max_attempts = 1, timeout = "60s")]
+async fn stepper(ctx: JobContext, _s: Steps) -> Result<(), JobError> {
+    ctx.step("first", || async { Ok(1u32) }).await?;
+    STEP1_DONE.store(true, Ordering::SeqCst);
+    let start = Instant::now();
+    while !STEP2_GO.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let second = ctx.step("second", || async { Ok(2u32) }).await;
+    let outcome = if second.is_err() && ctx.lease_lost() {
+        1
+    } else {
+        2
+    };
+    STEP2_OUTCOME.store(outcome, Ordering::SeqCst);
+    second.map(drop)
+}
+
+/// A step write carries a TTL, and a delivery that no longer owns its job
+/// (here: the job finished elsewhere with retention 0, which deletes the
+/// hash and the step results) stores nothing, gets an error and sees
+/// `lease_lost()`; it used to recreate the step results with no TTL.
+#[tokio::test]
+async fn a_stale_step_write_stores_nothing_and_every_step_write_has_a_ttl() {
+    let (_server, url, queue) = setup().await;
+    let cfg = WorkerConfig {
+        lease: Duration::from_secs(60),
+        heartbeat_enabled: false, // only the step write may notice the loss
+        ..fast_config()
+    };
+    let (stop, join) = start_worker(&url, |b| b.register(stepper::handler()), cfg).await;
+    let id = stepper::enqueue_with_id(&queue, "order-1", Steps {})
+        .await
+        .unwrap()
+        .id;
+    let keys = QueueKeys::new("steps");
+    let mut c = redis_conn(&url).await;
+    wait_until(T, "first step recorded", || async {
+        STEP1_DONE.load(Ordering::SeqCst)
+    })
+    .await;
+    let ttl: i64 = c.pttl(keys.steps(id.as_str())).await.unwrap();
+    assert!(ttl > 0, "step results carry a TTL, got PTTL {ttl}");
+    // Another delivery completed the job with retention 0.
+    let _: () = c
+        .del(&[keys.job(id.as_str()), keys.steps(id.as_str())])
+        .await
+        .unwrap();
+    STEP2_GO.store(true, Ordering::SeqCst);
+    wait_until(T, "second step tried", || async {
+        STEP2_OUTCOME.load(Ordering::SeqCst) != 0
+    })
+    .await;
+    assert_eq!(
+        STEP2_OUTCOME.load(Ordering::SeqCst),
+        1,
+        "the stale step write is refused and the lease is reported lost"
+    );
+    let exists: bool = c.exists(keys.steps(id.as_str())).await.unwrap();
+    assert!(!exists, "a stale step write recreated the step results");
+    stop.shutdown();
+    join.await.unwrap().unwrap();
+}
+
+// ---- item 11: an enqueue survives a lost connection or a lost reply -----
+
+/// Enqueues an empty payload of type `t` under `id` on queue `enq`.
+async fn enqueue_id(queue: &Queue, id: &str) -> queue_core::Result<queue_core::Enqueued> {
+    queue
+        .enqueue_raw("enq", "t", 1, 1, EnqueueOptions::new().id(id), b"")
+        .await
+}
+
+/// A restart breaks the client's connection; the next enqueue used to fail
+/// with "broken pipe". It is now sent again once the client reconnected.
+#[tokio::test]
+async fn the_first_enqueue_after_a_redis_restart_succeeds() {
+    let (mut server, _url, queue) = setup().await;
+    assert!(enqueue_id(&queue, "before").await.unwrap().is_new());
+    server.restart().expect("redis restarts");
+    let after = enqueue_id(&queue, "after")
+        .await
+        .expect("the first enqueue after the restart succeeds");
+    assert!(after.is_new());
+}
+
+/// The enqueue reaches a paused Redis, the client times out and sends it
+/// again; when Redis resumes, the first request writes the job and the
+/// retries find their own token: the call reports `Created`, exactly one job
+/// exists, and another call with the same id gets `Duplicate`.
+#[tokio::test]
+async fn an_enqueue_whose_reply_was_lost_reports_created_once() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let cfg = ConnectionConfig {
+        response_timeout: Duration::from_millis(300),
+        ..ConnectionConfig::default()
+    };
+    let queue = Queue::connect_with(&server.url(), &cfg).await.unwrap();
+    assert!(enqueue_id(&queue, "warm-up").await.unwrap().is_new());
+    let paused = Paused::pause(&server);
+    let q = queue.clone();
+    let call = tokio::spawn(async move { enqueue_id(&q, "order-1").await });
+    tokio::time::sleep(Duration::from_millis(1200)).await; // several timeouts
+    drop(paused);
+    let first = call.await.unwrap().expect("retried until Redis answered");
+    assert_eq!(first.outcome, EnqueueOutcome::Created);
+    let again = enqueue_id(&queue, "order-1").await.unwrap();
+    assert!(
+        matches!(again.outcome, EnqueueOutcome::Duplicate { .. }),
+        "{again:?}"
+    );
+    let stats = queue.stats("enq").await.unwrap();
+    assert_eq!(stats.counter("enqueued"), 2, "warm-up + order-1, once");
+    assert_eq!(stats.main, 2);
+}
+
+/// Producers in other languages send the 8 documented arguments: the
+/// optional enqueue token must not be required, and without it a second
+/// call with the id is a duplicate as before.
+#[tokio::test]
+async fn an_enqueue_without_the_optional_token_still_works() {
+    let (_server, url, queue) = setup().await;
+    let script = redis::Script::new(&format!(
+        "{}\n{}",
+        include_str!("../../queue-core/src/scripts/prelude.lua"),
+        include_str!("../../queue-core/src/scripts/enqueue.lua")
+    ));
+    let keys = QueueKeys::new("enq");
+    let id = "foreign-1";
+    let mut c = redis_conn(&url).await;
+    for expected in ["new", "exists"] {
+        let reply: Vec<redis::Value> = script
+            .key(&keys.main)
+            .key(keys.job(id))
+            .key(keys.done(id))
+            .key(&keys.delayed)
+            .key(&keys.stats)
+            .key(keys.once(id))
+            .arg(id)
+            .arg("t")
+            .arg(1)
+            .arg(b"".as_slice())
+            .arg(3)
+            .arg(0)
+            .arg(0)
+            .arg(0)
+            .invoke_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(reply[0], redis::Value::BulkString(expected.into()));
+    }
+    assert_eq!(queue.stats("enq").await.unwrap().main, 1);
+}
+
+// ---- item 10: connecting to a hung Redis fails within the timeout --------
+
+/// A SIGSTOPped Redis accepts TCP connections (the kernel does) but never
+/// answers. `Queue::connect_with`, `Worker::build` and `Watchdog::connect`
+/// must give up within `connection_timeout`, not a multiple of it.
+#[tokio::test]
+async fn connecting_to_a_hung_redis_fails_within_the_connection_timeout() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let url = server.url();
+    let timeout = Duration::from_millis(1000);
+    let connection = ConnectionConfig {
+        connection_timeout: timeout,
+        response_timeout: timeout,
+    };
+    // Generous against a loaded machine, far below the old 4x (retries).
+    let limit = timeout * 2 + Duration::from_millis(500);
+    let _paused = Paused::pause(&server);
+
+    let t0 = Instant::now();
+    let res = Queue::connect_with(&url, &connection).await;
+    assert!(
+        res.is_err(),
+        "Queue::connect_with answered against a paused Redis"
+    );
+    assert!(
+        t0.elapsed() < limit,
+        "Queue::connect_with took {:?}",
+        t0.elapsed()
+    );
+
+    let t0 = Instant::now();
+    let cfg = WorkerConfig {
+        connection: connection.clone(),
+        ..fast_config()
+    };
+    let res = Worker::builder(&url)
+        .register(probe::handler())
+        .config(cfg)
+        .build()
+        .await;
+    assert!(
+        res.is_err(),
+        "Worker::build answered against a paused Redis"
+    );
+    assert!(
+        t0.elapsed() < limit,
+        "Worker::build took {:?}",
+        t0.elapsed()
+    );
+
+    let t0 = Instant::now();
+    let cfg = WatchdogConfig {
+        connection,
+        ..WatchdogConfig::default()
+    };
+    let res = Watchdog::connect(&url, ["tasks"], cfg).await;
+    assert!(
+        res.is_err(),
+        "Watchdog::connect answered against a paused Redis"
+    );
+    assert!(
+        t0.elapsed() < limit,
+        "Watchdog::connect took {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- item 8: dead letters and lock fences do not grow forever -----------
+
+/// Writes a dead letter as `dead_letter()` leaves it: id at the head of the
+/// dead list, its hash (state dead, `dead_at`) and a step result.
+async fn dead_letter(
+    c: &mut redis::aio::MultiplexedConnection,
+    keys: &QueueKeys,
+    id: &str,
+    dead_at_ms: u64,
+) {
+    let _: () = c.lpush(&keys.dead, id).await.unwrap();
+    let _: () = c
+        .hset_multiple(
+            keys.job(id),
+            &[
+                ("id", id),
+                ("state", "dead"),
+                ("dead_at", &dead_at_ms.to_string()),
+            ],
+        )
+        .await
+        .unwrap();
+    let _: () = c.hset(keys.steps(id), "charge", "x").await.unwrap();
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+async fn exists(c: &mut redis::aio::MultiplexedConnection, key: String) -> bool {
+    c.exists(key).await.unwrap()
+}
+
+/// Each watchdog pass deletes the oldest dead letters beyond `dead_max_len`
+/// (at most `batch` per pass) and those older than `dead_retention`, with
+/// their hashes and step results, and counts them.
+#[tokio::test]
+async fn the_watchdog_trims_dead_letters_by_length_and_age_a_bounded_number_per_pass() {
+    let (_server, url, _queue) = setup().await;
+    let keys = QueueKeys::new("trim");
+    let mut c = redis_conn(&url).await;
+    let now = now_ms();
+    let ten_days = 10 * 24 * 3600 * 1000;
+    for (i, age) in [ten_days, ten_days, 0, 0, 0].into_iter().enumerate() {
+        dead_letter(&mut c, &keys, &format!("d{i}"), now - age).await;
+    }
+    // By length: keep 4, one id per pass.
+    let by_length = Watchdog::connect(
+        &url,
+        ["trim"],
+        WatchdogConfig {
+            dead_max_len: 4,
+            dead_retention: Duration::ZERO,
+            batch: 1,
+            ..WatchdogConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(by_length.run_once().await.unwrap().trimmed, 1);
+    assert_eq!(by_length.run_once().await.unwrap().trimmed, 0);
+    assert!(!exists(&mut c, keys.job("d0")).await && !exists(&mut c, keys.steps("d0")).await);
+    // By age: the other ten-day-old one goes, the recent ones stay.
+    let by_age = Watchdog::connect(&url, ["trim"], WatchdogConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(by_age.run_once().await.unwrap().trimmed, 1);
+    assert!(!exists(&mut c, keys.job("d1")).await && !exists(&mut c, keys.steps("d1")).await);
+    let left: Vec<String> = c.lrange(&keys.dead, 0, -1).await.unwrap();
+    assert_eq!(left, ["d4", "d3", "d2"]);
+    assert!(exists(&mut c, keys.job("d2")).await && exists(&mut c, keys.steps("d2")).await);
+    let trimmed: u64 = c.hget(&keys.stats, "trimmed").await.unwrap();
+    assert_eq!(trimmed, 2);
+}
+
+/// The fencing counter of a lock expires, and a recreated one starts above
+/// every number the old one handed out.
+#[tokio::test]
+async fn a_lock_fence_expires_and_a_recreated_one_still_grows() {
+    let (_server, url, queue) = setup().await;
+    let take = || async {
+        Lock::acquire(queue.connection(), "fenced", LockOptions::default())
+            .await
+            .unwrap()
+            .expect("free")
+    };
+    let first = take().await;
+    let first_fence = first.fencing();
+    assert!(first.release().await.unwrap());
+    let mut c = redis_conn(&url).await;
+    let ttl: i64 = c.pttl("lock:{fenced}:fence").await.unwrap();
+    assert!(ttl > 0, "the fencing counter has a TTL, got PTTL {ttl}");
+    // It expired (a day without acquisitions): the next one starts anew.
+    let _: () = c.del("lock:{fenced}:fence").await.unwrap();
+    let second = take().await;
+    assert!(
+        second.fencing() > first_fence,
+        "{} after {first_fence}",
+        second.fencing()
+    );
+}
