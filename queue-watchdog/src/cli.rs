@@ -64,6 +64,14 @@ pub enum Command {
     )]
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Transactional inbox on PostgreSQL: create, prune and count inbox rows,
+    /// list outbox events whose effect never committed.
+    #[cfg_attr(
+        not(feature = "inbox"),
+        command(about = "PostgreSQL inbox: NOT COMPILED IN (build with --features inbox)")
+    )]
+    #[command(subcommand)]
+    Inbox(crate::cli_inbox::InboxCommand),
 }
 
 /// Where the outbox table lives.
