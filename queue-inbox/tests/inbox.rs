@@ -298,16 +298,18 @@ async fn complete_without_a_claim_is_refused() {
     assert!(matches!(err, InboxError::InvalidKey { .. }), "{err}");
 }
 
-/// Waits until a backend of this database waits for a lock (the second delivery).
-async fn wait_for_lock_waiter(client: &Client) {
+/// Waits until a backend waits for a lock in an insert into `table` (the
+/// second delivery's claim).
+async fn wait_for_lock_waiter(client: &Client, table: &str) {
     let start = Instant::now();
+    let pattern = format!("INSERT INTO \"{table}\"%");
     loop {
         let n: i64 = client
             .query_one(
                 "SELECT count(*) FROM pg_stat_activity \
                  WHERE datname = current_database() AND wait_event_type = 'Lock' \
-                   AND query LIKE 'INSERT INTO%'",
-                &[],
+                   AND query LIKE $1",
+                &[&pattern],
             )
             .await
             .unwrap()
@@ -342,7 +344,7 @@ async fn second_delivery_during_the_first(
         let (env, id) = (env.clone(), job_id.to_string());
         async move { env.deliver(&JobContext::for_test(id, Q, 2), None).await }
     });
-    wait_for_lock_waiter(&env.client).await;
+    wait_for_lock_waiter(&env.client, env.inbox.table()).await;
     assert!(!second.is_finished(), "it waits for the first transaction");
     if first_commits {
         env.inbox
