@@ -1,8 +1,12 @@
-//! Runs the billing example end to end: SIGKILL after the charge, before the
-//! ack, must not produce a second charge.
+//! Runs the billing example end to end: SIGKILL after the charge and the
+//! ledger commit, before the ack, must produce neither a second charge nor a
+//! second ledger entry (PostgreSQL: `DATABASE_URL`, default local).
 
 #[test]
 fn billing_example_charges_each_invoice_once() {
+    if queue_testkit::postgres::require().is_none() {
+        return;
+    }
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_billing"))
         .env_remove("REDIS_URL")
         .output()
@@ -21,5 +25,22 @@ fn billing_example_charges_each_invoice_once() {
     assert!(
         stdout.contains("OK: no invoice was charged twice"),
         "{stdout}"
+    );
+    assert!(
+        stdout.contains("ledger entries booked:     5 (one per invoice: 5)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("redeliveries that found the inbox row done: 5"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("OK: no invoice was booked twice"),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("inbox: already done by an earlier delivery"),
+        "the redelivery logs that it found the work done:\n{stderr}"
     );
 }

@@ -192,7 +192,8 @@ impl Outbox {
         &self.table.name
     }
 
-    pub(crate) fn table_name(&self) -> &TableName {
+    /// The validated table name (with its quoted SQL form).
+    pub fn table_name(&self) -> &TableName {
         &self.table
     }
 

@@ -2,16 +2,28 @@
 //!
 //! The name is validated as a plain lower-case identifier (optionally
 //! `schema.table`) and always double-quoted in SQL, so it can never inject SQL
-//! and a reserved word works as a name.
+//! and a reserved word works as a name. [`TableName`] is public so that other
+//! crates with tables of their own (`queue-inbox`) apply the same rules.
 
 use crate::error::{OutboxError, Result};
 
 /// Longest accepted identifier part, in bytes: leaves room for the derived
 /// index names (`<table>_unpublished_idx`) within PostgreSQL's 63-byte limit.
-pub(crate) const MAX_IDENT_LEN: usize = 40;
+pub const MAX_IDENT_LEN: usize = 40;
 
+/// A validated table name: a plain lower-case identifier
+/// (`[a-z_][a-z0-9_]*`, at most [`MAX_IDENT_LEN`] bytes), optionally
+/// schema-qualified, with its double-quoted SQL form.
+///
+/// ```
+/// use queue_outbox::TableName;
+/// let t = TableName::try_new("billing.inbox").unwrap();
+/// assert_eq!(t.quoted(), "\"billing\".\"inbox\"");
+/// assert_eq!(t.base(), "inbox");
+/// assert!(TableName::try_new("inbox; drop table users").is_err());
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct TableName {
+pub struct TableName {
     /// As given (`queue_outbox`, `app.queue_outbox`).
     pub(crate) name: String,
     /// Quoted for SQL (`"queue_outbox"`, `"app"."queue_outbox"`).
@@ -38,16 +50,20 @@ fn check_ident(part: &str) -> std::result::Result<(), &'static str> {
 
 impl TableName {
     pub(crate) fn parse(name: &str) -> Result<Self> {
-        let invalid = |reason| OutboxError::InvalidTableName {
+        Self::try_new(name).map_err(|reason| OutboxError::InvalidTableName {
             name: name.to_string(),
             reason,
-        };
+        })
+    }
+
+    /// Validates `name`; the error says why it was rejected.
+    pub fn try_new(name: &str) -> std::result::Result<Self, &'static str> {
         let parts: Vec<&str> = name.split('.').collect();
         if parts.len() > 2 {
-            return Err(invalid("at most one `.` (schema.table)"));
+            return Err("at most one `.` (schema.table)");
         }
         for part in &parts {
-            check_ident(part).map_err(invalid)?;
+            check_ident(part)?;
         }
         let quoted = parts
             .iter()
@@ -59,6 +75,21 @@ impl TableName {
             quoted,
             base: parts[parts.len() - 1].to_string(),
         })
+    }
+
+    /// The name as given (`queue_outbox`, `app.queue_outbox`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The name quoted for SQL (`"queue_outbox"`, `"app"."queue_outbox"`).
+    pub fn quoted(&self) -> &str {
+        &self.quoted
+    }
+
+    /// The table part alone (without the schema), for derived index names.
+    pub fn base(&self) -> &str {
+        &self.base
     }
 
     /// Columns read by the relay and by reconciliation, in this order.

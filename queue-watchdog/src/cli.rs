@@ -70,6 +70,14 @@ pub enum Command {
     )]
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Transactional inbox on PostgreSQL: create, prune and count inbox rows,
+    /// list outbox events whose effect never committed.
+    #[cfg_attr(
+        not(feature = "inbox"),
+        command(about = "PostgreSQL inbox: NOT COMPILED IN (build with --features inbox)")
+    )]
+    #[command(subcommand)]
+    Inbox(crate::cli_inbox::InboxCommand),
     /// Enqueue one job from JSON (converted to the MessagePack a Rust
     /// handler's serde type decodes). Prints `created <id>`,
     /// `duplicate <id> state=<state>` or `already-completed <id>` (exit 0 for

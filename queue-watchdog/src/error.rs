@@ -18,6 +18,10 @@ pub enum CliError {
     #[cfg(feature = "outbox")]
     #[error(transparent)]
     Outbox(#[from] queue_outbox::OutboxError),
+    /// An inbox (PostgreSQL) operation failed.
+    #[cfg(feature = "inbox")]
+    #[error(transparent)]
+    Inbox(#[from] queue_inbox::InboxError),
     /// A plain Redis command of the watchdog failed (the doctor's reads).
     #[error("redis error ({context}): {source}")]
     Redis {
@@ -52,7 +56,10 @@ impl CliError {
     }
 
     /// A subcommand whose cargo feature was left out of this build.
-    #[cfg_attr(all(feature = "dashboard", feature = "outbox"), allow(dead_code))]
+    #[cfg_attr(
+        all(feature = "dashboard", feature = "outbox", feature = "inbox"),
+        allow(dead_code)
+    )]
     pub fn not_compiled_in(subcommand: &str, feature: &str) -> CliError {
         CliError::Other(format!(
             "the `{subcommand}` subcommand is not compiled into this queue-watchdog: \

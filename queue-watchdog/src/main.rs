@@ -12,12 +12,14 @@
 //! - `dashboard` (cargo feature `dashboard`, on by default): the web UI.
 //! - `enqueue`: one job from JSON (producers without Rust, scripts).
 //! - `outbox …` (cargo feature `outbox`, on by default): the PostgreSQL outbox.
+//! - `inbox …` (cargo feature `inbox`, on by default): the PostgreSQL inbox.
 //!
 //! Every queue read and write goes through `queue_core::admin`; this crate
 //! parses arguments and formats results. Its own Redis reads are the
 //! doctor's (INFO, CONFIG, TTL scan). See `docs/OPERATIONS.md`.
 
 mod cli;
+mod cli_inbox;
 mod commands;
 #[cfg(feature = "dashboard")]
 mod dashboard;

@@ -1,16 +1,26 @@
-//! Billing example: a worker charges a fake payment API, is SIGKILLed after
-//! the charge and before the ack, and the redelivery does not charge again.
+//! Billing example: a worker charges a fake payment API and books each charge
+//! in a PostgreSQL ledger, is SIGKILLed after the ledger commit and before
+//! the ack, and the redelivery neither charges nor books again.
 //!
 //! ```text
 //! cargo run -p queue-examples --bin billing            # starts its own redis-server
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run -p queue-examples --bin billing
+//! REDIS_URL=redis://127.0.0.1:6379/ DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
+//!     cargo run -p queue-examples --bin billing
 //! ```
 //!
 //! How it stays at one charge per invoice: the handler runs the charge as a
 //! step (`ctx.step("charge", ..)`, stored in Redis, skipped on a retry) and
 //! passes `ctx.step_key("charge")` as the payment API's `Idempotency-Key`, so
 //! even a crash between the API call and storing the step cannot charge twice.
-//! The program exits 1 if any invoice was charged twice or not at all.
+//!
+//! How it stays at one ledger entry per invoice: the entry is written in a
+//! PostgreSQL transaction together with the invoice's inbox row
+//! (`queue-inbox`: `ctx.inbox(&tx).already_done()` … `complete(..)`), so the
+//! redelivery after the kill finds the row done, logs "already done" and is
+//! acked without booking. The program exits 1 if any invoice was charged or
+//! booked twice or not at all. PostgreSQL: `DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test` (tables `billing_example_ledger`
+//! and `queue_inbox`; this run's rows are deleted at the end).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -25,6 +35,8 @@ use queue_core::{
     job, JobContext, JobError, Queue, Watchdog, WatchdogConfig, Worker, WorkerConfig,
 };
 use queue_examples::http::Client;
+use queue_inbox::tokio_postgres::{self, NoTls};
+use queue_inbox::{Inbox, InboxError, InboxExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -35,9 +47,63 @@ pub struct Invoice {
     pub number: u32,
     /// Amount in cents.
     pub cents: u64,
+    /// This run of the example (ledger rows are tagged with it).
+    #[serde(default)]
+    pub run: String,
 }
 
-/// Charges one invoice, then (on the first attempt) dawdles long enough to be killed.
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const LEDGER_DDL: &str = "CREATE TABLE IF NOT EXISTS billing_example_ledger (
+    id bigserial PRIMARY KEY, run text NOT NULL, invoice int NOT NULL,
+    cents bigint NOT NULL, charge_id text NOT NULL, booked_at timestamptz NOT NULL DEFAULT now())";
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_string())
+}
+
+async fn postgres() -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let (client, conn) = tokio_postgres::connect(&database_url(), NoTls).await?;
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// Books the charge in the ledger, once per invoice: the entry and the
+/// invoice's inbox row commit together. Returns the ledger entry reference.
+async fn book(ctx: &JobContext, invoice: &Invoice, charge_id: &str) -> Result<(), JobError> {
+    let mut db = postgres().await?;
+    let tx = db.transaction().await?;
+    if ctx
+        .inbox(&tx)
+        .already_done()
+        .await
+        .map_err(InboxError::into_job_error)?
+    {
+        return Ok(()); // booked by an earlier delivery (logged by the inbox)
+    }
+    let row = tx
+        .query_one(
+            "INSERT INTO billing_example_ledger (run, invoice, cents, charge_id) \
+             VALUES ($1, $2, $3, $4) RETURNING id",
+            &[
+                &invoice.run,
+                &(invoice.number as i32),
+                &(invoice.cents as i64),
+                &charge_id,
+            ],
+        )
+        .await?;
+    let entry: i64 = row.get(0);
+    ctx.inbox(&tx)
+        .complete(format!("ledger-{entry}"))
+        .await
+        .map_err(InboxError::into_job_error)?;
+    tx.commit().await?;
+    tracing::info!(invoice = invoice.number, entry, "booked in the ledger");
+    Ok(())
+}
+
+/// Charges one invoice and books it, then (on the first attempt) dawdles
+/// long enough to be killed: committed, not acked.
 #[job(queue = "billing", max_attempts = 5, timeout = "30s")]
 async fn charge_invoice(ctx: JobContext, invoice: Invoice) -> Result<(), JobError> {
     let api: SocketAddr = std::env::var("PAYMENT_API")
@@ -69,11 +135,11 @@ async fn charge_invoice(ctx: JobContext, invoice: Invoice) -> Result<(), JobErro
         attempt = ctx.attempt(),
         "charged"
     );
+    book(&ctx, &invoice, &charge_id).await?;
     if ctx.attempt() == 1 {
-        // The crash window: charged, not yet acked.
+        // The crash window: charged and booked, not yet acked.
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
-    ctx.set_result_ref(charge_id);
     Ok(())
 }
 
@@ -160,16 +226,39 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_state(api.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
 
+    // PostgreSQL: the ledger and the inbox. Job ids carry a run id, so runs
+    // against the same Redis and database do not see each other's work.
+    let db = postgres().await?;
+    db.batch_execute(LEDGER_DDL).await?;
+    Inbox::new().migrate(&db).await?;
+    let run = format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros()
+            ^ u128::from(std::process::id())
+    );
+    let job_id = |inv: &Invoice| format!("invoice-{}-{run}", inv.number);
+    let booked = || async {
+        let row = db
+            .query_one(
+                "SELECT count(*) FROM billing_example_ledger WHERE run = $1",
+                &[&run],
+            )
+            .await?;
+        Ok::<i64, tokio_postgres::Error>(row.get(0))
+    };
+
     let queue = Queue::connect(&url).await?;
     let invoices: Vec<Invoice> = (1..=5)
         .map(|n| Invoice {
             number: n,
             cents: 1000 * n as u64,
+            run: run.clone(),
         })
         .collect();
     for inv in &invoices {
-        charge_invoice::enqueue_with_id(&queue, format!("invoice-{}", inv.number), inv.clone())
-            .await?;
+        charge_invoice::enqueue_with_id(&queue, job_id(inv), inv.clone()).await?;
     }
     println!("enqueued {} invoices on {url}", invoices.len());
 
@@ -181,17 +270,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut first = spawn_worker()?;
     let t0 = Instant::now();
-    while api.lock().unwrap_or_else(|p| p.into_inner()).charges.len() < invoices.len() {
+    while booked().await? < invoices.len() as i64 {
         if t0.elapsed() > Duration::from_secs(30) {
-            return Err("the first worker did not charge every invoice in 30 s".into());
+            return Err("the first worker did not book every invoice in 30 s".into());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    first.kill()?; // SIGKILL: charged, not acked
+    first.kill()?; // SIGKILL: charged and booked (committed), not acked
     first.wait()?;
     let s = queue.stats("billing").await?;
     println!(
-        "SIGKILLed the worker after {} charges; acked so far: {}",
+        "SIGKILLed the worker after {} charges and ledger commits; acked so far: {}",
         invoices.len(),
         s.counter("completed")
     );
@@ -237,21 +326,50 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         charges,
         invoices.len()
     );
+    let entries = booked().await?;
+    println!(
+        "ledger entries booked:     {} (one per invoice: {})",
+        entries,
+        invoices.len()
+    );
+    let mut found_done = 0;
     for inv in &invoices {
-        let id = format!("invoice-{}", inv.number);
+        let id = job_id(inv);
         let rec = queue
             .completion("billing", id.as_str())
             .await?
             .unwrap_or_default();
+        let acked_on: u32 = rec
+            .get("attempts")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
+        let row = Inbox::new().record(&db, "billing", &id).await?;
+        let booked_on = row.as_ref().map_or(0, |r| r.attempts);
+        if row.is_some() && acked_on > booked_on {
+            found_done += 1;
+        }
         println!(
-            "  {id}: completed after {} attempt(s), charge {}",
-            rec.get("attempts").map_or("?", |s| s),
-            rec.get("result").map_or("?", |s| s)
+            "  {id}: acked on attempt {acked_on}, booked once on attempt {booked_on} ({})",
+            row.and_then(|r| r.result_ref).unwrap_or_default()
         );
+    }
+    println!("redeliveries that found the inbox row done: {found_done}");
+    db.execute("DELETE FROM billing_example_ledger WHERE run = $1", &[&run])
+        .await?;
+    for inv in &invoices {
+        db.execute(
+            "DELETE FROM queue_inbox WHERE queue = 'billing' AND key = $1",
+            &[&job_id(inv)],
+        )
+        .await?;
     }
     if charges != invoices.len() {
         return Err(format!("expected {} charges, got {}", invoices.len(), charges).into());
     }
+    if entries != invoices.len() as i64 {
+        return Err(format!("expected {} ledger entries, got {entries}", invoices.len()).into());
+    }
     println!("OK: no invoice was charged twice");
+    println!("OK: no invoice was booked twice");
     Ok(())
 }

@@ -5,6 +5,8 @@ mod check;
 mod dead;
 mod doctor;
 mod enqueue;
+#[cfg(feature = "inbox")]
+mod inbox;
 mod jobs;
 #[cfg(feature = "outbox")]
 mod outbox;
@@ -33,6 +35,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Dashboard(args) => dashboard(&cli.redis, args).await,
         Command::Outbox(cmd) => outbox(&cli.redis, cmd).await,
         Command::Enqueue(args) => enqueue::enqueue(&cli.redis, args).await,
+        Command::Inbox(cmd) => inbox_cmd(cmd).await,
     }
 }
 
@@ -55,6 +58,16 @@ async fn outbox(url: &str, cmd: crate::cli::OutboxCommand) -> Result<ExitCode> {
 #[cfg(not(feature = "outbox"))]
 async fn outbox(_: &str, _: crate::cli::OutboxCommand) -> Result<ExitCode> {
     Err(CliError::not_compiled_in("outbox", "outbox"))
+}
+
+#[cfg(feature = "inbox")]
+async fn inbox_cmd(cmd: crate::cli_inbox::InboxCommand) -> Result<ExitCode> {
+    inbox::dispatch(cmd).await
+}
+
+#[cfg(not(feature = "inbox"))]
+async fn inbox_cmd(_: crate::cli_inbox::InboxCommand) -> Result<ExitCode> {
+    Err(CliError::not_compiled_in("inbox", "inbox"))
 }
 
 /// JSON text of a value, for `--json` output.

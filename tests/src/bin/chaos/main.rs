@@ -5,12 +5,15 @@
 //! ```
 //!
 //! Modes: the orchestrator (default), `worker` (the worker processes the
-//! orchestrator starts from its own executable) and `aof-window` (measures
-//! acknowledged enqueues lost when Redis is SIGKILLed).
+//! orchestrator starts from its own executable), `aof-window` (measures
+//! acknowledged enqueues lost when Redis is SIGKILLed) and `inbox` (database
+//! effects through the transactional inbox, with its `inbox-worker`s).
 
 mod aof;
 mod args;
 mod check;
+mod inbox;
+mod inbox_job;
 mod job;
 mod orchestrator;
 mod report;
@@ -23,6 +26,14 @@ async fn main() {
         Some("worker") => {
             queue_tests::init_tracing();
             job::worker_main(&argv[1..]).await
+        }
+        Some("inbox-worker") => {
+            queue_tests::init_tracing();
+            inbox_job::worker_main(&argv[1..]).await
+        }
+        Some("inbox") => {
+            init_stderr_tracing();
+            inbox::main(&argv[1..]).await
         }
         Some("aof-window") => {
             init_stderr_tracing();

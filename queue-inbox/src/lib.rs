@@ -1,0 +1,106 @@
+//! # queue-inbox
+//!
+//! A transactional inbox on PostgreSQL for `queue-core`: the consumer-side
+//! twin of `queue-outbox`. A handler records "this job's effect is done" in
+//! an inbox table **in the same transaction as the effect**, so the two
+//! commit together or not at all, and a redelivered job (worker killed after
+//! the commit and before the Redis ack, lease expired, duplicate enqueue after
+//! the Redis completion record expired) finds the row done and is acked
+//! without repeating the change.
+//!
+//! ```text
+//! handler:  BEGIN
+//!           already_done()  INSERT inbox row 'running' (or lock the existing one)
+//!                           -> done? return Ok(()): acked, nothing repeated
+//!           business change
+//!           complete(ref)   UPDATE inbox row 'done'
+//!           COMMIT          the change and "done", or neither
+//! ```
+//!
+//! - **Concurrent deliveries** of the same key: the row (or its uncommitted
+//!   insert) is locked by the first transaction; the second waits in
+//!   `already_done()` and then sees `done` (commit) or claims it (rollback).
+//! - **Fenced**: the row carries the delivery's fencing token
+//!   ([`JobContext::fencing_token`](queue_core::JobContext::fencing_token));
+//!   a stale delivery finding a row written by a newer delivery of the same
+//!   job is refused with [`InboxError::Fenced`] (permanent).
+//! - **Business keys**: `ctx.inbox(&tx).key("cust-7:2026-11")` makes every job
+//!   with that key on the queue done once, not just every delivery of one job.
+//! - **Operations**: [`Inbox::prune`], [`Inbox::stats`], [`Inbox::reconcile`]
+//!   (outbox rows of the same database whose effect never committed), also as
+//!   `queue-watchdog inbox migrate | prune | stats | reconcile`.
+//!
+//! The guarantee is about effects **in this database**: an external API call
+//! made by the handler is outside the transaction and still needs
+//! `ctx.idempotency_key()` (see `docs/IDEMPOTENCY.md`).
+//!
+//! ```no_run
+//! use queue_core::{job, JobContext, JobError};
+//! use queue_inbox::{InboxError, InboxExt};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! pub struct Charge { pub invoice: i64, pub cents: i64 }
+//!
+//! #[job(queue = "billing")]
+//! async fn book_charge(ctx: JobContext, c: Charge) -> Result<(), JobError> {
+//!     let mut db = connect().await?;
+//!     let tx = db.transaction().await.map_err(JobError::retryable)?;
+//!     if ctx.inbox(&tx).already_done().await.map_err(InboxError::into_job_error)? {
+//!         return Ok(());
+//!     }
+//!     let row = tx
+//!         .query_one("INSERT INTO ledger (invoice, cents) VALUES ($1, $2) RETURNING id",
+//!                    &[&c.invoice, &c.cents])
+//!         .await
+//!         .map_err(JobError::retryable)?;
+//!     let entry: i64 = row.get(0);
+//!     ctx.inbox(&tx).complete(format!("ledger-{entry}")).await?;
+//!     tx.commit().await.map_err(JobError::retryable)?;
+//!     Ok(())
+//! }
+//! # async fn connect() -> Result<tokio_postgres::Client, JobError> { unimplemented!() }
+//! # fn main() {}
+//! ```
+//!
+//! ## The table
+//!
+//! [`Inbox::migrate`] creates it (default name `queue_inbox`; safe to run from
+//! several processes at once):
+//!
+//! | column | type | |
+//! |---|---|---|
+//! | `queue`, `key` | text, primary key | the job id, or the business key the handler named |
+//! | `job_id` | text | the job that claimed (and completed) the row |
+//! | `status` | text | `running` or `done` |
+//! | `fence` | bigint | that delivery's fencing token |
+//! | `attempts` | int | that delivery's attempt number |
+//! | `worker` | text | `hostname:pid` |
+//! | `result_ref` | text | from [`InboxTx::complete`] |
+//! | `started_at`, `finished_at` | timestamptz | PostgreSQL clock |
+//!
+//! plus indexes on `(queue, job_id)` and on `finished_at` of done rows.
+//! Done rows stay until [`Inbox::prune`].
+//!
+//! Use the default READ COMMITTED isolation for the handler's transaction: under
+//! REPEATABLE READ or SERIALIZABLE a delivery that waited for a concurrent one
+//! gets a serialization error (retryable) instead of seeing `done`.
+
+#![warn(missing_docs)]
+
+mod delivery;
+mod error;
+mod inbox;
+mod maintenance;
+mod metrics;
+mod reconcile;
+mod table;
+
+pub use delivery::{worker_identity, InboxExt, InboxTx};
+pub use error::{InboxError, Result};
+pub use inbox::{Inbox, InboxRecord, InboxStatus, DEFAULT_TABLE};
+pub use maintenance::InboxQueueStats;
+pub use reconcile::{InboxReconcileOptions, InboxReconcileRow};
+
+/// The PostgreSQL driver this crate uses, re-exported so your version matches.
+pub use tokio_postgres;

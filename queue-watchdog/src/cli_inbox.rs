@@ -1,0 +1,71 @@
+//! Command-line definition of `queue-watchdog inbox …` (the PostgreSQL
+//! transactional inbox; implemented in `commands/inbox.rs` behind the cargo
+//! feature `inbox`).
+
+use clap::{Args, Subcommand};
+
+/// Where the inbox table lives.
+#[derive(Debug, Args, Clone)]
+pub struct InboxTarget {
+    /// PostgreSQL URL (its value is never printed by --help).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
+    /// Inbox table name.
+    #[arg(long, default_value = "queue_inbox")]
+    pub table: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum InboxCommand {
+    /// Create the inbox table if it does not exist (safe from several processes).
+    Migrate {
+        #[command(flatten)]
+        target: InboxTarget,
+    },
+    /// Delete done rows that finished longer ago than --older-than-secs. Keep
+    /// them longer than any job can be delivered again (the completion
+    /// retention, 24 h by default, plus the outbox's re-send horizon).
+    Prune {
+        #[command(flatten)]
+        target: InboxTarget,
+        /// Age of the done rows to delete, by finished_at (default 7 days).
+        #[arg(long, default_value_t = 7 * 24 * 3600)]
+        older_than_secs: u64,
+    },
+    /// Per queue: running and done rows, oldest running row, last completion.
+    Stats {
+        #[command(flatten)]
+        target: InboxTarget,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List outbox rows (same database) older than an age whose job has no
+    /// done inbox row: events whose database effect never committed.
+    /// Exit 1 when any is listed.
+    Reconcile(InboxReconcileArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct InboxReconcileArgs {
+    #[command(flatten)]
+    pub target: InboxTarget,
+    /// Outbox table name.
+    #[arg(long, default_value = "queue_outbox")]
+    pub outbox_table: String,
+    /// Only outbox rows created at least this long ago (seconds).
+    #[arg(long, default_value_t = 3600)]
+    pub older_than_secs: u64,
+    /// Ignore outbox rows older than this (keep it below the inbox prune age).
+    #[arg(long)]
+    pub max_age_secs: Option<u64>,
+    /// Only this queue (repeat for several): the queues whose handlers use the inbox.
+    #[arg(long = "queue", short = 'q')]
+    pub queues: Vec<String>,
+    /// At most this many rows.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,110 @@
+//! `queue-watchdog inbox migrate | stats | reconcile | prune` against a real
+//! PostgreSQL.
+
+use std::process::Command;
+
+use queue_core::{BoxFuture, Job, JobContext, JobError};
+use queue_inbox::Inbox;
+use queue_outbox::{connect_postgres, Outbox};
+use queue_testkit::postgres::{require, unique_name, DropTable};
+
+const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
+
+struct Invoice;
+impl Job for Invoice {
+    type Args = u32;
+    const NAME: &'static str = "invoice";
+    const QUEUE: &'static str = "billing";
+    fn run(_: JobContext, _: u32) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+fn cli(db: &str, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("DATABASE_URL", db)
+        .output()
+        .expect("binary runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
+    let Some(db) = require() else { return };
+    let table = unique_name("cli_inbox");
+    let outbox_table = unique_name("cli_outbox");
+    let _drop = [
+        DropTable::new(&db, &table),
+        DropTable::new(&db, &outbox_table),
+    ];
+
+    let (code, out, err) = cli(&db, &["inbox", "migrate", "--table", &table]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("is ready"), "{out}");
+
+    // Two events in the outbox; the first one's effect commits through the inbox.
+    let mut client = connect_postgres(&db).await.unwrap();
+    let outbox = Outbox::with_table(&outbox_table).unwrap();
+    outbox.migrate(&client).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    for id in ["invoice-1", "invoice-2"] {
+        outbox
+            .enqueue_in_tx::<Invoice>(&tx, &1, Some(id.into()))
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let inbox = Inbox::with_table(&table).unwrap();
+    let ctx = JobContext::for_test("invoice-1", "billing", 1);
+    let tx = client.transaction().await.unwrap();
+    assert!(!inbox.delivery(&ctx, &tx).already_done().await.unwrap());
+    inbox
+        .delivery(&ctx, &tx)
+        .complete("ledger-1")
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let (code, out, err) = cli(&db, &["inbox", "stats", "--table", &table, "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("\"queue\":\"billing\""), "{out}");
+    assert!(out.contains("\"done\":1"), "{out}");
+
+    let reconcile = [
+        "inbox",
+        "reconcile",
+        "--table",
+        &table,
+        "--outbox-table",
+        &outbox_table,
+        "--older-than-secs",
+        "0",
+        "--queue",
+        "billing",
+    ];
+    let (code, out, err) = cli(&db, &reconcile);
+    assert_eq!(code, 1, "a row is listed: {out}{err}");
+    assert!(
+        out.contains("invoice-2") && !out.contains("invoice-1"),
+        "{out}"
+    );
+
+    let (code, out, err) = cli(
+        &db,
+        &[
+            "inbox",
+            "prune",
+            "--table",
+            &table,
+            "--older-than-secs",
+            "0",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("deleted 1 done row"), "{out}");
+}
