@@ -15,6 +15,7 @@
 //! | `q:{<queue>}:steps:<id>` | hash | results of `ctx.step(..)` calls, expire with the completion record |
 //! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
 //! | `q:{<queue>}:tput:<minute>` | string | completions in that minute (epoch minutes), expires after 3 minutes |
+//! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -90,6 +91,12 @@ impl QueueKeys {
     /// The once-marker of job id `id` (periodic jobs).
     pub fn once(&self, id: &str) -> String {
         format!("q:{{{}}}:once:{}", self.queue, id)
+    }
+
+    /// The pause flag: present while the queue is paused, holding the Redis
+    /// time (ms) of the pause (docs/FLOW-CONTROL.md).
+    pub fn paused(&self) -> String {
+        format!("q:{{{}}}:paused", self.queue)
     }
 
     /// The step results of job `id`.

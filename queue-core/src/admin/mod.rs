@@ -16,12 +16,14 @@
 //! | `jobs.rs` | [`JobInfo`] (the raw hash), [`JobDetail`] (everything about one job) |
 //! | `history.rs` | [`JobEvent`]: a job's life from the timestamps its hash keeps |
 //! | `dead.rs` | dead letters: list with a filter, select, replay, purge |
+//! | `flow.rs` | pause / resume a queue, cancel a job ([`Queue::pause`], [`Queue::cancel`]) |
 //! | `discovery.rs` | finding queue names from their keys |
 //! | `error.rs` | [`AdminError`] |
 
 mod dead;
 mod discovery;
 mod error;
+mod flow;
 mod health;
 mod history;
 mod jobs;

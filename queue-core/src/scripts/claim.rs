@@ -13,8 +13,8 @@ use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<5> =
-    lua_script!("claim.lua", keys = 5, args = 5, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("claim.lua", keys = 7, args = 5, prelude(super::DRAIN));
 
 /// Claims `id`, which a `BLMOVE` just moved to processing.
 pub(crate) struct Claim<'a> {
@@ -32,7 +32,15 @@ impl Claim<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ClaimRow> {
         let k = self.keys;
         let reply = SCRIPT
-            .call([&k.processing, &k.leases, &k.dead, &k.stats, &k.guard])
+            .call([
+                &k.processing,
+                &k.leases,
+                &k.dead,
+                &k.stats,
+                &k.guard,
+                &k.paused(),
+                &k.main,
+            ])
             .arg(self.id)
             .arg(&k.job_prefix)
             .arg(&k.done_prefix)
@@ -79,6 +87,9 @@ pub(crate) enum Skip {
     Busy,
     /// `gone`: the watchdog returned the id before this claim (claim.lua only).
     Gone,
+    /// `paused`: the queue is paused; the id went back to main unclaimed
+    /// (claim.lua only).
+    Paused,
 }
 
 impl Skip {
@@ -89,6 +100,7 @@ impl Skip {
             Skip::Missing => "job hash missing: dead-lettered",
             Skip::Busy => "another delivery owns this job",
             Skip::Gone => "already returned by the watchdog before the claim",
+            Skip::Paused => "queue paused: returned to the queue unclaimed",
         }
     }
 }
@@ -130,6 +142,7 @@ impl ClaimRow {
             "missing" => Skip::Missing,
             "busy" => Skip::Busy,
             "gone" => Skip::Gone,
+            "paused" => Skip::Paused,
             other => return Err(f.error(format_args!("unknown claim outcome {other:?}"))),
         };
         Ok(ClaimRow::Skipped(id, skip))

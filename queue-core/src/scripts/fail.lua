@@ -1,11 +1,13 @@
 -- Failure: retry later (delayed zset) or dead-letter, only while the token matches.
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats
 -- ARGV: 1 id, 2 token, 3 kind ('retry' | 'permanent'), 4 message, 5 delay_ms
--- Returns {'retry', run_at} | {'dead', reason} | {'lost'}
-local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'max_attempts')
+-- Returns {'retry', run_at} | {'dead', reason} | {'lost'} | {'cancel_requested'}
+-- (nothing written: the worker ends the job with finish_cancel.lua).
+local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'max_attempts', 'cancel_requested')
 if h[2] ~= 'active' or h[1] ~= ARGV[2] then
   return {'lost'}
 end
+if h[5] then return {'cancel_requested'} end
 local now = now_ms()
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])

@@ -11,8 +11,8 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<6> =
-    lua_script!("fetch.lua", keys = 6, args = 5, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("fetch.lua", keys = 7, args = 5, prelude(super::DRAIN));
 
 /// Moves and claims up to `count` jobs of one queue.
 pub(crate) struct Fetch<'a> {
@@ -24,8 +24,18 @@ pub(crate) struct Fetch<'a> {
 }
 
 impl Fetch<'_> {
-    /// Runs the script; the rows in the order the jobs were taken.
+    /// Runs the script; the rows in the order the jobs were taken (none
+    /// when the queue is paused: see [`run_or_paused`](Self::run_or_paused)).
+    #[cfg(test)]
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<Vec<ClaimRow>> {
+        Ok(match self.run_or_paused(conn).await? {
+            FetchReply::Rows(rows) => rows,
+            FetchReply::Paused => Vec::new(),
+        })
+    }
+
+    /// Runs the script; [`FetchReply::Paused`] when the queue is paused.
+    pub(crate) async fn run_or_paused(&self, conn: &mut RedisConnection) -> Result<FetchReply> {
         let k = self.keys;
         let reply = SCRIPT
             .call([
@@ -35,6 +45,7 @@ impl Fetch<'_> {
                 &k.dead,
                 &k.stats,
                 &k.guard,
+                &k.paused(),
             ])
             .arg(&k.job_prefix)
             .arg(&k.done_prefix)
@@ -43,9 +54,22 @@ impl Fetch<'_> {
             .arg(self.count)
             .run(conn, &k.queue, None)
             .await?;
+        if reply::text(&reply).as_deref() == Some("paused") {
+            return Ok(FetchReply::Paused);
+        }
         let rows = reply::array(&reply).ok_or_else(|| {
             QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}"))
         })?;
-        rows.iter().map(|r| ClaimRow::decode(&k.queue, r)).collect()
+        let rows = rows.iter().map(|r| ClaimRow::decode(&k.queue, r));
+        Ok(FetchReply::Rows(rows.collect::<Result<_>>()?))
     }
+}
+
+/// What a fetch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FetchReply {
+    /// The rows, in the order the jobs were taken (none: the queue is empty).
+    Rows(Vec<ClaimRow>),
+    /// The queue is paused: nothing was moved (docs/FLOW-CONTROL.md).
+    Paused,
 }

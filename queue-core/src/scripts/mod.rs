@@ -27,17 +27,21 @@ use crate::job::JobId;
 pub(crate) mod reply;
 
 pub(crate) mod ack;
+pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod enqueue;
 pub(crate) mod extend;
 pub(crate) mod fail;
 pub(crate) mod fetch;
+pub(crate) mod finish_cancel;
 pub(crate) mod lock_acquire;
 pub(crate) mod lock_extend;
 pub(crate) mod lock_release;
+pub(crate) mod pause;
 pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod replay;
+pub(crate) mod resume;
 pub(crate) mod stats;
 
 const PRELUDE: &str = include_str!("prelude.lua");
@@ -216,17 +220,21 @@ mod tests {
         }
         vec![
             entry!(ack),
+            entry!(cancel),
             entry!(claim),
             entry!(enqueue),
             entry!(extend),
             entry!(fail),
             entry!(fetch),
+            entry!(finish_cancel),
             entry!(lock_acquire),
             entry!(lock_extend),
             entry!(lock_release),
+            entry!(pause),
             entry!(promote),
             entry!(reclaim),
             entry!(replay),
+            entry!(resume),
             entry!(stats),
         ]
     }

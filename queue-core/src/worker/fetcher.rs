@@ -22,8 +22,8 @@ use super::Inner;
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
-use crate::scripts::claim::{Claim, ClaimRow};
-use crate::scripts::fetch::Fetch;
+use crate::scripts::claim::{Claim, ClaimRow, Skip};
+use crate::scripts::fetch::{Fetch, FetchReply};
 
 /// Claim attempts after a `BLMOVE` before the id is left to the watchdog.
 const CLAIM_ATTEMPTS: u32 = 5;
@@ -71,8 +71,9 @@ impl Fetcher {
             }
             let keys = self.queue().keys.clone();
             match self.fetch(&keys, &mut slots).await {
-                Ok(rows) if rows.is_empty() => {} // the blocking wait timed out
-                Ok(rows) => {
+                Ok(FetchReply::Paused) => self.wait_while_paused(slots).await,
+                Ok(FetchReply::Rows(rows)) if rows.is_empty() => {} // the blocking wait timed out
+                Ok(FetchReply::Rows(rows)) => {
                     error_delay = Duration::from_millis(100);
                     self.dispatch(&keys, rows, &mut slots);
                 }
@@ -84,13 +85,19 @@ impl Fetcher {
 
     /// Claims up to `slots.len()` ready jobs; when there are none, keeps one
     /// slot and blocks for the next job. No rows: the block timed out.
-    async fn fetch(&mut self, keys: &QueueKeys, slots: &mut Vec<Slot>) -> Result<Vec<ClaimRow>> {
-        let rows = self.fetch_ready(keys, slots.len()).await?;
-        if !rows.is_empty() {
-            return Ok(rows);
+    async fn fetch(&mut self, keys: &QueueKeys, slots: &mut Vec<Slot>) -> Result<FetchReply> {
+        match self.fetch_ready(keys, slots.len()).await? {
+            FetchReply::Rows(rows) if rows.is_empty() => {}
+            ready => return Ok(ready),
         }
         slots.truncate(1);
-        Ok(self.fetch_blocking().await?.into_iter().collect())
+        Ok(match self.fetch_blocking().await? {
+            Some(ClaimRow::Skipped(id, Skip::Paused)) => {
+                info!(queue = %keys.queue, job_id = %id, "{}", Skip::Paused.reason());
+                FetchReply::Paused
+            }
+            row => FetchReply::Rows(row.into_iter().collect()),
+        })
     }
 
     /// Waits for this queue's permit (if limited), then a worker-wide one.
@@ -125,7 +132,10 @@ impl Fetcher {
                 continue;
             };
             match self.fetch_ready(&q.keys, 1).await {
-                Ok(rows) if rows.iter().any(|r| matches!(r, ClaimRow::Claimed(_))) => {
+                Ok(FetchReply::Paused) => continue, // skipped while paused
+                Ok(FetchReply::Rows(rows))
+                    if rows.iter().any(|r| matches!(r, ClaimRow::Claimed(_))) =>
+                {
                     let mut slots = vec![Slot {
                         global: slot.global,
                         queue: queue_permit,
@@ -133,7 +143,7 @@ impl Fetcher {
                     self.dispatch(&q.keys, rows, &mut slots);
                     return None;
                 }
-                Ok(rows) => self.dispatch(&q.keys, rows, &mut Vec::new()),
+                Ok(FetchReply::Rows(rows)) => self.dispatch(&q.keys, rows, &mut Vec::new()),
                 Err(e) => warn!(queue = %q.keys.queue, error = %e, "priority fetch failed"),
             }
         }
@@ -180,8 +190,8 @@ impl Fetcher {
         *delay = (*delay * 2).min(Duration::from_secs(5));
     }
 
-    /// LMOVE + claim of up to `count` jobs in one script.
-    async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<Vec<ClaimRow>> {
+    /// LMOVE + claim of up to `count` jobs in one script (nothing: paused).
+    async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
         let mut conn = self.inner.conn.clone();
         let token_base = uuid::Uuid::new_v4().to_string();
         Fetch {
@@ -190,7 +200,7 @@ impl Fetcher {
             token_base: &token_base,
             count,
         }
-        .run(&mut conn)
+        .run_or_paused(&mut conn)
         .await
     }
 
