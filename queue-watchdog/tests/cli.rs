@@ -675,6 +675,8 @@ fn queue_pause_resume_and_jobs_cancel() {
     assert!(status.contains("cancelled"), "{status}");
     let (ok, out, _) = flow(&["jobs", "cancel", "w1", "-q", "emails"]);
     assert!(!ok && out.contains("already finished"), "{out}");
+    let (_, out, _) = flow(&["jobs", "show", "w1", "-q", "emails"]);
+    assert!(out.contains("where     cancelled"), "{out}");
     let (ok, out, _) = flow(&["jobs", "cancel", "nope", "-q", "emails", "--json"]);
     assert!(!ok && out.contains(r#""outcome":"NotFound""#), "{out}");
 }

@@ -10,7 +10,7 @@ use super::escape::{html, url_segment};
 use super::sampler::DoctorSummary;
 use crate::doctor::{Finding, Severity};
 use crate::format::{display_field, fmt_dur, fmt_rel, fmt_ts, payload_json};
-use crate::views::{describe_location, event_detail, event_name};
+use crate::views::{describe_where, event_detail, event_name};
 
 /// A processing entry's lease status in a few words.
 pub fn lease_label(status: LeaseStatus) -> &'static str {
@@ -403,7 +403,7 @@ pub fn job(d: &JobDetail) -> String {
         qu = url_segment(q),
         qa = html(q),
         ida = html(d.id.as_str()),
-        location = html(&describe_location(&d.location)),
+        location = html(&describe_where(d)),
         cancel = cancel_control(d),
         payload = html(&payload),
     );
