@@ -7,9 +7,13 @@ use std::time::{Duration, Instant};
 
 use queue_core::{
     CancelOutcome, EnqueueOptions, JobId, JobState, Queue, QueueKeys, Watchdog, WatchdogConfig,
+    Worker,
 };
 use queue_testkit::RedisServer;
-use queue_tests::{init_tracing, redis_conn, task, wait_until, Ledger, Task, WorkerProcess};
+use queue_tests::{
+    fast_config, init_tracing, redis_conn, routine, task, urgent, wait_until, Ledger, Task,
+    WorkerProcess,
+};
 use redis::AsyncCommands;
 
 const T: Duration = Duration::from_secs(60);
@@ -357,4 +361,64 @@ async fn cancel_waiting_delayed_running_and_finished_jobs() {
         s.queue.cancel(QUEUE, "no-such-job").await.unwrap(),
         CancelOutcome::NotFound
     );
+}
+
+/// A paused higher-priority queue is skipped: the lower queue's jobs run
+/// (its fetcher's priority check gets `paused` and moves on), the paused
+/// queue's jobs wait unclaimed until resume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_higher_priority_queue_is_skipped() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let url = server.url();
+    let queue = Queue::connect(&url).await.unwrap();
+    queue.pause("high").await.unwrap();
+    let task = |seq| Task {
+        ledger: url.clone(),
+        seq,
+        ..Task::default()
+    };
+    for seq in 0..3 {
+        urgent::enqueue(&queue, task(seq)).await.unwrap();
+        routine::enqueue(&queue, task(seq)).await.unwrap();
+    }
+    let mut cfg = fast_config();
+    cfg.concurrency = 1;
+    let worker = Worker::builder(&url)
+        .register(urgent::handler())
+        .register(routine::handler())
+        .queue_priority("high", 10)
+        .config(cfg)
+        .build()
+        .await
+        .unwrap();
+    let stop = worker.shutdown_handle();
+    let join = tokio::spawn(worker.run_until(std::future::pending()));
+    let ran = || async {
+        let order: Vec<String> = redis_conn(&url)
+            .await
+            .lrange("ledger:prio", 0, -1)
+            .await
+            .unwrap();
+        order
+    };
+    wait_until(T, "the three low-priority jobs ran", || async {
+        ran().await.len() >= 3
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let order = ran().await;
+    assert!(
+        order.iter().all(|s| s.starts_with("low")),
+        "a paused queue's job ran: {order:?}"
+    );
+    let high = queue.stats("high").await.unwrap();
+    assert_eq!((high.main, high.processing), (3, 0), "{high:?}");
+    queue.resume("high").await.unwrap();
+    wait_until(T, "the high-priority jobs run after resume", || async {
+        ran().await.len() == 6
+    })
+    .await;
+    stop.shutdown();
+    join.await.unwrap().unwrap();
 }
