@@ -120,8 +120,9 @@ fn info_field(info: &str, name: &str) -> Option<u64> {
 async fn a_pause_stops_blocked_workers_until_resume_then_every_job_runs_once() {
     let processes = 3;
     let s = Scenario::start(processes).await;
+    // Each test-worker blocks on two queues (`tasks` and `billing`).
     wait_until(T, "every worker blocked in BLMOVE", || async {
-        s.blocked_clients().await >= processes as u64
+        s.blocked_clients().await >= 2 * processes as u64
     })
     .await;
     let paused = s.queue.pause(QUEUE).await.unwrap();
