@@ -10,6 +10,8 @@ end
 if redis.call('EXISTS', KEYS[6]) == 1 then
   redis.call('RPUSH', KEYS[7], ARGV[1])
   redis.call('LREM', KEYS[1], 1, ARGV[1])
+  -- A provisional lease the watchdog may have given it meanwhile.
+  redis.call('ZREM', KEYS[2], ARGV[1])
   return {'paused', ARGV[1]}
 end
 return claim(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3],
