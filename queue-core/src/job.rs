@@ -246,6 +246,8 @@ pub(crate) struct ContextInner {
     pub(crate) lease: crate::lease_clock::LeaseClock,
     pub(crate) conn: Option<crate::conn::RedisConnection>,
     pub(crate) result_ref: std::sync::Mutex<Option<String>>,
+    /// Set by the heartbeat when an operator asked to cancel the job.
+    pub(crate) cancel: tokio::sync::watch::Sender<bool>,
 }
 
 impl fmt::Debug for JobContext {
@@ -283,6 +285,7 @@ impl JobContext {
                 lease: crate::lease_clock::LeaseClock::unbounded(),
                 conn: None,
                 result_ref: std::sync::Mutex::new(None),
+                cancel: tokio::sync::watch::Sender::new(false),
             }),
         }
     }
@@ -397,6 +400,35 @@ impl JobContext {
     /// ```
     pub fn lease_lost(&self) -> bool {
         self.inner.lease.is_lost()
+    }
+
+    /// True once the heartbeat found that an operator asked to cancel this
+    /// job ([`Queue::cancel`](crate::Queue::cancel)). A cooperative handler
+    /// stops and returns an error: the job then ends cancelled, never retried
+    /// nor dead-lettered. (A handler that returns `Ok` completes as usual.)
+    pub fn cancelled(&self) -> bool {
+        *self.inner.cancel.borrow()
+    }
+
+    /// Resolves once an operator asked to cancel this job (seen at the next
+    /// heartbeat); pending forever otherwise. Race it against the work:
+    ///
+    /// ```
+    /// # use queue_core::{JobContext, JobError};
+    /// async fn handler(ctx: JobContext) -> Result<(), JobError> {
+    ///     tokio::select! {
+    ///         _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => Ok(()),
+    ///         _ = ctx.until_cancelled() => Err(JobError::permanent("cancelled")),
+    ///     }
+    /// }
+    /// # #[tokio::main] async fn main() {
+    /// # assert!(handler(JobContext::for_test("j", "q", 1)).await.is_ok());
+    /// # }
+    /// ```
+    pub async fn until_cancelled(&self) {
+        let mut rx = self.inner.cancel.subscribe();
+        // The sender lives as long as this context, so this never errors.
+        let _ = rx.wait_for(|cancelled| *cancelled).await;
     }
 
     /// An idempotency key for one named step of this job, e.g. for a second

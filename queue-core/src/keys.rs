@@ -16,6 +16,7 @@
 //! | `q:{<queue>}:stats` | hash | lifetime counters (enqueued, completed, retried, dead, reclaimed, ...) |
 //! | `q:{<queue>}:tput:<minute>` | string | completions in that minute (epoch minutes), expires after 3 minutes |
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
+//! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -100,6 +101,12 @@ impl QueueKeys {
     /// so that a retry whose first reply was lost gets the same deliveries.
     pub fn fetch_receipt(&self, token_base: &str) -> String {
         format!("{}{}", self.fetch_receipt_prefix, token_base)
+    }
+
+    /// The pause flag: present while the queue is paused, holding the Redis
+    /// time (ms) of the pause (docs/FLOW-CONTROL.md).
+    pub fn paused(&self) -> String {
+        format!("q:{{{}}}:paused", self.queue)
     }
 
     /// The step results of job `id`.

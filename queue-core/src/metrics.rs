@@ -37,6 +37,12 @@ pub(crate) fn finished(
     outcome: &'static str,
     elapsed: Option<Duration>,
 ) {
+    if outcome == "cancelled" {
+        // Ended by an operator's cancel (docs/FLOW-CONTROL.md): not a failure.
+        metrics::counter!("queue_jobs_cancelled_total", "queue" => queue.to_string(), "job_type" => job_type.to_string())
+            .increment(1);
+        return;
+    }
     let Some(elapsed) = elapsed else {
         // Never started (undecodable payload, unknown type or version).
         dead_lettered(queue, job_type, 1);

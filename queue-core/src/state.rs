@@ -28,6 +28,9 @@ pub enum JobState {
     Delayed,
     /// In the dead-letter list.
     Dead,
+    /// Cancelled by an operator: only in a completion record (`status`), the
+    /// job hash is gone (docs/FLOW-CONTROL.md).
+    Cancelled,
     /// Only in [`EnqueueOutcome::Duplicate`](crate::EnqueueOutcome::Duplicate):
     /// the id's once-marker (periodic jobs) refused it.
     Scheduled,
@@ -45,6 +48,7 @@ impl JobState {
             JobState::Delayed => "delayed",
             JobState::Dead => "dead",
             JobState::Scheduled => "scheduled",
+            JobState::Cancelled => "cancelled",
             JobState::Unknown(s) => s,
         }
     }
@@ -57,6 +61,7 @@ impl JobState {
             "delayed" => JobState::Delayed,
             "dead" => JobState::Dead,
             "scheduled" => JobState::Scheduled,
+            "cancelled" => JobState::Cancelled,
             other => JobState::Unknown(other.to_string()),
         }
     }
@@ -65,6 +70,13 @@ impl JobState {
 impl fmt::Display for JobState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// Serialized as its stored text (`"queued"`, `"cancelled"`, ...).
+impl serde::Serialize for JobState {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -124,6 +136,7 @@ mod tests {
             JobState::Delayed,
             JobState::Dead,
             JobState::Scheduled,
+            JobState::Cancelled,
             JobState::Unknown("paused".into()),
         ] {
             assert_eq!(JobState::parse(s.as_str()), s);

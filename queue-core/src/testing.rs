@@ -39,6 +39,8 @@ pub enum Claimed {
     Busy(JobId),
     /// Not in processing any more (claim only).
     Gone(JobId),
+    /// The queue is paused: the id went back to main, unclaimed (claim only).
+    Paused(JobId),
     /// The job's data was corrupt: dead-lettered with this reason.
     Corrupt(JobId, String),
     /// A row that did not decode (the id, when it could be read).
@@ -58,6 +60,7 @@ impl From<ClaimRow> for Claimed {
             ClaimRow::Skipped(id, Skip::Missing) => Claimed::Missing(id),
             ClaimRow::Skipped(id, Skip::Busy) => Claimed::Busy(id),
             ClaimRow::Skipped(id, Skip::Gone) => Claimed::Gone(id),
+            ClaimRow::Skipped(id, Skip::Paused) => Claimed::Paused(id),
             ClaimRow::Corrupt(id, reason) => Claimed::Corrupt(id, reason),
             ClaimRow::Unreadable(u) => Claimed::Unreadable(u.id, u.detail),
         }
@@ -73,6 +76,9 @@ pub enum Failed {
     Dead(String),
     /// The token did not match.
     LeaseLost,
+    /// An operator asked to cancel the job: nothing written (the worker ends
+    /// it with `finish_cancel.lua`).
+    CancelRequested,
 }
 
 /// `fetch.lua`: LMOVE and claim up to `count` jobs.
@@ -167,6 +173,7 @@ pub async fn fail(
         FailReply::Retry { .. } => Failed::Retry,
         FailReply::Dead { reason } => Failed::Dead(reason),
         FailReply::LeaseLost => Failed::LeaseLost,
+        FailReply::CancelRequested => Failed::CancelRequested,
     })
 }
 

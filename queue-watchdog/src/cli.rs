@@ -39,9 +39,13 @@ pub enum Command {
     /// waiting job; expired leases (lost jobs); throughput over the last
     /// minute; retry and dead-letter counters.
     Stats(StatsArgs),
-    /// Inspect one job.
+    /// Inspect or cancel one job.
     #[command(subcommand)]
     Jobs(JobsCommand),
+    /// Pause or resume a queue (workers start none of its jobs while paused;
+    /// enqueue still works, running jobs finish, the watchdog still reclaims).
+    #[command(subcommand)]
+    Queue(QueueCommand),
     /// List, replay or purge dead-lettered jobs.
     #[command(subcommand)]
     Dead(DeadCommand),
@@ -267,6 +271,36 @@ pub enum JobsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Cancel a job: a waiting or delayed job is removed (its completion
+    /// record says cancelled); a running one is asked to stop at its next
+    /// heartbeat. Exit 1 when the job is unknown, dead or already finished.
+    Cancel {
+        /// Job id.
+        id: String,
+        #[command(flatten)]
+        selection: QueueSelection,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Pause a queue: no worker starts a job of it until `resume`.
+    Pause(QueueFlowArgs),
+    /// Resume a paused queue.
+    Resume(QueueFlowArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct QueueFlowArgs {
+    /// Queue name.
+    #[arg(long = "queue", short = 'q')]
+    pub queue: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Which dead-lettered jobs a replay or purge acts on: ids, a filter, or all.

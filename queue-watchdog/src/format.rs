@@ -67,6 +67,7 @@ pub const TIMESTAMP_FIELDS: &[&str] = &[
     "dead_at",
     "replayed_at",
     "finished_at",
+    "cancel_requested",
 ];
 
 /// The MessagePack payload as JSON when it decodes, else `{"hex": ...}`.

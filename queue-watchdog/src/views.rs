@@ -8,6 +8,18 @@ use serde_json::{json, Value};
 use crate::format::{fmt_dur, fmt_ts, payload_json};
 
 /// Where a job is, in a sentence.
+/// Where a job is, saying `cancelled` for a completion record of status
+/// `cancelled` (docs/FLOW-CONTROL.md) instead of `completed`.
+pub fn describe_where(d: &queue_core::admin::JobDetail) -> String {
+    let status = d.completion.as_ref().and_then(|c| c.get("status"));
+    match (&d.location, status.map(String::as_str)) {
+        (Location::Completed, Some("cancelled")) => {
+            "cancelled (by an operator; its completion record is kept)".to_string()
+        }
+        (location, _) => describe_location(location),
+    }
+}
+
 pub fn describe_location(location: &Location) -> String {
     match location {
         Location::Main { ahead } => format!("main (waiting; {ahead} job(s) ahead of it)"),

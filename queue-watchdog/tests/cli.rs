@@ -626,3 +626,57 @@ fn help_describes_every_subcommand() {
     let (ok, stdout, _) = run(&["doctor", "--help"]);
     assert!(ok && stdout.contains("--strict"), "{stdout}");
 }
+
+/// `queue pause|resume` and `jobs cancel` (docs/FLOW-CONTROL.md).
+#[test]
+fn queue_pause_resume_and_jobs_cancel() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let flow = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--redis", &url]);
+        run(&all)
+    };
+    let (ok, out, _) = flow(&["queue", "pause", "-q", "emails"]);
+    assert!(ok && out.contains("queue emails paused"), "{out}");
+    let (ok, out, _) = flow(&["queue", "pause", "-q", "emails", "--json"]);
+    assert!(ok && out.contains(r#""was_paused":true"#), "{out}");
+    let (_, out, _) = flow(&["stats", "-q", "emails"]);
+    assert!(out.contains("PAUSED since"), "{out}");
+    let (ok, out, _) = flow(&["queue", "resume", "-q", "emails"]);
+    assert!(ok && out.contains("resumed"), "{out}");
+    let (_, out, _) = flow(&["stats", "-q", "emails"]);
+    assert!(!out.contains("PAUSED"), "{out}");
+
+    server
+        .command(&[
+            "HSET",
+            "q:{emails}:job:w1",
+            "id",
+            "w1",
+            "state",
+            "queued",
+            "type",
+            "send",
+            "attempts",
+            "0",
+        ])
+        .unwrap();
+    server.command(&["LPUSH", "q:{emails}:main", "w1"]).unwrap();
+    // Without -q the job's queue is found by discovery.
+    let (ok, out, err) = flow(&["jobs", "cancel", "w1"]);
+    assert!(
+        ok && out.contains("cancelled (it was queued)"),
+        "{out}{err}"
+    );
+    let status = server
+        .command(&["HGET", "q:{emails}:done:w1", "status"])
+        .unwrap();
+    assert!(status.contains("cancelled"), "{status}");
+    let (ok, out, _) = flow(&["jobs", "cancel", "w1", "-q", "emails"]);
+    assert!(!ok && out.contains("already finished"), "{out}");
+    let (_, out, _) = flow(&["jobs", "show", "w1", "-q", "emails"]);
+    assert!(out.contains("where     cancelled"), "{out}");
+    let (ok, out, _) = flow(&["jobs", "cancel", "nope", "-q", "emails", "--json"]);
+    assert!(!ok && out.contains(r#""outcome":"NotFound""#), "{out}");
+}

@@ -159,6 +159,31 @@ fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> (u16, 
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
+/// Starts `queue-watchdog dashboard --redis <url> --listen 127.0.0.1:0 <args>`
+/// and reads the port it printed; the guard stops it.
+fn start_dashboard(url: &str, args: &[&str]) -> (Guard, u16) {
+    let mut dash = Command::new(BIN)
+        .args(["dashboard", "--redis", url, "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start dashboard");
+    let mut line = String::new();
+    BufReader::new(dash.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let guard = Guard(dash);
+    let port: u16 = line
+        .trim()
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    (guard, port)
+}
+
 fn redis(server: &RedisServer, args: &[&str]) -> String {
     server.command(args).expect("redis command")
 }
@@ -576,32 +601,7 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
     });
 
     // The dashboard, on a port of its choosing.
-    let mut dash = Command::new(BIN)
-        .args([
-            "dashboard",
-            "--redis",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-            "--sample-ms",
-            "500",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start dashboard");
-    let mut line = String::new();
-    BufReader::new(dash.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _dash = Guard(dash);
-    let port: u16 = line
-        .trim()
-        .trim_end_matches('/')
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let (_dash, port) = start_dashboard(&url, &["--sample-ms", "500"]);
     let base = format!("http://127.0.0.1:{port}");
 
     // Mutations need the page's header, a same origin and a known host.
@@ -795,35 +795,7 @@ fn dashboard_http_endpoints_and_replay_protection() {
     ] {
         server.command(cmd).unwrap();
     }
-    let mut dash = Command::new(BIN)
-        .args([
-            "dashboard",
-            "--redis",
-            &url,
-            "--listen",
-            "127.0.0.1:0",
-            "-q",
-            "emails",
-            "--metrics",
-            "--sample-ms",
-            "200",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(dash.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let _dash = Guard(dash);
-    let port: u16 = line
-        .trim()
-        .trim_end_matches('/')
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    let (_dash, port) = start_dashboard(&url, &["-q", "emails", "--metrics", "--sample-ms", "200"]);
 
     assert_eq!(http(port, "GET", "/healthz", &[]), (200, "ok".to_string()));
     let (status, page) = http(port, "GET", "/queues/emails", &[]);
@@ -910,4 +882,81 @@ fn dashboard_http_endpoints_and_replay_protection() {
         http(port, "POST", replay, &[("X-Queue-Dashboard", "1")]).0,
         409
     );
+}
+
+/// Flow control from the browser (docs/FLOW-CONTROL.md): click Pause on a
+/// queue page (banner shown, pause flag in Redis), Resume (flag gone), and
+/// Cancel on a waiting job's page (its completion record says cancelled).
+#[test]
+fn dashboard_in_chromium_pauses_resumes_and_cancels() {
+    let Some(chromium) = find_chromium() else {
+        let msg = "SKIPPED dashboard flow-control browser test: no chromium found";
+        if std::env::var("QUEUE_REQUIRE_CHROMIUM").as_deref() == Ok("1") {
+            panic!("{msg}; QUEUE_REQUIRE_CHROMIUM=1 makes this a failure");
+        }
+        eprintln!("{msg}");
+        return;
+    };
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let queue = rt.block_on(Queue::connect(&url)).unwrap();
+    rt.block_on(queue.enqueue_with::<SendWelcome>(
+        EnqueueOptions::new().id("welcome-grace"),
+        &Mail {
+            to: "grace@example.com".into(),
+        },
+    ))
+    .unwrap();
+    let keys = queue_core::QueueKeys::new("emails");
+    let (_dash, port) = start_dashboard(&url, &["-q", "emails", "--sample-ms", "200"]);
+    let base = format!("http://127.0.0.1:{port}");
+    let paused = || {
+        redis(&server, &["EXISTS", &keys.paused()])
+            .trim()
+            .to_string()
+    };
+
+    // The flow endpoints refuse requests that are not from the page.
+    assert_eq!(http(port, "POST", "/api/queues/emails/pause", &[]).0, 403);
+    let cancel = "/api/queues/emails/jobs/welcome-grace/cancel";
+    let foreign = [
+        ("X-Queue-Dashboard", "1"),
+        ("Origin", "http://evil.example"),
+    ];
+    assert_eq!(http(port, "POST", cancel, &foreign).0, 403);
+    assert_eq!(paused(), ":0");
+
+    let mut b = Browser::launch(&chromium);
+    b.goto(&format!("{base}/queues/emails"));
+    assert!(b.eval("!document.getElementById('paused-banner')") == json!(true));
+    b.click("button.flow[data-action=\"pause\"]");
+    b.wait_for(
+        "the paused banner after the reload",
+        "!!document.getElementById('paused-banner') && !!(window.dashboardState && window.dashboardState.ready)",
+    );
+    assert!(b.text("#paused-banner").contains("Paused since"));
+    assert_eq!(paused(), ":1");
+    b.screenshot("dashboard-paused.png");
+
+    b.click("#paused-banner button.flow[data-action=\"resume\"]");
+    b.wait_for(
+        "the Pause button after the reload",
+        "!document.getElementById('paused-banner') && !!document.querySelector('button.flow[data-action=\"pause\"]')",
+    );
+    assert_eq!(paused(), ":0");
+
+    b.goto(&format!("{base}/queues/emails/jobs/welcome-grace"));
+    b.click("button.cancel");
+    b.wait_for(
+        "the cancel to be confirmed",
+        "window.dashboardState.cancelled.includes('welcome-grace')",
+    );
+    assert!(b.text("button.cancel + .result").contains("cancelled"));
+    let record = redis(&server, &["HGET", &keys.done("welcome-grace"), "status"]);
+    assert!(record.contains("cancelled"), "{record}");
+    assert_eq!(redis(&server, &["LLEN", &keys.main]).trim(), ":0");
 }

@@ -45,6 +45,9 @@ pub struct Task {
     pub permanent: bool,
     /// Track how many `task`s run at once (`ledger:running`, `ledger:max_running`).
     pub probe_concurrency: bool,
+    /// During the sleep, stop when an operator cancels the job: record it in
+    /// `ledger:cancelled` and return a retryable error.
+    pub cooperative_cancel: bool,
 }
 
 /// The test job: records its start, may fail or sleep, then records its side effect.
@@ -74,7 +77,18 @@ pub async fn task(ctx: JobContext, t: Task) -> Result<(), JobError> {
         .await?;
     }
     if t.sleep_ms > 0 && (t.sleep_attempts == 0 || ctx.attempt() <= t.sleep_attempts) {
-        tokio::time::sleep(Duration::from_millis(t.sleep_ms)).await;
+        let sleep = tokio::time::sleep(Duration::from_millis(t.sleep_ms));
+        if t.cooperative_cancel {
+            tokio::select! {
+                _ = sleep => {}
+                _ = ctx.until_cancelled() => {
+                    let _: () = c.sadd("ledger:cancelled", &id).await?;
+                    return Err(JobError::retryable("stopped: cancelled by an operator"));
+                }
+            }
+        } else {
+            sleep.await;
+        }
     }
     if t.probe_concurrency {
         let _: () = c.decr("ledger:running", 1).await?;

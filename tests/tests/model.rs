@@ -154,6 +154,7 @@ fn row_id(row: &Claimed) -> &str {
         | Claimed::Missing(id)
         | Claimed::Busy(id)
         | Claimed::Gone(id)
+        | Claimed::Paused(id)
         | Claimed::Corrupt(id, _)
         | Claimed::Unreadable(Some(id), _) => id.as_str(),
         Claimed::Unreadable(None, _) => "",

@@ -19,6 +19,7 @@
 //! | `check.rs` | [`Admin::check`]: the invariant checker (`check.lua`), [`CheckReport`] |
 //! | `check_rules.rs` | [`Violation`]: the invariants, and the rules that judge what the checker read |
 //! | `repair.rs` | [`Admin::repair`]: mending a violation without losing a job (`repair_*.lua`) |
+//! | `flow.rs` | pause / resume a queue, cancel a job ([`Queue::pause`], [`Queue::cancel`]) |
 //! | `discovery.rs` | finding queue names from their keys |
 //! | `error.rs` | [`AdminError`] |
 
@@ -27,6 +28,7 @@ mod check_rules;
 mod dead;
 mod discovery;
 mod error;
+mod flow;
 mod health;
 mod history;
 mod jobs;

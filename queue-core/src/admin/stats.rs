@@ -32,6 +32,9 @@ pub struct QueueStats {
     /// Completions in the last 60 s (from per-minute counters; the previous
     /// minute is weighted by how much of it falls in the window, rounded up).
     pub completed_last_minute: u64,
+    /// Redis time (ms) since which the queue is paused; `None`: not paused
+    /// ([`Queue::pause`]).
+    pub paused_since_ms: Option<i64>,
 }
 
 impl QueueStats {
@@ -72,6 +75,7 @@ impl Queue {
             oldest_enqueued_ms: oldest,
             completed_this_minute: cur,
             completed_previous_minute: prev,
+            paused_since_ms: paused,
         } = Stats { keys: &k }.run(&mut self.connection()).await?;
         let into_minute = (now.rem_euclid(60_000)) as f64 / 60_000.0;
         Ok(QueueStats {
@@ -83,6 +87,7 @@ impl Queue {
             counters,
             oldest_waiting_ms: (oldest > 0 && main > 0).then(|| (now - oldest).max(0) as u64),
             completed_last_minute: cur + (prev as f64 * (1.0 - into_minute)).ceil() as u64,
+            paused_since_ms: (paused > 0).then_some(paused),
         })
     }
 }

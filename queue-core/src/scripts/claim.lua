@@ -1,12 +1,26 @@
 -- Claim after a BLMOVE (which cannot run inside a script). Idempotent for its
 -- token: a retry whose first reply was lost gets the same claimed row.
--- KEYS: 1 processing, 2 leases, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
+-- KEYS: 1 processing, 2 leases, 3 dead, 4 stats, 5 guard (never written: see keys.rs),
+--       6 paused flag, 7 main
 -- ARGV: 1 id, 2 job prefix, 3 done prefix, 4 lease_ms, 5 token
--- Returns a claim row, or {'gone', id} when the watchdog already returned the id.
+-- Returns a claim row, {'gone', id} when the watchdog already returned the id,
+-- or {'paused', id} when the queue is paused (the id went back to main, unclaimed).
 local lease_ms = arg_count(ARGV[4], 'lease_ms')
-expect_types(KEYS[2], 'zset', KEYS[3], 'list') -- LPOS checks processing itself
+expect_types(KEYS[2], 'zset', KEYS[3], 'list', KEYS[7], 'list') -- LPOS checks processing itself
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return {'gone', ARGV[1]}
+end
+if redis.call('EXISTS', KEYS[6]) == 1 then
+  -- Paused: only a job nobody has claimed goes back (a retry of our own claim,
+  -- or another delivery's, is answered by claim() below as usual).
+  local h = read_job(ARGV[2] .. ARGV[1], 'state')
+  if h and h[1] == 'queued' then
+    redis.call('RPUSH', KEYS[7], ARGV[1])
+    redis.call('LREM', KEYS[1], 1, ARGV[1])
+    -- A provisional lease the watchdog may have given it meanwhile.
+    redis.call('ZREM', KEYS[2], ARGV[1])
+    return {'paused', ARGV[1]}
+  end
 end
 return claim(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3],
   lease_ms, ARGV[5], now_ms())

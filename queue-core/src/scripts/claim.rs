@@ -16,8 +16,8 @@ use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<5> =
-    lua_script!("claim.lua", keys = 5, args = 5, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("claim.lua", keys = 7, args = 5, prelude(super::DRAIN));
 
 /// Claims `id`, which a `BLMOVE` just moved to processing.
 pub(crate) struct Claim<'a> {
@@ -37,7 +37,15 @@ impl Claim<'_> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
         let reply = SCRIPT
-            .call([&k.processing, &k.leases, &k.dead, &k.stats, &k.guard])
+            .call([
+                &k.processing,
+                &k.leases,
+                &k.dead,
+                &k.stats,
+                &k.guard,
+                &k.paused(),
+                &k.main,
+            ])
             .arg(self.id)
             .arg(&k.job_prefix)
             .arg(&k.done_prefix)
@@ -87,6 +95,9 @@ pub(crate) enum Skip {
     Busy,
     /// `gone`: the watchdog returned the id before this claim (claim.lua only).
     Gone,
+    /// `paused`: the queue is paused; the id went back to main unclaimed
+    /// (claim.lua only).
+    Paused,
 }
 
 impl Skip {
@@ -97,6 +108,7 @@ impl Skip {
             Skip::Missing => "job hash missing: dead-lettered",
             Skip::Busy => "another delivery owns this job",
             Skip::Gone => "already returned by the watchdog before the claim",
+            Skip::Paused => "queue paused: returned to the queue unclaimed",
         }
     }
 }
@@ -181,6 +193,7 @@ impl ClaimRow {
             "missing" => Skip::Missing,
             "busy" => Skip::Busy,
             "gone" => Skip::Gone,
+            "paused" => Skip::Paused,
             other => return Err(f.error(format_args!("unknown claim outcome {other:?}"))),
         };
         Ok(ClaimRow::Skipped(id, skip))

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::reply;
+use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::Result;
@@ -24,8 +24,12 @@ pub(crate) struct Extend<'a> {
 /// What the extend did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ExtendReply {
-    /// The lease now ends at `lease_until_ms` (Redis clock).
-    Extended { lease_until_ms: i64 },
+    /// The lease now ends at `lease_until_ms` (Redis clock);
+    /// `cancel_requested`: an operator asked to cancel the job.
+    Extended {
+        lease_until_ms: i64,
+        cancel_requested: bool,
+    },
     /// The token no longer matches: the job was reclaimed.
     LeaseLost,
 }
@@ -41,13 +45,13 @@ impl Extend<'_> {
             .arg(self.lease.as_millis() as u64)
             .run(conn, &k.queue, Some(self.id))
             .await?;
-        Ok(
-            match reply::integer(&k.queue, Some(self.id), "extend reply", &reply)? {
-                0 => ExtendReply::LeaseLost,
-                until => ExtendReply::Extended {
-                    lease_until_ms: until,
-                },
+        let f = Fields::new(&k.queue, Some(self.id), "extend reply", &reply)?;
+        Ok(match f.int(0, "lease_until")? {
+            0 => ExtendReply::LeaseLost,
+            until => ExtendReply::Extended {
+                lease_until_ms: until,
+                cancel_requested: f.int(1, "cancel requested")? == 1,
             },
-        )
+        })
     }
 }

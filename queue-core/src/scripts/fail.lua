@@ -5,11 +5,12 @@
 -- lost gets the same outcome, not 'lost'.
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats
 -- ARGV: 1 id, 2 token, 3 kind ('retry' | 'permanent'), 4 message, 5 delay_ms
--- Returns {'retry', run_at} | {'dead', reason} | {'lost'}
+-- Returns {'retry', run_at} | {'dead', reason} | {'lost'} | {'cancel_requested'}
+-- (nothing written: the worker ends the job with finish_cancel.lua).
 local delay = arg_count(ARGV[5], 'delay_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list')
 local h, bad = read_job(KEYS[3], 'token', 'state', 'attempts', 'max_attempts', 'failed_token',
-  'run_at', 'dead_reason')
+  'run_at', 'dead_reason', 'cancel_requested')
 if h and h[5] == ARGV[2] then
   if h[2] == 'dead' then return {'dead', h[7] or ''} end
   return {'retry', as_count(h[6]) or now_ms()}
@@ -17,6 +18,7 @@ end
 if h and (h[2] ~= 'active' or h[1] ~= ARGV[2]) then
   return {'lost'}
 end
+if h and h[8] then return {'cancel_requested'} end
 -- A job key of another type has no token to check: act only while the id is
 -- still in processing, so a stale delivery cannot dead-letter it twice.
 if bad and not redis.call('LPOS', KEYS[1], ARGV[1]) then

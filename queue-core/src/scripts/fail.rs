@@ -55,6 +55,9 @@ pub(crate) enum FailReply {
     Dead { reason: String },
     /// The token no longer matches: the job was reclaimed.
     LeaseLost,
+    /// An operator asked to cancel the job: nothing was written; end it with
+    /// `finish_cancel.lua`.
+    CancelRequested,
 }
 
 impl Fail<'_> {
@@ -93,6 +96,7 @@ impl FailReply {
                 reason: f.text(1, "reason")?,
             }),
             "lost" => Ok(FailReply::LeaseLost),
+            "cancel_requested" => Ok(FailReply::CancelRequested),
             other => Err(f.error(format_args!("unknown outcome {other:?}"))),
         }
     }

@@ -3,9 +3,10 @@
 -- rows are kept in a receipt (a list of `tag:id`, expiring after `receipt_ms`),
 -- and a retry whose first reply was lost gets the same deliveries again.
 -- KEYS: 1 main, 2 processing, 3 leases, 4 dead, 5 stats, 6 guard (never written: see keys.rs),
---       7 receipt of this token base
+--       7 receipt of this token base, 8 paused flag
 -- ARGV: 1 job prefix, 2 done prefix, 3 lease_ms, 4 token base, 5 count, 6 receipt_ms
--- Returns a list of claim rows (see claim() in the prelude).
+-- Returns a list of claim rows (see claim() in the prelude), or 'paused'
+-- (nothing moved; a retry of a fetch that already ran still gets its rows).
 local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local count = arg_count(ARGV[5], 'count')
 local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
@@ -29,6 +30,7 @@ if #receipt > 0 then
   end
   return out
 end
+if redis.call('EXISTS', KEYS[8]) == 1 then return 'paused' end
 local now = now_ms()
 local entries = {}
 for i = 1, count do

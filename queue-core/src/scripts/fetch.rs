@@ -14,8 +14,8 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("fetch.lua", keys = 7, args = 6, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<8> =
+    lua_script!("fetch.lua", keys = 8, args = 6, prelude(super::DRAIN));
 
 /// Moves and claims up to `count` jobs of one queue.
 pub(crate) struct Fetch<'a> {
@@ -31,7 +31,17 @@ impl Fetch<'_> {
     /// Runs the script; the rows in the order the jobs were taken. Only a
     /// reply that is not a list of rows is an error: each row is decoded on
     /// its own.
+    /// (none when the queue is paused: see [`run_or_paused`](Self::run_or_paused)).
+    #[cfg(any(test, feature = "failpoints"))]
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<Vec<ClaimRow>> {
+        Ok(match self.run_or_paused(conn).await? {
+            FetchReply::Rows(rows) => rows,
+            FetchReply::Paused => Vec::new(),
+        })
+    }
+
+    /// Runs the script; [`FetchReply::Paused`] when the queue is paused.
+    pub(crate) async fn run_or_paused(&self, conn: &mut RedisConnection) -> Result<FetchReply> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
         let reply = SCRIPT
@@ -43,6 +53,7 @@ impl Fetch<'_> {
                 &k.stats,
                 &k.guard,
                 &k.fetch_receipt(self.token_base),
+                &k.paused(),
             ])
             .arg(&k.job_prefix)
             .arg(&k.done_prefix)
@@ -52,12 +63,25 @@ impl Fetch<'_> {
             .arg((self.lease.as_millis() as u64 / 2).max(1))
             .run(conn, &k.queue, None)
             .await?;
+        if reply::text(&reply).as_deref() == Some("paused") {
+            return Ok(FetchReply::Paused);
+        }
         let rows = reply::array(&reply).ok_or_else(|| {
             QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}"))
         })?;
-        Ok(rows
-            .iter()
-            .map(|r| ClaimRow::decode_or_unreadable(&k.queue, r).sent_at(sent_at))
-            .collect())
+        Ok(FetchReply::Rows(
+            rows.iter()
+                .map(|r| ClaimRow::decode_or_unreadable(&k.queue, r).sent_at(sent_at))
+                .collect(),
+        ))
     }
+}
+
+/// What a fetch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FetchReply {
+    /// The rows, in the order the jobs were taken (none: the queue is empty).
+    Rows(Vec<ClaimRow>),
+    /// The queue is paused: nothing was moved (docs/FLOW-CONTROL.md).
+    Paused,
 }

@@ -27,18 +27,22 @@ use crate::job::JobId;
 pub(crate) mod reply;
 
 pub(crate) mod ack;
+pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod dead_trim;
 pub(crate) mod enqueue;
 pub(crate) mod extend;
 pub(crate) mod fail;
 pub(crate) mod fetch;
+pub(crate) mod finish_cancel;
 pub(crate) mod lock_acquire;
 pub(crate) mod lock_extend;
 pub(crate) mod lock_release;
+pub(crate) mod pause;
 pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod replay;
+pub(crate) mod resume;
 pub(crate) mod stats;
 pub(crate) mod step_record;
 
@@ -221,18 +225,22 @@ mod tests {
         }
         vec![
             entry!(ack),
+            entry!(cancel),
             entry!(claim),
             entry!(dead_trim),
             entry!(enqueue),
             entry!(extend),
             entry!(fail),
             entry!(fetch),
+            entry!(finish_cancel),
             entry!(lock_acquire),
             entry!(lock_extend),
             entry!(lock_release),
+            entry!(pause),
             entry!(promote),
             entry!(reclaim),
             entry!(replay),
+            entry!(resume),
             entry!(stats),
             entry!(step_record),
         ]

@@ -100,6 +100,16 @@ local function same_claim(id, token, h)
     h[7] or '0', h[9] or '0', h[10] or '0', h[11] or '0'}
 end
 
+-- Writes the completion record of a cancelled job (status `cancelled`, kept
+-- for `retention` ms like any record, step results expire with it). The
+-- caller then removes the id from where it was, drops the hash and counts.
+local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, from, retention, now)
+  redis.call('HSET', donekey, 'status', 'cancelled', 'finished_at', now, 'attempts', attempts or '0',
+    'type', jobtype or '', 'enqueued_at', enqueued_at or '0', 'cancelled_from', from)
+  redis.call('PEXPIRE', donekey, retention)
+  redis.call('PEXPIRE', stepskey, retention)
+end
+
 -- Claims `id`, which the caller knows sits in the processing list: attempts+1,
 -- delivered_at, a fresh lease token and the next fencing token (`fence`, +1 on
 -- every delivery and never reset, so a later delivery always carries a larger

@@ -9,8 +9,8 @@ use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<6> =
-    lua_script!("stats.lua", keys = 6, args = 2, prelude(super::READ_ONLY));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("stats.lua", keys = 7, args = 2, prelude(super::READ_ONLY));
 
 /// Reads the snapshot of one queue.
 pub(crate) struct Stats<'a> {
@@ -32,6 +32,8 @@ pub(crate) struct StatsReply {
     pub(crate) oldest_enqueued_ms: i64,
     pub(crate) completed_this_minute: u64,
     pub(crate) completed_previous_minute: u64,
+    /// Redis time of the pause; 0 when the queue is not paused.
+    pub(crate) paused_since_ms: i64,
 }
 
 impl Stats<'_> {
@@ -46,6 +48,7 @@ impl Stats<'_> {
                 &k.dead,
                 &k.stats,
                 &k.guard,
+                &k.paused(),
             ])
             .arg(&k.job_prefix)
             .arg(&k.tput_prefix)
@@ -63,6 +66,7 @@ impl Stats<'_> {
             oldest_enqueued_ms: f.int(6, "oldest")?,
             completed_this_minute: f.u64(7, "completed this minute")?,
             completed_previous_minute: f.u64(8, "completed previous minute")?,
+            paused_since_ms: f.int(9, "paused since")?,
         })
     }
 }

@@ -28,9 +28,9 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
-use crate::scripts::claim::{Claim, ClaimRow, Unreadable};
+use crate::scripts::claim::{Claim, ClaimRow, Skip, Unreadable};
 use crate::scripts::fail::{Fail, FailKind};
-use crate::scripts::fetch::Fetch;
+use crate::scripts::fetch::{Fetch, FetchReply};
 
 /// First pause before a fetch or claim is retried with the same token.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -81,8 +81,9 @@ impl Fetcher {
             }
             let keys = self.queue().keys.clone();
             match self.fetch(&keys, &mut slots).await {
-                Ok(rows) if rows.is_empty() => {} // the blocking wait timed out
-                Ok(rows) => {
+                Ok(FetchReply::Paused) => self.wait_while_paused(slots).await,
+                Ok(FetchReply::Rows(rows)) if rows.is_empty() => {} // the blocking wait timed out
+                Ok(FetchReply::Rows(rows)) => {
                     error_delay = Duration::from_millis(100);
                     self.dispatch(&keys, rows, &mut slots);
                 }
@@ -94,13 +95,19 @@ impl Fetcher {
 
     /// Claims up to `slots.len()` ready jobs; when there are none, keeps one
     /// slot and blocks for the next job. No rows: the block timed out.
-    async fn fetch(&mut self, keys: &QueueKeys, slots: &mut Vec<Slot>) -> Result<Vec<ClaimRow>> {
-        let rows = self.fetch_ready(keys, slots.len()).await?;
-        if !rows.is_empty() {
-            return Ok(rows);
+    async fn fetch(&mut self, keys: &QueueKeys, slots: &mut Vec<Slot>) -> Result<FetchReply> {
+        match self.fetch_ready(keys, slots.len()).await? {
+            FetchReply::Rows(rows) if rows.is_empty() => {}
+            ready => return Ok(ready),
         }
         slots.truncate(1);
-        Ok(self.fetch_blocking().await?.into_iter().collect())
+        Ok(match self.fetch_blocking().await? {
+            Some(ClaimRow::Skipped(id, Skip::Paused)) => {
+                info!(queue = %keys.queue, job_id = %id, "{}", Skip::Paused.reason());
+                FetchReply::Paused
+            }
+            row => FetchReply::Rows(row.into_iter().collect()),
+        })
     }
 
     /// Waits for this queue's permit (if limited), then a worker-wide one.
@@ -135,7 +142,10 @@ impl Fetcher {
                 continue;
             };
             match self.fetch_ready(&q.keys, 1).await {
-                Ok(rows) if rows.iter().any(|r| matches!(r, ClaimRow::Claimed(_))) => {
+                Ok(FetchReply::Paused) => continue, // skipped while paused
+                Ok(FetchReply::Rows(rows))
+                    if rows.iter().any(|r| matches!(r, ClaimRow::Claimed(_))) =>
+                {
                     let mut slots = vec![Slot {
                         global: slot.global,
                         queue: queue_permit,
@@ -143,7 +153,7 @@ impl Fetcher {
                     self.dispatch(&q.keys, rows, &mut slots);
                     return None;
                 }
-                Ok(rows) => self.dispatch(&q.keys, rows, &mut Vec::new()),
+                Ok(FetchReply::Rows(rows)) => self.dispatch(&q.keys, rows, &mut Vec::new()),
                 Err(e) => warn!(queue = %q.keys.queue, error = %e, "priority fetch failed"),
             }
         }
@@ -194,9 +204,10 @@ impl Fetcher {
         *delay = (*delay * 2).min(Duration::from_secs(5));
     }
 
-    /// LMOVE + claim of up to `count` jobs in one script, retried with the
-    /// same token base while Redis fails (see [`Fetcher::same_token_retries`]).
-    async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<Vec<ClaimRow>> {
+    /// LMOVE + claim of up to `count` jobs in one script (nothing: paused),
+    /// retried with the same token base while Redis fails (see
+    /// [`Fetcher::same_token_retries`]).
+    async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
         let token_base = uuid::Uuid::new_v4().to_string();
         let fetch = Fetch {
             keys,
@@ -207,7 +218,7 @@ impl Fetcher {
         self.same_token_retries(keys, None, "fetch", || {
             let mut conn = self.inner.conn.clone();
             let fetch = &fetch;
-            async move { fetch.run(&mut conn).await }
+            async move { fetch.run_or_paused(&mut conn).await }
         })
         .await
     }

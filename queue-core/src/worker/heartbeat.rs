@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::Inner;
 use crate::job::{JobContext, JobId};
@@ -47,9 +47,15 @@ pub(super) async fn heartbeat(
                 warn!("lease lost: the job was reclaimed; its result will be discarded");
                 return;
             }
-            Ok(ExtendReply::Extended { lease_until_ms }) => {
+            Ok(ExtendReply::Extended {
+                lease_until_ms,
+                cancel_requested,
+            }) => {
                 ctx.inner.lease.confirm(sent_at, inner.config.lease);
-                debug!(lease_until_ms, "lease extended")
+                debug!(lease_until_ms, "lease extended");
+                if cancel_requested && !ctx.inner.cancel.send_replace(true) {
+                    info!("cancel requested by an operator");
+                }
             }
             Err(e) => warn!(error = %e, "heartbeat failed; retrying at the next interval"),
         }

@@ -9,13 +9,17 @@
 //! | `fetcher.rs` | one task per queue: batch fetch, priority, blocking fallback + claim |
 //! | `runner.rs` | one delivery: handler, timeout, panic, ack / retry / dead-letter |
 //! | `heartbeat.rs` | extending a running job's lease |
+//! | `paused.rs` | a fetcher's wait while its queue is paused |
+//! | `cancel.rs` | ending a cancelled delivery |
 //!
 //! The promoter and the cron scheduler it also starts live in
 //! `crate::background`.
 
 mod builder;
+mod cancel;
 mod fetcher;
 mod heartbeat;
+mod paused;
 mod runner;
 mod slots;
 

@@ -158,6 +158,7 @@ impl JobRunner {
                 ),
                 conn: Some(self.inner.conn.clone()),
                 result_ref: std::sync::Mutex::new(None),
+                cancel: tokio::sync::watch::Sender::new(false),
             }),
         }
     }
@@ -250,10 +251,11 @@ impl JobRunner {
                 Ok("dead_lettered")
             }
             FailReply::LeaseLost => Err(self.lease_lost(d)),
+            FailReply::CancelRequested => self.end_cancelled(d, message).await,
         }
     }
 
-    fn lease_lost(&self, d: &Delivery) -> QueueError {
+    pub(super) fn lease_lost(&self, d: &Delivery) -> QueueError {
         QueueError::LeaseLost {
             queue: self.keys.queue.clone(),
             job_id: d.id.clone(),

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::error::Result;
 use crate::format::{display_field, fmt_rel, fmt_ts, payload_json};
-use crate::views::{describe_location, event_detail, event_name, job_detail_json};
+use crate::views::{describe_where, event_detail, event_name, job_detail_json};
 
 pub async fn show(url: &str, id: &str, named: &[String], json: bool) -> Result<ExitCode> {
     let admin = Admin::connect(url).await?;
@@ -46,7 +46,7 @@ fn render(d: &JobDetail) -> String {
     let f = |k: &str| d.field(k).unwrap_or("?");
     let job = d.job.as_ref().filter(|j| !j.fields.is_empty());
     let mut s = format!("job {} (queue {})\n", d.id, d.queue);
-    s.push_str(&format!("  where     {}\n", describe_location(&d.location)));
+    s.push_str(&format!("  where     {}\n", describe_where(d)));
     if job.is_some() {
         s.push_str(&format!("  state     {}\n", f("state")));
         s.push_str(&format!("  type      {} (v{})\n", f("type"), f("v")));

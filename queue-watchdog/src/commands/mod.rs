@@ -7,17 +7,20 @@ mod doctor;
 mod enqueue;
 #[cfg(feature = "inbox")]
 mod inbox;
+mod flow;
 mod jobs;
 #[cfg(feature = "outbox")]
 mod outbox;
 mod run;
 mod stats;
 
+pub use flow::describe as describe_cancel;
+
 use std::process::ExitCode;
 
 pub use enqueue::{parse_delay, parse_run_at};
 
-use crate::cli::{Cli, Command, JobsCommand};
+use crate::cli::{Cli, Command, JobsCommand, QueueCommand};
 use crate::error::{CliError, Result};
 
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
@@ -29,6 +32,13 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
             selection,
             json,
         }) => jobs::show(&cli.redis, &id, &selection.queues, json).await,
+        Command::Jobs(JobsCommand::Cancel {
+            id,
+            selection,
+            json,
+        }) => flow::cancel(&cli.redis, &id, &selection.queues, json).await,
+        Command::Queue(QueueCommand::Pause(args)) => flow::pause(&cli.redis, args, true).await,
+        Command::Queue(QueueCommand::Resume(args)) => flow::pause(&cli.redis, args, false).await,
         Command::Dead(cmd) => dead::dead(&cli.redis, cmd).await,
         Command::Check(args) => check::check(&cli.redis, args).await,
         Command::Doctor(args) => doctor::doctor(&cli.redis, args).await,

@@ -80,6 +80,13 @@ fn table(all: &[QueueHealth]) -> String {
 fn diagnose(h: &QueueHealth) -> Vec<String> {
     let s = &h.stats;
     let mut out = Vec::new();
+    if let Some(since) = s.paused_since_ms {
+        out.push(format!(
+            "PAUSED since {}: workers start none of its jobs (enqueue still works). Resume with `queue-watchdog queue resume -q {}`.",
+            crate::format::fmt_ts(since),
+            s.queue
+        ));
+    }
     if h.expired_leases > 0 {
         out.push(format!(
             "{} job(s) LOST in processing: lease expired (worker died or stalled). A running watchdog returns them within one pass; if this number stays, start `queue-watchdog run -q {}`.",

@@ -29,6 +29,12 @@ pub fn router(state: Shared) -> Router {
         .route("/api/overview", get(api_overview))
         .route("/api/queues/{queue}/processing", get(api_processing))
         .route("/api/queues/{queue}/dead/{id}/replay", post(api_replay))
+        .route("/api/queues/{queue}/pause", post(super::flow::api_pause))
+        .route("/api/queues/{queue}/resume", post(super::flow::api_resume))
+        .route(
+            "/api/queues/{queue}/jobs/{id}/cancel",
+            post(super::flow::api_cancel),
+        )
         .route("/assets/app.js", get(app_js))
         .route("/assets/style.css", get(style_css))
         .route("/metrics", get(metrics))

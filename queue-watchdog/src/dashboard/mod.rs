@@ -9,8 +9,9 @@
 //! - `/queues/{q}/jobs/{id}` one job: location, history, fields, payload;
 //! - `/doctor` the doctor's findings.
 //!
-//! The only mutating endpoint, `POST /api/queues/{q}/dead/{id}/replay`,
-//! requires the `X-Queue-Dashboard` header that the page's script sends (a
+//! The mutating endpoints, `POST /api/queues/{q}/dead/{id}/replay` and the
+//! flow-control ones (`/api/queues/{q}/pause`, `/resume`,
+//! `/api/queues/{q}/jobs/{id}/cancel`), require the `X-Queue-Dashboard` header that the page's script sends (a
 //! cross-site form cannot set it, and a cross-site script cannot send it
 //! without a CORS preflight that is never granted), rejects a foreign
 //! `Origin` or `Sec-Fetch-Site`, and every request must carry a loopback
@@ -25,10 +26,12 @@
 //! | `security.rs` | Host check, security headers, same-origin check of mutations |
 //! | `sampler.rs` | background sampling for the chart, queue list and doctor verdict |
 //! | `handlers.rs` | the pages and JSON endpoints |
+//! | `flow.rs` | pause / resume a queue, cancel a job (POST, same-origin checked) |
 //! | `pages.rs` | the HTML |
 //! | `escape.rs` | HTML and URL escaping |
 
 mod escape;
+mod flow;
 mod handlers;
 mod pages;
 mod sampler;

@@ -10,7 +10,7 @@ use super::escape::{html, url_segment};
 use super::sampler::DoctorSummary;
 use crate::doctor::{Finding, Severity};
 use crate::format::{display_field, fmt_dur, fmt_rel, fmt_ts, payload_json};
-use crate::views::{describe_location, event_detail, event_name};
+use crate::views::{describe_where, event_detail, event_name};
 
 /// A processing entry's lease status in a few words.
 pub fn lease_label(status: LeaseStatus) -> &'static str {
@@ -259,6 +259,7 @@ pub fn queue(v: QueueView<'_>) -> String {
         r#"<div id="page" data-page="queue" data-queue="{qa}" data-now="{now}"></div>
 <p class="crumbs"><a href="/">Queues</a> › {qa}</p>
 <h1>Queue {qa}</h1>
+{flow}
 {cards}
 <h2>Processing <span class="muted small">(oldest first; a lost job has an expired lease: its worker died or stalled, and the watchdog returns it)</span></h2>
 <table class="grid" id="processing"><thead><tr><th>job</th><th>type</th><th class="num">attempt</th><th class="num">running for</th><th class="num">lease left</th><th>status</th></tr></thead>
@@ -275,12 +276,41 @@ pub fn queue(v: QueueView<'_>) -> String {
 <tbody>{delayed}</tbody></table>"#,
         qa = html(q),
         now = v.now,
+        flow = pause_controls(q, s.paused_since_ms),
         processing = processing_rows(q, v.processing, v.now),
         dead_total = v.dead_total,
         main = waiting(v.main, false),
         delayed = waiting(v.delayed, true),
     );
     layout(&format!("Queue {q}"), &body)
+}
+
+/// The paused banner (when paused) and the Pause / Resume button.
+fn pause_controls(q: &str, paused_since: Option<i64>) -> String {
+    let qa = html(q);
+    match paused_since {
+        Some(since) => format!(
+            r#"<p class="banner bad" id="paused-banner">Paused since {}: workers start none of its jobs; enqueue still works, running jobs finish. <button class="flow" type="button" data-action="resume" data-queue="{qa}">Resume</button> <span class="result"></span></p>"#,
+            fmt_ts(since)
+        ),
+        None => format!(
+            r#"<p class="flow-controls"><button class="flow" type="button" data-action="pause" data-queue="{qa}">Pause</button> <span class="result"></span></p>"#
+        ),
+    }
+}
+
+/// The Cancel button of a job that is waiting, delayed or running.
+fn cancel_control(d: &JobDetail) -> String {
+    match d.location {
+        Location::Main { .. } | Location::Delayed { .. } | Location::Processing { .. } => {
+            format!(
+                r#"<p><button class="cancel" type="button" data-queue="{}" data-id="{}">Cancel this job</button> <span class="result"></span></p>"#,
+                html(&d.queue),
+                html(d.id.as_str())
+            )
+        }
+        _ => String::new(),
+    }
 }
 
 pub fn job(d: &JobDetail) -> String {
@@ -360,6 +390,7 @@ pub fn job(d: &JobDetail) -> String {
 <h1>Job <code id="job-id">{ida}</code></h1>
 <p class="location {location_cls}" id="location">{location}</p>
 {replay}
+{cancel}
 <h2>History</h2>
 <ul class="history">{history}</ul>
 <p class="muted small">The job hash keeps the latest time of each kind of event (an earlier failure is overwritten by a later one).</p>
@@ -372,7 +403,8 @@ pub fn job(d: &JobDetail) -> String {
         qu = url_segment(q),
         qa = html(q),
         ida = html(d.id.as_str()),
-        location = html(&describe_location(&d.location)),
+        location = html(&describe_where(d)),
+        cancel = cancel_control(d),
         payload = html(&payload),
     );
     layout(&format!("Job {}", d.id), &body)

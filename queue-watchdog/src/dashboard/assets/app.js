@@ -52,6 +52,48 @@
       });
   });
 
+  // ---- pause / resume (queue page) and cancel (job page) ----
+  // Same request shape as the replay: POST with the dashboard header.
+  function postAction(btn, url, done) {
+    btn.disabled = true;
+    var result = btn.parentElement.querySelector('.result');
+    fetch(url, { method: 'POST', credentials: 'same-origin', headers: { 'X-Queue-Dashboard': '1' } })
+      .then(function (r) {
+        return r.json().catch(function () { return {}; }).then(function (body) {
+          if (r.ok) {
+            done(body, result);
+          } else {
+            btn.disabled = false;
+            if (result) { result.textContent = body.message || body.error || ('HTTP ' + r.status); result.className = 'result bad'; }
+          }
+        });
+      })
+      .catch(function (e) {
+        btn.disabled = false;
+        if (result) { result.textContent = String(e); result.className = 'result bad'; }
+      });
+  }
+  state.flow = [];
+  state.cancelled = [];
+  document.addEventListener('click', function (ev) {
+    var btn = ev.target.closest ? ev.target.closest('button.flow, button.cancel') : null;
+    if (!btn) return;
+    ev.preventDefault();
+    var q = encodeURIComponent(btn.dataset.queue);
+    if (btn.classList.contains('flow')) {
+      postAction(btn, '/api/queues/' + q + '/' + btn.dataset.action, function () {
+        state.flow.push(btn.dataset.action);
+        window.location.reload();
+      });
+    } else {
+      postAction(btn, '/api/queues/' + q + '/jobs/' + encodeURIComponent(btn.dataset.id) + '/cancel', function (body, result) {
+        btn.textContent = 'Cancel sent';
+        if (result) { result.textContent = body.message || 'cancelled'; result.className = 'result good'; }
+        state.cancelled.push(btn.dataset.id);
+      });
+    }
+  });
+
   // ---- overview: live table and chart ----
   var COLORS = ['#2563eb', '#16a34a', '#dc2626', '#9333ea', '#ea580c', '#0891b2', '#ca8a04', '#db2777'];
 

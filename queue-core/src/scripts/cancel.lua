@@ -1,0 +1,44 @@
+-- Operator cancel of one job. Waiting (main, or moved by a BLMOVE and not yet
+-- claimed) or delayed: a completion record with status `cancelled`, then the id
+-- leaves its list and the hash is dropped. Running: `cancel_requested` is set on
+-- the hash; the heartbeat (extend.lua) tells the handler.
+-- KEYS: 1 main, 2 processing, 3 leases, 4 delayed, 5 job hash, 6 completion record,
+--       7 stats, 8 step results
+-- ARGV: 1 id, 2 retention_ms
+-- Returns {'cancelled', state it was in} | {'requested', 1 if newly set else 0}
+--   | {'finished', record status} | {'dead'} | {'not_found'} | {'unknown', state}
+local id = ARGV[1]
+local status = redis.call('HGET', KEYS[6], 'status')
+if status then return {'finished', status} end
+local h = redis.call('HMGET', KEYS[5], 'state', 'attempts', 'type', 'enqueued_at', 'cancel_requested')
+local state = h[1]
+if not state then return {'not_found'} end
+if state == 'dead' then return {'dead'} end
+local now = now_ms()
+if state == 'active' then
+  if h[5] then return {'requested', 0} end
+  redis.call('HSET', KEYS[5], 'cancel_requested', now)
+  return {'requested', 1}
+end
+local source
+if state == 'queued' then
+  if redis.call('LPOS', KEYS[1], id) then
+    source = KEYS[1]
+  elseif redis.call('LPOS', KEYS[2], id) then
+    source = KEYS[2]
+  end
+elseif state == 'delayed' and redis.call('ZSCORE', KEYS[4], id) then
+  source = KEYS[4]
+end
+if not source then return {'unknown', state} end
+cancel_record(KEYS[6], KEYS[8], h[2], h[3], h[4], state, tonumber(ARGV[2]), now)
+if source == KEYS[4] then
+  redis.call('ZREM', KEYS[4], id)
+else
+  -- From processing: the BLMOVE's claim finds the id gone and runs nothing.
+  redis.call('LREM', source, 1, id)
+  redis.call('ZREM', KEYS[3], id)
+end
+redis.call('DEL', KEYS[5])
+redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
+return {'cancelled', state}

@@ -1,0 +1,17 @@
+-- A running job an operator asked to cancel ends cancelled once its handler
+-- returned an error: never retried, never dead-lettered. Only while the token matches.
+-- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results
+-- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error
+-- Returns 1, or 0 when the lease was lost.
+local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at')
+if h[2] ~= 'active' or h[1] ~= ARGV[2] then
+  return 0
+end
+local now = now_ms()
+cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', tonumber(ARGV[3]), now)
+redis.call('HSET', KEYS[4], 'last_error', ARGV[4])
+redis.call('LREM', KEYS[1], 1, ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('DEL', KEYS[3])
+redis.call('HINCRBY', KEYS[5], 'cancelled', 1)
+return 1

@@ -1,0 +1,88 @@
+//! The dashboard's flow-control actions (docs/FLOW-CONTROL.md):
+//! `POST /api/queues/{q}/pause`, `.../resume` and `.../jobs/{id}/cancel`,
+//! each behind the same same-origin check as the replay.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use queue_core::CancelOutcome;
+use serde_json::json;
+use tracing::info;
+
+use super::security::check_same_origin;
+use super::Shared;
+
+fn forbidden(why: &str) -> Response {
+    (StatusCode::FORBIDDEN, Json(json!({"error": why}))).into_response()
+}
+
+fn failed(e: impl std::fmt::Display) -> Response {
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(json!({"error": e.to_string()})),
+    )
+        .into_response()
+}
+
+pub async fn api_pause(
+    State(state): State<Shared>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    set_paused(&state, queue, headers, true).await
+}
+
+pub async fn api_resume(
+    State(state): State<Shared>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    set_paused(&state, queue, headers, false).await
+}
+
+async fn set_paused(state: &Shared, queue: String, headers: HeaderMap, pause: bool) -> Response {
+    if let Err(why) = check_same_origin(&headers) {
+        return forbidden(why);
+    }
+    let change = if pause {
+        state.admin.pause(&queue).await
+    } else {
+        state.admin.resume(&queue).await
+    };
+    match change {
+        Ok(change) => {
+            info!(queue = %queue, pause, was_paused = change.was_paused, "pause/resume from the dashboard");
+            Json(json!({"paused": pause, "change": change})).into_response()
+        }
+        Err(e) => failed(e),
+    }
+}
+
+pub async fn api_cancel(
+    State(state): State<Shared>,
+    Path((queue, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(why) = check_same_origin(&headers) {
+        return forbidden(why);
+    }
+    match state.admin.cancel(&queue, id.as_str()).await {
+        Ok(outcome) => {
+            info!(queue = %queue, job_id = %id, outcome = ?outcome, "cancel from the dashboard");
+            let ok = matches!(
+                outcome,
+                CancelOutcome::Cancelled { .. } | CancelOutcome::Requested { .. }
+            );
+            let status = if ok {
+                StatusCode::OK
+            } else {
+                StatusCode::CONFLICT
+            };
+            let body = json!({"cancelled": ok, "id": id, "outcome": outcome,
+                "message": crate::commands::describe_cancel(&outcome)});
+            (status, Json(body)).into_response()
+        }
+        Err(e) => failed(e),
+    }
+}
