@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
+use super::acker::AckSender;
 use super::runner::JobRunner;
 use super::slots::{Slot, WorkerQueue};
 use super::Inner;
@@ -39,6 +40,8 @@ pub(super) struct Fetcher {
     pub(super) sem: Arc<Semaphore>,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) hard_stop: watch::Receiver<bool>,
+    /// Each queue's acker, by index in `inner.queues`.
+    pub(super) ackers: Arc<Vec<AckSender>>,
 }
 
 impl Fetcher {
@@ -50,6 +53,10 @@ impl Fetcher {
     pub(super) async fn run(mut self) {
         let queue = self.queue().keys.queue.clone();
         let mut error_delay = Duration::from_millis(100);
+        // The last blocking wait timed out: the queue was empty, so the next
+        // fetch goes straight back to BLMOVE (no fetch script that would
+        // find nothing): an idle worker makes one call per block timeout.
+        let mut idle = false;
         loop {
             if *self.stop.borrow() {
                 break;
@@ -70,11 +77,12 @@ impl Fetcher {
                 }
             }
             let keys = self.queue().keys.clone();
-            match self.fetch(&keys, &mut slots).await {
-                Ok(rows) if rows.is_empty() => {} // the blocking wait timed out
+            match self.fetch(&keys, &mut slots, idle).await {
+                Ok(rows) if rows.is_empty() => idle = true, // the blocking wait timed out
                 Ok(rows) => {
+                    idle = false;
                     error_delay = Duration::from_millis(100);
-                    self.dispatch(&keys, rows, &mut slots);
+                    self.dispatch(self.me, rows, &mut slots);
                 }
                 Err(e) => self.pause_after_error(&e, &mut error_delay).await,
             }
@@ -82,12 +90,20 @@ impl Fetcher {
         debug!(queue = %queue, "fetcher stopped");
     }
 
-    /// Claims up to `slots.len()` ready jobs; when there are none, keeps one
-    /// slot and blocks for the next job. No rows: the block timed out.
-    async fn fetch(&mut self, keys: &QueueKeys, slots: &mut Vec<Slot>) -> Result<Vec<ClaimRow>> {
-        let rows = self.fetch_ready(keys, slots.len()).await?;
-        if !rows.is_empty() {
-            return Ok(rows);
+    /// Claims up to `slots.len()` ready jobs; when there are none (or the
+    /// queue was `idle`: the last blocking wait timed out), keeps one slot
+    /// and blocks for the next job. No rows: the block timed out.
+    async fn fetch(
+        &mut self,
+        keys: &QueueKeys,
+        slots: &mut Vec<Slot>,
+        idle: bool,
+    ) -> Result<Vec<ClaimRow>> {
+        if !idle {
+            let rows = self.fetch_ready(keys, slots.len()).await?;
+            if !rows.is_empty() {
+                return Ok(rows);
+            }
         }
         slots.truncate(1);
         Ok(self.fetch_blocking().await?.into_iter().collect())
@@ -130,18 +146,20 @@ impl Fetcher {
                         global: slot.global,
                         queue: queue_permit,
                     }];
-                    self.dispatch(&q.keys, rows, &mut slots);
+                    self.dispatch(i, rows, &mut slots);
                     return None;
                 }
-                Ok(rows) => self.dispatch(&q.keys, rows, &mut Vec::new()),
+                Ok(rows) => self.dispatch(i, rows, &mut Vec::new()),
                 Err(e) => warn!(queue = %q.keys.queue, error = %e, "priority fetch failed"),
             }
         }
         Some(slot)
     }
 
-    /// Spawns a runner for each claimed row, each holding one slot.
-    fn dispatch(&self, keys: &QueueKeys, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+    /// Spawns a runner for each claimed row of queue `qi` (index in
+    /// `inner.queues`), each holding one slot.
+    fn dispatch(&self, qi: usize, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+        let keys = &self.inner.queues[qi].keys;
         let queue = &keys.queue;
         for row in rows {
             match row {
@@ -154,6 +172,7 @@ impl Fetcher {
                         inner: self.inner.clone(),
                         keys: keys.clone(),
                         hard_stop: self.hard_stop.clone(),
+                        acker: self.ackers[qi].clone(),
                     };
                     let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt);
                     tokio::spawn(
@@ -183,7 +202,7 @@ impl Fetcher {
     /// LMOVE + claim of up to `count` jobs in one script.
     async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<Vec<ClaimRow>> {
         let mut conn = self.inner.conn.clone();
-        let token_base = uuid::Uuid::new_v4().to_string();
+        let token_base = random_token();
         Fetch {
             keys,
             lease: self.inner.config.lease,
@@ -211,7 +230,7 @@ impl Fetcher {
         // The window of DESIGN rule 4 is here: until the claim lands, the id
         // sits in processing with no lease. Retry the claim briefly; if it
         // never lands, the watchdog adopts the id and returns it.
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = random_token();
         let claim = Claim {
             keys: &k,
             id: &id,
@@ -243,9 +262,17 @@ impl Fetcher {
 
 /// A failure to reach Redis or run the command (worth retrying), as opposed
 /// to a reply this version does not understand.
-fn is_redis_failure(e: &QueueError) -> bool {
+pub(super) fn is_redis_failure(e: &QueueError) -> bool {
     matches!(
         e,
         QueueError::Redis { .. } | QueueError::ReadOnlyReplica { .. }
     )
+}
+
+/// A fresh random lease token (UUID v4 text) from the thread-local RNG: no
+/// system call per fetch, unlike `Uuid::new_v4`.
+fn random_token() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .to_string()
 }

@@ -8,11 +8,13 @@
 //! | `slots.rs` | concurrency permits (worker-wide and per queue) |
 //! | `fetcher.rs` | one task per queue: batch fetch, priority, blocking fallback + claim |
 //! | `runner.rs` | one delivery: handler, timeout, panic, ack / retry / dead-letter |
+//! | `acker.rs` | one task per queue: batched acks (`ack_batch`, `ack_window`) |
 //! | `heartbeat.rs` | extending a running job's lease |
 //!
 //! The promoter and the cron scheduler it also starts live in
 //! `crate::background`.
 
+mod acker;
 mod builder;
 mod fetcher;
 mod heartbeat;
@@ -44,6 +46,8 @@ struct Inner {
     conn: RedisConnection,
     periodic: Arc<Vec<Periodic>>,
     handlers: HashMap<(String, String), Registration>,
+    /// Metric labels of the registered job types (and `unknown`), per queue.
+    labels: crate::metrics::LabelCache,
     /// Highest priority first.
     queues: Vec<WorkerQueue>,
     config: WorkerConfig,
@@ -143,7 +147,12 @@ impl Worker {
             "worker started"
         );
 
-        let tasks = spawn_tasks(&inner, &sem, &stop_tx, &hard_rx).await?;
+        let (senders, ackers): (Vec<_>, Vec<_>) = inner
+            .queues
+            .iter()
+            .map(|q| acker::spawn(inner.clone(), q.keys.clone()))
+            .unzip();
+        let tasks = spawn_tasks(&inner, &sem, &stop_tx, &hard_rx, Arc::new(senders)).await?;
 
         // Wait for the stop request.
         while !*stop_rx.borrow_and_update() {
@@ -169,6 +178,13 @@ impl Worker {
                 let _ = tokio::time::timeout(Duration::from_secs(5), sem.acquire_many(all)).await;
             }
         }
+        // Every runner has handed over its ack (the fetchers and runners
+        // dropped their senders): the ackers flush what is left and end.
+        for acker in ackers {
+            if tokio::time::timeout(cfg.lease, acker).await.is_err() {
+                warn!("acks still pending after the lease: those jobs will be returned by the watchdog");
+            }
+        }
         signal_task.abort();
         Ok(())
     }
@@ -181,6 +197,7 @@ async fn spawn_tasks(
     sem: &Arc<Semaphore>,
     stop_tx: &watch::Sender<bool>,
     hard_rx: &watch::Receiver<bool>,
+    ackers: Arc<Vec<acker::AckSender>>,
 ) -> Result<Vec<JoinHandle<()>>> {
     let cfg = &inner.config;
     let mut tasks = Vec::new();
@@ -200,6 +217,7 @@ async fn spawn_tasks(
             sem: sem.clone(),
             stop: stop_tx.subscribe(),
             hard_stop: hard_rx.clone(),
+            ackers: ackers.clone(),
         };
         tasks.push(tokio::spawn(fetcher.run()));
     }
