@@ -9,10 +9,10 @@
 #   scripts/bench.sh --no-peers      # queue-core only
 #   scripts/bench.sh --runs 5 --out examples/bench/results/mine.jsonl
 #   scripts/bench.sh --apalis-100k   # also apalis end to end with 100k jobs (+~2 min)
-#   scripts/bench.sh --focus [--baseline BIN] [--n 50000]
+#   scripts/bench.sh --focus [--baseline BIN] [--new BIN] [--n 50000]
 #                                    # the goal workloads of issue #12 only (e2e 16 producers x c16,
 #                                    # process c64, process c1), interleaving BIN (queue-bench built
-#                                    # from an older commit), this build and BullMQ; median of --runs
+#                                    # from an older commit), this build (or --new BIN: no build) and BullMQ; median of --runs
 #                                    # (3), ratios and Redis us/job: examples/bench/focus_report.py
 #
 # Needs: cargo, redis-server + redis-benchmark, node + npm, python3 (venv).
@@ -31,6 +31,7 @@ WAIT_QUIET="${BENCH_WAIT_QUIET:-0}"
 APALIS_100K=0
 FOCUS=0
 BASELINE=""
+NEW_BIN=""
 FOCUS_N=50000
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,6 +43,7 @@ while [ $# -gt 0 ]; do
     --apalis-100k) APALIS_100K=1 ;;
     --focus) FOCUS=1 ;;
     --baseline) BASELINE="$2"; shift ;;
+    --new) NEW_BIN="$2"; shift ;;
     --n) FOCUS_N="$2"; shift ;;
     -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
@@ -75,9 +77,13 @@ if [ "$WAIT_QUIET" -gt 0 ]; then
   done
 fi
 
-log "building queue-bench (release)"
-cargo build --release --quiet -p queue-bench
-QB="$ROOT/target/release/queue-bench"
+if [ -n "$NEW_BIN" ]; then
+  QB="$NEW_BIN"
+else
+  log "building queue-bench (release)"
+  cargo build --release --quiet -p queue-bench
+  QB="$ROOT/target/release/queue-bench"
+fi
 
 if [ "$WITH_PEERS" = 1 ]; then
   log "installing peers (examples/bench/peers/setup.sh)"
