@@ -9,6 +9,11 @@
 #   scripts/bench.sh --no-peers      # queue-core only
 #   scripts/bench.sh --runs 5 --out examples/bench/results/mine.jsonl
 #   scripts/bench.sh --apalis-100k   # also apalis end to end with 100k jobs (+~2 min)
+#   scripts/bench.sh --focus [--baseline BIN] [--new BIN] [--n 50000]
+#                                    # the goal workloads of issue #12 only (e2e 16 producers x c16,
+#                                    # process c64, process c1), interleaving BIN (queue-bench built
+#                                    # from an older commit), this build (or --new BIN: no build) and BullMQ; median of --runs
+#                                    # (3), ratios and Redis us/job: examples/bench/focus_report.py
 #
 # Needs: cargo, redis-server + redis-benchmark, node + npm, python3 (venv).
 # Peers are installed into examples/bench/peers/.work/ (gitignored) by
@@ -24,6 +29,10 @@ RUNS=""
 OUT=""
 WAIT_QUIET="${BENCH_WAIT_QUIET:-0}"
 APALIS_100K=0
+FOCUS=0
+BASELINE=""
+NEW_BIN=""
+FOCUS_N=50000
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -32,7 +41,11 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --wait-quiet) WAIT_QUIET="$2"; shift ;;
     --apalis-100k) APALIS_100K=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --focus) FOCUS=1 ;;
+    --baseline) BASELINE="$2"; shift ;;
+    --new) NEW_BIN="$2"; shift ;;
+    --n) FOCUS_N="$2"; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -64,13 +77,17 @@ if [ "$WAIT_QUIET" -gt 0 ]; then
   done
 fi
 
-log "building queue-bench (release)"
-cargo build --release --quiet -p queue-bench
-QB="$ROOT/target/release/queue-bench"
+if [ -n "$NEW_BIN" ]; then
+  QB="$NEW_BIN"
+else
+  log "building queue-bench (release)"
+  cargo build --release --quiet -p queue-bench
+  QB="$ROOT/target/release/queue-bench"
+fi
 
 if [ "$WITH_PEERS" = 1 ]; then
   log "installing peers (examples/bench/peers/setup.sh)"
-  bash "$PEERS/setup.sh"
+  if [ "$FOCUS" = 1 ]; then bash "$PEERS/setup.sh" bullmq; else bash "$PEERS/setup.sh"; fi
   export NODE_PATH="$PEERS/.work/bullmq/node_modules"
   APALIS="$PEERS/.work/apalis/target/release/apalis-bench"
   RQPY="$PEERS/.work/rq-venv/bin/python"
@@ -108,6 +125,42 @@ peer() { python3 "$PEERS/run_peer.py" --redis-url "$URL" --out "$OUT" --label "r
 bull() { peer "$1" node "$PEERS/bullmq/bench.cjs" --redis-url "$URL" "${@:2}"; }
 apal() { peer "$1" "$APALIS" --redis-url "$URL" "${@:2}"; }
 rqb() { peer "$1" "$RQPY" "$PEERS/rq/bench.py" --redis-url "$URL" "${@:2}"; }
+
+if [ "$FOCUS" = 1 ]; then
+  # Interleaved: every run goes through each workload with the baseline
+  # build, this build and BullMQ in turn, on the same redis-server. The
+  # 1-minute load average before each run is part of its label.
+  RUNS="${RUNS:-3}"
+  focus() { # system run args...
+    local sys="$1" r="$2"; shift 2
+    local label="run=$r,build=$sys,load=$(cut -d' ' -f1 /proc/loadavg)"
+    redis-cli -p "$PORT" flushall >/dev/null
+    case "$sys" in
+      new) "$QB" --redis-url "$URL" --out "$OUT" --label "$label" "$@" >/dev/null || log "FAILED: new $*" ;;
+      baseline) "$BASELINE" --redis-url "$URL" --out "$OUT" --label "$label" "$@" >/dev/null || log "FAILED: baseline $*" ;;
+      bullmq) python3 "$PEERS/run_peer.py" --redis-url "$URL" --out "$OUT" --label "$label" -- \
+                node "$PEERS/bullmq/bench.cjs" --redis-url "$URL" "$@" >/dev/null || log "FAILED: bullmq $*" ;;
+    esac
+  }
+  SYSTEMS="new"
+  [ -n "$BASELINE" ] && SYSTEMS="baseline $SYSTEMS"
+  [ "$WITH_PEERS" = 1 ] && SYSTEMS="$SYSTEMS bullmq"
+  for r in $(seq "$RUNS"); do
+    for sys in $SYSTEMS; do
+      log "run $r/$RUNS $sys: e2e P=16 C=16, process C=64, process C=1 (load $(cut -d' ' -f1 /proc/loadavg))"
+      focus "$sys" "$r" e2e --n "$FOCUS_N" --producers 16 --concurrency 16
+      focus "$sys" "$r" process --n "$FOCUS_N" --concurrency 64
+      focus "$sys" "$r" process --n "$FOCUS_N" --concurrency 1
+    done
+  done
+  "$QB" --redis-url "$URL" --out "$OUT" --label "build=new" idle --seconds 10 >/dev/null
+  [ -n "$BASELINE" ] && "$BASELINE" --redis-url "$URL" --out "$OUT" --label "build=baseline" idle --seconds 10 >/dev/null
+  python3 -c 'import json,sys; open(sys.argv[1],"a").write(json.dumps({"workload":"machine_end","loadavg_end":open("/proc/loadavg").read().split()[:3]})+"\n")' "$OUT"
+  python3 examples/bench/focus_report.py "$OUT" > "${OUT%.jsonl}.md"
+  log "done: $OUT and ${OUT%.jsonl}.md"
+  cat "${OUT%.jsonl}.md"
+  exit 0
+fi
 
 log "ceiling: redis-benchmark"
 "$QB" --redis-url "$URL" --out "$OUT" ceiling --clients 16 >/dev/null

@@ -11,7 +11,7 @@ use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
-use crate::scripts::ack::{Ack, AckReply};
+use crate::scripts::ack::{Ack, AckItem, AckReply};
 use crate::scripts::claim::{Claim, ClaimRow};
 use crate::scripts::extend::{Extend, ExtendReply};
 use crate::scripts::fail::{Fail, FailKind, FailReply};
@@ -121,27 +121,47 @@ pub async fn claim(
     Ok(row.into())
 }
 
-/// `ack.lua` (no completion-record retention when `retention` is zero).
-/// True when completed, false when the lease was lost.
+/// What an ack answered for its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acked {
+    /// Acknowledged by this call.
+    Completed,
+    /// Already acknowledged by this same token (a retry after a lost reply).
+    AlreadyCompleted,
+    /// The token did not match.
+    LeaseLost,
+    /// The job key is not a hash: nothing written.
+    Unreadable,
+}
+
+/// `ack.lua` for one delivery (no completion-record retention when
+/// `retention` is zero).
 pub async fn ack(
     conn: &mut RedisConnection,
     queue: &str,
     id: &str,
     token: &str,
     retention: Duration,
-) -> Result<bool> {
+) -> Result<Acked> {
     let keys = QueueKeys::new(queue);
-    let id = JobId::from(id);
+    let items = [AckItem {
+        id: JobId::from(id),
+        token: token.to_string(),
+        result_ref: None,
+    }];
     let reply = Ack {
         keys: &keys,
-        id: &id,
-        token,
+        items: &items,
         retention,
-        result_ref: None,
     }
     .run(conn)
     .await?;
-    Ok(reply == AckReply::Completed)
+    Ok(match reply.first() {
+        Some(AckReply::Completed) => Acked::Completed,
+        Some(AckReply::AlreadyCompleted) => Acked::AlreadyCompleted,
+        Some(AckReply::Unreadable) => Acked::Unreadable,
+        Some(AckReply::LeaseLost) | None => Acked::LeaseLost,
+    })
 }
 
 /// `fail.lua`: a retryable (`retry`) or permanent failure.

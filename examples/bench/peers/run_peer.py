@@ -6,7 +6,8 @@
 CMD prints one JSON line (see the peer drivers). Around it, this takes
 `INFO commandstats` and `INFO cpu` snapshots of the shared redis-server and adds
 `cmds` (commands per job, all of them: those run inside Lua scripts and MULTI
-blocks count too; `evalsha_per_job` counts script calls) and `redis_cpu_s`.
+blocks count too; `evalsha_per_job` counts script calls; `scripts_usec_per_job`
+the time Redis spent in script calls) and `redis_cpu_s`.
 Standard library only (a minimal RESP client).
 """
 import json
@@ -38,6 +39,7 @@ def snapshot(host, port):
             name, fields = line[len("cmdstat_"):].split(":", 1)
             kv = dict(f.split("=") for f in fields.split(","))
             cmds[name] = int(kv["calls"])
+            cmds["usec:" + name] = int(kv["usec"])
     cpu = 0.0
     for line in info(host, port, "cpu").splitlines():
         if line.startswith(("used_cpu_sys:", "used_cpu_user:")):
@@ -79,12 +81,17 @@ def main():
     n = result.get("n") or 1
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     delta.pop("info", None)
-    delta = {k: v for k, v in delta.items() if v > 0}
+    delta.pop("usec:info", None)
+    usec = {k[5:]: v for k, v in delta.items() if k.startswith("usec:")}
+    delta = {k: v for k, v in delta.items() if v > 0 and not k.startswith("usec:")}
     scripts = delta.get("evalsha", 0) + delta.get("eval", 0) + delta.get("fcall", 0)
     result["cmds"] = {
         "all_cmds_per_job": round(sum(delta.values()) / n, 3),
         "evalsha_per_job": round(scripts / n, 3),
         "per_command": {k: round(v / n, 3) for k, v in sorted(delta.items()) if v / n >= 0.001},
+        # Redis time inside script calls (which includes the commands they
+        # run; those are also counted on their own, so they are not added).
+        "scripts_usec_per_job": round(sum(usec.get(k, 0) for k in ("evalsha", "eval", "fcall")) / n, 3),
         "note": "whole command run, including any preload",
     }
     result["redis_cpu_s"] = round(cpu1 - cpu0, 3)

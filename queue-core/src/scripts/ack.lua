@@ -1,28 +1,76 @@
--- Success: drop from processing and leases, write the completion record, drop the hash.
--- Only while the delivery's lease token still matches.
--- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results
--- ARGV: 1 id, 2 token, 3 retention_ms (0: no record), 4 result reference ('' for none),
+-- Success, for a batch of deliveries of one queue: for each (id, token) whose lease token still
+-- matches (DESIGN rule 3: every token is checked), write the completion record, then drop the
+-- job from processing and leases and drop its hash. Counters once per batch, last.
+-- KEYS: 1 processing, 2 leases, 3 stats, 4 guard (never written: see keys.rs)
+-- ARGV: 1 job prefix, 2 done prefix, 3 steps prefix, 4 retention_ms (0: no record),
 --       5 throughput key prefix (a per-minute counter `<prefix><minute>` that expires)
--- Returns 1, or 0 when the lease was lost.
-local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at')
-if h[2] ~= 'active' or h[1] ~= ARGV[2] then
-  return 0
+--       then per delivery: id, token, result reference ('' for none)
+-- Returns one code per delivery, in order: 1 acked now; 2 already acked by this same token (a
+-- retried call whose first reply was lost: the completion record carries the token); 0 lease
+-- lost; 3 the job hash is unreadable (wrong type): nothing written for it.
+local retention = tonumber(ARGV[4])
+if not retention or retention < 0 or retention ~= math.floor(retention) then
+  return redis.error_reply('ack: retention_ms must be a non-negative integer, got ' .. tostring(ARGV[4]))
 end
-local now = now_ms()
-redis.call('LREM', KEYS[1], 1, ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
-local retention = tonumber(ARGV[3])
-if retention > 0 then
-  redis.call('HSET', KEYS[4], 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
-    'type', h[4] or '', 'enqueued_at', h[5] or '0')
-  if ARGV[4] ~= '' then redis.call('HSET', KEYS[4], 'result', ARGV[4]) end
-  redis.call('PEXPIRE', KEYS[4], retention)
-  redis.call('PEXPIRE', KEYS[6], retention)
-else
-  redis.call('DEL', KEYS[6])
+if (#ARGV - 5) % 3 ~= 0 then
+  return redis.error_reply('ack: the deliveries must be (id, token, result) triples')
 end
-redis.call('DEL', KEYS[3])
-redis.call('HINCRBY', KEYS[5], 'completed', 1)
-local minute_key = ARGV[5] .. math.floor(now / 60000)
-if redis.call('INCR', minute_key) == 1 then redis.call('PEXPIRE', minute_key, 180000) end
-return 1
+
+-- Read and check every delivery before the first write.
+local fields = {}
+for i = 6, #ARGV, 3 do
+  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at')
+  if not ok then
+    fields[#fields + 1] = false
+  elseif h[2] == 'active' and h[1] == ARGV[i + 1] then
+    fields[#fields + 1] = h
+  else
+    fields[#fields + 1] = 0
+  end
+end
+
+-- One clock read per batch, as an integer string (no float formatting).
+local t = redis.call('TIME')
+local now = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+local out = {}
+local acked = 0
+for n, h in ipairs(fields) do
+  local i = 3 + 3 * n
+  local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  if h == false then
+    out[n] = 3
+  elseif h == 0 then
+    if retention > 0 and redis.call('HGET', ARGV[2] .. id, 'token') == token then
+      out[n] = 2
+    else
+      out[n] = 0
+    end
+  else
+    if retention > 0 then
+      local done = ARGV[2] .. id
+      if result ~= '' then
+        redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
+          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token, 'result', result)
+      else
+        redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
+          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token)
+      end
+      redis.call('PEXPIRE', done, retention)
+      redis.call('PEXPIRE', ARGV[3] .. id, retention)
+    else
+      redis.call('DEL', ARGV[3] .. id)
+    end
+    redis.call('LREM', KEYS[1], 1, id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('DEL', ARGV[1] .. id)
+    acked = acked + 1
+    out[n] = 1
+  end
+end
+
+if acked > 0 then
+  redis.call('HINCRBY', KEYS[3], 'completed', acked)
+  local minute_key = ARGV[5] .. math.floor(tonumber(t[1]) / 60)
+  if redis.call('INCRBY', minute_key, acked) == acked then redis.call('PEXPIRE', minute_key, 180000) end
+end
+return out

@@ -1,63 +1,283 @@
-//! `ack.lua`: success. Drops the job from processing and leases, writes the
-//! completion record and drops the hash, only while the delivery's lease
-//! token still matches (DESIGN rule 3).
+//! `ack.lua`: success, for a batch of deliveries of one queue. For each
+//! delivery whose lease token still matches (DESIGN rule 3: every token of
+//! the batch is checked) it writes the completion record, then drops the job
+//! from processing and leases and drops the hash; counters once per batch.
+//! The completion record carries the token, so a call retried after its
+//! reply was lost answers [`AckReply::AlreadyCompleted`] instead of "lease
+//! lost" (issue #11, item 1).
 
 use std::time::Duration;
 
 use super::reply;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::Result;
+use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<6> =
-    lua_script!("ack.lua", keys = 6, args = 5, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<4> =
+    lua_script!("ack.lua", keys = 4, args = 5, prelude(super::DRAIN));
 
-/// Acknowledges one delivery.
-pub(crate) struct Ack<'a> {
-    pub(crate) keys: &'a QueueKeys,
-    pub(crate) id: &'a JobId,
-    pub(crate) token: &'a str,
-    /// How long the completion record is kept (zero: none).
-    pub(crate) retention: Duration,
+/// One finished delivery to acknowledge.
+#[derive(Debug, Clone)]
+pub(crate) struct AckItem {
+    pub(crate) id: JobId,
+    pub(crate) token: String,
     /// The handler's result reference, stored in the completion record.
-    pub(crate) result_ref: Option<&'a str>,
+    pub(crate) result_ref: Option<String>,
 }
 
-/// What the ack did.
+/// Acknowledges a batch of deliveries of one queue in one script call.
+pub(crate) struct Ack<'a> {
+    pub(crate) keys: &'a QueueKeys,
+    pub(crate) items: &'a [AckItem],
+    /// How long the completion record is kept (zero: none).
+    pub(crate) retention: Duration,
+}
+
+/// What the ack did for one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AckReply {
+    /// Acknowledged by this call.
     Completed,
+    /// Already acknowledged by this same delivery (token): an earlier call
+    /// whose reply was lost landed. Only recognisable while the completion
+    /// record exists (a retention of zero keeps none: then `LeaseLost`).
+    AlreadyCompleted,
     /// The token no longer matches: the job was reclaimed.
     LeaseLost,
+    /// The job hash is not a hash (corrupt data): nothing was written for
+    /// this delivery; its lease expires and the watchdog deals with it.
+    Unreadable,
 }
 
 impl Ack<'_> {
-    /// Runs the script.
-    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<AckReply> {
-        let (k, id) = (self.keys, self.id.as_str());
-        let reply = SCRIPT
-            .call([
-                k.processing.clone(),
-                k.leases.clone(),
-                k.job(id),
-                k.done(id),
-                k.stats.clone(),
-                k.steps(id),
-            ])
-            .arg(id)
-            .arg(self.token)
+    /// Runs the script; one reply per item, in order.
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<Vec<AckReply>> {
+        let k = self.keys;
+        let first = self.items.first().map(|i| &i.id);
+        let mut call = SCRIPT
+            .call([&k.processing, &k.leases, &k.stats, &k.guard])
+            .arg(&k.job_prefix)
+            .arg(&k.done_prefix)
+            .arg(&k.steps_prefix)
             .arg(self.retention.as_millis() as u64)
-            .arg(self.result_ref.unwrap_or_default())
-            .arg(&k.tput_prefix)
-            .run(conn, &k.queue, Some(self.id))
-            .await?;
-        Ok(
-            match reply::flag(&k.queue, Some(self.id), "ack reply", &reply)? {
-                true => AckReply::Completed,
-                false => AckReply::LeaseLost,
-            },
-        )
+            .arg(&k.tput_prefix);
+        for item in self.items {
+            call = call
+                .repeated_arg(item.id.as_str())
+                .repeated_arg(&item.token)
+                .repeated_arg(item.result_ref.as_deref().unwrap_or_default());
+        }
+        let reply = call.run(conn, &k.queue, first).await?;
+        self.decode(&reply)
+    }
+
+    /// One [`AckReply`] per item; a reply of another length or an unknown
+    /// code is a protocol error naming the queue (and the job).
+    fn decode(&self, reply: &redis::Value) -> Result<Vec<AckReply>> {
+        let queue = &self.keys.queue;
+        let first = self.items.first().map(|i| &i.id);
+        let codes = reply::array(reply).ok_or_else(|| {
+            QueueError::protocol(
+                queue,
+                first,
+                format!("ack reply is not an array: {reply:?}"),
+            )
+        })?;
+        if codes.len() != self.items.len() {
+            return Err(QueueError::protocol(
+                queue,
+                first,
+                format!(
+                    "ack reply has {} codes for {} deliveries",
+                    codes.len(),
+                    self.items.len()
+                ),
+            ));
+        }
+        codes
+            .iter()
+            .zip(self.items)
+            .map(
+                |(code, item)| match reply::integer(queue, Some(&item.id), "ack reply", code)? {
+                    1 => Ok(AckReply::Completed),
+                    2 => Ok(AckReply::AlreadyCompleted),
+                    0 => Ok(AckReply::LeaseLost),
+                    3 => Ok(AckReply::Unreadable),
+                    n => Err(QueueError::protocol(
+                        queue,
+                        Some(&item.id),
+                        format!("ack reply: unknown code {n}"),
+                    )),
+                },
+            )
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Ack, AckItem, AckReply};
+    use crate::conn::{connect, ConnectionConfig, RedisConnection};
+    use crate::job::JobId;
+    use crate::keys::QueueKeys;
+    use crate::scripts::claim::{ClaimRow, Delivery};
+    use crate::scripts::enqueue::Enqueue;
+    use crate::scripts::fetch::Fetch;
+
+    const RETENTION: Duration = Duration::from_secs(60);
+
+    async fn conn(url: &str, response_timeout: Duration) -> RedisConnection {
+        let cfg = ConnectionConfig {
+            response_timeout,
+            ..ConnectionConfig::default()
+        };
+        connect(url, &cfg).await.unwrap()
+    }
+
+    /// Enqueues `id` and claims it: the delivery to acknowledge.
+    async fn delivered(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) -> Delivery {
+        let id = JobId::from(id);
+        Enqueue {
+            keys,
+            id: &id,
+            job_type: "t",
+            schema_version: 1,
+            payload: b"",
+            max_attempts: 3,
+            delay: None,
+            run_at: None,
+            once_for: None,
+        }
+        .run(conn)
+        .await
+        .unwrap();
+        // A token base of its own: a fetch retried with the same base gets
+        // the deliveries of the first one (its receipt).
+        let token_base = format!("tok-{id}");
+        let fetch = Fetch {
+            keys,
+            lease: Duration::from_secs(30),
+            token_base: &token_base,
+            count: 1,
+        };
+        match fetch.run(conn).await.unwrap().pop() {
+            Some(ClaimRow::Claimed(d)) => d,
+            other => panic!("expected a claimed row, got {other:?}"),
+        }
+    }
+
+    /// `DEBUG SLEEP secs` on a connection of its own: Redis runs nothing
+    /// else meanwhile. Returns the raw reply once the sleep is over.
+    fn debug_sleep(port: u16, secs: &str) -> std::io::Result<String> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.write_all(format!("DEBUG SLEEP {secs}\r\n").as_bytes())?;
+        let mut buf = [0u8; 256];
+        let n = stream.read(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    fn item(d: &Delivery) -> AckItem {
+        AckItem {
+            id: d.id.clone(),
+            token: d.token.clone(),
+            result_ref: None,
+        }
+    }
+
+    async fn ack(
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        items: &[AckItem],
+    ) -> crate::Result<Vec<AckReply>> {
+        Ack {
+            keys,
+            items,
+            retention: RETENTION,
+        }
+        .run(conn)
+        .await
+    }
+
+    /// One call acks several deliveries and checks each token: a stale token
+    /// in the batch is refused without touching the others.
+    #[tokio::test]
+    async fn a_batch_checks_every_token_and_answers_per_job() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
+        let keys = QueueKeys::new("acks");
+        let a = delivered(&mut c, &keys, "a").await;
+        let b = delivered(&mut c, &keys, "b").await;
+        let mut stale = item(&b);
+        stale.token.push_str("-old");
+        let replies = ack(&mut c, &keys, &[item(&a), stale]).await.unwrap();
+        assert_eq!(replies, [AckReply::Completed, AckReply::LeaseLost]);
+        let processing: Vec<String> = redis::cmd("LRANGE")
+            .arg(&keys.processing)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(processing, ["b"], "only the acked job left processing");
+        let completed: u64 = redis::cmd("HGET")
+            .arg(&keys.stats)
+            .arg("completed")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(completed, 1);
+    }
+
+    /// Issue #11 item 1 (ack part): the first ack lands but its reply is lost
+    /// (the client times out while Redis is busy); the retried ack with the
+    /// same token must answer "completed", not "lease lost".
+    #[tokio::test]
+    async fn a_retried_ack_whose_first_reply_was_lost_answers_completed() {
+        let server =
+            queue_testkit::RedisServer::start_with(&["--enable-debug-command", "yes"]).unwrap();
+        let url = server.url();
+        let keys = QueueKeys::new("acks");
+        let mut normal = conn(&url, Duration::from_secs(10)).await;
+        let mut impatient = conn(&url, Duration::from_millis(300)).await;
+        // Load the script first: a NOSCRIPT answer after the sleep would not
+        // be followed by a resend, since the client has given up by then.
+        assert_eq!(ack(&mut normal, &keys, &[]).await.unwrap(), []);
+        // The scenario needs the first call to time out; on a loaded machine
+        // the sleep may start late, so try a few fresh jobs.
+        for attempt in 0..5 {
+            let d = delivered(&mut normal, &keys, &format!("job-{attempt}")).await;
+            let port = server.port();
+            let sleeper = std::thread::spawn(move || debug_sleep(port, "1.5"));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let first = ack(&mut impatient, &keys, &[item(&d)]).await;
+            let slept = sleeper.join().unwrap().unwrap();
+            assert!(slept.starts_with("+OK"), "DEBUG SLEEP: {slept}");
+            if first.is_ok() {
+                continue; // the sleep started too late: the reply was not lost
+            }
+            // Redis ran the first call after the sleep; its reply was lost.
+            let retried = ack(&mut normal, &keys, &[item(&d)]).await.unwrap();
+            assert_eq!(retried, [AckReply::AlreadyCompleted]);
+            let in_processing: Option<i64> = redis::cmd("LPOS")
+                .arg(&keys.processing)
+                .arg(d.id.as_str())
+                .query_async(&mut normal)
+                .await
+                .unwrap();
+            assert_eq!(in_processing, None);
+            // Another token is still refused.
+            let mut other = item(&d);
+            other.token = "someone-else".into();
+            let refused = ack(&mut normal, &keys, &[other]).await.unwrap();
+            assert_eq!(refused, [AckReply::LeaseLost]);
+            return;
+        }
+        panic!("the first ack never timed out behind DEBUG SLEEP");
     }
 }

@@ -162,6 +162,14 @@ impl Call {
         self
     }
 
+    /// Appends an entry of the repeated tail that follows the numbered
+    /// `ARGV` of the header (e.g. `ack.lua`'s `id, token, result` per
+    /// delivery): not counted against the header.
+    pub(crate) fn repeated_arg(mut self, arg: impl ToRedisArgs) -> Self {
+        self.cmd.arg(arg);
+        self
+    }
+
     fn check_args(&self) {
         debug_assert_eq!(
             self.args, self.expected_args,

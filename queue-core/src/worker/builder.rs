@@ -50,6 +50,15 @@ pub struct WorkerConfig {
     pub backoff: Backoff,
     /// How often due delayed jobs (retries) are moved to main.
     pub promote_interval: Duration,
+    /// Most acks sent in one `ack.lua` call (default 64). A finished job's
+    /// ack joins its queue's batch, which is flushed when this many wait or
+    /// [`ack_window`](Self::ack_window) after the first.
+    pub ack_batch: usize,
+    /// How long the first ack of a batch may wait for more (default 2 ms;
+    /// zero: flush at once with whatever is already waiting). A longer
+    /// window means fewer calls per job, but a worker that crashes loses
+    /// the acks still waiting: those jobs run again (at-least-once).
+    pub ack_window: Duration,
     /// Redis timeouts.
     pub connection: ConnectionConfig,
 }
@@ -67,6 +76,8 @@ impl Default for WorkerConfig {
             completion_retention: Duration::from_secs(24 * 3600),
             backoff: Backoff::default(),
             promote_interval: Duration::from_millis(500),
+            ack_batch: 64,
+            ack_window: Duration::from_millis(2),
             connection: ConnectionConfig::default(),
         }
     }
@@ -158,6 +169,28 @@ impl WorkerBuilder {
         self
     }
 
+    /// Most acks per `ack.lua` call (default 64).
+    pub fn ack_batch(mut self, n: usize) -> Self {
+        self.config.ack_batch = n;
+        self
+    }
+
+    /// How long a finished job's ack may wait for others to share one
+    /// `ack.lua` call (default 2 ms; zero: send at once). The job's
+    /// concurrency slot is free as soon as the handler returns, whatever the
+    /// window.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # fn f(b: queue_core::WorkerBuilder) -> queue_core::WorkerBuilder {
+    /// b.ack_window(Duration::ZERO) // one call per finished job, or per jobs already waiting
+    /// # }
+    /// ```
+    pub fn ack_window(mut self, window: Duration) -> Self {
+        self.config.ack_window = window;
+        self
+    }
+
     /// Replaces the whole configuration.
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
@@ -171,12 +204,15 @@ impl WorkerBuilder {
         let queues = self.worker_queues()?;
         let periodic = Arc::new(crate::background::scheduler::parse(&self.registrations)?);
         let conn = connect(&self.url, &self.config.connection).await?;
+        let labels =
+            crate::metrics::LabelCache::new(handlers.keys().map(|(q, t)| (q.as_str(), t.as_str())));
         Ok(Worker {
             inner: Arc::new(Inner {
                 url: self.url,
                 conn,
                 periodic,
                 handlers,
+                labels,
                 queues,
                 config: self.config,
             }),
@@ -191,9 +227,9 @@ impl WorkerBuilder {
                 "a worker needs at least one registered job type".into(),
             ));
         }
-        if cfg.concurrency == 0 || cfg.fetch_batch == 0 {
+        if cfg.concurrency == 0 || cfg.fetch_batch == 0 || cfg.ack_batch == 0 {
             return Err(QueueError::Config(
-                "concurrency and fetch_batch must be at least 1".into(),
+                "concurrency, fetch_batch and ack_batch must be at least 1".into(),
             ));
         }
         if cfg.lease < Duration::from_millis(100) {

@@ -21,6 +21,7 @@ use std::time::Duration;
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
+use super::acker::AckSender;
 use super::runner::JobRunner;
 use super::slots::{Slot, WorkerQueue};
 use super::Inner;
@@ -49,6 +50,8 @@ pub(super) struct Fetcher {
     pub(super) sem: Arc<Semaphore>,
     pub(super) stop: watch::Receiver<bool>,
     pub(super) hard_stop: watch::Receiver<bool>,
+    /// Each queue's acker, by index in `inner.queues`.
+    pub(super) ackers: Arc<Vec<AckSender>>,
 }
 
 impl Fetcher {
@@ -60,6 +63,10 @@ impl Fetcher {
     pub(super) async fn run(mut self) {
         let queue = self.queue().keys.queue.clone();
         let mut error_delay = Duration::from_millis(100);
+        // The last blocking wait timed out: the queue was empty, so the next
+        // fetch goes straight back to BLMOVE (no fetch script that would
+        // find nothing): an idle worker makes one call per block timeout.
+        let mut idle = false;
         loop {
             if *self.stop.borrow() {
                 break;
@@ -80,12 +87,13 @@ impl Fetcher {
                 }
             }
             let keys = self.queue().keys.clone();
-            match self.fetch(&keys, &mut slots).await {
+            match self.fetch(&keys, &mut slots, idle).await {
                 Ok(FetchReply::Paused) => self.wait_while_paused(slots).await,
-                Ok(FetchReply::Rows(rows)) if rows.is_empty() => {} // the blocking wait timed out
+                Ok(FetchReply::Rows(rows)) if rows.is_empty() => idle = true, // the blocking wait timed out
                 Ok(FetchReply::Rows(rows)) => {
+                    idle = false;
                     error_delay = Duration::from_millis(100);
-                    self.dispatch(&keys, rows, &mut slots);
+                    self.dispatch(self.me, rows, &mut slots);
                 }
                 Err(e) => self.pause_after_error(&e, &mut error_delay).await,
             }
@@ -93,12 +101,21 @@ impl Fetcher {
         debug!(queue = %queue, "fetcher stopped");
     }
 
-    /// Claims up to `slots.len()` ready jobs; when there are none, keeps one
-    /// slot and blocks for the next job. No rows: the block timed out.
-    async fn fetch(&mut self, keys: &QueueKeys, slots: &mut Vec<Slot>) -> Result<FetchReply> {
-        match self.fetch_ready(keys, slots.len()).await? {
-            FetchReply::Rows(rows) if rows.is_empty() => {}
-            ready => return Ok(ready),
+    /// Claims up to `slots.len()` ready jobs; when there are none (or the
+    /// queue was `idle`: the last blocking wait timed out), keeps one slot
+    /// and blocks for the next job (a pause is then seen by `claim.lua`).
+    /// No rows: the block timed out.
+    async fn fetch(
+        &mut self,
+        keys: &QueueKeys,
+        slots: &mut Vec<Slot>,
+        idle: bool,
+    ) -> Result<FetchReply> {
+        if !idle {
+            match self.fetch_ready(keys, slots.len()).await? {
+                FetchReply::Rows(rows) if rows.is_empty() => {}
+                ready => return Ok(ready),
+            }
         }
         slots.truncate(1);
         Ok(match self.fetch_blocking().await? {
@@ -150,18 +167,20 @@ impl Fetcher {
                         global: slot.global,
                         queue: queue_permit,
                     }];
-                    self.dispatch(&q.keys, rows, &mut slots);
+                    self.dispatch(i, rows, &mut slots);
                     return None;
                 }
-                Ok(FetchReply::Rows(rows)) => self.dispatch(&q.keys, rows, &mut Vec::new()),
+                Ok(FetchReply::Rows(rows)) => self.dispatch(i, rows, &mut Vec::new()),
                 Err(e) => warn!(queue = %q.keys.queue, error = %e, "priority fetch failed"),
             }
         }
         Some(slot)
     }
 
-    /// Spawns a runner for each claimed row, each holding one slot.
-    fn dispatch(&self, keys: &QueueKeys, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+    /// Spawns a runner for each claimed row of queue `qi` (index in
+    /// `inner.queues`), each holding one slot.
+    fn dispatch(&self, qi: usize, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+        let keys = &self.inner.queues[qi].keys;
         let queue = &keys.queue;
         for row in rows {
             match row {
@@ -174,6 +193,7 @@ impl Fetcher {
                         inner: self.inner.clone(),
                         keys: keys.clone(),
                         hard_stop: self.hard_stop.clone(),
+                        acker: self.ackers[qi].clone(),
                     };
                     let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt);
                     tokio::spawn(
@@ -208,7 +228,7 @@ impl Fetcher {
     /// retried with the same token base while Redis fails (see
     /// [`Fetcher::same_token_retries`]).
     async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
-        let token_base = uuid::Uuid::new_v4().to_string();
+        let token_base = random_token();
         let fetch = Fetch {
             keys,
             lease: self.inner.config.lease,
@@ -240,7 +260,7 @@ impl Fetcher {
         // The window of DESIGN rule 4 is here: until the claim lands, the id
         // sits in processing with no lease. Retry the claim briefly; if it
         // never lands, the watchdog adopts the id and returns it.
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = random_token();
         let claim = Claim {
             keys: &k,
             id: &id,
@@ -324,9 +344,17 @@ impl Fetcher {
 
 /// A failure to reach Redis or run the command (worth retrying), as opposed
 /// to a reply this version does not understand.
-fn is_redis_failure(e: &QueueError) -> bool {
+pub(super) fn is_redis_failure(e: &QueueError) -> bool {
     matches!(
         e,
         QueueError::Redis { .. } | QueueError::ReadOnlyReplica { .. }
     )
+}
+
+/// A fresh random lease token (UUID v4 text) from the thread-local RNG: no
+/// system call per fetch, unlike `Uuid::new_v4`.
+fn random_token() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .to_string()
 }

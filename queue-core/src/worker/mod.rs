@@ -8,6 +8,7 @@
 //! | `slots.rs` | concurrency permits (worker-wide and per queue) |
 //! | `fetcher.rs` | one task per queue: batch fetch, priority, blocking fallback + claim |
 //! | `runner.rs` | one delivery: handler, timeout, panic, ack / retry / dead-letter |
+//! | `acker.rs` | one task per queue: batched acks (`ack_batch`, `ack_window`) |
 //! | `heartbeat.rs` | extending a running job's lease |
 //! | `paused.rs` | a fetcher's wait while its queue is paused |
 //! | `cancel.rs` | ending a cancelled delivery |
@@ -15,6 +16,7 @@
 //! The promoter and the cron scheduler it also starts live in
 //! `crate::background`.
 
+mod acker;
 mod builder;
 mod cancel;
 mod fetcher;
@@ -48,6 +50,8 @@ struct Inner {
     conn: RedisConnection,
     periodic: Arc<Vec<Periodic>>,
     handlers: HashMap<(String, String), Registration>,
+    /// Metric labels of the registered job types (and `unknown`), per queue.
+    labels: crate::metrics::LabelCache,
     /// Highest priority first.
     queues: Vec<WorkerQueue>,
     config: WorkerConfig,
@@ -147,7 +151,14 @@ impl Worker {
             "worker started"
         );
 
-        let tasks = match spawn_tasks(&inner, &sem, &stop_tx, &hard_rx).await {
+        let (senders, ackers): (Vec<_>, Vec<_>) = inner
+            .queues
+            .iter()
+            .map(|q| acker::spawn(inner.clone(), q.keys.clone()))
+            .unzip();
+        // On a failed start the senders are dropped with the fetchers that
+        // were never started, so the ackers (with nothing to ack) end too.
+        let tasks = match spawn_tasks(&inner, &sem, &stop_tx, &hard_rx, Arc::new(senders)).await {
             Ok(tasks) => tasks,
             Err(e) => {
                 signal_task.abort();
@@ -179,6 +190,13 @@ impl Worker {
                 let _ = tokio::time::timeout(Duration::from_secs(5), sem.acquire_many(all)).await;
             }
         }
+        // Every runner has handed over its ack (the fetchers and runners
+        // dropped their senders): the ackers flush what is left and end.
+        for acker in ackers {
+            if tokio::time::timeout(cfg.lease, acker).await.is_err() {
+                warn!("acks still pending after the lease: those jobs will be returned by the watchdog");
+            }
+        }
         signal_task.abort();
         Ok(())
     }
@@ -193,6 +211,7 @@ async fn spawn_tasks(
     sem: &Arc<Semaphore>,
     stop_tx: &watch::Sender<bool>,
     hard_rx: &watch::Receiver<bool>,
+    ackers: Arc<Vec<acker::AckSender>>,
 ) -> Result<Vec<JoinHandle<()>>> {
     let cfg = &inner.config;
     let mut blocking = Vec::with_capacity(inner.queues.len());
@@ -217,6 +236,7 @@ async fn spawn_tasks(
             sem: sem.clone(),
             stop: stop_tx.subscribe(),
             hard_stop: hard_rx.clone(),
+            ackers: ackers.clone(),
         };
         tasks.push(tokio::spawn(fetcher.run()));
     }

@@ -1,6 +1,7 @@
 //! Running one claimed delivery: find its handler, decode the payload, run
 //! the handler under its timeout with a heartbeat, then record the outcome
-//! (`ack.lua` or `fail.lua`). An unknown type or schema version, or a payload
+//! (a success goes to the queue's acker, which batches `ack.lua` calls; a
+//! failure is `fail.lua`, here). An unknown type or schema version, or a payload
 //! that does not decode, is dead-lettered with the reason, never retried
 //! (DESIGN rule 9); a panic is a retryable error.
 
@@ -10,15 +11,17 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::watch;
-use tracing::{debug, error, info, warn, Instrument};
+use tracing::{debug, error, warn, Instrument};
 
+use super::acker::{AckRequest, AckSender};
 use super::heartbeat::heartbeat;
 use super::{wait_true, Inner};
 use crate::error::{QueueError, Result};
 use crate::job::{ContextInner, JobContext, JobError};
 use crate::keys::QueueKeys;
+use crate::metrics::JobLabels;
 use crate::registry::Registration;
-use crate::scripts::ack::{Ack, AckReply};
+use crate::scripts::ack::AckItem;
 use crate::scripts::claim::Delivery;
 use crate::scripts::fail::{Fail, FailKind, FailReply};
 
@@ -27,32 +30,33 @@ pub(super) struct JobRunner {
     pub(super) inner: Arc<Inner>,
     pub(super) keys: QueueKeys,
     pub(super) hard_stop: watch::Receiver<bool>,
+    /// The acker of this delivery's queue.
+    pub(super) acker: AckSender,
 }
 
-/// What to tell Redis after the handler.
+/// What to tell Redis after a failed (or never started) handler.
 enum Outcome {
-    /// Success, with the handler's result reference.
-    Ack(Option<String>),
     Retry(String),
     Dead(String),
 }
 
 impl JobRunner {
     pub(super) async fn run(mut self, d: Delivery) {
+        let labels = self.inner.labels.get(&self.keys.queue, &d.job_type);
         let reg = match self.registration(&d) {
             Ok(reg) => reg,
-            Err(reason) => return self.finish(&d, Outcome::Dead(reason), None).await,
+            Err(reason) => return self.finish(&d, &labels, Outcome::Dead(reason), None).await,
         };
         let ctx = self.context(&d);
         let fut = match (reg.runner)(ctx.clone(), &d.payload) {
             Ok(f) => f,
             Err(msg) => {
                 let reason = format!("payload does not decode as `{}`: {msg}", d.job_type);
-                return self.finish(&d, Outcome::Dead(reason), None).await;
+                return self.finish(&d, &labels, Outcome::Dead(reason), None).await;
             }
         };
         crate::failpoint::hit("after_claim");
-        crate::metrics::started(&self.keys.queue, &d.job_type);
+        crate::metrics::started(&labels);
         debug!("started");
         let started = std::time::Instant::now();
         let heartbeat = tokio::spawn(
@@ -89,8 +93,13 @@ impl JobRunner {
         heartbeat.abort();
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
+        debug!(elapsed_ms, "handler returned");
         let outcome = match result {
-            Ok(Ok(())) => Outcome::Ack(ctx.take_result_ref()),
+            Ok(Ok(())) => {
+                return self
+                    .complete(&d, labels, ctx.take_result_ref(), elapsed)
+                    .await
+            }
             Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
             Ok(Err(e)) => Outcome::Dead(format!("permanent error: {}", e.message())),
             Err(panic) => {
@@ -102,8 +111,7 @@ impl JobRunner {
                 Outcome::Retry(format!("handler panicked: {msg}"))
             }
         };
-        debug!(elapsed_ms, "handler returned");
-        self.finish(&d, outcome, Some(elapsed)).await;
+        self.finish(&d, &labels, outcome, Some(elapsed)).await;
     }
 
     /// The handler of the delivery's `(queue, type)`, or the dead-letter
@@ -163,26 +171,53 @@ impl JobRunner {
         }
     }
 
-    /// Ack / retry / dead-letter, retrying Redis errors until the lease would
+    /// Success: hands the ack to the queue's acker, which batches it with
+    /// others and retries Redis errors until the lease would have expired.
+    /// The delivery's slot is free as soon as this returns.
+    async fn complete(
+        &self,
+        d: &Delivery,
+        labels: JobLabels,
+        result_ref: Option<String>,
+        elapsed: Duration,
+    ) {
+        crate::failpoint::hit("before_ack");
+        let req = AckRequest {
+            item: AckItem {
+                id: d.id.clone(),
+                token: d.token.clone(),
+                result_ref,
+            },
+            labels,
+            elapsed,
+            span: tracing::Span::current(),
+            deadline: tokio::time::Instant::now() + self.inner.config.lease,
+        };
+        self.acker.send(req).await;
+    }
+
+    /// Retry / dead-letter, retrying Redis errors until the lease would
     /// have expired anyway (after that the watchdog owns the job).
     /// `elapsed` is the handler's run time; `None` when it never started
     /// (unknown type or version, undecodable payload).
-    async fn finish(&self, d: &Delivery, outcome: Outcome, elapsed: Option<Duration>) {
+    async fn finish(
+        &self,
+        d: &Delivery,
+        labels: &JobLabels,
+        outcome: Outcome,
+        elapsed: Option<Duration>,
+    ) {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
         loop {
-            crate::failpoint::hit(match &outcome {
-                Outcome::Ack(_) => "before_ack",
-                _ => "before_fail",
-            });
+            crate::failpoint::hit("before_fail");
             let res = match &outcome {
-                Outcome::Ack(result_ref) => self.ack(d, result_ref.as_deref()).await,
                 Outcome::Retry(msg) => self.fail(d, FailKind::Retry, msg).await,
                 Outcome::Dead(reason) => self.fail(d, FailKind::Permanent, reason).await,
             };
             match res {
                 Ok(label) => {
-                    crate::metrics::finished(&self.keys.queue, &d.job_type, label, elapsed);
+                    crate::metrics::finished(labels, label, elapsed);
                     return;
                 }
                 Err(e) if e.is_lease_lost() => {
@@ -199,27 +234,6 @@ impl JobRunner {
                     return;
                 }
             }
-        }
-    }
-
-    /// Runs the ack script; the metrics label on success.
-    async fn ack(&self, d: &Delivery, result_ref: Option<&str>) -> Result<&'static str> {
-        let mut conn = self.inner.conn.clone();
-        let reply = Ack {
-            keys: &self.keys,
-            id: &d.id,
-            token: &d.token,
-            retention: self.inner.config.completion_retention,
-            result_ref,
-        }
-        .run(&mut conn)
-        .await?;
-        match reply {
-            AckReply::Completed => {
-                info!("completed");
-                Ok("completed")
-            }
-            AckReply::LeaseLost => Err(self.lease_lost(d)),
         }
     }
 

@@ -5,9 +5,9 @@ mod check;
 mod dead;
 mod doctor;
 mod enqueue;
+mod flow;
 #[cfg(feature = "inbox")]
 mod inbox;
-mod flow;
 mod jobs;
 #[cfg(feature = "outbox")]
 mod outbox;

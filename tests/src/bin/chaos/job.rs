@@ -116,7 +116,14 @@ pub async fn chaos_job(ctx: JobContext, w: Work) -> Result<(), JobError> {
 }
 
 /// Worker settings of the harness (`lease` from `--lease-ms`).
+/// `CHAOS_ACK_WINDOW_MS` (inherited from the orchestrator) overrides the
+/// workers' `ack_window`, to measure its effect on re-runs per crash.
 pub fn worker_config(concurrency: usize, lease: Duration) -> WorkerConfig {
+    let defaults = WorkerConfig::default();
+    let ack_window = std::env::var("CHAOS_ACK_WINDOW_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map_or(defaults.ack_window, Duration::from_millis);
     WorkerConfig {
         concurrency,
         lease,
@@ -127,7 +134,8 @@ pub fn worker_config(concurrency: usize, lease: Duration) -> WorkerConfig {
             base: Duration::from_millis(50),
             max: Duration::from_millis(500),
         },
-        ..WorkerConfig::default()
+        ack_window,
+        ..defaults
     }
 }
 

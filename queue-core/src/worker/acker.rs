@@ -1,0 +1,132 @@
+//! The acker: one task per queue that records successes in batches. A
+//! runner whose handler succeeded hands its ack here and frees its
+//! concurrency slot at once; the acker sends one `ack.lua` call for up to
+//! `ack_batch` acks, when that many wait or `ack_window` after the first
+//! (zero: at once, with whatever is already waiting). The script checks every
+//! token of the batch (DESIGN rule 3, docs/DESIGN.md) and answers per job.
+//!
+//! Redis failures are retried until the earliest lease of the batch would
+//! have expired anyway (then the watchdog owns those jobs); a retry after a
+//! lost reply is safe: the script answers "already acked" for its own token.
+//! On shutdown the channel closes once every runner is done, and the acker
+//! flushes what is left before it ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{error, info, warn, Span};
+
+use super::fetcher::is_redis_failure;
+use super::Inner;
+use crate::keys::QueueKeys;
+use crate::metrics::JobLabels;
+use crate::scripts::ack::{Ack, AckItem, AckReply};
+
+/// One finished delivery waiting for its ack.
+pub(super) struct AckRequest {
+    pub(super) item: AckItem,
+    /// The job's metric labels.
+    pub(super) labels: JobLabels,
+    /// The handler's run time.
+    pub(super) elapsed: Duration,
+    /// The job's span: the acker logs the outcome inside it.
+    pub(super) span: Span,
+    /// When the lease would have expired anyway: no retry after it.
+    pub(super) deadline: Instant,
+}
+
+/// Where a queue's runners send their acks. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct AckSender(mpsc::Sender<AckRequest>);
+
+impl AckSender {
+    /// Queues an ack; waits only while the acker is `capacity` acks behind.
+    pub(super) async fn send(&self, req: AckRequest) {
+        if let Err(mpsc::error::SendError(req)) = self.0.send(req).await {
+            // Only after the acker ended (it outlives every runner).
+            req.span
+                .in_scope(|| error!("acker gone: job left leased; the watchdog will return it"));
+        }
+    }
+}
+
+/// Starts the acker of queue `keys`. It ends once every [`AckSender`] is
+/// dropped and the last batch is flushed.
+pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandle<()>) {
+    let batch = inner.config.ack_batch.max(1);
+    let (tx, rx) = mpsc::channel(4 * batch.max(inner.config.concurrency));
+    let task = tokio::spawn(run(inner, keys, rx));
+    (AckSender(tx), task)
+}
+
+async fn run(inner: Arc<Inner>, keys: QueueKeys, mut rx: mpsc::Receiver<AckRequest>) {
+    let max = inner.config.ack_batch.max(1);
+    let window = inner.config.ack_window;
+    let mut batch = Vec::with_capacity(max);
+    loop {
+        if rx.recv_many(&mut batch, max).await == 0 {
+            return; // every sender dropped and nothing left
+        }
+        if !window.is_zero() {
+            let until = Instant::now() + window;
+            while batch.len() < max {
+                let room = max - batch.len();
+                tokio::select! {
+                    n = rx.recv_many(&mut batch, room) => if n == 0 { break },
+                    _ = tokio::time::sleep_until(until) => break,
+                }
+            }
+        }
+        flush(&inner, &keys, &mut batch).await;
+    }
+}
+
+/// One `ack.lua` call for the batch (retried on Redis failures), then the
+/// per-job outcome: log line, metrics. Leaves `batch` empty.
+async fn flush(inner: &Inner, keys: &QueueKeys, batch: &mut Vec<AckRequest>) {
+    let items: Vec<AckItem> = batch.iter().map(|r| r.item.clone()).collect();
+    let deadline = batch.iter().map(|r| r.deadline).min();
+    let mut delay = Duration::from_millis(50);
+    let replies = loop {
+        let mut conn = inner.conn.clone();
+        let res = Ack {
+            keys,
+            items: &items,
+            retention: inner.config.completion_retention,
+        }
+        .run(&mut conn)
+        .await;
+        match res {
+            Ok(replies) => break replies,
+            Err(e)
+                if is_redis_failure(&e) && deadline.is_some_and(|d| Instant::now() + delay < d) =>
+            {
+                warn!(queue = %keys.queue, jobs = items.len(), error = %e, retry_in_ms = delay.as_millis() as u64, "could not record the jobs' results; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => {
+                for req in batch.drain(..) {
+                    req.span.in_scope(|| error!(error = %e, "could not record the job's result; the watchdog will return it when its lease expires"));
+                }
+                return;
+            }
+        }
+    };
+    for (req, reply) in batch.drain(..).zip(replies) {
+        let _entered = req.span.enter();
+        match reply {
+            AckReply::Completed | AckReply::AlreadyCompleted => {
+                info!("completed");
+                crate::metrics::finished(&req.labels, "completed", Some(req.elapsed));
+            }
+            AckReply::LeaseLost => warn!("result discarded: lease lost"),
+            AckReply::Unreadable => {
+                error!("result discarded: the job hash is not readable (wrong type); the watchdog will deal with it")
+            }
+        }
+    }
+}
