@@ -76,21 +76,23 @@ pub(crate) async fn run(
         if *stop.borrow() {
             return;
         }
-        let wait = match promote(&mut conn, &keys).await {
+        let next_due_in = match promote(&mut conn, &keys).await {
             Ok(reply) => {
                 if reply.promoted > 0 {
                     debug!(queue = %keys.queue, promoted = reply.promoted, "due delayed jobs moved to main");
                 }
-                reply.next_due_in.map_or(max_sleep, |d| d.min(max_sleep))
+                reply.next_due_in
             }
             Err(e) => {
                 warn!(queue = %keys.queue, error = %e, "promote failed; will retry");
-                max_sleep
+                None
             }
         };
-        if wait.is_zero() {
+        if next_due_in == Some(Duration::ZERO) {
             continue; // more jobs are due than one batch took
         }
+        // A zero `max_sleep` still waits the 1 ms floor of `wait_for_wake`.
+        let wait = next_due_in.map_or(max_sleep, |d| d.min(max_sleep));
         tokio::select! {
             r = wait_for_wake(&mut blocking, &keys, wait) => {
                 if let Err(e) = r {
