@@ -42,6 +42,10 @@ pub struct QueueKeys {
     pub dead: String,
     /// Lifetime counters.
     pub stats: String,
+    /// Promoter wake-up: a one-element list that writers of `delayed` push
+    /// to when they add a job sooner than its head; a sleeping promoter
+    /// waits on it with `BLPOP` (background/promoter.rs).
+    pub wake: String,
     /// Prefix of job hashes (`job_prefix + id`).
     pub job_prefix: String,
     /// Prefix of completion records (`done_prefix + id`).
@@ -73,6 +77,7 @@ impl QueueKeys {
             delayed: format!("{base}delayed"),
             dead: format!("{base}dead"),
             stats: format!("{base}stats"),
+            wake: format!("{base}wake"),
             job_prefix: format!("{base}job:"),
             done_prefix: format!("{base}done:"),
             steps_prefix: format!("{base}steps:"),

@@ -135,3 +135,83 @@ async fn per_queue_concurrency_limit_holds() {
         "never more than the queue's limit, and the limit was used"
     );
 }
+
+// ---- the promoter sleeps until the next due job, woken by new ones ------
+
+/// The promoter's longest sleep in these scenarios: far beyond their bound,
+/// so a job promoted in time was promoted because something woke it.
+const NO_POLL: Duration = Duration::from_secs(600);
+
+/// How long a woken promoter may take under load (well below [`NO_POLL`]).
+const WOKEN_BOUND: Duration = Duration::from_secs(30);
+
+/// A worker whose promoter never wakes on its own within a test.
+async fn idle_promoter_worker(env: &TestEnv) -> WorkerHandle {
+    let worker = env
+        .spawn_worker(queue_core::WorkerConfig {
+            promote_interval: NO_POLL,
+            ..fast_config()
+        })
+        .await;
+    // One job through main: the worker runs, its promoter's first pass
+    // (an empty delayed set) is behind it.
+    env.enqueue(env.task(0)).await;
+    env.wait_completed("tasks", 1).await;
+    worker
+}
+
+/// Waits (at most [`WOKEN_BOUND`]) for `n` completions on `tasks`.
+async fn wait_completed_soon(env: &TestEnv, n: i64, what: &str) {
+    wait_until(WOKEN_BOUND, what, || async {
+        env.stats("tasks").await.counter("completed") >= n
+    })
+    .await;
+}
+
+/// Enqueues `t` due in `delay`, through the test's own `Queue` (a client
+/// other than the worker's).
+async fn enqueue_delayed(env: &TestEnv, delay: Duration, t: Task) {
+    task::enqueue_with(&env.queue, EnqueueOptions::new().delay(delay), t)
+        .await
+        .expect("delayed enqueue");
+}
+
+#[tokio::test]
+async fn a_delayed_job_from_another_client_wakes_the_sleeping_promoter() {
+    let env = TestEnv::start().await;
+    let worker = idle_promoter_worker(&env).await;
+    enqueue_delayed(&env, Duration::from_millis(300), env.task(1)).await;
+    wait_completed_soon(&env, 2, "the delayed job ran once due").await;
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_retry_wakes_the_sleeping_promoter() {
+    let env = TestEnv::start().await;
+    let worker = idle_promoter_worker(&env).await;
+    let id = env
+        .enqueue(Task {
+            fail_first: 1,
+            ..env.task(1)
+        })
+        .await;
+    wait_completed_soon(&env, 2, "the retried job ran again once due").await;
+    assert_eq!(env.completion_attempts("tasks", id).await, 2);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_sooner_delayed_job_shortens_the_promoters_sleep() {
+    let env = TestEnv::start().await;
+    let worker = idle_promoter_worker(&env).await;
+    enqueue_delayed(&env, Duration::from_secs(3600), env.task(1)).await;
+    // The promoter now sleeps toward the hour-away head; a sooner job wakes it.
+    enqueue_delayed(&env, Duration::from_millis(300), env.task(2)).await;
+    wait_completed_soon(&env, 2, "the sooner job ran once due").await;
+    assert_eq!(
+        env.stats("tasks").await.delayed,
+        1,
+        "the later job still waits"
+    );
+    worker.stop().await;
+}

@@ -558,12 +558,13 @@ async fn idle(url: &str, seconds: u64) -> Res<Value> {
         .filter(|k| k.as_str() != "info" && d(k) > 0)
         .map(|k| (k.clone(), json!(d(k))))
         .collect();
-    let blocking = d("blmove");
+    // The fetcher blocks in BLMOVE, the promoter in BLPOP on the wake list.
+    let blocking = d("blmove") + d("blpop");
     let nonblocking = d("evalsha") + d("eval");
     Ok(json!({
         "workload": "idle", "seconds": seconds,
         "block_timeout_s": cfg.block_timeout.as_secs_f64(), "promote_interval_ms": cfg.promote_interval.as_millis() as u64,
-        "blmove": blocking, "evalsha": nonblocking,
+        "blmove": d("blmove"), "blpop": d("blpop"), "evalsha": nonblocking,
         "expected_blmove": (seconds as f64 / cfg.block_timeout.as_secs_f64()).round(),
         "calls_per_s": round3((blocking + nonblocking) as f64 / seconds as f64),
         "per_command": per_cmd,

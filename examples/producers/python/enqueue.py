@@ -1,7 +1,7 @@
 """Enqueue a job for a Rust queue-core worker from Python (redis-py + msgpack).
 
 The wire format is described in docs/PROTOCOL.md. In short: the job is written
-by one Lua script (the queue-core prelude followed by enqueue.lua) with six
+by one Lua script (the queue-core prelude followed by enqueue.lua) with seven
 keys that share the hash tag ``{queue}``, and the payload is the MessagePack
 of the handler's argument type (structs as maps keyed by field name, enums
 externally tagged: ``"Unit"`` or ``{"Variant": value}``, ``None`` as nil).
@@ -54,6 +54,7 @@ def queue_keys(queue, job_id):
         base + "delayed",
         base + "stats",
         base + "once:" + job_id,
+        base + "wake",
     ]
 
 

@@ -1,8 +1,16 @@
 //! The promoter: moves due retries and delayed jobs from the delayed set to
-//! main (`promote.lua`). A worker runs [`run`] every `promote_interval`; the
-//! watchdog calls [`promote_all_due`] at the end of each pass. Each call is
-//! one script, so any number of workers and watchdogs can promote at once
-//! (DESIGN rule 1, docs/DESIGN.md).
+//! main (`promote.lua`). A worker runs [`run`] per queue; the watchdog calls
+//! [`promote_all_due`] at the end of each pass. Each call is one script, so
+//! any number of workers and watchdogs can promote at once (DESIGN rule 1,
+//! docs/DESIGN.md).
+//!
+//! No polling: `promote.lua` answers how long until the earliest remaining
+//! job is due, and the promoter blocks that long (at most `max_sleep`) in
+//! `BLPOP` on the queue's wake list (`QueueKeys::wake`). Every script that
+//! adds a job sooner than the head of the delayed set (enqueue, fail,
+//! reclaim) pushes to that list, which wakes one promoter in any process to
+//! recompute its sleep. A lost wake-up (the woken worker dies, a producer
+//! that does not declare the wake key) costs at most `max_sleep`.
 
 use std::time::Duration;
 
@@ -10,24 +18,23 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::conn::RedisConnection;
-use crate::error::Result;
+use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
-use crate::scripts::promote::Promote;
+use crate::scripts::promote::{Promote, PromoteReply};
 
 /// Ids moved per script call.
 const BATCH: usize = 1000;
 
 /// One script call: promotes at most [`BATCH`] due jobs of `keys`' queue.
-async fn promote(conn: &mut RedisConnection, keys: &QueueKeys) -> Result<u64> {
-    let reply = Promote { keys, limit: BATCH }.run(conn).await?;
-    Ok(reply.promoted)
+async fn promote(conn: &mut RedisConnection, keys: &QueueKeys) -> Result<PromoteReply> {
+    Promote { keys, limit: BATCH }.run(conn).await
 }
 
 /// Promotes every due job of the queue, [`BATCH`] per script call.
 pub(crate) async fn promote_all_due(conn: &mut RedisConnection, keys: &QueueKeys) -> Result<u64> {
     let mut total = 0;
     loop {
-        let n = promote(conn, keys).await?;
+        let n = promote(conn, keys).await?.promoted;
         total += n;
         if n < BATCH as u64 {
             return Ok(total);
@@ -35,29 +42,67 @@ pub(crate) async fn promote_all_due(conn: &mut RedisConnection, keys: &QueueKeys
     }
 }
 
-/// Moves due jobs to main for every queue, one script call per queue every
-/// `every`, until `stop` turns true. Errors are logged and retried.
+/// Blocks on the queue's wake list for `wait` (a wake-up from a writer of
+/// the delayed set ends it sooner). `BLPOP` with a timeout of 0 would block
+/// forever, so the wait is at least one millisecond.
+async fn wait_for_wake(
+    blocking: &mut RedisConnection,
+    keys: &QueueKeys,
+    wait: Duration,
+) -> Result<()> {
+    let secs = wait.max(Duration::from_millis(1)).as_secs_f64();
+    let _woken: Option<(String, String)> = redis::cmd("BLPOP")
+        .arg(&keys.wake)
+        .arg(format!("{secs:.3}"))
+        .query_async(blocking)
+        .await
+        .map_err(|e| QueueError::redis(&keys.queue, None, e))?;
+    Ok(())
+}
+
+/// Moves due jobs of one queue to main until `stop` turns true: a script
+/// call, then a wait until the next job is due or a wake-up comes, never
+/// longer than `max_sleep`. `conn` runs the scripts; `blocking` is this
+/// promoter's own connection for `BLPOP` (its response timeout must exceed
+/// `max_sleep`). Errors are logged and retried after `max_sleep`.
 pub(crate) async fn run(
     mut conn: RedisConnection,
-    queues: Vec<QueueKeys>,
-    every: Duration,
+    mut blocking: RedisConnection,
+    keys: QueueKeys,
+    max_sleep: Duration,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
         if *stop.borrow() {
             return;
         }
-        for keys in &queues {
-            match promote(&mut conn, keys).await {
-                Ok(n) if n > 0 => {
-                    debug!(queue = %keys.queue, promoted = n, "due delayed jobs moved to main")
+        let next_due_in = match promote(&mut conn, &keys).await {
+            Ok(reply) => {
+                if reply.promoted > 0 {
+                    debug!(queue = %keys.queue, promoted = reply.promoted, "due delayed jobs moved to main");
                 }
-                Ok(_) => {}
-                Err(e) => warn!(queue = %keys.queue, error = %e, "promote failed; will retry"),
+                reply.next_due_in
             }
+            Err(e) => {
+                warn!(queue = %keys.queue, error = %e, "promote failed; will retry");
+                None
+            }
+        };
+        if next_due_in == Some(Duration::ZERO) {
+            continue; // more jobs are due than one batch took
         }
+        // A zero `max_sleep` still waits the 1 ms floor of `wait_for_wake`.
+        let wait = next_due_in.map_or(max_sleep, |d| d.min(max_sleep));
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            r = wait_for_wake(&mut blocking, &keys, wait) => {
+                if let Err(e) = r {
+                    warn!(queue = %keys.queue, error = %e, "promoter wait failed; will retry");
+                    tokio::select! {
+                        _ = tokio::time::sleep(max_sleep) => {}
+                        _ = stop.changed() => {}
+                    }
+                }
+            }
             _ = stop.changed() => {}
         }
     }

@@ -1,4 +1,6 @@
--- KEYS: 1 main, 2 job hash, 3 completion record, 4 delayed, 5 stats, 6 once-marker
+-- KEYS: 1 main, 2 job hash, 3 completion record, 4 delayed, 5 stats, 6 once-marker,
+--       7 promoter wake list (OPTIONAL: without it a delayed job waits for the
+--       promoter's bounded sleep instead of waking it)
 -- ARGV: 1 id, 2 type, 3 schema version, 4 payload, 5 max_attempts, 6 delay_ms,
 --       7 run_at_ms (absolute, Redis clock; 0: use the delay), 8 once-marker ttl_ms (0: none),
 --       9 enqueue token (OPTIONAL: producers that send 8 arguments keep working)
@@ -38,11 +40,14 @@ redis.call('HSET', KEYS[2], 'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'paylo
 if enq_token ~= '' then
   redis.call('HSET', KEYS[2], 'enq_token', enq_token)
 end
+local wake = false
 if delay > 0 then
+  wake = sooner_than_head(KEYS[4], now + delay)
   redis.call('HSET', KEYS[2], 'run_at', now + delay)
   redis.call('ZADD', KEYS[4], now + delay, ARGV[1])
 else
   redis.call('LPUSH', KEYS[1], ARGV[1])
 end
 redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
+if wake then wake_promoter(KEYS[7]) end
 return {'new', now + delay}

@@ -15,8 +15,8 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::state::JobState;
 
-pub(crate) static SCRIPT: LuaScript<6> =
-    lua_script!("enqueue.lua", keys = 6, args = 9, prelude(None));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("enqueue.lua", keys = 7, args = 9, prelude(None));
 
 /// One job to write.
 pub(crate) struct Enqueue<'a> {
@@ -58,6 +58,7 @@ impl Enqueue<'_> {
                 k.delayed.clone(),
                 k.stats.clone(),
                 k.once(id),
+                k.wake.clone(),
             ])
             .arg(id)
             .arg(self.job_type)

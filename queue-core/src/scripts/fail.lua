@@ -3,7 +3,7 @@
 -- dead-lettered with the field named. Destination before source, counters last.
 -- Idempotent for its token (`failed_token`): a retry whose first reply was
 -- lost gets the same outcome, not 'lost'.
--- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats
+-- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 promoter wake list
 -- ARGV: 1 id, 2 token, 3 kind ('retry' | 'permanent'), 4 message, 5 delay_ms
 -- Returns {'retry', run_at} | {'dead', reason} | {'lost'} | {'cancel_requested'}
 -- (nothing written: the worker ends the job with finish_cancel.lua).
@@ -31,6 +31,7 @@ local reason = bad
 if not bad then
   if ARGV[3] == 'retry' and attempts < max then
     local run_at = now + delay
+    local wake = sooner_than_head(KEYS[4], run_at)
     redis.call('ZADD', KEYS[4], run_at, ARGV[1])
     redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'state', 'delayed',
       'run_at', run_at, 'failed_token', ARGV[2])
@@ -39,6 +40,7 @@ if not bad then
     redis.call('ZREM', KEYS[2], ARGV[1])
     bump(KEYS[6], 'failed', 1)
     bump(KEYS[6], 'retried', 1)
+    if wake then wake_promoter(KEYS[7]) end
     return {'retry', run_at}
   end
   reason = ARGV[4]

@@ -13,8 +13,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<6> =
-    lua_script!("fail.lua", keys = 6, args = 5, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("fail.lua", keys = 7, args = 5, prelude(super::DRAIN));
 
 /// How the attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +72,7 @@ impl Fail<'_> {
                 k.delayed.clone(),
                 k.dead.clone(),
                 k.stats.clone(),
+                k.wake.clone(),
             ])
             .arg(id)
             .arg(self.token)

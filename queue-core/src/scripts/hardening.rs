@@ -499,3 +499,21 @@ async fn replay_and_purge_touch_only_dead_jobs() {
     assert_eq!(len, 1, "replay must not push the live job a second time");
     assert_eq!(fx.job("j1").await["state"], "queued", "purge kept the job");
 }
+
+/// The promoter's wake list is only a hint: a wake key of another type is
+/// skipped, the retry is still scheduled, and the promoter is told how long
+/// until it is due.
+#[tokio::test]
+async fn a_wake_key_of_another_type_never_blocks_a_retry() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("w1", 3).await;
+    let d = fx.fetch_one().await;
+    let wake = fx.keys.wake.clone();
+    fx.cmd(&["SET", &wake, "not a list"]).await;
+    let reply = fx.fail(&d, FailKind::Retry).await.unwrap();
+    assert!(matches!(reply, FailReply::Retry { .. }), "{reply:?}");
+    assert_eq!(fx.job("w1").await["state"], "delayed");
+    let promoted = fx.promote().await.unwrap();
+    assert_eq!(promoted.promoted, 1, "the retry (delay 0) is due");
+    assert_eq!(promoted.next_due_in, None, "the delayed set is empty now");
+}

@@ -170,3 +170,23 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
     h[7] or '0', now, lease_until, fence}
 end
+
+-- Promoter wake-up (background/promoter.rs): true when a job due at `score`
+-- is sooner than the head of `delayed` (or the set is empty). Read it before
+-- the ZADD; after the writes, `wake_promoter` tells one sleeping promoter.
+local function sooner_than_head(delayed, score)
+  local head = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  return head[2] == nil or tonumber(head[2]) > score
+end
+
+-- Wakes one promoter blocked on `wake` (BLPOP): a one-element list, so a
+-- wake nobody takes costs one small key. Called last, it is only a hint: a
+-- nil key (a producer that does not declare it) or a key of another type is
+-- skipped, and a promoter never sleeps longer than its bounded maximum.
+local function wake_promoter(wake)
+  if not wake then return end
+  local t = redis.call('TYPE', wake)['ok']
+  if t ~= 'none' and t ~= 'list' then return end
+  redis.call('LPUSH', wake, '1')
+  redis.call('LTRIM', wake, 0, 0)
+end

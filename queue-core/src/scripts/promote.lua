@@ -3,7 +3,8 @@
 -- each id is pushed on main (or dead) before it leaves the delayed set.
 -- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 limit
--- Returns the number of ids moved.
+-- Returns {ids moved, ms until the earliest remaining job is due (0: due now),
+--          or -1 when the delayed set is empty}: the promoter sleeps that long.
 local limit = arg_count(ARGV[2], 'limit')
 expect_types(KEYS[2], 'list', KEYS[3], 'list')
 local now = now_ms()
@@ -21,4 +22,7 @@ for _, id in ipairs(ids) do
   end
   redis.call('ZREM', KEYS[1], id)
 end
-return #ids
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local wait = -1
+if head[2] then wait = math.max(math.floor(tonumber(head[2]) - now), 0) end
+return {#ids, wait}

@@ -1,10 +1,12 @@
 //! `promote.lua`: moves due delayed jobs (retries, scheduled jobs, watchdog
 //! returns) to main; a missing hash is dead-lettered, never dropped.
 
-use super::reply;
+use std::time::Duration;
+
+use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<5> =
@@ -21,6 +23,9 @@ pub(crate) struct Promote<'a> {
 pub(crate) struct PromoteReply {
     /// Ids taken from the delayed set (moved to main or dead-lettered).
     pub(crate) promoted: u64,
+    /// How long until the earliest remaining delayed job is due (Redis
+    /// clock; zero when one is due already); `None` when the set is empty.
+    pub(crate) next_due_in: Option<Duration>,
 }
 
 impl Promote<'_> {
@@ -33,10 +38,17 @@ impl Promote<'_> {
             .arg(self.limit)
             .run(conn, &k.queue, None)
             .await?;
-        let n = reply::integer(&k.queue, None, "promote reply", &reply)?;
-        let promoted = u64::try_from(n).map_err(|_| {
-            QueueError::protocol(&k.queue, None, format!("promote reply: negative count {n}"))
-        })?;
-        Ok(PromoteReply { promoted })
+        let f = Fields::new(&k.queue, None, "promote reply", &reply)?;
+        let promoted = f.u64(0, "count")?;
+        let next_due_in = match f.int(1, "wait ms")? {
+            -1 => None,
+            ms => Some(Duration::from_millis(
+                u64::try_from(ms).map_err(|_| f.error(format_args!("negative wait {ms}")))?,
+            )),
+        };
+        Ok(PromoteReply {
+            promoted,
+            next_due_in,
+        })
     }
 }

@@ -4,7 +4,8 @@
 -- Validates first (queue key types, arguments, each job's counts: corrupt job
 -- data is dead-lettered with the field named); destination before source,
 -- counters last.
--- KEYS: 1 processing, 2 leases, 3 delayed, 4 dead, 5 stats, 6 guard (never written: see keys.rs)
+-- KEYS: 1 processing, 2 leases, 3 delayed, 4 dead, 5 stats, 6 guard (never written: see keys.rs),
+--       7 promoter wake list
 -- ARGV: 1 job prefix, 2 limit, 3 orphan grace ms, 4 backoff base ms, 5 backoff cap ms,
 --       6 random seed, 7 orphan scan length
 -- Returns {reclaimed, dead_lettered, adopted}
@@ -18,6 +19,7 @@ expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'list')
 local now = now_ms()
 math.randomseed(seed)
 local reclaimed, dead, adopted = 0, 0, 0
+local wake = false
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
   if redis.call('LPOS', KEYS[1], id) then
@@ -43,6 +45,7 @@ for _, id in ipairs(expired) do
         local backoff = base * 2 ^ math.max(attempts - 1, 0)
         if backoff > cap then backoff = cap end
         local run_at = now + math.floor(backoff / 2 + math.random() * backoff / 2)
+        wake = wake or sooner_than_head(KEYS[3], run_at)
         redis.call('ZADD', KEYS[3], run_at, id)
         redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at, 'last_error', msg,
           'failed_at', now)
@@ -63,4 +66,5 @@ for _, id in ipairs(tail) do
 end
 if reclaimed > 0 then bump(KEYS[5], 'reclaimed', reclaimed) end
 if adopted > 0 then bump(KEYS[5], 'adopted', adopted) end
+if wake then wake_promoter(KEYS[7]) end
 return {reclaimed, dead, adopted}

@@ -12,8 +12,8 @@ use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<6> =
-    lua_script!("reclaim.lua", keys = 6, args = 7, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("reclaim.lua", keys = 7, args = 7, prelude(super::DRAIN));
 
 /// One reclaim batch of one queue.
 pub(crate) struct Reclaim<'a> {
@@ -50,6 +50,7 @@ impl Reclaim<'_> {
                 &k.dead,
                 &k.stats,
                 &k.guard,
+                &k.wake,
             ])
             .arg(&k.job_prefix)
             .arg(self.batch)

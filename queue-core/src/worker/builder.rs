@@ -48,7 +48,11 @@ pub struct WorkerConfig {
     pub completion_retention: Duration,
     /// Retry backoff for retryable handler errors.
     pub backoff: Backoff,
-    /// How often due delayed jobs (retries) are moved to main.
+    /// The longest the promoter sleeps when nothing wakes it (default 2 s).
+    /// It otherwise sleeps until the next delayed job is due, and a job
+    /// scheduled sooner (enqueue, retry, watchdog return) wakes it through
+    /// the queue's wake list, so this only bounds a lost wake-up (see
+    /// `background/promoter.rs`).
     pub promote_interval: Duration,
     /// Most acks sent in one `ack.lua` call (default 64). A finished job's
     /// ack joins its queue's batch, which is flushed when this many wait or
@@ -75,7 +79,7 @@ impl Default for WorkerConfig {
             grace: Duration::from_secs(30),
             completion_retention: Duration::from_secs(24 * 3600),
             backoff: Backoff::default(),
-            promote_interval: Duration::from_millis(500),
+            promote_interval: Duration::from_secs(2),
             ack_batch: 64,
             ack_window: Duration::from_millis(2),
             connection: ConnectionConfig::default(),

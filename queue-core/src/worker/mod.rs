@@ -202,8 +202,8 @@ impl Worker {
     }
 }
 
-/// Starts one fetcher per queue (each with its own blocking connection),
-/// the promoter and the cron scheduler. Every blocking connection is made
+/// Starts one fetcher and one promoter per queue (each with its own
+/// blocking connection) and the cron scheduler. Every blocking connection is made
 /// before any task starts: a queue whose connection fails leaves nothing
 /// running (no detached fetcher outlives the returned error).
 async fn spawn_tasks(
@@ -214,18 +214,15 @@ async fn spawn_tasks(
     ackers: Arc<Vec<acker::AckSender>>,
 ) -> Result<Vec<JoinHandle<()>>> {
     let cfg = &inner.config;
+    let blocking_for = |block: Duration| ConnectionConfig {
+        response_timeout: block + cfg.connection.response_timeout,
+        connection_timeout: cfg.connection.connection_timeout,
+    };
     let mut blocking = Vec::with_capacity(inner.queues.len());
+    let mut promoting = Vec::with_capacity(inner.queues.len());
     for _ in &inner.queues {
-        blocking.push(
-            connect(
-                &inner.url,
-                &ConnectionConfig {
-                    response_timeout: cfg.block_timeout + cfg.connection.response_timeout,
-                    connection_timeout: cfg.connection.connection_timeout,
-                },
-            )
-            .await?,
-        );
+        blocking.push(connect(&inner.url, &blocking_for(cfg.block_timeout)).await?);
+        promoting.push(connect(&inner.url, &blocking_for(cfg.promote_interval)).await?);
     }
     let mut tasks = Vec::new();
     for (me, blocking) in blocking.into_iter().enumerate() {
@@ -240,12 +237,15 @@ async fn spawn_tasks(
         };
         tasks.push(tokio::spawn(fetcher.run()));
     }
-    tasks.push(tokio::spawn(promoter::run(
-        inner.conn.clone(),
-        inner.queues.iter().map(|q| q.keys.clone()).collect(),
-        cfg.promote_interval,
-        stop_tx.subscribe(),
-    )));
+    for (q, promoting) in inner.queues.iter().zip(promoting) {
+        tasks.push(tokio::spawn(promoter::run(
+            inner.conn.clone(),
+            promoting,
+            q.keys.clone(),
+            cfg.promote_interval,
+            stop_tx.subscribe(),
+        )));
+    }
     tasks.push(tokio::spawn(scheduler::run(
         inner.conn.clone(),
         inner.periodic.clone(),
