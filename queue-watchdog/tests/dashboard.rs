@@ -793,6 +793,33 @@ fn job_and_doctor_pages(b: &mut Browser, base: &str) {
 fn dashboard_http_endpoints_and_replay_protection() {
     let server = RedisServer::start().unwrap();
     let url = server.url();
+    seed_a_dead_and_a_hostile_job(&server);
+    let (_dash, port) = start_dashboard(&url, &["-q", "emails", "--metrics", "--sample-ms", "200"]);
+
+    assert_eq!(http(port, "GET", "/healthz", &[]), (200, "ok".to_string()));
+    let (status, page) = http(port, "GET", "/queues/emails", &[]);
+    assert_eq!(status, 200);
+    assert!(page.contains("data-id=\"d1\"") && page.contains("boom"));
+    // User data is escaped, never markup.
+    assert!(!page.contains("<script>alert"), "unescaped job type");
+    assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(page.contains("/queues/emails/jobs/%3Cimg%3E"));
+    let (status, _) = http(port, "GET", "/queues/emails/jobs/%3Cimg%3E", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(http(port, "GET", "/queues/emails/jobs/nope", &[]).0, 404);
+
+    let (status, body) = http(port, "GET", "/api/overview", &[]);
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["queues"][0]["queue"], "emails");
+    assert_eq!(v["queues"][0]["dead"], 1);
+
+    wait_for_the_gauges(port);
+    replay_needs_header_origin_and_host(port, &server);
+}
+
+/// `d1` dead in `emails`, and a waiting job whose id and type are markup.
+fn seed_a_dead_and_a_hostile_job(server: &RedisServer) {
     for cmd in [
         &[
             "HSET",
@@ -825,26 +852,10 @@ fn dashboard_http_endpoints_and_replay_protection() {
     ] {
         server.command(cmd).unwrap();
     }
-    let (_dash, port) = start_dashboard(&url, &["-q", "emails", "--metrics", "--sample-ms", "200"]);
+}
 
-    assert_eq!(http(port, "GET", "/healthz", &[]), (200, "ok".to_string()));
-    let (status, page) = http(port, "GET", "/queues/emails", &[]);
-    assert_eq!(status, 200);
-    assert!(page.contains("data-id=\"d1\"") && page.contains("boom"));
-    // User data is escaped, never markup.
-    assert!(!page.contains("<script>alert"), "unescaped job type");
-    assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
-    assert!(page.contains("/queues/emails/jobs/%3Cimg%3E"));
-    let (status, _) = http(port, "GET", "/queues/emails/jobs/%3Cimg%3E", &[]);
-    assert_eq!(status, 200);
-    assert_eq!(http(port, "GET", "/queues/emails/jobs/nope", &[]).0, 404);
-
-    let (status, body) = http(port, "GET", "/api/overview", &[]);
-    assert_eq!(status, 200);
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["queues"][0]["queue"], "emails");
-    assert_eq!(v["queues"][0]["dead"], 1);
-
+/// Polls `/metrics` until the depth and expired-lease gauges of `emails` show.
+fn wait_for_the_gauges(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, metrics) = http(port, "GET", "/metrics", &[]);
@@ -859,7 +870,11 @@ fn dashboard_http_endpoints_and_replay_protection() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
 
+/// The replay endpoint refuses requests without the header, from another
+/// site, origin or host; the same origin replays `d1` once.
+fn replay_needs_header_origin_and_host(port: u16, server: &RedisServer) {
     let replay = "/api/queues/emails/dead/d1/replay";
     assert_eq!(http(port, "POST", replay, &[]).0, 403, "no header");
     assert_eq!(
@@ -893,7 +908,7 @@ fn dashboard_http_endpoints_and_replay_protection() {
         .0,
         421
     );
-    assert!(redis(&server, &["LRANGE", "q:{emails}:dead", "0", "-1"]).contains("d1"));
+    assert!(redis(server, &["LRANGE", "q:{emails}:dead", "0", "-1"]).contains("d1"));
     let origin = format!("http://127.0.0.1:{port}");
     let (status, body) = http(
         port,
@@ -906,7 +921,7 @@ fn dashboard_http_endpoints_and_replay_protection() {
         ],
     );
     assert_eq!(status, 200, "{body}");
-    assert!(redis(&server, &["LRANGE", "q:{emails}:main", "0", "-1"]).contains("d1"));
+    assert!(redis(server, &["LRANGE", "q:{emails}:main", "0", "-1"]).contains("d1"));
     // A second replay: not dead any more.
     assert_eq!(
         http(port, "POST", replay, &[("X-Queue-Dashboard", "1")]).0,
