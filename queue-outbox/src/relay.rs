@@ -19,11 +19,12 @@ use std::ops::ControlFlow;
 use std::time::Duration;
 
 use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue, QueueError};
-use tokio_postgres::{Client, IsolationLevel};
+use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
 use tracing::{debug, error, info, warn};
 
 use crate::error::{OutboxError, Result};
 use crate::outbox::{check_job_id, check_queue, Outbox, OutboxRow};
+use crate::table::TableName;
 
 /// Default rows per batch.
 pub const DEFAULT_BATCH_SIZE: usize = 100;
@@ -271,26 +272,6 @@ impl Relay {
         } = self;
         let table = outbox.table_name();
         let tname = table.name.as_str();
-        let mut interrupt = |step: RelayStep<'_>| -> Result<()> {
-            match hook(&step) {
-                ControlFlow::Continue(()) => Ok(()),
-                ControlFlow::Break(()) => {
-                    let row = step.row();
-                    warn!(
-                        table = %tname,
-                        step = step.name(),
-                        queue = row.map(|r| r.queue.as_str()),
-                        job_id = row.map(|r| r.job_id.as_str()),
-                        "relay batch interrupted by its hook; rolling back"
-                    );
-                    Err(OutboxError::Interrupted {
-                        step: step.name(),
-                        queue: row.map(|r| r.queue.clone()),
-                        job_id: row.map(|r| r.job_id.clone()),
-                    })
-                }
-            }
-        };
 
         let tx = client
             .build_transaction()
@@ -312,109 +293,27 @@ impl Relay {
         for raw in &rows {
             // A column of the wrong type is a table problem, not a row problem:
             // fail the batch (rolled back) rather than reject every row.
-            let row = OutboxRow::from_row(table, raw)?;
-            let delay_ms: Option<i64> = raw.try_get(13).map_err(|e| OutboxError::InvalidRow {
-                table: tname.to_string(),
-                row_id: row.row_id,
-                queue: Some(row.queue.clone()),
-                job_id: Some(row.job_id.clone()),
-                reason: format!("computed delay: {e}"),
-            })?;
+            let (row, delay_ms) = decode_row(table, raw)?;
 
             if let Err(reason) = unpublishable(&row) {
-                error!(
-                    table = %tname,
-                    row_id = row.row_id,
-                    queue = %row.queue,
-                    job_id = %row.job_id,
-                    reason,
-                    "outbox row rejected: it can never be published"
-                );
-                tx.execute(&table.mark_rejected_sql(), &[&row.row_id, &reason])
-                    .await
-                    .map_err(|e| {
-                        OutboxError::pg_job(tname, "rejecting a row", &row.queue, &row.job_id, e)
-                    })?;
+                let why = "it can never be published";
+                reject_row(&tx, table, &row, &reason, why).await?;
                 report.rejected += 1;
                 continue;
             }
 
-            interrupt(RelayStep::BeforeEnqueue(&row))?;
-            let mut opts = EnqueueOptions::new().id(row.job_id.clone());
-            if let Some(ms) = delay_ms.filter(|ms| *ms > 0) {
-                opts = opts.delay(Duration::from_millis(ms as u64));
-            }
-            if let Some((n, timeout)) = *replicas {
-                opts = opts.wait_for_replicas(n, timeout);
-            }
-            let sent = queue
-                .enqueue_raw(
-                    &row.queue,
-                    &row.job_type,
-                    row.schema_version as u32,
-                    row.max_attempts as u32,
-                    opts,
-                    &row.payload,
-                )
-                .await;
-            match sent {
+            check_hook(&mut hook, tname, RelayStep::BeforeEnqueue(&row))?;
+            match send_row(queue, &row, delay_ms, *replicas).await {
                 Ok(enqueued) => {
-                    interrupt(RelayStep::AfterEnqueue(&row, &enqueued))?;
-                    match &enqueued.outcome {
-                        EnqueueOutcome::Created => {
-                            debug!(
-                                table = %tname,
-                                row_id = row.row_id,
-                                queue = %row.queue,
-                                job_id = %row.job_id,
-                                "outbox row published"
-                            )
-                        }
-                        EnqueueOutcome::Duplicate { state } => {
-                            report.duplicates += 1;
-                            info!(
-                                table = %tname,
-                                row_id = row.row_id,
-                                queue = %row.queue,
-                                job_id = %row.job_id,
-                                state = %state,
-                                "outbox row was already in redis (re-send); marked published"
-                            )
-                        }
-                        EnqueueOutcome::AlreadyCompleted => {
-                            report.duplicates += 1;
-                            info!(
-                                table = %tname,
-                                row_id = row.row_id,
-                                queue = %row.queue,
-                                job_id = %row.job_id,
-                                "outbox row's job already completed (re-send); marked published"
-                            )
-                        }
+                    check_hook(&mut hook, tname, RelayStep::AfterEnqueue(&row, &enqueued))?;
+                    if log_published(tname, &row, &enqueued.outcome) {
+                        report.duplicates += 1;
                     }
                     published.push(row.row_id);
                 }
                 Err(e @ QueueError::InvalidJobId { .. }) => {
-                    let reason = e.to_string();
-                    error!(
-                        table = %tname,
-                        row_id = row.row_id,
-                        queue = %row.queue,
-                        job_id = %row.job_id,
-                        error = %reason,
-                        "outbox row rejected by queue-core"
-                    );
-                    tx.execute(&table.mark_rejected_sql(), &[&row.row_id, &reason])
-                        .await
-                        .map_err(|e| {
-                            OutboxError::pg_job(
-                                tname,
-                                "rejecting a row",
-                                &row.queue,
-                                &row.job_id,
-                                e,
-                            )
-                        })?;
+                    let why = "queue-core refused it";
+                    reject_row(&tx, table, &row, &e.to_string(), why).await?;
                     report.rejected += 1;
                 }
                 Err(e) => {
@@ -432,17 +331,8 @@ impl Relay {
                         error = %reason,
                         "outbox row not published; will retry"
                     );
-                    tx.execute(&table.mark_failed_sql(), &[&row.row_id, &reason])
-                        .await
-                        .map_err(|e| {
-                            OutboxError::pg_job(
-                                tname,
-                                "recording a publish error",
-                                &row.queue,
-                                &row.job_id,
-                                e,
-                            )
-                        })?;
+                    let what = "recording a publish error";
+                    mark_row(&tx, &table.mark_failed_sql(), tname, what, &row, &reason).await?;
                     report.failed += 1;
                     report.error = Some(reason);
                     break;
@@ -450,30 +340,7 @@ impl Relay {
             }
         }
 
-        if !published.is_empty() {
-            tx.execute(&table.mark_published_sql(), &[&published])
-                .await
-                .map_err(|e| OutboxError::pg(tname, "marking rows published", e))?;
-        }
-        interrupt(RelayStep::BeforeCommit {
-            published: published.len(),
-        })?;
-        tx.commit()
-            .await
-            .map_err(|e| OutboxError::pg(tname, "committing a relay batch", e))?;
-        report.published = published.len();
-        if report.selected > 0 {
-            info!(
-                table = %tname,
-                selected = report.selected,
-                published = report.published,
-                duplicates = report.duplicates,
-                failed = report.failed,
-                rejected = report.rejected,
-                "outbox batch done"
-            );
-        }
-        Ok(report)
+        commit_batch(tx, table, &published, &mut hook, report).await
     }
 
     /// Publishes batches until `stop` completes: at once again while batches
@@ -558,6 +425,186 @@ impl Relay {
         );
         Ok(summary)
     }
+}
+
+/// Marks `published` rows published, asks the hook, commits, logs the batch.
+async fn commit_batch<H>(
+    tx: Transaction<'_>,
+    table: &TableName,
+    published: &[i64],
+    hook: &mut H,
+    mut report: RelayReport,
+) -> Result<RelayReport>
+where
+    H: FnMut(&RelayStep<'_>) -> ControlFlow<()>,
+{
+    let tname = table.name.as_str();
+    if !published.is_empty() {
+        tx.execute(&table.mark_published_sql(), &[&published])
+            .await
+            .map_err(|e| OutboxError::pg(tname, "marking rows published", e))?;
+    }
+    check_hook(
+        hook,
+        tname,
+        RelayStep::BeforeCommit {
+            published: published.len(),
+        },
+    )?;
+    tx.commit()
+        .await
+        .map_err(|e| OutboxError::pg(tname, "committing a relay batch", e))?;
+    report.published = published.len();
+    if report.selected > 0 {
+        info!(
+            table = %tname,
+            selected = report.selected,
+            published = report.published,
+            duplicates = report.duplicates,
+            failed = report.failed,
+            rejected = report.rejected,
+            "outbox batch done"
+        );
+    }
+    Ok(report)
+}
+
+/// Asks the test hook about `step`: `Break` stops the batch with
+/// [`OutboxError::Interrupted`] (the transaction rolls back).
+fn check_hook<H>(hook: &mut H, tname: &str, step: RelayStep<'_>) -> Result<()>
+where
+    H: FnMut(&RelayStep<'_>) -> ControlFlow<()>,
+{
+    match hook(&step) {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(()) => {
+            let row = step.row();
+            warn!(
+                table = %tname,
+                step = step.name(),
+                queue = row.map(|r| r.queue.as_str()),
+                job_id = row.map(|r| r.job_id.as_str()),
+                "relay batch interrupted by its hook; rolling back"
+            );
+            Err(OutboxError::Interrupted {
+                step: step.name(),
+                queue: row.map(|r| r.queue.clone()),
+                job_id: row.map(|r| r.job_id.clone()),
+            })
+        }
+    }
+}
+
+/// One selected row and its computed delay (column 13 of the batch select).
+fn decode_row(table: &TableName, raw: &Row) -> Result<(OutboxRow, Option<i64>)> {
+    let row = OutboxRow::from_row(table, raw)?;
+    let delay_ms: Option<i64> = raw.try_get(13).map_err(|e| OutboxError::InvalidRow {
+        table: table.name.clone(),
+        row_id: row.row_id,
+        queue: Some(row.queue.clone()),
+        job_id: Some(row.job_id.clone()),
+        reason: format!("computed delay: {e}"),
+    })?;
+    Ok((row, delay_ms))
+}
+
+/// Enqueues one row to Redis under its stable job id.
+async fn send_row(
+    queue: &Queue,
+    row: &OutboxRow,
+    delay_ms: Option<i64>,
+    replicas: Option<(u32, Duration)>,
+) -> std::result::Result<Enqueued, QueueError> {
+    let mut opts = EnqueueOptions::new().id(row.job_id.clone());
+    if let Some(ms) = delay_ms.filter(|ms| *ms > 0) {
+        opts = opts.delay(Duration::from_millis(ms as u64));
+    }
+    if let Some((n, timeout)) = replicas {
+        opts = opts.wait_for_replicas(n, timeout);
+    }
+    queue
+        .enqueue_raw(
+            &row.queue,
+            &row.job_type,
+            row.schema_version as u32,
+            row.max_attempts as u32,
+            opts,
+            &row.payload,
+        )
+        .await
+}
+
+/// Logs a published row; `true` when Redis already had the job (a re-send).
+fn log_published(tname: &str, row: &OutboxRow, outcome: &EnqueueOutcome) -> bool {
+    match outcome {
+        EnqueueOutcome::Created => {
+            debug!(
+                table = %tname,
+                row_id = row.row_id,
+                queue = %row.queue,
+                job_id = %row.job_id,
+                "outbox row published"
+            );
+            false
+        }
+        EnqueueOutcome::Duplicate { state } => {
+            info!(
+                table = %tname,
+                row_id = row.row_id,
+                queue = %row.queue,
+                job_id = %row.job_id,
+                state = %state,
+                "outbox row was already in redis (re-send); marked published"
+            );
+            true
+        }
+        EnqueueOutcome::AlreadyCompleted => {
+            info!(
+                table = %tname,
+                row_id = row.row_id,
+                queue = %row.queue,
+                job_id = %row.job_id,
+                "outbox row's job already completed (re-send); marked published"
+            );
+            true
+        }
+    }
+}
+
+/// Marks a row rejected (it can never be published), logged with `why`.
+async fn reject_row(
+    tx: &Transaction<'_>,
+    table: &TableName,
+    row: &OutboxRow,
+    reason: &str,
+    why: &'static str,
+) -> Result<()> {
+    let tname = table.name.as_str();
+    error!(
+        table = %tname,
+        row_id = row.row_id,
+        queue = %row.queue,
+        job_id = %row.job_id,
+        reason,
+        "outbox row rejected: {why}"
+    );
+    let sql = table.mark_rejected_sql();
+    mark_row(tx, &sql, tname, "rejecting a row", row, reason).await
+}
+
+/// Runs `sql` (mark rejected / mark failed) for one row with its reason.
+async fn mark_row(
+    tx: &Transaction<'_>,
+    sql: &str,
+    tname: &str,
+    what: &'static str,
+    row: &OutboxRow,
+    reason: &str,
+) -> Result<()> {
+    tx.execute(sql, &[&row.row_id, &reason])
+        .await
+        .map_err(|e| OutboxError::pg_job(tname, what, &row.queue, &row.job_id, e))?;
+    Ok(())
 }
 
 /// Why a row can never be published, checked before it is sent.

@@ -377,8 +377,17 @@ fn dead_letters_filter_replay_and_purge() {
         .command(&["HSET", "q:{emails}:steps:other", "s", "x"])
         .unwrap();
 
+    list_filters_by_reason_and_type(&url);
+    replay_by_filter(&server, &url);
+    purge_needs_confirmation(&server, &url);
+    purge_asks_on_a_terminal(&server, &url);
+    purge_with_yes_and_replay_needs_ids(&server, &url);
+}
+
+/// `dead list --filter` matches the reason or the type, text or JSON.
+fn list_filters_by_reason_and_type(url: &str) {
     let (ok, stdout, stderr) = run(&[
-        "dead", "list", "--redis", &url, "-q", "emails", "--filter", "TIMEOUT",
+        "dead", "list", "--redis", url, "-q", "emails", "--filter", "TIMEOUT",
     ]);
     assert!(ok, "{stderr}");
     assert_eq!(stdout.lines().count(), 2, "{stdout}");
@@ -393,18 +402,21 @@ fn dead_letters_filter_replay_and_purge() {
     );
     // Filter by type too.
     let (_, stdout, _) = run(&[
-        "dead", "list", "--redis", &url, "-q", "emails", "--filter", "charge", "--json",
+        "dead", "list", "--redis", url, "-q", "emails", "--filter", "charge", "--json",
     ]);
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 1);
     assert_eq!(v[0]["id"], "t2");
+}
 
+/// `dead replay --filter`: a dry run changes nothing, then both timeouts go back to main.
+fn replay_by_filter(server: &RedisServer, url: &str) {
     // Dry run changes nothing.
     let (ok, stdout, stderr) = run(&[
         "dead",
         "replay",
         "--redis",
-        &url,
+        url,
         "-q",
         "emails",
         "--filter",
@@ -417,13 +429,13 @@ fn dead_letters_filter_replay_and_purge() {
         "{stdout}"
     );
     assert!(stderr.contains("would replay 2 job(s)"), "{stderr}");
-    assert!(!lrange(&server, "q:{emails}:main").contains("t1"));
+    assert!(!lrange(server, "q:{emails}:main").contains("t1"));
 
     let (ok, stdout, _) = run(&[
         "dead",
         "replay",
         "--redis",
-        &url,
+        url,
         "-q",
         "emails",
         "--filter",
@@ -434,35 +446,38 @@ fn dead_letters_filter_replay_and_purge() {
     assert!(ok);
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["replayed"].as_array().unwrap().len(), 2, "{v}");
-    let main = lrange(&server, "q:{emails}:main");
+    let main = lrange(server, "q:{emails}:main");
     assert!(main.contains("t1") && main.contains("t2"), "{main}");
     assert!(server
         .command(&["HGET", "q:{emails}:job:t1", "attempts"])
         .unwrap()
         .contains('0'));
-    let dead = lrange(&server, "q:{emails}:dead");
+    let dead = lrange(server, "q:{emails}:dead");
     assert!(
         dead.contains("bad") && dead.contains("other") && !dead.contains("t1"),
         "{dead}"
     );
+}
 
+/// `dead purge` refuses without a terminal and `--yes`; `--all --dry-run` only lists.
+fn purge_needs_confirmation(server: &RedisServer, url: &str) {
     // Purge refuses without a terminal and without --yes.
     let out = Command::new(BIN)
-        .args(["dead", "purge", "--redis", &url, "-q", "emails", "bad"])
+        .args(["dead", "purge", "--redis", url, "-q", "emails", "bad"])
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("refusing to purge 1 job(s) without confirmation"));
-    assert!(lrange(&server, "q:{emails}:dead").contains("bad"));
+    assert!(lrange(server, "q:{emails}:dead").contains("bad"));
 
     // Dry run of --all lists, changes nothing.
     let (ok, stdout, _) = run(&[
         "dead",
         "purge",
         "--redis",
-        &url,
+        url,
         "-q",
         "emails",
         "--all",
@@ -473,16 +488,18 @@ fn dead_letters_filter_replay_and_purge() {
         stdout.contains("would purge bad") && stdout.contains("would purge other"),
         "{stdout}"
     );
+}
 
+fn purge_asks_on_a_terminal(server: &RedisServer, url: &str) {
     // On a terminal it asks; "no" keeps the job, "yes" deletes it (list entry,
     // hash and step results in one script).
-    if let Some(answer) = purge_on_a_tty(&url, "other", "no\n") {
+    if let Some(answer) = purge_on_a_tty(url, "other", "no\n") {
         assert!(answer.contains("Type 'yes' to continue"), "{answer}");
         assert!(answer.contains("aborted"), "{answer}");
-        assert!(lrange(&server, "q:{emails}:dead").contains("other"));
-        let answer = purge_on_a_tty(&url, "other", "yes\n").unwrap();
+        assert!(lrange(server, "q:{emails}:dead").contains("other"));
+        let answer = purge_on_a_tty(url, "other", "yes\n").unwrap();
         assert!(answer.contains("purged other"), "{answer}");
-        assert!(!lrange(&server, "q:{emails}:dead").contains("other"));
+        assert!(!lrange(server, "q:{emails}:dead").contains("other"));
         assert!(server
             .command(&["EXISTS", "q:{emails}:job:other"])
             .unwrap()
@@ -494,10 +511,12 @@ fn dead_letters_filter_replay_and_purge() {
     } else {
         eprintln!("`script` (util-linux) not found: terminal prompt not exercised");
     }
+}
 
+fn purge_with_yes_and_replay_needs_ids(server: &RedisServer, url: &str) {
     // --yes purges; an id not dead-lettered is reported and exits 1.
     let (ok, stdout, stderr) = run(&[
-        "dead", "purge", "--redis", &url, "-q", "emails", "bad", "t1", "--yes", "--json",
+        "dead", "purge", "--redis", url, "-q", "emails", "bad", "t1", "--yes", "--json",
     ]);
     assert!(!ok, "t1 is not dead any more");
     assert!(
@@ -507,7 +526,7 @@ fn dead_letters_filter_replay_and_purge() {
     let v: Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["purged"], serde_json::json!(["bad"]));
     assert!(
-        lrange(&server, "q:{emails}:main").contains("t1"),
+        lrange(server, "q:{emails}:main").contains("t1"),
         "t1 untouched"
     );
     let stats = server
@@ -516,7 +535,7 @@ fn dead_letters_filter_replay_and_purge() {
     assert!(stats.contains('1') || stats.contains('2'), "{stats}");
 
     // Replay needs ids, --filter or --all.
-    let (ok, _, stderr) = run(&["dead", "replay", "--redis", &url, "-q", "emails"]);
+    let (ok, _, stderr) = run(&["dead", "replay", "--redis", url, "-q", "emails"]);
     assert!(!ok);
     assert!(stderr.contains("<IDS|--filter <FILTER>|--all>"), "{stderr}");
 }

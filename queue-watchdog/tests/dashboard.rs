@@ -20,11 +20,13 @@ use std::time::{Duration, Instant};
 
 use base64::Engine;
 use queue_core::{
-    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, Registration, Worker,
+    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, Registration, ShutdownHandle,
+    Worker,
 };
 use queue_testkit::RedisServer;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::task::JoinHandle;
 
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
@@ -432,6 +434,29 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
         .unwrap();
     let queue = rt.block_on(Queue::connect(&url)).unwrap();
 
+    seed_reports(&rt, &queue, &url, &server);
+    let (stop, worker_task, feeder) = seed_emails(&rt, &queue, &url);
+
+    // The dashboard, on a port of its choosing.
+    let (_dash, port) = start_dashboard(&url, &["--sample-ms", "500"]);
+    let base = format!("http://127.0.0.1:{port}");
+
+    mutations_need_the_dashboard_origin(port);
+
+    let mut b = Browser::launch(&chromium);
+    overview_shows_both_queues(&mut b, &base);
+    emails_show_the_running_lease(&mut b, &base);
+    replay_a_dead_letter(&mut b, &base, &server);
+    another_origin_cannot_replay(&mut b, &base, port, &server);
+    job_and_doctor_pages(&mut b, &base);
+
+    feeder.abort();
+    stop.shutdown();
+    drop(worker_task);
+    rt.shutdown_background();
+}
+
+fn seed_reports(rt: &tokio::runtime::Runtime, queue: &Queue, url: &str, server: &RedisServer) {
     // Reports: a worker dead-letters a permanent failure and an undecodable
     // payload, then stops; five reports wait in main and one delivery is lost
     // (its worker died: the lease expired and no watchdog runs here).
@@ -456,7 +481,7 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
             )
             .await
             .unwrap();
-        let worker = Worker::builder(&url)
+        let worker = Worker::builder(url)
             .register(Registration::of::<Render>())
             .build()
             .await
@@ -493,13 +518,13 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
         }
     });
     let now: i64 = {
-        let t = redis(&server, &["TIME"]);
+        let t = redis(server, &["TIME"]);
         let secs: i64 = t.lines().nth(2).unwrap().trim().parse().unwrap();
         secs * 1000
     };
     let (delivered, lease) = ((now - 95_000).to_string(), (now - 35_000).to_string());
     redis(
-        &server,
+        server,
         &[
             "HSET",
             "q:{reports}:job:report-monthly-11",
@@ -528,20 +553,27 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
         ],
     );
     redis(
-        &server,
+        server,
         &["LPUSH", "q:{reports}:processing", "report-monthly-11"],
     );
     redis(
-        &server,
+        server,
         &["ZADD", "q:{reports}:leases", &lease, "report-monthly-11"],
     );
+}
 
+/// Returns the email worker's shutdown handle and task, and the feeder task.
+fn seed_emails(
+    rt: &tokio::runtime::Runtime,
+    queue: &Queue,
+    url: &str,
+) -> (ShutdownHandle, JoinHandle<impl Sized>, JoinHandle<()>) {
     // Emails: a worker keeps running: one slow job holds a lease (renewed by
     // its heartbeat), one bad address is dead-lettered, one job is scheduled
     // for later, and a feeder enqueues at a changing rate for the chart.
     let worker = rt
         .block_on(
-            Worker::builder(&url)
+            Worker::builder(url)
                 .register(Registration::of::<SendWelcome>())
                 .concurrency(4)
                 .lease(Duration::from_secs(30))
@@ -599,11 +631,10 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
         }
         panic!("emails were not seeded");
     });
+    (stop, worker_task, feeder)
+}
 
-    // The dashboard, on a port of its choosing.
-    let (_dash, port) = start_dashboard(&url, &["--sample-ms", "500"]);
-    let base = format!("http://127.0.0.1:{port}");
-
+fn mutations_need_the_dashboard_origin(port: u16) {
     // Mutations need the page's header, a same origin and a known host.
     assert_eq!(
         http(
@@ -633,9 +664,9 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
         421,
         "DNS-rebinding host refused"
     );
+}
 
-    let mut b = Browser::launch(&chromium);
-
+fn overview_shows_both_queues(b: &mut Browser, base: &str) {
     // Overview: both queues with their numbers, the live chart filling up.
     b.goto(&format!("{base}/"));
     b.wait_for(
@@ -644,17 +675,19 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
     );
     let cell =
         |b: &mut Browser, q: &str, k: &str| b.text(&format!("td[data-q=\"{q}\"][data-k=\"{k}\"]"));
-    assert_eq!(cell(&mut b, "reports", "main"), "5");
-    assert_eq!(cell(&mut b, "reports", "expired_leases"), "1");
-    assert_eq!(cell(&mut b, "reports", "dead"), "2");
-    assert_eq!(cell(&mut b, "emails", "dead"), "1");
-    assert_ne!(cell(&mut b, "reports", "oldest_waiting"), "–");
+    assert_eq!(cell(b, "reports", "main"), "5");
+    assert_eq!(cell(b, "reports", "expired_leases"), "1");
+    assert_eq!(cell(b, "reports", "dead"), "2");
+    assert_eq!(cell(b, "emails", "dead"), "1");
+    assert_ne!(cell(b, "reports", "oldest_waiting"), "–");
     b.wait_for(
         "the doctor banner",
         "document.getElementById('doctor-banner').innerText.includes('safe for critical queues')",
     );
     b.screenshot("dashboard-overview.png");
+}
 
+fn emails_show_the_running_lease(b: &mut Browser, base: &str) {
     // Emails: the slow job runs with its lease time left.
     b.goto(&format!("{base}/queues/emails"));
     let row = "#processing tr[data-id=\"welcome-slow-ada\"]";
@@ -670,7 +703,9 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
         "window.dashboardState.polls >= 1",
     );
     b.screenshot("dashboard-processing.png");
+}
 
+fn replay_a_dead_letter(b: &mut Browser, base: &str, server: &RedisServer) {
     // Reports: the lost job and the dead letters with their reason.
     b.goto(&format!("{base}/queues/reports"));
     let lost = b.text("#processing tr[data-id=\"report-monthly-11\"]");
@@ -692,20 +727,18 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
     assert!(b
         .text("#dead tr[data-id=\"report-q3-2026\"]")
         .contains("back in main"));
-    let main = redis(&server, &["LRANGE", "q:{reports}:main", "0", "-1"]);
+    let main = redis(server, &["LRANGE", "q:{reports}:main", "0", "-1"]);
     assert!(main.contains("report-q3-2026"), "not in main: {main}");
-    let dead = redis(&server, &["LRANGE", "q:{reports}:dead", "0", "-1"]);
+    let dead = redis(server, &["LRANGE", "q:{reports}:dead", "0", "-1"]);
     assert!(
         !dead.contains("report-q3-2026") && dead.contains("report-legacy-7"),
         "{dead}"
     );
-    assert!(redis(
-        &server,
-        &["HGET", "q:{reports}:job:report-q3-2026", "state"]
-    )
-    .contains("queued"));
+    assert!(redis(server, &["HGET", "q:{reports}:job:report-q3-2026", "state"]).contains("queued"));
     b.screenshot("dashboard-dead-letters-after.png");
+}
 
+fn another_origin_cannot_replay(b: &mut Browser, base: &str, port: u16, server: &RedisServer) {
     // A page of another origin (localhost vs 127.0.0.1) cannot replay, with
     // or without the header (preflight refused / header missing).
     b.goto(&format!("http://localhost:{port}/"));
@@ -719,12 +752,14 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
         "fetch({0}, {{method: 'POST', mode: 'no-cors'}}).then(() => 'sent', () => 'blocked')",
         json!(target)
     ));
-    let dead = redis(&server, &["LRANGE", "q:{reports}:dead", "0", "-1"]);
+    let dead = redis(server, &["LRANGE", "q:{reports}:dead", "0", "-1"]);
     assert!(
         dead.contains("report-legacy-7"),
         "a cross-site request replayed a job: {dead}"
     );
+}
 
+fn job_and_doctor_pages(b: &mut Browser, base: &str) {
     // Job detail: where it is, its history (dead-lettered then replayed), payload.
     b.goto(&format!("{base}/queues/reports/jobs/report-q3-2026"));
     let location = b.text("#location");
@@ -750,11 +785,6 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
     assert!(findings.contains("appendfsync everysec"), "{findings}");
     assert!(findings.contains("no replica connected"), "{findings}");
     b.screenshot("dashboard-doctor.png");
-
-    feeder.abort();
-    stop.shutdown();
-    drop(worker_task);
-    rt.shutdown_background();
 }
 
 /// The dashboard's HTTP surface without a browser: pages, JSON, metrics,
@@ -763,6 +793,33 @@ fn dashboard_in_chromium_shows_queues_and_replays_a_dead_letter() {
 fn dashboard_http_endpoints_and_replay_protection() {
     let server = RedisServer::start().unwrap();
     let url = server.url();
+    seed_a_dead_and_a_hostile_job(&server);
+    let (_dash, port) = start_dashboard(&url, &["-q", "emails", "--metrics", "--sample-ms", "200"]);
+
+    assert_eq!(http(port, "GET", "/healthz", &[]), (200, "ok".to_string()));
+    let (status, page) = http(port, "GET", "/queues/emails", &[]);
+    assert_eq!(status, 200);
+    assert!(page.contains("data-id=\"d1\"") && page.contains("boom"));
+    // User data is escaped, never markup.
+    assert!(!page.contains("<script>alert"), "unescaped job type");
+    assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(page.contains("/queues/emails/jobs/%3Cimg%3E"));
+    let (status, _) = http(port, "GET", "/queues/emails/jobs/%3Cimg%3E", &[]);
+    assert_eq!(status, 200);
+    assert_eq!(http(port, "GET", "/queues/emails/jobs/nope", &[]).0, 404);
+
+    let (status, body) = http(port, "GET", "/api/overview", &[]);
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["queues"][0]["queue"], "emails");
+    assert_eq!(v["queues"][0]["dead"], 1);
+
+    wait_for_the_gauges(port);
+    replay_needs_header_origin_and_host(port, &server);
+}
+
+/// `d1` dead in `emails`, and a waiting job whose id and type are markup.
+fn seed_a_dead_and_a_hostile_job(server: &RedisServer) {
     for cmd in [
         &[
             "HSET",
@@ -795,26 +852,10 @@ fn dashboard_http_endpoints_and_replay_protection() {
     ] {
         server.command(cmd).unwrap();
     }
-    let (_dash, port) = start_dashboard(&url, &["-q", "emails", "--metrics", "--sample-ms", "200"]);
+}
 
-    assert_eq!(http(port, "GET", "/healthz", &[]), (200, "ok".to_string()));
-    let (status, page) = http(port, "GET", "/queues/emails", &[]);
-    assert_eq!(status, 200);
-    assert!(page.contains("data-id=\"d1\"") && page.contains("boom"));
-    // User data is escaped, never markup.
-    assert!(!page.contains("<script>alert"), "unescaped job type");
-    assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
-    assert!(page.contains("/queues/emails/jobs/%3Cimg%3E"));
-    let (status, _) = http(port, "GET", "/queues/emails/jobs/%3Cimg%3E", &[]);
-    assert_eq!(status, 200);
-    assert_eq!(http(port, "GET", "/queues/emails/jobs/nope", &[]).0, 404);
-
-    let (status, body) = http(port, "GET", "/api/overview", &[]);
-    assert_eq!(status, 200);
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["queues"][0]["queue"], "emails");
-    assert_eq!(v["queues"][0]["dead"], 1);
-
+/// Polls `/metrics` until the depth and expired-lease gauges of `emails` show.
+fn wait_for_the_gauges(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (_, metrics) = http(port, "GET", "/metrics", &[]);
@@ -829,7 +870,11 @@ fn dashboard_http_endpoints_and_replay_protection() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
 
+/// The replay endpoint refuses requests without the header, from another
+/// site, origin or host; the same origin replays `d1` once.
+fn replay_needs_header_origin_and_host(port: u16, server: &RedisServer) {
     let replay = "/api/queues/emails/dead/d1/replay";
     assert_eq!(http(port, "POST", replay, &[]).0, 403, "no header");
     assert_eq!(
@@ -863,7 +908,7 @@ fn dashboard_http_endpoints_and_replay_protection() {
         .0,
         421
     );
-    assert!(redis(&server, &["LRANGE", "q:{emails}:dead", "0", "-1"]).contains("d1"));
+    assert!(redis(server, &["LRANGE", "q:{emails}:dead", "0", "-1"]).contains("d1"));
     let origin = format!("http://127.0.0.1:{port}");
     let (status, body) = http(
         port,
@@ -876,7 +921,7 @@ fn dashboard_http_endpoints_and_replay_protection() {
         ],
     );
     assert_eq!(status, 200, "{body}");
-    assert!(redis(&server, &["LRANGE", "q:{emails}:main", "0", "-1"]).contains("d1"));
+    assert!(redis(server, &["LRANGE", "q:{emails}:main", "0", "-1"]).contains("d1"));
     // A second replay: not dead any more.
     assert_eq!(
         http(port, "POST", replay, &[("X-Queue-Dashboard", "1")]).0,

@@ -211,56 +211,8 @@ fn the_watchdog_exports_every_metric_the_dashboard_and_the_alert_rules_use() {
 
     // Completed, retried then completed, dead-lettered, lost by a dead worker
     // then returned by the watchdog and completed.
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let queue = Queue::connect(&url).await.unwrap();
-        lost_delivery(&queue, "lost-1").await;
-        for mode in ["ok", "retry-once", "fail"] {
-            task::enqueue(&queue, Task { mode: mode.into() })
-                .await
-                .unwrap();
-        }
-        let worker = Worker::builder(&url)
-            .register(task::handler())
-            .backoff(Backoff {
-                base: Duration::from_millis(10),
-                max: Duration::from_millis(50),
-            })
-            .build()
-            .await
-            .unwrap();
-        support::run_worker_until(worker, queue, QUEUE, |s| {
-            s.counter("completed") >= 3 && s.counter("dead") >= 1
-        })
-        .await;
-    });
-
-    // The watchdog's mirror of the Redis counters catches up within a few passes.
-    let want = [
-        ("completed", 3),
-        ("retried", 1),
-        ("failed", 2),
-        ("dead", 1),
-        ("reclaimed", 1),
-        ("enqueued", 3),
-    ];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let body = loop {
-        let body = scrape(&addr).unwrap_or_default();
-        let all = want.iter().all(|(c, n)| {
-            body.contains(&format!(
-                "queue_stats_total{{queue=\"{QUEUE}\",counter=\"{c}\"}} {n}\n"
-            ))
-        });
-        if all {
-            break body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the watchdog's counter mirror never showed {want:?}:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    run_jobs(&url);
+    let body = scrape_until_mirrored(&addr);
     for gauge in [
         "queue_expired_leases{queue=\"obs\"} 0",
         "queue_delayed_due{queue=\"obs\"} 0",
@@ -326,6 +278,63 @@ fn the_watchdog_exports_every_metric_the_dashboard_and_the_alert_rules_use() {
         "metric names used but not exported:\n{}\n\nwatchdog exports:\n{body}\nworker exports:\n{worker_body}",
         missing.join("\n")
     );
+}
+
+/// Runs the scenario's jobs with an in-process worker until they settle.
+fn run_jobs(url: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let queue = Queue::connect(url).await.unwrap();
+        lost_delivery(&queue, "lost-1").await;
+        for mode in ["ok", "retry-once", "fail"] {
+            task::enqueue(&queue, Task { mode: mode.into() })
+                .await
+                .unwrap();
+        }
+        let worker = Worker::builder(url)
+            .register(task::handler())
+            .backoff(Backoff {
+                base: Duration::from_millis(10),
+                max: Duration::from_millis(50),
+            })
+            .build()
+            .await
+            .unwrap();
+        support::run_worker_until(worker, queue, QUEUE, |s| {
+            s.counter("completed") >= 3 && s.counter("dead") >= 1
+        })
+        .await;
+    });
+}
+
+/// Scrapes the watchdog until its counter mirror shows the scenario's counts.
+fn scrape_until_mirrored(addr: &str) -> String {
+    // The watchdog's mirror of the Redis counters catches up within a few passes.
+    let want = [
+        ("completed", 3),
+        ("retried", 1),
+        ("failed", 2),
+        ("dead", 1),
+        ("reclaimed", 1),
+        ("enqueued", 3),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = scrape(addr).unwrap_or_default();
+        let all = want.iter().all(|(c, n)| {
+            body.contains(&format!(
+                "queue_stats_total{{queue=\"{QUEUE}\",counter=\"{c}\"}} {n}\n"
+            ))
+        });
+        if all {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the watchdog's counter mirror never showed {want:?}:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 #[test]

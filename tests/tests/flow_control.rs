@@ -240,8 +240,12 @@ async fn the_watchdog_reclaims_while_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_waiting_delayed_running_and_finished_jobs() {
     let s = Scenario::start(2).await;
-    let keys = QueueKeys::new(QUEUE);
+    cancel_waiting_and_delayed(&s).await;
+    let running = cancel_running(&s).await;
+    cancel_finished_dead_and_unknown(&s, running).await;
+}
 
+async fn cancel_waiting_and_delayed(s: &Scenario) {
     // Waiting and delayed: removed, with a completion record that says cancelled.
     s.queue.pause(QUEUE).await.unwrap();
     let waiting = s.enqueue(s.task()).await;
@@ -273,7 +277,11 @@ async fn cancel_waiting_delayed_running_and_finished_jobs() {
         assert!(s.queue.job(QUEUE, id.clone()).await.unwrap().is_none());
     }
     s.queue.resume(QUEUE).await.unwrap();
+}
 
+/// Returns the id of the job that ended cancelled while running.
+async fn cancel_running(s: &Scenario) -> JobId {
+    let keys = QueueKeys::new(QUEUE);
     // Running: the handler sees the request at its next heartbeat, stops with
     // an error, and the job ends cancelled: never retried, not dead-lettered.
     let running = s
@@ -325,7 +333,10 @@ async fn cancel_waiting_delayed_running_and_finished_jobs() {
     assert_eq!(stats.counter("cancelled"), 3);
     let leases: u64 = c.zcard(&keys.leases).await.unwrap();
     assert_eq!(leases, 0);
+    running
+}
 
+async fn cancel_finished_dead_and_unknown(s: &Scenario, running: JobId) {
     // Finished, dead and unknown jobs say so.
     let quick = s.enqueue(s.task()).await;
     wait_until(T, "the quick job completes", || async {

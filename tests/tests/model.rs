@@ -224,413 +224,455 @@ impl Harness {
         false
     }
 
+    /// Applies one operation to Redis and to the model, checking the reply.
     async fn step(&mut self, op: &Op) -> Step {
         match *op {
-            Op::Enqueue(j) => {
-                let out = self
-                    .admin
-                    .queue()
-                    .enqueue_raw(
-                        Q,
-                        "t",
-                        1,
-                        max_attempts(j),
-                        EnqueueOptions::new().id(id(j)),
-                        b"\x80",
-                    )
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let want_new = self.jobs[j].at == At::Absent;
-                prop_assert_eq!(
-                    out.outcome == EnqueueOutcome::Created,
-                    want_new,
-                    "{:?}",
-                    out
-                );
-                if want_new {
-                    self.jobs[j] = Job {
-                        at: At::Main,
-                        attempts: 0,
-                        last_token: None,
-                        last_ack: None,
-                        last_fail: None,
-                        corrupt: false,
-                    };
-                }
+            Op::Enqueue(j) => self.enqueue(j).await,
+            Op::Take => self.take().await,
+            Op::Claim(j) => self.claim(j).await,
+            Op::RetryClaim(j) => self.retry_claim(j).await,
+            Op::Fetch(n) => self.fetch(n).await,
+            Op::Ack(j, keep) => self.ack(j, keep).await,
+            Op::StaleAck(j) => self.stale_ack(j).await,
+            Op::RetryAck(j) => self.retry_ack(j).await,
+            Op::Fail(j, retry) => self.fail(j, retry).await,
+            Op::RetryFail(j, retry) => self.retry_fail(j, retry).await,
+            Op::Extend(j) => self.extend(j).await,
+            Op::Expire(j) => self.expire(j).await,
+            Op::Reclaim => self.reclaim().await,
+            Op::Promote => self.promote().await,
+            Op::Replay(j, reset) => self.replay(j, reset).await,
+            Op::Purge(j) => self.purge(j).await,
+            Op::Corrupt(j, value) => self.corrupt(j, value).await,
+        }
+    }
+
+    async fn enqueue(&mut self, j: usize) -> Step {
+        let out = self
+            .admin
+            .queue()
+            .enqueue_raw(
+                Q,
+                "t",
+                1,
+                max_attempts(j),
+                EnqueueOptions::new().id(id(j)),
+                b"\x80",
+            )
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let want_new = self.jobs[j].at == At::Absent;
+        prop_assert_eq!(
+            out.outcome == EnqueueOutcome::Created,
+            want_new,
+            "{:?}",
+            out
+        );
+        if want_new {
+            self.jobs[j] = Job {
+                at: At::Main,
+                attempts: 0,
+                last_token: None,
+                last_ack: None,
+                last_fail: None,
+                corrupt: false,
+            };
+        }
+        Ok(())
+    }
+
+    async fn take(&mut self) -> Step {
+        let (main, processing) = (self.keys.main.clone(), self.keys.processing.clone());
+        let moved = self
+            .raw(&["LMOVE", &main, &processing, "RIGHT", "LEFT"])
+            .await;
+        match moved {
+            redis::Value::Nil => {
+                prop_assert!(self.jobs.iter().all(|j| j.at != At::Main))
             }
-            Op::Take => {
-                let (main, processing) = (self.keys.main.clone(), self.keys.processing.clone());
-                let moved = self
-                    .raw(&["LMOVE", &main, &processing, "RIGHT", "LEFT"])
-                    .await;
-                match moved {
-                    redis::Value::Nil => {
-                        prop_assert!(self.jobs.iter().all(|j| j.at != At::Main))
-                    }
-                    redis::Value::BulkString(b) => {
-                        let j = self.job_of(&String::from_utf8_lossy(&b))?;
-                        prop_assert_eq!(&self.jobs[j].at, &At::Main);
-                        self.jobs[j].at = At::Processing {
-                            token: None,
-                            lease: false,
-                            expired: false,
-                        };
-                    }
-                    other => prop_assert!(false, "LMOVE answered {:?}", other),
-                }
-            }
-            Op::Claim(j) => {
-                let token = self.token();
-                let got = testing::claim(&mut self.conn, Q, &id(j), LEASE, &token)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                match self.jobs[j].at.clone() {
-                    At::Processing { token: None, .. } => {
-                        if CORRUPT_JOBS_ARE_DEAD_LETTERED && self.dead_by_corruption(j) {
-                            prop_assert!(matches!(got, Claimed::Corrupt(..)), "{:?}", got);
-                            return Ok(());
-                        }
-                        let attempt = self.jobs[j].attempts + 1;
-                        prop_assert_eq!(
-                            got,
-                            Claimed::Claimed {
-                                id: id(j).into(),
-                                token: token.clone(),
-                                attempt
-                            }
-                        );
-                        self.claimed(j, token);
-                    }
-                    At::Processing { token: Some(_), .. } => {
-                        prop_assert_eq!(got, Claimed::Busy(id(j).into()))
-                    }
-                    _ => prop_assert_eq!(got, Claimed::Gone(id(j).into())),
-                }
-            }
-            Op::RetryClaim(j) => {
-                let active = |job: &Job| matches!(job.at, At::Processing { token: Some(_), .. });
-                let Some(j) = self.pick(j, active) else {
-                    return Ok(());
+            redis::Value::BulkString(b) => {
+                let j = self.job_of(&String::from_utf8_lossy(&b))?;
+                prop_assert_eq!(&self.jobs[j].at, &At::Main);
+                self.jobs[j].at = At::Processing {
+                    token: None,
+                    lease: false,
+                    expired: false,
                 };
-                let (At::Processing { token: Some(t), .. }, Some(last)) =
-                    (self.jobs[j].at.clone(), self.jobs[j].last_token.clone())
-                else {
-                    return Ok(());
-                };
-                prop_assert_eq!(&t, &last);
-                let got = testing::claim(&mut self.conn, Q, &id(j), LEASE, &t)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                if RETRIED_CLAIM_GETS_ITS_DELIVERY
-                    && CORRUPT_JOBS_ARE_DEAD_LETTERED
-                    && self.dead_by_corruption(j)
-                {
+            }
+            other => prop_assert!(false, "LMOVE answered {:?}", other),
+        }
+        Ok(())
+    }
+
+    async fn claim(&mut self, j: usize) -> Step {
+        let token = self.token();
+        let got = testing::claim(&mut self.conn, Q, &id(j), LEASE, &token)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        match self.jobs[j].at.clone() {
+            At::Processing { token: None, .. } => {
+                if CORRUPT_JOBS_ARE_DEAD_LETTERED && self.dead_by_corruption(j) {
                     prop_assert!(matches!(got, Claimed::Corrupt(..)), "{:?}", got);
-                } else if RETRIED_CLAIM_GETS_ITS_DELIVERY {
-                    let attempt = self.jobs[j].attempts;
-                    prop_assert_eq!(
-                        got,
-                        Claimed::Claimed {
-                            id: id(j).into(),
-                            token: t,
-                            attempt
-                        }
-                    );
-                }
-            }
-            Op::Fetch(n) => {
-                let base = self.token();
-                let rows = testing::fetch(&mut self.conn, Q, LEASE, &base, n)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let waiting = self.jobs.iter().filter(|j| j.at == At::Main).count();
-                prop_assert_eq!(rows.len(), n.min(waiting), "{:?}", rows);
-                for row in rows {
-                    let (rid, token, attempt) = match row {
-                        Claimed::Claimed { id, token, attempt } => (id, token, attempt),
-                        other if CORRUPT_JOBS_ARE_DEAD_LETTERED => {
-                            let j = self.job_of(row_id(&other))?;
-                            prop_assert!(self.dead_by_corruption(j), "{:?}", other);
-                            continue;
-                        }
-                        other => return Err(TestCaseError::fail(format!("fetch row {other:?}"))),
-                    };
-                    let j = self.job_of(rid.as_str())?;
-                    prop_assert_eq!(&self.jobs[j].at, &At::Main);
-                    prop_assert_eq!(attempt, self.jobs[j].attempts + 1);
-                    self.claimed(j, token);
-                }
-            }
-            Op::Ack(j, keep) => {
-                let At::Processing { token: Some(t), .. } = self.jobs[j].at.clone() else {
-                    let got = testing::ack(&mut self.conn, Q, &id(j), "nobody", KEEP)
-                        .await
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                    prop_assert_eq!(
-                        got,
-                        Acked::LeaseLost,
-                        "an ack without a delivery of {}",
-                        id(j)
-                    );
                     return Ok(());
-                };
-                let retention = if keep { KEEP } else { Duration::ZERO };
-                let got = testing::ack(&mut self.conn, Q, &id(j), &t, retention)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+                let attempt = self.jobs[j].attempts + 1;
                 prop_assert_eq!(
                     got,
-                    Acked::Completed,
-                    "ack of the current delivery of {}",
-                    id(j)
+                    Claimed::Claimed {
+                        id: id(j).into(),
+                        token: token.clone(),
+                        attempt
+                    }
                 );
-                self.jobs[j].at = if keep { At::Completed } else { At::Absent };
-                self.jobs[j].last_ack = Some(true);
+                self.claimed(j, token);
             }
-            Op::StaleAck(j) => {
-                let stale = self.token();
-                let got = testing::ack(&mut self.conn, Q, &id(j), &stale, KEEP)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(got, Acked::LeaseLost, "a stale token acked {}", id(j));
+            At::Processing { token: Some(_), .. } => {
+                prop_assert_eq!(got, Claimed::Busy(id(j).into()))
             }
-            Op::RetryAck(j) => {
-                let acked = |job: &Job| job.at == At::Completed && job.last_ack == Some(true);
-                let Some(j) = self.pick(j, acked) else {
-                    return Ok(());
-                };
-                let (Some(t), Some(true)) =
-                    (self.jobs[j].last_token.clone(), self.jobs[j].last_ack)
-                else {
-                    return Ok(());
-                };
-                if self.jobs[j].at != At::Completed {
-                    // Re-enqueued (or never kept): a new job under the same id.
-                    return Ok(());
+            _ => prop_assert_eq!(got, Claimed::Gone(id(j).into())),
+        }
+        Ok(())
+    }
+
+    async fn retry_claim(&mut self, j: usize) -> Step {
+        let active = |job: &Job| matches!(job.at, At::Processing { token: Some(_), .. });
+        let Some(j) = self.pick(j, active) else {
+            return Ok(());
+        };
+        let (At::Processing { token: Some(t), .. }, Some(last)) =
+            (self.jobs[j].at.clone(), self.jobs[j].last_token.clone())
+        else {
+            return Ok(());
+        };
+        prop_assert_eq!(&t, &last);
+        let got = testing::claim(&mut self.conn, Q, &id(j), LEASE, &t)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if RETRIED_CLAIM_GETS_ITS_DELIVERY
+            && CORRUPT_JOBS_ARE_DEAD_LETTERED
+            && self.dead_by_corruption(j)
+        {
+            prop_assert!(matches!(got, Claimed::Corrupt(..)), "{:?}", got);
+        } else if RETRIED_CLAIM_GETS_ITS_DELIVERY {
+            let attempt = self.jobs[j].attempts;
+            prop_assert_eq!(
+                got,
+                Claimed::Claimed {
+                    id: id(j).into(),
+                    token: t,
+                    attempt
                 }
-                let got = testing::ack(&mut self.conn, Q, &id(j), &t, KEEP)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                if RETRIED_ACK_ANSWERS_COMPLETED {
-                    prop_assert_eq!(
-                        got,
-                        Acked::AlreadyCompleted,
-                        "a retried ack of {} must say completed",
-                        id(j)
-                    );
+            );
+        }
+        Ok(())
+    }
+
+    async fn fetch(&mut self, n: usize) -> Step {
+        let base = self.token();
+        let rows = testing::fetch(&mut self.conn, Q, LEASE, &base, n)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let waiting = self.jobs.iter().filter(|j| j.at == At::Main).count();
+        prop_assert_eq!(rows.len(), n.min(waiting), "{:?}", rows);
+        for row in rows {
+            let (rid, token, attempt) = match row {
+                Claimed::Claimed { id, token, attempt } => (id, token, attempt),
+                other if CORRUPT_JOBS_ARE_DEAD_LETTERED => {
+                    let j = self.job_of(row_id(&other))?;
+                    prop_assert!(self.dead_by_corruption(j), "{:?}", other);
+                    continue;
                 }
-            }
-            Op::Fail(j, retry) => {
-                let token = match self.jobs[j].at.clone() {
-                    At::Processing { token: Some(t), .. } => t,
-                    _ => {
-                        let got = testing::fail(
-                            &mut self.conn,
-                            Q,
-                            &id(j),
-                            "nobody",
-                            retry,
-                            Duration::ZERO,
-                        )
-                        .await
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                        prop_assert_eq!(got, Failed::LeaseLost);
-                        return Ok(());
-                    }
-                };
-                let got = testing::fail(&mut self.conn, Q, &id(j), &token, retry, Duration::ZERO)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                if CORRUPT_JOBS_ARE_DEAD_LETTERED && self.dead_by_corruption(j) {
-                    return Ok(());
-                }
-                let to = fail_kind(retry, self.jobs[j].attempts, max_attempts(j));
-                match (&to, &got) {
-                    (At::Delayed, Failed::Retry) | (At::Dead, Failed::Dead(_)) => {}
-                    _ => prop_assert!(
-                        false,
-                        "fail of {} answered {:?}, model {:?}",
-                        id(j),
-                        got,
-                        to
-                    ),
-                }
-                self.jobs[j].at = to;
-                self.jobs[j].last_fail = Some(got);
-            }
-            Op::RetryFail(j, retry) => {
-                // Only while the job is still where that fail put it.
-                let failed = |job: &Job| match &job.last_fail {
-                    Some(Failed::Retry) => job.at == At::Delayed,
-                    Some(Failed::Dead(_)) => job.at == At::Dead,
-                    _ => false,
-                };
-                let Some(j) = self.pick(j, failed) else {
-                    return Ok(());
-                };
-                let (Some(t), Some(first)) = (
-                    self.jobs[j].last_token.clone(),
-                    self.jobs[j].last_fail.clone(),
-                ) else {
-                    return Ok(());
-                };
-                let got = testing::fail(&mut self.conn, Q, &id(j), &t, retry, Duration::ZERO)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                if RETRIED_FAIL_GETS_ITS_ANSWER {
-                    prop_assert_eq!(got, first);
-                }
-            }
-            Op::Extend(j) => {
-                let (token, live) = match self.jobs[j].at.clone() {
-                    At::Processing { token: Some(t), .. } => (t, true),
-                    _ => ("nobody".to_string(), false),
-                };
-                let ok = testing::extend(&mut self.conn, Q, &id(j), &token, LEASE)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(ok, live, "extend of {}", id(j));
-                if let At::Processing { expired, .. } = &mut self.jobs[j].at {
-                    if live {
-                        *expired = false;
-                    }
-                }
-            }
-            Op::Expire(j) => {
-                if let At::Processing {
-                    lease: true,
-                    expired,
-                    ..
-                } = &mut self.jobs[j].at
-                {
-                    *expired = true;
-                    let leases = self.keys.leases.clone();
-                    self.raw(&["ZADD", &leases, "XX", "1", &id(j)]).await;
-                }
-            }
-            Op::Reclaim => {
-                let got = testing::reclaim(
-                    &mut self.conn,
-                    Q,
-                    GRACE,
-                    Backoff {
-                        base: Duration::ZERO,
-                        max: Duration::ZERO,
-                    },
-                )
+                other => return Err(TestCaseError::fail(format!("fetch row {other:?}"))),
+            };
+            let j = self.job_of(rid.as_str())?;
+            prop_assert_eq!(&self.jobs[j].at, &At::Main);
+            prop_assert_eq!(attempt, self.jobs[j].attempts + 1);
+            self.claimed(j, token);
+        }
+        Ok(())
+    }
+
+    async fn ack(&mut self, j: usize, keep: bool) -> Step {
+        let At::Processing { token: Some(t), .. } = self.jobs[j].at.clone() else {
+            let got = testing::ack(&mut self.conn, Q, &id(j), "nobody", KEEP)
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let (mut reclaimed, mut dead, mut adopted) = (0, 0, 0);
-                for j in 0..JOBS {
-                    let At::Processing {
-                        token,
-                        lease,
-                        expired,
-                    } = self.jobs[j].at.clone()
-                    else {
-                        continue;
-                    };
-                    if expired {
-                        let exhausted = token.is_some() && self.jobs[j].attempts >= max_attempts(j);
-                        if CORRUPT_JOBS_ARE_DEAD_LETTERED && self.dead_by_corruption(j) {
-                            dead += 1;
-                        } else if exhausted {
-                            self.jobs[j].at = At::Dead;
-                            dead += 1;
-                        } else {
-                            self.jobs[j].at = At::Delayed;
-                            reclaimed += 1;
-                        }
-                    } else if !lease {
-                        self.jobs[j].at = At::Processing {
-                            token,
-                            lease: true,
-                            expired: false,
-                        };
-                        adopted += 1;
-                    }
-                }
-                prop_assert_eq!(got, (reclaimed, dead, adopted), "reclaim counts");
-            }
-            Op::Promote => {
-                let n = testing::promote(&mut self.conn, Q)
+            prop_assert_eq!(
+                got,
+                Acked::LeaseLost,
+                "an ack without a delivery of {}",
+                id(j)
+            );
+            return Ok(());
+        };
+        let retention = if keep { KEEP } else { Duration::ZERO };
+        let got = testing::ack(&mut self.conn, Q, &id(j), &t, retention)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(
+            got,
+            Acked::Completed,
+            "ack of the current delivery of {}",
+            id(j)
+        );
+        self.jobs[j].at = if keep { At::Completed } else { At::Absent };
+        self.jobs[j].last_ack = Some(true);
+        Ok(())
+    }
+
+    async fn stale_ack(&mut self, j: usize) -> Step {
+        let stale = self.token();
+        let got = testing::ack(&mut self.conn, Q, &id(j), &stale, KEEP)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(got, Acked::LeaseLost, "a stale token acked {}", id(j));
+        Ok(())
+    }
+
+    async fn retry_ack(&mut self, j: usize) -> Step {
+        let acked = |job: &Job| job.at == At::Completed && job.last_ack == Some(true);
+        let Some(j) = self.pick(j, acked) else {
+            return Ok(());
+        };
+        let (Some(t), Some(true)) = (self.jobs[j].last_token.clone(), self.jobs[j].last_ack) else {
+            return Ok(());
+        };
+        if self.jobs[j].at != At::Completed {
+            // Re-enqueued (or never kept): a new job under the same id.
+            return Ok(());
+        }
+        let got = testing::ack(&mut self.conn, Q, &id(j), &t, KEEP)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if RETRIED_ACK_ANSWERS_COMPLETED {
+            prop_assert_eq!(
+                got,
+                Acked::AlreadyCompleted,
+                "a retried ack of {} must say completed",
+                id(j)
+            );
+        }
+        Ok(())
+    }
+
+    async fn fail(&mut self, j: usize, retry: bool) -> Step {
+        let token = match self.jobs[j].at.clone() {
+            At::Processing { token: Some(t), .. } => t,
+            _ => {
+                let got = testing::fail(&mut self.conn, Q, &id(j), "nobody", retry, Duration::ZERO)
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let mut want = 0;
-                for job in &mut self.jobs {
-                    if job.at == At::Delayed {
-                        job.at = At::Main;
-                        want += 1;
-                    }
-                }
-                prop_assert_eq!(n, want, "promoted");
+                prop_assert_eq!(got, Failed::LeaseLost);
+                return Ok(());
             }
-            Op::Replay(j, reset) => {
-                let got = self
-                    .admin
-                    .replay_dead(Q, id(j), reset)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                if self.jobs[j].at == At::Dead {
-                    prop_assert_eq!(got, ReplayOutcome::Replayed);
-                    self.jobs[j].at = At::Main;
-                    if reset {
-                        self.jobs[j].attempts = 0;
-                        if self.jobs[j].corrupt {
-                            self.jobs[j].corrupt = false;
-                        }
-                    }
+        };
+        let got = testing::fail(&mut self.conn, Q, &id(j), &token, retry, Duration::ZERO)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if CORRUPT_JOBS_ARE_DEAD_LETTERED && self.dead_by_corruption(j) {
+            return Ok(());
+        }
+        let to = fail_kind(retry, self.jobs[j].attempts, max_attempts(j));
+        match (&to, &got) {
+            (At::Delayed, Failed::Retry) | (At::Dead, Failed::Dead(_)) => {}
+            _ => prop_assert!(
+                false,
+                "fail of {} answered {:?}, model {:?}",
+                id(j),
+                got,
+                to
+            ),
+        }
+        self.jobs[j].at = to;
+        self.jobs[j].last_fail = Some(got);
+        Ok(())
+    }
+
+    async fn retry_fail(&mut self, j: usize, retry: bool) -> Step {
+        // Only while the job is still where that fail put it.
+        let failed = |job: &Job| match &job.last_fail {
+            Some(Failed::Retry) => job.at == At::Delayed,
+            Some(Failed::Dead(_)) => job.at == At::Dead,
+            _ => false,
+        };
+        let Some(j) = self.pick(j, failed) else {
+            return Ok(());
+        };
+        let (Some(t), Some(first)) = (
+            self.jobs[j].last_token.clone(),
+            self.jobs[j].last_fail.clone(),
+        ) else {
+            return Ok(());
+        };
+        let got = testing::fail(&mut self.conn, Q, &id(j), &t, retry, Duration::ZERO)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if RETRIED_FAIL_GETS_ITS_ANSWER {
+            prop_assert_eq!(got, first);
+        }
+        Ok(())
+    }
+
+    async fn extend(&mut self, j: usize) -> Step {
+        let (token, live) = match self.jobs[j].at.clone() {
+            At::Processing { token: Some(t), .. } => (t, true),
+            _ => ("nobody".to_string(), false),
+        };
+        let ok = testing::extend(&mut self.conn, Q, &id(j), &token, LEASE)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(ok, live, "extend of {}", id(j));
+        if let At::Processing { expired, .. } = &mut self.jobs[j].at {
+            if live {
+                *expired = false;
+            }
+        }
+        Ok(())
+    }
+
+    async fn expire(&mut self, j: usize) -> Step {
+        if let At::Processing {
+            lease: true,
+            expired,
+            ..
+        } = &mut self.jobs[j].at
+        {
+            *expired = true;
+            let leases = self.keys.leases.clone();
+            self.raw(&["ZADD", &leases, "XX", "1", &id(j)]).await;
+        }
+        Ok(())
+    }
+
+    async fn reclaim(&mut self) -> Step {
+        let got = testing::reclaim(
+            &mut self.conn,
+            Q,
+            GRACE,
+            Backoff {
+                base: Duration::ZERO,
+                max: Duration::ZERO,
+            },
+        )
+        .await
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let (mut reclaimed, mut dead, mut adopted) = (0, 0, 0);
+        for j in 0..JOBS {
+            let At::Processing {
+                token,
+                lease,
+                expired,
+            } = self.jobs[j].at.clone()
+            else {
+                continue;
+            };
+            if expired {
+                let exhausted = token.is_some() && self.jobs[j].attempts >= max_attempts(j);
+                if CORRUPT_JOBS_ARE_DEAD_LETTERED && self.dead_by_corruption(j) {
+                    dead += 1;
+                } else if exhausted {
+                    self.jobs[j].at = At::Dead;
+                    dead += 1;
                 } else {
-                    prop_assert_eq!(got, ReplayOutcome::NotDead);
+                    self.jobs[j].at = At::Delayed;
+                    reclaimed += 1;
+                }
+            } else if !lease {
+                self.jobs[j].at = At::Processing {
+                    token,
+                    lease: true,
+                    expired: false,
+                };
+                adopted += 1;
+            }
+        }
+        prop_assert_eq!(got, (reclaimed, dead, adopted), "reclaim counts");
+        Ok(())
+    }
+
+    async fn promote(&mut self) -> Step {
+        let n = testing::promote(&mut self.conn, Q)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let mut want = 0;
+        for job in &mut self.jobs {
+            if job.at == At::Delayed {
+                job.at = At::Main;
+                want += 1;
+            }
+        }
+        prop_assert_eq!(n, want, "promoted");
+        Ok(())
+    }
+
+    async fn replay(&mut self, j: usize, reset: bool) -> Step {
+        let got = self
+            .admin
+            .replay_dead(Q, id(j), reset)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if self.jobs[j].at == At::Dead {
+            prop_assert_eq!(got, ReplayOutcome::Replayed);
+            self.jobs[j].at = At::Main;
+            if reset {
+                self.jobs[j].attempts = 0;
+                if self.jobs[j].corrupt {
+                    self.jobs[j].corrupt = false;
                 }
             }
-            Op::Purge(j) => {
-                let got = self
-                    .admin
-                    .purge_dead(Q, id(j), None)
-                    .await
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                if self.jobs[j].at == At::Dead {
-                    prop_assert_eq!(got, PurgeOutcome::Purged);
-                    self.jobs[j].at = At::Absent;
-                } else {
-                    prop_assert_eq!(got, PurgeOutcome::NotDead);
-                }
-            }
-            Op::Corrupt(j, value) => {
-                let live = matches!(
-                    self.jobs[j].at,
-                    At::Main | At::Delayed | At::Processing { .. }
-                );
-                if !live {
-                    return Ok(());
-                }
-                let key = self.keys.job(&id(j));
-                self.raw(&["HSET", &key, "attempts", value]).await;
-                let report = self.admin.check(Q, false).await.expect("check");
-                // Exactly this field, plus the jobs corrupted earlier and not
-                // yet touched by a validating script (those stay corrupt).
-                let mut expected = vec![Violation::CorruptField {
-                    id: id(j).into(),
-                    field: "attempts",
-                    value: Some(value.to_string()),
-                }];
-                let mut got = report.violations;
-                got.retain(|v| {
-                    !matches!(v, Violation::CorruptField { id: vid, field: "attempts", .. }
-                        if vid.as_str() != id(j)
-                            && self.job_of(vid.as_str()).is_ok_and(|k| self.jobs[k].corrupt))
-                });
-                expected.sort_by_key(|v| format!("{v:?}"));
-                got.sort_by_key(|v| format!("{v:?}"));
-                prop_assert_eq!(got, expected);
-                if CORRUPT_JOBS_ARE_DEAD_LETTERED {
-                    self.jobs[j].corrupt = true;
-                } else {
-                    let attempts = self.jobs[j].attempts.to_string();
-                    self.raw(&["HSET", &key, "attempts", &attempts]).await;
-                }
-            }
+        } else {
+            prop_assert_eq!(got, ReplayOutcome::NotDead);
+        }
+        Ok(())
+    }
+
+    async fn purge(&mut self, j: usize) -> Step {
+        let got = self
+            .admin
+            .purge_dead(Q, id(j), None)
+            .await
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        if self.jobs[j].at == At::Dead {
+            prop_assert_eq!(got, PurgeOutcome::Purged);
+            self.jobs[j].at = At::Absent;
+        } else {
+            prop_assert_eq!(got, PurgeOutcome::NotDead);
+        }
+        Ok(())
+    }
+
+    async fn corrupt(&mut self, j: usize, value: &'static str) -> Step {
+        let live = matches!(
+            self.jobs[j].at,
+            At::Main | At::Delayed | At::Processing { .. }
+        );
+        if !live {
+            return Ok(());
+        }
+        let key = self.keys.job(&id(j));
+        self.raw(&["HSET", &key, "attempts", value]).await;
+        let report = self.admin.check(Q, false).await.expect("check");
+        // Exactly this field, plus the jobs corrupted earlier and not
+        // yet touched by a validating script (those stay corrupt).
+        let mut expected = vec![Violation::CorruptField {
+            id: id(j).into(),
+            field: "attempts",
+            value: Some(value.to_string()),
+        }];
+        let mut got = report.violations;
+        got.retain(|v| {
+            !matches!(v, Violation::CorruptField { id: vid, field: "attempts", .. }
+                if vid.as_str() != id(j)
+                    && self.job_of(vid.as_str()).is_ok_and(|k| self.jobs[k].corrupt))
+        });
+        expected.sort_by_key(|v| format!("{v:?}"));
+        got.sort_by_key(|v| format!("{v:?}"));
+        prop_assert_eq!(got, expected);
+        if CORRUPT_JOBS_ARE_DEAD_LETTERED {
+            self.jobs[j].corrupt = true;
+        } else {
+            let attempts = self.jobs[j].attempts.to_string();
+            self.raw(&["HSET", &key, "attempts", &attempts]).await;
         }
         Ok(())
     }

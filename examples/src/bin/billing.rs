@@ -195,6 +195,119 @@ async fn worker_main(url: String) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The payment API on a free loopback port.
+async fn start_payment_api() -> Result<(Api, SocketAddr), Box<dyn std::error::Error>> {
+    let api: Api = Arc::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let api_addr = listener.local_addr()?;
+    let app = Router::new()
+        .route("/charges", post(create_charge))
+        .route("/charges", get(list_charges))
+        .with_state(api.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Ok((api, api_addr))
+}
+
+/// This run's id: job ids and ledger rows carry it, so runs against the same
+/// Redis and database do not see each other's work.
+fn run_id() -> Result<String, std::time::SystemTimeError> {
+    Ok(format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros()
+            ^ u128::from(std::process::id())
+    ))
+}
+
+/// A watchdog and a second worker until all `invoices` are completed;
+/// returns how many deliveries the watchdog reclaimed.
+async fn recover(
+    url: &str,
+    queue: &Queue,
+    invoices: usize,
+    spawn_worker: &dyn Fn() -> std::io::Result<std::process::Child>,
+) -> Result<u64, Box<dyn std::error::Error>> {
+    let watchdog = Watchdog::connect(
+        url,
+        ["billing"],
+        WatchdogConfig {
+            interval: Duration::from_millis(200),
+            ..WatchdogConfig::default()
+        },
+    )
+    .await?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let dog = tokio::spawn(async move {
+        watchdog
+            .run_until(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    let mut second = spawn_worker()?;
+    let t1 = Instant::now();
+    while queue.stats("billing").await?.counter("completed") < invoices as i64 {
+        if t1.elapsed() > Duration::from_secs(60) {
+            return Err("the invoices were not all completed in 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = stop_tx.send(());
+    let report = dog.await?;
+    second.kill()?;
+    second.wait()?;
+    Ok(report.reclaimed)
+}
+
+/// Prints on which attempt each job was acked and booked; returns how many
+/// redeliveries found the inbox row done.
+async fn print_deliveries(
+    queue: &Queue,
+    db: &tokio_postgres::Client,
+    ids: &[String],
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let mut found_done = 0;
+    for id in ids {
+        let rec = queue
+            .completion("billing", id.as_str())
+            .await?
+            .unwrap_or_default();
+        let acked_on: u32 = rec
+            .get("attempts")
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
+        let row = Inbox::new().record(db, "billing", id).await?;
+        let booked_on = row.as_ref().map_or(0, |r| r.attempts);
+        if row.is_some() && acked_on > booked_on {
+            found_done += 1;
+        }
+        println!(
+            "  {id}: acked on attempt {acked_on}, booked once on attempt {booked_on} ({})",
+            row.and_then(|r| r.result_ref).unwrap_or_default()
+        );
+    }
+    Ok(found_done)
+}
+
+/// Deletes this run's ledger entries and inbox rows.
+async fn clean_up(
+    db: &tokio_postgres::Client,
+    run: &str,
+    ids: &[String],
+) -> Result<(), tokio_postgres::Error> {
+    db.execute("DELETE FROM billing_example_ledger WHERE run = $1", &[&run])
+        .await?;
+    for id in ids {
+        db.execute(
+            "DELETE FROM queue_inbox WHERE queue = 'billing' AND key = $1",
+            &[id],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     queue_examples::init_tracing("info");
@@ -216,28 +329,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             (Some(server), url)
         }
     };
-    // The payment API on a free loopback port.
-    let api: Api = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let api_addr = listener.local_addr()?;
-    let app = Router::new()
-        .route("/charges", post(create_charge))
-        .route("/charges", get(list_charges))
-        .with_state(api.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (api, api_addr) = start_payment_api().await?;
 
     // PostgreSQL: the ledger and the inbox. Job ids carry a run id, so runs
     // against the same Redis and database do not see each other's work.
     let db = postgres().await?;
     db.batch_execute(LEDGER_DDL).await?;
     Inbox::new().migrate(&db).await?;
-    let run = format!(
-        "{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_micros()
-            ^ u128::from(std::process::id())
-    );
+    let run = run_id()?;
     let job_id = |inv: &Invoice| format!("invoice-{}-{run}", inv.number);
     let booked = || async {
         let row = db
@@ -285,41 +384,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         s.counter("completed")
     );
 
-    let watchdog = Watchdog::connect(
-        &url,
-        ["billing"],
-        WatchdogConfig {
-            interval: Duration::from_millis(200),
-            ..WatchdogConfig::default()
-        },
-    )
-    .await?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let dog = tokio::spawn(async move {
-        watchdog
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
-    let mut second = spawn_worker()?;
-    let t1 = Instant::now();
-    while queue.stats("billing").await?.counter("completed") < invoices.len() as i64 {
-        if t1.elapsed() > Duration::from_secs(60) {
-            return Err("the invoices were not all completed in 60 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let _ = stop_tx.send(());
-    let report = dog.await?;
-    second.kill()?;
-    second.wait()?;
+    let reclaimed = recover(&url, &queue, invoices.len(), &spawn_worker).await?;
 
     let (calls, charges): (u32, usize) = {
         let ledger = api.lock().unwrap_or_else(|p| p.into_inner());
         (ledger.calls.values().sum(), ledger.charges.len())
     };
-    println!("recovered by the watchdog: {}", report.reclaimed);
+    println!("recovered by the watchdog: {reclaimed}");
     println!("payment API calls:         {calls}");
     println!(
         "charges made:              {} (one per invoice: {})",
@@ -332,37 +403,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         entries,
         invoices.len()
     );
-    let mut found_done = 0;
-    for inv in &invoices {
-        let id = job_id(inv);
-        let rec = queue
-            .completion("billing", id.as_str())
-            .await?
-            .unwrap_or_default();
-        let acked_on: u32 = rec
-            .get("attempts")
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(0);
-        let row = Inbox::new().record(&db, "billing", &id).await?;
-        let booked_on = row.as_ref().map_or(0, |r| r.attempts);
-        if row.is_some() && acked_on > booked_on {
-            found_done += 1;
-        }
-        println!(
-            "  {id}: acked on attempt {acked_on}, booked once on attempt {booked_on} ({})",
-            row.and_then(|r| r.result_ref).unwrap_or_default()
-        );
-    }
+    let ids: Vec<String> = invoices.iter().map(job_id).collect();
+    let found_done = print_deliveries(&queue, &db, &ids).await?;
     println!("redeliveries that found the inbox row done: {found_done}");
-    db.execute("DELETE FROM billing_example_ledger WHERE run = $1", &[&run])
-        .await?;
-    for inv in &invoices {
-        db.execute(
-            "DELETE FROM queue_inbox WHERE queue = 'billing' AND key = $1",
-            &[&job_id(inv)],
-        )
-        .await?;
-    }
+    clean_up(&db, &run, &ids).await?;
     if charges != invoices.len() {
         return Err(format!("expected {} charges, got {}", invoices.len(), charges).into());
     }

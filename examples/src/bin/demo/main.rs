@@ -88,14 +88,7 @@ async fn run(args: Args) -> Result<bool, String> {
         start: Instant::now(),
     };
     let bins = Bins::locate()?;
-    let logs = args
-        .logs
-        .clone()
-        .unwrap_or_else(|| bins.dir.join("demo-logs"));
-    if args.logs.is_none() {
-        let _ = std::fs::remove_dir_all(&logs);
-    }
-    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    let logs = prepare_logs(&args, &bins)?;
 
     // Kept until the end of `run`: dropping it kills the throwaway server.
     let (server, url) = match &args.redis {
@@ -159,23 +152,7 @@ async fn run(args: Args) -> Result<bool, String> {
 
     let ids = post_jobs(&client, &log, args.jobs).await?;
 
-    // A worker holds at most `concurrency` jobs, so more than that times
-    // (workers - 1) in processing means every worker is running one.
-    let threshold = (args.workers as u64 - 1) * args.concurrency as u64;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let busy = loop {
-        for w in &mut workers {
-            w.ensure_running()?;
-        }
-        let s = stats(&client).await?;
-        if s.processing > threshold {
-            break s;
-        }
-        if Instant::now() > deadline {
-            return Err("the workers never picked up the jobs; see their logs".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let busy = wait_until_every_worker_is_busy(&client, &mut workers, &args).await?;
     let mut victim = workers.remove(0);
     victim.kill().await?;
     log.say(format!(
@@ -183,22 +160,7 @@ async fn run(args: Args) -> Result<bool, String> {
         victim.name, victim.pid, busy.processing, args.workers
     ));
 
-    let watchdog_args = strings(&[
-        "run",
-        "--redis",
-        &url,
-        "--queue",
-        WELCOME_QUEUE,
-        "--interval-ms",
-        "200",
-        "--orphan-grace-ms",
-        "1000",
-        "--backoff-base-ms",
-        "200",
-        "--backoff-max-ms",
-        "2000",
-    ]);
-    let watchdog = Child::spawn("watchdog", &bins.watchdog, &watchdog_args, &[], &logs)?;
+    let watchdog = Child::spawn("watchdog", &bins.watchdog, &watchdog_args(&url), &[], &logs)?;
     let replacement = spawn_worker(args.workers + 1)?;
     log.say(format!(
         "started   queue-watchdog (pid {}) and replacement {} (pid {})",
@@ -215,10 +177,78 @@ async fn run(args: Args) -> Result<bool, String> {
     let last = stats(&client).await?;
     print_summary(&log, &baseline, &last, &outcome, finished);
 
-    for child in &running {
+    stop_all(&log, &mut running).await;
+    let ok = outcome.lost.is_empty();
+    log.say(if ok {
+        "OK: every enqueued job ended completed or dead-lettered; all processes stopped"
+    } else {
+        "FAILED: some jobs did not end completed or dead-lettered"
+    });
+    Ok(ok)
+}
+
+/// The children's log directory, emptied first unless the user chose it.
+fn prepare_logs(args: &Args, bins: &Bins) -> Result<PathBuf, String> {
+    let logs = args
+        .logs
+        .clone()
+        .unwrap_or_else(|| bins.dir.join("demo-logs"));
+    if args.logs.is_none() {
+        let _ = std::fs::remove_dir_all(&logs);
+    }
+    std::fs::create_dir_all(&logs).map_err(|e| format!("cannot create {}: {e}", logs.display()))?;
+    Ok(logs)
+}
+
+/// Waits until every worker runs a job: a worker holds at most
+/// `concurrency` jobs, so more than that times (workers - 1) in processing
+/// means every worker is running one.
+async fn wait_until_every_worker_is_busy(
+    client: &Client,
+    workers: &mut [Child],
+    args: &Args,
+) -> Result<Snapshot, String> {
+    let threshold = (args.workers as u64 - 1) * args.concurrency as u64;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        for w in workers.iter_mut() {
+            w.ensure_running()?;
+        }
+        let s = stats(client).await?;
+        if s.processing > threshold {
+            return Ok(s);
+        }
+        if Instant::now() > deadline {
+            return Err("the workers never picked up the jobs; see their logs".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn watchdog_args(url: &str) -> Vec<String> {
+    strings(&[
+        "run",
+        "--redis",
+        url,
+        "--queue",
+        WELCOME_QUEUE,
+        "--interval-ms",
+        "200",
+        "--orphan-grace-ms",
+        "1000",
+        "--backoff-base-ms",
+        "200",
+        "--backoff-max-ms",
+        "2000",
+    ])
+}
+
+/// SIGTERMs every child, then waits for each, saying which did not exit cleanly.
+async fn stop_all(log: &Narrator, running: &mut [Child]) {
+    for child in running.iter() {
         child.terminate();
     }
-    for child in &mut running {
+    for child in running.iter_mut() {
         match child.wait(Duration::from_secs(15)).await {
             Ok(status) if status.success() => {}
             Ok(status) => log.say(format!(
@@ -229,13 +259,6 @@ async fn run(args: Args) -> Result<bool, String> {
             Err(e) => log.say(e),
         }
     }
-    let ok = outcome.lost.is_empty();
-    log.say(if ok {
-        "OK: every enqueued job ended completed or dead-lettered; all processes stopped"
-    } else {
-        "FAILED: some jobs did not end completed or dead-lettered"
-    });
-    Ok(ok)
 }
 
 /// Prints lines prefixed with the time since the demo started.

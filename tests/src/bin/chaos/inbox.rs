@@ -292,60 +292,14 @@ async fn run(s: Settings) -> Result<Report, String> {
         DropTable::new(&db, &inbox_table),
         DropTable::new(&db, &fx_table),
     ];
-    let (pg, conn) = tokio_postgres::connect(&db, NoTls)
-        .await
-        .map_err(|e| format!("cannot connect to postgres: {e}"))?;
-    tokio::spawn(conn);
-    Inbox::with_table(&inbox_table)
-        .map_err(|e| e.to_string())?
-        .migrate(&pg)
-        .await
-        .map_err(|e| e.to_string())?;
-    pg.batch_execute(&format!(
-        "CREATE TABLE \"{fx_table}\" (id bigserial PRIMARY KEY, job_id text NOT NULL, seq bigint NOT NULL)"
-    ))
-    .await
-    .map_err(|e| format!("cannot create the effect table: {e}"))?;
+    let pg = create_tables(&db, &inbox_table, &fx_table).await?;
 
     let queue = Queue::connect(&url).await.map_err(|e| e.to_string())?;
-    let enqueues = futures::stream::iter(0..s.jobs)
-        .map(|seq| {
-            let queue = queue.clone();
-            let work_ms = rng_work(s.seed, seq, s.work_ms);
-            async move {
-                booking::enqueue_with_id(&queue, format!("job-{seq:06}"), Booking { seq, work_ms })
-                    .await
-            }
-        })
-        .buffer_unordered(64)
-        .collect::<Vec<_>>()
-        .await;
-    if let Some(Err(e)) = enqueues.into_iter().find(|r| r.is_err()) {
-        return Err(format!("enqueue failed: {e}"));
-    }
+    enqueue_all(&queue, &s).await?;
 
-    let mut worker_args = vec![
-        "--redis-url".to_string(),
-        url.clone(),
-        "--database-url".into(),
-        db.clone(),
-        "--effects-table".into(),
-        fx_table.clone(),
-        "--crash-rate".into(),
-        s.crash_rate.to_string(),
-        "--concurrency".into(),
-        s.concurrency.to_string(),
-        "--lease-ms".into(),
-        s.lease_ms.to_string(),
-    ];
-    if s.inbox {
-        worker_args.extend(["--inbox-table".to_string(), inbox_table.clone()]);
-    } else {
-        worker_args.push("--no-inbox".into());
-    }
     let mut workers = Workers {
         exe: std::env::current_exe().map_err(|e| e.to_string())?,
-        args: worker_args,
+        args: worker_args(&s, &url, &db, &inbox_table, &fx_table),
         crash_rate: s.crash_rate,
         children: Vec::new(),
         aborted: 0,
@@ -416,7 +370,101 @@ async fn run(s: Settings) -> Result<Report, String> {
         .map_err(|e| e.to_string())?;
     let effects = rows[0].get::<_, i64>(0).max(0) as u64;
     let distinct = rows[0].get::<_, i64>(1).max(0) as u64;
-    let mut ledger = queue_tests::redis_conn(&url).await;
+    let (crashes, already_done) = crash_counts(&url, workers.aborted).await?;
+    Ok(Report {
+        inbox: s.inbox,
+        jobs: s.jobs,
+        completed,
+        effects,
+        duplicates: effects - distinct,
+        missing: s.jobs.saturating_sub(distinct),
+        dead,
+        already_done,
+        kills,
+        crashes,
+        seed: s.seed,
+        elapsed: started.elapsed(),
+        timed_out,
+    })
+}
+
+/// The inbox table (migrated) and the effect table; returns the connection.
+async fn create_tables(
+    db: &str,
+    inbox_table: &str,
+    fx_table: &str,
+) -> Result<tokio_postgres::Client, String> {
+    let (pg, conn) = tokio_postgres::connect(db, NoTls)
+        .await
+        .map_err(|e| format!("cannot connect to postgres: {e}"))?;
+    tokio::spawn(conn);
+    Inbox::with_table(inbox_table)
+        .map_err(|e| e.to_string())?
+        .migrate(&pg)
+        .await
+        .map_err(|e| e.to_string())?;
+    pg.batch_execute(&format!(
+        "CREATE TABLE \"{fx_table}\" (id bigserial PRIMARY KEY, job_id text NOT NULL, seq bigint NOT NULL)"
+    ))
+    .await
+    .map_err(|e| format!("cannot create the effect table: {e}"))?;
+    Ok(pg)
+}
+
+/// Enqueues the run's jobs, their work drawn from the seed.
+async fn enqueue_all(queue: &Queue, s: &Settings) -> Result<(), String> {
+    let enqueues = futures::stream::iter(0..s.jobs)
+        .map(|seq| {
+            let queue = queue.clone();
+            let work_ms = rng_work(s.seed, seq, s.work_ms);
+            async move {
+                booking::enqueue_with_id(&queue, format!("job-{seq:06}"), Booking { seq, work_ms })
+                    .await
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+    if let Some(Err(e)) = enqueues.into_iter().find(|r| r.is_err()) {
+        return Err(format!("enqueue failed: {e}"));
+    }
+    Ok(())
+}
+
+/// The test-worker command line for this run.
+fn worker_args(
+    s: &Settings,
+    url: &str,
+    db: &str,
+    inbox_table: &str,
+    fx_table: &str,
+) -> Vec<String> {
+    let mut worker_args = vec![
+        "--redis-url".to_string(),
+        url.to_string(),
+        "--database-url".into(),
+        db.to_string(),
+        "--effects-table".into(),
+        fx_table.to_string(),
+        "--crash-rate".into(),
+        s.crash_rate.to_string(),
+        "--concurrency".into(),
+        s.concurrency.to_string(),
+        "--lease-ms".into(),
+        s.lease_ms.to_string(),
+    ];
+    if s.inbox {
+        worker_args.extend(["--inbox-table".to_string(), inbox_table.to_string()]);
+    } else {
+        worker_args.push("--no-inbox".into());
+    }
+    worker_args
+}
+
+/// Crashes per crash point (from the workers' ledger in Redis; `aborted`
+/// children not counted there died before the ack) and the "already done" count.
+async fn crash_counts(url: &str, aborted: u64) -> Result<(Vec<(&'static str, u64)>, u64), String> {
+    let mut ledger = queue_tests::redis_conn(url).await;
     let mut keys: Vec<String> = CRASH_POINTS
         .iter()
         .map(|p| format!("{CRASH_PREFIX}{p}"))
@@ -430,22 +478,8 @@ async fn run(s: Settings) -> Result<Report, String> {
         .map(|(i, p)| (*p, count(i)))
         .collect();
     let counted: u64 = crashes.iter().map(|(_, n)| n).sum();
-    crashes.push(("before_ack", workers.aborted.saturating_sub(counted)));
-    Ok(Report {
-        inbox: s.inbox,
-        jobs: s.jobs,
-        completed,
-        effects,
-        duplicates: effects - distinct,
-        missing: s.jobs.saturating_sub(distinct),
-        dead,
-        already_done: count(CRASH_POINTS.len()),
-        kills,
-        crashes,
-        seed: s.seed,
-        elapsed: started.elapsed(),
-        timed_out,
-    })
+    crashes.push(("before_ack", aborted.saturating_sub(counted)));
+    Ok((crashes, count(CRASH_POINTS.len())))
 }
 
 /// The work of job `seq`, from the seed (so a run is reproducible).
