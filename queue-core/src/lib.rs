@@ -76,7 +76,7 @@ pub use queue::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue};
 pub use registry::Registration;
 pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
-pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig};
+pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};
 
 /// The `#[job]` attribute macro. See the crate docs for an example.
 pub use queue_macros::job;

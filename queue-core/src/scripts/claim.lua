@@ -2,7 +2,8 @@
 -- token: a retry whose first reply was lost gets the same claimed row.
 -- KEYS: 1 processing, 2 leases, 3 dead, 4 stats, 5 guard (never written: see keys.rs),
 --       6 paused flag, 7 main
--- ARGV: 1 id, 2 job prefix, 3 done prefix, 4 lease_ms, 5 token
+-- ARGV: 1 id, 2 job prefix, 3 done prefix, 4 lease_ms, 5 token,
+--       6 worker name (optional: absent from older callers; kept in the job's `worker`)
 -- Returns a claim row, {'gone', id} when the watchdog already returned the id,
 -- or {'paused', id} when the queue is paused (the id went back to main, unclaimed).
 local lease_ms = arg_count(ARGV[4], 'lease_ms')
@@ -23,4 +24,4 @@ if redis.call('EXISTS', KEYS[6]) == 1 then
   end
 end
 return claim(ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[3],
-  lease_ms, ARGV[5], now_ms())
+  lease_ms, ARGV[5], now_ms(), ARGV[6])

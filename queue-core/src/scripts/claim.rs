@@ -17,7 +17,7 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("claim.lua", keys = 7, args = 5, prelude(super::DRAIN));
+    lua_script!("claim.lua", keys = 7, args = 6, prelude(super::DRAIN));
 
 /// Claims `id`, which a `BLMOVE` just moved to processing.
 pub(crate) struct Claim<'a> {
@@ -33,7 +33,19 @@ impl Claim<'_> {
     /// Runs the script. A Redis failure is a [`QueueError::Redis`] naming the
     /// job (the caller may retry it with the same token: the retry answers
     /// the same row); a bad reply a [`QueueError::Protocol`].
+    /// No worker name is written (see [`run_as`](Self::run_as)).
+    #[cfg(any(test, feature = "failpoints"))]
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ClaimRow> {
+        self.run_as(conn, "").await
+    }
+
+    /// [`run`](Self::run) by the worker named `worker`: the job's hash keeps
+    /// it in its `worker` field for this delivery ("": none).
+    pub(crate) async fn run_as(
+        &self,
+        conn: &mut RedisConnection,
+        worker: &str,
+    ) -> Result<ClaimRow> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
         let reply = SCRIPT
@@ -51,6 +63,7 @@ impl Claim<'_> {
             .arg(&k.done_prefix)
             .arg(self.lease.as_millis() as u64)
             .arg(self.token)
+            .arg(worker)
             .invoke(conn)
             .await
             .map_err(|e| {

@@ -4,7 +4,8 @@
 -- and a retry whose first reply was lost gets the same deliveries again.
 -- KEYS: 1 main, 2 processing, 3 leases, 4 dead, 5 stats, 6 guard (never written: see keys.rs),
 --       7 receipt of this token base, 8 paused flag
--- ARGV: 1 job prefix, 2 done prefix, 3 lease_ms, 4 token base, 5 count, 6 receipt_ms
+-- ARGV: 1 job prefix, 2 done prefix, 3 lease_ms, 4 token base, 5 count, 6 receipt_ms,
+--       7 worker name (optional: absent from older callers; kept in each claimed job's `worker`)
 -- Returns a list of claim rows (see claim() in the prelude), or 'paused'
 -- (nothing moved; a retry of a fetch that already ran still gets its rows).
 local lease_ms = arg_count(ARGV[3], 'lease_ms')
@@ -37,7 +38,7 @@ for i = 1, count do
   local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
   if not id then break end
   local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
-    lease_ms, ARGV[4] .. ':' .. i, now)
+    lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7])
   out[i] = row
   entries[i] = row[1] .. ':' .. id
 end

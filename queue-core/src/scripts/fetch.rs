@@ -15,7 +15,7 @@ use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<8> =
-    lua_script!("fetch.lua", keys = 8, args = 6, prelude(super::DRAIN));
+    lua_script!("fetch.lua", keys = 8, args = 7, prelude(super::DRAIN));
 
 /// Moves and claims up to `count` jobs of one queue.
 pub(crate) struct Fetch<'a> {
@@ -41,7 +41,19 @@ impl Fetch<'_> {
     }
 
     /// Runs the script; [`FetchReply::Paused`] when the queue is paused.
+    /// No worker name is written (see [`run_or_paused_as`](Self::run_or_paused_as)).
+    #[cfg(any(test, feature = "failpoints"))]
     pub(crate) async fn run_or_paused(&self, conn: &mut RedisConnection) -> Result<FetchReply> {
+        self.run_or_paused_as(conn, "").await
+    }
+
+    /// [`run_or_paused`](Self::run_or_paused) by the worker named `worker`:
+    /// each claimed job's hash keeps it in its `worker` field ("": none).
+    pub(crate) async fn run_or_paused_as(
+        &self,
+        conn: &mut RedisConnection,
+        worker: &str,
+    ) -> Result<FetchReply> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
         let reply = SCRIPT
@@ -61,6 +73,7 @@ impl Fetch<'_> {
             .arg(self.token_base)
             .arg(self.count)
             .arg((self.lease.as_millis() as u64 / 2).max(1))
+            .arg(worker)
             .run(conn, &k.queue, None)
             .await?;
         if reply::text(&reply).as_deref() == Some("paused") {

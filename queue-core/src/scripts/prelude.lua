@@ -116,7 +116,9 @@ end
 -- number), lease registered in the leases zset. Called again with the same
 -- token, it answers the same row and changes nothing. Corrupt job data
 -- (counts, a job key that is not a hash) is dead-lettered with the field named.
-local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token, now)
+-- `worker` (optional: nil or '' from an older caller) is the claiming worker's
+-- name, kept in the hash's `worker` field for this delivery.
+local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token, now, worker)
   local jobkey = jobprefix .. id
   if redis.call('EXISTS', doneprefix .. id) == 1 then
     -- Completion record exists: the job already ran; ack without running it.
@@ -166,7 +168,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   local lease_until = now + lease_ms
   redis.call('ZADD', leases, lease_until, id)
   redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
-    'token', token, 'lease_until', lease_until, 'fence', fence)
+    'token', token, 'lease_until', lease_until, 'fence', fence, 'worker', worker or '')
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
     h[7] or '0', now, lease_until, fence}
 end

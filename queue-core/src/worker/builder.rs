@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::slots::WorkerQueue;
-use super::{Inner, Worker};
+use super::{Inner, Worker, WorkerIdentity};
 use crate::backoff::Backoff;
 use crate::conn::{connect, ConnectionConfig};
 use crate::error::{QueueError, Result};
@@ -105,6 +105,10 @@ pub struct WorkerBuilder {
     queues: Option<Vec<String>>,
     priorities: HashMap<String, i32>,
     limits: HashMap<String, usize>,
+    /// `None`: `<hostname>:<pid>`.
+    name: Option<String>,
+    /// Handler timeouts by job type, replacing `#[job(timeout)]`.
+    timeouts: HashMap<String, Duration>,
 }
 
 impl WorkerBuilder {
@@ -116,6 +120,8 @@ impl WorkerBuilder {
             queues: None,
             priorities: HashMap::new(),
             limits: HashMap::new(),
+            name: None,
+            timeouts: HashMap::new(),
         }
     }
 
@@ -152,6 +158,36 @@ impl WorkerBuilder {
     /// worker-wide concurrency).
     pub fn queue_concurrency(mut self, queue: impl Into<String>, limit: usize) -> Self {
         self.limits.insert(queue.into(), limit);
+        self
+    }
+
+    /// The worker's name (default `<hostname>:<pid>`): on every log line of
+    /// a job's life (the `job` span's `worker` field) and in the `worker`
+    /// field of each job it claims, which `queue-watchdog jobs show` prints.
+    ///
+    /// ```
+    /// # fn f(b: queue_core::WorkerBuilder) -> queue_core::WorkerBuilder {
+    /// b.name("billing-7")
+    /// # }
+    /// ```
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Handler timeout of the job type `job_type` on this worker, replacing
+    /// the one of `#[job(timeout)]` (or adding one where it has none). A
+    /// handler that runs longer fails with a retryable error. The type must
+    /// be registered (checked by [`build`](Self::build)).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # fn f(b: queue_core::WorkerBuilder) -> queue_core::WorkerBuilder {
+    /// b.timeout_for("send_welcome", Duration::from_secs(5))
+    /// # }
+    /// ```
+    pub fn timeout_for(mut self, job_type: impl Into<String>, timeout: Duration) -> Self {
+        self.timeouts.insert(job_type.into(), timeout);
         self
     }
 
@@ -219,6 +255,10 @@ impl WorkerBuilder {
                 labels,
                 queues,
                 config: self.config,
+                identity: match self.name {
+                    Some(name) => WorkerIdentity::current().named(name),
+                    None => WorkerIdentity::current(),
+                },
             }),
             shutdown: watch::channel(false).0,
         })
@@ -247,12 +287,32 @@ impl WorkerBuilder {
         Ok(())
     }
 
-    /// Handlers by `(queue, job type)`; a type registered twice is an error.
+    /// Handlers by `(queue, job type)`, with the timeouts of
+    /// [`timeout_for`](Self::timeout_for); a type registered twice, or a
+    /// timeout for a type not registered, is an error.
     fn handlers(&self) -> Result<HashMap<(String, String), Registration>> {
+        if let Some(name) = self
+            .timeouts
+            .keys()
+            .find(|n| !self.registrations.iter().any(|r| r.name == n.as_str()))
+        {
+            return Err(QueueError::Config(format!(
+                "timeout_for(`{name}`): no such job type is registered"
+            )));
+        }
+        if let Some((name, _)) = self.timeouts.iter().find(|(_, t)| t.is_zero()) {
+            return Err(QueueError::Config(format!(
+                "timeout_for(`{name}`): the timeout must be more than zero"
+            )));
+        }
         let mut handlers = HashMap::new();
         for reg in &self.registrations {
             let key = (reg.queue.to_string(), reg.name.to_string());
-            if handlers.insert(key, reg.clone()).is_some() {
+            let mut run = reg.clone();
+            if let Some(limit) = self.timeouts.get(reg.name) {
+                run.timeout = Some(*limit);
+            }
+            if handlers.insert(key, run).is_some() {
                 return Err(QueueError::Config(format!(
                     "job type `{}` registered twice on queue `{}`",
                     reg.name, reg.queue

@@ -195,7 +195,7 @@ impl Fetcher {
                         hard_stop: self.hard_stop.clone(),
                         acker: self.ackers[qi].clone(),
                     };
-                    let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt);
+                    let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt, worker = %self.inner.identity);
                     tokio::spawn(
                         async move {
                             runner.run(delivery).await;
@@ -238,7 +238,8 @@ impl Fetcher {
         self.same_token_retries(keys, None, "fetch", || {
             let mut conn = self.inner.conn.clone();
             let fetch = &fetch;
-            async move { fetch.run_or_paused(&mut conn).await }
+            let me = &self.inner.identity.name;
+            async move { fetch.run_or_paused_as(&mut conn, me).await }
         })
         .await
     }
@@ -271,7 +272,8 @@ impl Fetcher {
         self.same_token_retries(&k, Some(&job_id), "claim", || {
             let mut conn = self.inner.conn.clone();
             let claim = &claim;
-            async move { claim.run(&mut conn).await }
+            let me = &self.inner.identity.name;
+            async move { claim.run_as(&mut conn, me).await }
         })
         .await
         .map(Some)

@@ -12,6 +12,7 @@
 //! | `heartbeat.rs` | extending a running job's lease |
 //! | `paused.rs` | a fetcher's wait while its queue is paused |
 //! | `cancel.rs` | ending a cancelled delivery |
+//! | `identity.rs` | [`WorkerIdentity`]: the name on the job span and in the job hash |
 //!
 //! The promoter and the cron scheduler it also starts live in
 //! `crate::background`.
@@ -21,6 +22,7 @@ mod builder;
 mod cancel;
 mod fetcher;
 mod heartbeat;
+mod identity;
 mod paused;
 mod runner;
 mod slots;
@@ -35,6 +37,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use builder::{WorkerBuilder, WorkerConfig};
+pub use identity::WorkerIdentity;
 
 use crate::background::scheduler::Periodic;
 use crate::background::{promoter, scheduler};
@@ -55,6 +58,8 @@ struct Inner {
     /// Highest priority first.
     queues: Vec<WorkerQueue>,
     config: WorkerConfig,
+    /// Who this worker is: on every job span and in each claimed job's hash.
+    identity: WorkerIdentity,
 }
 
 /// Runs registered jobs from one or more queues.
@@ -116,6 +121,11 @@ impl Worker {
     /// Starts building a worker connected to `url`.
     pub fn builder(url: &str) -> WorkerBuilder {
         WorkerBuilder::new(url)
+    }
+
+    /// Who this worker is (see [`WorkerBuilder::name`]).
+    pub fn identity(&self) -> &WorkerIdentity {
+        &self.inner.identity
     }
 
     /// A handle that triggers graceful shutdown.

@@ -55,6 +55,10 @@ fn render(d: &JobDetail) -> String {
             f("attempts"),
             f("max_attempts")
         ));
+        if let Some(worker) = d.field("worker").filter(|w| !w.is_empty()) {
+            // Written by the claim of the current (or, once it ended, the last) delivery.
+            s.push_str(&format!("  worker    {worker}\n"));
+        }
     }
     s.push_str("history (the hash keeps the latest time of each kind of event)\n");
     for e in &d.history {
