@@ -2,7 +2,9 @@
 //! main (`promote.lua`). A worker runs [`run`] every `promote_interval`; the
 //! watchdog calls [`promote_all_due`] at the end of each pass. Each call is
 //! one script, so any number of workers and watchdogs can promote at once
-//! (DESIGN rule 1, docs/DESIGN.md).
+//! (DESIGN rule 1, docs/DESIGN.md). The same tick refreshes the worker's
+//! announcement of the payload versions it handles (`announce.lua`, rolling
+//! deploys).
 
 use std::time::Duration;
 
@@ -12,7 +14,33 @@ use tracing::{debug, warn};
 use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::keys::QueueKeys;
+use crate::scripts::announce::Announce;
 use crate::scripts::promote::Promote;
+
+/// The `(job type, version)` fields a worker announces per queue on every
+/// tick, each lasting `ttl`.
+pub(crate) struct Announcements {
+    /// Per queue, its versions-hash fields (`type:version`).
+    pub(crate) fields: Vec<(QueueKeys, Vec<String>)>,
+    /// How long one announcement lasts.
+    pub(crate) ttl: Duration,
+}
+
+impl Announcements {
+    /// Announces every queue's fields; errors are logged (the next tick retries).
+    async fn refresh(&self, conn: &mut RedisConnection) {
+        for (keys, fields) in &self.fields {
+            let announce = Announce {
+                keys,
+                fields,
+                ttl: self.ttl,
+            };
+            if let Err(e) = announce.run(conn).await {
+                warn!(queue = %keys.queue, error = %e, "announcing handled versions failed; will retry");
+            }
+        }
+    }
+}
 
 /// Ids moved per script call.
 const BATCH: usize = 1000;
@@ -36,17 +64,20 @@ pub(crate) async fn promote_all_due(conn: &mut RedisConnection, keys: &QueueKeys
 }
 
 /// Moves due jobs to main for every queue, one script call per queue every
-/// `every`, until `stop` turns true. Errors are logged and retried.
+/// `every`, until `stop` turns true, first refreshing `announce`. Errors are
+/// logged and retried.
 pub(crate) async fn run(
     mut conn: RedisConnection,
     queues: Vec<QueueKeys>,
     every: Duration,
+    announce: Announcements,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
         if *stop.borrow() {
             return;
         }
+        announce.refresh(&mut conn).await;
         for keys in &queues {
             match promote(&mut conn, keys).await {
                 Ok(n) if n > 0 => {

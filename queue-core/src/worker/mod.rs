@@ -12,6 +12,7 @@
 //! | `heartbeat.rs` | extending a running job's lease |
 //! | `paused.rs` | a fetcher's wait while its queue is paused |
 //! | `cancel.rs` | ending a cancelled delivery |
+//! | `defer.rs` | a newer payload version: left for an upgraded worker; the versions this worker announces |
 //!
 //! The promoter and the cron scheduler it also starts live in
 //! `crate::background`.
@@ -19,6 +20,7 @@
 mod acker;
 mod builder;
 mod cancel;
+mod defer;
 mod fetcher;
 mod heartbeat;
 mod paused;
@@ -244,6 +246,10 @@ async fn spawn_tasks(
         inner.conn.clone(),
         inner.queues.iter().map(|q| q.keys.clone()).collect(),
         cfg.promote_interval,
+        promoter::Announcements {
+            fields: defer::announced_fields(inner),
+            ttl: cfg.announce_ttl(),
+        },
         stop_tx.subscribe(),
     )));
     tasks.push(tokio::spawn(scheduler::run(
