@@ -100,6 +100,15 @@ async fn dead(env: &TestEnv) -> Vec<String> {
     env.list(&QueueKeys::new(QUEUE).dead).await
 }
 
+/// Waits until job `id` is in the dead list; its dead-letter reason.
+async fn wait_dead_reason(env: &TestEnv, id: &JobId) -> String {
+    wait_until(BOUND, "job dead-lettered", || async {
+        dead(env).await.contains(&id.to_string())
+    })
+    .await;
+    job_field(env, id, "dead_reason").await.unwrap_or_default()
+}
+
 /// Waits until the job was given back `n` times or dead-lettered.
 async fn wait_deferred_or_dead(env: &TestEnv, n: u64) {
     wait_until(BOUND, "job deferred or dead-lettered", || async {
@@ -163,13 +172,7 @@ async fn newer_payload_is_dead_lettered_when_no_worker_announces_its_version() {
     let old = start_worker(&env, Registration::of::<RenderV1>(), wait).await;
     let id = enqueue_once::<RenderV2>(&env).await;
 
-    wait_until(BOUND, "newer payload dead-lettered", || async {
-        dead(&env).await.contains(&id.to_string())
-    })
-    .await;
-    let reason = job_field(&env, &id, "dead_reason")
-        .await
-        .unwrap_or_default();
+    let reason = wait_dead_reason(&env, &id).await;
     assert!(
         reason.contains("newer than this worker's handler")
             && reason.contains("no live worker has announced it"),
@@ -220,13 +223,7 @@ async fn an_announced_version_keeps_the_job_waiting_past_the_wait() {
         .hdel(&versions, "render:2")
         .await
         .expect("HDEL");
-    wait_until(BOUND, "newer payload dead-lettered", || async {
-        dead(&env).await.contains(&id.to_string())
-    })
-    .await;
-    let reason = job_field(&env, &id, "dead_reason")
-        .await
-        .unwrap_or_default();
+    let reason = wait_dead_reason(&env, &id).await;
     assert!(
         reason.contains("no live worker has announced it"),
         "{reason}"
@@ -240,13 +237,7 @@ async fn older_payload_is_dead_lettered_at_once() {
     let new = start_worker(&env, Registration::of::<RenderV2>(), BOUND).await;
     let id = enqueue_once::<RenderV1>(&env).await;
 
-    wait_until(BOUND, "older payload dead-lettered", || async {
-        dead(&env).await.contains(&id.to_string())
-    })
-    .await;
-    let reason = job_field(&env, &id, "dead_reason")
-        .await
-        .unwrap_or_default();
+    let reason = wait_dead_reason(&env, &id).await;
     assert!(reason.contains("unknown schema version 1"), "{reason}");
     assert_eq!(deferred(&env).await, 0);
     new.stop().await;

@@ -9,7 +9,8 @@
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 versions hash
 -- ARGV: 1 id, 2 token, 3 versions field (`type:version`), 4 delay_ms, 5 wait_ms,
 --       6 the handler's version (for the reason)
--- Returns {'deferred', run_at} | {'dead', reason} | {'lost'} | {'cancel_requested'}.
+-- Returns, like fail.lua, {'retry', run_at} (given back) | {'dead', reason} | {'lost'}
+-- | {'cancel_requested'} (nothing written).
 local delay = arg_count(ARGV[4], 'delay_ms')
 local wait = arg_count(ARGV[5], 'wait_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list', KEYS[7], 'hash')
@@ -17,7 +18,7 @@ local h, bad = read_job(KEYS[3], 'token', 'state', 'attempts', 'failed_token', '
   'dead_reason', 'newer_since', 'cancel_requested')
 if h and h[4] == ARGV[2] then
   if h[2] == 'dead' then return {'dead', h[6] or ''} end
-  return {'deferred', as_count(h[5]) or now_ms()}
+  return {'retry', as_count(h[5]) or now_ms()}
 end
 if h and (h[2] ~= 'active' or h[1] ~= ARGV[2]) then
   return {'lost'}
@@ -46,7 +47,7 @@ if not bad then
     redis.call('LREM', KEYS[1], 1, ARGV[1])
     redis.call('ZREM', KEYS[2], ARGV[1])
     bump(KEYS[6], 'deferred', 1)
-    return {'deferred', run_at}
+    return {'retry', run_at}
   end
   reason = 'payload schema version ' .. ARGV[3] .. ' is newer than this worker\'s handler (version '
     .. ARGV[6] .. ') and no live worker has announced it for ' .. (now - since) .. ' ms (wait '

@@ -503,7 +503,7 @@ async fn replay_and_purge_touch_only_dead_jobs() {
 
 #[tokio::test]
 async fn a_defer_retried_after_its_reply_was_lost_gets_the_same_outcome() {
-    use super::defer::{Defer, DeferReply};
+    use super::defer::Defer;
     let mut fx = Fixture::start().await;
     fx.enqueue("j1", 1).await;
     let d = fx.fetch_one().await;
@@ -524,7 +524,7 @@ async fn a_defer_retried_after_its_reply_was_lost_gets_the_same_outcome() {
     let again = defer.run(&mut fx.conn.clone()).await.unwrap();
     let job = fx.job("j1").await;
     let run_at = job["run_at"].parse().unwrap();
-    assert_eq!(again, DeferReply::Deferred { run_at_ms: run_at });
+    assert_eq!(again, FailReply::Retry { run_at_ms: run_at });
     assert_eq!(job["attempts"], "0", "the attempt is given back once");
     assert!(!job.contains_key("token"), "lease dropped");
     let places = fx.places("j1").await;
@@ -541,6 +541,6 @@ async fn a_defer_retried_after_its_reply_was_lost_gets_the_same_outcome() {
     };
     assert_eq!(
         stale.run(&mut fx.conn.clone()).await.unwrap(),
-        DeferReply::LeaseLost
+        FailReply::LeaseLost
     );
 }

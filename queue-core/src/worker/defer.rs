@@ -18,7 +18,8 @@ use crate::keys::QueueKeys;
 use crate::metrics::JobLabels;
 use crate::scripts::announce;
 use crate::scripts::claim::Delivery;
-use crate::scripts::defer::{Defer, DeferReply};
+use crate::scripts::defer::Defer;
+use crate::scripts::fail::FailReply;
 
 /// The versions-hash fields this worker announces on each of its queues.
 pub(super) fn announced_fields(inner: &Inner) -> Vec<(QueueKeys, Vec<String>)> {
@@ -98,7 +99,7 @@ impl JobRunner {
         .run(&mut conn)
         .await?;
         match reply {
-            DeferReply::Deferred { run_at_ms } => {
+            FailReply::Retry { run_at_ms } => {
                 info!(
                     job_version = d.version,
                     handler_version = known,
@@ -107,7 +108,7 @@ impl JobRunner {
                 );
                 Ok("deferred")
             }
-            DeferReply::Dead { reason } => {
+            FailReply::Dead { reason } => {
                 error!(
                     job_version = d.version,
                     handler_version = known,
@@ -116,8 +117,8 @@ impl JobRunner {
                 );
                 Ok("dead_lettered")
             }
-            DeferReply::LeaseLost => Err(self.lease_lost(d)),
-            DeferReply::CancelRequested => {
+            FailReply::LeaseLost => Err(self.lease_lost(d)),
+            FailReply::CancelRequested => {
                 self.end_cancelled(
                     d,
                     "cancelled before a worker knowing its schema version ran it",
