@@ -54,8 +54,11 @@ pub trait Job: Send + Sync + 'static {
     const MAX_ATTEMPTS: u32 = 25;
     /// Per-attempt handler time limit; `None` means no limit.
     const TIMEOUT: Option<Duration> = None;
-    /// Payload schema version. A worker dead-letters payloads whose version
-    /// does not match the registered handler's.
+    /// Payload schema version. A worker dead-letters payloads of an older
+    /// version than the registered handler's; a newer one is left for an
+    /// upgraded worker (see [`WorkerConfig::newer_version_wait`]).
+    ///
+    /// [`WorkerConfig::newer_version_wait`]: crate::WorkerConfig::newer_version_wait
     const SCHEMA_VERSION: u32 = 1;
     /// Runs the handler.
     fn run(ctx: JobContext, args: Self::Args) -> BoxFuture<'static, Result<(), JobError>>;

@@ -17,6 +17,7 @@
 //! | `q:{<queue>}:tput:<minute>` | string | completions in that minute (epoch minutes), expires after 3 minutes |
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
+//! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -112,6 +113,20 @@ impl QueueKeys {
     /// time (ms) of the pause (docs/FLOW-CONTROL.md).
     pub fn paused(&self) -> String {
         format!("q:{{{}}}:paused", self.queue)
+    }
+
+    /// The versions hash: field `type:version` → expiry (ms, Redis clock) of
+    /// the latest announcement by a live worker that handles that payload
+    /// version on this queue. A worker that receives a newer payload than
+    /// its handler leaves the job for one announced here (docs/RELIABILITY.md,
+    /// "Rolling deploys").
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.versions(), "q:{emails}:versions");
+    /// ```
+    pub fn versions(&self) -> String {
+        format!("q:{{{}}}:versions", self.queue)
     }
 
     /// The step results of job `id`.

@@ -83,6 +83,12 @@ pub(crate) fn started(labels: &JobLabels) {
     metrics::counter!("queue_jobs_started_total", labels.0.iter()).increment(1);
 }
 
+/// A delivery given back for a worker that knows its newer payload schema
+/// version (rolling deploys): no attempt used.
+pub(crate) fn deferred(labels: &JobLabels) {
+    metrics::counter!("queue_jobs_deferred_total", labels.0.iter()).increment(1);
+}
+
 pub(crate) fn finished(labels: &JobLabels, outcome: &'static str, elapsed: Option<Duration>) {
     if outcome == "cancelled" {
         // Ended by an operator's cancel (docs/FLOW-CONTROL.md): not a failure.

@@ -255,6 +255,9 @@ fn run_worker_until_finished(url: &str, n: i64) {
         let queue = Queue::connect(url).await.unwrap();
         let worker = Worker::builder(url)
             .register(record_order::handler())
+            // A newer schema version is dead-lettered at once (no wait for
+            // an upgraded worker), so a `--schema-version` job finishes.
+            .newer_version_wait(std::time::Duration::ZERO)
             .build()
             .await
             .unwrap();
@@ -445,7 +448,8 @@ fn the_cli_reads_stdin_schedules_by_run_at_and_a_wrong_schema_version_is_dead_le
     );
     assert_eq!(job_field(&server, "cli-past", "state"), "queued");
 
-    // A schema version the handler does not know is dead-lettered, never run.
+    // A schema version the handler does not know is dead-lettered, never run
+    // (a newer one once no worker announces it; this worker waits zero).
     let v2 = ["--schema-version", "2"];
     assert_eq!(
         Producer::Cli.enqueue(&url, "cli-v2", &json, &v2),
@@ -453,9 +457,11 @@ fn the_cli_reads_stdin_schedules_by_run_at_and_a_wrong_schema_version_is_dead_le
     );
     run_worker_until_finished(&url, 2);
     let dead = dead_list(&url);
+    let reason = job_field(&server, "cli-v2", "dead_reason");
     assert!(
-        dead.contains("cli-v2") && dead.contains("unknown schema version 2"),
-        "{dead}"
+        dead.contains("cli-v2")
+            && reason.contains(":2 is newer than this worker's handler (version 1)"),
+        "{dead} {reason}"
     );
     let received = RECEIVED.lock().unwrap().clone();
     assert!(received

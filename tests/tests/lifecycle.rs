@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, EnqueueOutcome};
+use queue_core::{EnqueueOptions, EnqueueOutcome, WorkerConfig};
 use queue_tests::{fast_config, task, Task, TestEnv};
 
 #[tokio::test]
@@ -183,10 +183,16 @@ async fn bad_payloads_are_dead_lettered_and_the_worker_keeps_going() {
         .enqueue_raw("tasks", "task", 1, 3, raw("corrupt"), &[0xc1, 0xff, 0x00])
         .await
         .unwrap();
-    // A well-formed payload under a schema version no handler knows.
+    // A well-formed payload under a newer schema version no live worker
+    // announces (dead at once: this worker waits zero for one), and one
+    // under an older version no handler knows.
     let good = rmp_serde::to_vec_named(&env.task(0)).unwrap();
     queue
         .enqueue_raw("tasks", "task", 7, 3, raw("future-version"), &good)
+        .await
+        .unwrap();
+    queue
+        .enqueue_raw("tasks", "task", 0, 3, raw("past-version"), &good)
         .await
         .unwrap();
     // A job type no handler knows.
@@ -197,9 +203,13 @@ async fn bad_payloads_are_dead_lettered_and_the_worker_keeps_going() {
     // And a good job after them.
     let ok = env.enqueue(env.task(0)).await;
 
-    let worker = env.spawn_worker(fast_config()).await;
-    env.wait_stats("tasks", "3 dead + 1 done", |s| {
-        s.dead == 3 && s.counter("completed") == 1
+    let config = WorkerConfig {
+        newer_version_wait: Duration::ZERO,
+        ..fast_config()
+    };
+    let worker = env.spawn_worker(config).await;
+    env.wait_stats("tasks", "4 dead + 1 done", |s| {
+        s.dead == 4 && s.counter("completed") == 1
     })
     .await;
     worker.stop().await;
@@ -217,7 +227,13 @@ async fn bad_payloads_are_dead_lettered_and_the_worker_keeps_going() {
     let r = reason("corrupt").await;
     assert!(r.starts_with("payload does not decode as `task`"), "{r}");
     let r = reason("future-version").await;
-    assert!(r.contains("unknown schema version 7"), "{r}");
+    assert!(
+        r.contains("task:7 is newer than this worker's handler (version 1)")
+            && r.contains("no live worker has announced it"),
+        "{r}"
+    );
+    let r = reason("past-version").await;
+    assert!(r.contains("unknown schema version 0"), "{r}");
     let r = reason("unknown-type").await;
     assert!(r.contains("unknown job type `nope`"), "{r}");
     assert_eq!(

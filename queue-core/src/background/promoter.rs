@@ -11,6 +11,10 @@
 //! reclaim) pushes to that list, which wakes one promoter in any process to
 //! recompute its sleep. A lost wake-up (the woken worker dies, a producer
 //! that does not declare the wake key) costs at most `max_sleep`.
+//!
+//! The same loop refreshes the worker's announcement of the payload versions
+//! it handles on this queue (`announce.lua`, rolling deploys), at least every
+//! quarter of the announcement's lifetime.
 
 use std::time::Duration;
 
@@ -20,6 +24,7 @@ use tracing::{debug, warn};
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
+use crate::scripts::announce::Announce;
 use crate::scripts::promote::{Promote, PromoteReply};
 
 /// Ids moved per script call.
@@ -38,6 +43,29 @@ pub(crate) async fn promote_all_due(conn: &mut RedisConnection, keys: &QueueKeys
         total += n;
         if n < BATCH as u64 {
             return Ok(total);
+        }
+    }
+}
+
+/// The `type:version` fields a worker announces for one queue (rolling
+/// deploys: a newer payload waits while some live worker announces it).
+pub(crate) struct Announcement {
+    /// The queue's versions-hash fields (`type:version`).
+    pub(crate) fields: Vec<String>,
+    /// How long one announcement lasts.
+    pub(crate) ttl: Duration,
+}
+
+impl Announcement {
+    /// Announces the fields; an error is logged (the next refresh retries).
+    async fn refresh(&self, conn: &mut RedisConnection, keys: &QueueKeys) {
+        let announce = Announce {
+            keys,
+            fields: &self.fields,
+            ttl: self.ttl,
+        };
+        if let Err(e) = announce.run(conn).await {
+            warn!(queue = %keys.queue, error = %e, "announcing handled versions failed; will retry");
         }
     }
 }
@@ -70,11 +98,20 @@ pub(crate) async fn run(
     mut blocking: RedisConnection,
     keys: QueueKeys,
     max_sleep: Duration,
+    announce: Announcement,
     mut stop: watch::Receiver<bool>,
 ) {
+    // Refreshed well before it expires, whatever the promoter's sleeps.
+    let refresh_every = announce.ttl / 4;
+    let max_sleep = max_sleep.min(refresh_every.max(Duration::from_millis(1)));
+    let mut announced: Option<tokio::time::Instant> = None;
     loop {
         if *stop.borrow() {
             return;
+        }
+        if announced.is_none_or(|at| at.elapsed() >= refresh_every) {
+            announce.refresh(&mut conn, &keys).await;
+            announced = Some(tokio::time::Instant::now());
         }
         let next_due_in = match promote(&mut conn, &keys).await {
             Ok(reply) => {

@@ -3,7 +3,8 @@
 //! gets the same answer; corrupt job data is dead-lettered naming the field; a
 //! queue key of the wrong type is refused before any write; a corrupt counter
 //! never blocks a move; replay and purge touch only dead jobs; one bad claim
-//! row is reported alone.
+//! row is reported alone; a deferred newer-version delivery gives its attempt
+//! back once.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -516,4 +517,48 @@ async fn a_wake_key_of_another_type_never_blocks_a_retry() {
     let promoted = fx.promote().await.unwrap();
     assert_eq!(promoted.promoted, 1, "the retry (delay 0) is due");
     assert_eq!(promoted.next_due_in, None, "the delayed set is empty now");
+}
+
+#[tokio::test]
+async fn a_defer_retried_after_its_reply_was_lost_gets_the_same_outcome() {
+    use super::defer::Defer;
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 1).await;
+    let d = fx.fetch_one().await;
+    assert_eq!(d.attempt, 1);
+    super::defer::SCRIPT.load(&mut fx.conn).await.unwrap();
+    let keys = fx.keys.clone();
+    let defer = Defer {
+        keys: &keys,
+        id: &d.id,
+        token: &d.token,
+        field: "t:2",
+        delay: Duration::from_secs(60),
+        wait: Duration::from_secs(60),
+        known: 1,
+    };
+    fx.lose_reply(async |c| defer.run(c).await).await;
+    fx.wait_state("j1", "delayed").await;
+    let again = defer.run(&mut fx.conn.clone()).await.unwrap();
+    let job = fx.job("j1").await;
+    let run_at = job["run_at"].parse().unwrap();
+    assert_eq!(again, FailReply::Retry { run_at_ms: run_at });
+    assert_eq!(job["attempts"], "0", "the attempt is given back once");
+    assert!(!job.contains_key("token"), "lease dropped");
+    let places = fx.places("j1").await;
+    assert_eq!(
+        places,
+        Places {
+            delayed: true,
+            ..Places::default()
+        }
+    );
+    let stale = Defer {
+        token: "another delivery",
+        ..defer
+    };
+    assert_eq!(
+        stale.run(&mut fx.conn.clone()).await.unwrap(),
+        FailReply::LeaseLost
+    );
 }

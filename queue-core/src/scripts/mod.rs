@@ -27,9 +27,11 @@ use crate::job::JobId;
 pub(crate) mod reply;
 
 pub(crate) mod ack;
+pub(crate) mod announce;
 pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod dead_trim;
+pub(crate) mod defer;
 pub(crate) mod enqueue;
 pub(crate) mod extend;
 pub(crate) mod fail;
@@ -233,9 +235,11 @@ mod tests {
         }
         vec![
             entry!(ack),
+            entry!(announce),
             entry!(cancel),
             entry!(claim),
             entry!(dead_trim),
+            entry!(defer),
             entry!(enqueue),
             entry!(extend),
             entry!(fail),

@@ -63,6 +63,15 @@ pub struct WorkerConfig {
     /// window means fewer calls per job, but a worker that crashes loses
     /// the acks still waiting: those jobs run again (at-least-once).
     pub ack_window: Duration,
+    /// Rolling deploys: how long a payload whose schema version is newer
+    /// than this worker's handler is left for an upgraded worker while no
+    /// live worker has announced that version (default 5 minutes). Within
+    /// it the job is given back without using an attempt; after it, it is
+    /// dead-lettered with a reason saying so.
+    pub newer_version_wait: Duration,
+    /// How long such a job waits in the delayed set before it is offered
+    /// again (default 1 s).
+    pub newer_version_delay: Duration,
     /// Redis timeouts.
     pub connection: ConnectionConfig,
 }
@@ -82,12 +91,21 @@ impl Default for WorkerConfig {
             promote_interval: Duration::from_secs(2),
             ack_batch: 64,
             ack_window: Duration::from_millis(2),
+            newer_version_wait: Duration::from_secs(5 * 60),
+            newer_version_delay: Duration::from_secs(1),
             connection: ConnectionConfig::default(),
         }
     }
 }
 
 impl WorkerConfig {
+    /// How long a worker's announcement of the payload versions it handles
+    /// lasts (refreshed every `promote_interval`): four intervals, at least
+    /// 2 s.
+    pub fn announce_ttl(&self) -> Duration {
+        (self.promote_interval * 4).max(Duration::from_secs(2))
+    }
+
     /// The effective heartbeat period.
     pub fn heartbeat_interval(&self) -> Duration {
         self.heartbeat
@@ -228,6 +246,22 @@ impl WorkerBuilder {
     /// ```
     pub fn ack_window(mut self, window: Duration) -> Self {
         self.config.ack_window = window;
+        self
+    }
+
+    /// Rolling deploys: how long a job whose payload schema version is newer
+    /// than this worker's handler may wait for a worker that announces that
+    /// version (default 5 minutes). Until then this worker gives it back
+    /// without using an attempt; after it, the job is dead-lettered.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # fn f(b: queue_core::WorkerBuilder) -> queue_core::WorkerBuilder {
+    /// b.newer_version_wait(Duration::from_secs(15 * 60)) // a slow rollout
+    /// # }
+    /// ```
+    pub fn newer_version_wait(mut self, wait: Duration) -> Self {
+        self.config.newer_version_wait = wait;
         self
     }
 

@@ -13,6 +13,7 @@
 //! | `paused.rs` | a fetcher's wait while its queue is paused |
 //! | `cancel.rs` | ending a cancelled delivery |
 //! | `identity.rs` | [`WorkerIdentity`]: the name on the job span and in the job hash |
+//! | `defer.rs` | a newer payload version: left for an upgraded worker; the versions this worker announces |
 //!
 //! The promoter and the cron scheduler it also starts live in
 //! `crate::background`.
@@ -20,6 +21,7 @@
 mod acker;
 mod builder;
 mod cancel;
+mod defer;
 mod fetcher;
 mod heartbeat;
 mod identity;
@@ -247,12 +249,18 @@ async fn spawn_tasks(
         };
         tasks.push(tokio::spawn(fetcher.run()));
     }
+    let mut announced = defer::announced_fields(inner).into_iter();
     for (q, promoting) in inner.queues.iter().zip(promoting) {
+        let fields = announced.next().map(|(_, f)| f).unwrap_or_default();
         tasks.push(tokio::spawn(promoter::run(
             inner.conn.clone(),
             promoting,
             q.keys.clone(),
             cfg.promote_interval,
+            promoter::Announcement {
+                fields,
+                ttl: cfg.announce_ttl(),
+            },
             stop_tx.subscribe(),
         )));
     }

@@ -1,9 +1,10 @@
 //! Running one claimed delivery: find its handler, decode the payload, run
 //! the handler under its timeout with a heartbeat, then record the outcome
 //! (a success goes to the queue's acker, which batches `ack.lua` calls; a
-//! failure is `fail.lua`, here). An unknown type or schema version, or a payload
-//! that does not decode, is dead-lettered with the reason, never retried
-//! (DESIGN rule 9); a panic is a retryable error.
+//! failure is `fail.lua`, here). An unknown type or older schema version, or a
+//! payload that does not decode, is dead-lettered with the reason, never retried
+//! (DESIGN rule 9); a newer schema version is deferred (`defer.rs`); a panic is
+//! a retryable error.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -43,6 +44,9 @@ enum Outcome {
 impl JobRunner {
     pub(super) async fn run(mut self, d: Delivery) {
         let labels = self.inner.labels.get(&self.keys.queue, &d.job_type);
+        if let Some(known) = self.newer_than_handler(&d) {
+            return self.defer(&d, &labels, known).await;
+        }
         let reg = match self.registration(&d) {
             Ok(reg) => reg,
             Err(reason) => return self.finish(&d, &labels, Outcome::Dead(reason), None).await,

@@ -135,6 +135,10 @@ pub fn worker_config(concurrency: usize, lease: Duration) -> WorkerConfig {
             max: Duration::from_millis(500),
         },
         ack_window,
+        // Future-version poison jobs: given back (no attempt) for half a
+        // second, then dead-lettered, since no chaos worker announces them.
+        newer_version_wait: Duration::from_millis(500),
+        newer_version_delay: Duration::from_millis(100),
         ..defaults
     }
 }

@@ -1172,7 +1172,10 @@ fn check_dead(id: &str, plan: &Plan, reason: String, r: &mut Report, notes: &mut
                 "{id}: corrupt payload dead-lettered with reason {reason:?}"
             ));
         }
-        Plan::FutureVersion if !reason.contains("unknown schema version 99") => {
+        Plan::FutureVersion
+            if !reason.contains("99 is newer than this worker's handler")
+                || !reason.contains("no live worker has announced it") =>
+        {
             r.poison_mishandled += 1;
             notes.add(format!(
                 "{id}: unknown version dead-lettered with reason {reason:?}"

@@ -1,0 +1,61 @@
+//! `defer.lua`: a delivery whose payload schema version is newer than the
+//! worker's handler is given back without using an attempt (delayed for a
+//! short time, lease dropped, only while the token matches), or dead-lettered
+//! once no live worker has announced that version for the configured wait
+//! (docs/RELIABILITY.md, "Rolling deploys").
+
+use std::time::Duration;
+
+use super::fail::FailReply;
+use super::{lua_script, LuaScript};
+use crate::conn::RedisConnection;
+use crate::error::Result;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("defer.lua", keys = 7, args = 6, prelude(super::DRAIN));
+
+/// Gives back one delivery of a newer payload version.
+pub(crate) struct Defer<'a> {
+    pub(crate) keys: &'a QueueKeys,
+    pub(crate) id: &'a JobId,
+    pub(crate) token: &'a str,
+    /// The payload's field in the versions hash (`type:version`).
+    pub(crate) field: &'a str,
+    /// How long the job stays in the delayed set before it is offered again.
+    pub(crate) delay: Duration,
+    /// How long no live worker may have announced the version before the
+    /// job is dead-lettered.
+    pub(crate) wait: Duration,
+    /// The version this worker's handler knows (for the dead-letter reason).
+    pub(crate) known: u32,
+}
+
+impl Defer<'_> {
+    /// Runs the script. It answers like `fail.lua`: [`FailReply::Retry`]
+    /// means back in the delayed set (here with the attempt given back),
+    /// and `Dead`, `LeaseLost` and `CancelRequested` mean the same as there.
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<FailReply> {
+        let (k, id) = (self.keys, self.id.as_str());
+        let reply = SCRIPT
+            .call([
+                k.processing.clone(),
+                k.leases.clone(),
+                k.job(id),
+                k.delayed.clone(),
+                k.dead.clone(),
+                k.stats.clone(),
+                k.versions(),
+            ])
+            .arg(id)
+            .arg(self.token)
+            .arg(self.field)
+            .arg(self.delay.as_millis() as u64)
+            .arg(self.wait.as_millis() as u64)
+            .arg(self.known)
+            .run(conn, &k.queue, Some(self.id))
+            .await?;
+        FailReply::decode(&k.queue, self.id, &reply)
+    }
+}
