@@ -46,6 +46,8 @@ pub mod admin;
 mod background;
 mod backoff;
 mod conn;
+mod context;
+mod enqueue_options;
 mod error;
 mod failpoint;
 mod flow;

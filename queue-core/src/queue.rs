@@ -16,12 +16,12 @@ use redis::Value;
 use tracing::{debug, warn};
 
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
+pub use crate::enqueue_options::{EnqueueOptions, EnqueueOutcome, Enqueued};
 use crate::error::{QueueError, Result};
 use crate::job::{Job, JobId};
 use crate::keys::QueueKeys;
 use crate::scripts::enqueue::{self, Enqueue, EnqueueReply};
 use crate::scripts::{self, reply};
-use crate::state::JobState;
 
 /// A handle for enqueuing jobs. Cheap to clone; share one per process
 /// (e.g. in your web framework's state).
@@ -59,115 +59,6 @@ impl std::fmt::Debug for Queue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queue").finish_non_exhaustive()
     }
-}
-
-/// Options of one enqueue.
-///
-/// ```
-/// use std::time::Duration;
-/// let opts = queue_core::EnqueueOptions::new().id("invoice-1").delay(Duration::from_secs(60));
-/// assert_eq!(opts.id.as_ref().unwrap().as_str(), "invoice-1");
-/// ```
-#[derive(Debug, Clone, Default)]
-pub struct EnqueueOptions {
-    /// Stable job id (business key). `None`: a random UUID.
-    pub id: Option<JobId>,
-    /// Run no earlier than this long from now (Redis clock).
-    pub delay: Option<Duration>,
-    /// Override the job type's `MAX_ATTEMPTS`.
-    pub max_attempts: Option<u32>,
-    /// After the write, `WAIT` for this many replicas, at most this long.
-    pub replicas: Option<(u32, Duration)>,
-    /// Run no earlier than this time (Redis clock). Takes precedence over `delay`.
-    pub run_at: Option<std::time::SystemTime>,
-    /// Refuse this id for this long even after the job completed and its
-    /// record expired (used by periodic jobs: one run per period).
-    pub once_for: Option<Duration>,
-}
-
-impl EnqueueOptions {
-    /// Defaults: random id, run now, the job type's attempt limit.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Use a stable id; enqueuing it again is a no-op while the job exists or
-    /// its completion record is retained.
-    pub fn id(mut self, id: impl Into<JobId>) -> Self {
-        self.id = Some(id.into());
-        self
-    }
-
-    /// Delay the first run.
-    pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = Some(delay);
-        self
-    }
-
-    /// Run at (no earlier than) `at`, compared with the Redis clock. A time
-    /// in the past runs now.
-    pub fn run_at(mut self, at: std::time::SystemTime) -> Self {
-        self.run_at = Some(at);
-        self
-    }
-
-    /// Accept this id only once for `ttl`, even after the job completed.
-    pub fn once_for(mut self, ttl: Duration) -> Self {
-        self.once_for = Some(ttl);
-        self
-    }
-
-    /// Override the attempt limit.
-    pub fn max_attempts(mut self, n: u32) -> Self {
-        self.max_attempts = Some(n);
-        self
-    }
-
-    /// Return `Ok` only once `replicas` replicas confirmed the write (Redis
-    /// `WAIT`), or [`QueueError::NotReplicated`] after `timeout`. Narrows the
-    /// window in which a primary failover loses an acknowledged enqueue. The
-    /// `WAIT` runs on the shared connection and delays the commands queued
-    /// behind it until the replicas answer (at most `timeout`).
-    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.replicas = Some((replicas, timeout));
-        self
-    }
-}
-
-/// The result of an enqueue.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Enqueued {
-    /// The job's id (the existing one for a duplicate).
-    pub id: JobId,
-    /// Whether the job was written or already known.
-    pub outcome: EnqueueOutcome,
-}
-
-impl Enqueued {
-    /// True when this call created the job.
-    pub fn is_new(&self) -> bool {
-        self.outcome == EnqueueOutcome::Created
-    }
-}
-
-/// What an enqueue did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EnqueueOutcome {
-    /// The job was written and will run.
-    Created,
-    /// A job with this id exists (queued, delayed, active or dead); nothing
-    /// was written. `state` is [`JobState::Scheduled`] when a periodic
-    /// firing's once-marker refused the id.
-    ///
-    /// `state` was a `String` before 0.1 was split into typed scripts; it
-    /// compares with and converts from text (`state == "queued"`,
-    /// `"queued".into()`) and prints the same.
-    Duplicate {
-        /// The existing job's state.
-        state: JobState,
-    },
-    /// A job with this id completed within the retention window; nothing was written.
-    AlreadyCompleted,
 }
 
 impl Queue {
@@ -532,15 +423,5 @@ fn script_call<'a>(
         delay: opts.delay,
         run_at: opts.run_at,
         once_for: opts.once_for,
-    }
-}
-
-impl From<EnqueueReply> for EnqueueOutcome {
-    fn from(reply: EnqueueReply) -> Self {
-        match reply {
-            EnqueueReply::Created { .. } => EnqueueOutcome::Created,
-            EnqueueReply::Exists { state } => EnqueueOutcome::Duplicate { state },
-            EnqueueReply::Done => EnqueueOutcome::AlreadyCompleted,
-        }
     }
 }
