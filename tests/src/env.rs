@@ -286,8 +286,8 @@ impl TestEnv {
         .await;
     }
 
-    /// Waits until a client other than `except` is blocked (e.g. a worker's
-    /// fetcher in BLMOVE on an empty queue); returns its client id. Each
+    /// Waits until a fetcher other than `except` is blocked in BLMOVE on an
+    /// empty queue; returns its client id. Each
     /// fetcher blocks on a connection of its own, so passing the id returned
     /// last waits for another fetcher's turn.
     pub async fn wait_blocked_client(&self, except: Option<u64>) -> u64 {
@@ -307,7 +307,10 @@ impl TestEnv {
     }
 }
 
-/// Ids of the clients blocked right now on the server at `url` (`CLIENT LIST`, flag `b`).
+/// Ids of the clients blocked right now in `BLMOVE` on the server at `url`:
+/// workers' fetchers waiting on an empty queue (`CLIENT LIST`: flag `b` and
+/// `cmd=blmove`). Promoters block too (`BLPOP` on the queue's wake list);
+/// they are not fetchers and are not counted.
 pub async fn blocked_clients(url: &str) -> Vec<u64> {
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
@@ -316,8 +319,11 @@ pub async fn blocked_clients(url: &str) -> Vec<u64> {
         .expect("CLIENT LIST");
     list.lines()
         .filter(|l| {
-            l.split(' ')
-                .any(|f| f.strip_prefix("flags=").is_some_and(|f| f.contains('b')))
+            let mut fields = l.split(' ');
+            let blocked = fields
+                .clone()
+                .any(|f| f.strip_prefix("flags=").is_some_and(|f| f.contains('b')));
+            blocked && fields.any(|f| f == "cmd=blmove")
         })
         .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
         .filter_map(|id| id.parse().ok())

@@ -66,9 +66,9 @@ impl Scenario {
             .expect("INFO")
     }
 
-    /// Clients blocked in BLMOVE (or any blocking command).
+    /// Fetchers blocked in BLMOVE (the promoters' BLPOP is not counted).
     async fn blocked_clients(&self) -> u64 {
-        info_field(&self.info("clients").await, "blocked_clients").unwrap_or(0)
+        queue_tests::env::blocked_clients(&self.url).await.len() as u64
     }
 
     /// Calls of `command` since the last `CONFIG RESETSTAT` (commands run
