@@ -105,12 +105,6 @@ impl Scenario {
     }
 }
 
-fn info_field(info: &str, name: &str) -> Option<u64> {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}:")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// The pause lands while every worker is blocked in BLMOVE: the jobs enqueued
 /// afterwards wake a BLMOVE, but its claim puts them back unclaimed. For a
 /// window no job starts, the enqueues are accepted, no attempt is used and
