@@ -546,7 +546,11 @@ async fn live_slot_migration_while_producing_and_consuming_loses_no_job() {
     // Every script on the slot gets TRYAGAIN until the migration ends (the
     // client retries it), so a migration longer than the lease lets the
     // watchdog return the jobs in flight: at-least-once, bounded by them.
-    assert!(dups.len() <= 16, "duplicated side effects: {dups:?}");
+    // With batched acks (#12) "in flight" is the 2 x 8 running jobs plus
+    // the completed ones whose batched ack was caught by the migration (a
+    // slot is freed at completion, before its ack lands): at most as many
+    // again per worker.
+    assert!(dups.len() <= 2 * 16, "duplicated side effects: {dups:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
