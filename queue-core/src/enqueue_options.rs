@@ -32,6 +32,11 @@ pub struct EnqueueOptions {
     /// Refuse this id for this long even after the job completed and its
     /// record expired (used by periodic jobs: one run per period).
     pub once_for: Option<Duration>,
+    /// Extra job-hash fields stored with the job (`enqueue.lua` ARGV 10..):
+    /// how features such as deadlines, groups and trace context carry their
+    /// enqueue options to the scripts that read them. Set them through those
+    /// features' builder methods; a core field name is refused by the script.
+    pub extra_fields: Vec<(String, String)>,
 }
 
 impl EnqueueOptions {
@@ -63,6 +68,20 @@ impl EnqueueOptions {
     /// Accept this id only once for `ttl`, even after the job completed.
     pub fn once_for(mut self, ttl: Duration) -> Self {
         self.once_for = Some(ttl);
+        self
+    }
+
+    /// Stores `name = value` on the job hash (see
+    /// [`extra_fields`](Self::extra_fields)); a later call with the same name
+    /// replaces the value.
+    ///
+    /// ```
+    /// let opts = queue_core::EnqueueOptions::new().extra_field("tenant", "acme");
+    /// assert_eq!(opts.extra_fields, vec![("tenant".to_string(), "acme".to_string())]);
+    /// ```
+    pub fn extra_field(mut self, name: &str, value: impl Into<String>) -> Self {
+        self.extra_fields.retain(|(n, _)| n != name);
+        self.extra_fields.push((name.to_string(), value.into()));
         self
     }
 

@@ -410,7 +410,7 @@ fn script_call<'a>(
     job_type: &'a str,
     schema_version: u32,
     max_attempts: u32,
-    opts: &EnqueueOptions,
+    opts: &'a EnqueueOptions,
     payload: &'a [u8],
 ) -> Enqueue<'a> {
     Enqueue {
@@ -423,5 +423,6 @@ fn script_call<'a>(
         delay: opts.delay,
         run_at: opts.run_at,
         once_for: opts.once_for,
+        extra: &opts.extra_fields,
     }
 }

@@ -151,6 +151,7 @@ mod tests {
             delay: None,
             run_at: None,
             once_for: None,
+            extra: &[],
         }
         .run(conn)
         .await

@@ -359,6 +359,7 @@ mod fencing {
             delay: None,
             run_at: None,
             once_for: None,
+            extra: &[],
         };
         enqueue.run(&mut conn).await.unwrap();
         let first = fetch_one(&mut conn, &keys).await;

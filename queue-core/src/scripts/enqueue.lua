@@ -3,7 +3,10 @@
 --       promoter's bounded sleep instead of waking it)
 -- ARGV: 1 id, 2 type, 3 schema version, 4 payload, 5 max_attempts, 6 delay_ms,
 --       7 run_at_ms (absolute, Redis clock; 0: use the delay), 8 once-marker ttl_ms (0: none),
---       9 enqueue token (OPTIONAL: producers that send 8 arguments keep working)
+--       9 enqueue token (OPTIONAL: producers that send 8 arguments keep working),
+--       10.. extra job fields as name, value pairs (OPTIONAL: features such as
+--       deadlines, groups and trace context store their enqueue options on the job
+--       hash this way; a name of a core field is refused before any write)
 -- Returns {'new', run_at} | {'exists', state} | {'done'}
 -- The once-marker makes an id enqueueable once per marker lifetime even after
 -- its completion record is gone (periodic jobs fire once per period).
@@ -12,6 +15,27 @@
 -- and answers 'new' again, while any other call with the same id still gets
 -- 'exists'.
 local enq_token = ARGV[9] or ''
+-- Extra fields: validated before anything is read or written. The names the
+-- core scripts own are refused.
+local extra = {}
+if #ARGV > 9 then
+  local CORE_JOB_FIELDS = {}
+  for _, f in ipairs({'id', 'type', 'v', 'payload', 'max_attempts', 'attempts', 'enqueued_at',
+    'state', 'delivered_at', 'token', 'lease_until', 'fence', 'last_error', 'failed_at',
+    'failed_token', 'run_at', 'dead_reason', 'dead_at', 'replayed_at', 'enq_token', 'worker',
+    'cancel_requested'}) do CORE_JOB_FIELDS[f] = true end
+  if (#ARGV - 9) % 2 ~= 0 then
+    return redis.error_reply('ERR invalid argument extra fields: name, value pairs expected')
+  end
+  for i = 10, #ARGV, 2 do
+    if CORE_JOB_FIELDS[ARGV[i]] or ARGV[i] == '' then
+      return redis.error_reply('ERR invalid argument extra field name: ' .. ARGV[i]
+        .. ' is empty or a core job field')
+    end
+    extra[#extra + 1] = ARGV[i]
+    extra[#extra + 1] = ARGV[i + 1]
+  end
+end
 if enq_token ~= '' then
   local own = redis.call('HMGET', KEYS[2], 'enq_token', 'run_at', 'enqueued_at')
   if own[1] == enq_token then
@@ -39,6 +63,9 @@ redis.call('HSET', KEYS[2], 'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'paylo
   'max_attempts', ARGV[5], 'attempts', 0, 'enqueued_at', now, 'state', state)
 if enq_token ~= '' then
   redis.call('HSET', KEYS[2], 'enq_token', enq_token)
+end
+if #extra > 0 then
+  redis.call('HSET', KEYS[2], unpack(extra))
 end
 local wake = false
 if delay > 0 then

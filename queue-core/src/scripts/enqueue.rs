@@ -32,6 +32,8 @@ pub(crate) struct Enqueue<'a> {
     pub(crate) run_at: Option<SystemTime>,
     /// Refuse the id for this long even after it completed (periodic jobs).
     pub(crate) once_for: Option<Duration>,
+    /// Extra job-hash fields (ARGV 10..), name then value.
+    pub(crate) extra: &'a [(String, String)],
 }
 
 /// What the script did.
@@ -50,7 +52,7 @@ impl Enqueue<'_> {
     /// retry that finds it on the job answers `Created` again. `""`: none.
     fn call(&self, enq_token: &str) -> Call {
         let (k, id) = (self.keys, self.id.as_str());
-        SCRIPT
+        let mut call = SCRIPT
             .call([
                 k.main.clone(),
                 k.job(id),
@@ -68,7 +70,13 @@ impl Enqueue<'_> {
             .arg(millis(self.delay))
             .arg(epoch_ms(self.run_at))
             .arg(millis(self.once_for))
-            .arg(enq_token)
+            .arg(enq_token);
+        for (name, value) in self.extra {
+            call = call
+                .repeated_arg(name.as_str())
+                .repeated_arg(value.as_str());
+        }
+        call
     }
 
     /// Runs the script alone, without an enqueue token.

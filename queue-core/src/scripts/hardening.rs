@@ -82,6 +82,7 @@ impl Fixture {
             delay: None,
             run_at: None,
             once_for: None,
+            extra: &[],
         }
         .run(&mut self.conn)
         .await
@@ -561,4 +562,51 @@ async fn a_defer_retried_after_its_reply_was_lost_gets_the_same_outcome() {
         stale.run(&mut fx.conn.clone()).await.unwrap(),
         FailReply::LeaseLost
     );
+}
+
+/// Extra job fields (enqueue.lua ARGV 10..) land on the job hash; a name the
+/// core scripts own, or an odd count, is refused before any write.
+#[tokio::test]
+async fn enqueue_extra_fields_are_stored_and_core_names_refused() {
+    let mut f = Fixture::start().await;
+    let (keys, conn) = (f.keys.clone(), f.conn.clone());
+    let send = |id: &'static str, extra: Vec<(String, String)>| {
+        let (keys, mut conn) = (keys.clone(), conn.clone());
+        async move {
+            let id = JobId::from(id);
+            Enqueue {
+                keys: &keys,
+                id: &id,
+                job_type: "t",
+                schema_version: 1,
+                payload: b"",
+                max_attempts: 1,
+                delay: None,
+                run_at: None,
+                once_for: None,
+                extra: &extra,
+            }
+            .run(&mut conn)
+            .await
+        }
+    };
+    let pair = |n: &str, v: &str| (n.to_string(), v.to_string());
+    send("x1", vec![pair("tenant", "acme"), pair("expires_at", "42")])
+        .await
+        .unwrap();
+    let job = keys.job("x1");
+    assert_eq!(
+        f.cmd(&["HMGET", &job, "tenant", "expires_at", "state"])
+            .await,
+        Value::Array(vec![
+            Value::BulkString(b"acme".to_vec()),
+            Value::BulkString(b"42".to_vec()),
+            Value::BulkString(b"queued".to_vec()),
+        ])
+    );
+    for bad in [vec![pair("state", "done")], vec![pair("", "v")]] {
+        assert!(send("x2", bad).await.is_err());
+    }
+    assert_eq!(f.cmd(&["EXISTS", &keys.job("x2")]).await, Value::Int(0));
+    assert_eq!(f.cmd(&["LLEN", &keys.main]).await, Value::Int(1));
 }

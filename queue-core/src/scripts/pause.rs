@@ -76,6 +76,7 @@ mod tests {
                 delay: None,
                 run_at: None,
                 once_for: None,
+                extra: &[],
             }
             .run(&mut conn)
             .await

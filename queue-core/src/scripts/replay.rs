@@ -79,6 +79,7 @@ mod tests {
             delay: None,
             run_at: None,
             once_for: None,
+            extra: &[],
         };
         assert!(matches!(
             enqueue.run(&mut conn).await.unwrap(),

@@ -97,6 +97,7 @@ mod tests {
                 delay: None,
                 run_at: None,
                 once_for: None,
+                extra: &[],
             }
             .run(&mut conn)
             .await
