@@ -1,37 +1,14 @@
 //! `queue-watchdog inbox migrate | stats | reconcile | prune` against a real
 //! PostgreSQL.
 
-use std::process::Command;
-
-use queue_core::{BoxFuture, Job, JobContext, JobError};
+use queue_core::JobContext;
 use queue_inbox::Inbox;
 use queue_outbox::{connect_postgres, Outbox};
 use queue_testkit::postgres::{require, unique_name, DropTable};
 
-const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
-
-struct Invoice;
-impl Job for Invoice {
-    type Args = u32;
-    const NAME: &'static str = "invoice";
-    const QUEUE: &'static str = "billing";
-    fn run(_: JobContext, _: u32) -> BoxFuture<'static, Result<(), JobError>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
-fn cli(db: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("DATABASE_URL", db)
-        .output()
-        .expect("binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/billing_cli.rs"]
+mod billing_cli;
+use billing_cli::{cli, Invoice};
 
 #[tokio::test]
 async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
@@ -43,7 +20,7 @@ async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
         DropTable::new(&db, &outbox_table),
     ];
 
-    let (code, out, err) = cli(&db, &["inbox", "migrate", "--table", &table]);
+    let (code, out, err) = cli(None, &db, &["inbox", "migrate", "--table", &table]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("is ready"), "{out}");
 
@@ -70,7 +47,7 @@ async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
         .unwrap();
     tx.commit().await.unwrap();
 
-    let (code, out, err) = cli(&db, &["inbox", "stats", "--table", &table, "--json"]);
+    let (code, out, err) = cli(None, &db, &["inbox", "stats", "--table", &table, "--json"]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("\"queue\":\"billing\""), "{out}");
     assert!(out.contains("\"done\":1"), "{out}");
@@ -87,7 +64,7 @@ async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
         "--queue",
         "billing",
     ];
-    let (code, out, err) = cli(&db, &reconcile);
+    let (code, out, err) = cli(None, &db, &reconcile);
     assert_eq!(code, 1, "a row is listed: {out}{err}");
     assert!(
         out.contains("invoice-2") && !out.contains("invoice-1"),
@@ -95,6 +72,7 @@ async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
     );
 
     let (code, out, err) = cli(
+        None,
         &db,
         &[
             "inbox",

@@ -1,39 +1,14 @@
 //! `queue-watchdog outbox migrate | relay | reconcile` against real
 //! PostgreSQL and redis-server.
 
-use std::process::Command;
-
-use queue_core::{BoxFuture, Job, JobContext, JobError, Queue};
+use queue_core::Queue;
 use queue_outbox::{connect_postgres, Outbox};
 use queue_testkit::postgres::{require, unique_name, DropTable};
 use queue_testkit::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
-
-struct Invoice;
-impl Job for Invoice {
-    type Args = u32;
-    const NAME: &'static str = "invoice";
-    const QUEUE: &'static str = "billing";
-    fn run(_: JobContext, _: u32) -> BoxFuture<'static, Result<(), JobError>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
-fn cli(redis: &str, db: &str, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .arg("--redis")
-        .arg(redis)
-        .args(args)
-        .env("DATABASE_URL", db)
-        .output()
-        .expect("binary runs");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/billing_cli.rs"]
+mod billing_cli;
+use billing_cli::{cli, Invoice};
 
 #[tokio::test]
 async fn migrate_relay_and_reconcile_from_the_command_line() {
@@ -42,7 +17,11 @@ async fn migrate_relay_and_reconcile_from_the_command_line() {
     let table = unique_name("cli_outbox");
     let _drop = DropTable::new(&db, &table);
 
-    let (code, out, err) = cli(&redis.url(), &db, &["outbox", "migrate", "--table", &table]);
+    let (code, out, err) = cli(
+        Some(&redis.url()),
+        &db,
+        &["outbox", "migrate", "--table", &table],
+    );
     assert_eq!(code, 0, "{out}{err}");
 
     // A business transaction stages a job.
@@ -57,7 +36,7 @@ async fn migrate_relay_and_reconcile_from_the_command_line() {
     assert_eq!(staged.id.as_str(), "invoice-4821");
 
     let (code, out, err) = cli(
-        &redis.url(),
+        Some(&redis.url()),
         &db,
         &["outbox", "relay", "--table", &table, "--once"],
     );
@@ -73,7 +52,7 @@ async fn migrate_relay_and_reconcile_from_the_command_line() {
 
     // Re-running publishes nothing new.
     let (code, out, _) = cli(
-        &redis.url(),
+        Some(&redis.url()),
         &db,
         &["outbox", "relay", "--table", &table, "--once"],
     );
@@ -82,7 +61,7 @@ async fn migrate_relay_and_reconcile_from_the_command_line() {
 
     // The job never ran: reconcile lists it (exit 1), as queued.
     let (code, out, err) = cli(
-        &redis.url(),
+        Some(&redis.url()),
         &db,
         &[
             "outbox",
