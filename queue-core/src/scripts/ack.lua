@@ -1,6 +1,7 @@
 -- Success, for a batch of deliveries of one queue: for each (id, token) whose lease token still
 -- matches (DESIGN rule 3: every token is checked), write the completion record, then drop the
--- job from processing and leases and drop its hash. Counters once per batch, last.
+-- job from processing; then, once per batch, from leases, and drop the hashes (variadic ZREM and
+-- DEL). Counters once per batch, last.
 -- KEYS: 1 processing, 2 leases, 3 stats, 4 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 done prefix, 3 steps prefix, 4 retention_ms (0: no record),
 --       5 throughput key prefix (a per-minute counter `<prefix><minute>` that expires)
@@ -33,7 +34,7 @@ end
 local t = redis.call('TIME')
 local now = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
 local out = {}
-local acked = 0
+local acked = {}
 for n, h in ipairs(fields) do
   local i = 3 + 3 * n
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -56,21 +57,41 @@ for n, h in ipairs(fields) do
           'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token)
       end
       redis.call('PEXPIRE', done, retention)
-      redis.call('PEXPIRE', ARGV[3] .. id, retention)
-    else
-      redis.call('DEL', ARGV[3] .. id)
     end
-    redis.call('LREM', KEYS[1], 1, id)
-    redis.call('ZREM', KEYS[2], id)
-    redis.call('DEL', ARGV[1] .. id)
-    acked = acked + 1
+    -- Acks come for old deliveries, near the tail (fetches push at the head):
+    -- LREM from the tail (-1) is O(1) for them instead of O(jobs in flight).
+    redis.call('LREM', KEYS[1], -1, id)
+    acked[#acked + 1] = id
     out[n] = 1
   end
 end
 
-if acked > 0 then
-  redis.call('HINCRBY', KEYS[3], 'completed', acked)
+-- The rest of the removal once per batch (variadic ZREM and DEL, chunked to
+-- stay far below Lua's unpack limit): per-job calls are the cost (issue #12).
+if #acked > 0 then
+  for first = 1, #acked, 500 do
+    local last = math.min(first + 499, #acked)
+    local ids, jobs, steps = {}, {}, {}
+    for j = first, last do
+      ids[#ids + 1] = acked[j]
+      jobs[#jobs + 1] = ARGV[1] .. acked[j]
+      steps[#steps + 1] = ARGV[3] .. acked[j]
+    end
+    redis.call('ZREM', KEYS[2], unpack(ids))
+    if retention > 0 then
+      -- Step results expire with the record; most handlers keep none, so one
+      -- EXISTS for the batch usually saves a PEXPIRE per job.
+      if redis.call('EXISTS', unpack(steps)) > 0 then
+        for _, s in ipairs(steps) do redis.call('PEXPIRE', s, retention) end
+      end
+      redis.call('DEL', unpack(jobs))
+    else
+      for _, s in ipairs(steps) do jobs[#jobs + 1] = s end
+      redis.call('DEL', unpack(jobs))
+    end
+  end
+  redis.call('HINCRBY', KEYS[3], 'completed', #acked)
   local minute_key = ARGV[5] .. math.floor(tonumber(t[1]) / 60)
-  if redis.call('INCRBY', minute_key, acked) == acked then redis.call('PEXPIRE', minute_key, 180000) end
+  if redis.call('INCRBY', minute_key, #acked) == #acked then redis.call('PEXPIRE', minute_key, 180000) end
 end
 return out

@@ -235,6 +235,73 @@ mod tests {
         assert_eq!(completed, 1);
     }
 
+    /// A batch drops every acked job's hash and lease and gives the step
+    /// results of the jobs that kept some the record's retention (issue #12:
+    /// these are one variadic call per batch now, not one per job); with a
+    /// retention of zero the step results go with the job.
+    #[tokio::test]
+    async fn a_batch_drops_hashes_and_leases_and_expires_step_results() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
+        for retention in [RETENTION, Duration::ZERO] {
+            let keys = QueueKeys::new(&format!("steps{}", retention.as_millis()));
+            let ds = [
+                delivered(&mut c, &keys, "a").await,
+                delivered(&mut c, &keys, "b").await,
+                delivered(&mut c, &keys, "c").await,
+            ];
+            let _: () = redis::cmd("HSET")
+                .arg(keys.steps("b"))
+                .arg("charge")
+                .arg("ok")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let items: Vec<AckItem> = ds.iter().map(item).collect();
+            let replies = Ack {
+                keys: &keys,
+                items: &items,
+                retention,
+            }
+            .run(&mut c)
+            .await
+            .unwrap();
+            assert_eq!(replies, [AckReply::Completed; 3]);
+            for id in ["a", "b", "c"] {
+                let job: bool = redis::cmd("EXISTS")
+                    .arg(keys.job(id))
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                assert!(!job, "the hash of {id} is dropped");
+            }
+            let leased: u64 = redis::cmd("ZCARD")
+                .arg(&keys.leases)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            let processing: u64 = redis::cmd("LLEN")
+                .arg(&keys.processing)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert_eq!((leased, processing), (0, 0));
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(keys.steps("b"))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            if retention.is_zero() {
+                assert_eq!(ttl, -2, "step results go with the job");
+            } else {
+                assert!(
+                    ttl > 0 && ttl <= RETENTION.as_millis() as i64,
+                    "step results expire with the record, PTTL {ttl}"
+                );
+            }
+        }
+    }
+
     /// Issue #11 item 1 (ack part): the first ack lands but its reply is lost
     /// (the client times out while Redis is busy); the retried ack with the
     /// same token must answer "completed", not "lease lost".

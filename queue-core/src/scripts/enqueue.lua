@@ -36,7 +36,10 @@ if #ARGV > 9 then
     extra[#extra + 1] = ARGV[i + 1]
   end
 end
-if enq_token ~= '' then
+-- One EXISTS for the job hash and the completion record: a new id (the usual
+-- case) needs no other read; the checks below run only when one exists.
+local known = redis.call('EXISTS', KEYS[2], KEYS[3]) > 0
+if known and enq_token ~= '' then
   local own = redis.call('HMGET', KEYS[2], 'enq_token', 'run_at', 'enqueued_at')
   if own[1] == enq_token then
     return {'new', tonumber(own[2] or own[3]) or 0}
@@ -47,10 +50,10 @@ if tonumber(ARGV[8]) > 0 then
     return {'exists', 'scheduled'}
   end
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then
+if known and redis.call('EXISTS', KEYS[3]) == 1 then
   return {'done'}
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then
+if known and redis.call('EXISTS', KEYS[2]) == 1 then
   return {'exists', redis.call('HGET', KEYS[2], 'state') or ''}
 end
 local now = now_ms()
@@ -59,18 +62,22 @@ local run_at = tonumber(ARGV[7])
 if run_at > 0 then delay = math.max(run_at - now, 0) end
 local state = 'queued'
 if delay > 0 then state = 'delayed' end
-redis.call('HSET', KEYS[2], 'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'payload', ARGV[4],
-  'max_attempts', ARGV[5], 'attempts', 0, 'enqueued_at', now, 'state', state)
+-- One HSET for the whole hash (core fields, token, run time, extra fields).
+local fields = {'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'payload', ARGV[4],
+  'max_attempts', ARGV[5], 'attempts', 0, 'enqueued_at', now, 'state', state}
 if enq_token ~= '' then
-  redis.call('HSET', KEYS[2], 'enq_token', enq_token)
+  fields[#fields + 1] = 'enq_token'
+  fields[#fields + 1] = enq_token
 end
-if #extra > 0 then
-  redis.call('HSET', KEYS[2], unpack(extra))
-end
-local wake = false
 if delay > 0 then
-  wake = sooner_than_head(KEYS[4], now + delay)
-  redis.call('HSET', KEYS[2], 'run_at', now + delay)
+  fields[#fields + 1] = 'run_at'
+  fields[#fields + 1] = now + delay
+end
+for _, v in ipairs(extra) do fields[#fields + 1] = v end
+local wake = false
+if delay > 0 then wake = sooner_than_head(KEYS[4], now + delay) end
+redis.call('HSET', KEYS[2], unpack(fields))
+if delay > 0 then
   redis.call('ZADD', KEYS[4], now + delay, ARGV[1])
 else
   redis.call('LPUSH', KEYS[1], ARGV[1])

@@ -36,7 +36,8 @@ if not bad then
     redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'state', 'delayed',
       'run_at', run_at, 'failed_token', ARGV[2])
     redis.call('HDEL', KEYS[3], 'token', 'lease_until')
-    redis.call('LREM', KEYS[1], 1, ARGV[1])
+    -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
+    redis.call('LREM', KEYS[1], -1, ARGV[1])
     redis.call('ZREM', KEYS[2], ARGV[1])
     bump(KEYS[6], 'failed', 1)
     bump(KEYS[6], 'retried', 1)
@@ -50,7 +51,8 @@ if not bad then
 end
 dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
 redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_token', ARGV[2])
-redis.call('LREM', KEYS[1], 1, ARGV[1])
+-- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
+redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 bump(KEYS[6], 'failed', 1)
 return {'dead', reason}

@@ -33,12 +33,19 @@ if #receipt > 0 then
 end
 if redis.call('EXISTS', KEYS[8]) == 1 then return 'paused' end
 local now = now_ms()
-local entries = {}
+-- Move the batch first, then one EXISTS for all its completion records: a job
+-- already done is still skipped, without an EXISTS per job (issue #12).
+local ids = {}
 for i = 1, count do
   local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
   if not id then break end
+  ids[i] = id
+end
+local skip_check = none_done(ARGV[2], ids)
+local entries = {}
+for i, id in ipairs(ids) do
   local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
-    lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7])
+    lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7], skip_check)
   out[i] = row
   entries[i] = row[1] .. ':' .. id
 end

@@ -10,7 +10,8 @@ end
 local now = now_ms()
 cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', tonumber(ARGV[3]), now)
 redis.call('HSET', KEYS[4], 'last_error', ARGV[4])
-redis.call('LREM', KEYS[1], 1, ARGV[1])
+-- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
+redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3])
 redis.call('HINCRBY', KEYS[5], 'cancelled', 1)

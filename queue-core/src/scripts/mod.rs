@@ -51,6 +51,9 @@ pub(crate) mod step_record;
 #[cfg(test)]
 mod hardening;
 
+#[cfg(test)]
+mod cost;
+
 const PRELUDE: &str = include_str!("prelude.lua");
 
 /// Scripts that drain or maintain a queue must keep working when Redis is at

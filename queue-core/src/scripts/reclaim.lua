@@ -53,7 +53,8 @@ for _, id in ipairs(expired) do
         reclaimed = reclaimed + 1
       end
     end
-    redis.call('LREM', KEYS[1], 1, id)
+    -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
+    redis.call('LREM', KEYS[1], -1, id)
   end
   redis.call('ZREM', KEYS[2], id)
 end

@@ -1,0 +1,209 @@
+//! Script-level cost bench of the hot path (issue #12), run by hand against a
+//! throwaway redis-server: Redis time per job of `enqueue.lua`, `fetch.lua`
+//! and `ack.lua` and the `redis.call`s each makes per job (from `INFO
+//! commandstats`), the ack cost with 16 vs 4 096 jobs in flight (`LREM` on
+//! processing), and `MEMORY USAGE` of a completion record. Ignored by default:
+//! `cargo test --release -p queue-core --lib cost -- --ignored --nocapture`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::ack::{Ack, AckItem};
+use super::enqueue::Enqueue;
+use super::fetch::Fetch;
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+const JOBS: usize = 4000;
+const BATCH: usize = 16;
+
+/// `cmdstat_<name>` → (calls, usec) after the last `CONFIG RESETSTAT`.
+async fn commandstats(conn: &mut RedisConnection) -> BTreeMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |f: &str| -> u64 {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(f))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        out.insert(name.to_string(), (field("calls="), field("usec=")));
+    }
+    out
+}
+
+async fn reset(conn: &mut RedisConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// Prints the script µs per job and the commands the scripts ran per job.
+async fn report(conn: &mut RedisConnection, what: &str, jobs: usize) {
+    let stats = commandstats(conn).await;
+    let (calls, usec) = stats.get("evalsha").copied().unwrap_or_default();
+    let inner: Vec<String> = stats
+        .iter()
+        .filter(|(n, _)| !matches!(n.as_str(), "evalsha" | "info" | "config"))
+        .map(|(n, (c, _))| format!("{n} {:.2}", *c as f64 / jobs as f64))
+        .collect();
+    let total: u64 = stats
+        .iter()
+        .filter(|(n, _)| !matches!(n.as_str(), "evalsha" | "info" | "config"))
+        .map(|(_, (c, _))| c)
+        .sum();
+    println!(
+        "{what}: {:.2} us/job ({calls} scripts), redis.calls/job {:.2}: {}",
+        usec as f64 / jobs as f64,
+        total as f64 / jobs as f64,
+        inner.join(", ")
+    );
+}
+
+async fn enqueue(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) {
+    let id = JobId::from(id);
+    Enqueue {
+        keys,
+        id: &id,
+        job_type: "t",
+        schema_version: 1,
+        payload: b"p",
+        max_attempts: 3,
+        delay: None,
+        run_at: None,
+        once_for: None,
+        extra: &[],
+    }
+    .run_with_token(conn, &uuid::Uuid::new_v4().to_string())
+    .await
+    .unwrap();
+}
+
+/// Fetches up to `n` waiting jobs in batches of at most [`BATCH`]; the
+/// deliveries oldest first.
+async fn fetch_n(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) -> Vec<AckItem> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        let base = uuid::Uuid::new_v4().to_string();
+        let rows = Fetch {
+            keys,
+            lease: Duration::from_secs(300),
+            token_base: &base,
+            count: BATCH.min(n - out.len()),
+        }
+        .run(conn)
+        .await
+        .unwrap();
+        if rows.is_empty() {
+            break;
+        }
+        for row in rows {
+            match row {
+                super::claim::ClaimRow::Claimed(d) => out.push(AckItem {
+                    id: d.id.clone(),
+                    token: d.token.clone(),
+                    result_ref: None,
+                }),
+                other => panic!("unexpected row {other:?}"),
+            }
+        }
+    }
+    out
+}
+
+async fn ack(conn: &mut RedisConnection, keys: &QueueKeys, items: &[AckItem]) {
+    Ack {
+        keys,
+        items,
+        retention: Duration::from_secs(86_400),
+    }
+    .run(conn)
+    .await
+    .unwrap();
+}
+
+/// Ack cost with `in_flight` jobs in processing: the oldest [`BATCH`] are
+/// acked per call while as many new deliveries join at the head.
+async fn ack_in_flight(conn: &mut RedisConnection, in_flight: usize) {
+    let keys = QueueKeys::new(&format!("flight{in_flight}"));
+    for i in 0..in_flight + JOBS {
+        enqueue(conn, &keys, &format!("j{i}")).await;
+    }
+    let mut flying = fetch_n(conn, &keys, in_flight).await;
+    let (mut ack_calls, mut ack_usec, mut lrem_calls, mut lrem_usec) = (0u64, 0u64, 0u64, 0u64);
+    for _ in 0..JOBS / BATCH {
+        let mut next = fetch_n(conn, &keys, BATCH).await;
+        flying.append(&mut next);
+        let oldest: Vec<AckItem> = flying.drain(..BATCH).collect();
+        reset(conn).await;
+        ack(conn, &keys, &oldest).await;
+        let s = commandstats(conn).await;
+        let (c, u) = s.get("evalsha").copied().unwrap_or_default();
+        ack_calls += c;
+        ack_usec += u;
+        let (c, u) = s.get("lrem").copied().unwrap_or_default();
+        lrem_calls += c;
+        lrem_usec += u;
+    }
+    println!(
+        "ack with {in_flight} in flight: {:.2} us/job ({ack_calls} scripts of {BATCH}), LREM {:.2} us/call",
+        ack_usec as f64 / (ack_calls as f64 * BATCH as f64),
+        lrem_usec as f64 / lrem_calls as f64
+    );
+}
+
+#[tokio::test]
+#[ignore = "a bench: run by hand with --ignored --nocapture"]
+async fn hot_path_cost() {
+    let server = queue_testkit::RedisServer::start().unwrap();
+    let mut conn = connect(&server.url(), &ConnectionConfig::default())
+        .await
+        .unwrap();
+    let keys = QueueKeys::new("cost");
+    reset(&mut conn).await;
+    for i in 0..JOBS {
+        enqueue(&mut conn, &keys, &format!("job-{i}")).await;
+    }
+    report(&mut conn, "enqueue", JOBS).await;
+    reset(&mut conn).await;
+    let items = fetch_n(&mut conn, &keys, JOBS).await;
+    assert_eq!(items.len(), JOBS);
+    report(&mut conn, &format!("fetch (batches of {BATCH})"), JOBS).await;
+    reset(&mut conn).await;
+    for chunk in items.chunks(BATCH) {
+        ack(&mut conn, &keys, chunk).await;
+    }
+    report(&mut conn, &format!("ack (batches of {BATCH})"), JOBS).await;
+    let done: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(keys.done("job-1"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(keys.done("job-1"))
+        .query_async(&mut conn)
+        .await
+        .unwrap_or_default();
+    println!(
+        "completion record: MEMORY USAGE {} B, fields {fields:?}",
+        done.unwrap_or(0)
+    );
+    for in_flight in [16, 4096] {
+        ack_in_flight(&mut conn, in_flight).await;
+    }
+}
