@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
+use crate::queue::EnqueueOptions;
 use crate::queue::Queue;
 use crate::scripts::limits_read;
 use crate::scripts::set_limits::SetLimits;
@@ -339,6 +340,18 @@ impl Queue {
             .await?;
         tracing::info!(queue, field = %fields[0].0, value = %fields[0].1, "limit set");
         Ok(())
+    }
+}
+
+/// `opts` with the rate key `J` derives from `args` (`#[job(rate_key = ..)]`),
+/// unless `opts` names one already.
+pub(crate) fn with_rate_key<J: crate::Job>(opts: EnqueueOptions, args: &J::Args) -> EnqueueOptions {
+    if opts.extra_fields.iter().any(|(n, _)| n == "rate_key") {
+        return opts;
+    }
+    match J::rate_key(args) {
+        Some(key) => opts.rate_key(key),
+        None => opts,
     }
 }
 
