@@ -30,7 +30,8 @@ use crate::scripts::set_limits::SetLimits;
 /// assert_eq!(rate, RateLimit::new(100, Duration::from_secs(1)));
 /// assert_eq!(rate.to_string(), "100/1s");
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+/// Serialized as `{"max": N, "per_ms": W}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit {
     /// Starts allowed per window.
     pub max: u32,
@@ -59,6 +60,16 @@ impl RateLimit {
         let (n, w) = v.split_once('/')?;
         let w: u64 = w.parse().ok().filter(|w| *w >= 1)?;
         Some(Self::new(n.parse().ok()?, Duration::from_millis(w)))
+    }
+}
+
+impl Serialize for RateLimit {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("RateLimit", 2)?;
+        st.serialize_field("max", &self.max)?;
+        st.serialize_field("per_ms", &(self.per.as_millis() as u64))?;
+        st.end()
     }
 }
 
