@@ -280,6 +280,25 @@ fn edit_distance(a: &str, b: &str) -> usize {
     previous[b.len()]
 }
 
+/// `rate_key = tenant` or `rate_key = customer.id`: a field (path) of the
+/// args, as tokens.
+fn field_path(key: &Ident, value: &Expr) -> syn::Result<String> {
+    fn ok(e: &Expr) -> bool {
+        match strip(e) {
+            Expr::Path(p) => p.path.get_ident().is_some(),
+            Expr::Field(f) => ok(&f.base),
+            _ => false,
+        }
+    }
+    if ok(value) {
+        return Ok(quote::quote!(#value).to_string());
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        format!("`{key}` expects a field of the job's args, e.g. `rate_key = tenant` or `rate_key = customer.id`"),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,7 +345,25 @@ mod tests {
                 name: Some("welcome".into()),
                 version: Some(3),
                 cron: None,
+                rate_key: None,
             }
+        );
+    }
+
+    #[test]
+    fn rate_key_takes_a_field_path_of_the_args() {
+        assert_eq!(
+            parse_ok(quote!(rate_key = customer.id)).rate_key.as_deref(),
+            Some("customer . id")
+        );
+        assert_eq!(
+            parse_ok(quote!(rate_key = tenant)).rate_key.as_deref(),
+            Some("tenant")
+        );
+        let (_, messages) = parse_err(quote!(rate_key = "tenant"));
+        assert!(
+            messages[0].contains("expects a field of the job's args"),
+            "{messages:?}"
         );
     }
 
@@ -454,23 +491,4 @@ mod tests {
         assert_eq!(edit_distance("timout", "timeout"), 1);
         assert_eq!(edit_distance("", "abc"), 3);
     }
-}
-
-/// `rate_key = tenant` or `rate_key = customer.id`: a field (path) of the
-/// args, as tokens.
-fn field_path(key: &Ident, value: &Expr) -> syn::Result<String> {
-    fn ok(e: &Expr) -> bool {
-        match strip(e) {
-            Expr::Path(p) => p.path.get_ident().is_some(),
-            Expr::Field(f) => ok(&f.base),
-            _ => false,
-        }
-    }
-    if ok(value) {
-        return Ok(quote::quote!(#value).to_string());
-    }
-    Err(syn::Error::new_spanned(
-        value,
-        format!("`{key}` expects a field of the job's args, e.g. `rate_key = tenant` or `rate_key = customer.id`"),
-    ))
 }
