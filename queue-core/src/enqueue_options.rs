@@ -100,6 +100,21 @@ impl EnqueueOptions {
         self.replicas = Some((replicas, timeout));
         self
     }
+
+    /// The job's rate key (a tenant, an API key): the per-key limits set
+    /// with [`Queue::set_rate_limit`](crate::Queue::set_rate_limit) and
+    /// [`Queue::set_concurrency_limit`](crate::Queue::set_concurrency_limit)
+    /// (`LimitScope::EveryKey` / `Key`) apply to it. A job over its key's
+    /// limit waits in the delayed set without using an attempt, and other
+    /// keys' jobs go on (docs/LIMITS.md). Stored in the job field `rate_key`.
+    ///
+    /// ```
+    /// let opts = queue_core::EnqueueOptions::new().rate_key("tenant-1");
+    /// # let _ = opts;
+    /// ```
+    pub fn rate_key(self, key: impl Into<String>) -> Self {
+        self.extra_field("rate_key", key)
+    }
 }
 
 /// The result of an enqueue.

@@ -61,6 +61,12 @@ pub trait Job: Send + Sync + 'static {
     const SCHEMA_VERSION: u32 = 1;
     /// Runs the handler.
     fn run(ctx: JobContext, args: Self::Args) -> BoxFuture<'static, Result<(), JobError>>;
+    /// The rate key of a job with these args (`#[job(rate_key = field)]`):
+    /// per-key limits apply to it (docs/LIMITS.md). `None`: no key. An
+    /// explicit [`EnqueueOptions::rate_key`](crate::EnqueueOptions::rate_key) wins.
+    fn rate_key(_args: &Self::Args) -> Option<String> {
+        None
+    }
 }
 
 /// How a handler failed.

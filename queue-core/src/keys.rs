@@ -18,6 +18,7 @@
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
+//! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids, `:limits:next:<key>` its next deferral slot |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -132,6 +133,19 @@ impl QueueKeys {
     /// The step results of job `id`.
     pub fn steps(&self, id: &str) -> String {
         format!("{}{}", self.steps_prefix, id)
+    }
+
+    /// The limits hash (rate limits, concurrency caps; docs/LIMITS.md). The
+    /// scripts derive the keys that log starts from it: `<limits>:started`
+    /// (the queue's), `<limits>:started:<key>`, `<limits>:running:<key>`
+    /// and `<limits>:next:<key>` (one rate key's).
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.limits(), "q:{emails}:limits");
+    /// ```
+    pub fn limits(&self) -> String {
+        format!("q:{{{}}}:limits", self.queue)
     }
 }
 

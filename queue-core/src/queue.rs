@@ -160,6 +160,7 @@ impl Queue {
             source,
         })?;
         let max_attempts = opts.max_attempts.unwrap_or(J::MAX_ATTEMPTS);
+        let opts = crate::limits::with_rate_key::<J>(opts, args);
         self.enqueue_raw(
             J::QUEUE,
             J::NAME,
@@ -253,7 +254,7 @@ impl Queue {
                 job_id: opts.id.clone(),
                 source,
             })?;
-            items.push((opts, payload));
+            items.push((crate::limits::with_rate_key::<J>(opts, args), payload));
         }
         self.enqueue_raw_batch(J::QUEUE, J::NAME, J::SCHEMA_VERSION, J::MAX_ATTEMPTS, items)
             .await

@@ -41,6 +41,10 @@ pub enum Claimed {
     Gone(JobId),
     /// The queue is paused: the id went back to main, unclaimed (claim only).
     Paused(JobId),
+    /// A queue limit held it: the id went back to main, unclaimed (claim only).
+    Limited(JobId),
+    /// Its rate key was over its limit: delayed, unclaimed (docs/LIMITS.md).
+    Deferred(JobId),
     /// The job's data was corrupt: dead-lettered with this reason.
     Corrupt(JobId, String),
     /// A row that did not decode (the id, when it could be read).
@@ -61,6 +65,8 @@ impl From<ClaimRow> for Claimed {
             ClaimRow::Skipped(id, Skip::Busy) => Claimed::Busy(id),
             ClaimRow::Skipped(id, Skip::Gone) => Claimed::Gone(id),
             ClaimRow::Skipped(id, Skip::Paused) => Claimed::Paused(id),
+            ClaimRow::Skipped(id, Skip::Limited(_)) => Claimed::Limited(id),
+            ClaimRow::Skipped(id, Skip::Deferred) => Claimed::Deferred(id),
             ClaimRow::Corrupt(id, reason) => Claimed::Corrupt(id, reason),
             ClaimRow::Unreadable(u) => Claimed::Unreadable(u.id, u.detail),
         }

@@ -153,6 +153,14 @@ fn job_type(
     let version = options
         .version
         .map(|n| quote!(const SCHEMA_VERSION: u32 = #n;));
+    let rate_key = options.rate_key.as_ref().map(|path| {
+        let path: TokenStream = path.parse().unwrap_or_default();
+        quote! {
+            fn rate_key(args: &Self::Args) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::Some(::std::string::ToString::to_string(&args.#path))
+            }
+        }
+    });
 
     // Errors in the call (a non-`Send` future, a wrong return type, a context
     // of the wrong type) point at the user's signature rather than at the
@@ -180,6 +188,7 @@ fn job_type(
             #max_attempts
             #timeout
             #version
+            #rate_key
 
             fn run(
                 ctx: ::queue_core::JobContext,

@@ -18,6 +18,7 @@ const KNOWN: &[&str] = &[
     "name",
     "version",
     "cron",
+    "rate_key",
 ];
 
 /// Validated options. `None` means "not given": the `Job` trait default applies
@@ -36,6 +37,9 @@ pub(crate) struct JobOptions {
     pub(crate) version: Option<u32>,
     /// `cron = "0 */5 * * * *"`: a periodic job (checked when the worker is built).
     pub(crate) cron: Option<String>,
+    /// `rate_key = tenant` (a field of the args, or a path `customer.id`):
+    /// the tokens, read from the args at enqueue (docs/LIMITS.md).
+    pub(crate) rate_key: Option<String>,
 }
 
 /// Parses the attribute's tokens.
@@ -118,6 +122,7 @@ fn apply(options: &mut JobOptions, key: &Ident, value: &Expr) -> syn::Result<()>
             }
             options.cron = Some(lit.value());
         }
+        "rate_key" => options.rate_key = Some(field_path(key, value)?),
         other => unreachable!("option `{other}` is in KNOWN but not handled"),
     }
     Ok(())
@@ -239,6 +244,7 @@ fn example_value(key: &str) -> &'static str {
         "name" => "\"send_welcome\"",
         "version" => "2",
         "cron" => "\"0 */5 * * * *\"",
+        "rate_key" => "tenant",
         _ => "...",
     }
 }
@@ -272,6 +278,25 @@ fn edit_distance(a: &str, b: &str) -> usize {
         previous = current;
     }
     previous[b.len()]
+}
+
+/// `rate_key = tenant` or `rate_key = customer.id`: a field (path) of the
+/// args, as tokens.
+fn field_path(key: &Ident, value: &Expr) -> syn::Result<String> {
+    fn ok(e: &Expr) -> bool {
+        match strip(e) {
+            Expr::Path(p) => p.path.get_ident().is_some(),
+            Expr::Field(f) => ok(&f.base),
+            _ => false,
+        }
+    }
+    if ok(value) {
+        return Ok(quote::quote!(#value).to_string());
+    }
+    Err(syn::Error::new_spanned(
+        value,
+        format!("`{key}` expects a field of the job's args, e.g. `rate_key = tenant` or `rate_key = customer.id`"),
+    ))
 }
 
 #[cfg(test)]
@@ -320,7 +345,25 @@ mod tests {
                 name: Some("welcome".into()),
                 version: Some(3),
                 cron: None,
+                rate_key: None,
             }
+        );
+    }
+
+    #[test]
+    fn rate_key_takes_a_field_path_of_the_args() {
+        assert_eq!(
+            parse_ok(quote!(rate_key = customer.id)).rate_key.as_deref(),
+            Some("customer . id")
+        );
+        assert_eq!(
+            parse_ok(quote!(rate_key = tenant)).rate_key.as_deref(),
+            Some("tenant")
+        );
+        let (_, messages) = parse_err(quote!(rate_key = "tenant"));
+        assert!(
+            messages[0].contains("expects a field of the job's args"),
+            "{messages:?}"
         );
     }
 
@@ -334,7 +377,7 @@ mod tests {
         let (_, messages) = parse_err(quote!(max_attempt = 5));
         assert_eq!(
             messages,
-            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version, cron (did you mean `max_attempts`?)"]
+            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version, cron, rate_key (did you mean `max_attempts`?)"]
         );
         let (_, messages) = parse_err(quote!(priority = 5));
         assert!(!messages[0].contains("did you mean"), "{messages:?}");

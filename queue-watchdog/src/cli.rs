@@ -291,6 +291,36 @@ pub enum QueueCommand {
     Pause(QueueFlowArgs),
     /// Resume a paused queue.
     Resume(QueueFlowArgs),
+    /// Show or set a queue's rate limit and concurrency cap, for the whole
+    /// queue, every rate key, or one key (docs/LIMITS.md). With neither
+    /// --rate, --concurrency nor --clear: prints the limits.
+    Limit(QueueLimitArgs),
+}
+
+/// `queue limit`: which limits to set or clear.
+#[derive(Debug, Args)]
+pub struct QueueLimitArgs {
+    /// Queue name.
+    #[arg(long = "queue", short = 'q')]
+    pub queue: String,
+    /// At most N starts per window: `100/1s`, `5/250ms`, `600/1m`.
+    #[arg(long)]
+    pub rate: Option<queue_core::RateLimit>,
+    /// At most N jobs running at once across all workers.
+    #[arg(long)]
+    pub concurrency: Option<u32>,
+    /// Apply to this rate key only (an override of the every-key default).
+    #[arg(long, conflicts_with = "every_key")]
+    pub key: Option<String>,
+    /// Apply to every rate key (each key on its own).
+    #[arg(long)]
+    pub every_key: bool,
+    /// Clear the scope's limits (without --key / --every-key: every limit of the queue).
+    #[arg(long, conflicts_with_all = ["rate", "concurrency"])]
+    pub clear: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

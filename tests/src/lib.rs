@@ -10,6 +10,7 @@
 
 pub mod env;
 pub mod handles;
+pub mod limited;
 pub mod process;
 
 pub use env::{TestEnv, BOUND};

@@ -155,6 +155,8 @@ fn row_id(row: &Claimed) -> &str {
         | Claimed::Busy(id)
         | Claimed::Gone(id)
         | Claimed::Paused(id)
+        | Claimed::Limited(id)
+        | Claimed::Deferred(id)
         | Claimed::Corrupt(id, _)
         | Claimed::Unreadable(Some(id), _) => id.as_str(),
         Claimed::Unreadable(None, _) => "",

@@ -16,8 +16,8 @@ use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("claim.lua", keys = 7, args = 6, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<10> =
+    lua_script!("claim.lua", keys = 10, args = 6, prelude(super::DRAIN));
 
 /// Claims `id`, which a `BLMOVE` just moved to processing.
 pub(crate) struct Claim<'a> {
@@ -57,6 +57,9 @@ impl Claim<'_> {
                 &k.guard,
                 &k.paused(),
                 &k.main,
+                &k.limits(),
+                &k.delayed,
+                &k.wake,
             ])
             .arg(self.id)
             .arg(&k.job_prefix)
@@ -111,6 +114,12 @@ pub(crate) enum Skip {
     /// `paused`: the queue is paused; the id went back to main unclaimed
     /// (claim.lua only).
     Paused,
+    /// `limited`: a queue limit lets no job start for this many ms; the id
+    /// went back to main unclaimed (claim.lua only, docs/LIMITS.md).
+    Limited(u64),
+    /// `deferred`: the job's rate key is over its limit; the job went to the
+    /// delayed set, unclaimed (docs/LIMITS.md).
+    Deferred,
 }
 
 impl Skip {
@@ -122,6 +131,8 @@ impl Skip {
             Skip::Busy => "another delivery owns this job",
             Skip::Gone => "already returned by the watchdog before the claim",
             Skip::Paused => "queue paused: returned to the queue unclaimed",
+            Skip::Limited(_) => "queue limit reached: returned to the queue unclaimed",
+            Skip::Deferred => "rate key over its limit: delayed until it has room, unclaimed",
         }
     }
 }
@@ -207,6 +218,8 @@ impl ClaimRow {
             "busy" => Skip::Busy,
             "gone" => Skip::Gone,
             "paused" => Skip::Paused,
+            "limited" => Skip::Limited(f.u64(2, "limit wait")?),
+            "deferred" => Skip::Deferred,
             other => return Err(f.error(format_args!("unknown claim outcome {other:?}"))),
         };
         Ok(ClaimRow::Skipped(id, skip))

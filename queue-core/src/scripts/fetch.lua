@@ -3,16 +3,19 @@
 -- rows are kept in a receipt (a list of `tag:id`, expiring after `receipt_ms`),
 -- and a retry whose first reply was lost gets the same deliveries again.
 -- KEYS: 1 main, 2 processing, 3 leases, 4 dead, 5 stats, 6 guard (never written: see keys.rs),
---       7 receipt of this token base, 8 paused flag
+--       7 receipt of this token base, 8 paused flag, 9 limits, 10 delayed, 11 promoter wake
 -- ARGV: 1 job prefix, 2 done prefix, 3 lease_ms, 4 token base, 5 count, 6 receipt_ms,
 --       7 worker name (optional: absent from older callers; kept in each claimed job's `worker`)
 -- Returns a list of claim rows (see claim() in the prelude), or 'paused'
--- (nothing moved; a retry of a fetch that already ran still gets its rows).
+-- (nothing moved; a retry of a fetch that already ran still gets its rows),
+-- or 'limited:<ms>' when a queue limit lets no job start for that long
+-- (docs/LIMITS.md; a job deferred for its rate key is a row {'deferred', id, run_at}).
 local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local count = arg_count(ARGV[5], 'count')
 local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
 -- LMOVE checks main and processing itself, and LRANGE the receipt, before any write.
-expect_types(KEYS[3], 'zset', KEYS[4], 'list')
+expect_types(KEYS[3], 'zset', KEYS[4], 'list', KEYS[10], 'zset')
+local lim = limits_load(KEYS[9])
 local out = {}
 local receipt = redis.call('LRANGE', KEYS[7], 0, -1)
 if #receipt > 0 then
@@ -33,21 +36,39 @@ if #receipt > 0 then
 end
 if redis.call('EXISTS', KEYS[8]) == 1 then return 'paused' end
 local now = now_ms()
--- Move the batch first, then one EXISTS for all its completion records: a job
--- already done is still skipped, without an EXISTS per job (issue #12).
-local ids = {}
-for i = 1, count do
-  local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-  if not id then break end
-  ids[i] = id
-end
-local skip_check = none_done(ARGV[2], ids)
+local room, wait = limits_room(lim, KEYS[3], count, now)
+if room == 0 and count > 0 then return 'limited:' .. wait end
 local entries = {}
-for i, id in ipairs(ids) do
-  local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
-    lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7], skip_check)
-  out[i] = row
-  entries[i] = row[1] .. ':' .. id
+if not lim then
+  -- Move the batch first, then one EXISTS for all its completion records: a job
+  -- already done is still skipped, without an EXISTS per job (issue #12).
+  local ids = {}
+  for i = 1, count do
+    local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+    if not id then break end
+    ids[i] = id
+  end
+  local no_record = none_done(ARGV[2], ids)
+  for i, id in ipairs(ids) do
+    local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
+      lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7], no_record)
+    out[i] = row
+    entries[i] = row[1] .. ':' .. id
+  end
+else
+  -- Under limits (docs/LIMITS.md): one job at a time, a job over its key's
+  -- limit deferred, until `room` jobs started.
+  local i, taken = 0, 0
+  while taken < room and i < room + LIMITS_MAX_DEFERRED do
+    i = i + 1
+    local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+    if not id then break end
+    local row = limits_claim(lim, KEYS[10], KEYS[11], id, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
+      ARGV[1], ARGV[2], lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7])
+    if row[1] ~= 'deferred' then taken = taken + 1 end
+    out[i] = row
+    entries[i] = row[1] .. ':' .. id
+  end
 end
 if #entries > 0 then
   redis.call('RPUSH', KEYS[7], unpack(entries))

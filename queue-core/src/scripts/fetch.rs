@@ -14,8 +14,8 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<8> =
-    lua_script!("fetch.lua", keys = 8, args = 7, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<11> =
+    lua_script!("fetch.lua", keys = 11, args = 7, prelude(super::DRAIN));
 
 /// Moves and claims up to `count` jobs of one queue.
 pub(crate) struct Fetch<'a> {
@@ -36,7 +36,7 @@ impl Fetch<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<Vec<ClaimRow>> {
         Ok(match self.run_or_paused(conn).await? {
             FetchReply::Rows(rows) => rows,
-            FetchReply::Paused => Vec::new(),
+            FetchReply::Paused | FetchReply::Limited(_) => Vec::new(),
         })
     }
 
@@ -66,6 +66,9 @@ impl Fetch<'_> {
                 &k.guard,
                 &k.fetch_receipt(self.token_base),
                 &k.paused(),
+                &k.limits(),
+                &k.delayed,
+                &k.wake,
             ])
             .arg(&k.job_prefix)
             .arg(&k.done_prefix)
@@ -76,8 +79,12 @@ impl Fetch<'_> {
             .arg(worker)
             .run(conn, &k.queue, None)
             .await?;
-        if reply::text(&reply).as_deref() == Some("paused") {
-            return Ok(FetchReply::Paused);
+        match reply::text(&reply).as_deref() {
+            Some("paused") => return Ok(FetchReply::Paused),
+            Some(t) if t.starts_with("limited:") => {
+                return crate::limits::decode_wait(&k.queue, t).map(FetchReply::Limited)
+            }
+            _ => {}
         }
         let rows = reply::array(&reply).ok_or_else(|| {
             QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}"))
@@ -97,4 +104,7 @@ pub(crate) enum FetchReply {
     Rows(Vec<ClaimRow>),
     /// The queue is paused: nothing was moved (docs/FLOW-CONTROL.md).
     Paused,
+    /// A queue limit lets no job start for this long: nothing was moved
+    /// (docs/LIMITS.md).
+    Limited(Duration),
 }

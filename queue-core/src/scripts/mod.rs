@@ -37,6 +37,7 @@ pub(crate) mod extend;
 pub(crate) mod fail;
 pub(crate) mod fetch;
 pub(crate) mod finish_cancel;
+pub(crate) mod limits_read;
 pub(crate) mod lock_acquire;
 pub(crate) mod lock_extend;
 pub(crate) mod lock_release;
@@ -45,11 +46,14 @@ pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod replay;
 pub(crate) mod resume;
+pub(crate) mod set_limits;
 pub(crate) mod stats;
 pub(crate) mod step_record;
 
 #[cfg(test)]
 mod hardening;
+#[cfg(test)]
+mod limits_tests;
 
 #[cfg(test)]
 mod cost;
@@ -248,6 +252,7 @@ mod tests {
             entry!(fail),
             entry!(fetch),
             entry!(finish_cancel),
+            entry!(limits_read),
             entry!(lock_acquire),
             entry!(lock_extend),
             entry!(lock_release),
@@ -256,6 +261,7 @@ mod tests {
             entry!(reclaim),
             entry!(replay),
             entry!(resume),
+            entry!(set_limits),
             entry!(stats),
             entry!(step_record),
         ]

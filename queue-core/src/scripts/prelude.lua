@@ -208,3 +208,164 @@ local function none_done(doneprefix, ids)
   end
   return true
 end
+
+-- ==== limits (docs/LIMITS.md) ====
+-- The limits hash `q:{Q}:limits` (QueueKeys::limits): fields `rate` ("N/W":
+-- at most N starts per W ms), `concurrency` (N running), `key_rate` and
+-- `key_concurrency` (defaults for every rate key), `key_rate:<k>` and
+-- `key_concurrency:<k>` (one key's override; "none": that key is unlimited).
+-- Starts are logged in zsets (token -> start ms) `<limits>:started` and
+-- `<limits>:started:<k>`; a key's running ids in `<limits>:running:<k>`
+-- (counted against the leases zset, so finished or expired deliveries free
+-- their slot with no release step); `<limits>:next:<k>` spreads a key's
+-- deferred jobs over the coming windows.
+
+-- How long a fetcher at a concurrency cap waits before it looks again (ms).
+local LIMITS_BUSY_MS = 100
+-- Most jobs one fetch defers for their key before it returns.
+local LIMITS_MAX_DEFERRED = 100
+
+-- A rate "N/W" as {N, W}; nil for nil, 'none' or a value that does not parse.
+local function limit_rate(v)
+  if not v or v == 'none' then return nil end
+  local n, w = string.match(v, '^(%d+)/(%d+)$')
+  n, w = as_count(n), as_count(w)
+  if n and w and w >= 1 then return {n, w} end
+  return nil
+end
+
+-- The queue's limits, or nil when it has none (one EXISTS: the whole cost
+-- for a queue without limits). A queue-level field that does not parse
+-- refuses the call: run it before the script's first write.
+local function limits_load(limkey)
+  if redis.call('EXISTS', limkey) == 0 then return nil end
+  expect_types(limkey, 'hash')
+  local f = redis.call('HMGET', limkey, 'rate', 'concurrency', 'key_rate', 'key_concurrency')
+  local lim = {key = limkey, rate = limit_rate(f[1]), conc = as_count(f[2]),
+    key_rate = limit_rate(f[3]), key_conc = as_count(f[4])}
+  for i, name in ipairs({'rate', 'concurrency', 'key_rate', 'key_concurrency'}) do
+    local parsed = (i == 1 and lim.rate) or (i == 2 and lim.conc) or (i == 3 and lim.key_rate)
+      or (i == 4 and lim.key_conc)
+    if f[i] and f[i] ~= 'none' and not parsed then
+      error({err = 'ERR corrupt limits field ' .. name .. ": '" .. string.sub(f[i], 1, 64)
+        .. "' (want N/W_ms or N): refused before any write"})
+    end
+  end
+  return lim
+end
+
+-- Starts left in a sliding window log `log` of `rate` {N, W}, after dropping
+-- starts older than the window; and when none is left, the ms until one is.
+local function limits_window(log, rate, now)
+  redis.call('ZREMRANGEBYSCORE', log, '-inf', now - rate[2])
+  local used = redis.call('ZCARD', log)
+  if used < rate[1] then return rate[1] - used, 0 end
+  local frees = redis.call('ZRANGE', log, used - rate[1], used - rate[1], 'WITHSCORES')
+  return 0, math.max(tonumber(frees[2] or now) + rate[2] - now, 1)
+end
+
+-- How many jobs the queue-level limits let start now (count when none
+-- applies) and, when 0, the ms to wait before looking again.
+local function limits_room(lim, leases, count, now)
+  if not lim then return count, 0 end
+  local room, wait = count, 0
+  if lim.rate then
+    local left, w = limits_window(lim.key .. ':started', lim.rate, now)
+    room, wait = math.min(room, left), w
+  end
+  if lim.conc then
+    local left = lim.conc - redis.call('ZCOUNT', leases, '(' .. now, '+inf')
+    if left <= 0 then room, wait = 0, math.max(wait, LIMITS_BUSY_MS) end
+    room = math.max(math.min(room, left), 0)
+  end
+  return room, wait
+end
+
+-- The rate key of job `jobkey` when it is waiting ('queued') and limits
+-- exist, with its limits {key, rate, conc}; nil otherwise.
+local function limits_job_key(lim, jobkey)
+  if not lim then return nil end
+  local h = redis.pcall('HMGET', jobkey, 'state', 'rate_key')
+  if h['err'] or h[1] ~= 'queued' or not h[2] or h[2] == '' then return nil end
+  local o = redis.call('HMGET', lim.key, 'key_rate:' .. h[2], 'key_concurrency:' .. h[2])
+  local rate, conc = lim.key_rate, lim.key_conc
+  if o[1] then rate = limit_rate(o[1]) end
+  if o[2] then conc = as_count(o[2]) end
+  if not rate and not conc then return nil end
+  return {key = h[2], rate = rate, conc = conc}
+end
+
+-- Ms until key `k` may start a job (0: now). Running ids whose lease is
+-- gone or expired leave the key's running set here.
+local function limits_key_wait(lim, k, leases, now)
+  local wait = 0
+  if k.rate then
+    local _, w = limits_window(lim.key .. ':started:' .. k.key, k.rate, now)
+    wait = w
+  end
+  if k.conc then
+    local running = lim.key .. ':running:' .. k.key
+    for _, rid in ipairs(redis.call('ZRANGE', running, 0, -1)) do
+      local until_ms = tonumber(redis.call('ZSCORE', leases, rid))
+      if not until_ms or until_ms <= now then redis.call('ZREM', running, rid) end
+    end
+    if redis.call('ZCARD', running) >= k.conc then wait = math.max(wait, LIMITS_BUSY_MS) end
+  end
+  return wait
+end
+
+-- Defers waiting job `id` (in `processing`) whose key `k` is over its limit:
+-- to the delayed set at the key's next free start, spread one step apart
+-- from its other deferred jobs. No attempt is used. Returns the row.
+local function limits_defer(lim, k, id, jobkey, processing, leases, delayed, wake, wait, now)
+  local nextkey = lim.key .. ':next:' .. k.key
+  local step = (k.rate and math.ceil(k.rate[2] / math.max(k.rate[1], 1)))
+    or math.ceil(LIMITS_BUSY_MS / math.max(k.conc or 1, 1))
+  local run_at = now + wait
+  local booked = redis.pcall('GET', nextkey)
+  booked = type(booked) == 'string' and tonumber(booked)
+  if booked and booked > run_at then run_at = booked end
+  local wake_it = sooner_than_head(delayed, run_at)
+  redis.call('ZADD', delayed, run_at, id)
+  redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at)
+  redis.call('LREM', processing, 1, id)
+  redis.call('ZREM', leases, id)
+  redis.pcall('SET', nextkey, run_at + step, 'PX', run_at + step - now + (k.rate and k.rate[2] or LIMITS_BUSY_MS))
+  if wake_it then wake_promoter(wake) end
+  return {'deferred', id, run_at}
+end
+
+-- Records a start of `id` claimed with `token` in the queue's and its key's
+-- logs, and its key's running set (k: limits_job_key's answer, or nil).
+local function limits_started(lim, k, id, token, lease_until, now)
+  if not lim then return end
+  if lim.rate then
+    redis.call('ZADD', lim.key .. ':started', now, token)
+    redis.call('PEXPIRE', lim.key .. ':started', lim.rate[2])
+  end
+  if not k then return end
+  if k.rate then
+    local log = lim.key .. ':started:' .. k.key
+    redis.call('ZADD', log, now, token)
+    redis.call('PEXPIRE', log, k.rate[2])
+  end
+  if k.conc then redis.call('ZADD', lim.key .. ':running:' .. k.key, lease_until, id) end
+end
+
+-- claim() under the limits `lim` (nil: plain claim()): a waiting job whose
+-- key is over its limit is deferred instead (row {'deferred', id, run_at}).
+-- Queue-level room is the caller's (limits_room).
+local function limits_claim(lim, delayed, wake, id, processing, leases, dead, stats, jobprefix,
+                            doneprefix, lease_ms, token, now, worker)
+  local k = limits_job_key(lim, jobprefix .. id)
+  if k then
+    local wait = limits_key_wait(lim, k, leases, now)
+    if wait > 0 then
+      return limits_defer(lim, k, id, jobprefix .. id, processing, leases, delayed, wake, wait, now)
+    end
+  end
+  local row = claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token,
+    now, worker)
+  if lim and row[1] == 'claimed' then limits_started(lim, k, id, token, row[11], now) end
+  return row
+end

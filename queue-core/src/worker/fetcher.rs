@@ -89,6 +89,7 @@ impl Fetcher {
             let keys = self.queue().keys.clone();
             match self.fetch(&keys, &mut slots, idle).await {
                 Ok(FetchReply::Paused) => self.wait_while_paused(slots).await,
+                Ok(FetchReply::Limited(wait)) => self.wait_while_limited(slots, wait).await,
                 Ok(FetchReply::Rows(rows)) if rows.is_empty() => idle = true, // the blocking wait timed out
                 Ok(FetchReply::Rows(rows)) => {
                     idle = false;
@@ -122,6 +123,9 @@ impl Fetcher {
             Some(ClaimRow::Skipped(id, Skip::Paused)) => {
                 info!(queue = %keys.queue, job_id = %id, "{}", Skip::Paused.reason());
                 FetchReply::Paused
+            }
+            Some(ClaimRow::Skipped(_, Skip::Limited(ms))) => {
+                FetchReply::Limited(Duration::from_millis(ms))
             }
             row => FetchReply::Rows(row.into_iter().collect()),
         })
@@ -159,7 +163,7 @@ impl Fetcher {
                 continue;
             };
             match self.fetch_ready(&q.keys, 1).await {
-                Ok(FetchReply::Paused) => continue, // skipped while paused
+                Ok(FetchReply::Paused | FetchReply::Limited(_)) => continue, // skipped while paused or limited
                 Ok(FetchReply::Rows(rows))
                     if rows.iter().any(|r| matches!(r, ClaimRow::Claimed(_))) =>
                 {
@@ -203,6 +207,9 @@ impl Fetcher {
                         }
                         .instrument(span),
                     );
+                }
+                ClaimRow::Skipped(id, Skip::Deferred) => {
+                    debug!(queue = %queue, job_id = %id, "{}", Skip::Deferred.reason())
                 }
                 ClaimRow::Skipped(id, why) => {
                     info!(queue = %queue, job_id = %id, "{}", why.reason())

@@ -1,7 +1,11 @@
 //! A fetcher whose queue is paused (`fetch.lua` answered `paused`, or
 //! `claim.lua` put a BLMOVE'd id back): it frees its slots and looks again
 //! after one block timeout, so an idle paused worker costs Redis what an
-//! idle unpaused one does (docs/FLOW-CONTROL.md).
+//! idle unpaused one does (docs/FLOW-CONTROL.md). A fetcher held by a queue
+//! limit (`limited`: docs/LIMITS.md) likewise frees its slots and sleeps the
+//! wait the script computed.
+
+use std::time::Duration;
 
 use tracing::debug;
 
@@ -16,6 +20,18 @@ impl Fetcher {
         debug!(queue = %queue, "queue paused; looking again after one block timeout");
         tokio::select! {
             _ = tokio::time::sleep(self.inner.config.block_timeout) => {}
+            _ = self.stop.changed() => {}
+        }
+    }
+
+    /// Frees `slots`, then sleeps `wait` (the time until the queue's rate
+    /// window frees, or the concurrency recheck interval), or until stopped.
+    pub(super) async fn wait_while_limited(&mut self, slots: Vec<Slot>, wait: Duration) {
+        drop(slots);
+        let queue = &self.inner.queues[self.me].keys.queue;
+        debug!(queue = %queue, wait_ms = wait.as_millis() as u64, "queue limit reached; waiting");
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
             _ = self.stop.changed() => {}
         }
     }

@@ -9,6 +9,7 @@ mod flow;
 #[cfg(feature = "inbox")]
 mod inbox;
 mod jobs;
+mod limits;
 #[cfg(feature = "outbox")]
 mod outbox;
 mod run;
@@ -39,6 +40,7 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         }) => flow::cancel(&cli.redis, &id, &selection.queues, json).await,
         Command::Queue(QueueCommand::Pause(args)) => flow::pause(&cli.redis, args, true).await,
         Command::Queue(QueueCommand::Resume(args)) => flow::pause(&cli.redis, args, false).await,
+        Command::Queue(QueueCommand::Limit(args)) => limits::limit(&cli.redis, args).await,
         Command::Dead(cmd) => dead::dead(&cli.redis, cmd).await,
         Command::Check(args) => check::check(&cli.redis, args).await,
         Command::Doctor(args) => doctor::doctor(&cli.redis, args).await,

@@ -6,21 +6,30 @@ use std::process::ExitCode;
 use queue_core::admin::{Admin, QueueHealth};
 
 use crate::cli::StatsArgs;
-use crate::error::Result;
+use crate::error::{CliError, Result};
 use crate::format::fmt_dur;
 
 pub async fn stats(url: &str, args: StatsArgs) -> Result<ExitCode> {
     let admin = Admin::connect(url).await?;
     let mut all = Vec::new();
+    let mut limits = Vec::new();
     for q in admin.queues_or_discover(&args.selection.queues).await? {
         all.push(admin.health(&q).await?);
+        limits.push(admin.queue().limits(&q).await?);
     }
     if args.json {
-        println!("{}", super::to_json(&all)?);
+        let mut rows = serde_json::to_value(&all).map_err(|e| CliError::Other(e.to_string()))?;
+        super::limits::add_to_json(&mut rows, &limits);
+        println!("{}", super::to_json(&rows)?);
     } else if all.is_empty() {
         eprintln!("no queue found (nothing enqueued yet?); name queues with --queue");
     } else {
         print!("{}", table(&all));
+        for l in &limits {
+            if let Some(note) = super::limits::note(l) {
+                println!("{}: {note}", l.queue);
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

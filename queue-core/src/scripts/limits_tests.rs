@@ -1,0 +1,258 @@
+//! Script-level tests of the limits (docs/LIMITS.md): `fetch.lua` and
+//! `claim.lua` under a queue rate limit, a queue concurrency cap and per-key
+//! limits, and `set_limits.lua`'s validation.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+
+use super::claim::{Claim, ClaimRow, Skip};
+use super::enqueue::Enqueue;
+use super::fetch::{Fetch, FetchReply};
+use super::set_limits::SetLimits;
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::keys::QueueKeys;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn setup(queue: &str) -> (queue_testkit::RedisServer, RedisConnection, QueueKeys) {
+    let server = queue_testkit::RedisServer::start().unwrap();
+    let conn = connect(&server.url(), &ConnectionConfig::default())
+        .await
+        .unwrap();
+    (server, conn, QueueKeys::new(queue))
+}
+
+async fn enqueue(conn: &mut RedisConnection, keys: &QueueKeys, id: &str, rate_key: Option<&str>) {
+    let extra: Vec<(String, String)> = rate_key
+        .map(|k| vec![("rate_key".to_string(), k.to_string())])
+        .unwrap_or_default();
+    Enqueue {
+        keys,
+        id: &id.into(),
+        job_type: "t",
+        schema_version: 1,
+        payload: b"",
+        max_attempts: 3,
+        delay: None,
+        run_at: None,
+        once_for: None,
+        extra: &extra,
+    }
+    .run(conn)
+    .await
+    .unwrap();
+}
+
+async fn set(conn: &mut RedisConnection, keys: &QueueKeys, fields: &[(&str, &str)]) {
+    let fields: Vec<(String, String)> = fields
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    SetLimits::Fields(&fields).run(keys, conn).await.unwrap();
+}
+
+async fn fetch(conn: &mut RedisConnection, keys: &QueueKeys, count: usize) -> FetchReply {
+    Fetch {
+        keys,
+        lease: LEASE,
+        token_base: &uuid::Uuid::new_v4().to_string(),
+        count,
+    }
+    .run_or_paused(conn)
+    .await
+    .unwrap()
+}
+
+fn claimed(reply: &FetchReply) -> Vec<String> {
+    let FetchReply::Rows(rows) = reply else {
+        panic!("rows expected, got {reply:?}")
+    };
+    rows.iter()
+        .filter_map(|r| match r {
+            ClaimRow::Claimed(d) => Some(d.id.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn attempts(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) -> Option<u32> {
+    conn.hget(keys.job(id), "attempts").await.unwrap()
+}
+
+/// A queue rate of 3 per 10 s: a fetch of 5 claims 3, the next fetch is
+/// `Limited` with the wait until the window frees, and a BLMOVE'd id goes
+/// back to main unclaimed; no attempt is used.
+#[tokio::test]
+async fn a_queue_rate_limit_claims_up_to_the_limit_then_answers_the_wait() {
+    let (_server, mut conn, keys) = setup("limits-rate").await;
+    for id in ["j1", "j2", "j3", "j4", "j5"] {
+        enqueue(&mut conn, &keys, id, None).await;
+    }
+    set(&mut conn, &keys, &[("rate", "3/10000")]).await;
+    assert_eq!(
+        claimed(&fetch(&mut conn, &keys, 5).await),
+        ["j1", "j2", "j3"]
+    );
+    let FetchReply::Limited(wait) = fetch(&mut conn, &keys, 5).await else {
+        panic!("limited expected")
+    };
+    assert!(
+        wait > Duration::from_secs(9) && wait <= Duration::from_secs(10),
+        "{wait:?}"
+    );
+    assert_eq!(conn.llen::<_, u64>(&keys.main).await.unwrap(), 2);
+    assert_eq!(attempts(&mut conn, &keys, "j4").await, Some(0));
+
+    let moved: String = conn
+        .lmove(
+            &keys.main,
+            &keys.processing,
+            redis::Direction::Right,
+            redis::Direction::Left,
+        )
+        .await
+        .unwrap();
+    let row = Claim {
+        keys: &keys,
+        id: moved.as_bytes(),
+        lease: LEASE,
+        token: "tok",
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        matches!(row, ClaimRow::Skipped(_, Skip::Limited(ms)) if ms > 9_000),
+        "{row:?}"
+    );
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(main, ["j5", "j4"], "back at the tail: still first in line");
+    assert_eq!(attempts(&mut conn, &keys, "j4").await, Some(0));
+    // Without the limit the queue drains.
+    set(&mut conn, &keys, &[("rate", "")]).await;
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 5).await), ["j4", "j5"]);
+}
+
+/// A queue concurrency cap of 2 counts live leases: a third job starts only
+/// once a lease is gone (acked) or expired (a dead worker's).
+#[tokio::test]
+async fn a_queue_concurrency_cap_counts_live_leases() {
+    let (_server, mut conn, keys) = setup("limits-conc").await;
+    for id in ["j1", "j2", "j3"] {
+        enqueue(&mut conn, &keys, id, None).await;
+    }
+    set(&mut conn, &keys, &[("concurrency", "2")]).await;
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 5).await), ["j1", "j2"]);
+    assert!(
+        matches!(fetch(&mut conn, &keys, 5).await, FetchReply::Limited(w) if w == Duration::from_millis(100))
+    );
+    // j1's worker died: its lease expired (score in the past).
+    let _: () = conn.zadd(&keys.leases, "j1", 1).await.unwrap();
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 5).await), ["j3"]);
+}
+
+/// Per-key limits: a key over its rate or its concurrency cap has its job
+/// deferred to the delayed set (no attempt used), other keys' jobs in the
+/// same fetch are claimed, and the deferred jobs of one key are spread one
+/// rate step apart.
+#[tokio::test]
+async fn a_key_over_its_limit_is_deferred_and_other_keys_go_on() {
+    let (_server, mut conn, keys) = setup("limits-keys").await;
+    for (id, key) in [
+        ("a1", "A"),
+        ("a2", "A"),
+        ("a3", "A"),
+        ("b1", "B"),
+        ("c1", "C"),
+        ("c2", "C"),
+    ] {
+        enqueue(&mut conn, &keys, id, Some(key)).await;
+    }
+    enqueue(&mut conn, &keys, "plain", None).await;
+    set(
+        &mut conn,
+        &keys,
+        &[
+            ("key_rate", "1/10000"),
+            ("key_concurrency:C", "1"),
+            ("key_rate:C", "100/1000"),
+        ],
+    )
+    .await;
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["a1", "b1", "c1", "plain"]);
+    let FetchReply::Rows(rows) = &reply else {
+        unreachable!()
+    };
+    let deferred: Vec<_> = rows
+        .iter()
+        .filter_map(|r| match r {
+            ClaimRow::Skipped(id, Skip::Deferred) => Some(id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deferred, ["a2", "a3", "c2"]);
+    let a2: f64 = conn.zscore(&keys.delayed, "a2").await.unwrap();
+    let a3: f64 = conn.zscore(&keys.delayed, "a3").await.unwrap();
+    assert!(
+        (a3 - a2 - 10_000.0).abs() < 1.0,
+        "spread one step apart: {a2} {a3}"
+    );
+    for id in ["a2", "a3", "c2"] {
+        assert_eq!(attempts(&mut conn, &keys, id).await, Some(0), "{id}");
+        let state: String = conn.hget(keys.job(id), "state").await.unwrap();
+        assert_eq!(state, "delayed");
+    }
+    assert_eq!(conn.llen::<_, u64>(&keys.processing).await.unwrap(), 4);
+    // c1 finishes (its lease goes): C has room again.
+    let _: () = conn.zrem(&keys.leases, "c1").await.unwrap();
+    let _: () = conn.zrem(&keys.delayed, "c2").await.unwrap();
+    let _: () = conn.hset(keys.job("c2"), "state", "queued").await.unwrap();
+    let _: () = conn.lpush(&keys.main, "c2").await.unwrap();
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 10).await), ["c2"]);
+}
+
+/// `set_limits.lua` refuses a bad field or value before any write; a
+/// corrupt queue-level field refuses the fetch before anything moves.
+#[tokio::test]
+async fn bad_limits_are_refused_before_any_write() {
+    let (_server, mut conn, keys) = setup("limits-bad").await;
+    enqueue(&mut conn, &keys, "j1", None).await;
+    for bad in [
+        ("rate", "100"),
+        ("rate", "1/0"),
+        ("concurrency", "-1"),
+        ("nope", "1"),
+    ] {
+        let fields = vec![
+            ("key_rate".to_string(), "1/1000".to_string()),
+            (bad.0.to_string(), bad.1.to_string()),
+        ];
+        assert!(
+            SetLimits::Fields(&fields)
+                .run(&keys, &mut conn)
+                .await
+                .is_err(),
+            "{bad:?}"
+        );
+    }
+    assert!(!conn.exists::<_, bool>(keys.limits()).await.unwrap());
+    let _: () = conn.hset(keys.limits(), "rate", "fast").await.unwrap();
+    let err = Fetch {
+        keys: &keys,
+        lease: LEASE,
+        token_base: "t",
+        count: 1,
+    }
+    .run_or_paused(&mut conn)
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("corrupt limits field rate"),
+        "{err}"
+    );
+    assert_eq!(conn.llen::<_, u64>(&keys.main).await.unwrap(), 1);
+    SetLimits::ClearAll.run(&keys, &mut conn).await.unwrap();
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 1).await), ["j1"]);
+}

@@ -1,0 +1,93 @@
+//! `queue-watchdog queue limit` and the limits in `stats` (docs/LIMITS.md),
+//! as an operator runs them, against a real redis-server.
+
+use std::process::Command;
+
+use queue_testkit::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
+
+fn run(args: &[&str], url: &str) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--redis", url])
+        .output()
+        .expect("binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn queue_limit_sets_shows_and_clears_limits_and_stats_shows_them() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let (ok, out, err) = run(
+        &["queue", "limit", "-q", "emails", "--rate", "100/1s"],
+        &url,
+    );
+    assert!(
+        ok && out.contains("rate 100/1s (0 in window)"),
+        "{out}{err}"
+    );
+    let (ok, out, _) = run(
+        &["queue", "limit", "-q", "emails", "--concurrency", "8"],
+        &url,
+    );
+    assert!(ok && out.contains("concurrency 8 (0 running)"), "{out}");
+    let (ok, out, _) = run(
+        &[
+            "queue",
+            "limit",
+            "-q",
+            "emails",
+            "--every-key",
+            "--rate",
+            "5/250ms",
+        ],
+        &url,
+    );
+    assert!(ok && out.contains("per key rate 5/250ms"), "{out}");
+    let (ok, out, _) = run(
+        &[
+            "queue",
+            "limit",
+            "-q",
+            "emails",
+            "--key",
+            "acme",
+            "--concurrency",
+            "2",
+            "--json",
+        ],
+        &url,
+    );
+    assert!(
+        ok && out.contains(r#""acme":{"rate":null,"concurrency":2}"#),
+        "{out}"
+    );
+    let stored = server
+        .command(&["HGET", "q:{emails}:limits", "rate"])
+        .unwrap();
+    assert!(stored.contains("100/1000"), "{stored}");
+
+    let (_, out, _) = run(&["stats", "-q", "emails"], &url);
+    assert!(out.contains("emails: LIMITED: rate 100/1s"), "{out}");
+    assert!(out.contains("key acme: concurrency 2"), "{out}");
+    let (_, out, _) = run(&["stats", "-q", "emails", "--json"], &url);
+    assert!(out.contains(r#""rate":{"max":100,"per_ms":1000}"#), "{out}");
+
+    let (ok, _, err) = run(&["queue", "limit", "-q", "emails", "--rate", "fast"], &url);
+    assert!(!ok && err.contains("want N/<window>"), "{err}");
+    let (ok, out, _) = run(
+        &["queue", "limit", "-q", "emails", "--key", "acme", "--clear"],
+        &url,
+    );
+    assert!(ok && !out.contains("acme"), "{out}");
+    let (ok, out, _) = run(&["queue", "limit", "-q", "emails", "--clear"], &url);
+    assert!(ok && out.contains("limits: none"), "{out}");
+    let (_, out, _) = run(&["stats", "-q", "emails"], &url);
+    assert!(!out.contains("LIMITED"), "{out}");
+}

@@ -1,0 +1,343 @@
+//! Rate limits and concurrency caps across several workers and worker
+//! processes (docs/LIMITS.md), against a real redis-server.
+//!
+//! The figures of docs/LIMITS.md come from the ignored `measure_*` tests:
+//! `cargo test -p queue-tests --test limits -- --ignored --nocapture`.
+
+use std::time::{Duration, Instant};
+
+use queue_core::{EnqueueOptions, LimitScope, Queue, QueueKeys, RateLimit, WorkerConfig};
+use queue_tests::limited::{self, limited as limited_job, Limited, Start};
+use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
+use redis::AsyncCommands;
+
+const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
+
+fn job(env: &TestEnv, tenant: &str, sleep_ms: u64) -> Limited {
+    Limited {
+        ledger: env.ledger_url.clone(),
+        tenant: tenant.to_string(),
+        sleep_ms,
+    }
+}
+
+async fn spawn_limited_workers(env: &TestEnv, n: usize, config: WorkerConfig) -> Vec<WorkerHandle> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let builder = queue_core::Worker::builder(&env.url)
+            .register(limited_job::handler())
+            .config(config.clone());
+        out.push(WorkerHandle::start(builder).await);
+    }
+    out
+}
+
+async fn stop(workers: Vec<WorkerHandle>) {
+    for w in &workers {
+        w.shutdown();
+    }
+    for w in workers {
+        w.join().await;
+    }
+}
+
+/// The most starts within any `window_ms` (Redis clock).
+fn most_in_window(starts: &[&Start], window_ms: i64) -> usize {
+    let mut at: Vec<i64> = starts.iter().map(|s| s.at_ms).collect();
+    at.sort_unstable();
+    (0..at.len())
+        .map(|i| {
+            at[i..]
+                .iter()
+                .take_while(|t| **t < at[i] + window_ms)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// A queue rate of 5 per 500 ms, three workers with 4 slots each: no 400 ms
+/// span has more than 5 starts (handler start times jitter by a few ms
+/// behind the claims the limit counts), the 20 jobs take at least three
+/// windows, and every job runs once on attempt 1 (waiting burns no attempt).
+#[tokio::test]
+async fn a_queue_rate_limit_holds_across_workers_and_burns_no_attempt() {
+    let env = TestEnv::start().await;
+    env.queue
+        .set_rate_limit(
+            "limited",
+            LimitScope::Queue,
+            RateLimit::new(5, Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    let workers = spawn_limited_workers(&env, 3, fast_config()).await;
+    for _ in 0..20 {
+        limited_job::enqueue(&env.queue, job(&env, "t", 0))
+            .await
+            .unwrap();
+    }
+    env.wait_completed("limited", 20).await;
+    stop(workers).await;
+    let starts = limited::starts(&env.ledger_url).await;
+    let all: Vec<&Start> = starts.iter().collect();
+    assert_eq!(all.len(), 20, "each job started once");
+    assert!(all.iter().all(|s| s.attempt == 1), "{all:?}");
+    assert!(most_in_window(&all, 400) <= 5, "{all:?}");
+    let span =
+        all.iter().map(|s| s.at_ms).max().unwrap() - all.iter().map(|s| s.at_ms).min().unwrap();
+    assert!(
+        span >= 1_400,
+        "20 starts at 5 per 500 ms take three windows: {span} ms"
+    );
+    let stats = env.stats("limited").await;
+    assert_eq!((stats.counter("retried"), stats.counter("failed")), (0, 0));
+}
+
+/// Per-key rate 2/s (the default of every key, `#[job(rate_key = tenant)]`):
+/// with 20 jobs of a noisy tenant queued first, the 5 quiet tenants' jobs
+/// still start in the first second, the noisy one starts at most 2 per
+/// second, deferred jobs are not retried nor failed, and clearing the limit
+/// lets the rest run.
+#[tokio::test]
+async fn a_noisy_key_does_not_hold_back_other_keys() {
+    let env = TestEnv::start().await;
+    env.queue
+        .set_rate_limit("limited", LimitScope::EveryKey, RateLimit::per_second(2))
+        .await
+        .unwrap();
+    let noisy: Vec<Limited> = (0..20).map(|_| job(&env, "noisy", 0)).collect();
+    limited_job::enqueue_many(&env.queue, &noisy).await.unwrap();
+    let quiet: Vec<Limited> = (1..=5)
+        .map(|i| job(&env, &format!("quiet{i}"), 0))
+        .collect();
+    limited_job::enqueue_many(&env.queue, &quiet).await.unwrap();
+    let fields: Option<String> = env
+        .conn()
+        .await
+        .hget(
+            QueueKeys::new("limited").job(&first_id(&env).await),
+            "rate_key",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        fields.as_deref(),
+        Some("noisy"),
+        "the macro stores the rate key"
+    );
+
+    let workers = spawn_limited_workers(&env, 2, fast_config()).await;
+    wait_until(BOUND, "every quiet tenant's job started", || async {
+        limited::starts(&env.ledger_url)
+            .await
+            .iter()
+            .filter(|s| s.tenant != "noisy")
+            .count()
+            == 5
+    })
+    .await;
+    let starts = limited::starts(&env.ledger_url).await;
+    let first = starts.iter().map(|s| s.at_ms).min().unwrap();
+    let quiet_last = starts
+        .iter()
+        .filter(|s| s.tenant != "noisy")
+        .map(|s| s.at_ms)
+        .max()
+        .unwrap();
+    assert!(
+        quiet_last - first < 1_000,
+        "quiet keys waited {} ms: {starts:?}",
+        quiet_last - first
+    );
+    let noisy_starts: Vec<&Start> = starts.iter().filter(|s| s.tenant == "noisy").collect();
+    assert!(most_in_window(&noisy_starts, 900) <= 2, "{noisy_starts:?}");
+
+    env.queue
+        .clear_limit("limited", LimitScope::EveryKey, queue_core::LimitKind::Rate)
+        .await
+        .unwrap();
+    env.wait_completed("limited", 25).await;
+    stop(workers).await;
+    let starts = limited::starts(&env.ledger_url).await;
+    assert_eq!(starts.len(), 25, "each job started once");
+    assert!(
+        starts.iter().all(|s| s.attempt == 1),
+        "deferrals burn no attempt: {starts:?}"
+    );
+    let stats = env.stats("limited").await;
+    assert_eq!((stats.counter("retried"), stats.counter("dead")), (0, 0));
+}
+
+async fn first_id(env: &TestEnv) -> String {
+    let mut c = env.conn().await;
+    let ids: Vec<String> = c
+        .lrange(QueueKeys::new("limited").main, -1, -1)
+        .await
+        .unwrap();
+    ids.into_iter().next().expect("a waiting job")
+}
+
+/// A concurrency cap of 2 on `tasks` across two worker processes (4 slots
+/// each): never more than 2 run at once. Then, with a cap of 1, a process is
+/// SIGKILLed mid-job: its slot stays taken while its lease lives, and comes
+/// back when the lease expires (no watchdog runs): the next job finishes
+/// only after the dead worker's lease expiry.
+#[tokio::test]
+async fn a_concurrency_cap_holds_across_processes_and_a_dead_workers_slot_returns() {
+    let env = TestEnv::start().await;
+    env.queue
+        .set_concurrency_limit("tasks", LimitScope::Queue, 2)
+        .await
+        .unwrap();
+    let mut procs: Vec<WorkerProcess> = (0..2)
+        .map(|_| WorkerProcess::start(WORKER_BIN, &env.url, 4, 2000, 5000))
+        .collect();
+    env.enqueue_tasks(8, |t| queue_tests::Task {
+        sleep_ms: 150,
+        probe_concurrency: true,
+        ..t
+    })
+    .await;
+    env.wait_completed("tasks", 8).await;
+    let mut c = env.conn().await;
+    let max_running: u32 = c.get("ledger:max_running").await.unwrap();
+    assert_eq!(max_running, 2, "the cap is reached and never passed");
+
+    env.queue
+        .set_concurrency_limit("tasks", LimitScope::Queue, 1)
+        .await
+        .unwrap();
+    let long = env
+        .enqueue(queue_tests::Task {
+            sleep_ms: 30_000,
+            ..env.task(100)
+        })
+        .await;
+    let keys = QueueKeys::new("tasks");
+    wait_until(BOUND, "the long job is leased", || async {
+        env.lease_of("tasks", long.as_str()).await.is_some()
+    })
+    .await;
+    for p in &mut procs {
+        p.kill();
+    }
+    let lease_until = env.lease_of("tasks", long.as_str()).await.expect("lease") as i64;
+    let survivor = WorkerProcess::start(WORKER_BIN, &env.url, 4, 2000, 5000);
+    let short = env.enqueue(env.task(101)).await;
+    wait_until(BOUND, "the short job completes", || async {
+        env.queue
+            .completion("tasks", short.clone())
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await;
+    let finished: i64 = c
+        .hget(keys.done(short.as_str()), "finished_at")
+        .await
+        .unwrap();
+    assert!(
+        finished >= lease_until,
+        "the short job ran at {finished}, before the dead worker's lease expired at {lease_until}"
+    );
+    drop(survivor);
+}
+
+/// Figures for docs/LIMITS.md (not a timed assertion): a queue rate of
+/// 100/s with 4 `test-worker` processes; the rate measured over 1000 jobs.
+#[tokio::test]
+#[ignore = "measurement: cargo test -p queue-tests --test limits -- --ignored --nocapture"]
+async fn measure_queue_rate_with_four_worker_processes() {
+    let env = TestEnv::start().await;
+    env.queue
+        .set_rate_limit("tasks", LimitScope::Queue, RateLimit::per_second(100))
+        .await
+        .unwrap();
+    env.enqueue_tasks(1_300, |t| t).await;
+    let _procs: Vec<WorkerProcess> = (0..4)
+        .map(|_| WorkerProcess::start(WORKER_BIN, &env.url, 8, 5000, 5000))
+        .collect();
+    let t0 = wait_count(&env.queue, 100).await;
+    let t1 = wait_count(&env.queue, 1_100).await;
+    let rate = 1_000.0 / (t1 - t0).as_secs_f64();
+    println!(
+        "queue rate limit 100/s, 4 worker processes x 8 slots: {rate:.1} jobs/s over 1000 jobs ({:+.1}% of the limit)",
+        (rate / 100.0 - 1.0) * 100.0
+    );
+}
+
+/// Figures for docs/LIMITS.md: 20 quiet tenants' jobs enqueued behind 2000
+/// jobs of a noisy tenant limited to 50/s; how long until the quiet jobs all
+/// completed, against the same 20 jobs on an empty queue.
+#[tokio::test]
+#[ignore = "measurement: cargo test -p queue-tests --test limits -- --ignored --nocapture"]
+async fn measure_noisy_key_effect_on_quiet_keys() {
+    for noisy in [0usize, 2_000] {
+        let env = TestEnv::start().await;
+        env.queue
+            .set_rate_limit(
+                "tasks",
+                LimitScope::Key("noisy".into()),
+                RateLimit::per_second(50),
+            )
+            .await
+            .unwrap();
+        env.queue
+            .set_rate_limit("tasks", LimitScope::EveryKey, RateLimit::per_second(10))
+            .await
+            .unwrap();
+        let noisy_opts =
+            (0..noisy).map(|i| (EnqueueOptions::new().rate_key("noisy"), env.task(i as u64)));
+        let batch: Vec<_> = noisy_opts.collect();
+        env.queue
+            .enqueue_batch::<queue_tests::task::Job, _>(batch.iter().map(|(o, t)| (o.clone(), t)))
+            .await
+            .unwrap();
+        let _procs: Vec<WorkerProcess> = (0..4)
+            .map(|_| WorkerProcess::start(WORKER_BIN, &env.url, 8, 5000, 5000))
+            .collect();
+        wait_count(&env.queue, noisy.min(100) as i64).await;
+        let start = Instant::now();
+        let mut quiet = Vec::new();
+        for i in 0..20u64 {
+            let opts = EnqueueOptions::new().rate_key(format!("quiet{i}"));
+            let e = queue_tests::task::enqueue_with(&env.queue, opts, env.task(10_000 + i))
+                .await
+                .unwrap();
+            quiet.push(e.id);
+        }
+        for id in &quiet {
+            wait_until(BOUND, "quiet job done", || async {
+                env.queue
+                    .completion("tasks", id.clone())
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+            })
+            .await;
+        }
+        let quiet_ms = start.elapsed().as_millis();
+        let done = env.stats("tasks").await.counter("completed");
+        println!(
+            "{noisy} noisy jobs (key limit 50/s) queued first: 20 quiet keys' jobs all completed {quiet_ms} ms after enqueue ({done} jobs completed by then)"
+        );
+    }
+}
+
+/// Waits for `n` completions on `tasks`; the instant it saw them.
+async fn wait_count(queue: &Queue, n: i64) -> Instant {
+    let started = Instant::now();
+    loop {
+        if queue.stats("tasks").await.unwrap().counter("completed") >= n {
+            return Instant::now();
+        }
+        assert!(
+            started.elapsed() < BOUND,
+            "timed out waiting for {n} completions"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
