@@ -1,4 +1,4 @@
--- Non-blocking fetch: LMOVE main -> processing and claim, in one atomic step
+-- Non-blocking fetch: LMOVE main (and group lists, round-robin) -> processing and claim, in one atomic step
 -- (no crash window), for up to `count` jobs. Idempotent for its token base: the
 -- rows are kept in a receipt (a list of `tag:id`, expiring after `receipt_ms`),
 -- and a retry whose first reply was lost gets the same deliveries again.
@@ -34,8 +34,9 @@ end
 if redis.call('EXISTS', KEYS[8]) == 1 then return 'paused' end
 local now = now_ms()
 local entries = {}
+local fair = fair_state(KEYS[1]) -- groups: one id per group per round (docs/GROUPS.md)
 for i = 1, count do
-  local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+  local id = next_waiting(KEYS[1], KEYS[2], fair)
   if not id then break end
   local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
     lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7])

@@ -37,6 +37,7 @@ pub(crate) mod extend;
 pub(crate) mod fail;
 pub(crate) mod fetch;
 pub(crate) mod finish_cancel;
+pub(crate) mod group_pause;
 pub(crate) mod lock_acquire;
 pub(crate) mod lock_extend;
 pub(crate) mod lock_release;
@@ -245,6 +246,7 @@ mod tests {
             entry!(fail),
             entry!(fetch),
             entry!(finish_cancel),
+            entry!(group_pause),
             entry!(lock_acquire),
             entry!(lock_extend),
             entry!(lock_release),
