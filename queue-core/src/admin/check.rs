@@ -239,15 +239,7 @@ impl Walk<'_> {
         let mut names = BTreeSet::new();
         let mut cursor = 0u64;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(PAGE)
-                .query_async(&mut self.admin.queue.connection())
-                .await
-                .map_err(AdminError::server("SCAN for group lists"))?;
+            let (next, keys) = self.scan(cursor, &pattern, "SCAN for group lists").await?;
             names.extend(keys.iter().filter_map(|k| k.strip_prefix(&prefix)).map(|g| format!("g:{g}")));
             cursor = next;
             if cursor == 0 {
@@ -258,6 +250,24 @@ impl Walk<'_> {
             self.structure_named(Some(Place::Main), &name).await?;
         }
         Ok(())
+    }
+
+    /// One `SCAN` step of [`PAGE`] keys matching `pattern`.
+    async fn scan(
+        &self,
+        cursor: u64,
+        pattern: &str,
+        what: &'static str,
+    ) -> Result<(u64, Vec<String>)> {
+        redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(&mut self.admin.queue.connection())
+            .await
+            .map_err(AdminError::server(what))
     }
 
     /// Pages through one structure named `name` in `check.lua`.
@@ -316,15 +326,7 @@ impl Walk<'_> {
         let pattern = glob_prefix(&self.keys.job_prefix);
         let mut cursor = 0u64;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(PAGE)
-                .query_async(&mut self.admin.queue.connection())
-                .await
-                .map_err(AdminError::server("SCAN for job hashes"))?;
+            let (next, keys) = self.scan(cursor, &pattern, "SCAN for job hashes").await?;
             if !keys.is_empty() {
                 let args: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let reply = self.call("hashes", &args).await?;

@@ -277,6 +277,17 @@ local function next_waiting(main, processing, fair)
   return redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
 end
 
+-- Jobs waiting in the group lists of the ring (stats): O(groups).
+local function grouped_waiting(main)
+  local ring, prefix = group_keys(main)
+  if redis.call('TYPE', ring)['ok'] ~= 'list' then return 0 end
+  local n = 0
+  for _, g in ipairs(redis.call('LRANGE', ring, 0, -1)) do
+    if g ~= '' then n = n + redis.call('LLEN', prefix .. g) end
+  end
+  return n
+end
+
 -- The group list a waiting grouped job `id` sits in (cancel), or nil.
 local function waiting_group_list(main, id, group)
   group = group_of(group)
