@@ -71,7 +71,13 @@ impl Queue {
         }
         .run(&mut self.connection())
         .await?;
-        tracing::info!(queue, group, pause, was_paused = change.was_paused, "group pause");
+        tracing::info!(
+            queue,
+            group,
+            pause,
+            was_paused = change.was_paused,
+            "group pause"
+        );
         Ok(change)
     }
 

@@ -25,19 +25,36 @@ fn group_pause_resume_and_check_of_grouped_jobs() {
     let server = RedisServer::start().unwrap();
     let url = server.url();
     let (ok, out, err) = run(&url, &["queue", "pause", "-q", "emails", "--group", "acme"]);
-    assert!(ok && out.contains("queue emails group acme paused"), "{out}{err}");
+    assert!(
+        ok && out.contains("queue emails group acme paused"),
+        "{out}{err}"
+    );
     let since = server
         .command(&["HGET", "q:{emails}:gpaused", "acme"])
         .unwrap();
     assert!(!since.trim().is_empty(), "{since:?}");
     assert!(
-        server.command(&["EXISTS", "q:{emails}:paused"]).unwrap().contains('0'),
+        server
+            .command(&["EXISTS", "q:{emails}:paused"])
+            .unwrap()
+            .contains('0'),
         "the queue itself is not paused"
     );
-    let (ok, out, _) = run(&url, &["queue", "pause", "-q", "emails", "--group", "acme", "--json"]);
+    let (ok, out, _) = run(
+        &url,
+        &[
+            "queue", "pause", "-q", "emails", "--group", "acme", "--json",
+        ],
+    );
     assert!(ok && out.contains(r#""was_paused":true"#), "{out}");
-    let (ok, out, _) = run(&url, &["queue", "resume", "-q", "emails", "--group", "acme"]);
-    assert!(ok && out.contains("queue emails group acme resumed"), "{out}");
+    let (ok, out, _) = run(
+        &url,
+        &["queue", "resume", "-q", "emails", "--group", "acme"],
+    );
+    assert!(
+        ok && out.contains("queue emails group acme resumed"),
+        "{out}"
+    );
 
     // A grouped job waits in its group's list, not in main: check is clean.
     server
@@ -56,7 +73,9 @@ fn group_pause_resume_and_check_of_grouped_jobs() {
             "acme",
         ])
         .unwrap();
-    server.command(&["LPUSH", "q:{emails}:g:acme", "g1"]).unwrap();
+    server
+        .command(&["LPUSH", "q:{emails}:g:acme", "g1"])
+        .unwrap();
     server
         .command(&["RPUSH", "q:{emails}:groups", "", "acme"])
         .unwrap();

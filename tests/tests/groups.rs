@@ -85,7 +85,10 @@ async fn one_groups_backlog_does_not_delay_another_group() {
     // they all start among the first ~30 (a few batches of 4), never behind
     // A's 10k.
     assert!(last_b.unwrap() < 40, "B started late: {order:?}");
-    assert!(last_plain.unwrap() < 40, "ungrouped started late: {order:?}");
+    assert!(
+        last_plain.unwrap() < 40,
+        "ungrouped started late: {order:?}"
+    );
     let a = order.iter().filter(|s| **s < 100_000).count();
     assert!(a >= 10, "A kept being served alongside: {order:?}");
 }
@@ -131,8 +134,15 @@ async fn no_grouped_job_is_lost_across_a_retry_and_a_worker_crash() {
     assert!(l.duplicates().is_empty(), "{:?}", l.duplicates());
     let keys = QueueKeys::new(QUEUE);
     let mut c = env.conn().await;
-    assert_eq!(c.exists::<_, u64>(keys.groups()).await.unwrap(), 0, "ring gone once all ran");
-    let report = Admin::new(env.queue.clone()).check(QUEUE, false).await.unwrap();
+    assert_eq!(
+        c.exists::<_, u64>(keys.groups()).await.unwrap(),
+        0,
+        "ring gone once all ran"
+    );
+    let report = Admin::new(env.queue.clone())
+        .check(QUEUE, false)
+        .await
+        .unwrap();
     assert!(report.is_clean(), "{:?}", report.violations);
 }
 
@@ -153,7 +163,10 @@ async fn a_paused_group_waits_while_others_run() {
     .await;
     // Round-robin would have started p's jobs alongside q's.
     let l = Ledger::read(&env.ledger_url).await;
-    assert!(p.iter().all(|id| !l.started.contains_key(id.as_str())), "{l:?}");
+    assert!(
+        p.iter().all(|id| !l.started.contains_key(id.as_str())),
+        "{l:?}"
+    );
     let groups = env.queue.groups(QUEUE).await.unwrap();
     assert_eq!(groups.len(), 1, "{groups:?}");
     assert_eq!((groups[0].group.as_str(), groups[0].waiting), ("p", 5));
@@ -185,12 +198,18 @@ async fn checker_cancel_and_replay_know_the_group_lists() {
     let keys = QueueKeys::new(QUEUE);
     assert_eq!(
         env.queue.cancel(QUEUE, ids[0].clone()).await.unwrap(),
-        CancelOutcome::Cancelled { from: JobState::Queued }
+        CancelOutcome::Cancelled {
+            from: JobState::Queued
+        }
     );
     assert_eq!(env.list(&keys.group("g")).await.len(), 2);
 
     // A grouped job dead-lettered (permanent failure), then replayed.
-    let dead = enqueue_group(&env, "d", 20, 1, |t| Task { permanent: true, ..t }).await;
+    let dead = enqueue_group(&env, "d", 20, 1, |t| Task {
+        permanent: true,
+        ..t
+    })
+    .await;
     // Only the `d` job may run: pause group g, cancel the ungrouped job.
     env.queue.pause_group(QUEUE, "g").await.unwrap();
     env.queue.cancel(QUEUE, plain[0].clone()).await.unwrap();
@@ -201,14 +220,20 @@ async fn checker_cancel_and_replay_know_the_group_lists() {
     .await;
     worker.stop().await;
     assert_eq!(
-        admin.replay_dead(QUEUE, dead[0].clone(), true).await.unwrap(),
+        admin
+            .replay_dead(QUEUE, dead[0].clone(), true)
+            .await
+            .unwrap(),
         queue_core::admin::ReplayOutcome::Replayed
     );
     assert_eq!(env.list(&keys.group("d")).await, vec![dead[0].to_string()]);
     assert!(env.list(&keys.main).await.is_empty());
     let report = admin.check(QUEUE, false).await.unwrap();
     assert!(report.is_clean(), "{:?}", report.violations);
-    assert_eq!(report.scanned.main, 3, "g's two paused jobs and the replayed one");
+    assert_eq!(
+        report.scanned.main, 3,
+        "g's two paused jobs and the replayed one"
+    );
 }
 
 /// The latency of a grouped job reaching an idle worker (blocked in BLMOVE on
@@ -226,12 +251,18 @@ async fn an_idle_worker_picks_up_a_grouped_job_within_a_block_timeout() {
     let sent = Instant::now();
     let id = enqueue_group(&env, "late", 0, 1, |t| t).await.remove(0);
     wait_until(T, "the grouped job ran", || async {
-        Ledger::read(&env.ledger_url).await.effects.contains_key(id.as_str())
+        Ledger::read(&env.ledger_url)
+            .await
+            .effects
+            .contains_key(id.as_str())
     })
     .await;
     let took = sent.elapsed();
     worker.stop().await;
-    println!("idle pick-up of a grouped job: {} ms (block timeout 500 ms)", took.as_millis());
+    println!(
+        "idle pick-up of a grouped job: {} ms (block timeout 500 ms)",
+        took.as_millis()
+    );
     assert!(took < Duration::from_millis(500 + 1500), "{took:?}");
 }
 

@@ -240,7 +240,11 @@ impl Walk<'_> {
         let mut cursor = 0u64;
         loop {
             let (next, keys) = self.scan(cursor, &pattern, "SCAN for group lists").await?;
-            names.extend(keys.iter().filter_map(|k| k.strip_prefix(&prefix)).map(|g| format!("g:{g}")));
+            names.extend(
+                keys.iter()
+                    .filter_map(|k| k.strip_prefix(&prefix))
+                    .map(|g| format!("g:{g}")),
+            );
             cursor = next;
             if cursor == 0 {
                 break;
