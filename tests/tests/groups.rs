@@ -182,9 +182,10 @@ async fn a_paused_group_waits_while_others_run() {
     assert!(env.queue.groups(QUEUE).await.unwrap().is_empty());
 }
 
-/// Without workers: the checker counts grouped jobs as waiting; cancel
-/// removes a waiting grouped job from its list; a replayed dead grouped job
-/// goes back to its group's list.
+/// The checker counts grouped jobs as waiting; cancel removes a waiting
+/// grouped job from its list; a delayed grouped job is promoted into its
+/// group's list (not main); a replayed dead grouped job goes back to its
+/// group's list.
 #[tokio::test]
 async fn checker_cancel_and_replay_know_the_group_lists() {
     let env = TestEnv::start().await;
@@ -213,12 +214,33 @@ async fn checker_cancel_and_replay_know_the_group_lists() {
     // Only the `d` job may run: pause group g, cancel the ungrouped job.
     env.queue.pause_group(QUEUE, "g").await.unwrap();
     env.queue.cancel(QUEUE, plain[0].clone()).await.unwrap();
+    // A delayed job of the paused group: the promoter must put it in g's list.
+    let opts = EnqueueOptions::new()
+        .group("g")
+        .delay(Duration::from_millis(100));
+    let later = env
+        .queue
+        .enqueue_with::<task::Job>(opts, &env.task(30))
+        .await
+        .unwrap()
+        .id;
     let worker = env.spawn_worker(fast_config()).await;
     wait_until(T, "the d job is dead", || async {
         env.list(&keys.dead).await.contains(&dead[0].to_string())
     })
     .await;
+    wait_until(
+        T,
+        "the delayed grouped job promoted to its list",
+        || async {
+            env.list(&keys.group("g"))
+                .await
+                .contains(&later.to_string())
+        },
+    )
+    .await;
     worker.stop().await;
+    assert!(env.list(&keys.main).await.is_empty());
     assert_eq!(
         admin
             .replay_dead(QUEUE, dead[0].clone(), true)
@@ -231,8 +253,8 @@ async fn checker_cancel_and_replay_know_the_group_lists() {
     let report = admin.check(QUEUE, false).await.unwrap();
     assert!(report.is_clean(), "{:?}", report.violations);
     assert_eq!(
-        report.scanned.main, 3,
-        "g's two paused jobs and the replayed one"
+        report.scanned.main, 4,
+        "g's three paused jobs and the replayed one"
     );
 }
 
