@@ -115,6 +115,21 @@ impl EnqueueOptions {
     pub fn rate_key(self, key: impl Into<String>) -> Self {
         self.extra_field("rate_key", key)
     }
+
+    /// Fair queuing: the job belongs to `group` (a tenant, a customer) and
+    /// waits in that group's own list; workers take one job per group in
+    /// turn, so one group's backlog never delays another group's jobs by
+    /// more than one round (docs/GROUPS.md). Stored as the job field
+    /// `group`; an empty name means no group. See also
+    /// [`Queue::pause_group`](crate::Queue::pause_group).
+    ///
+    /// ```
+    /// let opts = queue_core::EnqueueOptions::new().group("tenant-a");
+    /// assert_eq!(opts.extra_fields, vec![("group".to_string(), "tenant-a".to_string())]);
+    /// ```
+    pub fn group(self, group: impl Into<String>) -> Self {
+        self.extra_field(crate::groups::GROUP_FIELD, group)
+    }
 }
 
 /// The result of an enqueue.

@@ -19,6 +19,9 @@
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
 //! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids, `:limits:next:<key>` its next deferral slot |
+//! | `q:{<queue>}:groups` | list | fair-queuing ring: `""` (main's turn) and each group with waiting jobs (docs/GROUPS.md) |
+//! | `q:{<queue>}:g:<group>` | list | ids of group `<group>` waiting to run (LPUSH in, taken from the right) |
+//! | `q:{<queue>}:gpaused` | hash | paused group → Redis time (ms) of its pause |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -146,6 +149,34 @@ impl QueueKeys {
     /// ```
     pub fn limits(&self) -> String {
         format!("q:{{{}}}:limits", self.queue)
+    }
+
+    /// The fair-queuing ring: `""` (main's turn) and every group with
+    /// waiting jobs, in serving order (docs/GROUPS.md). Absent while no
+    /// group has jobs.
+    pub fn groups(&self) -> String {
+        format!("q:{{{}}}:groups", self.queue)
+    }
+
+    /// The waiting list of group `group` (jobs enqueued with
+    /// [`EnqueueOptions::group`](crate::EnqueueOptions::group)).
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.group("acme"), "q:{emails}:g:acme");
+    /// ```
+    pub fn group(&self, group: &str) -> String {
+        format!("{}{}", self.group_prefix(), group)
+    }
+
+    /// Prefix of the group waiting lists (`group_prefix() + group`).
+    pub fn group_prefix(&self) -> String {
+        format!("q:{{{}}}:g:", self.queue)
+    }
+
+    /// The paused groups: hash group → Redis time (ms) of its pause.
+    pub fn groups_paused(&self) -> String {
+        format!("q:{{{}}}:gpaused", self.queue)
     }
 }
 

@@ -331,6 +331,10 @@ pub struct QueueFlowArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Pause or resume only this group of the queue (fair queuing,
+    /// docs/GROUPS.md): its jobs wait, the other groups run.
+    #[arg(long)]
+    pub group: Option<String>,
 }
 
 /// Which dead-lettered jobs a replay or purge acts on: ids, a filter, or all.

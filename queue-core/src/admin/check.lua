@@ -4,14 +4,15 @@
 -- confirms a suspicion, so a job moving between two pages is never reported).
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 stats, 7 guard (never written)
 -- ARGV: 1 mode ('types' | 'page' | 'hashes' | 'probe'), 2 job prefix, 3 done prefix,
---       4 structure ('main' | 'processing' | 'delayed' | 'dead' | 'leases'), 5 offset, 6 limit
+--       4 structure ('main' | 'processing' | 'delayed' | 'dead' | 'leases' | 'g:<group>', a
+--       group's waiting list), 5 offset, 6 limit
 --       (mode 'hashes': ARGV 4.. are job keys; mode 'probe': ARGV 4 is the id)
 -- A row is {key type, state, attempts, max_attempts, token} (false: field missing).
 -- Returns, by mode:
 --   types:  {now, {type of KEYS 1..6}, stats fields and values (when a hash)}
 --   page:   {now, length, {{id, lease expiry or false, row}, ...}}
 --   hashes: {now, {{key, row}, ...}}
---   probe:  {now, main count, processing count, dead count, delayed score or false,
+--   probe:  {now, main count (its group's list included), processing count, dead count, delayed score or false,
 --            lease expiry or false, row, completion record exists (1/0)}
 local mode, prefix = ARGV[1], ARGV[2]
 local now = now_ms()
@@ -21,6 +22,15 @@ local function row(key)
   if t ~= 'hash' then return {t, false, false, false, false} end
   local h = redis.call('HMGET', key, 'state', 'attempts', 'max_attempts', 'token')
   return {t, h[1], h[2], h[3], h[4]}
+end
+
+-- How many times `id` is in the waiting list of its group (job field `group`).
+local function in_group_list(main, jobkey, id)
+  if redis.call('TYPE', jobkey)['ok'] ~= 'hash' then return 0 end
+  local group = group_of(redis.call('HGET', jobkey, 'group'))
+  if not group then return 0 end
+  local _, gprefix = group_keys(main)
+  return #redis.call('LPOS', gprefix .. group, id, 'COUNT', 0)
 end
 
 if mode == 'types' then
@@ -33,6 +43,7 @@ elseif mode == 'page' then
   local which = ARGV[4]
   local key = ({main = KEYS[1], processing = KEYS[2], delayed = KEYS[3], dead = KEYS[4],
     leases = KEYS[5]})[which]
+  if string.sub(which, 1, 2) == 'g:' then key = string.sub(KEYS[1], 1, -5) .. which end
   local offset, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
   local ids, len
   if which == 'delayed' or which == 'leases' then
@@ -54,7 +65,7 @@ elseif mode == 'hashes' then
 elseif mode == 'probe' then
   local id = ARGV[4]
   return {now,
-    #redis.call('LPOS', KEYS[1], id, 'COUNT', 0),
+    #redis.call('LPOS', KEYS[1], id, 'COUNT', 0) + in_group_list(KEYS[1], prefix .. id, id),
     #redis.call('LPOS', KEYS[2], id, 'COUNT', 0),
     #redis.call('LPOS', KEYS[4], id, 'COUNT', 0),
     redis.call('ZSCORE', KEYS[3], id),

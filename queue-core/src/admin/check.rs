@@ -41,7 +41,7 @@ pub const MAX_PROBES: usize = 100_000;
 /// How many entries the check read.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Scanned {
-    /// Entries of main.
+    /// Entries of main and of the groups' waiting lists.
     pub main: u64,
     /// Entries of processing.
     pub processing: u64,
@@ -227,7 +227,55 @@ impl Walk<'_> {
 
     /// Pages through one structure; `None` for the leases.
     async fn structure(&mut self, place: Option<Place>) -> Result<()> {
-        let name = place.map_or("leases", Place::as_str);
+        self.structure_named(place, place.map_or("leases", Place::as_str))
+            .await
+    }
+
+    /// The waiting lists of the groups (docs/GROUPS.md), found by `SCAN`:
+    /// each is paged like main (an id in it is waiting).
+    async fn group_lists(&mut self) -> Result<()> {
+        let prefix = self.keys.group_prefix();
+        let pattern = glob_prefix(&prefix);
+        let mut names = BTreeSet::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys) = self.scan(cursor, &pattern, "SCAN for group lists").await?;
+            names.extend(
+                keys.iter()
+                    .filter_map(|k| k.strip_prefix(&prefix))
+                    .map(|g| format!("g:{g}")),
+            );
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        for name in names {
+            self.structure_named(Some(Place::Main), &name).await?;
+        }
+        Ok(())
+    }
+
+    /// One `SCAN` step of [`PAGE`] keys matching `pattern`.
+    async fn scan(
+        &self,
+        cursor: u64,
+        pattern: &str,
+        what: &'static str,
+    ) -> Result<(u64, Vec<String>)> {
+        redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(PAGE)
+            .query_async(&mut self.admin.queue.connection())
+            .await
+            .map_err(AdminError::server(what))
+    }
+
+    /// Pages through one structure named `name` in `check.lua`.
+    async fn structure_named(&mut self, place: Option<Place>, name: &str) -> Result<()> {
         let mut offset = 0usize;
         loop {
             let (off, lim) = (offset.to_string(), PAGE.to_string());
@@ -282,15 +330,7 @@ impl Walk<'_> {
         let pattern = glob_prefix(&self.keys.job_prefix);
         let mut cursor = 0u64;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(PAGE)
-                .query_async(&mut self.admin.queue.connection())
-                .await
-                .map_err(AdminError::server("SCAN for job hashes"))?;
+            let (next, keys) = self.scan(cursor, &pattern, "SCAN for job hashes").await?;
             if !keys.is_empty() {
                 let args: Vec<&str> = keys.iter().map(String::as_str).collect();
                 let reply = self.call("hashes", &args).await?;
@@ -390,6 +430,7 @@ impl Admin {
             for place in Place::ALL {
                 walk.structure(Some(place)).await?;
             }
+            walk.group_lists().await?;
             walk.structure(None).await?;
             walk.job_keys().await?;
             let suspects = std::mem::take(&mut walk.suspects);

@@ -24,3 +24,15 @@ impl Admin {
         Ok(self.queue.cancel(queue, id).await?)
     }
 }
+
+impl Admin {
+    /// Pauses group `group` of `queue`: [`Queue::pause_group`].
+    pub async fn pause_group(&self, queue: &str, group: &str) -> Result<PauseChange> {
+        Ok(self.queue.pause_group(queue, group).await?)
+    }
+
+    /// Resumes group `group` of `queue`: [`Queue::resume_group`].
+    pub async fn resume_group(&self, queue: &str, group: &str) -> Result<PauseChange> {
+        Ok(self.queue.resume_group(queue, group).await?)
+    }
+}

@@ -6,7 +6,9 @@
 -- ARGV: 1 id
 -- Returns 'main' | 'dead' | 'changed'
 local id = ARGV[1]
+local group = redis.call('TYPE', KEYS[6])['ok'] == 'hash' and redis.call('HGET', KEYS[6], 'group')
 if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id)
+    or waiting_group_list(KEYS[1], id, group)
     or redis.call('LPOS', KEYS[2], id) or redis.call('LPOS', KEYS[4], id)
     or redis.call('ZSCORE', KEYS[3], id) then
   return 'changed'
@@ -17,7 +19,7 @@ if redis.call('HGET', KEYS[6], 'state') == 'dead' then
   redis.call('HSET', KEYS[6], 'repaired_at', now)
   return 'dead'
 end
-redis.call('LPUSH', KEYS[1], id)
+push_waiting(KEYS[1], id, group) -- main, or its group's list
 redis.call('HSET', KEYS[6], 'state', 'queued', 'repaired_at', now)
 redis.call('HDEL', KEYS[6], 'token', 'lease_until', 'run_at')
 redis.call('ZREM', KEYS[5], id)

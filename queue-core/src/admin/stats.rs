@@ -35,6 +35,10 @@ pub struct QueueStats {
     /// Redis time (ms) since which the queue is paused; `None`: not paused
     /// ([`Queue::pause`]).
     pub paused_since_ms: Option<i64>,
+    /// Jobs waiting in the groups' lists (enqueued with
+    /// [`EnqueueOptions::group`](crate::EnqueueOptions::group),
+    /// docs/GROUPS.md); not counted in `main`.
+    pub grouped: u64,
 }
 
 impl QueueStats {
@@ -76,6 +80,7 @@ impl Queue {
             completed_this_minute: cur,
             completed_previous_minute: prev,
             paused_since_ms: paused,
+            grouped,
         } = Stats { keys: &k }.run(&mut self.connection()).await?;
         let into_minute = (now.rem_euclid(60_000)) as f64 / 60_000.0;
         Ok(QueueStats {
@@ -88,6 +93,7 @@ impl Queue {
             oldest_waiting_ms: (oldest > 0 && main > 0).then(|| (now - oldest).max(0) as u64),
             completed_last_minute: cur + (prev as f64 * (1.0 - into_minute)).ceil() as u64,
             paused_since_ms: (paused > 0).then_some(paused),
+            grouped,
         })
     }
 }

@@ -10,7 +10,8 @@
 local id = ARGV[1]
 local status = redis.call('HGET', KEYS[6], 'status')
 if status then return {'finished', status} end
-local h = redis.call('HMGET', KEYS[5], 'state', 'attempts', 'type', 'enqueued_at', 'cancel_requested')
+local h = redis.call('HMGET', KEYS[5], 'state', 'attempts', 'type', 'enqueued_at', 'cancel_requested',
+  'group')
 local state = h[1]
 if not state then return {'not_found'} end
 if state == 'dead' then return {'dead'} end
@@ -26,6 +27,8 @@ if state == 'queued' then
     source = KEYS[1]
   elseif redis.call('LPOS', KEYS[2], id) then
     source = KEYS[2]
+  else
+    source = waiting_group_list(KEYS[1], id, h[6])
   end
 elseif state == 'delayed' and redis.call('ZSCORE', KEYS[4], id) then
   source = KEYS[4]

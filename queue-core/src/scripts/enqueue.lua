@@ -80,7 +80,7 @@ redis.call('HSET', KEYS[2], unpack(fields))
 if delay > 0 then
   redis.call('ZADD', KEYS[4], now + delay, ARGV[1])
 else
-  redis.call('LPUSH', KEYS[1], ARGV[1])
+  push_waiting(KEYS[1], ARGV[1], extra_group(extra)) -- a `group` extra field: its group list
 end
 redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
 if wake then wake_promoter(KEYS[7]) end

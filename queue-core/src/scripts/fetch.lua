@@ -1,4 +1,4 @@
--- Non-blocking fetch: LMOVE main -> processing and claim, in one atomic step
+-- Non-blocking fetch: LMOVE main (and group lists, round-robin) -> processing and claim, in one atomic step
 -- (no crash window), for up to `count` jobs. Idempotent for its token base: the
 -- rows are kept in a receipt (a list of `tag:id`, expiring after `receipt_ms`),
 -- and a retry whose first reply was lost gets the same deliveries again.
@@ -39,7 +39,8 @@ local now = now_ms()
 local room, wait = limits_room(lim, KEYS[3], count, now)
 if room == 0 and count > 0 then return 'limited:' .. wait end
 local entries = {}
-if not lim then
+local fair = fair_state(KEYS[1]) -- groups: one id per group per round (docs/GROUPS.md)
+if not lim and not fair then
   -- Move the batch first, then one EXISTS for all its completion records: a job
   -- already done is still skipped, without an EXISTS per job (issue #12).
   local ids = {}
@@ -56,12 +57,13 @@ if not lim then
     entries[i] = row[1] .. ':' .. id
   end
 else
-  -- Under limits (docs/LIMITS.md): one job at a time, a job over its key's
-  -- limit deferred, until `room` jobs started.
+  -- Groups and/or limits (docs/GROUPS.md, docs/LIMITS.md): one job at a time,
+  -- in ring order; a job over its rate key's limit is deferred, until `room`
+  -- jobs started.
   local i, taken = 0, 0
   while taken < room and i < room + LIMITS_MAX_DEFERRED do
     i = i + 1
-    local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
+    local id = next_waiting(KEYS[1], KEYS[2], fair)
     if not id then break end
     local row = limits_claim(lim, KEYS[10], KEYS[11], id, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
       ARGV[1], ARGV[2], lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7])

@@ -38,6 +38,7 @@ pub(crate) mod fail;
 pub(crate) mod fetch;
 pub(crate) mod finish_cancel;
 pub(crate) mod limits_read;
+pub(crate) mod group_pause;
 pub(crate) mod lock_acquire;
 pub(crate) mod lock_extend;
 pub(crate) mod lock_release;
@@ -253,6 +254,7 @@ mod tests {
             entry!(fetch),
             entry!(finish_cancel),
             entry!(limits_read),
+            entry!(group_pause),
             entry!(lock_acquire),
             entry!(lock_extend),
             entry!(lock_release),

@@ -369,3 +369,107 @@ local function limits_claim(lim, delayed, wake, id, processing, leases, dead, st
   if lim and row[1] == 'claimed' then limits_started(lim, k, id, token, row[11], now) end
   return row
 end
+
+-- ==== groups (fair queuing between groups, docs/GROUPS.md) ====
+-- A job enqueued with a group (job field `group`) waits in its group's list
+-- `q:{Q}:g:<group>` instead of main. The ring `q:{Q}:groups` holds '' (main's
+-- turn) and every group with waiting jobs (a non-empty group list is always in
+-- it); the ring exists only while some group has (or just had) jobs, so a queue
+-- without groups pays one EXISTS per fetch batch. `q:{Q}:gpaused` is the hash
+-- group -> Redis time of its pause. All derive from main's name (same hash tag).
+
+-- Ring, group list prefix and group pause hash of the queue whose main is `main`.
+local function group_keys(main)
+  local base = string.sub(main, 1, -5)
+  return base .. 'groups', base .. 'g:', base .. 'gpaused'
+end
+
+-- The group named by a job's `group` field: nil when absent or empty.
+local function group_of(v)
+  if not v or v == '' then return nil end
+  return v
+end
+
+-- The value of the `group` pair among enqueue's extra fields (name, value, ...).
+local function extra_group(extra)
+  for i = 1, #extra, 2 do
+    if extra[i] == 'group' then return group_of(extra[i + 1]) end
+  end
+  return nil
+end
+
+-- Puts waiting job `id` where it waits: main when it has no group, else its
+-- group list (LPUSH: FIFO like main), adding the group to the ring when its
+-- list was empty. Used by every script that makes a job waiting again.
+local function push_waiting(main, id, group)
+  group = group_of(group)
+  if not group then
+    redis.call('LPUSH', main, id)
+    return
+  end
+  local ring, prefix = group_keys(main)
+  if redis.call('LPUSH', prefix .. group, id) == 1 and not redis.call('LPOS', ring, group) then
+    if redis.call('EXISTS', ring) == 0 then redis.call('RPUSH', ring, '') end
+    redis.call('RPUSH', ring, group)
+  end
+end
+
+-- The fetch state of one batch: nil when no group has jobs (the one EXISTS a
+-- queue without groups pays), else the keys next_waiting needs.
+local function fair_state(main)
+  local ring, prefix, paused = group_keys(main)
+  if redis.call('EXISTS', ring) == 0 then return nil end
+  expect_types(ring, 'list', paused, 'hash')
+  return {ring = ring, prefix = prefix, paused = paused}
+end
+
+-- Moves the next waiting id to `processing` and returns it (nil: none).
+-- Without groups: the tail of main. With groups: one id per ring entry in
+-- ring order ('' is main's turn), rotating the ring, so each group (and main)
+-- gets one job per round whatever the others' backlogs; paused groups are
+-- skipped; a group whose list ran empty leaves the ring, and the ring goes
+-- when only main's turn is left.
+local function next_waiting(main, processing, fair)
+  if fair then
+    local left = redis.call('LLEN', fair.ring)
+    while left > 0 do
+      left = left - 1
+      local g = redis.call('LMOVE', fair.ring, fair.ring, 'LEFT', 'RIGHT')
+      if not g then break end
+      if g == '' then
+        local id = redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
+        if id then return id end
+      elseif redis.call('HEXISTS', fair.paused, g) == 0 then
+        local list = fair.prefix .. g
+        local id = redis.call('LMOVE', list, processing, 'RIGHT', 'LEFT')
+        if redis.call('LLEN', list) == 0 then
+          redis.call('LREM', fair.ring, -1, g)
+          if redis.call('LLEN', fair.ring) <= 1 then redis.call('DEL', fair.ring) end
+        end
+        if id then return id end
+      end
+    end
+    if redis.call('EXISTS', fair.ring) == 1 then return nil end
+  end
+  return redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
+end
+
+-- Jobs waiting in the group lists of the ring (stats): O(groups).
+local function grouped_waiting(main)
+  local ring, prefix = group_keys(main)
+  if redis.call('TYPE', ring)['ok'] ~= 'list' then return 0 end
+  local n = 0
+  for _, g in ipairs(redis.call('LRANGE', ring, 0, -1)) do
+    if g ~= '' then n = n + redis.call('LLEN', prefix .. g) end
+  end
+  return n
+end
+
+-- The group list a waiting grouped job `id` sits in (cancel), or nil.
+local function waiting_group_list(main, id, group)
+  group = group_of(group)
+  if not group then return nil end
+  local _, prefix = group_keys(main)
+  if redis.call('LPOS', prefix .. group, id) then return prefix .. group end
+  return nil
+end

@@ -11,12 +11,12 @@ local now = now_ms()
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(ids) do
   local jobkey = ARGV[1] .. id
-  local h, bad = read_job(jobkey, 'state')
+  local h, bad = read_job(jobkey, 'state', 'group')
   if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
   if bad then
     dead_letter(jobkey, KEYS[3], KEYS[4], id, bad, now)
   else
-    redis.call('LPUSH', KEYS[2], id)
+    push_waiting(KEYS[2], id, h[2]) -- main, or its group's list
     redis.call('HSET', jobkey, 'state', 'queued')
     redis.call('HDEL', jobkey, 'run_at')
   end

@@ -3,12 +3,12 @@
 -- KEYS: 1 dead, 2 main, 3 job hash, 4 stats
 -- ARGV: 1 id, 2 reset attempts ('1' | '0')
 -- Returns 1 when replayed, 0 when the job is not dead-lettered.
-local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason')
+local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group')
 if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return 0
 end
 local now = now_ms()
-redis.call('LPUSH', KEYS[2], ARGV[1])
+push_waiting(KEYS[2], ARGV[1], h[3]) -- main, or its group's list
 if h[2] then redis.call('HSET', KEYS[3], 'previous_dead_reason', h[2]) end
 redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now)
 redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at')

@@ -34,6 +34,8 @@ pub(crate) struct StatsReply {
     pub(crate) completed_previous_minute: u64,
     /// Redis time of the pause; 0 when the queue is not paused.
     pub(crate) paused_since_ms: i64,
+    /// Jobs waiting in the groups' lists.
+    pub(crate) grouped: u64,
 }
 
 impl Stats<'_> {
@@ -67,6 +69,7 @@ impl Stats<'_> {
             completed_this_minute: f.u64(7, "completed this minute")?,
             completed_previous_minute: f.u64(8, "completed previous minute")?,
             paused_since_ms: f.int(9, "paused since")?,
+            grouped: f.u64(10, "grouped")?,
         })
     }
 }

@@ -90,7 +90,11 @@ impl Fetcher {
             match self.fetch(&keys, &mut slots, idle).await {
                 Ok(FetchReply::Paused) => self.wait_while_paused(slots).await,
                 Ok(FetchReply::Limited(wait)) => self.wait_while_limited(slots, wait).await,
-                Ok(FetchReply::Rows(rows)) if rows.is_empty() => idle = true, // the blocking wait timed out
+                // The blocking wait timed out: BLMOVE again, unless group jobs
+                // wait (BLMOVE only watches main; docs/GROUPS.md).
+                Ok(FetchReply::Rows(rows)) if rows.is_empty() => {
+                    idle = !self.groups_waiting(&keys).await
+                }
                 Ok(FetchReply::Rows(rows)) => {
                     idle = false;
                     error_delay = Duration::from_millis(100);
@@ -249,6 +253,17 @@ impl Fetcher {
             async move { fetch.run_or_paused_as(&mut conn, me).await }
         })
         .await
+    }
+
+    /// Whether the queue's fair-queuing ring exists (some group has waiting
+    /// jobs): one `EXISTS` per block timeout of an idle fetcher. An error
+    /// answers true: the next fetch script finds out.
+    async fn groups_waiting(&self, keys: &QueueKeys) -> bool {
+        let exists: redis::RedisResult<bool> = redis::cmd("EXISTS")
+            .arg(keys.groups())
+            .query_async(&mut self.inner.conn.clone())
+            .await;
+        exists.unwrap_or(true)
     }
 
     /// BLMOVE on the fetcher's own connection, then the claim script.

@@ -14,17 +14,21 @@ use crate::format::fmt_ts;
 /// Pauses (`pause` true) or resumes the queue.
 pub async fn pause(url: &str, args: QueueFlowArgs, pause: bool) -> Result<ExitCode> {
     let admin = Admin::connect(url).await?;
-    let change = if pause {
-        admin.pause(&args.queue).await?
-    } else {
-        admin.resume(&args.queue).await?
+    let change = match (&args.group, pause) {
+        (Some(g), true) => admin.pause_group(&args.queue, g).await?,
+        (Some(g), false) => admin.resume_group(&args.queue, g).await?,
+        (None, true) => admin.pause(&args.queue).await?,
+        (None, false) => admin.resume(&args.queue).await?,
     };
     if args.json {
         println!("{}", super::to_json(&change)?);
         return Ok(ExitCode::SUCCESS);
     }
     let since = change.paused_since_ms.map(fmt_ts).unwrap_or_default();
-    let q = &args.queue;
+    let q = &match &args.group {
+        Some(g) => format!("{} group {g}", args.queue),
+        None => args.queue.clone(),
+    };
     match (pause, change.was_paused) {
         (true, false) => println!("queue {q} paused (since {since})"),
         (true, true) => println!("queue {q} was already paused (since {since})"),

@@ -96,6 +96,12 @@ fn diagnose(h: &QueueHealth) -> Vec<String> {
             s.queue
         ));
     }
+    if s.grouped > 0 {
+        out.push(format!(
+            "{} job(s) waiting in group lists (fair queuing, not counted in main): `queue pause|resume -q {} --group G` per group.",
+            s.grouped, s.queue
+        ));
+    }
     if h.expired_leases > 0 {
         out.push(format!(
             "{} job(s) LOST in processing: lease expired (worker died or stalled). A running watchdog returns them within one pass; if this number stays, start `queue-watchdog run -q {}`.",

@@ -1,0 +1,86 @@
+//! Fair queuing from the operator's side (docs/GROUPS.md):
+//! `queue pause|resume -q Q --group G`, and `check` reading the group lists.
+
+use std::process::Command;
+
+use queue_testkit::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
+
+fn run(url: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--redis", url])
+        .output()
+        .expect("binary runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn group_pause_resume_and_check_of_grouped_jobs() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let (ok, out, err) = run(&url, &["queue", "pause", "-q", "emails", "--group", "acme"]);
+    assert!(
+        ok && out.contains("queue emails group acme paused"),
+        "{out}{err}"
+    );
+    let since = server
+        .command(&["HGET", "q:{emails}:gpaused", "acme"])
+        .unwrap();
+    assert!(!since.trim().is_empty(), "{since:?}");
+    assert!(
+        server
+            .command(&["EXISTS", "q:{emails}:paused"])
+            .unwrap()
+            .contains('0'),
+        "the queue itself is not paused"
+    );
+    let (ok, out, _) = run(
+        &url,
+        &[
+            "queue", "pause", "-q", "emails", "--group", "acme", "--json",
+        ],
+    );
+    assert!(ok && out.contains(r#""was_paused":true"#), "{out}");
+    let (ok, out, _) = run(
+        &url,
+        &["queue", "resume", "-q", "emails", "--group", "acme"],
+    );
+    assert!(
+        ok && out.contains("queue emails group acme resumed"),
+        "{out}"
+    );
+
+    // A grouped job waits in its group's list, not in main: check is clean.
+    server
+        .command(&[
+            "HSET",
+            "q:{emails}:job:g1",
+            "id",
+            "g1",
+            "state",
+            "queued",
+            "attempts",
+            "0",
+            "max_attempts",
+            "3",
+            "group",
+            "acme",
+        ])
+        .unwrap();
+    server
+        .command(&["LPUSH", "q:{emails}:g:acme", "g1"])
+        .unwrap();
+    server
+        .command(&["RPUSH", "q:{emails}:groups", "", "acme"])
+        .unwrap();
+    let (ok, out, err) = run(&url, &["check", "--queue", "emails"]);
+    assert!(ok, "{out}{err}");
+    let (_, out, _) = run(&url, &["stats", "-q", "emails"]);
+    assert!(out.contains("1 job(s) waiting in group lists"), "{out}");
+}

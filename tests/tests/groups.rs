@@ -1,0 +1,334 @@
+//! Fair queuing between groups (docs/GROUPS.md): round-robin service across
+//! groups whatever one group's backlog, no job lost on the paths that make a
+//! grouped job wait again (retry, worker crash, replay, cancel), per-group
+//! pause, and the invariant checker reading the group lists.
+
+use std::time::{Duration, Instant};
+
+use queue_core::admin::Admin;
+use queue_core::{CancelOutcome, EnqueueOptions, JobId, JobState, QueueKeys, WorkerConfig};
+use queue_tests::{fast_config, task, wait_until, Ledger, Task, TestEnv, WorkerProcess};
+use redis::AsyncCommands;
+
+const T: Duration = Duration::from_secs(60);
+const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
+const QUEUE: &str = "tasks";
+
+/// Enqueues `n` tasks of `group` ("": none) with sequence numbers `first..`,
+/// each shaped by `shape`, in pipelined chunks.
+async fn enqueue_group(
+    env: &TestEnv,
+    group: &str,
+    first: u64,
+    n: u64,
+    shape: impl Fn(Task) -> Task,
+) -> Vec<JobId> {
+    let mut ids = Vec::new();
+    let seqs: Vec<u64> = (first..first + n).collect();
+    for chunk in seqs.chunks(2000) {
+        let tasks: Vec<Task> = chunk.iter().map(|s| shape(env.task(*s))).collect();
+        let items = tasks.iter().map(|t| {
+            let opts = if group.is_empty() {
+                EnqueueOptions::new()
+            } else {
+                EnqueueOptions::new().group(group)
+            };
+            (opts, t)
+        });
+        let out = env
+            .queue
+            .enqueue_batch::<task::Job, _>(items)
+            .await
+            .expect("enqueue batch");
+        ids.extend(out.into_iter().map(|e| e.id));
+    }
+    ids
+}
+
+/// Start order of the tasks (`ledger:order`, one seq per start).
+async fn start_order(env: &TestEnv) -> Vec<u64> {
+    let mut c = env.conn().await;
+    c.lrange("ledger:order", 0, -1).await.expect("order")
+}
+
+/// 10k jobs of group A, then 10 of group B and 5 without a group: B's and the
+/// ungrouped jobs all start within the first few batches (position in the
+/// start order), not after A's backlog.
+#[tokio::test]
+async fn one_groups_backlog_does_not_delay_another_group() {
+    let env = TestEnv::start().await;
+    enqueue_group(&env, "a", 0, 10_000, |t| t).await;
+    enqueue_group(&env, "b", 100_000, 10, |t| t).await;
+    enqueue_group(&env, "", 200_000, 5, |t| t).await;
+    let keys = QueueKeys::new(QUEUE);
+    let mut c = env.conn().await;
+    assert_eq!(c.llen::<_, u64>(keys.group("a")).await.unwrap(), 10_000);
+    assert_eq!(c.llen::<_, u64>(keys.group("b")).await.unwrap(), 10);
+    assert_eq!(c.llen::<_, u64>(&keys.main).await.unwrap(), 5);
+
+    let config = WorkerConfig {
+        concurrency: 4,
+        fetch_batch: 4,
+        ..fast_config()
+    };
+    let worker = env.spawn_worker(config).await;
+    wait_until(T, "every B and ungrouped job started", || async {
+        let order = start_order(&env).await;
+        order.iter().filter(|s| **s >= 100_000).count() >= 15
+    })
+    .await;
+    worker.stop().await;
+    let order = start_order(&env).await;
+    let last_b = order.iter().rposition(|s| (100_000..200_000).contains(s));
+    let last_plain = order.iter().rposition(|s| *s >= 200_000);
+    // Round-robin over main, A and B: B's 10 jobs take 10 rounds of 3, so
+    // they all start among the first ~30 (a few batches of 4), never behind
+    // A's 10k.
+    assert!(last_b.unwrap() < 40, "B started late: {order:?}");
+    assert!(
+        last_plain.unwrap() < 40,
+        "ungrouped started late: {order:?}"
+    );
+    let a = order.iter().filter(|s| **s < 100_000).count();
+    assert!(a >= 10, "A kept being served alongside: {order:?}");
+}
+
+/// Grouped jobs that fail once (retry through the delayed set and the
+/// promoter), and grouped jobs running when their worker process is
+/// SIGKILLed (the watchdog returns them): every job completes exactly once,
+/// back through its group's list, and the checker stays clean.
+#[tokio::test]
+async fn no_grouped_job_is_lost_across_a_retry_and_a_worker_crash() {
+    let env = TestEnv::start().await;
+    let retried = enqueue_group(&env, "r", 0, 6, |t| Task { fail_first: 1, ..t }).await;
+    let mut victim = WorkerProcess::start(WORKER_BIN, &env.url, 2, 900, 5000);
+    let slow = enqueue_group(&env, "s", 100, 2, |t| Task {
+        sleep_ms: 3_000,
+        sleep_attempts: 1,
+        ..t
+    })
+    .await;
+    wait_until(T, "both slow jobs started", || async {
+        let l = Ledger::read(&env.ledger_url).await;
+        slow.iter().all(|id| l.started.contains_key(id.as_str()))
+    })
+    .await;
+    victim.kill();
+    let dog = env.spawn_watchdog(QUEUE).await;
+    let _survivor = WorkerProcess::start(WORKER_BIN, &env.url, 4, 900, 5000);
+    let all: Vec<JobId> = retried.iter().chain(&slow).cloned().collect();
+    wait_until(T, "every grouped job completed", || async {
+        let l = Ledger::read(&env.ledger_url).await;
+        all.iter().all(|id| l.effects.get(id.as_str()) == Some(&1))
+    })
+    .await;
+    dog.stop().await;
+    let l = Ledger::read(&env.ledger_url).await;
+    for id in &retried {
+        assert_eq!(l.started[id.as_str()], 2, "{id}: failed once, then ran");
+    }
+    for id in &slow {
+        assert_eq!(l.started[id.as_str()], 2, "{id}: killed once, then ran");
+        assert_eq!(l.effects[id.as_str()], 1);
+    }
+    assert!(l.duplicates().is_empty(), "{:?}", l.duplicates());
+    let keys = QueueKeys::new(QUEUE);
+    let mut c = env.conn().await;
+    assert_eq!(
+        c.exists::<_, u64>(keys.groups()).await.unwrap(),
+        0,
+        "ring gone once all ran"
+    );
+    let report = Admin::new(env.queue.clone())
+        .check(QUEUE, false)
+        .await
+        .unwrap();
+    assert!(report.is_clean(), "{:?}", report.violations);
+}
+
+/// A paused group's jobs stay waiting while other groups run; after resume
+/// they run. Paused, it is listed with its waiting count.
+#[tokio::test]
+async fn a_paused_group_waits_while_others_run() {
+    let env = TestEnv::start().await;
+    let paused = env.queue.pause_group(QUEUE, "p").await.unwrap();
+    assert!(!paused.was_paused && paused.paused_since_ms.is_some());
+    let p = enqueue_group(&env, "p", 0, 5, |t| t).await;
+    let q = enqueue_group(&env, "q", 100, 5, |t| t).await;
+    let worker = env.spawn_worker(fast_config()).await;
+    wait_until(T, "group q ran", || async {
+        let l = Ledger::read(&env.ledger_url).await;
+        q.iter().all(|id| l.effects.contains_key(id.as_str()))
+    })
+    .await;
+    // Round-robin would have started p's jobs alongside q's.
+    let l = Ledger::read(&env.ledger_url).await;
+    assert!(
+        p.iter().all(|id| !l.started.contains_key(id.as_str())),
+        "{l:?}"
+    );
+    let groups = env.queue.groups(QUEUE).await.unwrap();
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!((groups[0].group.as_str(), groups[0].waiting), ("p", 5));
+    assert_eq!(groups[0].paused_since_ms, paused.paused_since_ms);
+
+    assert!(env.queue.resume_group(QUEUE, "p").await.unwrap().was_paused);
+    wait_until(T, "group p ran after resume", || async {
+        let l = Ledger::read(&env.ledger_url).await;
+        p.iter().all(|id| l.effects.contains_key(id.as_str()))
+    })
+    .await;
+    worker.stop().await;
+    assert!(env.queue.groups(QUEUE).await.unwrap().is_empty());
+}
+
+/// The checker counts grouped jobs as waiting; cancel removes a waiting
+/// grouped job from its list; a delayed grouped job is promoted into its
+/// group's list (not main); a replayed dead grouped job goes back to its
+/// group's list.
+#[tokio::test]
+async fn checker_cancel_and_replay_know_the_group_lists() {
+    let env = TestEnv::start().await;
+    let ids = enqueue_group(&env, "g", 0, 3, |t| t).await;
+    let plain = enqueue_group(&env, "", 10, 1, |t| t).await;
+    let admin = Admin::new(env.queue.clone());
+    let report = admin.check(QUEUE, false).await.unwrap();
+    assert!(report.is_clean(), "{:?}", report.violations);
+    assert_eq!(report.scanned.main, 4);
+
+    let keys = QueueKeys::new(QUEUE);
+    assert_eq!(
+        env.queue.cancel(QUEUE, ids[0].clone()).await.unwrap(),
+        CancelOutcome::Cancelled {
+            from: JobState::Queued
+        }
+    );
+    assert_eq!(env.list(&keys.group("g")).await.len(), 2);
+
+    // A grouped job dead-lettered (permanent failure), then replayed.
+    let dead = enqueue_group(&env, "d", 20, 1, |t| Task {
+        permanent: true,
+        ..t
+    })
+    .await;
+    // Only the `d` job may run: pause group g, cancel the ungrouped job.
+    env.queue.pause_group(QUEUE, "g").await.unwrap();
+    env.queue.cancel(QUEUE, plain[0].clone()).await.unwrap();
+    // A delayed job of the paused group: the promoter must put it in g's list.
+    let opts = EnqueueOptions::new()
+        .group("g")
+        .delay(Duration::from_millis(100));
+    let later = env
+        .queue
+        .enqueue_with::<task::Job>(opts, &env.task(30))
+        .await
+        .unwrap()
+        .id;
+    let worker = env.spawn_worker(fast_config()).await;
+    wait_until(T, "the d job is dead", || async {
+        env.list(&keys.dead).await.contains(&dead[0].to_string())
+    })
+    .await;
+    wait_until(
+        T,
+        "the delayed grouped job promoted to its list",
+        || async {
+            env.list(&keys.group("g"))
+                .await
+                .contains(&later.to_string())
+        },
+    )
+    .await;
+    worker.stop().await;
+    assert!(env.list(&keys.main).await.is_empty());
+    assert_eq!(
+        admin
+            .replay_dead(QUEUE, dead[0].clone(), true)
+            .await
+            .unwrap(),
+        queue_core::admin::ReplayOutcome::Replayed
+    );
+    assert_eq!(env.list(&keys.group("d")).await, vec![dead[0].to_string()]);
+    assert!(env.list(&keys.main).await.is_empty());
+    let report = admin.check(QUEUE, false).await.unwrap();
+    assert!(report.is_clean(), "{:?}", report.violations);
+    assert_eq!(
+        report.scanned.main, 4,
+        "g's three paused jobs and the replayed one"
+    );
+}
+
+/// The latency of a grouped job reaching an idle worker (blocked in BLMOVE on
+/// main): at most one block timeout, since the fetcher checks the ring after
+/// each timeout. Printed for docs/GROUPS.md.
+#[tokio::test]
+async fn an_idle_worker_picks_up_a_grouped_job_within_a_block_timeout() {
+    let env = TestEnv::start().await;
+    let config = WorkerConfig {
+        block_timeout: Duration::from_millis(500),
+        ..fast_config()
+    };
+    let worker = env.spawn_worker(config).await;
+    env.wait_blocked_client(None).await;
+    let sent = Instant::now();
+    let id = enqueue_group(&env, "late", 0, 1, |t| t).await.remove(0);
+    wait_until(T, "the grouped job ran", || async {
+        Ledger::read(&env.ledger_url)
+            .await
+            .effects
+            .contains_key(id.as_str())
+    })
+    .await;
+    let took = sent.elapsed();
+    worker.stop().await;
+    println!(
+        "idle pick-up of a grouped job: {} ms (block timeout 500 ms)",
+        took.as_millis()
+    );
+    assert!(took < Duration::from_millis(500 + 1500), "{took:?}");
+}
+
+/// Figure for docs/GROUPS.md (ignored by default): a worker (concurrency 4,
+/// fetch batch 16) running, 100k jobs of group A enqueued, then 10 of group B;
+/// B's waits (enqueue to completion record, Redis clock) and how many jobs
+/// started between B's enqueue and B's last start. Run:
+/// `cargo test -p queue-tests --test groups -- --ignored --nocapture figure`
+#[tokio::test]
+#[ignore]
+async fn figure_b_wait_behind_a_100k_backlog() {
+    let env = TestEnv::start().await;
+    let worker = env.spawn_worker(fast_config()).await;
+    enqueue_group(&env, "a", 0, 100_000, |t| t).await;
+    let before = start_order(&env).await.len();
+    let b = enqueue_group(&env, "b", 1_000_000, 10, |t| t).await;
+    wait_until(T, "B ran", || async {
+        let l = Ledger::read(&env.ledger_url).await;
+        b.iter().all(|id| l.effects.contains_key(id.as_str()))
+    })
+    .await;
+    worker.stop().await;
+    let keys = QueueKeys::new(QUEUE);
+    let mut c = env.conn().await;
+    let mut waits = Vec::new();
+    for id in &b {
+        let (enq, fin): (i64, i64) = redis::cmd("HMGET")
+            .arg(keys.done(id.as_str()))
+            .arg("enqueued_at")
+            .arg("finished_at")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        waits.push(fin - enq);
+    }
+    waits.sort_unstable();
+    let order = start_order(&env).await;
+    let last = order.iter().rposition(|s| *s >= 1_000_000).unwrap();
+    let a_left: u64 = c.llen(keys.group("a")).await.unwrap();
+    println!(
+        "B waits ms (enqueue -> done): p50 {} p99 {} max {}; starts between B's enqueue and B's last start: {} (A jobs started before B's enqueue: {before}, A still waiting after: {a_left})",
+        waits[waits.len() / 2],
+        waits[(waits.len() * 99).div_ceil(100) - 1],
+        waits[waits.len() - 1],
+        last + 1 - before,
+    );
+}
