@@ -18,7 +18,8 @@
 #                                    # bullmq-bench's four scenarios (queue-add, queue-add-bulk of 50,
 #                                    # worker-generic, worker-concurrent with 100), BullMQ and queue-core
 #                                    # interleaved, --runs (3); K multiplies the measured jobs (1)
-#   scripts/bench.sh --trickle       # enqueue->start p50/p99 at 1,000 jobs/s offered, queue-core and BullMQ
+#   scripts/bench.sh --trickle [--trickle-rate R]
+#                                    # enqueue->start p50/p99 at R (1,000) jobs/s offered, queue-core and BullMQ
 #   scripts/bench.sh --cost          # cost vs size: ack with 16 vs 4,096 in flight (8 worker processes),
 #                                    # fetch/promote with 1M waiting/delayed vs none, Redis bytes per job
 #                                    # (these three combine; tables: examples/bench/issue12_report.py)
@@ -44,6 +45,7 @@ FOCUS_N=50000
 BB=0
 BB_SCALE=1
 TRICKLE=0
+TRICKLE_RATE=1000
 COST=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -60,8 +62,9 @@ while [ $# -gt 0 ]; do
     --bullmq-bench) BB=1 ;;
     --bb-scale) BB_SCALE="$2"; shift ;;
     --trickle) TRICKLE=1 ;;
+    --trickle-rate) TRICKLE_RATE="$2"; shift ;;
     --cost) COST=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -172,9 +175,11 @@ if [ "$BB$TRICKLE$COST" != 000 ]; then
       done
     fi
     if [ "$TRICKLE" = 1 ]; then
-      log "run $r/$RUNS trickle: $N_TRICKLE jobs at 1000/s offered (load $(load1))"
-      qc trickle "$r" e2e --n "$N_TRICKLE" --producers 16 --concurrency 16 --rate 1000
-      if [ "$WITH_PEERS" = 1 ]; then bq trickle "$r" e2e --n "$N_TRICKLE" --producers 16 --concurrency 16 --rate 1000; fi
+      # 5 s of offered load: N = 5 x rate (2 s with --quick).
+      nt=$((N_TRICKLE * TRICKLE_RATE / 1000))
+      log "run $r/$RUNS trickle: $nt jobs at $TRICKLE_RATE/s offered (load $(load1))"
+      qc trickle "$r" e2e --n "$nt" --producers 16 --concurrency 16 --rate "$TRICKLE_RATE"
+      if [ "$WITH_PEERS" = 1 ]; then bq trickle "$r" e2e --n "$nt" --producers 16 --concurrency 16 --rate "$TRICKLE_RATE"; fi
     fi
     if [ "$COST" = 1 ]; then
       for f in 16 4096; do
