@@ -215,3 +215,45 @@ pub async fn run(url: &str, scenario: Scenario, scale: u64) -> Res<Value> {
         "evalsha_per_job": round3((after.calls_since(&before, "evalsha") + after.calls_since(&before, "eval")) as f64 / total as f64),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Depth of the deepest chain under `v` (an empty object is depth 1).
+    fn depth(v: &Value) -> usize {
+        match v {
+            Value::Object(m) => 1 + m.values().map(depth).max().unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn sample_data_has_bullmq_bench_shape() {
+        // 1x1: one UUID key holding an empty object, `{"<uuid>":{}}` (43 bytes of JSON).
+        let tiny = sample_data(1, 1);
+        assert_eq!(tiny.as_object().map(|m| m.len()), Some(1));
+        assert_eq!(depth(&tiny), 2);
+        assert_eq!(serde_json::to_string(&tiny).unwrap().len(), 43);
+        // 10x10: ten chains, each ten objects deep, all keys distinct UUIDs.
+        let big = sample_data(10, 10);
+        let top = big.as_object().unwrap();
+        assert_eq!(top.len(), 10);
+        assert!(top.values().all(|v| depth(v) == 10));
+        let text = serde_json::to_string(&big).unwrap();
+        assert!((4000..4300).contains(&text.len()), "{} bytes", text.len());
+    }
+
+    #[test]
+    fn uuid_like_keys_are_uuid_shaped_and_distinct() {
+        let mut seed = 42;
+        let keys: Vec<String> = (0..1000).map(|_| uuid_like(&mut seed)).collect();
+        for k in &keys {
+            let parts: Vec<usize> = k.split('-').map(str::len).collect();
+            assert_eq!(parts, [8, 4, 4, 4, 12], "{k}");
+            assert!(k.chars().all(|c| c == '-' || c.is_ascii_hexdigit()), "{k}");
+        }
+        let distinct: std::collections::HashSet<_> = keys.iter().collect();
+        assert_eq!(distinct.len(), keys.len());
+    }
+}
