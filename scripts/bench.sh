@@ -14,6 +14,15 @@
 #                                    # process c64, process c1), interleaving BIN (queue-bench built
 #                                    # from an older commit), this build (or --new BIN: no build) and BullMQ; median of --runs
 #                                    # (3), ratios and Redis us/job: examples/bench/focus_report.py
+#   scripts/bench.sh --bullmq-bench [--bb-scale K]
+#                                    # bullmq-bench's four scenarios (queue-add, queue-add-bulk of 50,
+#                                    # worker-generic, worker-concurrent with 100), BullMQ and queue-core
+#                                    # interleaved, --runs (3); K multiplies the measured jobs (1)
+#   scripts/bench.sh --trickle [--trickle-rate R]
+#                                    # enqueue->start p50/p99 at R (1,000) jobs/s offered, queue-core and BullMQ
+#   scripts/bench.sh --cost          # cost vs size: ack with 16 vs 4,096 in flight (8 worker processes),
+#                                    # fetch/promote with 1M waiting/delayed vs none, Redis bytes per job
+#                                    # (these three combine; tables: examples/bench/issue12_report.py)
 #
 # Needs: cargo, redis-server + redis-benchmark, node + npm, python3 (venv).
 # Peers are installed into examples/bench/peers/.work/ (gitignored) by
@@ -33,6 +42,11 @@ FOCUS=0
 BASELINE=""
 NEW_BIN=""
 FOCUS_N=50000
+BB=0
+BB_SCALE=1
+TRICKLE=0
+TRICKLE_RATE=1000
+COST=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -45,7 +59,12 @@ while [ $# -gt 0 ]; do
     --baseline) BASELINE="$2"; shift ;;
     --new) NEW_BIN="$2"; shift ;;
     --n) FOCUS_N="$2"; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --bullmq-bench) BB=1 ;;
+    --bb-scale) BB_SCALE="$2"; shift ;;
+    --trickle) TRICKLE=1 ;;
+    --trickle-rate) TRICKLE_RATE="$2"; shift ;;
+    --cost) COST=1 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -87,7 +106,7 @@ fi
 
 if [ "$WITH_PEERS" = 1 ]; then
   log "installing peers (examples/bench/peers/setup.sh)"
-  if [ "$FOCUS" = 1 ]; then bash "$PEERS/setup.sh" bullmq; else bash "$PEERS/setup.sh"; fi
+  if [ "$FOCUS" = 1 ] || [ "$BB$TRICKLE$COST" != 000 ]; then bash "$PEERS/setup.sh" bullmq; else bash "$PEERS/setup.sh"; fi
   export NODE_PATH="$PEERS/.work/bullmq/node_modules"
   APALIS="$PEERS/.work/apalis/target/release/apalis-bench"
   RQPY="$PEERS/.work/rq-venv/bin/python"
@@ -125,6 +144,68 @@ peer() { python3 "$PEERS/run_peer.py" --redis-url "$URL" --out "$OUT" --label "r
 bull() { peer "$1" node "$PEERS/bullmq/bench.cjs" --redis-url "$URL" "${@:2}"; }
 apal() { peer "$1" "$APALIS" --redis-url "$URL" "${@:2}"; }
 rqb() { peer "$1" "$RQPY" "$PEERS/rq/bench.py" --redis-url "$URL" "${@:2}"; }
+
+if [ "$BB$TRICKLE$COST" != 000 ]; then
+  # The issue #12 sections: each run's label carries its 1-minute load
+  # average; BullMQ and queue-core interleaved within every run.
+  RUNS="${RUNS:-3}"
+  load1() { cut -d' ' -f1 /proc/loadavg; }
+  qc() { # section run args...
+    local label="section=$1,run=$2,load=$(load1)"; shift 2
+    redis-cli -p "$PORT" flushall >/dev/null
+    "$QB" --redis-url "$URL" --out "$OUT" --label "$label" "$@" >/dev/null || log "FAILED: queue-bench $*"
+  }
+  bq() { # section run args...
+    local label="section=$1,run=$2,load=$(load1)"; shift 2
+    redis-cli -p "$PORT" flushall >/dev/null
+    python3 "$PEERS/run_peer.py" --redis-url "$URL" --out "$OUT" --label "$label" -- \
+      node "$PEERS/bullmq/bench.cjs" --redis-url "$URL" "$@" >/dev/null || log "FAILED: bullmq $*"
+  }
+  if [ "$QUICK" = 1 ]; then
+    N_TRICKLE=2000; N_ACK=8000; N_BACKLOG=10000; BACKLOG=100000; N_MEMORY=20000
+  else
+    N_TRICKLE=5000; N_ACK=24000; N_BACKLOG=20000; BACKLOG=1000000; N_MEMORY=100000
+  fi
+  for r in $(seq "$RUNS"); do
+    if [ "$BB" = 1 ]; then
+      for sc in queue-add queue-add-bulk worker-generic worker-concurrent; do
+        log "run $r/$RUNS bullmq-bench $sc (scale $BB_SCALE, load $(load1))"
+        if [ "$WITH_PEERS" = 1 ]; then bq bb "$r" bb --scenario "$sc" --scale "$BB_SCALE"; fi
+        qc bb "$r" bb --scenario "$sc" --scale "$BB_SCALE"
+      done
+    fi
+    if [ "$TRICKLE" = 1 ]; then
+      # 5 s of offered load: N = 5 x rate (2 s with --quick).
+      nt=$((N_TRICKLE * TRICKLE_RATE / 1000))
+      log "run $r/$RUNS trickle: $nt jobs at $TRICKLE_RATE/s offered (load $(load1))"
+      qc trickle "$r" e2e --n "$nt" --producers 16 --concurrency 16 --rate "$TRICKLE_RATE"
+      if [ "$WITH_PEERS" = 1 ]; then bq trickle "$r" e2e --n "$nt" --producers 16 --concurrency 16 --rate "$TRICKLE_RATE"; fi
+    fi
+    if [ "$COST" = 1 ]; then
+      for f in 16 4096; do
+        log "run $r/$RUNS cost: ack with $f in flight across 8 worker processes (load $(load1))"
+        qc cost "$r" cost-ack --n "$N_ACK" --in-flight "$f" --workers 8
+      done
+    fi
+  done
+  if [ "$COST" = 1 ]; then
+    # The backlog is loaded once per size (1M jobs take minutes) and measured
+    # --runs times over it (each result line carries its own load average).
+    for b in 0 "$BACKLOG"; do
+      log "cost: fetch with $b waiting, promote with $b delayed, $RUNS runs each (load $(load1))"
+      qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --runs "$RUNS"
+      qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --delayed --runs "$RUNS"
+    done
+    log "cost: Redis memory per waiting and per completed job ($N_MEMORY jobs)"
+    qc cost 1 cost-memory --n "$N_MEMORY"
+    qc cost 1 cost-memory --n "$N_MEMORY" --retention-s 0
+  fi
+  python3 -c 'import json,sys; open(sys.argv[1],"a").write(json.dumps({"workload":"machine_end","loadavg_end":open("/proc/loadavg").read().split()[:3]})+"\n")' "$OUT"
+  python3 examples/bench/issue12_report.py "$OUT" > "${OUT%.jsonl}.md"
+  log "done: $OUT and ${OUT%.jsonl}.md"
+  cat "${OUT%.jsonl}.md"
+  exit 0
+fi
 
 if [ "$FOCUS" = 1 ]; then
   # Interleaved: every run goes through each workload with the baseline

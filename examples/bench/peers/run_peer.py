@@ -76,6 +76,9 @@ def main():
                   "rate": num("rate", 0), "jobs_per_s": None, "error": f"exit status {proc.returncode}"}
         if mode == "enqueue":
             result.pop("concurrency")
+        if "bb" in cmd[1:]:
+            result = {"workload": "bb", "system": system, "scenario": flags.get("scenario"), "n": None,
+                      "jobs_per_s": None, "error": f"exit status {proc.returncode}"}
     else:
         result = json.loads(lines[-1])
     n = result.get("n") or 1

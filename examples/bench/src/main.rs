@@ -5,6 +5,8 @@
 //! Without `--redis-url` it starts its own `redis-server` (no persistence).
 //! See `docs/BENCHMARKS.md` for the workloads and `scripts/bench.sh` for the suite.
 
+mod bullmq_bench;
+mod cost;
 mod proto;
 mod stats;
 
@@ -51,6 +53,9 @@ struct Probe {
 
 static PROBE: OnceLock<Arc<Probe>> = OnceLock::new();
 
+/// Milliseconds each no-op handler sleeps (`--sleep-ms`; 0: none).
+static SLEEP_MS: AtomicU64 = AtomicU64::new(0);
+
 #[queue_core::job(queue = "bench", max_attempts = 3)]
 async fn noop(ctx: JobContext, args: Noop) -> Result<(), JobError> {
     if let Some(p) = PROBE.get() {
@@ -65,6 +70,10 @@ async fn noop(ctx: JobContext, args: Noop) -> Result<(), JobError> {
         if p.done.fetch_add(1, Ordering::Relaxed) + 1 == p.target {
             p.all_done.notify_one();
         }
+    }
+    let sleep = SLEEP_MS.load(Ordering::Relaxed);
+    if sleep > 0 {
+        tokio::time::sleep(Duration::from_millis(sleep)).await;
     }
     Ok(())
 }
@@ -118,6 +127,9 @@ struct WorkerArgs {
     /// `WorkerConfig::completion_retention` in seconds (default: the library's, 24 h).
     #[arg(long)]
     retention_s: Option<u64>,
+    /// Each handler sleeps this long (ms) before it returns (0: a no-op).
+    #[arg(long, default_value_t = 0)]
+    sleep_ms: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -175,6 +187,48 @@ enum Cmd {
         #[arg(long)]
         batched_ack: bool,
     },
+    /// bullmq-bench's scenarios (queue-add, queue-add-bulk, worker-generic,
+    /// worker-concurrent), see `bullmq_bench.rs`.
+    Bb {
+        #[arg(long, value_enum)]
+        scenario: bullmq_bench::Scenario,
+        /// Multiplies the measured job count (warm-up stays 1 000).
+        #[arg(long, default_value_t = 1)]
+        scale: u64,
+    },
+    /// Redis time per job with `--in-flight` jobs in flight across
+    /// `--workers` worker processes (handlers sleep to hold them).
+    CostAck {
+        #[arg(long, default_value_t = 20_000)]
+        n: u64,
+        #[arg(long, default_value_t = 16)]
+        in_flight: usize,
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+        /// Target jobs/s (sets the handlers' sleep: in_flight / rate).
+        #[arg(long, default_value_t = 2000.0)]
+        rate: f64,
+    },
+    /// Redis time per job with `--backlog` other jobs waiting (or delayed).
+    CostBacklog {
+        #[arg(long, default_value_t = 20_000)]
+        n: u64,
+        #[arg(long, default_value_t = 0)]
+        backlog: u64,
+        /// The measured jobs are due delayed jobs among `--backlog` delayed by 1 h.
+        #[arg(long)]
+        delayed: bool,
+        /// Measured runs over the same backlog (one result line each).
+        #[arg(long, default_value_t = 1)]
+        runs: u64,
+    },
+    /// Redis memory per waiting job and per completed job (completion record).
+    CostMemory {
+        #[arg(long, default_value_t = 100_000)]
+        n: u64,
+        #[arg(long)]
+        retention_s: Option<u64>,
+    },
     /// Internal: the worker process of `process`, `e2e` and `memory`.
     #[command(hide = true)]
     Consume {
@@ -229,6 +283,26 @@ async fn run(cli: Cli) -> Res<()> {
             preload(&url, *n, 0).await?;
             proto::run(&url, *n, *fetchers, *fetch_batch, *batched_ack).await?
         }
+        Cmd::Bb { scenario, scale } => bullmq_bench::run(&url, *scenario, *scale).await?,
+        Cmd::CostAck {
+            n,
+            in_flight,
+            workers,
+            rate,
+        } => cost::ack(&url, *n, *in_flight, *workers, *rate).await?,
+        Cmd::CostBacklog {
+            n,
+            backlog,
+            delayed,
+            runs,
+        } => {
+            let results = cost::backlog(&url, *n, *backlog, *delayed, *runs).await?;
+            for r in results {
+                emit(&cli, r)?;
+            }
+            return Ok(());
+        }
+        Cmd::CostMemory { n, retention_s } => cost::memory(&url, *n, *retention_s).await?,
         Cmd::Consume {
             n,
             expect_enqueue,
@@ -403,6 +477,7 @@ impl Child {
         if let Some(r) = w.retention_s {
             cmd.arg("--retention-s").arg(r.to_string());
         }
+        cmd.arg("--sleep-ms").arg(w.sleep_ms.to_string());
         cmd.stdout(Stdio::piped())
             .stdin(Stdio::null())
             .kill_on_drop(true);
@@ -418,6 +493,11 @@ impl Child {
             .and_then(|v| v.trim().parse().ok())
             .ok_or_else(|| format!("consume: unexpected first line {ready:?}"))?;
         Ok((c, start_us))
+    }
+
+    /// Kills the child (SIGKILL) and reaps it.
+    async fn stop(mut self) {
+        let _ = self.child.kill().await;
     }
 
     fn pid(&self) -> u32 {
@@ -582,6 +662,7 @@ async fn consume(url: &str, n: u64, expect_enqueue: u64, w: &WorkerArgs) -> Res<
         all_done: Notify::new(),
     });
     let _ = PROBE.set(probe.clone());
+    SLEEP_MS.store(w.sleep_ms, Ordering::Relaxed);
     let mut conn = admin(url).await?;
     let stats_key = queue_core::QueueKeys::new(QUEUE).stats;
     let completed = |mut c: redis::aio::ConnectionManager| {

@@ -160,7 +160,8 @@ impl RedisSnapshot {
         now.saturating_sub(then)
     }
 
-    fn usec_since(&self, before: &RedisSnapshot, cmd: &str) -> u64 {
+    /// Usec Redis spent in `cmd` between `before` and `self`.
+    pub fn usec_since(&self, before: &RedisSnapshot, cmd: &str) -> u64 {
         let now = self.cmds.get(cmd).map(|c| c.1).unwrap_or(0);
         let then = before.cmds.get(cmd).map(|c| c.1).unwrap_or(0);
         now.saturating_sub(then)

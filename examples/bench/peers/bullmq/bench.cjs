@@ -8,9 +8,13 @@
 //   NODE_PATH=peers/.work/bullmq/node_modules node bench.cjs --redis-url URL enqueue --n 100000 --producers 16 [--batch 100]
 //   ... process --n 100000 --concurrency 16
 //   ... e2e --n 100000 --producers 16 --concurrency 16 [--rate 2000] [--payload 1024]
+//   ... bb --scenario queue-add|queue-add-bulk|worker-generic|worker-concurrent [--scale 1]
+//       (bullmq-bench's four scenarios, as queue-bench's `bb` runs them: see
+//       examples/bench/src/bullmq_bench.rs for the table)
 'use strict';
 const { spawn } = require('child_process');
 const readline = require('readline');
+const { randomUUID } = require('crypto');
 const { Queue, Worker } = require('bullmq');
 const IORedis = require('ioredis');
 
@@ -118,6 +122,85 @@ async function consume(url, n, concurrency) {
   process.stdout.write(JSON.stringify({ start_us: start, end_us: endUs, latency: summaryMs(lat) }) + '\n');
 }
 
+// bullmq-bench's scenarios: [warm-up, measured at scale 1, payload width, depth].
+const BB = {
+  'queue-add': [1000, 1000, 10, 10],
+  'queue-add-bulk': [1000, 10000, 1, 1],
+  'worker-generic': [1000, 1000, 1, 1],
+  'worker-concurrent': [1000, 10000, 1, 1],
+};
+
+// `width` keys, each the head of a chain of `depth` nested objects keyed by UUIDs.
+function sampleData(width, depth) {
+  const top = {};
+  for (let i = 0; i < width; i++) {
+    let inner = {};
+    for (let j = 1; j < depth; j++) inner = { [randomUUID()]: inner };
+    top[randomUUID()] = inner;
+  }
+  return top;
+}
+
+// One scenario in this process; the stopwatch runs from the warm-up count to
+// the last job (adds: when added; workers: when the handler starts).
+async function bb(url, scenario, scale) {
+  const shape = BB[scenario];
+  if (!shape) throw new Error(`unknown scenario ${scenario}`);
+  const [warmup, base, width, depth] = shape;
+  const measured = base * Math.max(scale, 1);
+  const total = warmup + measured;
+  const data = sampleData(width, depth);
+  await flush(url);
+  const queue = new Queue(QUEUE, { connection: connection(url) });
+  await queue.waitUntilReady();
+  let seconds;
+  if (scenario === 'queue-add' || scenario === 'queue-add-bulk') {
+    const bulk = scenario === 'queue-add' ? 1 : 50;
+    let count = 0;
+    let start = performance.now();
+    while (count < total) {
+      const m = Math.min(bulk, total - count);
+      if (count <= warmup && warmup < count + m) start = performance.now();
+      if (m === 1) {
+        await queue.add('test', data, {});
+      } else {
+        const jobs = [];
+        for (let j = 0; j < m; j++) jobs.push({ name: 'test', data, opts: {} });
+        await queue.addBulk(jobs);
+      }
+      count += m;
+    }
+    seconds = (performance.now() - start) / 1000;
+  } else {
+    for (let count = 0; count < total;) {
+      const m = Math.min(100, total - count);
+      const jobs = [];
+      for (let j = 0; j < m; j++) jobs.push({ name: 'test', data });
+      await queue.addBulk(jobs);
+      count += m;
+    }
+    let count = 0;
+    let start = 0;
+    let finish;
+    const finished = new Promise((r) => { finish = r; });
+    const opts = { connection: connection(url) };
+    if (scenario === 'worker-concurrent') opts.concurrency = 100;
+    const worker = new Worker(QUEUE, async () => {
+      count++;
+      if (count === warmup) start = performance.now();
+      else if (count === total) finish(performance.now());
+    }, opts);
+    const end = await finished;
+    seconds = (end - start) / 1000;
+    await worker.close(true);
+  }
+  await queue.close();
+  return {
+    workload: 'bb', scenario, warmup, n: measured, payload_bytes: JSON.stringify(data).length,
+    seconds, jobs_per_s: Math.round(measured / seconds),
+  };
+}
+
 function spawnConsumer(url, n, concurrency) {
   const child = spawn(process.execPath, [__filename, '--redis-url', url, 'consume', '--n', String(n), '--concurrency', String(concurrency)], {
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -142,7 +225,9 @@ async function main() {
   const rate = Number(o.rate || 0);
   const concurrency = Number(o.concurrency || 16);
   let out;
-  if (o.mode === 'consume') {
+  if (o.mode === 'bb') {
+    out = await bb(o.url, o.scenario, Number(o.scale || 1));
+  } else if (o.mode === 'consume') {
     await consume(o.url, n, concurrency);
     return;
   } else if (o.mode === 'enqueue') {
@@ -172,7 +257,7 @@ async function main() {
       seconds: s, jobs_per_s: Math.round(n / s), latency: r.latency,
     };
   } else {
-    throw new Error(`unknown mode ${o.mode} (enqueue | process | e2e)`);
+    throw new Error(`unknown mode ${o.mode} (enqueue | process | e2e | bb)`);
   }
   out.system = 'bullmq';
   out.version = `bullmq ${require('bullmq/package.json').version}, node ${process.version}`;
