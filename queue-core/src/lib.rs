@@ -63,6 +63,7 @@ mod state;
 #[cfg(feature = "failpoints")]
 #[doc(hidden)]
 pub mod testing;
+pub mod trace_context;
 mod watchdog;
 mod worker;
 
