@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 #[path = "support/browser.rs"]
 mod browser;
-use browser::{find_chromium, http, http_full, redis, start_dashboard, Browser, BIN};
+use browser::{chromium_or_skip, http, http_full, redis, start_dashboard, Browser, BIN};
 
 const TOKEN: &str = "s3cret-token-for-tests-0123456789";
 
@@ -84,6 +84,14 @@ fn token_file(name: &str) -> std::path::PathBuf {
         .join(format!("{name}-{}-token", std::process::id()));
     std::fs::write(&p, format!("{TOKEN}\n")).unwrap();
     p
+}
+
+/// The dashboard on loopback for `queue`, with the test token and `args`.
+fn start_with_token(url: &str, queue: &str, args: &[&str]) -> (browser::Guard, u16) {
+    let tokens = token_file(queue);
+    let mut all = vec!["-q", queue, "--auth-token-file", tokens.to_str().unwrap()];
+    all.extend_from_slice(args);
+    start_dashboard(url, &all)
 }
 
 /// Runs the dashboard with `args` and expects it to exit at once with an
@@ -172,18 +180,7 @@ fn token_search_paging_of_100k_dead_letters_bulk_actions_and_audit() {
     let audit = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("audit-{}.jsonl", std::process::id()));
     let _ = std::fs::remove_file(&audit);
-    let tokens = token_file("oncall");
-    let (_dash, port) = start_dashboard(
-        &url,
-        &[
-            "-q",
-            "big",
-            "--auth-token-file",
-            tokens.to_str().unwrap(),
-            "--audit-log",
-            audit.to_str().unwrap(),
-        ],
-    );
+    let (_dash, port) = start_with_token(&url, "big", &["--audit-log", audit.to_str().unwrap()]);
 
     // The token: pages redirect to the login form, the API answers 401.
     let (status, head, _) = http_full(port, "GET", "/queues/big", &[], "");
@@ -435,27 +432,13 @@ fn token_search_paging_of_100k_dead_letters_bulk_actions_and_audit() {
 /// the filtered set after the confirmation that shows the count.
 #[test]
 fn oncall_tools_in_chromium() {
-    let Some(chromium) = find_chromium() else {
-        let msg = "SKIPPED dashboard on-call browser test: no chromium found";
-        if std::env::var("QUEUE_REQUIRE_CHROMIUM").as_deref() == Ok("1") {
-            panic!("{msg}; QUEUE_REQUIRE_CHROMIUM=1 makes this a failure");
-        }
-        eprintln!("{msg}");
+    let Some(chromium) = chromium_or_skip("dashboard on-call browser test") else {
         return;
     };
     let server = RedisServer::start().unwrap();
     let url = server.url();
     seed_dead(&server, "reports", 60, 10);
-    let tokens = token_file("oncall-browser");
-    let (_dash, port) = start_dashboard(
-        &url,
-        &[
-            "-q",
-            "reports",
-            "--auth-token-file",
-            tokens.to_str().unwrap(),
-        ],
-    );
+    let (_dash, port) = start_with_token(&url, "reports", &[]);
     let base = format!("http://127.0.0.1:{port}");
     let mut b = Browser::launch(&chromium);
 

@@ -99,3 +99,101 @@ impl Admin {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use queue_testkit::RedisServer;
+
+    use super::*;
+
+    /// `d1`…`d6` dead in list order; even ones are `render` jobs that timed out.
+    async fn seeded(server: &RedisServer) -> Admin {
+        let admin = Admin::connect(&server.url()).await.unwrap();
+        let k = QueueKeys::new("q");
+        let mut conn = admin.queue().connection();
+        for i in 1..=6 {
+            let id = format!("d{i}");
+            let (t, reason) = if i % 2 == 0 {
+                ("render", "Upstream TIMEOUT after 30s")
+            } else {
+                ("send", "refused")
+            };
+            let _: () = redis::pipe()
+                .cmd("HSET")
+                .arg(k.job(&id))
+                .arg(&[
+                    "type",
+                    t,
+                    "dead_reason",
+                    reason,
+                    "dead_at",
+                    "7",
+                    "attempts",
+                    "3",
+                ])
+                .ignore()
+                .cmd("RPUSH")
+                .arg(&k.dead)
+                .arg(&id)
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        admin
+    }
+
+    #[tokio::test]
+    async fn filters_in_redis_and_continues_where_it_stopped() {
+        let server = RedisServer::start().unwrap();
+        let admin = seeded(&server).await;
+        let all = admin
+            .scan_dead("q", 0, 1000, None, None, 100)
+            .await
+            .unwrap();
+        assert_eq!((all.total, all.read, all.rows.len()), (6, 6, 6));
+        assert_eq!(all.rows[0].dead_at.as_deref(), Some("7"));
+
+        let ids = |s: &DeadScan| s.rows.iter().map(|r| r.id.clone()).collect::<Vec<_>>();
+        let timeouts = admin
+            .scan_dead("q", 0, 1000, Some("render"), Some("timeout"), 100)
+            .await
+            .unwrap();
+        assert_eq!(ids(&timeouts), ["d2", "d4", "d6"], "case-insensitive text");
+        assert!(
+            admin
+                .scan_dead("q", 0, 1000, Some("rend"), None, 100)
+                .await
+                .unwrap()
+                .rows
+                .is_empty(),
+            "the type is exact"
+        );
+
+        // Stops after `want` matches; `read` says where to continue.
+        let first = admin
+            .scan_dead("q", 0, 1000, None, Some("timeout"), 1)
+            .await
+            .unwrap();
+        assert_eq!((ids(&first), first.read), (vec!["d2".to_string()], 2));
+        let rest = admin
+            .scan_dead("q", 2, 1000, None, Some("timeout"), 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            (ids(&rest), rest.read),
+            (vec!["d4".to_string(), "d6".to_string()], 4)
+        );
+        // At most `count` entries read per call.
+        let small = admin.scan_dead("q", 0, 3, None, None, 100).await.unwrap();
+        assert_eq!(small.read, 3);
+        // A hash that is gone: the row is still listed, fields empty.
+        let _: () = redis::cmd("DEL")
+            .arg(QueueKeys::new("q").job("d1"))
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+        let gone = admin.scan_dead("q", 0, 1, None, None, 1).await.unwrap();
+        assert_eq!(gone.rows[0].job_type, None);
+    }
+}

@@ -34,6 +34,23 @@ pub fn find_chromium() -> Option<PathBuf> {
     None
 }
 
+/// The browser for a test, or `None` (and a `SKIPPED` line) when there is
+/// none; with `QUEUE_REQUIRE_CHROMIUM=1` a missing browser fails the test.
+pub fn chromium_or_skip(test: &str) -> Option<PathBuf> {
+    let found = find_chromium();
+    if found.is_none() {
+        let msg = format!(
+            "SKIPPED {test}: no chromium found (apt-get install chromium, or set CHROMIUM)"
+        );
+        assert!(
+            std::env::var("QUEUE_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
+            "{msg}; QUEUE_REQUIRE_CHROMIUM=1 makes this a failure"
+        );
+        eprintln!("{msg}");
+    }
+    found
+}
+
 /// Kills a child process we started when dropped.
 pub struct Guard(pub Child);
 impl Drop for Guard {
