@@ -71,7 +71,7 @@ fn command_stats(server: &RedisServer, cmd: &str) -> (u64, f64) {
         .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
         .unwrap_or_else(|| panic!("no {cmd} in {info}"));
     let field = |name: &str| -> f64 {
-        line.split(|c| c == ':' || c == ',')
+        line.split([':', ','])
             .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
             .and_then(|v| v.parse().ok())
             .unwrap()

@@ -11,7 +11,8 @@
 //!
 //! The mutating endpoints, `POST /api/queues/{q}/dead/{id}/replay` and the
 //! flow-control ones (`/api/queues/{q}/pause`, `/resume`,
-//! `/api/queues/{q}/jobs/{id}/cancel`), require the `X-Queue-Dashboard` header that the page's script sends (a
+//! `/api/queues/{q}/jobs/{id}/cancel`) and the bulk ones
+//! (`/api/queues/{q}/bulk-dead/…`), require the `X-Queue-Dashboard` header that the page's script sends (a
 //! cross-site form cannot set it, and a cross-site script cannot send it
 //! without a CORS preflight that is never granted), rejects a foreign
 //! `Origin` or `Sec-Fetch-Site`, and every request must carry a loopback
