@@ -65,6 +65,7 @@ mod state;
 #[cfg(feature = "failpoints")]
 #[doc(hidden)]
 pub mod testing;
+pub mod trace_context;
 mod watchdog;
 mod worker;
 

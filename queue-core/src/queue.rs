@@ -183,6 +183,7 @@ impl Queue {
         opts: EnqueueOptions,
         payload: &[u8],
     ) -> Result<Enqueued> {
+        let opts = crate::trace_context::with_current(opts);
         if opts.replicas.is_some() {
             let mut out = self
                 .enqueue_raw_batch(
@@ -272,6 +273,11 @@ impl Queue {
         if items.is_empty() {
             return Ok(Vec::new());
         }
+        #[cfg(feature = "opentelemetry")]
+        let items: Vec<_> = items
+            .into_iter()
+            .map(|(o, p)| (crate::trace_context::with_current(o), p))
+            .collect();
         let keys = QueueKeys::new(queue);
         let mut ids = Vec::with_capacity(items.len());
         let mut pipe = redis::pipe();

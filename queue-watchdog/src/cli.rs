@@ -455,8 +455,8 @@ pub struct DoctorArgs {
 
 #[derive(Debug, Args)]
 pub struct DashboardArgs {
-    /// Address to serve on. Keep it on loopback (the default) or put an
-    /// authenticating proxy in front: the dashboard can replay jobs.
+    /// Address to serve on. Keep it on loopback (the default); any other
+    /// address needs `--auth-token-file`: the dashboard can replay and purge jobs.
     #[arg(long, default_value = "127.0.0.1:9090")]
     pub listen: SocketAddr,
     #[command(flatten)]
@@ -472,4 +472,14 @@ pub struct DashboardArgs {
     /// blocks DNS-rebinding attacks from web pages.
     #[arg(long, value_name = "HOST")]
     pub allow_host: Vec<String>,
+    /// Require this access token (the file's first line, at least 16
+    /// characters): requests send `Authorization: Bearer <token>`, or log in
+    /// once with a form that sets a session cookie. Required when `--listen`
+    /// is not a loopback address.
+    #[arg(long, value_name = "FILE")]
+    pub auth_token_file: Option<std::path::PathBuf>,
+    /// Also append every action (replay, purge, pause, resume, cancel) as a
+    /// JSON line to this file; it is always logged with tracing target `audit`.
+    #[arg(long, value_name = "FILE")]
+    pub audit_log: Option<std::path::PathBuf>,
 }

@@ -22,10 +22,12 @@
 //! | `flow.rs` | pause / resume a queue, cancel a job ([`Queue::pause`], [`Queue::cancel`]) |
 //! | `discovery.rs` | finding queue names from their keys |
 //! | `error.rs` | [`AdminError`] |
+//! | `dead_scan.rs` | [`Admin::scan_dead`]: a long dead-letter list in chunks, filtered in Redis (`dead_scan.lua`) |
 
 mod check;
 mod check_rules;
 mod dead;
+mod dead_scan;
 mod discovery;
 mod error;
 mod flow;
@@ -44,6 +46,7 @@ use crate::queue::Queue;
 pub use check::{CheckReport, Scanned, MAX_PROBES, PAGE};
 pub use check_rules::{Place, Violation};
 pub use dead::{DeadCandidate, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome};
+pub use dead_scan::{DeadRow, DeadScan, DEAD_SCAN_CHUNK};
 pub use discovery::queue_of_key;
 pub use error::{AdminError, Result};
 pub use health::QueueHealth;

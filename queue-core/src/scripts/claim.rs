@@ -98,6 +98,8 @@ pub(crate) struct Delivery {
     /// When the request that claimed it was sent (local monotonic clock):
     /// where the local lease deadline is measured from.
     pub(crate) claim_sent_at: tokio::time::Instant,
+    /// The enqueuing span's W3C `traceparent` (job field `traceparent`), if any.
+    pub(crate) traceparent: Option<String>,
 }
 
 /// Why a row was not claimed.
@@ -189,7 +191,8 @@ impl ClaimRow {
     }
 
     /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
-    /// enqueued_at, delivered_at, lease_until, fence}`, `{'corrupt', id,
+    /// enqueued_at, delivered_at, lease_until, fence, traceparent}` (the
+    /// traceparent optional, empty for none), `{'corrupt', id,
     /// reason}` or `{tag, id}` with tag `done`, `missing`, `busy` or `gone`.
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
         let mut f = Fields::new(queue, None, "claim row", reply)?;
@@ -209,6 +212,10 @@ impl ClaimRow {
                     delivered_at_ms: f.int(9, "delivered_at")?,
                     fence: f.u64(11, "fence")?,
                     claim_sent_at: tokio::time::Instant::now(),
+                    traceparent: f
+                        .field(12, "traceparent", super::reply::text)
+                        .ok()
+                        .filter(|t| !t.is_empty()),
                     id,
                 }))
             }
@@ -276,6 +283,20 @@ mod tests {
         assert_eq!((d.enqueued_at_ms, d.delivered_at_ms), (100, 200));
         assert_eq!(d.fence, 4);
         assert!(d.payload.is_empty());
+        assert_eq!(d.traceparent, None, "a row without the element");
+    }
+
+    #[test]
+    fn decodes_the_traceparent_element() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        for (last, want) in [(tp, Some(tp)), ("", None)] {
+            let mut row = claimed_row();
+            row.push(bulk(last));
+            let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(row)).unwrap() else {
+                panic!("not claimed")
+            };
+            assert_eq!(d.traceparent.as_deref(), want);
+        }
     }
 
     #[test]

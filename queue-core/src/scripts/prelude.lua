@@ -90,14 +90,14 @@ end
 
 -- The job fields claim() reads, in this order.
 local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
-  'token', 'delivered_at', 'lease_until', 'fence'}
+  'token', 'delivered_at', 'lease_until', 'fence', 'traceparent'}
 
 -- The claim row of a delivery already made with `token` (a retry whose first
 -- reply was lost gets the same answer), or nil when `h` is not that delivery.
 local function same_claim(id, token, h)
   if h[1] ~= 'active' or h[8] ~= token then return nil end
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
-    h[7] or '0', h[9] or '0', h[10] or '0', h[11] or '0'}
+    h[7] or '0', h[9] or '0', h[10] or '0', h[11] or '0', h[12] or ''}
 end
 
 -- Writes the completion record of a cancelled job (status `cancelled`, kept
@@ -173,7 +173,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
     'token', token, 'lease_until', lease_until, 'fence', fence, 'worker', worker or '')
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
-    h[7] or '0', now, lease_until, fence}
+    h[7] or '0', now, lease_until, fence, h[12] or ''}
 end
 
 -- Promoter wake-up (background/promoter.rs): true when a job due at `score`

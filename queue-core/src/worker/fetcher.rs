@@ -204,6 +204,7 @@ impl Fetcher {
                         acker: self.ackers[qi].clone(),
                     };
                     let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt, worker = %self.inner.identity);
+                    crate::trace_context::adopt(&span, delivery.traceparent.as_deref());
                     tokio::spawn(
                         async move {
                             runner.run(delivery).await;

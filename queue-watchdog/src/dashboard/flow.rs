@@ -5,11 +5,13 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use queue_core::CancelOutcome;
 use serde_json::json;
 use tracing::info;
 
+use super::audit::Entry;
+use super::auth::Who;
 use super::security::check_same_origin;
 use super::Shared;
 
@@ -28,20 +30,28 @@ fn failed(e: impl std::fmt::Display) -> Response {
 pub async fn api_pause(
     State(state): State<Shared>,
     Path(queue): Path<String>,
+    Extension(who): Extension<Who>,
     headers: HeaderMap,
 ) -> Response {
-    set_paused(&state, queue, headers, true).await
+    set_paused(&state, queue, headers, true, who).await
 }
 
 pub async fn api_resume(
     State(state): State<Shared>,
     Path(queue): Path<String>,
+    Extension(who): Extension<Who>,
     headers: HeaderMap,
 ) -> Response {
-    set_paused(&state, queue, headers, false).await
+    set_paused(&state, queue, headers, false, who).await
 }
 
-async fn set_paused(state: &Shared, queue: String, headers: HeaderMap, pause: bool) -> Response {
+async fn set_paused(
+    state: &Shared,
+    queue: String,
+    headers: HeaderMap,
+    pause: bool,
+    who: Who,
+) -> Response {
     if let Err(why) = check_same_origin(&headers) {
         return forbidden(why);
     }
@@ -53,6 +63,14 @@ async fn set_paused(state: &Shared, queue: String, headers: HeaderMap, pause: bo
     match change {
         Ok(change) => {
             info!(queue = %queue, pause, was_paused = change.was_paused, "pause/resume from the dashboard");
+            let action = if pause { "pause" } else { "resume" };
+            state.audit.record(Entry {
+                who: &who.0,
+                action,
+                queue: &queue,
+                what: &queue,
+                count: 1,
+            });
             Json(json!({"paused": pause, "change": change})).into_response()
         }
         Err(e) => failed(e),
@@ -62,6 +80,7 @@ async fn set_paused(state: &Shared, queue: String, headers: HeaderMap, pause: bo
 pub async fn api_cancel(
     State(state): State<Shared>,
     Path((queue, id)): Path<(String, String)>,
+    Extension(who): Extension<Who>,
     headers: HeaderMap,
 ) -> Response {
     if let Err(why) = check_same_origin(&headers) {
@@ -74,6 +93,13 @@ pub async fn api_cancel(
                 outcome,
                 CancelOutcome::Cancelled { .. } | CancelOutcome::Requested { .. }
             );
+            state.audit.record(Entry {
+                who: &who.0,
+                action: "cancel",
+                queue: &queue,
+                what: &id,
+                count: u64::from(ok),
+            });
             let status = if ok {
                 StatusCode::OK
             } else {

@@ -7,13 +7,15 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use queue_core::admin::{
     AdminError, Listing, Page as Paging, ProcessingJob, QueueHealth, ReplayOutcome,
 };
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
+use super::audit::Entry;
+use super::auth::Who;
 use super::sampler::{run_doctor, DoctorSummary};
 use super::security::check_same_origin;
 use super::{pages, AppState, Shared};
@@ -35,10 +37,29 @@ pub fn router(state: Shared) -> Router {
             "/api/queues/{queue}/jobs/{id}/cancel",
             post(super::flow::api_cancel),
         )
+        .route("/search", get(super::search::page))
+        .route("/queues/{queue}/dead", get(super::dead_page::page))
+        .route(
+            "/api/queues/{queue}/bulk-dead/preview",
+            post(super::bulk::preview),
+        )
+        .route(
+            "/api/queues/{queue}/bulk-dead/{action}",
+            post(super::bulk::act),
+        )
+        .route(
+            "/login",
+            get(super::auth::login_page).post(super::auth::login),
+        )
+        .route("/assets/oncall.js", get(oncall_js))
         .route("/assets/app.js", get(app_js))
         .route("/assets/style.css", get(style_css))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::auth::require,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             super::security::guard,
@@ -48,6 +69,7 @@ pub fn router(state: Shared) -> Router {
 
 const APP_JS: &str = include_str!("assets/app.js");
 const STYLE_CSS: &str = include_str!("assets/style.css");
+const ONCALL_JS: &str = include_str!("assets/oncall.js");
 
 /// An error page or JSON error.
 pub struct AppError(StatusCode, String);
@@ -80,7 +102,7 @@ impl IntoResponse for AppError {
 
 type Page = std::result::Result<Html<String>, AppError>;
 
-async fn queues(state: &AppState) -> Vec<String> {
+pub(super) async fn queues(state: &AppState) -> Vec<String> {
     let known = state.known.lock().unwrap().clone();
     if !known.is_empty() || !state.named.is_empty() {
         return known;
@@ -206,6 +228,7 @@ async fn api_replay(
     State(state): State<Shared>,
     Path((queue, id)): Path<(String, String)>,
     Query(q): Query<ReplayQuery>,
+    Extension(who): Extension<Who>,
     headers: HeaderMap,
 ) -> Response {
     if let Err(why) = check_same_origin(&headers) {
@@ -222,6 +245,13 @@ async fn api_replay(
     {
         Ok(ReplayOutcome::Replayed) => {
             info!(queue = %queue, job_id = %id, reset_attempts = q.reset_attempts, "replayed from the dashboard");
+            state.audit.record(Entry {
+                who: &who.0,
+                action: "replay",
+                queue: &queue,
+                what: &id,
+                count: 1,
+            });
             Json(serde_json::json!({"replayed": true, "id": id})).into_response()
         }
         Ok(ReplayOutcome::NotDead) => (
@@ -242,6 +272,13 @@ async fn app_js() -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
         APP_JS,
+    )
+}
+
+async fn oncall_js() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        ONCALL_JS,
     )
 }
 

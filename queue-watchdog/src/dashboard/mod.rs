@@ -11,11 +11,15 @@
 //!
 //! The mutating endpoints, `POST /api/queues/{q}/dead/{id}/replay` and the
 //! flow-control ones (`/api/queues/{q}/pause`, `/resume`,
-//! `/api/queues/{q}/jobs/{id}/cancel`), require the `X-Queue-Dashboard` header that the page's script sends (a
+//! `/api/queues/{q}/jobs/{id}/cancel`) and the bulk ones
+//! (`/api/queues/{q}/bulk-dead/…`), require the `X-Queue-Dashboard` header that the page's script sends (a
 //! cross-site form cannot set it, and a cross-site script cannot send it
 //! without a CORS preflight that is never granted), rejects a foreign
 //! `Origin` or `Sec-Fetch-Site`, and every request must carry a loopback
 //! `Host` (or one allowed with `--allow-host`) against DNS rebinding.
+//!
+//! With `--auth-token-file` every request needs the token (`auth.rs`); every
+//! action is written to the audit log (`audit.rs`).
 //!
 //! Built with the cargo feature `dashboard` (on by default). Every queue read
 //! and the replay go through `queue_core::admin`.
@@ -29,12 +33,24 @@
 //! | `flow.rs` | pause / resume a queue, cancel a job (POST, same-origin checked) |
 //! | `pages.rs` | the HTML |
 //! | `escape.rs` | HTML and URL escaping |
+//! | `auth.rs` | optional access token (`--auth-token-file`), login form, who made a request |
+//! | `audit.rs` | the audit log of every action (target `audit`, `--audit-log` file) |
+//! | `search.rs` | `/search?id=`: a job by id in any known queue |
+//! | `dead_scan.rs` | reading a long dead-letter list in bounded chunks, with a filter |
+//! | `dead_page.rs` | `/queues/{q}/dead`: dead letters in pages (next / previous), filter |
+//! | `bulk.rs` | bulk replay / purge of a filtered set, after a confirmed count |
 
+mod audit;
+mod auth;
+mod bulk;
+mod dead_page;
+mod dead_scan;
 mod escape;
 mod flow;
 mod handlers;
 mod pages;
 mod sampler;
+mod search;
 mod security;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -60,6 +76,8 @@ pub struct AppState {
     metrics: Option<PrometheusHandle>,
     allowed_hosts: Vec<String>,
     refresh_ms: u64,
+    auth: Option<auth::Auth>,
+    audit: audit::Audit,
 }
 
 type Shared = Arc<AppState>;
@@ -72,6 +90,18 @@ pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
     } else {
         None
     };
+    let auth = args
+        .auth_token_file
+        .as_deref()
+        .map(auth::Auth::from_file)
+        .transpose()?;
+    if auth.is_none() && !args.listen.ip().is_loopback() {
+        return Err(CliError::Other(format!(
+            "refusing to listen on {} without --auth-token-file: beyond loopback anyone who reaches the dashboard could replay, purge and cancel jobs (give a token file, or listen on 127.0.0.1)",
+            args.listen
+        )));
+    }
+    let audit = audit::Audit::open(args.audit_log.as_deref())?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| CliError::Other(format!("cannot listen on {}: {e}", args.listen)))?;
@@ -81,7 +111,7 @@ pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
     if !local.ip().is_loopback() {
         warn!(
             listen = %local,
-            "the dashboard listens beyond loopback: anyone who reaches it can replay jobs; put an authenticating proxy in front"
+            "the dashboard listens beyond loopback (access token required); serve it over TLS (a proxy) so the token is not sent in clear"
         );
     }
     let sample_ms = args.sample_ms.max(100);
@@ -96,6 +126,8 @@ pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
         metrics,
         allowed_hosts: security::allowed_hosts(local, &args.allow_host),
         refresh_ms: sample_ms,
+        auth,
+        audit,
     });
     tokio::spawn(sampler::sampler(
         state.clone(),
@@ -105,6 +137,7 @@ pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
     info!(listen = %local, "dashboard listening on http://{local}/");
     // A line on stdout for scripts and tests that wait for the address.
     println!("dashboard listening on http://{local}/");
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     axum::serve(listener, app)
         .with_graceful_shutdown(crate::commands::termination())
         .await

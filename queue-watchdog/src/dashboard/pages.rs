@@ -34,8 +34,9 @@ pub fn layout(title: &str, body: &str) -> String {
 <title>{title} · queue dashboard</title>
 <link rel="stylesheet" href="/assets/style.css">
 <script src="/assets/app.js" defer></script>
+<script src="/assets/oncall.js" defer></script>
 </head><body>
-<header><a class="brand" href="/">queue dashboard</a><nav><a href="/">Queues</a><a href="/doctor">Redis doctor</a></nav></header>
+<header><a class="brand" href="/">queue dashboard</a><nav><a href="/">Queues</a><a href="/doctor">Redis doctor</a></nav><form class="search" method="get" action="/search"><input name="id" placeholder="find job id" aria-label="job id" required></form></header>
 <main>
 {body}
 </main>
@@ -221,9 +222,9 @@ pub fn queue(v: QueueView<'_>) -> String {
     }
     let more = if v.dead_total > v.dead.len() as u64 {
         format!(
-            r#"<p class="muted small">{} more: <code>queue-watchdog dead list -q {} --offset {}</code></p>"#,
+            r#"<p class="muted small" id="dead-more">{} more: <a href="/queues/{}/dead?offset={}">all dead letters, in pages</a> (filter, bulk replay or purge)</p>"#,
             v.dead_total - v.dead.len() as u64,
-            html(q),
+            url_segment(q),
             v.dead.len()
         )
     } else {
@@ -264,7 +265,7 @@ pub fn queue(v: QueueView<'_>) -> String {
 <h2>Processing <span class="muted small">(oldest first; a lost job has an expired lease: its worker died or stalled, and the watchdog returns it)</span></h2>
 <table class="grid" id="processing"><thead><tr><th>job</th><th>type</th><th class="num">attempt</th><th class="num">running for</th><th class="num">lease left</th><th>status</th></tr></thead>
 <tbody>{processing}</tbody></table>
-<h2>Dead letters <span class="muted small">(newest first, {dead_total} in all)</span></h2>
+<h2>Dead letters <span class="muted small">(newest first, {dead_total} in all: <a href="/queues/{qu}/dead" id="dead-all">browse in pages, filter, bulk replay or purge</a>)</span></h2>
 <table class="grid" id="dead"><thead><tr><th>job</th><th>type</th><th class="num">attempts</th><th class="num">died</th><th>reason</th><th></th></tr></thead>
 <tbody>{dead}</tbody></table>
 {more}
@@ -275,6 +276,7 @@ pub fn queue(v: QueueView<'_>) -> String {
 <table class="grid" id="delayed"><thead><tr><th>job</th><th>type</th><th class="num">attempts</th><th class="num">runs</th><th>last error</th></tr></thead>
 <tbody>{delayed}</tbody></table>"#,
         qa = html(q),
+        qu = url_segment(q),
         now = v.now,
         flow = pause_controls(q, s.paused_since_ms),
         processing = processing_rows(q, v.processing, v.now),

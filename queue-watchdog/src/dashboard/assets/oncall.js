@@ -1,0 +1,72 @@
+// queue dashboard, on-call tools: bulk replay / purge of the dead letters a
+// filter selects, in two steps (preview shows the count; the action sends the
+// confirmed count back and the server refuses when the set changed).
+// Server data goes in with textContent only.
+(function () {
+  'use strict';
+  var state = { previews: 0, bulk: null };
+  window.oncallState = state;
+  var box = document.getElementById('bulk');
+  if (!box) { state.ready = true; return; }
+  var q = encodeURIComponent(box.dataset.queue);
+  var filter = { type: box.dataset.type || null, contains: box.dataset.contains || null };
+  var confirmBox = document.getElementById('bulk-confirm');
+  var countText = document.getElementById('bulk-count');
+  var result = document.getElementById('bulk-result');
+  var previewBtn = document.getElementById('bulk-preview');
+  var count = null;
+
+  function post(path, body) {
+    return fetch('/api/queues/' + q + '/bulk-dead/' + path, {
+      method: 'POST', credentials: 'same-origin',
+      headers: { 'X-Queue-Dashboard': '1', 'Content-Type': 'application/json' },
+      body: JSON.stringify(body)
+    }).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (b) { return { ok: r.ok, status: r.status, body: b }; });
+    });
+  }
+
+  function say(text, cls) { result.textContent = text; result.className = 'result ' + (cls || ''); }
+
+  previewBtn.addEventListener('click', function () {
+    previewBtn.disabled = true;
+    say('counting…', 'muted');
+    post('preview', filter).then(function (r) {
+      previewBtn.disabled = false;
+      if (!r.ok) { say(r.body.error || ('HTTP ' + r.status), 'bad'); return; }
+      count = r.body.count;
+      state.previews++;
+      say('', '');
+      countText.textContent = count + ' of ' + r.body.total + ' dead letters match (' + r.body.filter + ')' +
+        (r.body.sample.length ? ', e.g. ' + r.body.sample.join(', ') : '') + '. Act on all ' + count + '?';
+      document.getElementById('bulk-replay').textContent = 'Replay ' + count;
+      document.getElementById('bulk-purge').textContent = 'Purge ' + count + ' for good';
+      confirmBox.hidden = count === 0;
+      if (count === 0) say('Nothing matches.', 'muted');
+    }, function (e) { previewBtn.disabled = false; say(String(e), 'bad'); });
+  });
+
+  document.getElementById('bulk-cancel').addEventListener('click', function () {
+    confirmBox.hidden = true; count = null; say('', '');
+  });
+
+  Array.prototype.forEach.call(document.querySelectorAll('button.bulk-act'), function (btn) {
+    btn.addEventListener('click', function () {
+      if (count === null) return;
+      var action = btn.dataset.action;
+      var body = { type: filter.type, contains: filter.contains, expect: count };
+      confirmBox.hidden = true;
+      say(action + ': working on ' + count + ' jobs…', 'muted');
+      post(action, body).then(function (r) {
+        state.bulk = { action: action, status: r.status, body: r.body };
+        if (r.ok) {
+          say((action === 'replay' ? 'Replayed ' : 'Purged ') + r.body.done + ' (' + r.body.skipped + ' had changed meanwhile). Reload to see the list now.', 'good');
+        } else {
+          say(r.body.error || ('HTTP ' + r.status), 'bad');
+        }
+        count = null;
+      }, function (e) { say(String(e), 'bad'); });
+    });
+  });
+  state.ready = true;
+})();
