@@ -65,6 +65,7 @@ mod state;
 pub mod testing;
 mod watchdog;
 mod worker;
+mod workflow;
 
 pub use admin::{JobInfo, QueueStats};
 pub use backoff::Backoff;
@@ -79,6 +80,9 @@ pub use registry::Registration;
 pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};
+pub use workflow::{
+    Batch, BatchCreated, BatchSummary, ChildPolicy, ChildResult, Flow, FlowCreated, JobSpec,
+};
 
 /// The `#[job]` attribute macro. See the crate docs for an example.
 pub use queue_macros::job;
