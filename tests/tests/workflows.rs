@@ -129,23 +129,32 @@ async fn cancelled_and_replayed_members_are_counted_once() {
         .on_complete(callback(&env, "mixed-done"))
         .add(member(&env, "m-cancel"))
         .add(member_with(&env, "m-dead", |m| m.fail = true))
-        .add(member_with(&env, "m-slow", |m| m.sleep_ms = 300))
+        .add(member_with(&env, "m-slow", |m| m.sleep_ms = 2000))
         .enqueue()
         .await
         .unwrap();
     env.queue.cancel(WF_QUEUE, "m-cancel").await.unwrap();
     let worker = spawn_wf_worker(&env).await;
+    let batch = || async { env.queue.batch(WF_QUEUE, "mixed").await.unwrap().unwrap() };
     wait_until(BOUND, "m-dead dead-lettered", || async {
-        let b = env.queue.batch(WF_QUEUE, "mixed").await.unwrap().unwrap();
-        b.dead == 1
+        batch().await.dead == 1
     })
     .await;
-    // Replayed (failing again) while m-slow still runs: counted once.
+    // Paused, the replayed member waits in main while m-slow still runs: it
+    // counts as unfinished again, then by its next outcome (dead again).
+    env.queue.pause(WF_QUEUE).await.unwrap();
     assert!(env
         .queue
         .replay_dead(WF_QUEUE, "m-dead", true)
         .await
         .unwrap());
+    let after = batch().await;
+    assert_eq!(
+        (after.state.as_str(), after.dead),
+        ("sealed", 0),
+        "{after:?}"
+    );
+    env.queue.resume(WF_QUEUE).await.unwrap();
     wait_callbacks(&env, 1).await;
     worker.stop().await;
     let summary = ledger_map(&env, "ledger:wf:summary").await;
@@ -241,13 +250,13 @@ async fn killed_workers_fire_every_callback_exactly_once() {
     let mut procs: Vec<WorkerProcess> = (0..3)
         .map(|_| WorkerProcess::start(WORKER_BIN, &env.url, 4, 1000, 2000))
         .collect();
-    for victim in 0..2 {
+    for victim in procs.iter_mut().take(2) {
         let before = ledger_map(&env, "ledger:wf:effects").await.len();
         wait_until(BOUND, "progress before the kill", || async {
             ledger_map(&env, "ledger:wf:effects").await.len() > before + 40
         })
         .await;
-        procs[victim].kill();
+        victim.kill();
     }
     wait_callbacks(&env, BATCHES).await;
     // Each member counted once although some ran twice (killed mid-run):
