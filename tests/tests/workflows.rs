@@ -278,3 +278,30 @@ async fn killed_workers_fire_every_callback_exactly_once() {
     );
     drop(procs);
 }
+
+/// A member whose worker is SIGKILLed on its last attempt is dead-lettered
+/// by the watchdog (`reclaim.lua`): counted dead, and the batch fires.
+#[tokio::test]
+async fn a_member_dead_lettered_by_the_watchdog_is_counted() {
+    let env = TestEnv::start().await;
+    let last_try = queue_core::EnqueueOptions::new().max_attempts(1);
+    Batch::new(&env.queue)
+        .id("reclaimed")
+        .on_complete(callback(&env, "reclaimed-done"))
+        .add(member_with(&env, "r-slow", |m| m.sleep_ms = 60_000).options(last_try))
+        .enqueue()
+        .await
+        .unwrap();
+    let mut proc = WorkerProcess::start(WORKER_BIN, &env.url, 1, 500, 1000);
+    wait_until(BOUND, "r-slow running", || async {
+        env.list(&QueueKeys::new(WF_QUEUE).processing).await.len() == 1
+    })
+    .await;
+    proc.kill();
+    let _watchdog = env.spawn_watchdog(WF_QUEUE).await;
+    let worker = spawn_wf_worker(&env).await;
+    wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    let summary = ledger_map(&env, "ledger:wf:summary").await;
+    assert_eq!(summary["reclaimed-done"], "1/0/1/0");
+}
