@@ -113,6 +113,19 @@ pub enum QueueError {
     /// Invalid configuration (e.g. a worker with no registered job).
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// A batch or flow could not be built or extended (docs/WORKFLOWS.md):
+    /// queues of different cluster slots, a batch that already fired or no
+    /// longer exists.
+    #[error("batch `{batch}` on queue `{queue}`: {detail}")]
+    Workflow {
+        /// The queue the batch hash lives on.
+        queue: String,
+        /// The batch (or flow parent) id.
+        batch: String,
+        /// What was wrong.
+        detail: String,
+    },
 }
 
 fn job_suffix(job_id: &Option<JobId>) -> String {
@@ -154,7 +167,8 @@ impl QueueError {
             | QueueError::Protocol { queue, .. }
             | QueueError::InvalidJobId { queue, .. }
             | QueueError::ReadOnlyReplica { queue, .. }
-            | QueueError::NotReplicated { queue, .. } => Some(queue),
+            | QueueError::NotReplicated { queue, .. }
+            | QueueError::Workflow { queue, .. } => Some(queue),
             QueueError::Connect { .. } | QueueError::Config(_) => None,
         }
     }

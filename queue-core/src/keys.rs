@@ -178,6 +178,18 @@ impl QueueKeys {
     pub fn groups_paused(&self) -> String {
         format!("q:{{{}}}:gpaused", self.queue)
     }
+
+    /// The hash of batch (or flow) `id` homed on this queue; `<key>:done`,
+    /// `<key>:members` and `<key>:results` are its sets and results
+    /// (docs/WORKFLOWS.md).
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.batch("b1"), "q:{emails}:batch:b1");
+    /// ```
+    pub fn batch(&self, id: &str) -> String {
+        format!("q:{{{}}}:batch:{}", self.queue, id)
+    }
 }
 
 /// The keys of a user lock ([`Lock`](crate::Lock)): `lock:{<name>}` holds the

@@ -68,6 +68,7 @@ pub mod testing;
 pub mod trace_context;
 mod watchdog;
 mod worker;
+mod workflow;
 
 pub use admin::{JobInfo, QueueStats};
 pub use backoff::Backoff;
@@ -84,6 +85,9 @@ pub use registry::Registration;
 pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};
+pub use workflow::{
+    Batch, BatchCreated, BatchSummary, ChildPolicy, ChildResult, Flow, FlowCreated, JobSpec,
+};
 
 /// The `#[job]` attribute macro. See the crate docs for an example.
 pub use queue_macros::job;

@@ -87,6 +87,25 @@ pub enum Command {
     /// `duplicate <id> state=<state>` or `already-completed <id>` (exit 0 for
     /// each: a known id is a no-op, not an error). See docs/PROTOCOL.md.
     Enqueue(EnqueueArgs),
+    /// Batches and flows (docs/WORKFLOWS.md): state and counts.
+    #[command(subcommand)]
+    Batches(BatchesCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BatchesCommand {
+    /// A batch's (or flow's: its parent's id) state, member counts
+    /// (succeeded, dead, cancelled) and times. Exit 1 when it is unknown.
+    Show {
+        /// Batch id (a flow's: its parent job's id).
+        id: String,
+        /// The queue the batch lives on.
+        #[arg(long = "queue", short = 'q')]
+        queue: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

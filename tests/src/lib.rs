@@ -12,6 +12,7 @@ pub mod env;
 pub mod handles;
 pub mod limited;
 pub mod process;
+pub mod workflow_jobs;
 
 pub use env::{TestEnv, BOUND};
 pub use handles::{WatchdogHandle, WorkerHandle};

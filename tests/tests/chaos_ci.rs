@@ -83,3 +83,51 @@ fn chaos_1k_jobs_10_kills_loses_nothing_and_duplicates_nothing() {
 fn chaos_1k_jobs_10_kills_with_a_redis_restart_loses_nothing() {
     run_chaos(&["--appendonly"]);
 }
+
+/// The `flow` workload (docs/WORKFLOWS.md), CI-sized: 40 batches of 25
+/// members, 3 worker processes, 6 SIGKILLs: every batch's callback fires
+/// exactly once, each seeing all its members counted once.
+#[test]
+fn chaos_flow_fires_every_batch_callback_exactly_once() {
+    let started = Instant::now();
+    let out = Command::new(CHAOS)
+        .args([
+            "flow",
+            "--batches",
+            "40",
+            "--members",
+            "25",
+            "--workers",
+            "3",
+            "--kills",
+            "6",
+        ])
+        .args(["--timeout-secs", "60", "--json"])
+        .output()
+        .expect("the chaos binary runs");
+    let elapsed = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!(
+        "chaos flow ({elapsed:.1?}): {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .expect("a JSON report");
+    assert_eq!(field(json, "callbacks_fired"), Some("40"), "{json}");
+    assert_eq!(field(json, "callback_jobs_enqueued"), Some("40"), "{json}");
+    assert_eq!(field(json, "miscounted"), Some("0"), "{json}");
+    assert_eq!(field(json, "kills"), Some("6"), "{json}");
+    assert_eq!(field(json, "passed"), Some("true"), "{json}");
+    assert!(
+        out.status.success(),
+        "chaos flow exited with {}",
+        out.status
+    );
+    assert!(
+        elapsed < Duration::from_secs(30),
+        "the CI flow run took {elapsed:?}"
+    );
+}

@@ -20,7 +20,8 @@ end
 -- Read and check every delivery before the first write.
 local fields = {}
 for i = 6, #ARGV, 3 do
-  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at')
+  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at',
+    'batch')
   if not ok then
     fields[#fields + 1] = false
   elseif h[2] == 'active' and h[1] == ARGV[i + 1] then
@@ -63,6 +64,7 @@ for n, h in ipairs(fields) do
     redis.call('LREM', KEYS[1], -1, id)
     acked[#acked + 1] = id
     out[n] = 1
+    if h[6] then wf_finished(h[6], id, 'succeeded', result, now) end
   end
 end
 

@@ -11,7 +11,7 @@ local id = ARGV[1]
 local status = redis.call('HGET', KEYS[6], 'status')
 if status then return {'finished', status} end
 local h = redis.call('HMGET', KEYS[5], 'state', 'attempts', 'type', 'enqueued_at', 'cancel_requested',
-  'group')
+  'group', 'batch')
 local state = h[1]
 if not state then return {'not_found'} end
 if state == 'dead' then return {'dead'} end
@@ -44,4 +44,5 @@ else
 end
 redis.call('DEL', KEYS[5])
 redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
+if h[7] then wf_finished(h[7], id, 'cancelled', 'cancelled', now) end
 return {'cancelled', state}

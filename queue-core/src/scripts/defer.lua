@@ -15,7 +15,7 @@ local delay = arg_count(ARGV[4], 'delay_ms')
 local wait = arg_count(ARGV[5], 'wait_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list', KEYS[7], 'hash')
 local h, bad = read_job(KEYS[3], 'token', 'state', 'attempts', 'failed_token', 'run_at',
-  'dead_reason', 'newer_since', 'cancel_requested')
+  'dead_reason', 'newer_since', 'cancel_requested', 'batch')
 if h and h[4] == ARGV[2] then
   if h[2] == 'dead' then return {'dead', h[6] or ''} end
   return {'retry', as_count(h[5]) or now_ms()}
@@ -58,4 +58,5 @@ if attempts then redis.call('HSET', KEYS[3], 'attempts', attempts) end
 redis.call('HSET', KEYS[3], 'failed_at', now, 'failed_token', ARGV[2])
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+if h and h[9] then wf_finished(h[9], ARGV[1], 'dead', reason, now) end
 return {'dead', reason}

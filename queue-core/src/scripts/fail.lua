@@ -10,7 +10,7 @@
 local delay = arg_count(ARGV[5], 'delay_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list')
 local h, bad = read_job(KEYS[3], 'token', 'state', 'attempts', 'max_attempts', 'failed_token',
-  'run_at', 'dead_reason', 'cancel_requested')
+  'run_at', 'dead_reason', 'cancel_requested', 'batch')
 if h and h[5] == ARGV[2] then
   if h[2] == 'dead' then return {'dead', h[7] or ''} end
   return {'retry', as_count(h[6]) or now_ms()}
@@ -55,4 +55,5 @@ redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_tok
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 bump(KEYS[6], 'failed', 1)
+if h and h[9] then wf_finished(h[9], ARGV[1], 'dead', reason, now) end
 return {'dead', reason}

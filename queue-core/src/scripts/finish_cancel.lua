@@ -3,7 +3,7 @@
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results
 -- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error
 -- Returns 1, or 0 when the lease was lost.
-local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at')
+local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at', 'batch')
 if h[2] ~= 'active' or h[1] ~= ARGV[2] then
   return 0
 end
@@ -15,4 +15,5 @@ redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3])
 redis.call('HINCRBY', KEYS[5], 'cancelled', 1)
+if h[6] then wf_finished(h[6], ARGV[1], 'cancelled', ARGV[4], now) end
 return 1

@@ -28,6 +28,9 @@ pub(crate) mod reply;
 
 pub(crate) mod ack;
 pub(crate) mod announce;
+pub(crate) mod batch_add;
+pub(crate) mod batch_open;
+pub(crate) mod batch_seal;
 pub(crate) mod cancel;
 pub(crate) mod claim;
 pub(crate) mod dead_trim;
@@ -244,6 +247,9 @@ mod tests {
         vec![
             entry!(ack),
             entry!(announce),
+            entry!(batch_add),
+            entry!(batch_open),
+            entry!(batch_seal),
             entry!(cancel),
             entry!(claim),
             entry!(dead_trim),

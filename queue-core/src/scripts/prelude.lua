@@ -473,3 +473,118 @@ local function waiting_group_list(main, id, group)
   if redis.call('LPOS', prefix .. group, id) then return prefix .. group end
   return nil
 end
+
+-- ==== workflows ====
+-- Batches and flows (docs/WORKFLOWS.md). A member job carries `batch`: the
+-- full key of its batch hash `q:{Q}:batch:<id>` (the producer checked that it
+-- shares the member's cluster slot). The batch hash holds `state` (open,
+-- sealed, fired), `total`, `succeeded`, `dead`, `cancelled`, `failed`
+-- (members under the `fail` policy that did not succeed), `policy` and
+-- `policy:<id>`, and the callbacks' job specs (`s_*` on success, `c_*` on
+-- complete / the flow's parent). `<batch>:done` is the set of finished member
+-- ids (a member re-run after a crash counts once), `<batch>:results` member id
+-- -> 'ok:<result>' | 'err:<reason>' (flows only).
+
+-- How long a fired batch's keys stay readable (the callbacks read them).
+local WF_KEEP_MS = 604800000
+local WF_SPEC = {'base', 'id', 'type', 'v', 'payload', 'max', 'member'}
+
+-- Creates callback job `s` (a spec read from the batch hash) in its queue,
+-- queued, or dead-lettered with `dead_reason`; once: an existing job or
+-- completion record under its id is left alone. Returns true when created.
+local function wf_spawn(bkey, s, now, dead_reason)
+  local base, id = s[1], s[2]
+  local jobkey = base .. 'job:' .. id
+  if redis.call('EXISTS', jobkey) == 1 or redis.call('EXISTS', base .. 'done:' .. id) == 1 then
+    return false
+  end
+  redis.call('HSET', jobkey, 'id', id, 'type', s[3], 'v', s[4], 'payload', s[5],
+    'max_attempts', s[6], 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
+  if s[7] and s[7] ~= '' then redis.call('HSET', jobkey, 'batch', s[7]) end
+  bump(base .. 'stats', 'enqueued', 1)
+  if dead_reason then
+    dead_letter(jobkey, base .. 'dead', base .. 'stats', id, dead_reason, now)
+  else
+    redis.call('LPUSH', base .. 'main', id)
+  end
+  return true
+end
+
+local wf_finished
+
+-- Fires batch `bkey` once it is sealed and every member finished: the
+-- success callback only when all succeeded, the complete callback (a flow's
+-- parent: dead-lettered when a member under the `fail` policy failed) always.
+local function wf_maybe_fire(bkey, now)
+  local b = redis.call('HMGET', bkey, 'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed',
+    'failed_child')
+  if b[1] ~= 'sealed' then return end
+  local total, ok = as_count(b[2]), as_count(b[3]) or 0
+  local finished = ok + (as_count(b[4]) or 0) + (as_count(b[5]) or 0)
+  if not total or finished < total then return end
+  redis.call('HSET', bkey, 'state', 'fired', 'fired_at', now)
+  local function spec(p)
+    local f = {}
+    for i, n in ipairs(WF_SPEC) do f[i] = p .. n end
+    local s = redis.call('HMGET', bkey, unpack(f))
+    if s[1] and s[2] and s[3] then return s end
+    return nil
+  end
+  local s = spec('s_')
+  if s and ok == total then wf_spawn(bkey, s, now) end
+  local c = spec('c_')
+  if c then
+    local reason
+    if (as_count(b[6]) or 0) > 0 then
+      reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or '?')
+    end
+    if wf_spawn(bkey, c, now, reason) and reason and c[7] and c[7] ~= '' then
+      wf_finished(c[7], c[2], 'dead', reason, now)
+    end
+  end
+  for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
+    redis.call('PEXPIRE', k, WF_KEEP_MS)
+  end
+end
+
+-- Member `id` of batch `bkey` finished with `outcome` ('succeeded', 'dead',
+-- 'cancelled'; `detail`: its result or reason). Counted once per id; a
+-- missing batch (expired, deleted) or a key of another type is skipped.
+-- Called by ack, fail, reclaim, cancel and finish_cancel after their own writes.
+wf_finished = function(bkey, id, outcome, detail, now)
+  if redis.call('TYPE', bkey)['ok'] ~= 'hash' then return end
+  local t = redis.call('TYPE', bkey .. ':done')['ok']
+  if t ~= 'set' and t ~= 'none' then return end
+  if redis.call('SADD', bkey .. ':done', id) == 0 then return end
+  redis.call('HINCRBY', bkey, outcome, 1)
+  local p = redis.call('HMGET', bkey, 'policy:' .. id, 'policy')
+  local policy = p[1] or p[2]
+  if policy then
+    if outcome == 'succeeded' then
+      redis.pcall('HSET', bkey .. ':results', id, 'ok:' .. (detail or ''))
+    elseif policy ~= 'ignore' then
+      redis.pcall('HSET', bkey .. ':results', id, 'err:' .. (detail or outcome))
+      if policy == 'fail' then
+        redis.call('HINCRBY', bkey, 'failed', 1)
+        redis.call('HSETNX', bkey, 'failed_child', id .. ': ' .. string.sub(detail or outcome, 1, 200))
+      end
+    end
+  end
+  wf_maybe_fire(bkey, now)
+end
+
+-- A dead member of batch `bkey` was replayed: while the batch has not fired
+-- it counts as unfinished again (its next outcome is counted instead).
+local function wf_unfinish(bkey, id)
+  if redis.call('TYPE', bkey)['ok'] ~= 'hash' then return end
+  if redis.call('HGET', bkey, 'state') == 'fired' then return end
+  if redis.call('TYPE', bkey .. ':done')['ok'] ~= 'set' then return end
+  if redis.call('SREM', bkey .. ':done', id) == 0 then return end
+  redis.call('HINCRBY', bkey, 'dead', -1)
+  local r = redis.pcall('HGET', bkey .. ':results', id)
+  if type(r) == 'string' and string.sub(r, 1, 4) == 'err:' then
+    redis.pcall('HDEL', bkey .. ':results', id)
+    local p = redis.call('HMGET', bkey, 'policy:' .. id, 'policy')
+    if (p[1] or p[2]) == 'fail' then redis.call('HINCRBY', bkey, 'failed', -1) end
+  end
+end

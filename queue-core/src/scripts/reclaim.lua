@@ -24,7 +24,7 @@ local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, li
 for _, id in ipairs(expired) do
   if redis.call('LPOS', KEYS[1], id) then
     local jobkey = ARGV[1] .. id
-    local h, bad = read_job(jobkey, 'state', 'attempts', 'max_attempts')
+    local h, bad = read_job(jobkey, 'state', 'attempts', 'max_attempts', 'batch')
     local attempts, max
     if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
     if not bad then attempts, max, bad = job_counts(h[2], h[3]) end
@@ -41,6 +41,7 @@ for _, id in ipairs(expired) do
           'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. msg, now)
         redis.call('HSET', jobkey, 'last_error', msg, 'failed_at', now)
         dead = dead + 1
+        if h[4] then wf_finished(h[4], id, 'dead', 'attempts exhausted: ' .. msg, now) end
       else
         local backoff = base * 2 ^ math.max(attempts - 1, 0)
         if backoff > cap then backoff = cap end

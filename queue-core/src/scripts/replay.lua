@@ -3,7 +3,7 @@
 -- KEYS: 1 dead, 2 main, 3 job hash, 4 stats
 -- ARGV: 1 id, 2 reset attempts ('1' | '0')
 -- Returns 1 when replayed, 0 when the job is not dead-lettered.
-local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group')
+local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group', 'batch')
 if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return 0
 end
@@ -15,4 +15,5 @@ redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at')
 if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'attempts', 0) end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 bump(KEYS[4], 'replayed', 1)
+if h[4] then wf_unfinish(h[4], ARGV[1]) end
 return 1

@@ -1,6 +1,7 @@
 //! What each subcommand does: one file per subcommand, each fetching through
 //! `queue_core::admin` (or the doctor) and formatting the result.
 
+mod batches;
 mod check;
 mod dead;
 mod doctor;
@@ -21,7 +22,7 @@ use std::process::ExitCode;
 
 pub use enqueue::{parse_delay, parse_run_at};
 
-use crate::cli::{Cli, Command, JobsCommand, QueueCommand};
+use crate::cli::{BatchesCommand, Cli, Command, JobsCommand, QueueCommand};
 use crate::error::{CliError, Result};
 
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
@@ -48,6 +49,9 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Outbox(cmd) => outbox(&cli.redis, cmd).await,
         Command::Enqueue(args) => enqueue::enqueue(&cli.redis, args).await,
         Command::Inbox(cmd) => inbox_cmd(cmd).await,
+        Command::Batches(BatchesCommand::Show { id, queue, json }) => {
+            batches::show(&cli.redis, &queue, &id, json).await
+        }
     }
 }
 

@@ -27,6 +27,8 @@ async fn main() {
     let worker = Worker::builder(&url)
         .register(queue_tests::task::handler())
         .register(queue_tests::bill::handler())
+        .register(queue_tests::workflow_jobs::wf_member::handler())
+        .register(queue_tests::workflow_jobs::wf_callback::handler())
         .config(config)
         .build()
         .await

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use queue_core::{Queue, Watchdog, WatchdogConfig};
+use queue_core::Queue;
 use queue_inbox::tokio_postgres::{self, NoTls};
 use queue_inbox::Inbox;
 use queue_testkit::postgres::{self, DropTable};
@@ -309,29 +309,7 @@ async fn run(s: Settings) -> Result<Report, String> {
         workers.children.push(child);
     }
 
-    let watchdog = Watchdog::connect(
-        &url,
-        [QUEUE],
-        WatchdogConfig {
-            interval: Duration::from_millis(100),
-            orphan_grace: Duration::from_millis(500),
-            backoff: queue_core::Backoff {
-                base: Duration::from_millis(20),
-                max: Duration::from_millis(200),
-            },
-            ..WatchdogConfig::default()
-        },
-    )
-    .await
-    .map_err(|e| e.to_string())?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let dog = tokio::spawn(async move {
-        watchdog
-            .run_until(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
+    let dog = crate::dog::Dog::start(&url, QUEUE).await?;
 
     // Kill number k (1-based) when k/(kills+1) of the jobs have completed.
     let mut kills = 0;
@@ -357,8 +335,7 @@ async fn run(s: Settings) -> Result<Report, String> {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     workers.stop_all();
-    let _ = stop_tx.send(());
-    let _ = dog.await;
+    dog.stop().await;
 
     // The effects in PostgreSQL, per job.
     let rows = pg

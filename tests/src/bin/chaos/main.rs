@@ -7,11 +7,14 @@
 //! Modes: the orchestrator (default), `worker` (the worker processes the
 //! orchestrator starts from its own executable), `aof-window` (measures
 //! acknowledged enqueues lost when Redis is SIGKILLed) and `inbox` (database
-//! effects through the transactional inbox, with its `inbox-worker`s).
+//! effects through the transactional inbox, with its `inbox-worker`s) and
+//! `flow` (batch callbacks exactly once, with its `flow-worker`s).
 
 mod aof;
 mod args;
 mod check;
+mod dog;
+mod flow;
 mod inbox;
 mod inbox_job;
 mod job;
@@ -34,6 +37,14 @@ async fn main() {
         Some("inbox") => {
             init_stderr_tracing();
             inbox::main(&argv[1..]).await
+        }
+        Some("flow-worker") => {
+            queue_tests::init_tracing();
+            flow::worker_main(&argv[1..]).await
+        }
+        Some("flow") => {
+            init_stderr_tracing();
+            flow::main(&argv[1..]).await
         }
         Some("aof-window") => {
             init_stderr_tracing();

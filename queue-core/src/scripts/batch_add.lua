@@ -1,0 +1,31 @@
+-- Registers members of a batch before they are enqueued (docs/WORKFLOWS.md):
+-- each new id joins the members set and counts in `total` once (an id added
+-- again, e.g. by a producer's retry or a re-run member, changes nothing).
+-- Allowed while the batch is open or sealed: a running member adds more
+-- before its own ack, so the batch cannot fire in between.
+-- KEYS: 1 batch hash, 2 members set
+-- ARGV: 1 policy of these members ('' : the batch's default), then member ids
+-- Returns {'added', new members} | {'fired'} | {'missing'}
+local policy = ARGV[1]
+if policy ~= '' and policy ~= 'fail' and policy ~= 'continue' and policy ~= 'ignore' then
+  return redis.error_reply('ERR invalid argument policy: ' .. tostring(policy))
+end
+expect_types(KEYS[1], 'hash', KEYS[2], 'set')
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return {'missing'} end
+if state == 'fired' then
+  -- A producer's retry after the batch fired: fine when nothing is new.
+  for i = 2, #ARGV do
+    if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then return {'fired'} end
+  end
+  return {'added', 0}
+end
+local added = 0
+for i = 2, #ARGV do
+  if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
+    added = added + 1
+    if policy ~= '' then redis.call('HSET', KEYS[1], 'policy:' .. ARGV[i], policy) end
+  end
+end
+if added > 0 then redis.call('HINCRBY', KEYS[1], 'total', added) end
+return {'added', added}

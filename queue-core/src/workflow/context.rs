@@ -1,0 +1,118 @@
+//! What a handler can do with the batch or flow its job belongs to:
+//! add members to an open batch, read the batch's counts (callbacks), read
+//! the children's results (a flow's parent), set a typed result for its
+//! parent. Each is one or two Redis calls, made only when called.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::context::JobContext;
+use crate::enqueue_options::Enqueued;
+use crate::job::JobError;
+use crate::keys::QueueKeys;
+use crate::queue::Queue;
+
+use super::engine::{parse_key, BatchRef, MEMBER_FIELD, SPAWNED_BY_FIELD};
+use super::summary::{decode_result, read_results, TYPED_PREFIX};
+use super::{BatchSummary, ChildResult, JobSpec};
+
+impl JobContext {
+    /// (member of, spawned by): the batch keys in this job's hash.
+    async fn batch_fields(&self) -> Result<(Option<String>, Option<String>), JobError> {
+        let Some(conn) = &self.inner.conn else {
+            return Ok((None, None));
+        };
+        let key = QueueKeys::new(&self.inner.queue).job(self.inner.job_id.as_str());
+        let (member, spawned): (Option<String>, Option<String>) = redis::cmd("HMGET")
+            .arg(key)
+            .arg(MEMBER_FIELD)
+            .arg(SPAWNED_BY_FIELD)
+            .query_async(&mut conn.clone())
+            .await
+            .map_err(|e| JobError::retryable(format!("cannot read the job's batch: {e}")))?;
+        Ok((member, spawned))
+    }
+
+    fn batch_ref(&self, key: &str) -> Result<BatchRef, JobError> {
+        parse_key(key).ok_or_else(|| JobError::permanent(format!("corrupt batch key {key:?}")))
+    }
+
+    /// Adds a member to the batch this job is a member of, from inside the
+    /// job: registered before this job's own ack, so the batch cannot fire
+    /// in between. Give `job` a stable id (e.g. derived from this job's id):
+    /// a re-run of this job then adds nothing twice.
+    pub async fn batch_add(&self, mut job: JobSpec) -> Result<Enqueued, JobError> {
+        let (member, _) = self.batch_fields().await?;
+        let Some(key) = member else {
+            return Err(JobError::permanent(
+                "batch_add: this job is not a batch member",
+            ));
+        };
+        let batch = self.batch_ref(&key)?;
+        batch.check_slot(&job.queue).map_err(JobError::permanent)?;
+        let id = job.ensure_id().to_string();
+        let conn = self.inner.conn.clone().expect("checked by batch_fields");
+        batch
+            .register(&mut conn.clone(), "", &[id])
+            .await
+            .map_err(JobError::retryable)?;
+        let queue = Queue::from_connection(conn);
+        let mut out = batch
+            .enqueue_members(&queue, vec![job])
+            .await
+            .map_err(JobError::retryable)?;
+        out.pop()
+            .ok_or_else(|| JobError::retryable("batch_add: empty enqueue reply"))
+    }
+
+    /// The counts of the batch that spawned this job (a callback or a flow's
+    /// parent), or else of the batch it is a member of; `None` outside a batch.
+    pub async fn batch_summary(&self) -> Result<Option<BatchSummary>, JobError> {
+        let (member, spawned) = self.batch_fields().await?;
+        let Some(key) = spawned.or(member) else {
+            return Ok(None);
+        };
+        let batch = self.batch_ref(&key)?;
+        let mut conn = self.inner.conn.clone().expect("checked by batch_fields");
+        BatchSummary::read(&mut conn, &batch)
+            .await
+            .map_err(JobError::retryable)
+    }
+
+    /// A flow parent's children outcomes, by child id (children under
+    /// [`ChildPolicy::Ignore`](crate::ChildPolicy::Ignore) that failed are
+    /// left out). A child's result is what it set with
+    /// [`set_child_result`](Self::set_child_result) or
+    /// [`set_result_ref`](Self::set_result_ref). Empty outside a flow.
+    pub async fn child_results<T: DeserializeOwned>(
+        &self,
+    ) -> Result<Vec<ChildResult<T>>, JobError> {
+        let (_, spawned) = self.batch_fields().await?;
+        let Some(key) = spawned else {
+            return Ok(Vec::new());
+        };
+        let batch = self.batch_ref(&key)?;
+        let mut conn = self.inner.conn.clone().expect("checked by batch_fields");
+        read_results(&mut conn, &batch)
+            .await
+            .map_err(JobError::permanent)
+    }
+
+    /// Sets this job's result for its flow parent (MessagePack, stored in the
+    /// completion record like [`set_result_ref`](Self::set_result_ref)).
+    ///
+    /// ```
+    /// let ctx = queue_core::JobContext::for_test("invoice-7", "orders", 1);
+    /// ctx.set_child_result(&("INV-7".to_string(), 1200u32)).unwrap();
+    /// ```
+    pub fn set_child_result<T: Serialize>(&self, value: &T) -> Result<(), JobError> {
+        let bytes = rmp_serde::to_vec_named(value)
+            .map_err(|e| JobError::permanent(format!("child result does not encode: {e}")))?;
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        debug_assert!(
+            decode_result::<serde::de::IgnoredAny>(&format!("{TYPED_PREFIX}{hex}")).is_ok()
+        );
+        self.set_result_ref(format!("{TYPED_PREFIX}{hex}"));
+        Ok(())
+    }
+}

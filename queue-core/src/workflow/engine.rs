@@ -1,0 +1,161 @@
+//! The steps every batch and flow is built from, in this order: open the
+//! batch hash, register the member ids (each counts once), enqueue the
+//! members (ordinary jobs carrying the `batch` field), seal. A member that
+//! finishes before the seal is counted; the batch fires only once sealed, so
+//! it never fires early. Every step is idempotent: a producer that failed
+//! half-way sends the whole batch again with the same ids.
+
+use crate::conn::RedisConnection;
+use crate::enqueue_options::Enqueued;
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
+use crate::queue::Queue;
+use crate::scripts::batch_add::{BatchAdd, BatchAddReply};
+use crate::scripts::batch_open::BatchOpen;
+use crate::scripts::batch_seal::BatchSeal;
+
+use super::JobSpec;
+
+/// The job-hash field naming the batch a job is a member of (the batch key).
+pub(crate) const MEMBER_FIELD: &str = "batch";
+/// The job-hash field naming the batch a callback or parent was spawned by.
+pub(crate) const SPAWNED_BY_FIELD: &str = "batch_of";
+
+/// Where a batch lives: its home queue, id and hash key.
+#[derive(Debug, Clone)]
+pub(crate) struct BatchRef {
+    pub(crate) queue: String,
+    pub(crate) id: String,
+    pub(crate) key: String,
+}
+
+impl BatchRef {
+    pub(crate) fn new(queue: &str, id: &str) -> Self {
+        BatchRef {
+            queue: queue.to_string(),
+            id: id.to_string(),
+            key: QueueKeys::new(queue).batch(id),
+        }
+    }
+
+    pub(crate) fn error(&self, detail: impl Into<String>) -> QueueError {
+        QueueError::Workflow {
+            queue: self.queue.clone(),
+            batch: self.id.clone(),
+            detail: detail.into(),
+        }
+    }
+
+    /// Refuses `queue` unless it is the batch's own queue: a member's ack
+    /// updates the batch in the same script, so their keys must share the
+    /// queue's hash tag (one Redis Cluster slot; DESIGN rule 6).
+    pub(crate) fn check_slot(&self, queue: &str) -> Result<()> {
+        if queue == self.queue {
+            return Ok(());
+        }
+        Err(self.error(format!(
+            "job on queue `{queue}`: every job of a batch or flow (members, callbacks, \
+             children, parent) must be on the batch's queue `{}` (one hash tag, so that the \
+             member's ack updates the batch atomically); see docs/WORKFLOWS.md, \"Limits\"",
+            self.queue
+        )))
+    }
+
+    /// Opens the batch (kept as it is when it exists).
+    pub(crate) async fn open(
+        &self,
+        conn: &mut RedisConnection,
+        policy: &str,
+        spec: &[(String, Vec<u8>)],
+    ) -> Result<()> {
+        BatchOpen {
+            queue: &self.queue,
+            key: &self.key,
+            policy,
+            spec,
+        }
+        .run(conn)
+        .await
+        .map(drop)
+    }
+
+    /// Registers member ids under `policy` (`""`: the batch's default).
+    pub(crate) async fn register(
+        &self,
+        conn: &mut RedisConnection,
+        policy: &str,
+        ids: &[String],
+    ) -> Result<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let reply = BatchAdd {
+            queue: &self.queue,
+            key: &self.key,
+            policy,
+            ids,
+        }
+        .run(conn)
+        .await?;
+        match reply {
+            BatchAddReply::Added(n) => Ok(n),
+            BatchAddReply::Fired => Err(self.error("already fired: no member can be added")),
+            BatchAddReply::Missing => Err(self.error("no such batch (never opened, or expired)")),
+        }
+    }
+
+    /// Enqueues registered members, each carrying the batch key; one pipeline
+    /// per run of members with the same queue and type.
+    pub(crate) async fn enqueue_members(
+        &self,
+        queue: &Queue,
+        members: Vec<JobSpec>,
+    ) -> Result<Vec<Enqueued>> {
+        let mut out = Vec::with_capacity(members.len());
+        let mut group: Vec<(crate::EnqueueOptions, Vec<u8>)> = Vec::new();
+        let mut members = members.into_iter().peekable();
+        while let Some(m) = members.next() {
+            let max = m.opts.max_attempts.unwrap_or(m.max_attempts);
+            let opts = m
+                .opts
+                .clone()
+                .max_attempts(max)
+                .extra_field(MEMBER_FIELD, self.key.clone());
+            group.push((opts, m.payload.clone()));
+            let same_next = members.peek().is_some_and(|n| {
+                n.queue == m.queue && n.job_type == m.job_type && n.version == m.version
+            });
+            if !same_next {
+                let items = std::mem::take(&mut group);
+                let done = queue
+                    .enqueue_raw_batch(&m.queue, &m.job_type, m.version, max, items)
+                    .await?;
+                out.extend(done);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Seals the batch: it fires once every member finished.
+    pub(crate) async fn seal(&self, conn: &mut RedisConnection) -> Result<String> {
+        BatchSeal {
+            queue: &self.queue,
+            key: &self.key,
+        }
+        .run(conn)
+        .await
+    }
+}
+
+/// The batch a batch key names: (home queue, id), parsed from
+/// `q:{<queue>}:batch:<id>`.
+pub(crate) fn parse_key(key: &str) -> Option<BatchRef> {
+    let rest = key.strip_prefix("q:{")?;
+    let split = rest.find("}:batch:")?;
+    let (queue, id) = (&rest[..split], &rest[split + "}:batch:".len()..]);
+    Some(BatchRef {
+        queue: queue.to_string(),
+        id: id.to_string(),
+        key: key.to_string(),
+    })
+}

@@ -1,0 +1,188 @@
+//! [`Flow`]: a parent job that waits for its children (which may have
+//! children of their own), compiled to batches: the parent is the batch's
+//! complete callback, enqueued when the last child finished, or
+//! dead-lettered when a child under [`ChildPolicy::FailParent`] failed.
+
+use crate::enqueue_options::Enqueued;
+use crate::error::Result;
+use crate::queue::Queue;
+use crate::BoxFuture;
+
+use super::engine::BatchRef;
+use super::JobSpec;
+
+/// What a child's failure (dead-lettered or cancelled) does to its parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChildPolicy {
+    /// The parent is dead-lettered (naming the child) instead of enqueued,
+    /// once every child finished. The default.
+    #[default]
+    FailParent,
+    /// The parent runs; the failure is recorded in
+    /// [`child_results`](crate::JobContext::child_results).
+    Continue,
+    /// The parent runs; the child is left out of its results.
+    Ignore,
+}
+
+impl ChildPolicy {
+    fn as_arg(self) -> &'static str {
+        match self {
+            ChildPolicy::FailParent => "fail",
+            ChildPolicy::Continue => "continue",
+            ChildPolicy::Ignore => "ignore",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Child {
+    Job(JobSpec),
+    Flow(Flow),
+}
+
+/// A parent job enqueued once all its children finished; it reads their
+/// results with [`JobContext::child_results`](crate::JobContext::child_results).
+/// The flow's batch id is the parent's job id. All jobs of a flow are on
+/// the parent's queue (different job types; see docs/WORKFLOWS.md, "Limits").
+///
+/// ```
+/// # use queue_core::{BoxFuture, Job, JobContext, JobError, JobSpec, Flow, ChildPolicy, Queue};
+/// # struct Step;
+/// # impl Job for Step {
+/// #     type Args = String;
+/// #     const NAME: &'static str = "step";
+/// #     const QUEUE: &'static str = "orders";
+/// #     fn run(_: JobContext, _: String) -> BoxFuture<'static, Result<(), JobError>> { Box::pin(async { Ok(()) }) }
+/// # }
+/// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+/// # let server = queue_testkit::RedisServer::start().unwrap();
+/// let queue = Queue::connect(&server.url()).await?;
+/// let step = |s: &str| JobSpec::new::<Step>(&s.to_string());
+/// Flow::new(step("close")?.id("close-7"))
+///     .child(step("invoice")?)
+///     .child_with(ChildPolicy::Continue, step("email")?)
+///     .enqueue(&queue)
+///     .await?;
+/// let summary = queue.batch("orders", "close-7").await?.unwrap();
+/// assert_eq!(summary.total, 2);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Flow {
+    parent: JobSpec,
+    children: Vec<(ChildPolicy, Child)>,
+}
+
+/// What [`Flow::enqueue`] created.
+#[derive(Debug, Clone)]
+pub struct FlowCreated {
+    /// The parent's id (also the flow's batch id).
+    pub parent: String,
+    /// The parent's queue (where the flow's batch hash lives).
+    pub queue: String,
+    /// The leaf children enqueued now, in order (a nested flow's children
+    /// follow its own).
+    pub children: Vec<Enqueued>,
+}
+
+impl Flow {
+    /// A flow whose parent is `parent`.
+    pub fn new(parent: JobSpec) -> Flow {
+        Flow {
+            parent,
+            children: Vec::new(),
+        }
+    }
+
+    /// A child whose failure fails the parent.
+    pub fn child(self, job: JobSpec) -> Self {
+        self.child_with(ChildPolicy::FailParent, job)
+    }
+
+    /// A child with its own failure policy.
+    pub fn child_with(mut self, policy: ChildPolicy, job: JobSpec) -> Self {
+        self.children.push((policy, Child::Job(job)));
+        self
+    }
+
+    /// A child that is itself a flow: its parent counts as this flow's child
+    /// (it finishes when it ran, after its own children).
+    pub fn child_flow(self, flow: Flow) -> Self {
+        self.child_flow_with(ChildPolicy::FailParent, flow)
+    }
+
+    /// A nested flow with a failure policy for its parent.
+    pub fn child_flow_with(mut self, policy: ChildPolicy, flow: Flow) -> Self {
+        self.children.push((policy, Child::Flow(flow)));
+        self
+    }
+
+    /// Opens the flow's batch (nested ones first), enqueues the leaf
+    /// children and seals. Idempotent with stable ids: after an error,
+    /// enqueue the same flow again.
+    pub async fn enqueue(self, queue: &Queue) -> Result<FlowCreated> {
+        self.enqueue_in(queue, None).await
+    }
+
+    fn enqueue_in<'a>(
+        mut self,
+        queue: &'a Queue,
+        member_of: Option<BatchRef>,
+    ) -> BoxFuture<'a, Result<FlowCreated>> {
+        Box::pin(async move {
+            let id = self.parent.ensure_id().to_string();
+            let batch = BatchRef::new(&self.parent.queue, &id);
+            if let Some(outer) = &member_of {
+                outer.check_slot(&batch.queue)?;
+            }
+            let mut ids: Vec<(ChildPolicy, String)> = Vec::new();
+            for (policy, child) in &mut self.children {
+                let spec = match child {
+                    Child::Job(j) => j,
+                    Child::Flow(f) => &mut f.parent,
+                };
+                batch.check_slot(&spec.queue)?;
+                ids.push((*policy, spec.ensure_id().to_string()));
+            }
+            let spec = self
+                .parent
+                .callback_fields("c_", member_of.as_ref().map(|b| b.key.as_str()));
+            let mut conn = queue.connection();
+            batch
+                .open(&mut conn, ChildPolicy::FailParent.as_arg(), &spec)
+                .await?;
+            for policy in [
+                ChildPolicy::FailParent,
+                ChildPolicy::Continue,
+                ChildPolicy::Ignore,
+            ] {
+                let these: Vec<String> = ids
+                    .iter()
+                    .filter(|(p, _)| *p == policy)
+                    .map(|(_, id)| id.clone())
+                    .collect();
+                batch.register(&mut conn, policy.as_arg(), &these).await?;
+            }
+            let mut leaves = Vec::new();
+            let mut children = Vec::new();
+            for (_, child) in self.children {
+                match child {
+                    Child::Job(j) => leaves.push(j),
+                    Child::Flow(f) => {
+                        let nested = f.enqueue_in(queue, Some(batch.clone())).await?;
+                        children.extend(nested.children);
+                    }
+                }
+            }
+            let mut enqueued = batch.enqueue_members(queue, leaves).await?;
+            enqueued.extend(children);
+            batch.seal(&mut conn).await?;
+            Ok(FlowCreated {
+                parent: id,
+                queue: batch.queue,
+                children: enqueued,
+            })
+        })
+    }
+}

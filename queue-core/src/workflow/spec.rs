@@ -1,0 +1,139 @@
+//! [`JobSpec`]: one job of a batch or flow, encoded but not yet enqueued —
+//! a member, a callback or a flow's parent.
+
+use crate::enqueue_options::EnqueueOptions;
+use crate::error::{QueueError, Result};
+use crate::job::{Job, JobId};
+
+/// A job to enqueue as part of a [`Batch`](crate::Batch) or
+/// [`Flow`](crate::Flow): its queue, type, schema version, attempts and
+/// MessagePack payload, plus [`EnqueueOptions`] (a member may be delayed or
+/// carry other features' extra fields; callbacks and parents use only the id).
+///
+/// ```
+/// # use queue_core::{BoxFuture, Job, JobContext, JobError, JobSpec};
+/// # struct Ping;
+/// # impl Job for Ping {
+/// #     type Args = String;
+/// #     const NAME: &'static str = "ping";
+/// #     const QUEUE: &'static str = "default";
+/// #     fn run(_: JobContext, _: String) -> BoxFuture<'static, Result<(), JobError>> { Box::pin(async { Ok(()) }) }
+/// # }
+/// let spec = JobSpec::new::<Ping>(&"hi".to_string()).unwrap().id("ping-1");
+/// assert_eq!(spec.queue(), "default");
+/// assert_eq!(spec.job_id().unwrap().as_str(), "ping-1");
+/// ```
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub(crate) queue: String,
+    pub(crate) job_type: String,
+    pub(crate) version: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) opts: EnqueueOptions,
+}
+
+impl JobSpec {
+    /// The job `J` with `args` (encoded now: an encoding error is returned here).
+    pub fn new<J: Job>(args: &J::Args) -> Result<JobSpec> {
+        let payload = rmp_serde::to_vec_named(args).map_err(|source| QueueError::Encode {
+            queue: J::QUEUE.to_string(),
+            job_type: J::NAME.to_string(),
+            job_id: None,
+            source,
+        })?;
+        Ok(Self::raw(
+            J::QUEUE,
+            J::NAME,
+            J::SCHEMA_VERSION,
+            J::MAX_ATTEMPTS,
+            payload,
+        ))
+    }
+
+    /// A job from already-encoded parts (producers without the Rust type).
+    pub fn raw(
+        queue: &str,
+        job_type: &str,
+        schema_version: u32,
+        max_attempts: u32,
+        payload: Vec<u8>,
+    ) -> JobSpec {
+        JobSpec {
+            queue: queue.to_string(),
+            job_type: job_type.to_string(),
+            version: schema_version,
+            max_attempts,
+            payload,
+            opts: EnqueueOptions::new(),
+        }
+    }
+
+    /// A stable id (default: a random one). Enqueuing a batch or flow again
+    /// with the same ids is a no-op, so a producer may retry after an error.
+    pub fn id(mut self, id: impl Into<JobId>) -> Self {
+        self.opts = self.opts.id(id);
+        self
+    }
+
+    /// Enqueue options of a member (delay, run-at, extra fields; the id set
+    /// with [`id`](Self::id) is kept unless `opts` has one).
+    pub fn options(mut self, opts: EnqueueOptions) -> Self {
+        let id = self.opts.id.take();
+        self.opts = opts;
+        if self.opts.id.is_none() {
+            self.opts.id = id;
+        }
+        self
+    }
+
+    /// The queue the job goes to.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The id, when one was given (or assigned at enqueue).
+    pub fn job_id(&self) -> Option<&JobId> {
+        self.opts.id.as_ref()
+    }
+
+    /// The id, assigning a random one first when none was given.
+    pub(crate) fn ensure_id(&mut self) -> JobId {
+        self.opts.id.get_or_insert_with(JobId::random).clone()
+    }
+
+    /// The spec fields a batch hash keeps for a callback (`prefix`: `s_` or
+    /// `c_`), read by `wf_spawn` in prelude.lua; `member_of`: the batch key
+    /// the spawned job is itself a member of (a nested flow's parent).
+    pub(crate) fn callback_fields(
+        &mut self,
+        prefix: &str,
+        member_of: Option<&str>,
+    ) -> Vec<(String, Vec<u8>)> {
+        let id = self.ensure_id();
+        let base = crate::keys::QueueKeys::new(&self.queue)
+            .job_prefix
+            .trim_end_matches("job:")
+            .to_string();
+        let mut out = vec![
+            (format!("{prefix}base"), base.into_bytes()),
+            (format!("{prefix}id"), id.as_str().as_bytes().to_vec()),
+            (format!("{prefix}type"), self.job_type.clone().into_bytes()),
+            (format!("{prefix}v"), self.version.to_string().into_bytes()),
+            (format!("{prefix}payload"), self.payload.clone()),
+            (
+                format!("{prefix}max"),
+                self.opts
+                    .max_attempts
+                    .unwrap_or(self.max_attempts)
+                    .max(1)
+                    .to_string()
+                    .into_bytes(),
+            ),
+        ];
+        if let Some(key) = member_of {
+            out.push((format!("{prefix}member"), key.as_bytes().to_vec()));
+        }
+        out
+    }
+}

@@ -1,0 +1,255 @@
+//! The `flow` workload (docs/WORKFLOWS.md): batches of members with a
+//! complete callback each, run by worker processes that are SIGKILLed
+//! throughout. Reports callbacks fired (each exactly once: one job enqueued
+//! per batch callback, 0 missing), callbacks that saw a wrong count (a
+//! member counted twice or the batch fired early), and member re-runs.
+//!
+//! ```text
+//! cargo run --release -p queue-tests --bin chaos -- flow --batches 200 --members 50 --workers 4 --kills 20
+//! ```
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use queue_core::{Batch, JobSpec, Queue, QueueKeys, Worker, WorkerConfig};
+use queue_testkit::RedisServer;
+use queue_tests::workflow_jobs::{wf_callback, wf_member, WfCallback, WfMember, WF_QUEUE};
+use redis::AsyncCommands;
+
+use crate::args::Args;
+use crate::rng::Rng;
+
+const USAGE: &str = "\
+chaos flow: batch callbacks fire exactly once while workers are SIGKILLed
+
+flags:
+  --batches N        batches (default 200)
+  --members N        members per batch (default 50)
+  --workers N        worker processes (default 4)
+  --kills N          SIGKILLs of a random worker, spread over the run (default 20)
+  --lease-ms N       lease per delivery (default 1000)
+  --seed N           random seed (default: from the clock)
+  --timeout-secs N   give up after this long (default 600)
+  --json             print the report as one JSON object
+";
+
+/// `flow-worker <url> <concurrency> <lease-ms>`: runs the workflow test jobs.
+pub async fn worker_main(argv: &[String]) -> i32 {
+    let url = argv.first().cloned().unwrap_or_default();
+    let num = |i: usize, d: u64| argv.get(i).and_then(|s| s.parse().ok()).unwrap_or(d);
+    let config = WorkerConfig {
+        concurrency: num(1, 8) as usize,
+        lease: Duration::from_millis(num(2, 1000)),
+        block_timeout: Duration::from_millis(200),
+        ..WorkerConfig::default()
+    };
+    let worker = Worker::builder(&url)
+        .register(wf_member::handler())
+        .register(wf_callback::handler())
+        .config(config)
+        .build()
+        .await;
+    match worker {
+        Ok(w) => i32::from(w.run().await.is_err()),
+        Err(e) => {
+            eprintln!("flow-worker: {e}");
+            2
+        }
+    }
+}
+
+pub async fn main(argv: &[String]) -> i32 {
+    let parsed = Args::parse(
+        argv,
+        &["json", "help"],
+        &[
+            "batches",
+            "members",
+            "workers",
+            "kills",
+            "lease-ms",
+            "seed",
+            "timeout-secs",
+        ],
+    );
+    let a = match parsed {
+        Ok(a) if !a.switch("help") => a,
+        Ok(_) => {
+            eprintln!("{USAGE}");
+            return 2;
+        }
+        Err(e) => {
+            eprintln!("chaos flow: {e}\n\n{USAGE}");
+            return 2;
+        }
+    };
+    match run(&a).await {
+        Ok(r) => {
+            if a.switch("json") {
+                println!("{}", r.json());
+            } else {
+                println!("{}", r.text());
+            }
+            i32::from(!r.passed())
+        }
+        Err(e) => {
+            eprintln!("chaos flow: {e}");
+            2
+        }
+    }
+}
+
+struct Report {
+    batches: u64,
+    members: u64,
+    fired: u64,
+    callback_jobs: u64,
+    miscounted: u64,
+    member_reruns: u64,
+    kills: u64,
+    seconds: f64,
+}
+
+impl Report {
+    fn passed(&self) -> bool {
+        self.fired == self.batches && self.callback_jobs == self.batches && self.miscounted == 0
+    }
+
+    fn json(&self) -> String {
+        format!(
+            "{{\"workload\":\"flow\",\"batches\":{},\"members\":{},\"callbacks_fired\":{},\"callback_jobs_enqueued\":{},\"miscounted\":{},\"member_reruns\":{},\"kills\":{},\"seconds\":{:.1},\"passed\":{}}}",
+            self.batches, self.members, self.fired, self.callback_jobs, self.miscounted,
+            self.member_reruns, self.kills, self.seconds, self.passed()
+        )
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "flow workload: {} batches x {} members, {} kills, {:.1} s\n  callbacks fired: {} of {} \
+             (callback jobs enqueued: {})\n  callbacks that saw a wrong count: {}\n  member re-runs \
+             (killed mid-run, counted once): {}\n  {}",
+            self.batches, self.members, self.kills, self.seconds, self.fired, self.batches,
+            self.callback_jobs, self.miscounted, self.member_reruns,
+            if self.passed() { "PASSED" } else { "FAILED" }
+        )
+    }
+}
+
+async fn enqueue_all(
+    queue: &Queue,
+    url: &str,
+    batches: u64,
+    members: u64,
+    rng: &mut Rng,
+) -> Result<(), String> {
+    for b in 0..batches {
+        let cb = WfCallback {
+            ledger: url.to_string(),
+        };
+        let mut batch = Batch::new(queue)
+            .id(format!("b{b}"))
+            .on_complete(JobSpec::new::<wf_callback::Job>(&cb).map_err(|e| e.to_string())?);
+        for m in 0..members {
+            let member = WfMember {
+                ledger: url.to_string(),
+                sleep_ms: rng.range(0, 20),
+                ..WfMember::default()
+            };
+            let spec = JobSpec::new::<wf_member::Job>(&member).map_err(|e| e.to_string())?;
+            batch = batch.add(spec.id(format!("b{b}-{m}")));
+        }
+        batch.enqueue().await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+fn spawn(exe: &std::path::Path, url: &str, lease_ms: u64) -> Result<Child, String> {
+    Command::new(exe)
+        .args(["flow-worker", url, "8", &lease_ms.to_string()])
+        .env(
+            "RUST_LOG",
+            std::env::var("CHAOS_WORKER_LOG").unwrap_or_else(|_| "error".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start a worker process: {e}"))
+}
+
+async fn run(a: &Args) -> Result<Report, String> {
+    let started = Instant::now();
+    let batches: u64 = a.get("batches", 200)?;
+    let members: u64 = a.get("members", 50)?;
+    let workers: usize = a.get("workers", 4)?;
+    let kills: u64 = a.get("kills", 20)?;
+    let lease_ms: u64 = a.get("lease-ms", 1000)?;
+    let timeout = Duration::from_secs(a.get("timeout-secs", 600)?);
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64);
+    let mut rng = Rng::new(a.get("seed", clock)?);
+    let redis = RedisServer::start().map_err(|e| format!("cannot start redis-server: {e}"))?;
+    let url = redis.url();
+    let queue = Queue::connect(&url).await.map_err(|e| e.to_string())?;
+    enqueue_all(&queue, &url, batches, members, &mut rng).await?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut children = (0..workers)
+        .map(|_| spawn(&exe, &url, lease_ms))
+        .collect::<Result<Vec<_>, _>>()?;
+    let dog = crate::dog::Dog::start(&url, WF_QUEUE).await?;
+    let mut c = queue_tests::redis_conn(&url).await;
+    let total = batches * members;
+    let mut done_kills = 0;
+    let fired = loop {
+        let effects: u64 = c
+            .hlen("ledger:wf:effects")
+            .await
+            .map_err(|e| e.to_string())?;
+        let fired: u64 = c
+            .hlen("ledger:wf:callbacks")
+            .await
+            .map_err(|e| e.to_string())?;
+        if (fired >= batches && done_kills >= kills) || started.elapsed() > timeout {
+            break fired;
+        }
+        // Kill number k (1-based) when k/(kills+1) of the members ran.
+        if done_kills < kills && effects >= (done_kills + 1) * total / (kills + 1) {
+            let i = rng.range(0, children.len() as u64) as usize;
+            let _ = children[i].kill();
+            let _ = children[i].wait();
+            children[i] = spawn(&exe, &url, lease_ms)?;
+            done_kills += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for ch in &mut children {
+        let _ = ch.kill();
+        let _ = ch.wait();
+    }
+    dog.stop().await;
+    let summary: HashMap<String, String> = c
+        .hgetall("ledger:wf:summary")
+        .await
+        .map_err(|e| e.to_string())?;
+    let want = format!("{members}/{members}/0/0");
+    let effects: HashMap<String, u64> = c
+        .hgetall("ledger:wf:effects")
+        .await
+        .map_err(|e| e.to_string())?;
+    let enqueued: u64 = c
+        .hget(QueueKeys::new(WF_QUEUE).stats, "enqueued")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Report {
+        batches,
+        members,
+        fired,
+        callback_jobs: enqueued.saturating_sub(total),
+        miscounted: summary.values().filter(|v| **v != want).count() as u64,
+        member_reruns: effects.values().filter(|n| **n > 1).count() as u64,
+        kills: done_kills,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}

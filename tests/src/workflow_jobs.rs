@@ -1,0 +1,93 @@
+//! The jobs of the workflow tests (tests/workflows.rs, the chaos `flow`
+//! workload): a member that records its side effect, may sleep, fail or add
+//! a member, and sets a typed result; a callback / parent that records each
+//! run with the batch's counts and its children's results. Both write the
+//! ledger in the same Redis (`ledger:wf:*`), so a test counts how often each
+//! callback ran.
+
+use std::time::Duration;
+
+use queue_core::{job, JobContext, JobError, JobSpec};
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+
+use crate::ledger_conn;
+
+/// The queue of both jobs (a batch's jobs share its queue).
+pub const WF_QUEUE: &str = "wf";
+
+/// A member's instructions.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WfMember {
+    /// Redis URL of the ledger.
+    pub ledger: String,
+    /// Sleep this long first.
+    pub sleep_ms: u64,
+    /// Fail permanently (dead-lettered at once).
+    pub fail: bool,
+    /// Add one member with id `<this id>-more` to the batch first.
+    pub add_more: bool,
+}
+
+/// A batch member / flow child.
+#[job(queue = "wf", max_attempts = 5, timeout = "60s")]
+pub async fn wf_member(ctx: JobContext, m: WfMember) -> Result<(), JobError> {
+    let mut c = ledger_conn(&m.ledger).await?;
+    let id = ctx.job_id().to_string();
+    if m.add_more {
+        let more = WfMember {
+            ledger: m.ledger.clone(),
+            ..WfMember::default()
+        };
+        ctx.batch_add(JobSpec::new::<wf_member::Job>(&more)?.id(format!("{id}-more")))
+            .await?;
+    }
+    if m.sleep_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(m.sleep_ms)).await;
+    }
+    if m.fail {
+        return Err(JobError::permanent("planned member failure"));
+    }
+    let _: () = c.hincr("ledger:wf:effects", &id, 1).await?;
+    ctx.set_child_result(&id.len())?;
+    Ok(())
+}
+
+/// A callback's / parent's instructions.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WfCallback {
+    /// Redis URL of the ledger.
+    pub ledger: String,
+}
+
+/// A batch callback or flow parent: counts its runs (`ledger:wf:callbacks`)
+/// and records `total/succeeded/dead/cancelled` (`ledger:wf:summary`) and
+/// `ok,err` of its children's results (`ledger:wf:children`).
+#[job(queue = "wf", max_attempts = 5, timeout = "60s")]
+pub async fn wf_callback(ctx: JobContext, cb: WfCallback) -> Result<(), JobError> {
+    let mut c = ledger_conn(&cb.ledger).await?;
+    let id = ctx.job_id().to_string();
+    let summary = ctx
+        .batch_summary()
+        .await?
+        .ok_or_else(|| JobError::permanent("callback without a batch"))?;
+    let children = ctx.child_results::<usize>().await?;
+    let ok = children.iter().filter(|r| r.outcome.is_ok()).count();
+    let line = format!(
+        "{}/{}/{}/{}",
+        summary.total, summary.succeeded, summary.dead, summary.cancelled
+    );
+    let _: () = c.hset("ledger:wf:summary", &id, line).await?;
+    let _: () = c
+        .hset(
+            "ledger:wf:children",
+            &id,
+            format!("{ok},{}", children.len() - ok),
+        )
+        .await?;
+    let _: () = c.hincr("ledger:wf:callbacks", &id, 1).await?;
+    ctx.set_child_result(&id.len())?;
+    Ok(())
+}
