@@ -9,8 +9,8 @@
 -- {'limited', id, ms} when a queue limit lets no job start for ms (the same),
 -- {'deferred', id, run_at} when its rate key is over its limit (docs/LIMITS.md).
 local lease_ms = arg_count(ARGV[4], 'lease_ms')
-expect_types(KEYS[2], 'zset', KEYS[3], 'list', KEYS[7], 'list', KEYS[9], 'zset') -- LPOS checks processing
-local lim = limits_load(KEYS[8])
+expect_types(KEYS[2], 'zset', KEYS[3], 'list', KEYS[7], 'list') -- LPOS checks processing itself
+local lim = limits_load(KEYS[8], KEYS[9])
 if not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return {'gone', ARGV[1]}
 end

@@ -14,8 +14,8 @@ local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local count = arg_count(ARGV[5], 'count')
 local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
 -- LMOVE checks main and processing itself, and LRANGE the receipt, before any write.
-expect_types(KEYS[3], 'zset', KEYS[4], 'list', KEYS[10], 'zset')
-local lim = limits_load(KEYS[9])
+expect_types(KEYS[3], 'zset', KEYS[4], 'list')
+local lim = limits_load(KEYS[9], KEYS[10])
 local out = {}
 local receipt = redis.call('LRANGE', KEYS[7], 0, -1)
 if #receipt > 0 then

@@ -235,11 +235,12 @@ local function limit_rate(v)
 end
 
 -- The queue's limits, or nil when it has none (one EXISTS: the whole cost
--- for a queue without limits). A queue-level field that does not parse
--- refuses the call: run it before the script's first write.
-local function limits_load(limkey)
+-- for a queue without limits). A queue-level field that does not parse, or
+-- a limits or delayed key of another type, refuses the call: run it before
+-- the script's first write.
+local function limits_load(limkey, delayed)
   if redis.call('EXISTS', limkey) == 0 then return nil end
-  expect_types(limkey, 'hash')
+  expect_types(limkey, 'hash', delayed, 'zset')
   local f = redis.call('HMGET', limkey, 'rate', 'concurrency', 'key_rate', 'key_concurrency')
   local lim = {key = limkey, rate = limit_rate(f[1]), conc = as_count(f[2]),
     key_rate = limit_rate(f[3]), key_conc = as_count(f[4])}
