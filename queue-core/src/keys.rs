@@ -18,6 +18,9 @@
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
+//! | `q:{<queue>}:events` | stream | the queue's bounded event stream, written while `events:on` is set (docs/EVENTS.md) |
+//! | `q:{<queue>}:events:on` | string | the stream's cap (`MAXLEN ~`): events are on while it holds a number > 0 |
+//! | `q:{<queue>}:hist:<id>` | list | a job's history of unusual transitions (JSON entries, capped at 50), expires with the job |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -132,6 +135,30 @@ impl QueueKeys {
     /// The step results of job `id`.
     pub fn steps(&self, id: &str) -> String {
         format!("{}{}", self.steps_prefix, id)
+    }
+
+    /// The queue's event stream (docs/EVENTS.md).
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.events(), "q:{emails}:events");
+    /// assert_eq!(keys.events_on(), "q:{emails}:events:on");
+    /// assert_eq!(keys.hist("42"), "q:{emails}:hist:42");
+    /// ```
+    pub fn events(&self) -> String {
+        format!("q:{{{}}}:events", self.queue)
+    }
+
+    /// The event switch: while it holds a number N > 0 the queue's scripts
+    /// append to [`events`](Self::events), capped at about N entries.
+    pub fn events_on(&self) -> String {
+        format!("q:{{{}}}:events:on", self.queue)
+    }
+
+    /// The history of job `id`: its unusual transitions (retries, lease
+    /// returns, dead-letter, replays, cancel), one JSON entry each.
+    pub fn hist(&self, id: &str) -> String {
+        format!("q:{{{}}}:hist:{}", self.queue, id)
     }
 }
 

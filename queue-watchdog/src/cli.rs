@@ -87,6 +87,27 @@ pub enum Command {
     /// `duplicate <id> state=<state>` or `already-completed <id>` (exit 0 for
     /// each: a known id is a no-op, not an error). See docs/PROTOCOL.md.
     Enqueue(EnqueueArgs),
+    /// Print a queue's events (enqueued, started, completed, retried,
+    /// dead-lettered, cancelled, ...), one line each: the last `--last`, then
+    /// with `--follow` each new one as it happens. Turn them on first with
+    /// `queue events on -q Q` (off by default; docs/EVENTS.md).
+    Events(EventsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Queue.
+    #[arg(long = "queue", short = 'q')]
+    pub queue: String,
+    /// How many of the latest events to print first.
+    #[arg(long, default_value_t = 20)]
+    pub last: usize,
+    /// Keep printing new events until SIGTERM / ctrl-c.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// One JSON object a line.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -291,6 +312,22 @@ pub enum QueueCommand {
     Pause(QueueFlowArgs),
     /// Resume a paused queue.
     Resume(QueueFlowArgs),
+    /// Turn the queue's event stream on or off (docs/EVENTS.md), or show
+    /// whether it is on (no argument).
+    Events(QueueEventsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct QueueEventsArgs {
+    /// Queue name.
+    #[arg(long = "queue", short = 'q')]
+    pub queue: String,
+    /// `on` or `off`; without it, prints the current setting.
+    #[arg(value_parser = ["on", "off"])]
+    pub switch: Option<String>,
+    /// The stream's cap when turning it on (about this many entries kept).
+    #[arg(long, default_value_t = queue_core::DEFAULT_EVENTS_MAXLEN)]
+    pub maxlen: u64,
 }
 
 #[derive(Debug, Args)]

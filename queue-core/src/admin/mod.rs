@@ -22,6 +22,7 @@
 //! | `flow.rs` | pause / resume a queue, cancel a job ([`Queue::pause`], [`Queue::cancel`]) |
 //! | `discovery.rs` | finding queue names from their keys |
 //! | `error.rs` | [`AdminError`] |
+//! | `journal.rs` | [`HistoryEntry`]: each delivery of a job and what ended it (docs/EVENTS.md) |
 
 mod check;
 mod check_rules;
@@ -32,6 +33,7 @@ mod flow;
 mod health;
 mod history;
 mod jobs;
+mod journal;
 mod listings;
 mod locate;
 mod repair;
@@ -49,6 +51,7 @@ pub use error::{AdminError, Result};
 pub use health::QueueHealth;
 pub use history::{JobEvent, JobEventKind};
 pub use jobs::{JobDetail, JobInfo};
+pub use journal::HistoryEntry;
 pub use listings::{LeaseStatus, Listing, Page, ProcessingJob, WaitingJob};
 pub use locate::Location;
 pub use repair::{Repair, RepairAction, MISSING_HASH_REASON};

@@ -19,7 +19,7 @@ end
 -- Read and check every delivery before the first write.
 local fields = {}
 for i = 6, #ARGV, 3 do
-  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at')
+  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at', 'delivered_at', 'worker', 'hist')
   if not ok then
     fields[#fields + 1] = false
   elseif h[2] == 'active' and h[1] == ARGV[i + 1] then
@@ -50,10 +50,12 @@ for n, h in ipairs(fields) do
       local done = ARGV[2] .. id
       if result ~= '' then
         redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
-          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token, 'result', result)
+          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token, 'result', result,
+          'delivered_at', h[6] or '0', 'worker', h[7] or '')
       else
         redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
-          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token)
+          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token,
+          'delivered_at', h[6] or '0', 'worker', h[7] or '')
       end
       redis.call('PEXPIRE', done, retention)
       redis.call('PEXPIRE', ARGV[3] .. id, retention)
@@ -63,6 +65,8 @@ for n, h in ipairs(fields) do
     redis.call('LREM', KEYS[1], 1, id)
     redis.call('ZREM', KEYS[2], id)
     redis.call('DEL', ARGV[1] .. id)
+    if h[8] then hist_close(KEYS[3], id, retention) end
+    ev(KEYS[3], 'completed', id, now, 'attempt', h[3] or '0')
     acked = acked + 1
     out[n] = 1
   end

@@ -5,6 +5,7 @@ mod check;
 mod dead;
 mod doctor;
 mod enqueue;
+mod events;
 mod flow;
 #[cfg(feature = "inbox")]
 mod inbox;
@@ -39,6 +40,8 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         }) => flow::cancel(&cli.redis, &id, &selection.queues, json).await,
         Command::Queue(QueueCommand::Pause(args)) => flow::pause(&cli.redis, args, true).await,
         Command::Queue(QueueCommand::Resume(args)) => flow::pause(&cli.redis, args, false).await,
+        Command::Queue(QueueCommand::Events(args)) => events::switch(&cli.redis, args).await,
+        Command::Events(args) => events::events(&cli.redis, args).await,
         Command::Dead(cmd) => dead::dead(&cli.redis, cmd).await,
         Command::Check(args) => check::check(&cli.redis, args).await,
         Command::Doctor(args) => doctor::doctor(&cli.redis, args).await,
