@@ -133,7 +133,9 @@ impl QueueEvent {
                     .and_then(|t| t.parse().ok())
                     .unwrap_or(0)
             }),
-            attempt: get("attempt").and_then(|a| a.parse().ok()).filter(|a| *a > 0),
+            attempt: get("attempt")
+                .and_then(|a| a.parse().ok())
+                .filter(|a| *a > 0),
             worker: get("worker").map(str::to_string),
             job_type: get("type").map(str::to_string),
             detail: get("detail").map(str::to_string),
@@ -290,10 +292,13 @@ impl Queue {
             buffer: VecDeque::new(),
             failed: false,
         };
-        Ok(Box::pin(futures::stream::unfold(state, |mut s| async move {
-            let item = s.next().await;
-            Some((item, s))
-        })))
+        Ok(Box::pin(futures::stream::unfold(
+            state,
+            |mut s| async move {
+                let item = s.next().await;
+                Some((item, s))
+            },
+        )))
     }
 }
 
@@ -413,8 +418,16 @@ mod tests {
                 bulk("1700000000000-0"),
                 Value::Array(
                     [
-                        "event", "started", "id", "j1", "at", "1700000000000", "attempt", "2",
-                        "worker", "w1",
+                        "event",
+                        "started",
+                        "id",
+                        "j1",
+                        "at",
+                        "1700000000000",
+                        "attempt",
+                        "2",
+                        "worker",
+                        "w1",
                     ]
                     .iter()
                     .map(|s| bulk(s))

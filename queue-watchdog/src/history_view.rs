@@ -29,9 +29,15 @@ pub fn entry_name(e: &HistoryEntry) -> &'static str {
 /// empty when it is not about a delivery.
 pub fn entry_delivery(e: &HistoryEntry) -> String {
     let Some(start) = e.started_at else {
-        return e.attempt.map(|a| format!("attempt {a}")).unwrap_or_default();
+        return e
+            .attempt
+            .map(|a| format!("attempt {a}"))
+            .unwrap_or_default();
     };
-    let mut s = e.attempt.map(|a| format!("attempt {a}")).unwrap_or_default();
+    let mut s = e
+        .attempt
+        .map(|a| format!("attempt {a}"))
+        .unwrap_or_default();
     if let Some(w) = &e.worker {
         s.push_str(&format!(" on {w}"));
     }
@@ -56,12 +62,7 @@ pub fn entry_json(e: &HistoryEntry) -> Value {
 
 /// One event as a line: `time  kind  id  attempt/worker  detail`.
 pub fn event_line(e: &QueueEvent) -> String {
-    let mut s = format!(
-        "{}  {:<16} {}",
-        fmt_ts(e.at_ms),
-        e.kind.as_str(),
-        e.job_id
-    );
+    let mut s = format!("{}  {:<16} {}", fmt_ts(e.at_ms), e.kind.as_str(), e.job_id);
     if let Some(a) = e.attempt {
         s.push_str(&format!("  attempt={a}"));
     }

@@ -48,7 +48,8 @@ async fn history_lists_a_retry_a_lease_return_dead_letter_and_replay() {
     wait_started(&env, &id, 3).await;
     w2.kill();
     // Attempt 3 of 3: its lease return dead-letters it.
-    env.wait_stats(QUEUE, "dead-lettered", |s| s.dead == 1).await;
+    env.wait_stats(QUEUE, "dead-lettered", |s| s.dead == 1)
+        .await;
     assert!(admin
         .queue()
         .replay_dead(QUEUE, &id, false)
@@ -61,7 +62,14 @@ async fn history_lists_a_retry_a_lease_return_dead_letter_and_replay() {
     let kinds: Vec<&str> = history.iter().map(|e| e.kind.as_str()).collect();
     assert_eq!(
         kinds,
-        ["enqueued", "retried", "reclaimed", "dead", "replayed", "completed"],
+        [
+            "enqueued",
+            "retried",
+            "reclaimed",
+            "dead",
+            "replayed",
+            "completed"
+        ],
         "{history:#?}"
     );
     let attempts: Vec<Option<u32>> = history.iter().map(|e| e.attempt).collect();
@@ -72,7 +80,10 @@ async fn history_lists_a_retry_a_lease_return_dead_letter_and_replay() {
         assert!(e.worker.is_some() && e.started_at.is_some(), "{e:?}");
         assert!(e.started_at <= Some(e.at), "{e:?}");
     }
-    assert_eq!(history[1].worker, history[2].worker, "attempts 1 and 2 on w1");
+    assert_eq!(
+        history[1].worker, history[2].worker,
+        "attempts 1 and 2 on w1"
+    );
     assert_ne!(history[2].worker, history[3].worker, "attempt 3 on w2");
     assert_ne!(history[3].worker, history[5].worker, "attempt 4 on w3");
     assert!(history[1]
@@ -96,7 +107,10 @@ async fn history_lists_a_retry_a_lease_return_dead_letter_and_replay() {
         .pttl(QueueKeys::new(QUEUE).done(id.as_str()))
         .await
         .unwrap();
-    assert!(ttl > 0 && (done_ttl - ttl).abs() < 5_000, "{ttl} vs {done_ttl}");
+    assert!(
+        ttl > 0 && (done_ttl - ttl).abs() < 5_000,
+        "{ttl} vs {done_ttl}"
+    );
 }
 
 /// Reads events of `stream` until job `id` completed.
@@ -198,7 +212,10 @@ async fn events_off_write_no_stream_and_a_happy_job_no_history() {
         async move { c.exists::<_, bool>(key).await.unwrap() }
     };
     assert!(!exists(k.events()).await, "events off: no stream");
-    assert!(!exists(k.hist(happy.as_str())).await, "happy path: no history list");
+    assert!(
+        !exists(k.hist(happy.as_str())).await,
+        "happy path: no history list"
+    );
     assert!(exists(k.hist(retried.as_str())).await);
     // The happy path is read back from the completion record.
     let admin = Admin::new(env.queue.clone());

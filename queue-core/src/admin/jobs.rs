@@ -167,7 +167,11 @@ impl Admin {
         let empty = BTreeMap::new();
         let fields = job.as_ref().map_or(&empty, |j| &j.fields);
         let history = history(fields, completion.as_ref());
-        let journal = journal(fields, completion.as_ref(), &self.stored_history(queue, &id).await?);
+        let journal = journal(
+            fields,
+            completion.as_ref(),
+            &self.stored_history(queue, &id).await?,
+        );
         Ok(Some(JobDetail {
             queue: queue.to_string(),
             id,

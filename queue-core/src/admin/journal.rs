@@ -66,7 +66,11 @@ pub(super) fn journal(
     stored: &[String],
 ) -> Vec<HistoryEntry> {
     let job = |name: &str| fields.get(name).filter(|v| !v.is_empty());
-    let done = |name: &str| completion.and_then(|c| c.get(name)).filter(|v| !v.is_empty());
+    let done = |name: &str| {
+        completion
+            .and_then(|c| c.get(name))
+            .filter(|v| !v.is_empty())
+    };
     let number = |v: Option<&String>| v.and_then(|v| v.trim().parse::<u32>().ok());
     let time = |v: Option<&String>| v.and_then(|v| parse_ms(v)).filter(|t| *t > 0);
     let entry = |at, kind| HistoryEntry {
@@ -145,7 +149,11 @@ impl Admin {
     /// assert_eq!(history[0].kind, EventKind::Enqueued);
     /// # Ok(()) }
     /// ```
-    pub async fn job_history(&self, queue: &str, id: impl Into<JobId>) -> Result<Vec<HistoryEntry>> {
+    pub async fn job_history(
+        &self,
+        queue: &str,
+        id: impl Into<JobId>,
+    ) -> Result<Vec<HistoryEntry>> {
         let id = id.into();
         let job = self.queue.job(queue, &id).await?;
         let completion = self.queue.completion(queue, &id).await?;

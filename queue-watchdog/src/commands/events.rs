@@ -17,7 +17,10 @@ pub async fn switch(url: &str, args: QueueEventsArgs) -> Result<ExitCode> {
     match args.switch.as_deref() {
         Some("on") => {
             queue.set_events_maxlen(q, args.maxlen.max(1)).await?;
-            println!("queue {q}: events on (stream capped at ~{})", args.maxlen.max(1));
+            println!(
+                "queue {q}: events on (stream capped at ~{})",
+                args.maxlen.max(1)
+            );
         }
         Some(_) => {
             queue.set_events(q, false).await?;
