@@ -235,3 +235,25 @@ async fn events_off_write_no_stream_and_a_happy_job_no_history() {
         .unwrap();
     assert_eq!(len, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_and_stream_keys_of_another_type_never_block_a_job() {
+    let env = TestEnv::start().await;
+    env.queue.set_events(QUEUE, true).await.unwrap();
+    let k = QueueKeys::new(QUEUE);
+    let mut c = env.conn().await;
+    let _: () = c.set(k.events(), "not a stream").await.unwrap();
+    let id = env
+        .enqueue(Task {
+            fail_first: 1,
+            ..env.task(1)
+        })
+        .await;
+    let _: () = c.set(k.hist(id.as_str()), "not a list").await.unwrap();
+    // The retry's history write and every event fail inside their pcall:
+    // the job still retries and completes.
+    env.run_until_completed(QUEUE, 1).await;
+    assert_eq!(env.completion_attempts(QUEUE, &id).await, 2);
+    let kept: String = c.get(k.events()).await.unwrap();
+    assert_eq!(kept, "not a stream");
+}
