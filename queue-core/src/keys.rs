@@ -22,6 +22,9 @@
 //! | `q:{<queue>}:groups` | list | fair-queuing ring: `""` (main's turn) and each group with waiting jobs (docs/GROUPS.md) |
 //! | `q:{<queue>}:g:<group>` | list | ids of group `<group>` waiting to run (LPUSH in, taken from the right) |
 //! | `q:{<queue>}:gpaused` | hash | paused group → Redis time (ms) of its pause |
+//! | `q:{<queue>}:events` | stream | the queue's bounded event stream, written while `events:on` is set (docs/EVENTS.md) |
+//! | `q:{<queue>}:events:on` | string | the stream's cap (`MAXLEN ~`): events are on while it holds a number > 0 |
+//! | `q:{<queue>}:hist:<id>` | list | a job's history of unusual transitions (JSON entries, capped at 50), expires with the job |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -189,6 +192,30 @@ impl QueueKeys {
     /// ```
     pub fn batch(&self, id: &str) -> String {
         format!("q:{{{}}}:batch:{}", self.queue, id)
+    }
+
+    /// The queue's event stream (docs/EVENTS.md).
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.events(), "q:{emails}:events");
+    /// assert_eq!(keys.events_on(), "q:{emails}:events:on");
+    /// assert_eq!(keys.hist("42"), "q:{emails}:hist:42");
+    /// ```
+    pub fn events(&self) -> String {
+        format!("q:{{{}}}:events", self.queue)
+    }
+
+    /// The event switch: while it holds a number N > 0 the queue's scripts
+    /// append to [`events`](Self::events), capped at about N entries.
+    pub fn events_on(&self) -> String {
+        format!("q:{{{}}}:events:on", self.queue)
+    }
+
+    /// The history of job `id`: its unusual transitions (retries, lease
+    /// returns, dead-letter, replays, cancel), one JSON entry each.
+    pub fn hist(&self, id: &str) -> String {
+        format!("q:{{{}}}:hist:{}", self.queue, id)
     }
 }
 

@@ -50,6 +50,9 @@ use crate::scripts::{self, reply};
 pub struct Queue {
     conn: RedisConnection,
     retry_window: Duration,
+    /// The URL and settings it connected with, for the dedicated blocking
+    /// connection of [`Queue::events`] (`None` from [`Queue::from_connection`]).
+    pub(crate) origin: Option<std::sync::Arc<(String, ConnectionConfig)>>,
 }
 
 /// Default of [`Queue::retry_window`].
@@ -72,6 +75,7 @@ impl Queue {
         Ok(Queue {
             conn: connect(url, cfg).await?,
             retry_window: DEFAULT_RETRY_WINDOW,
+            origin: Some(std::sync::Arc::new((url.to_string(), cfg.clone()))),
         })
     }
 
@@ -80,6 +84,7 @@ impl Queue {
         Queue {
             conn,
             retry_window: DEFAULT_RETRY_WINDOW,
+            origin: None,
         }
     }
 

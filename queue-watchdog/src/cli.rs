@@ -90,6 +90,11 @@ pub enum Command {
     /// Batches and flows (docs/WORKFLOWS.md): state and counts.
     #[command(subcommand)]
     Batches(BatchesCommand),
+    /// Print a queue's events (enqueued, started, completed, retried,
+    /// dead-lettered, cancelled, ...), one line each: the last `--last`, then
+    /// with `--follow` each new one as it happens. Turn them on first with
+    /// `queue events on -q Q` (off by default; docs/EVENTS.md).
+    Events(EventsArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -106,6 +111,22 @@ pub enum BatchesCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Queue.
+    #[arg(long = "queue", short = 'q')]
+    pub queue: String,
+    /// How many of the latest events to print first.
+    #[arg(long, default_value_t = 20)]
+    pub last: usize,
+    /// Keep printing new events until SIGTERM / ctrl-c.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// One JSON object a line.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -314,6 +335,9 @@ pub enum QueueCommand {
     /// queue, every rate key, or one key (docs/LIMITS.md). With neither
     /// --rate, --concurrency nor --clear: prints the limits.
     Limit(QueueLimitArgs),
+    /// Turn the queue's event stream on or off (docs/EVENTS.md), or show
+    /// whether it is on (no argument).
+    Events(QueueEventsArgs),
 }
 
 /// `queue limit`: which limits to set or clear.
@@ -340,6 +364,19 @@ pub struct QueueLimitArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct QueueEventsArgs {
+    /// Queue name.
+    #[arg(long = "queue", short = 'q')]
+    pub queue: String,
+    /// `on` or `off`; without it, prints the current setting.
+    #[arg(value_parser = ["on", "off"])]
+    pub switch: Option<String>,
+    /// The stream's cap when turning it on (about this many entries kept).
+    #[arg(long, default_value_t = queue_core::DEFAULT_EVENTS_MAXLEN)]
+    pub maxlen: u64,
 }
 
 #[derive(Debug, Args)]

@@ -26,6 +26,7 @@ mod dashboard;
 mod doctor;
 mod error;
 mod format;
+mod history_view;
 mod metrics_export;
 mod queue_gauges;
 mod views;

@@ -122,6 +122,7 @@ pub fn job_detail_json(d: &JobDetail) -> Value {
         "fields": fields, "payload": payload, "payload_bytes": bytes,
         "completion": d.completion, "steps": d.steps,
         "history": d.history.iter().map(event_json).collect::<Vec<_>>(),
+        "journal": d.journal.iter().map(crate::history_view::entry_json).collect::<Vec<_>>(),
     })
 }
 

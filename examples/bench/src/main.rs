@@ -344,6 +344,16 @@ async fn admin(url: &str) -> Res<redis::aio::ConnectionManager> {
 async fn flush(url: &str) -> Res<()> {
     let mut c = admin(url).await?;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await?;
+    // BENCH_EVENTS=N: the bench queue's event stream on, capped at ~N
+    // entries (docs/EVENTS.md measures its cost this way).
+    if let Ok(cap) = std::env::var("BENCH_EVENTS") {
+        let keys = queue_core::QueueKeys::new(QUEUE);
+        let _: () = redis::cmd("SET")
+            .arg(keys.events_on())
+            .arg(cap)
+            .query_async(&mut c)
+            .await?;
+    }
     Ok(())
 }
 

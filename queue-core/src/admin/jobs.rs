@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::history::{history, JobEvent};
+use super::journal::{journal, HistoryEntry};
 use super::{Admin, Location, Result};
 use crate::error::QueueError;
 use crate::job::JobId;
@@ -113,6 +114,8 @@ pub struct JobDetail {
     pub steps: Vec<String>,
     /// Events, oldest first (see [`JobEvent`]).
     pub history: Vec<JobEvent>,
+    /// Each delivery and what ended it, oldest first ([`Admin::job_history`]).
+    pub journal: Vec<HistoryEntry>,
 }
 
 impl JobDetail {
@@ -164,6 +167,11 @@ impl Admin {
         let empty = BTreeMap::new();
         let fields = job.as_ref().map_or(&empty, |j| &j.fields);
         let history = history(fields, completion.as_ref());
+        let journal = journal(
+            fields,
+            completion.as_ref(),
+            &self.stored_history(queue, &id).await?,
+        );
         Ok(Some(JobDetail {
             queue: queue.to_string(),
             id,
@@ -173,6 +181,7 @@ impl Admin {
             completion,
             steps,
             history,
+            journal,
         }))
     }
 

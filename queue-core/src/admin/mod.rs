@@ -23,6 +23,7 @@
 //! | `discovery.rs` | finding queue names from their keys |
 //! | `error.rs` | [`AdminError`] |
 //! | `dead_scan.rs` | [`Admin::scan_dead`]: a long dead-letter list in chunks, filtered in Redis (`dead_scan.lua`) |
+//! | `journal.rs` | [`HistoryEntry`]: each delivery of a job and what ended it (docs/EVENTS.md) |
 
 mod check;
 mod check_rules;
@@ -34,6 +35,7 @@ mod flow;
 mod health;
 mod history;
 mod jobs;
+mod journal;
 mod listings;
 mod locate;
 mod repair;
@@ -52,6 +54,7 @@ pub use error::{AdminError, Result};
 pub use health::QueueHealth;
 pub use history::{JobEvent, JobEventKind};
 pub use jobs::{JobDetail, JobInfo};
+pub use journal::HistoryEntry;
 pub use listings::{LeaseStatus, Listing, Page, ProcessingJob, WaitingJob};
 pub use locate::Location;
 pub use repair::{Repair, RepairAction, MISSING_HASH_REASON};

@@ -18,5 +18,6 @@ if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
   return 0
 end
 redis.call('DEL', KEYS[2], KEYS[3])
+hist_close(KEYS[4], ARGV[1])
 bump(KEYS[4], 'purged', 1)
 return 1

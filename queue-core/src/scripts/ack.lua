@@ -21,7 +21,7 @@ end
 local fields = {}
 for i = 6, #ARGV, 3 do
   local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at',
-    'batch')
+    'batch', 'delivered_at', 'worker', 'hist')
   if not ok then
     fields[#fields + 1] = false
   elseif h[2] == 'active' and h[1] == ARGV[i + 1] then
@@ -52,10 +52,12 @@ for n, h in ipairs(fields) do
       local done = ARGV[2] .. id
       if result ~= '' then
         redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
-          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token, 'result', result)
+          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token, 'result', result,
+          'delivered_at', h[7] or '0', 'worker', h[8] or '')
       else
         redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
-          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token)
+          'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token,
+          'delivered_at', h[7] or '0', 'worker', h[8] or '')
       end
       redis.call('PEXPIRE', done, retention)
     end
@@ -63,6 +65,8 @@ for n, h in ipairs(fields) do
     -- LREM from the tail (-1) is O(1) for them instead of O(jobs in flight).
     redis.call('LREM', KEYS[1], -1, id)
     acked[#acked + 1] = id
+    if h[9] then hist_close(KEYS[3], id, retention) end
+    ev(KEYS[3], 'completed', id, now, 'attempt', h[3] or '0')
     out[n] = 1
     if h[6] then wf_finished(h[6], id, 'succeeded', result, now) end
   end

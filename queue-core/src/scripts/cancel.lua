@@ -18,6 +18,7 @@ if state == 'dead' then return {'dead'} end
 local now = now_ms()
 if state == 'active' then
   if h[5] then return {'requested', 0} end
+  ev_hist(KEYS[7], id, KEYS[5], 'cancel_requested', '', now)
   redis.call('HSET', KEYS[5], 'cancel_requested', now)
   return {'requested', 1}
 end
@@ -34,6 +35,7 @@ elseif state == 'delayed' and redis.call('ZSCORE', KEYS[4], id) then
   source = KEYS[4]
 end
 if not source then return {'unknown', state} end
+ev_hist(KEYS[7], id, KEYS[5], 'cancelled', 'from ' .. state, now, tonumber(ARGV[2]))
 cancel_record(KEYS[6], KEYS[8], h[2], h[3], h[4], state, tonumber(ARGV[2]), now)
 if source == KEYS[4] then
   redis.call('ZREM', KEYS[4], id)

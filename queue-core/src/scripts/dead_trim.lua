@@ -38,6 +38,7 @@ while trimmed < limit and len > 0 do
   redis.call('RPOP', KEYS[1])
   if h[1] == false or h[1] == 'dead' then
     redis.call('DEL', jobkey, ARGV[2] .. id)
+    hist_close(KEYS[2], id)
   end
   len = len - 1
   trimmed = trimmed + 1

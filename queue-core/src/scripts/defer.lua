@@ -40,6 +40,7 @@ if not bad then
   if announced and announced > now then since = now end
   if now - since < wait then
     local run_at = now + delay
+    ev_hist(KEYS[6], ARGV[1], KEYS[3], 'deferred', 'payload version ' .. ARGV[3] .. ' newer than the handler', now)
     redis.call('ZADD', KEYS[4], run_at, ARGV[1])
     redis.call('HSET', KEYS[3], 'state', 'delayed', 'run_at', run_at, 'attempts', attempts,
       'newer_since', since, 'failed_token', ARGV[2])

@@ -31,6 +31,7 @@ local reason = bad
 if not bad then
   if ARGV[3] == 'retry' and attempts < max then
     local run_at = now + delay
+    ev_hist(KEYS[6], ARGV[1], KEYS[3], 'retried', ARGV[4], now)
     local wake = sooner_than_head(KEYS[4], run_at)
     redis.call('ZADD', KEYS[4], run_at, ARGV[1])
     redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'state', 'delayed',

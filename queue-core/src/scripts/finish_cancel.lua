@@ -8,6 +8,7 @@ if h[2] ~= 'active' or h[1] ~= ARGV[2] then
   return 0
 end
 local now = now_ms()
+ev_hist(KEYS[5], ARGV[1], KEYS[3], 'cancelled', ARGV[4], now, tonumber(ARGV[3]))
 cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', tonumber(ARGV[3]), now)
 redis.call('HSET', KEYS[4], 'last_error', ARGV[4])
 -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).

@@ -3,6 +3,9 @@
 -- destination before it removes from the source, counters last: a Lua error
 -- after a write is not rolled back, so nothing may fail half-way.
 
+-- Event stream and job history hooks, defined under `==== events ====` below.
+local ev, ev_hist
+
 -- Milliseconds since the epoch from the Redis server clock (DESIGN rule 2: never a worker's clock).
 local function now_ms()
   local t = redis.call('TIME')
@@ -80,6 +83,7 @@ end
 -- replaced by one) so its reason, attempts and timestamps stay readable. The
 -- caller removes the id from its source afterwards.
 local function dead_letter(jobkey, dead, stats, id, reason, now)
+  ev_hist(stats, id, jobkey, 'dead', reason, now)
   local t = redis.call('TYPE', jobkey)['ok']
   if t ~= 'hash' and t ~= 'none' then redis.call('DEL', jobkey) end
   redis.call('LPUSH', dead, id)
@@ -172,6 +176,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   redis.call('ZADD', leases, lease_until, id)
   redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
     'token', token, 'lease_until', lease_until, 'fence', fence, 'worker', worker or '')
+  ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
     h[7] or '0', now, lease_until, fence, h[12] or ''}
 end
@@ -588,4 +593,66 @@ local function wf_unfinish(bkey, id)
     local p = redis.call('HMGET', bkey, 'policy:' .. id, 'policy')
     if (p[1] or p[2]) == 'fail' then redis.call('HINCRBY', bkey, 'failed', -1) end
   end
+end
+
+-- ==== events ====
+-- The per-queue event stream `q:{Q}:events` (XADD MAXLEN ~ N, written only
+-- while `q:{Q}:events:on` holds N > 0) and the per-job history
+-- `q:{Q}:hist:<id>` (a list capped at HIST_CAP entries, written only on the
+-- unusual transitions: the happy path enqueue -> claim -> ack is read back
+-- from the job hash and the completion record). See docs/EVENTS.md. Both
+-- derive their keys from the queue's stats key (same hash tag) and never
+-- block a state change: every write is a pcall.
+local HIST_CAP = 50
+-- The stream cap, read once per script call: nil not read yet, false off.
+local ev_maxlen
+
+-- 'q:{Q}:stats' -> 'q:{Q}:'
+local function ev_base(stats)
+  return string.sub(stats, 1, #stats - 5)
+end
+
+-- Appends event `kind` of job `id` at `now` (Redis clock, ms) to the stream,
+-- with extra name, value pairs, when the queue's events are on.
+ev = function(stats, kind, id, now, ...)
+  if ev_maxlen == nil then
+    local v = redis.pcall('GET', ev_base(stats) .. 'events:on')
+    ev_maxlen = (type(v) == 'string' and as_count(v)) or false
+    if ev_maxlen == 0 then ev_maxlen = false end
+  end
+  if not ev_maxlen then return end
+  redis.pcall('XADD', ev_base(stats) .. 'events', 'MAXLEN', '~', ev_maxlen, '*',
+    'event', kind, 'id', id, 'at', now, ...)
+end
+
+-- Appends `kind` (retried, reclaimed, deferred, dead, replayed, cancelled,
+-- cancel_requested) with `detail` to job `id`'s history, and emits it as an
+-- event. Called before the transition's writes: when the hash says `active`,
+-- the entry carries the delivery it ends (attempt, worker, start). Marks the
+-- hash (`hist`) so that ack gives the history the completion retention;
+-- `ttl` (optional, ms; 0 deletes) expires it now (the job ends here).
+ev_hist = function(stats, id, jobkey, kind, detail, now, ttl)
+  local hkey = ev_base(stats) .. 'hist:' .. id
+  local h = redis.pcall('HMGET', jobkey, 'state', 'attempts', 'worker', 'delivered_at')
+  if type(h) ~= 'table' or h['err'] then h = {} end
+  local e = {e = kind, t = now, a = as_count(h[2]), d = detail}
+  if h[1] == 'active' then
+    e.w = h[3] or nil
+    e.s = as_count(h[4])
+  end
+  redis.pcall('RPUSH', hkey, cjson.encode(e))
+  redis.pcall('LTRIM', hkey, -HIST_CAP, -1)
+  if h[1] then redis.pcall('HSET', jobkey, 'hist', '1') end
+  if ttl then
+    if ttl > 0 then redis.pcall('PEXPIRE', hkey, ttl) else redis.pcall('DEL', hkey) end
+  end
+  ev(stats, kind, id, now, 'attempt', e.a or 0, 'worker', e.w or '', 'detail', detail or '')
+end
+
+-- The end of a job's history with the job: kept `ttl` ms (a completion
+-- record's retention; 0 deletes it), or deleted when `ttl` is nil (purge,
+-- dead-list trim).
+local function hist_close(stats, id, ttl)
+  local hkey = ev_base(stats) .. 'hist:' .. id
+  if ttl and ttl > 0 then redis.pcall('PEXPIRE', hkey, ttl) else redis.pcall('DEL', hkey) end
 end

@@ -46,6 +46,7 @@ for _, id in ipairs(expired) do
         local backoff = base * 2 ^ math.max(attempts - 1, 0)
         if backoff > cap then backoff = cap end
         local run_at = now + math.floor(backoff / 2 + math.random() * backoff / 2)
+        ev_hist(KEYS[5], id, jobkey, 'reclaimed', msg, now)
         wake = wake or sooner_than_head(KEYS[3], run_at)
         redis.call('ZADD', KEYS[3], run_at, id)
         redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at, 'last_error', msg,

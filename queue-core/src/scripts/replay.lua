@@ -8,6 +8,7 @@ if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return 0
 end
 local now = now_ms()
+ev_hist(KEYS[4], ARGV[1], KEYS[3], 'replayed', h[2] or '', now)
 push_waiting(KEYS[2], ARGV[1], h[3]) -- main, or its group's list
 if h[2] then redis.call('HSET', KEYS[3], 'previous_dead_reason', h[2]) end
 redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now)

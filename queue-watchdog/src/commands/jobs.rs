@@ -8,6 +8,7 @@ use serde_json::json;
 
 use crate::error::Result;
 use crate::format::{display_field, fmt_rel, fmt_ts, payload_json};
+use crate::history_view::{entry_delivery, entry_name};
 use crate::views::{describe_where, event_detail, event_name, job_detail_json};
 
 pub async fn show(url: &str, id: &str, named: &[String], json: bool) -> Result<ExitCode> {
@@ -68,6 +69,17 @@ fn render(d: &JobDetail) -> String {
             format!("({})", fmt_rel(e.at, d.now_ms)),
             event_name(&e.kind),
             event_detail(&e.kind)
+        ));
+    }
+    s.push_str("deliveries (each attempt and what ended it)\n");
+    for e in &d.journal {
+        s.push_str(&format!(
+            "  {}  {:<12} {:<14} {}  {}\n",
+            fmt_ts(e.at),
+            format!("({})", fmt_rel(e.at, d.now_ms)),
+            entry_name(e),
+            entry_delivery(e),
+            e.detail.as_deref().unwrap_or("")
         ));
     }
     if let Some(job) = job {

@@ -6,6 +6,7 @@ mod check;
 mod dead;
 mod doctor;
 mod enqueue;
+mod events;
 mod flow;
 #[cfg(feature = "inbox")]
 mod inbox;
@@ -42,6 +43,8 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Queue(QueueCommand::Pause(args)) => flow::pause(&cli.redis, args, true).await,
         Command::Queue(QueueCommand::Resume(args)) => flow::pause(&cli.redis, args, false).await,
         Command::Queue(QueueCommand::Limit(args)) => limits::limit(&cli.redis, args).await,
+        Command::Queue(QueueCommand::Events(args)) => events::switch(&cli.redis, args).await,
+        Command::Events(args) => events::events(&cli.redis, args).await,
         Command::Dead(cmd) => dead::dead(&cli.redis, cmd).await,
         Command::Check(args) => check::check(&cli.redis, args).await,
         Command::Doctor(args) => doctor::doctor(&cli.redis, args).await,

@@ -10,6 +10,7 @@ use super::escape::{html, url_segment};
 use super::sampler::DoctorSummary;
 use crate::doctor::{Finding, Severity};
 use crate::format::{display_field, fmt_dur, fmt_rel, fmt_ts, payload_json};
+use crate::history_view::{entry_delivery, entry_name};
 use crate::views::{describe_where, event_detail, event_name};
 
 /// A processing entry's lease status in a few words.
@@ -345,6 +346,17 @@ pub fn job(d: &JobDetail) -> String {
             html(&event_detail(&e.kind))
         ));
     }
+    let mut journal = String::new();
+    for e in &d.journal {
+        journal.push_str(&format!(
+            r#"<tr class="{}"><td class="when">{}</td><td><b>{}</b></td><td>{}</td><td>{}</td></tr>"#,
+            html(e.kind.as_str()),
+            html(&fmt_ts(e.at)),
+            html(entry_name(e)),
+            html(&entry_delivery(e)),
+            html(e.detail.as_deref().unwrap_or(""))
+        ));
+    }
     let completion = match &d.completion {
         Some(c) => {
             let mut s = String::from(r#"<h2>Completion record</h2><table class="kv">"#);
@@ -393,6 +405,8 @@ pub fn job(d: &JobDetail) -> String {
 <p class="location {location_cls}" id="location">{location}</p>
 {replay}
 {cancel}
+<h2>Deliveries</h2>
+<table class="journal" id="journal"><tr><th>when</th><th>what</th><th>delivery</th><th>detail</th></tr>{journal}</table>
 <h2>History</h2>
 <ul class="history">{history}</ul>
 <p class="muted small">The job hash keeps the latest time of each kind of event (an earlier failure is overwritten by a later one).</p>

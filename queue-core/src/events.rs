@@ -1,0 +1,469 @@
+//! The bounded event stream of a queue (docs/EVENTS.md): [`QueueEvent`], the
+//! switch ([`Queue::set_events`]) and the readers ([`Queue::events`], a
+//! `futures::Stream` over `XREAD BLOCK` on a dedicated connection, and
+//! [`Queue::read_events`], one page).
+//!
+//! The scripts that make each transition append to `q:{Q}:events`
+//! (`XADD MAXLEN ~ N`) while `q:{Q}:events:on` holds N > 0: `ev()` /
+//! `ev_hist()` in `scripts/prelude.lua`, the flag read once per script call.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use redis::Value;
+
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::error::{QueueError, Result};
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+use crate::queue::Queue;
+
+/// The stream cap [`Queue::set_events`] sets: about this many entries are
+/// kept (`XADD MAXLEN ~`), the oldest trimmed first.
+pub const DEFAULT_EVENTS_MAXLEN: u64 = 10_000;
+
+/// How long one `XREAD BLOCK` of [`Queue::events`] waits before asking again.
+const BLOCK: Duration = Duration::from_secs(5);
+/// Entries per `XREAD`.
+const READ_COUNT: usize = 256;
+
+/// What happened to a job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventKind {
+    /// Enqueued (waiting, or delayed until `run_at`).
+    Enqueued,
+    /// A worker claimed a delivery (`attempt`, `worker`).
+    Started,
+    /// Acked: the job succeeded.
+    Completed,
+    /// The handler failed and the job was scheduled again (`detail`: the error).
+    Retried,
+    /// The watchdog returned a delivery whose lease expired (`detail`: why).
+    Reclaimed,
+    /// Given back without using an attempt: its payload version is newer than the handler.
+    Deferred,
+    /// Moved to the dead-letter list (`detail`: the reason).
+    DeadLettered,
+    /// Moved back from the dead-letter list (`detail`: why it had died).
+    Replayed,
+    /// An operator asked a running job to cancel.
+    CancelRequested,
+    /// Ended as cancelled.
+    Cancelled,
+    /// A kind this version does not know (written by a newer one).
+    Other(String),
+}
+
+impl EventKind {
+    /// The kind as written in the stream's `event` field (and in a job's history).
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "enqueued" => EventKind::Enqueued,
+            "started" => EventKind::Started,
+            "completed" => EventKind::Completed,
+            "retried" => EventKind::Retried,
+            "reclaimed" => EventKind::Reclaimed,
+            "deferred" => EventKind::Deferred,
+            "dead" => EventKind::DeadLettered,
+            "replayed" => EventKind::Replayed,
+            "cancel_requested" => EventKind::CancelRequested,
+            "cancelled" => EventKind::Cancelled,
+            other => EventKind::Other(other.to_string()),
+        }
+    }
+
+    /// The name as written by the scripts (`dead` for [`EventKind::DeadLettered`]).
+    pub fn as_str(&self) -> &str {
+        match self {
+            EventKind::Enqueued => "enqueued",
+            EventKind::Started => "started",
+            EventKind::Completed => "completed",
+            EventKind::Retried => "retried",
+            EventKind::Reclaimed => "reclaimed",
+            EventKind::Deferred => "deferred",
+            EventKind::DeadLettered => "dead",
+            EventKind::Replayed => "replayed",
+            EventKind::CancelRequested => "cancel_requested",
+            EventKind::Cancelled => "cancelled",
+            EventKind::Other(s) => s,
+        }
+    }
+}
+
+/// One entry of a queue's event stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueEvent {
+    /// The stream entry id (`<ms>-<seq>`): pass it to [`EventsFrom::After`] to resume.
+    pub stream_id: String,
+    /// What happened.
+    pub kind: EventKind,
+    /// The job.
+    pub job_id: JobId,
+    /// When (Redis clock, ms since the epoch).
+    pub at_ms: i64,
+    /// The attempt (delivery number) it concerns, when it concerns one.
+    pub attempt: Option<u32>,
+    /// The worker of that delivery, when known.
+    pub worker: Option<String>,
+    /// The job type (on `enqueued`).
+    pub job_type: Option<String>,
+    /// The error, dead-letter reason or other detail, when there is one.
+    pub detail: Option<String>,
+}
+
+impl QueueEvent {
+    /// Decodes one stream entry (its field, value pairs); `None` without an `event` or `id`.
+    fn decode(stream_id: String, fields: &[(String, String)]) -> Option<Self> {
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(f, _)| f == name)
+                .map(|(_, v)| v.as_str())
+                .filter(|v| !v.is_empty())
+        };
+        Some(QueueEvent {
+            kind: EventKind::parse(get("event")?),
+            job_id: JobId::from(get("id")?.to_string()),
+            at_ms: get("at").and_then(|t| t.parse().ok()).unwrap_or_else(|| {
+                // The entry id starts with the Redis time it was added.
+                stream_id
+                    .split('-')
+                    .next()
+                    .and_then(|t| t.parse().ok())
+                    .unwrap_or(0)
+            }),
+            attempt: get("attempt")
+                .and_then(|a| a.parse().ok())
+                .filter(|a| *a > 0),
+            worker: get("worker").map(str::to_string),
+            job_type: get("type").map(str::to_string),
+            detail: get("detail").map(str::to_string),
+            stream_id,
+        })
+    }
+}
+
+/// Where [`Queue::events`] starts reading.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum EventsFrom {
+    /// Only events added after the call (`$`).
+    #[default]
+    Now,
+    /// Every event still in the stream, oldest first.
+    Start,
+    /// Events after this stream entry id (from a previous [`QueueEvent::stream_id`]).
+    After(String),
+}
+
+impl Queue {
+    /// Turns the event stream of `queue` on (capped at
+    /// [`DEFAULT_EVENTS_MAXLEN`] entries) or off. Off by default: each
+    /// transition of a job then costs one `XADD` (docs/EVENTS.md, measured
+    /// cost). Every worker's scripts see the switch at their next call.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use futures::StreamExt;
+    /// use queue_core::{EventKind, EventsFrom, Queue};
+    ///
+    /// let queue = Queue::connect(&server.url()).await?;
+    /// queue.set_events("emails", true).await?;
+    /// let mut events = queue.events("emails", EventsFrom::Now).await?;
+    /// queue.enqueue_raw("emails", "send", 1, 3, Default::default(), b"\x80").await?;
+    /// let event = events.next().await.expect("a stream never ends")?;
+    /// assert_eq!(event.kind, EventKind::Enqueued);
+    /// assert_eq!(event.job_type.as_deref(), Some("send"));
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_events(&self, queue: &str, on: bool) -> Result<()> {
+        self.set_events_maxlen(queue, if on { DEFAULT_EVENTS_MAXLEN } else { 0 })
+            .await
+    }
+
+    /// Turns the event stream on, capped at about `maxlen` entries
+    /// (`XADD MAXLEN ~ maxlen`); 0 turns it off (the stream already written
+    /// stays until it is deleted).
+    pub async fn set_events_maxlen(&self, queue: &str, maxlen: u64) -> Result<()> {
+        let k = QueueKeys::new(queue);
+        let cmd = if maxlen > 0 {
+            let mut c = redis::cmd("SET");
+            c.arg(k.events_on()).arg(maxlen);
+            c
+        } else {
+            let mut c = redis::cmd("DEL");
+            c.arg(k.events_on());
+            c
+        };
+        let _: Value = cmd
+            .query_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        Ok(())
+    }
+
+    /// The event stream's cap when it is on for `queue`, `None` when off.
+    pub async fn events_maxlen(&self, queue: &str) -> Result<Option<u64>> {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(QueueKeys::new(queue).events_on())
+            .query_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        Ok(v.and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0))
+    }
+
+    /// Up to `count` events of `queue` after stream entry `after` (`"0"`:
+    /// from the oldest still kept), oldest first, without blocking.
+    pub async fn read_events(
+        &self,
+        queue: &str,
+        after: &str,
+        count: usize,
+    ) -> Result<Vec<QueueEvent>> {
+        let reply: Value = redis::cmd("XRANGE")
+            .arg(QueueKeys::new(queue).events())
+            .arg(format!("({after}"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        Ok(entries(&reply))
+    }
+
+    /// The last `count` events of `queue`, oldest first.
+    pub async fn last_events(&self, queue: &str, count: usize) -> Result<Vec<QueueEvent>> {
+        let reply: Value = redis::cmd("XREVRANGE")
+            .arg(QueueKeys::new(queue).events())
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let mut events = entries(&reply);
+        events.reverse();
+        Ok(events)
+    }
+
+    /// The events of `queue` as they happen: a `Stream` that never ends,
+    /// reading with `XREAD BLOCK` on a connection of its own (opened here,
+    /// so a blocked read never delays this `Queue`'s other commands). A
+    /// Redis error is yielded as an `Err` item and the stream goes on
+    /// reading after a second. Needs a `Queue` made by [`Queue::connect`]
+    /// (it knows the URL); see [`Queue::set_events`] for an example.
+    pub async fn events(
+        &self,
+        queue: &str,
+        from: EventsFrom,
+    ) -> Result<BoxStream<'static, Result<QueueEvent>>> {
+        let Some(origin) = self.origin.clone() else {
+            return Err(QueueError::Config(
+                "Queue::events needs a Queue made by Queue::connect (it opens its own connection)"
+                    .into(),
+            ));
+        };
+        let (url, cfg) = &*origin;
+        let cfg = ConnectionConfig {
+            response_timeout: BLOCK + cfg.response_timeout,
+            connection_timeout: cfg.connection_timeout,
+        };
+        let conn = connect(url, &cfg).await?;
+        let last = match from {
+            EventsFrom::Start => "0-0".to_string(),
+            EventsFrom::After(id) => id,
+            EventsFrom::Now => {
+                // Resolved now, so nothing added between two reads is missed.
+                let newest = self.last_events(queue, 1).await?;
+                newest
+                    .into_iter()
+                    .next()
+                    .map_or_else(|| "0-0".to_string(), |e| e.stream_id)
+            }
+        };
+        let state = Follow {
+            conn,
+            queue: queue.to_string(),
+            key: QueueKeys::new(queue).events(),
+            last,
+            buffer: VecDeque::new(),
+            failed: false,
+        };
+        Ok(Box::pin(futures::stream::unfold(
+            state,
+            |mut s| async move {
+                let item = s.next().await;
+                Some((item, s))
+            },
+        )))
+    }
+}
+
+/// The state of one [`Queue::events`] stream.
+struct Follow {
+    conn: RedisConnection,
+    queue: String,
+    key: String,
+    last: String,
+    buffer: VecDeque<QueueEvent>,
+    failed: bool,
+}
+
+impl Follow {
+    async fn next(&mut self) -> Result<QueueEvent> {
+        loop {
+            if let Some(e) = self.buffer.pop_front() {
+                return Ok(e);
+            }
+            if self.failed {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                self.failed = false;
+            }
+            let reply: redis::RedisResult<Value> = redis::cmd("XREAD")
+                .arg("COUNT")
+                .arg(READ_COUNT)
+                .arg("BLOCK")
+                .arg(BLOCK.as_millis() as u64)
+                .arg("STREAMS")
+                .arg(&self.key)
+                .arg(&self.last)
+                .query_async(&mut self.conn)
+                .await;
+            match reply {
+                Err(e) => {
+                    self.failed = true;
+                    return Err(QueueError::redis(&self.queue, None, e));
+                }
+                Ok(v) => {
+                    for entries_of_key in stream_replies(&v) {
+                        for e in entries(entries_of_key) {
+                            self.last = e.stream_id.clone();
+                            self.buffer.push_back(e);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The per-stream entry lists of an `XREAD` reply (RESP2 array or RESP3 map).
+fn stream_replies(v: &Value) -> Vec<&Value> {
+    match v {
+        Value::Array(streams) => streams
+            .iter()
+            .filter_map(|s| match s {
+                Value::Array(pair) if pair.len() == 2 => Some(&pair[1]),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(pairs) => pairs.iter().map(|(_, entries)| entries).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The events of an `XRANGE`-shaped reply: `[[id, [field, value, ...]], ...]`.
+/// An entry that does not decode is skipped (never a panic on bad data).
+fn entries(v: &Value) -> Vec<QueueEvent> {
+    let Value::Array(items) = v else {
+        return Vec::new();
+    };
+    items
+        .iter()
+        .filter_map(|item| {
+            let Value::Array(pair) = item else {
+                return None;
+            };
+            let id = text(pair.first()?)?;
+            let fields = match pair.get(1)? {
+                Value::Array(fv) => fv
+                    .chunks(2)
+                    .filter_map(|c| Some((text(c.first()?)?, text(c.get(1)?)?)))
+                    .collect::<Vec<_>>(),
+                Value::Map(m) => m
+                    .iter()
+                    .filter_map(|(f, v)| Some((text(f)?, text(v)?)))
+                    .collect(),
+                _ => return None,
+            };
+            QueueEvent::decode(id, &fields)
+        })
+        .collect()
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn decodes_entries_and_skips_garbage() {
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                bulk("1700000000000-0"),
+                Value::Array(
+                    [
+                        "event",
+                        "started",
+                        "id",
+                        "j1",
+                        "at",
+                        "1700000000000",
+                        "attempt",
+                        "2",
+                        "worker",
+                        "w1",
+                    ]
+                    .iter()
+                    .map(|s| bulk(s))
+                    .collect(),
+                ),
+            ]),
+            Value::Int(7),
+            Value::Array(vec![bulk("1-0"), Value::Array(vec![bulk("id"), bulk("x")])]),
+        ]);
+        let events = entries(&reply);
+        assert_eq!(events.len(), 1);
+        let e = &events[0];
+        assert_eq!(e.kind, EventKind::Started);
+        assert_eq!(e.job_id.as_str(), "j1");
+        assert_eq!(e.at_ms, 1_700_000_000_000);
+        assert_eq!(e.attempt, Some(2));
+        assert_eq!(e.worker.as_deref(), Some("w1"));
+        assert_eq!(e.detail, None);
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_its_name() {
+        for name in [
+            "enqueued",
+            "started",
+            "completed",
+            "retried",
+            "reclaimed",
+            "deferred",
+            "dead",
+            "replayed",
+            "cancel_requested",
+            "cancelled",
+            "future_kind",
+        ] {
+            assert_eq!(EventKind::parse(name).as_str(), name);
+        }
+    }
+}
