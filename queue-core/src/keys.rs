@@ -18,6 +18,7 @@
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
+//! | `q:{<queue>}:notify:<id>` | list | wake-ups of the producers waiting for job `<id>`'s result, expires after 60 s |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -132,6 +133,18 @@ impl QueueKeys {
     /// The step results of job `id`.
     pub fn steps(&self, id: &str) -> String {
         format!("{}{}", self.steps_prefix, id)
+    }
+
+    /// The wake-up list of job `id`'s result waiters (`Queue::wait_result`,
+    /// docs/RESULTS.md): the script that finishes the job pushes one element
+    /// per waiter; it expires after 60 s.
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.notify("42"), "q:{emails}:notify:42");
+    /// ```
+    pub fn notify(&self, id: &str) -> String {
+        format!("q:{{{}}}:notify:{}", self.queue, id)
     }
 }
 

@@ -50,6 +50,10 @@ use crate::scripts::{self, reply};
 pub struct Queue {
     conn: RedisConnection,
     retry_window: Duration,
+    /// The URL and timeouts it connected with (none for
+    /// [`Queue::from_connection`]): where `wait_result` opens its own
+    /// connection for `BLPOP` (docs/RESULTS.md).
+    pub(crate) origin: Option<std::sync::Arc<(String, ConnectionConfig)>>,
 }
 
 /// Default of [`Queue::retry_window`].
@@ -72,6 +76,7 @@ impl Queue {
         Ok(Queue {
             conn: connect(url, cfg).await?,
             retry_window: DEFAULT_RETRY_WINDOW,
+            origin: Some(std::sync::Arc::new((url.to_string(), cfg.clone()))),
         })
     }
 
@@ -80,6 +85,7 @@ impl Queue {
         Queue {
             conn,
             retry_window: DEFAULT_RETRY_WINDOW,
+            origin: None,
         }
     }
 

@@ -18,6 +18,7 @@ const KNOWN: &[&str] = &[
     "name",
     "version",
     "cron",
+    "deadline",
 ];
 
 /// Validated options. `None` means "not given": the `Job` trait default applies
@@ -36,6 +37,9 @@ pub(crate) struct JobOptions {
     pub(crate) version: Option<u32>,
     /// `cron = "0 */5 * * * *"`: a periodic job (checked when the worker is built).
     pub(crate) cron: Option<String>,
+    /// `deadline = "5m"`: execution deadline across attempts since the first
+    /// start (`Job::DEADLINE`), in milliseconds, > 0.
+    pub(crate) deadline_ms: Option<u64>,
 }
 
 /// Parses the attribute's tokens.
@@ -104,6 +108,13 @@ fn apply(options: &mut JobOptions, key: &Ident, value: &Expr) -> syn::Result<()>
             let millis = duration::parse_millis(&lit.value())
                 .map_err(|message| syn::Error::new(lit.span(), message))?;
             options.timeout_ms = Some(millis);
+        }
+        "deadline" => {
+            let lit = string_literal(key, value)?;
+            let millis = duration::parse_millis(&lit.value()).map_err(|message| {
+                syn::Error::new(lit.span(), message.replace("timeout", "deadline"))
+            })?;
+            options.deadline_ms = Some(millis);
         }
         "max_attempts" => options.max_attempts = Some(positive_u32(key, value)?),
         "version" => options.version = Some(positive_u32(key, value)?),
@@ -239,6 +250,7 @@ fn example_value(key: &str) -> &'static str {
         "name" => "\"send_welcome\"",
         "version" => "2",
         "cron" => "\"0 */5 * * * *\"",
+        "deadline" => "\"5m\"",
         _ => "...",
     }
 }
@@ -320,6 +332,7 @@ mod tests {
                 name: Some("welcome".into()),
                 version: Some(3),
                 cron: None,
+                deadline_ms: None,
             }
         );
     }
@@ -334,7 +347,7 @@ mod tests {
         let (_, messages) = parse_err(quote!(max_attempt = 5));
         assert_eq!(
             messages,
-            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version, cron (did you mean `max_attempts`?)"]
+            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version, cron, deadline (did you mean `max_attempts`?)"]
         );
         let (_, messages) = parse_err(quote!(priority = 5));
         assert!(!messages[0].contains("did you mean"), "{messages:?}");

@@ -11,6 +11,7 @@
 pub mod env;
 pub mod handles;
 pub mod process;
+pub mod results_jobs;
 
 pub use env::{TestEnv, BOUND};
 pub use handles::{WatchdogHandle, WorkerHandle};

@@ -156,6 +156,7 @@ fn row_id(row: &Claimed) -> &str {
         | Claimed::Gone(id)
         | Claimed::Paused(id)
         | Claimed::Corrupt(id, _)
+        | Claimed::Expired(id)
         | Claimed::Unreadable(Some(id), _) => id.as_str(),
         Claimed::Unreadable(None, _) => "",
     }

@@ -19,7 +19,7 @@ end
 -- Read and check every delivery before the first write.
 local fields = {}
 for i = 6, #ARGV, 3 do
-  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at')
+  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at', 'notify')
   if not ok then
     fields[#fields + 1] = false
   elseif h[2] == 'active' and h[1] == ARGV[i + 1] then
@@ -57,6 +57,7 @@ for n, h in ipairs(fields) do
       end
       redis.call('PEXPIRE', done, retention)
       redis.call('PEXPIRE', ARGV[3] .. id, retention)
+      if h[6] then results_wake(done) end
     else
       redis.call('DEL', ARGV[3] .. id)
     end

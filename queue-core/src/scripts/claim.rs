@@ -92,6 +92,9 @@ pub(crate) struct Delivery {
     pub(crate) delivered_at_ms: i64,
     /// Fencing token: +1 on every delivery of this job, never reset.
     pub(crate) fence: u64,
+    /// Redis time of the job's first claim (the start of its execution
+    /// deadline, docs/RESULTS.md); this delivery's time when not known.
+    pub(crate) first_started_at_ms: i64,
     /// When the request that claimed it was sent (local monotonic clock):
     /// where the local lease deadline is measured from.
     pub(crate) claim_sent_at: tokio::time::Instant,
@@ -111,6 +114,9 @@ pub(crate) enum Skip {
     /// `paused`: the queue is paused; the id went back to main unclaimed
     /// (claim.lua only).
     Paused,
+    /// `expired`: not started before its deadline; dead-lettered with
+    /// reason `expired` (docs/RESULTS.md).
+    Expired,
 }
 
 impl Skip {
@@ -122,6 +128,7 @@ impl Skip {
             Skip::Busy => "another delivery owns this job",
             Skip::Gone => "already returned by the watchdog before the claim",
             Skip::Paused => "queue paused: returned to the queue unclaimed",
+            Skip::Expired => "not started before its deadline: dead-lettered as expired",
         }
     }
 }
@@ -178,9 +185,10 @@ impl ClaimRow {
     }
 
     /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
-    /// enqueued_at, delivered_at, lease_until, fence}`, `{'corrupt', id,
+    /// enqueued_at, delivered_at, lease_until, fence[, first_started_at]}`, `{'corrupt', id,
     /// reason}` or `{tag, id}` with tag `done`, `missing`, `busy` or `gone`.
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
+        let items_len = super::reply::array(reply).map_or(0, <[Value]>::len);
         let mut f = Fields::new(queue, None, "claim row", reply)?;
         let tag = f.tag()?;
         let id = JobId::from(String::from_utf8_lossy(&f.bytes(1, "id")?).into_owned());
@@ -197,6 +205,10 @@ impl ClaimRow {
                     enqueued_at_ms: f.int(8, "enqueued_at")?,
                     delivered_at_ms: f.int(9, "delivered_at")?,
                     fence: f.u64(11, "fence")?,
+                    first_started_at_ms: match items_len {
+                        n if n > 12 => f.int(12, "first_started_at")?,
+                        _ => f.int(9, "delivered_at")?,
+                    },
                     claim_sent_at: tokio::time::Instant::now(),
                     id,
                 }))
@@ -207,6 +219,7 @@ impl ClaimRow {
             "busy" => Skip::Busy,
             "gone" => Skip::Gone,
             "paused" => Skip::Paused,
+            "expired" => Skip::Expired,
             other => return Err(f.error(format_args!("unknown claim outcome {other:?}"))),
         };
         Ok(ClaimRow::Skipped(id, skip))

@@ -41,9 +41,11 @@ pub(crate) mod lock_acquire;
 pub(crate) mod lock_extend;
 pub(crate) mod lock_release;
 pub(crate) mod pause;
+pub(crate) mod progress;
 pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod replay;
+pub(crate) mod result_wait;
 pub(crate) mod resume;
 pub(crate) mod stats;
 pub(crate) mod step_record;
@@ -249,9 +251,11 @@ mod tests {
             entry!(lock_extend),
             entry!(lock_release),
             entry!(pause),
+            entry!(progress),
             entry!(promote),
             entry!(reclaim),
             entry!(replay),
+            entry!(result_wait),
             entry!(resume),
             entry!(stats),
             entry!(step_record),

@@ -11,7 +11,7 @@ local now = now_ms()
 redis.call('LPUSH', KEYS[2], ARGV[1])
 if h[2] then redis.call('HSET', KEYS[3], 'previous_dead_reason', h[2]) end
 redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now)
-redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at')
+redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at', 'expires_at', 'expires_after', 'first_started_at')
 if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'attempts', 0) end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 bump(KEYS[4], 'replayed', 1)
