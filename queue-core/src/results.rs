@@ -153,8 +153,6 @@ impl Queue {
     /// [`WaitError::Timeout`], [`WaitError::NotFound`].
     ///
     /// ```
-    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let server = queue_testkit::RedisServer::start().unwrap();
     /// use std::time::Duration;
     /// use queue_core::{job, JobContext, JobError, Queue, Worker};
     ///
@@ -163,6 +161,8 @@ impl Queue {
     ///     Ok(args.0 + args.1)
     /// }
     ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
     /// let queue = Queue::connect(&server.url()).await?;
     /// let worker = Worker::builder(&server.url()).register(add::handler()).build().await?;
     /// let shutdown = worker.shutdown_handle();
