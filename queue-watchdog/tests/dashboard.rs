@@ -1005,3 +1005,44 @@ fn dashboard_in_chromium_pauses_resumes_and_cancels() {
     assert!(record.contains("cancelled"), "{record}");
     assert_eq!(redis(&server, &["LLEN", &keys.main]).trim(), ":0");
 }
+
+/// docs/RESULTS.md: the job page shows a running job's `ctx.progress`.
+#[test]
+fn the_job_page_shows_progress() {
+    let server = RedisServer::start().unwrap();
+    redis(
+        &server,
+        &[
+            "HSET",
+            "q:{emails}:job:p1",
+            "state",
+            "active",
+            "type",
+            "send",
+            "v",
+            "1",
+            "attempts",
+            "1",
+            "max_attempts",
+            "3",
+            "token",
+            "t1",
+            "payload",
+            "x",
+            "progress",
+            "50",
+            "progress_message",
+            "\"half way\"",
+            "progress_at",
+            "1764000000000",
+        ],
+    );
+    redis(&server, &["LPUSH", "q:{emails}:processing", "p1"]);
+    let (_dash, port) = start_dashboard(&server.url(), &["-q", "emails"]);
+    let (status, page) = http(port, "GET", "/queues/emails/jobs/p1", &[]);
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(r#"<p class="progress" id="progress">Progress: 50 — half way (at 2025-"#),
+        "{page}"
+    );
+}

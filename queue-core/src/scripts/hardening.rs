@@ -71,6 +71,11 @@ impl Fixture {
     }
 
     async fn enqueue(&mut self, id: &str, max_attempts: u32) {
+        self.enqueue_extra(id, max_attempts, &[]).await;
+    }
+
+    /// [`enqueue`](Self::enqueue) with extra job fields.
+    async fn enqueue_extra(&mut self, id: &str, max_attempts: u32, extra: &[(String, String)]) {
         let id = JobId::from(id);
         Enqueue {
             keys: &self.keys,
@@ -82,7 +87,7 @@ impl Fixture {
             delay: None,
             run_at: None,
             once_for: None,
-            extra: &[],
+            extra,
         }
         .run(&mut self.conn)
         .await
@@ -674,30 +679,15 @@ async fn a_stale_delivery_writes_no_progress() {
 #[tokio::test]
 async fn a_claim_past_the_deadline_dead_letters_the_job_as_expired() {
     let mut f = Fixture::start().await;
-    let (keys, mut conn) = (f.keys.clone(), f.conn.clone());
+    let keys = f.keys.clone();
     for (id, field, value) in [
         ("gone", "expires_at", "1"),
         ("now", "expires_after", "0"),
         ("later", "expires_after", "600000"),
         ("bad", "expires_at", "soon"),
     ] {
-        let jid = JobId::from(id);
-        let extra = [(field.to_string(), value.to_string())];
-        Enqueue {
-            keys: &keys,
-            id: &jid,
-            job_type: "t",
-            schema_version: 1,
-            payload: b"",
-            max_attempts: 3,
-            delay: None,
-            run_at: None,
-            once_for: None,
-            extra: &extra,
-        }
-        .run(&mut conn)
-        .await
-        .unwrap();
+        f.enqueue_extra(id, 3, &[(field.to_string(), value.to_string())])
+            .await;
     }
     let rows = f.fetch(4, "deadlines").await.unwrap();
     assert_eq!(rows[0], ClaimRow::Skipped("gone".into(), Skip::Expired));
