@@ -88,6 +88,7 @@ async fn typed_results_reach_the_producer_from_worker_processes_without_polling(
         .await
         .unwrap();
     assert_eq!(got.square, 144);
+    eprintln!("enqueue_and_wait round trip: {:?}", started.elapsed());
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
