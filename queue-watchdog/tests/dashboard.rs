@@ -28,6 +28,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 
+#[path = "support/results_seed.rs"]
+mod results_seed;
+
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
 // ---------------------------------------------------------------- jobs ----
@@ -1006,38 +1009,12 @@ fn dashboard_in_chromium_pauses_resumes_and_cancels() {
     assert_eq!(redis(&server, &["LLEN", &keys.main]).trim(), ":0");
 }
 
-/// docs/RESULTS.md: the job page shows a running job's `ctx.progress`.
+/// docs/RESULTS.md: the job page shows a running job's `ctx.progress`, and
+/// a completed job's typed result as JSON.
 #[test]
-fn the_job_page_shows_progress() {
+fn the_job_page_shows_progress_and_typed_results() {
     let server = RedisServer::start().unwrap();
-    redis(
-        &server,
-        &[
-            "HSET",
-            "q:{emails}:job:p1",
-            "state",
-            "active",
-            "type",
-            "send",
-            "v",
-            "1",
-            "attempts",
-            "1",
-            "max_attempts",
-            "3",
-            "token",
-            "t1",
-            "payload",
-            "x",
-            "progress",
-            "50",
-            "progress_message",
-            "\"half way\"",
-            "progress_at",
-            "1764000000000",
-        ],
-    );
-    redis(&server, &["LPUSH", "q:{emails}:processing", "p1"]);
+    results_seed::seed_progress_result_and_expiry(&server);
     let (_dash, port) = start_dashboard(&server.url(), &["-q", "emails"]);
     let (status, page) = http(port, "GET", "/queues/emails/jobs/p1", &[]);
     assert_eq!(status, 200);
@@ -1045,4 +1022,7 @@ fn the_job_page_shows_progress() {
         page.contains(r#"<p class="progress" id="progress">Progress: 50 — half way (at 2025-"#),
         "{page}"
     );
+    let (status, page) = http(port, "GET", "/queues/emails/jobs/r1", &[]);
+    assert_eq!(status, 200);
+    assert!(page.contains("{&quot;n&quot;:7} (MessagePack)"), "{page}");
 }
