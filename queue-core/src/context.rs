@@ -35,7 +35,9 @@ pub(crate) struct ContextInner {
     /// This delivery's lease on the local clock (lost flag + deadline).
     pub(crate) lease: crate::lease_clock::LeaseClock,
     pub(crate) conn: Option<crate::conn::RedisConnection>,
-    pub(crate) result_ref: std::sync::Mutex<Option<String>>,
+    /// The `result` field of the completion record: [`JobContext::set_result_ref`]
+    /// text, or the MessagePack of the handler's value ([`JobContext::set_output`]).
+    pub(crate) result_ref: std::sync::Mutex<Option<Vec<u8>>>,
     /// Set by the heartbeat when an operator asked to cancel the job.
     pub(crate) cancel: tokio::sync::watch::Sender<bool>,
 }
@@ -231,16 +233,63 @@ impl JobContext {
     /// path, ...) in the completion record written with the ack.
     pub fn set_result_ref(&self, reference: impl Into<String>) {
         if let Ok(mut slot) = self.inner.result_ref.lock() {
-            *slot = Some(reference.into());
+            *slot = Some(reference.into().into_bytes());
         }
     }
 
-    pub(crate) fn take_result_ref(&self) -> Option<String> {
+    pub(crate) fn take_result_ref(&self) -> Option<Vec<u8>> {
         self.inner
             .result_ref
             .lock()
             .ok()
             .and_then(|mut slot| slot.take())
+    }
+
+    /// Records the job's progress (`done`: in the handler's unit — percent,
+    /// items, bytes — and a short message, at most 1024 bytes kept) on the
+    /// job hash, where `queue-watchdog jobs show` and the dashboard's job
+    /// page show it (fields `progress`, `progress_message`, `progress_at`).
+    /// Token-checked (`progress.lua`): a stale delivery whose lease was lost
+    /// writes nothing and gets an error (and [`lease_lost`](Self::lease_lost)
+    /// turns true). One Redis call; outside a worker it does nothing.
+    ///
+    /// ```
+    /// # use queue_core::{JobContext, JobError};
+    /// async fn import(ctx: JobContext, rows: Vec<String>) -> Result<(), JobError> {
+    ///     for (i, _row) in rows.iter().enumerate() {
+    ///         // ... import one row ...
+    ///         if i % 100 == 0 {
+    ///             ctx.progress((i * 100 / rows.len()) as u64, "importing").await?;
+    ///         }
+    ///     }
+    ///     Ok(())
+    /// }
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// # import(JobContext::for_test("j", "q", 1), vec!["a".into()]).await.unwrap();
+    /// # });
+    /// ```
+    pub async fn progress(&self, done: u64, message: &str) -> Result<(), JobError> {
+        let Some(conn) = &self.inner.conn else {
+            return Ok(());
+        };
+        let keys = crate::keys::QueueKeys::new(&self.inner.queue);
+        let stored = crate::scripts::progress::Progress {
+            keys: &keys,
+            id: &self.inner.job_id,
+            token: &self.inner.token,
+            done,
+            message,
+        }
+        .run(&mut conn.clone())
+        .await
+        .map_err(|e| JobError::retryable(format!("progress not stored: {e}")))?;
+        if !stored {
+            self.inner.lease.mark_lost();
+            return Err(JobError::retryable(
+                "progress not stored: this delivery lost its lease",
+            ));
+        }
+        Ok(())
     }
 
     /// Runs `f` once per job: its result is stored in Redis under the job and

@@ -130,6 +130,34 @@ impl EnqueueOptions {
     pub fn group(self, group: impl Into<String>) -> Self {
         self.extra_field(crate::groups::GROUP_FIELD, group)
     }
+
+    /// Start deadline relative to the enqueue: a delivery (the first or a
+    /// retry) not started within `ttl` of the enqueue (Redis clock, the job's
+    /// `enqueued_at`) is not run; the worker that picks it up dead-letters it
+    /// with reason `expired: ...` and counter `expired` (docs/RESULTS.md).
+    /// Stored as the job field `expires_after` (ms). A running delivery is
+    /// not stopped by it: see `Job::DEADLINE` for that.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let opts = queue_core::EnqueueOptions::new().expires_in(Duration::from_secs(30));
+    /// assert_eq!(opts.extra_fields, vec![("expires_after".to_string(), "30000".to_string())]);
+    /// ```
+    pub fn expires_in(self, ttl: Duration) -> Self {
+        self.extra_field("expires_after", ttl.as_millis().to_string())
+    }
+
+    /// Absolute start deadline: like [`expires_in`](Self::expires_in), for
+    /// deliveries not started before `at` (compared with the Redis clock, as
+    /// [`run_at`](Self::run_at)). Stored as the job field `expires_at` (ms
+    /// since the epoch); a time before 1970 counts as already passed. With
+    /// both, the earlier deadline applies.
+    pub fn deadline(self, at: std::time::SystemTime) -> Self {
+        let ms = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis());
+        self.extra_field("expires_at", ms.to_string())
+    }
 }
 
 /// The result of an enqueue.

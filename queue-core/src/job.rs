@@ -59,6 +59,13 @@ pub trait Job: Send + Sync + 'static {
     ///
     /// [`WorkerConfig::newer_version_wait`]: crate::WorkerConfig::newer_version_wait
     const SCHEMA_VERSION: u32 = 1;
+    /// Execution deadline: the total wall time the job may take across all
+    /// its attempts, counted from its FIRST start (Redis clock). A delivery
+    /// still running when it passes is stopped and the job dead-lettered
+    /// (`deadline exceeded`); a retry due after it is dead-lettered without
+    /// running. Distinct from [`TIMEOUT`](Self::TIMEOUT), which bounds one
+    /// attempt. `None` (the default): no deadline. See docs/RESULTS.md.
+    const DEADLINE: Option<Duration> = None;
     /// Runs the handler.
     fn run(ctx: JobContext, args: Self::Args) -> BoxFuture<'static, Result<(), JobError>>;
     /// The rate key of a job with these args (`#[job(rate_key = field)]`):

@@ -25,6 +25,7 @@
 //! | `q:{<queue>}:events` | stream | the queue's bounded event stream, written while `events:on` is set (docs/EVENTS.md) |
 //! | `q:{<queue>}:events:on` | string | the stream's cap (`MAXLEN ~`): events are on while it holds a number > 0 |
 //! | `q:{<queue>}:hist:<id>` | list | a job's history of unusual transitions (JSON entries, capped at 50), expires with the job |
+//! | `q:{<queue>}:notify:<id>` | list | wake-ups of the producers waiting for job `<id>`'s result, expires after 60 s |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -216,6 +217,18 @@ impl QueueKeys {
     /// returns, dead-letter, replays, cancel), one JSON entry each.
     pub fn hist(&self, id: &str) -> String {
         format!("q:{{{}}}:hist:{}", self.queue, id)
+    }
+
+    /// The wake-up list of job `id`'s result waiters (`Queue::wait_result`,
+    /// docs/RESULTS.md): the script that finishes the job pushes one element
+    /// per waiter; it expires after 60 s.
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.notify("42"), "q:{emails}:notify:42");
+    /// ```
+    pub fn notify(&self, id: &str) -> String {
+        format!("q:{{{}}}:notify:{}", self.queue, id)
     }
 }
 

@@ -61,6 +61,7 @@ mod lock;
 mod metrics;
 mod queue;
 mod registry;
+mod results;
 mod scripts;
 mod state;
 #[cfg(feature = "failpoints")]
@@ -84,6 +85,7 @@ pub use limits::{KeyLimits, LimitKind, LimitScope, QueueLimits, RateLimit};
 pub use lock::{Lock, LockError, LockGuard, LockOptions};
 pub use queue::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue};
 pub use registry::Registration;
+pub use results::{JobOutput, WaitError};
 pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};
@@ -101,5 +103,6 @@ pub use queue_macros::job;
 /// misbehaving.
 #[doc(hidden)]
 pub mod __private_v1 {
+    pub use crate::results::store_output;
     pub use std::time::Duration;
 }

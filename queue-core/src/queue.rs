@@ -50,8 +50,10 @@ use crate::scripts::{self, reply};
 pub struct Queue {
     conn: RedisConnection,
     retry_window: Duration,
-    /// The URL and settings it connected with, for the dedicated blocking
-    /// connection of [`Queue::events`] (`None` from [`Queue::from_connection`]).
+    /// The URL and settings it connected with (`None` from
+    /// [`Queue::from_connection`]): where [`Queue::events`] and
+    /// `wait_result` open their own blocking connection (docs/EVENTS.md,
+    /// docs/RESULTS.md).
     pub(crate) origin: Option<std::sync::Arc<(String, ConnectionConfig)>>,
 }
 

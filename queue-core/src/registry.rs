@@ -21,6 +21,8 @@ pub struct Registration {
     pub(crate) queue: &'static str,
     pub(crate) version: u32,
     pub(crate) timeout: Option<Duration>,
+    /// [`Job::DEADLINE`]: the time budget across attempts since the first start.
+    pub(crate) deadline: Option<Duration>,
     pub(crate) max_attempts: u32,
     pub(crate) runner: Runner,
     /// Periodic schedule (cron expression, with seconds) and the payload each firing enqueues.
@@ -61,6 +63,7 @@ impl Registration {
             queue: J::QUEUE,
             version: J::SCHEMA_VERSION,
             timeout: J::TIMEOUT,
+            deadline: J::DEADLINE,
             max_attempts: J::MAX_ATTEMPTS,
             cron: None,
             runner: Arc::new(|ctx, payload| {

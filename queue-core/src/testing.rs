@@ -47,6 +47,8 @@ pub enum Claimed {
     Deferred(JobId),
     /// The job's data was corrupt: dead-lettered with this reason.
     Corrupt(JobId, String),
+    /// Not started before its deadline: dead-lettered as expired.
+    Expired(JobId),
     /// A row that did not decode (the id, when it could be read).
     Unreadable(Option<JobId>, String),
 }
@@ -67,6 +69,7 @@ impl From<ClaimRow> for Claimed {
             ClaimRow::Skipped(id, Skip::Paused) => Claimed::Paused(id),
             ClaimRow::Skipped(id, Skip::Limited(_)) => Claimed::Limited(id),
             ClaimRow::Skipped(id, Skip::Deferred) => Claimed::Deferred(id),
+            ClaimRow::Skipped(id, Skip::Expired) => Claimed::Expired(id),
             ClaimRow::Corrupt(id, reason) => Claimed::Corrupt(id, reason),
             ClaimRow::Unreadable(u) => Claimed::Unreadable(u.id, u.detail),
         }

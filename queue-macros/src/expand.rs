@@ -161,15 +161,38 @@ fn job_type(
             }
         }
     });
+    let deadline = options.deadline_ms.map(|ms| {
+        quote! {
+            const DEADLINE: ::core::option::Option<::queue_core::__private_v1::Duration> =
+                ::core::option::Option::Some(::queue_core::__private_v1::Duration::from_millis(#ms));
+        }
+    });
 
     // Errors in the call (a non-`Send` future, a wrong return type, a context
     // of the wrong type) point at the user's signature rather than at the
     // attribute.
     let ctx = quote_spanned!(user_span(&sig.ctx_ty)=> ctx);
     let call = quote_spanned!(user_span(fn_ident)=> super::#fn_ident(#ctx, args));
-    let boxed = quote_spanned!(Span::call_site().located_at(sig.output_span)=>
-        ::std::boxed::Box::pin(#call)
-    );
+    // A fn returning `Result<T, E>` with `T` other than `()`: the value is
+    // stored for the completion record (`JobContext::set_output`).
+    let (boxed, output_ty) = match value_type(sig) {
+        Some(mut value_ty) => {
+            rebase_type(&mut value_ty);
+            let boxed = quote_spanned!(Span::call_site().located_at(sig.output_span)=>
+                ::std::boxed::Box::pin(async move {
+                    let __ctx = ::core::clone::Clone::clone(&ctx);
+                    ::queue_core::__private_v1::store_output(&__ctx, #call.await)
+                })
+            );
+            (boxed, quote!(#value_ty))
+        }
+        None => (
+            quote_spanned!(Span::call_site().located_at(sig.output_span)=>
+                ::std::boxed::Box::pin(#call)
+            ),
+            quote!(()),
+        ),
+    };
 
     quote! {
         #[doc = #job_doc]
@@ -189,6 +212,7 @@ fn job_type(
             #timeout
             #version
             #rate_key
+            #deadline
 
             fn run(
                 ctx: ::queue_core::JobContext,
@@ -200,6 +224,31 @@ fn job_type(
                 #boxed
             }
         }
+
+        impl ::queue_core::JobOutput for Job {
+            type Output = #output_ty;
+        }
+    }
+}
+
+/// The `T` of a declared `Result<T, E>` return type when `T` is not `()`.
+fn value_type(sig: &JobSignature) -> Option<Type> {
+    let Type::Path(path) = signature::strip(sig.output_ty.as_ref()?) else {
+        return None;
+    };
+    let last = path.path.segments.last()?;
+    if last.ident != "Result" {
+        return None;
+    }
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    let Some(GenericArgument::Type(value)) = args.args.first() else {
+        return None;
+    };
+    match signature::strip(value) {
+        Type::Tuple(t) if t.elems.is_empty() => None,
+        _ => Some(value.clone()),
     }
 }
 

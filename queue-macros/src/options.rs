@@ -19,6 +19,7 @@ const KNOWN: &[&str] = &[
     "version",
     "cron",
     "rate_key",
+    "deadline",
 ];
 
 /// Validated options. `None` means "not given": the `Job` trait default applies
@@ -40,6 +41,9 @@ pub(crate) struct JobOptions {
     /// `rate_key = tenant` (a field of the args, or a path `customer.id`):
     /// the tokens, read from the args at enqueue (docs/LIMITS.md).
     pub(crate) rate_key: Option<String>,
+    /// `deadline = "5m"`: execution deadline across attempts since the first
+    /// start (`Job::DEADLINE`), in milliseconds, > 0.
+    pub(crate) deadline_ms: Option<u64>,
 }
 
 /// Parses the attribute's tokens.
@@ -108,6 +112,13 @@ fn apply(options: &mut JobOptions, key: &Ident, value: &Expr) -> syn::Result<()>
             let millis = duration::parse_millis(&lit.value())
                 .map_err(|message| syn::Error::new(lit.span(), message))?;
             options.timeout_ms = Some(millis);
+        }
+        "deadline" => {
+            let lit = string_literal(key, value)?;
+            let millis = duration::parse_millis(&lit.value()).map_err(|message| {
+                syn::Error::new(lit.span(), message.replace("timeout", "deadline"))
+            })?;
+            options.deadline_ms = Some(millis);
         }
         "max_attempts" => options.max_attempts = Some(positive_u32(key, value)?),
         "version" => options.version = Some(positive_u32(key, value)?),
@@ -245,6 +256,7 @@ fn example_value(key: &str) -> &'static str {
         "version" => "2",
         "cron" => "\"0 */5 * * * *\"",
         "rate_key" => "tenant",
+        "deadline" => "\"5m\"",
         _ => "...",
     }
 }
@@ -346,6 +358,7 @@ mod tests {
                 version: Some(3),
                 cron: None,
                 rate_key: None,
+                deadline_ms: None,
             }
         );
     }
@@ -377,7 +390,7 @@ mod tests {
         let (_, messages) = parse_err(quote!(max_attempt = 5));
         assert_eq!(
             messages,
-            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version, cron, rate_key (did you mean `max_attempts`?)"]
+            ["unknown #[job] option `max_attempt`; expected one of: queue, max_attempts, timeout, name, version, cron, rate_key, deadline (did you mean `max_attempts`?)"]
         );
         let (_, messages) = parse_err(quote!(priority = 5));
         assert!(!messages[0].contains("did you mean"), "{messages:?}");

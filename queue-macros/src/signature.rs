@@ -16,6 +16,8 @@ pub(crate) struct JobSignature {
     pub(crate) args_ty: Type,
     /// The span of the declared return type.
     pub(crate) output_span: Span,
+    /// The declared return type.
+    pub(crate) output_ty: Option<Type>,
 }
 
 const SHAPE: &str = "`async fn name(ctx: JobContext, args: YourArgs) -> Result<(), JobError>`";
@@ -123,13 +125,17 @@ pub(crate) fn validate(sig: &Signature, errors: &mut Errors) -> Option<JobSignat
             ctx_ty,
             args_ty,
             output_span,
+            output_ty: match &sig.output {
+                ReturnType::Type(_, ty) => Some((**ty).clone()),
+                ReturnType::Default => None,
+            },
         }),
         _ => None,
     }
 }
 
 /// Looks through parentheses and invisible groups.
-fn strip(ty: &Type) -> &Type {
+pub(crate) fn strip(ty: &Type) -> &Type {
     match ty {
         Type::Group(g) => strip(&g.elem),
         Type::Paren(p) => strip(&p.elem),

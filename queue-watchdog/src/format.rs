@@ -91,6 +91,9 @@ pub fn payload_json(bytes: &[u8]) -> serde_json::Value {
 
 /// A hash field for display: timestamps become `UTC time (ms)`.
 pub fn display_field(name: &str, value: &str) -> String {
+    if let Some(json) = typed_result_json(value) {
+        return format!("{json} (MessagePack)");
+    }
     if TIMESTAMP_FIELDS.contains(&name) {
         if let Some(ms) = parse_ms(value) {
             return format!("{} ({value})", fmt_ts(ms));
@@ -99,9 +102,44 @@ pub fn display_field(name: &str, value: &str) -> String {
     value.to_string()
 }
 
+/// `ctx.progress(n, message)` of a running job (docs/RESULTS.md), from its
+/// fields: `50 — half way (at 2026-…Z)`; `None` when it reported none.
+pub fn progress_line<'a>(field: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
+    let done = field("progress")?;
+    let mut line = done.to_string();
+    if let Some(msg) = field("progress_message").filter(|m| !m.is_empty()) {
+        line.push_str(&format!(" — {msg}"));
+    }
+    if let Some(ms) = field("progress_at").and_then(parse_ms) {
+        line.push_str(&format!(" (at {})", fmt_ts(ms)));
+    }
+    Some(line)
+}
+
+/// A typed job result as the completion record reads (`msgpack:<hex>`,
+/// docs/RESULTS.md), decoded to JSON; `None` for any other value.
+pub fn typed_result_json(value: &str) -> Option<serde_json::Value> {
+    let hex = value.strip_prefix("msgpack:")?;
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some(payload_json(&bytes))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn typed_results_read_as_json() {
+        // {"n": 7} as MessagePack.
+        assert_eq!(
+            display_field("result", "msgpack:81a16e07"),
+            r#"{"n":7} (MessagePack)"#
+        );
+        assert_eq!(display_field("result", "invoice-7"), "invoice-7");
+    }
 
     #[test]
     fn timestamps_are_utc_iso() {

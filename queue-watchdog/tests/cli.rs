@@ -4,6 +4,9 @@ use std::process::Command;
 
 use queue_testkit::RedisServer;
 
+#[path = "support/results_seed.rs"]
+mod results_seed;
+
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -698,4 +701,28 @@ fn queue_pause_resume_and_jobs_cancel() {
     assert!(out.contains("where     cancelled"), "{out}");
     let (ok, out, _) = flow(&["jobs", "cancel", "nope", "-q", "emails", "--json"]);
     assert!(!ok && out.contains(r#""outcome":"NotFound""#), "{out}");
+}
+
+#[test]
+fn jobs_show_prints_progress_typed_results_and_expiry() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    results_seed::seed_progress_result_and_expiry(&server);
+    let show = |id: &str| {
+        let (ok, stdout, stderr) = run(&["jobs", "show", id, "--redis", &url, "-q", "emails"]);
+        assert!(ok, "{stderr}");
+        stdout
+    };
+    let running = show("p1");
+    assert!(
+        running.contains("  progress  50 — half way (at 2025-"),
+        "{running}"
+    );
+    let done = show("r1");
+    assert!(done.contains(r#"{"n":7} (MessagePack)"#), "{done}");
+    let expired = show("x1");
+    assert!(
+        expired.contains("expired: not started before its deadline"),
+        "{expired}"
+    );
 }

@@ -26,6 +26,10 @@ use tokio::task::JoinHandle;
 #[path = "support/browser.rs"]
 mod browser;
 use browser::{find_chromium, http, redis, start_dashboard, Browser};
+#[path = "support/results_seed.rs"]
+mod results_seed;
+
+const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
 // ---------------------------------------------------------------- jobs ----
 
@@ -678,4 +682,22 @@ fn dashboard_in_chromium_pauses_resumes_and_cancels() {
     let record = redis(&server, &["HGET", &keys.done("welcome-grace"), "status"]);
     assert!(record.contains("cancelled"), "{record}");
     assert_eq!(redis(&server, &["LLEN", &keys.main]).trim(), ":0");
+}
+
+/// docs/RESULTS.md: the job page shows a running job's `ctx.progress`, and
+/// a completed job's typed result as JSON.
+#[test]
+fn the_job_page_shows_progress_and_typed_results() {
+    let server = RedisServer::start().unwrap();
+    results_seed::seed_progress_result_and_expiry(&server);
+    let (_dash, port) = start_dashboard(&server.url(), &["-q", "emails"]);
+    let (status, page) = http(port, "GET", "/queues/emails/jobs/p1", &[]);
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(r#"<p class="progress" id="progress">Progress: 50 — half way (at 2025-"#),
+        "{page}"
+    );
+    let (status, page) = http(port, "GET", "/queues/emails/jobs/r1", &[]);
+    assert_eq!(status, 200);
+    assert!(page.contains("{&quot;n&quot;:7} (MessagePack)"), "{page}");
 }

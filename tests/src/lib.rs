@@ -13,6 +13,7 @@ pub mod handles;
 pub mod limited;
 pub mod process;
 pub mod workflow_jobs;
+pub mod results_jobs;
 
 pub use env::{TestEnv, BOUND};
 pub use handles::{WatchdogHandle, WorkerHandle};

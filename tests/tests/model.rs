@@ -158,6 +158,7 @@ fn row_id(row: &Claimed) -> &str {
         | Claimed::Limited(id)
         | Claimed::Deferred(id)
         | Claimed::Corrupt(id, _)
+        | Claimed::Expired(id)
         | Claimed::Unreadable(Some(id), _) => id.as_str(),
         Claimed::Unreadable(None, _) => "",
     }

@@ -86,11 +86,16 @@ impl Queue {
     ) -> crate::Result<Option<BTreeMap<String, String>>> {
         let id = id.into();
         let k = QueueKeys::new(queue);
-        let rec: BTreeMap<String, String> = redis::cmd("HGETALL")
+        let raw: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
             .arg(k.done(id.as_str()))
             .query_async(&mut self.connection())
             .await
             .map_err(|e| QueueError::redis(queue, Some(&id), e))?;
+        // A typed result (docs/RESULTS.md) reads as `msgpack:<hex>`.
+        let rec: BTreeMap<String, String> = raw
+            .into_iter()
+            .map(|(k, v)| (k, crate::results::record_text(&v)))
+            .collect();
         Ok(if rec.is_empty() { None } else { Some(rec) })
     }
 }

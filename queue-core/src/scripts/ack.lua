@@ -21,7 +21,7 @@ end
 local fields = {}
 for i = 6, #ARGV, 3 do
   local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at',
-    'batch', 'delivered_at', 'worker', 'hist')
+    'batch', 'delivered_at', 'worker', 'hist', 'notify')
   if not ok then
     fields[#fields + 1] = false
   elseif h[2] == 'active' and h[1] == ARGV[i + 1] then
@@ -60,6 +60,7 @@ for n, h in ipairs(fields) do
           'delivered_at', h[7] or '0', 'worker', h[8] or '')
       end
       redis.call('PEXPIRE', done, retention)
+      if h[10] then results_wake(done) end
     end
     -- Acks come for old deliveries, near the tail (fetches push at the head):
     -- LREM from the tail (-1) is O(1) for them instead of O(jobs in flight).

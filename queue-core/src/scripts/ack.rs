@@ -24,7 +24,7 @@ pub(crate) struct AckItem {
     pub(crate) id: JobId,
     pub(crate) token: String,
     /// The handler's result reference, stored in the completion record.
-    pub(crate) result_ref: Option<String>,
+    pub(crate) result_ref: Option<Vec<u8>>,
 }
 
 /// Acknowledges a batch of deliveries of one queue in one script call.

@@ -95,6 +95,9 @@ pub(crate) struct Delivery {
     pub(crate) delivered_at_ms: i64,
     /// Fencing token: +1 on every delivery of this job, never reset.
     pub(crate) fence: u64,
+    /// Redis time of the job's first claim (the start of its execution
+    /// deadline, docs/RESULTS.md); this delivery's time when not known.
+    pub(crate) first_started_at_ms: i64,
     /// When the request that claimed it was sent (local monotonic clock):
     /// where the local lease deadline is measured from.
     pub(crate) claim_sent_at: tokio::time::Instant,
@@ -122,6 +125,9 @@ pub(crate) enum Skip {
     /// `deferred`: the job's rate key is over its limit; the job went to the
     /// delayed set, unclaimed (docs/LIMITS.md).
     Deferred,
+    /// `expired`: not started before its deadline; dead-lettered with
+    /// reason `expired` (docs/RESULTS.md).
+    Expired,
 }
 
 impl Skip {
@@ -135,6 +141,7 @@ impl Skip {
             Skip::Paused => "queue paused: returned to the queue unclaimed",
             Skip::Limited(_) => "queue limit reached: returned to the queue unclaimed",
             Skip::Deferred => "rate key over its limit: delayed until it has room, unclaimed",
+            Skip::Expired => "not started before its deadline: dead-lettered as expired",
         }
     }
 }
@@ -191,10 +198,12 @@ impl ClaimRow {
     }
 
     /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
-    /// enqueued_at, delivered_at, lease_until, fence, traceparent}` (the
-    /// traceparent optional, empty for none), `{'corrupt', id,
+    /// enqueued_at, delivered_at, lease_until, fence[, traceparent[,
+    /// first_started_at]]}` (the traceparent empty for none; without
+    /// first_started_at, delivered_at stands for it), `{'corrupt', id,
     /// reason}` or `{tag, id}` with tag `done`, `missing`, `busy` or `gone`.
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
+        let items_len = super::reply::array(reply).map_or(0, <[Value]>::len);
         let mut f = Fields::new(queue, None, "claim row", reply)?;
         let tag = f.tag()?;
         let id = JobId::from(String::from_utf8_lossy(&f.bytes(1, "id")?).into_owned());
@@ -211,6 +220,10 @@ impl ClaimRow {
                     enqueued_at_ms: f.int(8, "enqueued_at")?,
                     delivered_at_ms: f.int(9, "delivered_at")?,
                     fence: f.u64(11, "fence")?,
+                    first_started_at_ms: match items_len {
+                        n if n > 13 => f.int(13, "first_started_at")?,
+                        _ => f.int(9, "delivered_at")?,
+                    },
                     claim_sent_at: tokio::time::Instant::now(),
                     traceparent: f
                         .field(12, "traceparent", super::reply::text)
@@ -227,6 +240,7 @@ impl ClaimRow {
             "paused" => Skip::Paused,
             "limited" => Skip::Limited(f.u64(2, "limit wait")?),
             "deferred" => Skip::Deferred,
+            "expired" => Skip::Expired,
             other => return Err(f.error(format_args!("unknown claim outcome {other:?}"))),
         };
         Ok(ClaimRow::Skipped(id, skip))
@@ -297,6 +311,21 @@ mod tests {
             };
             assert_eq!(d.traceparent.as_deref(), want);
         }
+    }
+
+    #[test]
+    fn decodes_first_started_at_after_the_traceparent() {
+        let mut row = claimed_row();
+        row.extend([bulk(""), Value::Int(150)]);
+        let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(row)).unwrap() else {
+            panic!("not claimed")
+        };
+        assert_eq!((d.first_started_at_ms, d.traceparent), (150, None));
+        let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(claimed_row())).unwrap()
+        else {
+            panic!("not claimed")
+        };
+        assert_eq!(d.first_started_at_ms, 200, "without it: the delivery time");
     }
 
     #[test]

@@ -71,6 +71,11 @@ impl Fixture {
     }
 
     async fn enqueue(&mut self, id: &str, max_attempts: u32) {
+        self.enqueue_extra(id, max_attempts, &[]).await;
+    }
+
+    /// [`enqueue`](Self::enqueue) with extra job fields.
+    async fn enqueue_extra(&mut self, id: &str, max_attempts: u32, extra: &[(String, String)]) {
         let id = JobId::from(id);
         Enqueue {
             keys: &self.keys,
@@ -82,7 +87,7 @@ impl Fixture {
             delay: None,
             run_at: None,
             once_for: None,
-            extra: &[],
+            extra,
         }
         .run(&mut self.conn)
         .await
@@ -609,4 +614,102 @@ async fn enqueue_extra_fields_are_stored_and_core_names_refused() {
     }
     assert_eq!(f.cmd(&["EXISTS", &keys.job("x2")]).await, Value::Int(0));
     assert_eq!(f.cmd(&["LLEN", &keys.main]).await, Value::Int(1));
+}
+
+/// Runs `progress.lua` for job `id` of the fixture's queue.
+async fn progress(f: &Fixture, id: &JobId, token: &str, done: u64) -> Result<bool> {
+    super::progress::Progress {
+        keys: &f.keys,
+        id,
+        token,
+        done,
+        message: "half way",
+    }
+    .run(&mut f.conn.clone())
+    .await
+}
+
+/// `progress.lua` writes only while the delivery's token owns the job
+/// (docs/RESULTS.md): another token, or the same one after the ack, writes
+/// nothing.
+#[tokio::test]
+async fn a_stale_delivery_writes_no_progress() {
+    let mut f = Fixture::start().await;
+    f.enqueue("p1", 3).await;
+    let d = f.fetch_one().await;
+    assert!(progress(&f, &d.id, &d.token, 50).await.unwrap());
+    assert!(!progress(&f, &d.id, "stale-token", 90).await.unwrap());
+    let job = f.keys.job("p1");
+    assert_eq!(
+        f.cmd(&["HMGET", &job, "progress", "progress_message"])
+            .await,
+        Value::Array(vec![
+            Value::BulkString(b"50".to_vec()),
+            Value::BulkString(b"half way".to_vec()),
+        ])
+    );
+    assert!(
+        progress(&f, &d.id, &d.token, u64::MAX).await.is_err(),
+        "not a count Lua holds exactly: refused"
+    );
+    let mut conn = f.conn.clone();
+    let items = [super::ack::AckItem {
+        id: d.id.clone(),
+        token: d.token.clone(),
+        result_ref: None,
+    }];
+    super::ack::Ack {
+        keys: &f.keys,
+        items: &items,
+        retention: Duration::from_secs(60),
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert!(!progress(&f, &d.id, &d.token, 100).await.unwrap());
+    assert_eq!(
+        f.cmd(&["EXISTS", &job]).await,
+        Value::Int(0),
+        "not recreated"
+    );
+}
+
+/// A job past its start deadline is dead-lettered `expired` by the claim,
+/// never claimed; a corrupt deadline field is dead-lettered naming it.
+#[tokio::test]
+async fn a_claim_past_the_deadline_dead_letters_the_job_as_expired() {
+    let mut f = Fixture::start().await;
+    let keys = f.keys.clone();
+    for (id, field, value) in [
+        ("gone", "expires_at", "1"),
+        ("now", "expires_after", "0"),
+        ("later", "expires_after", "600000"),
+        ("bad", "expires_at", "soon"),
+    ] {
+        f.enqueue_extra(id, 3, &[(field.to_string(), value.to_string())])
+            .await;
+    }
+    let rows = f.fetch(4, "deadlines").await.unwrap();
+    assert_eq!(rows[0], ClaimRow::Skipped("gone".into(), Skip::Expired));
+    assert_eq!(rows[1], ClaimRow::Skipped("now".into(), Skip::Expired));
+    assert!(matches!(&rows[2], ClaimRow::Claimed(d) if d.id.as_str() == "later"));
+    assert!(
+        matches!(&rows[3], ClaimRow::Corrupt(id, why) if id.as_str() == "bad" && why.contains("expires_at")),
+        "{:?}",
+        rows[3]
+    );
+    let places = f.places("gone").await;
+    assert!(
+        places.dead && !places.processing && !places.leased,
+        "{places:?}"
+    );
+    let reason = f.cmd(&["HGET", &keys.job("gone"), "dead_reason"]).await;
+    assert!(
+        matches!(&reason, Value::BulkString(b) if b.starts_with(b"expired")),
+        "{reason:?}"
+    );
+    assert_eq!(
+        f.cmd(&["HGET", &keys.stats, "expired"]).await,
+        Value::BulkString(b"2".to_vec())
+    );
 }

@@ -46,9 +46,11 @@ pub(crate) mod lock_acquire;
 pub(crate) mod lock_extend;
 pub(crate) mod lock_release;
 pub(crate) mod pause;
+pub(crate) mod progress;
 pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod replay;
+pub(crate) mod result_wait;
 pub(crate) mod resume;
 pub(crate) mod set_limits;
 pub(crate) mod stats;
@@ -265,9 +267,11 @@ mod tests {
             entry!(lock_extend),
             entry!(lock_release),
             entry!(pause),
+            entry!(progress),
             entry!(promote),
             entry!(reclaim),
             entry!(replay),
+            entry!(result_wait),
             entry!(resume),
             entry!(set_limits),
             entry!(stats),

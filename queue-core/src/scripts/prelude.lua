@@ -78,6 +78,8 @@ local function job_counts(attempts_raw, max_raw)
   return attempts, max
 end
 
+-- Defined under `-- ==== deadlines, progress, results ====` at the end.
+local deadline_check, results_wake
 -- Dead-letters job `id`: pushes it on the dead list and keeps the hash (a
 -- minimal one is created when it was missing; a job key of another type is
 -- replaced by one) so its reason, attempts and timestamps stay readable. The
@@ -90,18 +92,20 @@ local function dead_letter(jobkey, dead, stats, id, reason, now)
   redis.call('HSET', jobkey, 'id', id, 'state', 'dead', 'dead_reason', reason, 'dead_at', now)
   redis.call('HDEL', jobkey, 'token', 'lease_until')
   bump(stats, 'dead', 1)
+  results_wake(jobkey, id)
 end
 
 -- The job fields claim() reads, in this order.
 local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
-  'token', 'delivered_at', 'lease_until', 'fence', 'traceparent'}
+  'token', 'delivered_at', 'lease_until', 'fence', 'traceparent', 'expires_at', 'expires_after',
+  'first_started_at'}
 
 -- The claim row of a delivery already made with `token` (a retry whose first
 -- reply was lost gets the same answer), or nil when `h` is not that delivery.
 local function same_claim(id, token, h)
   if h[1] ~= 'active' or h[8] ~= token then return nil end
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
-    h[7] or '0', h[9] or '0', h[10] or '0', h[11] or '0', h[12] or ''}
+    h[7] or '0', h[9] or '0', h[10] or '0', h[11] or '0', h[12] or '', h[15] or h[9] or '0'}
 end
 
 -- Writes the completion record of a cancelled job (status `cancelled`, kept
@@ -112,6 +116,7 @@ local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, 
     'type', jobtype or '', 'enqueued_at', enqueued_at or '0', 'cancelled_from', from)
   redis.call('PEXPIRE', donekey, retention)
   redis.call('PEXPIRE', stepskey, retention)
+  results_wake(donekey)
 end
 
 -- Claims `id`, which the caller knows sits in the processing list: attempts+1,
@@ -170,15 +175,22 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     redis.call('ZREM', leases, id)
     return {'corrupt', id, bad}
   end
+  local expired = deadline_check(jobkey, dead, stats, id, h, now)
+  if expired then
+    redis.call('LREM', processing, 1, id)
+    redis.call('ZREM', leases, id)
+    return {expired == true and 'expired' or 'corrupt', id, expired}
+  end
   attempts = attempts + 1
   fence = fence + 1
   local lease_until = now + lease_ms
   redis.call('ZADD', leases, lease_until, id)
   redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
-    'token', token, 'lease_until', lease_until, 'fence', fence, 'worker', worker or '')
+    'token', token, 'lease_until', lease_until, 'fence', fence, 'worker', worker or '',
+    'first_started_at', h[15] or now)
   ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
-    h[7] or '0', now, lease_until, fence, h[12] or ''}
+    h[7] or '0', now, lease_until, fence, h[12] or '', h[15] or now}
 end
 
 -- Promoter wake-up (background/promoter.rs): true when a job due at `score`
@@ -655,4 +667,62 @@ end
 local function hist_close(stats, id, ttl)
   local hkey = ev_base(stats) .. 'hist:' .. id
   if ttl and ttl > 0 then redis.pcall('PEXPIRE', hkey, ttl) else redis.pcall('DEL', hkey) end
+end
+
+-- ==== deadlines, progress, results ====
+-- docs/RESULTS.md. Job fields: `expires_at` (ms, absolute: EnqueueOptions::deadline),
+-- `expires_after` (ms after `enqueued_at`: EnqueueOptions::expires_in), `first_started_at`
+-- (Redis time of the first claim, set by claim()), `notify` (someone may wait for the outcome).
+
+-- Called by claim() with the CLAIM_FIELDS row `h`, before the claim writes anything: a job
+-- past its start deadline is dead-lettered with reason `expired: ...` (counter `expired` too)
+-- and true is returned; a deadline field that is not a count is dead-lettered as corrupt and
+-- its reason returned; nil when the job may start. claim() then removes it from processing
+-- and leases.
+deadline_check = function(jobkey, dead, stats, id, h, now)
+  if not h[13] and not h[14] then return nil end
+  local at
+  local bad
+  if h[13] then
+    at = as_count(h[13])
+    if not at then bad = corrupt_field('expires_at', h[13]) end
+  end
+  local after = h[14] and as_count(h[14])
+  if h[14] and not after then bad = corrupt_field('expires_after', h[14]) end
+  if bad then
+    dead_letter(jobkey, dead, stats, id, bad, now)
+    return bad
+  end
+  if after then
+    local rel = (as_count(h[7]) or now) + after
+    if not at or rel < at then at = rel end
+  end
+  if now < at then return nil end
+  dead_letter(jobkey, dead, stats, id, 'expired: not started before its deadline ('
+    .. at .. ' ms, Redis clock)', now)
+  bump(stats, 'expired', 1)
+  return true
+end
+
+-- Wakes whoever waits for the outcome of a job (Queue::wait_result): when the job hash has
+-- `notify` (the number of waiters, result_wait.lua), pushes that many elements (at most 100)
+-- on `q:{Q}:notify:<id>`, which expires after 60 s (a waiter re-reads the state before and
+-- after blocking, so a wake nobody takes is only a small key for a minute).
+-- `key` is the job hash or the completion record (`q:{Q}:job:<id>` / `q:{Q}:done:<id>`).
+results_wake = function(key, id)
+  local base, kind, rest = string.match(key, '^(.-}:)(%a+):(.*)$')
+  if not base then return end
+  id = id or rest
+  local jobkey = base .. 'job:' .. id
+  if kind ~= 'job' and kind ~= 'done' then return end
+  local flag = redis.pcall('HGET', jobkey, 'notify')
+  if type(flag) ~= 'string' then return end
+  local notify = base .. 'notify:' .. id
+  local t = redis.call('TYPE', notify)['ok']
+  if t ~= 'none' and t ~= 'list' then return end
+  local wakes = {}
+  for i = 1, math.min(as_count(flag) or 1, 100) do wakes[i] = '1' end
+  if #wakes == 0 then return end
+  redis.call('LPUSH', notify, unpack(wakes))
+  redis.call('PEXPIRE', notify, 60000)
 end

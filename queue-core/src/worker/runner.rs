@@ -51,6 +51,10 @@ impl JobRunner {
             Ok(reg) => reg,
             Err(reason) => return self.finish(&d, &labels, Outcome::Dead(reason), None).await,
         };
+        let budget = match execution_budget(&reg, &d) {
+            Ok(budget) => budget,
+            Err(reason) => return self.finish(&d, &labels, Outcome::Dead(reason), None).await,
+        };
         let ctx = self.context(&d);
         let fut = match (reg.runner)(ctx.clone(), &d.payload) {
             Ok(f) => f,
@@ -86,8 +90,19 @@ impl JobRunner {
                 None => guarded.await,
             }
         };
+        let over_budget = async {
+            match budget {
+                Some(until) => tokio::time::sleep_until(until).await,
+                None => std::future::pending().await,
+            }
+        };
         let result = tokio::select! {
             r = timed => r,
+            _ = over_budget => {
+                heartbeat.abort();
+                let reason = deadline_reason(reg.deadline, "the handler was stopped");
+                return self.finish(&d, &labels, Outcome::Dead(reason), Some(started.elapsed())).await;
+            }
             _ = wait_true(&mut self.hard_stop) => {
                 heartbeat.abort();
                 warn!("shutdown grace over: job left leased; the watchdog will return it");
@@ -182,7 +197,7 @@ impl JobRunner {
         &self,
         d: &Delivery,
         labels: JobLabels,
-        result_ref: Option<String>,
+        result_ref: Option<Vec<u8>>,
         elapsed: Duration,
     ) {
         crate::failpoint::hit("before_ack");
@@ -279,4 +294,34 @@ impl JobRunner {
             job_id: d.id.clone(),
         }
     }
+}
+
+/// When the delivery's execution deadline ([`Job::DEADLINE`]: a budget
+/// across attempts since the job's first start, Redis clock) passes, on the
+/// local monotonic clock measured from the claim; `None` without a deadline.
+/// Already spent (a retry due after it): the dead-letter reason.
+///
+/// [`Job::DEADLINE`]: crate::Job::DEADLINE
+fn execution_budget(
+    reg: &Registration,
+    d: &Delivery,
+) -> std::result::Result<Option<tokio::time::Instant>, String> {
+    let Some(limit) = reg.deadline else {
+        return Ok(None);
+    };
+    let spent = Duration::from_millis(
+        d.delivered_at_ms
+            .saturating_sub(d.first_started_at_ms)
+            .max(0) as u64,
+    );
+    match limit.checked_sub(spent) {
+        Some(left) if !left.is_zero() => Ok(Some(d.claim_sent_at + left)),
+        _ => Err(deadline_reason(Some(limit), "this attempt was not started")),
+    }
+}
+
+/// The dead-letter reason of a job past its execution deadline.
+fn deadline_reason(limit: Option<Duration>, what: &str) -> String {
+    let limit = limit.unwrap_or_default();
+    format!("deadline exceeded: {limit:?} since the first start passed; {what}")
 }

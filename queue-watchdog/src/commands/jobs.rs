@@ -56,6 +56,9 @@ fn render(d: &JobDetail) -> String {
             f("attempts"),
             f("max_attempts")
         ));
+        if let Some(progress) = crate::format::progress_line(|k| d.field(k)) {
+            s.push_str(&format!("  progress  {progress}\n"));
+        }
         if let Some(worker) = d.field("worker").filter(|w| !w.is_empty()) {
             // Written by the claim of the current (or, once it ended, the last) delivery.
             s.push_str(&format!("  worker    {worker}\n"));

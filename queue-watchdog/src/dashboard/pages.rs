@@ -336,6 +336,14 @@ pub fn job(d: &JobDetail) -> String {
             html(&display_field(k, val))
         ));
     }
+    let progress = crate::format::progress_line(|k| d.field(k))
+        .map(|p| {
+            format!(
+                r#"<p class="progress" id="progress">Progress: {}</p>"#,
+                html(&p)
+            )
+        })
+        .unwrap_or_default();
     let mut history = String::new();
     for e in &d.history {
         history.push_str(&format!(
@@ -403,6 +411,7 @@ pub fn job(d: &JobDetail) -> String {
 <p class="crumbs"><a href="/">Queues</a> › <a href="/queues/{qu}">{qa}</a> › job</p>
 <h1>Job <code id="job-id">{ida}</code></h1>
 <p class="location {location_cls}" id="location">{location}</p>
+{progress}
 {replay}
 {cancel}
 <h2>Deliveries</h2>

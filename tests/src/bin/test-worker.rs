@@ -24,11 +24,14 @@ async fn main() {
         block_timeout: Duration::from_millis(200),
         ..WorkerConfig::default()
     };
-    let worker = Worker::builder(&url)
+    let builder = Worker::builder(&url)
         .register(queue_tests::task::handler())
         .register(queue_tests::bill::handler())
         .register(queue_tests::workflow_jobs::wf_member::handler())
-        .register(queue_tests::workflow_jobs::wf_callback::handler())
+        .register(queue_tests::workflow_jobs::wf_callback::handler());
+    let worker = queue_tests::results_jobs::if_asked()
+        .into_iter()
+        .fold(builder, |b, reg| b.register(reg))
         .config(config)
         .build()
         .await

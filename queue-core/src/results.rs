@@ -1,0 +1,291 @@
+//! Typed job results (docs/RESULTS.md): [`JobOutput`] (the value type a
+//! `#[job]` fn returns), [`JobContext::set_output`] (the value, MessagePack,
+//! in the completion record the ack writes), and waiting for a job's outcome
+//! without polling: [`Queue::wait_result`] / [`Queue::enqueue_and_wait`]
+//! check the job (`result_wait.lua`, which registers the waiter in the same
+//! step), then block in `BLPOP` on `q:{Q}:notify:<id>`, which the script that
+//! finishes the job (ack, dead-letter, cancel) pushes to.
+
+use std::any::TypeId;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::conn::{ConnectionConfig, RedisConnection};
+use crate::error::QueueError;
+use crate::job::{Job, JobContext, JobError, JobId};
+use crate::keys::QueueKeys;
+use crate::queue::Queue;
+use crate::scripts::result_wait::{ResultWait, WaitState};
+
+/// The value a job type produces: `T` of a `#[job]` fn returning
+/// `Result<T, JobError>` (`()` for `Result<(), JobError>`). `#[job]`
+/// implements it; for a hand-written [`Job`], implement it and call
+/// [`JobContext::set_output`] in `run`.
+pub trait JobOutput: Job {
+    /// The handler's value, stored as MessagePack in the completion record.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+}
+
+/// Why [`Queue::wait_result`] has no value.
+#[derive(Debug, thiserror::Error)]
+pub enum WaitError {
+    /// The job was dead-lettered (`reason` starts with `expired` for a job
+    /// not started before its deadline, `deadline exceeded` for one past its
+    /// execution deadline).
+    #[error("job {id} of queue `{queue}` was dead-lettered: {reason}")]
+    Dead {
+        /// Queue name.
+        queue: String,
+        /// Job id.
+        id: JobId,
+        /// The dead-letter reason.
+        reason: String,
+    },
+    /// The job was cancelled ([`Queue::cancel`]).
+    #[error("job {id} of queue `{queue}` was cancelled")]
+    Cancelled {
+        /// Queue name.
+        queue: String,
+        /// Job id.
+        id: JobId,
+    },
+    /// No outcome within the timeout; the job may still finish later.
+    #[error("job {id} of queue `{queue}` did not finish within {waited:?}")]
+    Timeout {
+        /// Queue name.
+        queue: String,
+        /// Job id.
+        id: JobId,
+        /// How long the call waited.
+        waited: Duration,
+    },
+    /// Redis knows nothing of the job: never enqueued, purged, finished
+    /// longer ago than the completion retention, or acked with no record.
+    #[error("job {id} of queue `{queue}` is unknown (never enqueued, purged, or its completion record expired)")]
+    NotFound {
+        /// Queue name.
+        queue: String,
+        /// Job id.
+        id: JobId,
+    },
+    /// The stored result does not decode as the job type's output.
+    #[error("the result of job {id} of queue `{queue}` does not decode: {detail}")]
+    Decode {
+        /// Queue name.
+        queue: String,
+        /// Job id.
+        id: JobId,
+        /// The decoding error.
+        detail: String,
+    },
+    /// Redis failed, or the queue has no URL to open a blocking connection.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+impl WaitError {
+    /// True when the job was dead-lettered as expired (not started before
+    /// its deadline, `EnqueueOptions::expires_in` / `deadline`).
+    pub fn is_expired(&self) -> bool {
+        matches!(self, WaitError::Dead { reason, .. } if reason.starts_with("expired"))
+    }
+}
+
+impl JobContext {
+    /// Stores the handler's value (MessagePack) for the completion record
+    /// the ack writes, where [`Queue::wait_result`] reads it. `#[job]` calls
+    /// it with the `T` of a fn returning `Result<T, JobError>`; it replaces
+    /// a [`set_result_ref`](Self::set_result_ref).
+    ///
+    /// ```
+    /// let ctx = queue_core::JobContext::for_test("job-1", "reports", 1);
+    /// ctx.set_output(&42u32).unwrap();
+    /// ```
+    pub fn set_output<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), JobError> {
+        let mut bytes = vec![OUTPUT_MARK];
+        rmp_serde::encode::write_named(&mut bytes, value)
+            .map_err(|e| JobError::permanent(format!("the job's result does not encode: {e}")))?;
+        if let Ok(mut slot) = self.inner.result_ref.lock() {
+            *slot = Some(bytes);
+        }
+        Ok(())
+    }
+}
+
+/// The first byte of a `result` field that holds a typed value: `0xc1`,
+/// which MessagePack never uses and UTF-8 never starts with, so the value
+/// cannot be mistaken for a [`JobContext::set_result_ref`] text.
+pub(crate) const OUTPUT_MARK: u8 = 0xc1;
+
+/// A completion-record field as text: UTF-8 as is; a typed value
+/// ([`OUTPUT_MARK`]) as `msgpack:<hex>`; other bytes lossily.
+pub(crate) fn record_text(value: &[u8]) -> String {
+    match value.split_first() {
+        Some((&OUTPUT_MARK, msgpack)) => {
+            let hex: String = msgpack.iter().map(|b| format!("{b:02x}")).collect();
+            format!("msgpack:{hex}")
+        }
+        _ => String::from_utf8_lossy(value).into_owned(),
+    }
+}
+
+/// What `#[job]` generates for a fn returning `Result<T, JobError>`.
+#[doc(hidden)]
+pub fn store_output<T: Serialize>(
+    ctx: &JobContext,
+    result: Result<T, JobError>,
+) -> Result<(), JobError> {
+    ctx.set_output(&result?)
+}
+
+impl Queue {
+    /// Waits for job `id` of `J`'s queue to finish and returns its value,
+    /// without polling: the job is checked, then this call blocks (its own
+    /// connection, `BLPOP`) until the script that finishes the job wakes it
+    /// or `timeout` passes. A job that already finished answers at once (for
+    /// the completion retention, 24 h by default).
+    ///
+    /// Errors: [`WaitError::Dead`] (with the reason; `is_expired()` for a
+    /// job not started before its deadline), [`WaitError::Cancelled`],
+    /// [`WaitError::Timeout`], [`WaitError::NotFound`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use queue_core::{job, JobContext, JobError, Queue, Worker};
+    ///
+    /// #[job(queue = "math")]
+    /// async fn add(_ctx: JobContext, args: (u32, u32)) -> Result<u32, JobError> {
+    ///     Ok(args.0 + args.1)
+    /// }
+    ///
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// let queue = Queue::connect(&server.url()).await?;
+    /// let worker = Worker::builder(&server.url()).register(add::handler()).build().await?;
+    /// let shutdown = worker.shutdown_handle();
+    /// let running = tokio::spawn(worker.run());
+    ///
+    /// let id = add::enqueue(&queue, (2, 3)).await?;
+    /// let sum = queue.wait_result::<add::Job>(id, Duration::from_secs(10)).await?;
+    /// assert_eq!(sum, 5);
+    /// // Or both in one call:
+    /// let sum = queue.enqueue_and_wait::<add::Job>(&(4, 5), Duration::from_secs(10)).await?;
+    /// assert_eq!(sum, 9);
+    /// # shutdown.shutdown(); running.await??; Ok(()) }
+    /// ```
+    pub async fn wait_result<J: JobOutput>(
+        &self,
+        id: impl Into<JobId>,
+        timeout: Duration,
+    ) -> Result<J::Output, WaitError> {
+        let id = id.into();
+        let record = self.wait_completion(J::QUEUE, &id, timeout).await?;
+        decode_output::<J::Output>(J::QUEUE, &id, &record)
+    }
+
+    /// Enqueues a `J` job (random id) and waits for its value:
+    /// [`enqueue`](Self::enqueue), then [`wait_result`](Self::wait_result).
+    pub async fn enqueue_and_wait<J: JobOutput>(
+        &self,
+        args: &J::Args,
+        timeout: Duration,
+    ) -> Result<J::Output, WaitError> {
+        let id = self.enqueue::<J>(args).await?;
+        self.wait_result::<J>(id, timeout).await
+    }
+
+    /// The untyped [`wait_result`](Self::wait_result): the completion record
+    /// (field → raw value; `result` holds the MessagePack value) of a job
+    /// that completed, or the same errors.
+    pub async fn wait_completion(
+        &self,
+        queue: &str,
+        id: &JobId,
+        timeout: Duration,
+    ) -> Result<BTreeMap<String, Vec<u8>>, WaitError> {
+        let keys = QueueKeys::new(queue);
+        let until = tokio::time::Instant::now() + timeout;
+        let mut conn = self.connection();
+        let mut blocking: Option<RedisConnection> = None;
+        loop {
+            let state = ResultWait { keys: &keys, id }.run(&mut conn).await?;
+            let (queue, id) = (queue.to_string(), id.clone());
+            match state {
+                WaitState::Finished(record) => {
+                    return match record.get("status").map(Vec::as_slice) {
+                        Some(b"cancelled") => Err(WaitError::Cancelled { queue, id }),
+                        _ => Ok(record),
+                    }
+                }
+                WaitState::Dead(reason) => return Err(WaitError::Dead { queue, id, reason }),
+                WaitState::Unknown => return Err(WaitError::NotFound { queue, id }),
+                WaitState::Waiting => {}
+            }
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(WaitError::Timeout {
+                    queue,
+                    id,
+                    waited: timeout,
+                });
+            }
+            let conn = match &mut blocking {
+                Some(conn) => conn,
+                None => blocking.insert(self.blocking_connection(&queue, left).await?),
+            };
+            let secs = left.max(Duration::from_millis(1)).as_secs_f64();
+            let _woken: Option<(String, String)> = redis::cmd("BLPOP")
+                .arg(keys.notify(id.as_str()))
+                .arg(format!("{secs:.3}"))
+                .query_async(conn)
+                .await
+                .map_err(|e| QueueError::redis(&queue, Some(&id), e))?;
+            tracing::debug!(queue = %queue, job_id = %id, woken = _woken.is_some(), "result wait: re-checking the job");
+        }
+    }
+
+    /// A connection of its own for `BLPOP` (a blocking command would stall
+    /// the shared one), answering within `wait` plus the usual timeout.
+    async fn blocking_connection(
+        &self,
+        queue: &str,
+        wait: Duration,
+    ) -> Result<RedisConnection, QueueError> {
+        let Some(origin) = &self.origin else {
+            return Err(QueueError::Config(format!(
+                "queue `{queue}`: waiting for a result needs a Queue made with Queue::connect (it opens its own connection to block on)"
+            )));
+        };
+        let (url, cfg) = &**origin;
+        let cfg = ConnectionConfig {
+            response_timeout: cfg.response_timeout + wait,
+            ..cfg.clone()
+        };
+        RedisConnection::connect(url, &cfg).await
+    }
+}
+
+/// The `T` of a completion record: its `result` field as MessagePack; a
+/// `()` output ignores the field (it may hold a `set_result_ref` text).
+fn decode_output<T: DeserializeOwned + 'static>(
+    queue: &str,
+    id: &JobId,
+    record: &BTreeMap<String, Vec<u8>>,
+) -> Result<T, WaitError> {
+    const NIL: &[u8] = &[0xc0];
+    let bytes = match record.get("result").and_then(|b| b.split_first()) {
+        _ if TypeId::of::<T>() == TypeId::of::<()>() => NIL,
+        Some((&OUTPUT_MARK, msgpack)) => msgpack,
+        _ => NIL,
+    };
+    rmp_serde::from_slice(bytes).map_err(|e| WaitError::Decode {
+        queue: queue.to_string(),
+        id: id.clone(),
+        detail: format!(
+            "{e} (the completion record has no MessagePack value of the job's output type)"
+        ),
+    })
+}

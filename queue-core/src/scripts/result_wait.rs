@@ -1,0 +1,68 @@
+//! `result_wait.lua`: the check a producer makes before it blocks for a
+//! job's outcome (`Queue::wait_result`, docs/RESULTS.md): the completion
+//! record, the dead-letter reason, or — atomically with the check — the
+//! `notify` flag that makes the finishing script wake it.
+
+use std::collections::BTreeMap;
+
+use redis::Value;
+
+use super::reply::{self, Fields};
+use super::{lua_script, LuaScript};
+use crate::conn::RedisConnection;
+use crate::error::Result;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+
+pub(crate) static SCRIPT: LuaScript<2> =
+    lua_script!("result_wait.lua", keys = 2, args = 0, prelude(None));
+
+/// Checks job `id` and registers a waiter when it has not finished.
+pub(crate) struct ResultWait<'a> {
+    pub(crate) keys: &'a QueueKeys,
+    pub(crate) id: &'a JobId,
+}
+
+/// Where the job stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WaitState {
+    /// The completion record, field → raw value.
+    Finished(BTreeMap<String, Vec<u8>>),
+    /// Dead-lettered, with its reason.
+    Dead(String),
+    /// No hash and no record.
+    Unknown,
+    /// Not finished: this waiter is registered (`notify` on the job hash).
+    Waiting,
+}
+
+impl ResultWait<'_> {
+    /// Runs the script.
+    pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<WaitState> {
+        let (k, id) = (self.keys, self.id.as_str());
+        let reply = SCRIPT
+            .call([k.job(id), k.done(id)])
+            .run(conn, &k.queue, Some(self.id))
+            .await?;
+        let f = Fields::new(&k.queue, Some(self.id), "result_wait reply", &reply)?;
+        Ok(match f.tag()?.as_str() {
+            "finished" => {
+                let items = reply::array(&reply).unwrap_or_default();
+                let mut record = BTreeMap::new();
+                for pair in items[1..].chunks(2) {
+                    let [name, value] = pair else {
+                        return Err(f.error("odd number of record fields"));
+                    };
+                    let name = reply::text(name).ok_or_else(|| f.error("field name"))?;
+                    let value: &Value = value;
+                    record.insert(name, reply::bytes(value).unwrap_or_default());
+                }
+                WaitState::Finished(record)
+            }
+            "dead" => WaitState::Dead(f.text(1, "dead_reason")?),
+            "unknown" => WaitState::Unknown,
+            "waiting" => WaitState::Waiting,
+            other => return Err(f.error(format_args!("unknown wait state {other:?}"))),
+        })
+    }
+}

@@ -1,0 +1,328 @@
+//! Deadlines, progress and typed results (docs/RESULTS.md), against real
+//! redis-servers: a typed value produced by a `test-worker` process and
+//! awaited by this producer without polling; progress on the job while it
+//! runs; start deadlines (`expires_in`) of waiting and delayed jobs; the
+//! execution deadline (`#[job(deadline = "1s")]`) across attempts.
+
+use std::time::{Duration, Instant};
+
+use queue_core::admin::Admin;
+use queue_core::{Backoff, EnqueueOptions, QueueKeys, WaitError, WorkerConfig};
+use queue_tests::results_jobs::{self, budgeted, square, Budgeted, Square, Squared};
+use queue_tests::{fast_config, init_tracing, wait_until, TestEnv, WorkerHandle, WorkerProcess};
+use redis::AsyncCommands;
+
+const T: Duration = Duration::from_secs(30);
+const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
+
+/// `n` `test-worker` processes that also run the results jobs.
+fn result_workers(url: &str, n: usize) -> Vec<WorkerProcess> {
+    (0..n)
+        .map(|_| {
+            let child = std::process::Command::new(WORKER_BIN)
+                .args([url, "2", "2000", "5000"])
+                .env(results_jobs::ENV, "1")
+                .env_remove("QUEUE_FAILPOINT")
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .expect("test-worker starts");
+            WorkerProcess { child }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn typed_results_reach_the_producer_from_worker_processes_without_polling() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new(square::QUEUE);
+    let mut conn = env.conn().await;
+    let _workers = result_workers(&env.url, 2);
+
+    // Waiting before the job even runs: woken by the ack, with progress seen meanwhile.
+    let slow = Square {
+        n: 7,
+        sleep_ms: 800,
+        ..Square::default()
+    };
+    let id = square::enqueue(&env.queue, slow).await.unwrap();
+    let waiter = {
+        let (queue, id) = (env.queue.clone(), id.clone());
+        tokio::spawn(async move { queue.wait_result::<square::Job>(id, T).await })
+    };
+    let second = {
+        let (queue, id) = (env.queue.clone(), id.clone());
+        tokio::spawn(async move { queue.wait_result::<square::Job>(id, T).await })
+    };
+    wait_until(T, "progress 50 on the running job", || async {
+        let job = env.queue.job(square::QUEUE, id.clone()).await.unwrap();
+        job.is_some_and(|j| {
+            j.field("progress") == Some("50") && j.field("progress_message") == Some("half way")
+        })
+    })
+    .await;
+    // Only the round trips of this producer's connection: the two waiters
+    // each ran result_wait.lua once and then blocked (no polling).
+    let got: Squared = waiter.await.unwrap().unwrap();
+    assert_eq!((got.n, got.square), (7, 49));
+    assert_ne!(got.pid, std::process::id(), "produced by a worker process");
+    assert_eq!(second.await.unwrap().unwrap(), got, "every waiter is woken");
+
+    // Already finished: answered at once from the completion record.
+    let again = env
+        .queue
+        .wait_result::<square::Job>(id.clone(), Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert_eq!(again, got);
+
+    // Enqueue and wait in one call.
+    let args = Square {
+        n: 12,
+        ..Square::default()
+    };
+    let started = Instant::now();
+    let got = env
+        .queue
+        .enqueue_and_wait::<square::Job>(&args, T)
+        .await
+        .unwrap();
+    assert_eq!(got.square, 144);
+    eprintln!("enqueue_and_wait round trip: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A job nobody waits for leaves no notification key.
+    let quiet = square::enqueue(
+        &env.queue,
+        Square {
+            n: 3,
+            ..Square::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_until(T, "quiet job completed", || async {
+        env.queue
+            .completion(square::QUEUE, quiet.clone())
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let notify: bool = conn.exists(keys.notify(quiet.as_str())).await.unwrap();
+    assert!(!notify, "no notification key without a waiter");
+
+    // Errors are typed: dead-lettered, timeout, unknown, cancelled.
+    let failing = Square {
+        fail: true,
+        ..Square::default()
+    };
+    let err = env
+        .queue
+        .enqueue_and_wait::<square::Job>(&failing, T)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, WaitError::Dead { reason, .. } if reason.contains("planned failure")),
+        "{err}"
+    );
+    let long = Square {
+        n: 1,
+        sleep_ms: 3000,
+        ..Square::default()
+    };
+    let id = square::enqueue(&env.queue, long).await.unwrap();
+    let err = env
+        .queue
+        .wait_result::<square::Job>(id, Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::Timeout { .. }), "{err}");
+    let err = env
+        .queue
+        .wait_result::<square::Job>("never-enqueued", T)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::NotFound { .. }), "{err}");
+    let delayed = square::enqueue_with(
+        &env.queue,
+        EnqueueOptions::new().delay(Duration::from_secs(60)),
+        Square::default(),
+    )
+    .await
+    .unwrap()
+    .id;
+    let waiter = {
+        let (queue, id) = (env.queue.clone(), delayed.clone());
+        tokio::spawn(async move { queue.wait_result::<square::Job>(id, T).await })
+    };
+    wait_until(T, "the waiter registered", || async {
+        let job = env.queue.job(square::QUEUE, delayed.clone()).await.unwrap();
+        job.is_some_and(|j| j.field("notify").is_some())
+    })
+    .await;
+    env.queue.cancel(square::QUEUE, delayed).await.unwrap();
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(matches!(err, WaitError::Cancelled { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn expired_jobs_never_run_whether_waiting_or_retried_after_their_deadline() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    // Waiting in main past its deadline (no worker yet); a waiter is woken by the dead-letter.
+    let passed = std::time::SystemTime::now() - Duration::from_millis(1);
+    let opts = EnqueueOptions::new().id("late").deadline(passed);
+    queue_tests::task::enqueue_with(&env.queue, opts, env.task(1))
+        .await
+        .unwrap();
+    let on_time = env.enqueue(env.task(2)).await;
+    let waiter = {
+        let queue = env.queue.clone();
+        tokio::spawn(async move {
+            queue
+                .wait_completion("tasks", &"late".into(), T)
+                .await
+                .map(drop)
+        })
+    };
+    wait_until(T, "the waiter registered", || async {
+        let job = env.queue.job("tasks", "late").await.unwrap();
+        job.is_some_and(|j| j.field("notify").is_some())
+    })
+    .await;
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_stats("tasks", "one expired, one completed", |s| {
+        s.counter("expired") == 1 && s.counter("completed") == 1
+    })
+    .await;
+    let err = waiter.await.unwrap().unwrap_err();
+    assert!(err.is_expired(), "{err}");
+    let ledger = env.ledger().await;
+    assert_eq!(
+        ledger.started.get("late"),
+        None,
+        "an expired job never runs"
+    );
+    assert_eq!(ledger.started.get(on_time.as_str()), Some(&1));
+    let admin = Admin::connect(&env.url).await.unwrap();
+    let detail = admin.job_detail("tasks", "late").await.unwrap().unwrap();
+    assert_eq!(detail.field("state"), Some("dead"));
+    assert!(
+        detail.field("dead_reason").unwrap().starts_with("expired"),
+        "{detail:?}"
+    );
+    worker.stop().await;
+
+    // Retried after its deadline: the first attempt fails, the retry is due
+    // (backoff 1 s) after the 500 ms deadline and never starts.
+    let slow_retry = WorkerConfig {
+        backoff: Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(1),
+        },
+        ..fast_config()
+    };
+    let worker = env.spawn_worker(slow_retry).await;
+    let mut retried = env.task(3);
+    retried.fail_first = 1;
+    let opts = EnqueueOptions::new()
+        .id("retried")
+        .expires_in(Duration::from_millis(500));
+    queue_tests::task::enqueue_with(&env.queue, opts, retried)
+        .await
+        .unwrap();
+    env.wait_stats("tasks", "the retry expired", |s| s.counter("expired") == 2)
+        .await;
+    let ledger = env.ledger().await;
+    assert_eq!(
+        ledger.started.get("retried"),
+        Some(&1),
+        "the retry never started"
+    );
+    let job = env.queue.job("tasks", "retried").await.unwrap().unwrap();
+    assert!(job.field("dead_reason").unwrap().starts_with("expired"));
+    assert_eq!(job.attempts(), 1);
+    let stats = env.stats("tasks").await;
+    assert_eq!((stats.dead, stats.counter("dead")), (2, 2));
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn the_execution_deadline_spans_attempts_and_stops_the_handler() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let config = WorkerConfig {
+        backoff: Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_millis(100),
+        },
+        ..fast_config()
+    };
+    let worker = WorkerHandle::start(
+        queue_core::Worker::builder(&env.url)
+            .register(budgeted::handler())
+            .config(config),
+    )
+    .await;
+    let enqueue = |id: &'static str, args: Budgeted| {
+        let queue = env.queue.clone();
+        async move {
+            budgeted::enqueue_with_id(&queue, id, args).await.unwrap();
+        }
+    };
+    // One attempt longer than the budget: stopped after about 1 s.
+    enqueue(
+        "stuck",
+        Budgeted {
+            sleep_ms: 10_000,
+            fail_first: 0,
+        },
+    )
+    .await;
+    // Two attempts of 600 ms: the second is stopped when the 1 s budget runs out.
+    enqueue(
+        "slow",
+        Budgeted {
+            sleep_ms: 600,
+            fail_first: 1,
+        },
+    )
+    .await;
+    // Within the budget across two attempts: completes.
+    enqueue(
+        "quick",
+        Budgeted {
+            sleep_ms: 100,
+            fail_first: 1,
+        },
+    )
+    .await;
+    let started = Instant::now();
+    env.wait_stats(budgeted::QUEUE, "two dead, one completed", |s| {
+        s.dead == 2 && s.counter("completed") == 1
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    for id in ["stuck", "slow"] {
+        let job = env.queue.job(budgeted::QUEUE, id).await.unwrap().unwrap();
+        let reason = job.field("dead_reason").unwrap();
+        assert!(reason.contains("deadline exceeded"), "{id}: {reason}");
+    }
+    let slow = env
+        .queue
+        .job(budgeted::QUEUE, "slow")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(slow.attempts(), 2);
+    worker.stop().await;
+}
