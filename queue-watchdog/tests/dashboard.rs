@@ -29,8 +29,6 @@ use browser::{find_chromium, http, redis, start_dashboard, Browser};
 #[path = "support/results_seed.rs"]
 mod results_seed;
 
-const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
-
 // ---------------------------------------------------------------- jobs ----
 
 #[derive(Serialize, Deserialize)]

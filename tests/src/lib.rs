@@ -12,8 +12,8 @@ pub mod env;
 pub mod handles;
 pub mod limited;
 pub mod process;
-pub mod workflow_jobs;
 pub mod results_jobs;
+pub mod workflow_jobs;
 
 pub use env::{TestEnv, BOUND};
 pub use handles::{WatchdogHandle, WorkerHandle};
