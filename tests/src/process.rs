@@ -27,7 +27,22 @@ impl WorkerProcess {
         grace_ms: u64,
         failpoint: Option<&str>,
     ) -> Self {
+        Self::start_with_env(bin, url, concurrency, lease_ms, grace_ms, failpoint, &[])
+    }
+
+    /// [`WorkerProcess::start_with_failpoint`] with extra environment
+    /// variables, e.g. `(workflow_jobs::ENV, "1")` to serve the workflow jobs.
+    pub fn start_with_env(
+        bin: &str,
+        url: &str,
+        concurrency: usize,
+        lease_ms: u64,
+        grace_ms: u64,
+        failpoint: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = Command::new(bin);
+        cmd.envs(env.iter().copied());
         cmd.args([
             url.to_string(),
             concurrency.to_string(),

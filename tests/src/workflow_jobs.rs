@@ -16,6 +16,20 @@ use crate::ledger_conn;
 /// The queue of both jobs (a batch's jobs share its queue).
 pub const WF_QUEUE: &str = "wf";
 
+/// The environment variable that makes `test-worker` also serve these jobs
+/// (`TEST_WORKER_WORKFLOWS=1`); other tests' workers serve only their own
+/// queues (a third queue changes which fetcher blocks, which the fault tests
+/// count on).
+pub const ENV: &str = "TEST_WORKER_WORKFLOWS";
+
+/// These jobs' registrations when `TEST_WORKER_WORKFLOWS` is set, else none.
+pub fn if_asked() -> Vec<queue_core::Registration> {
+    if std::env::var_os(ENV).is_none() {
+        return Vec::new();
+    }
+    vec![wf_member::handler(), wf_callback::handler()]
+}
+
 /// A member's instructions.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]

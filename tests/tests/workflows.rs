@@ -14,6 +14,24 @@ use std::collections::HashMap;
 
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
 
+/// A `test-worker` process that also serves the workflow jobs.
+fn wf_worker_process(
+    env: &TestEnv,
+    concurrency: usize,
+    lease_ms: u64,
+    grace_ms: u64,
+) -> WorkerProcess {
+    WorkerProcess::start_with_env(
+        WORKER_BIN,
+        &env.url,
+        concurrency,
+        lease_ms,
+        grace_ms,
+        None,
+        &[(queue_tests::workflow_jobs::ENV, "1")],
+    )
+}
+
 fn member(env: &TestEnv, id: &str) -> JobSpec {
     let m = WfMember {
         ledger: env.ledger_url.clone(),
@@ -248,7 +266,7 @@ async fn killed_workers_fire_every_callback_exactly_once() {
     }
     let _watchdog = env.spawn_watchdog(WF_QUEUE).await;
     let mut procs: Vec<WorkerProcess> = (0..3)
-        .map(|_| WorkerProcess::start(WORKER_BIN, &env.url, 4, 1000, 2000))
+        .map(|_| wf_worker_process(&env, 4, 1000, 2000))
         .collect();
     for victim in procs.iter_mut().take(2) {
         let before = ledger_map(&env, "ledger:wf:effects").await.len();
@@ -292,7 +310,7 @@ async fn a_member_dead_lettered_by_the_watchdog_is_counted() {
         .enqueue()
         .await
         .unwrap();
-    let mut proc = WorkerProcess::start(WORKER_BIN, &env.url, 1, 500, 1000);
+    let mut proc = wf_worker_process(&env, 1, 500, 1000);
     wait_until(BOUND, "r-slow running", || async {
         env.list(&QueueKeys::new(WF_QUEUE).processing).await.len() == 1
     })

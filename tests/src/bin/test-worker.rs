@@ -26,11 +26,10 @@ async fn main() {
     };
     let builder = Worker::builder(&url)
         .register(queue_tests::task::handler())
-        .register(queue_tests::bill::handler())
-        .register(queue_tests::workflow_jobs::wf_member::handler())
-        .register(queue_tests::workflow_jobs::wf_callback::handler());
+        .register(queue_tests::bill::handler());
     let worker = queue_tests::results_jobs::if_asked()
         .into_iter()
+        .chain(queue_tests::workflow_jobs::if_asked())
         .fold(builder, |b, reg| b.register(reg))
         .config(config)
         .build()
