@@ -332,3 +332,25 @@ async fn figure_b_wait_behind_a_100k_backlog() {
         last + 1 - before,
     );
 }
+
+/// A group list holding another type (corrupt data) is skipped: the fetch
+/// that reaches it after claiming other groups' jobs does not abort half-way
+/// (a Lua error keeps the claims but loses the reply), so the healthy group's
+/// jobs run.
+#[tokio::test]
+async fn a_corrupt_group_list_does_not_stop_other_groups() {
+    let env = TestEnv::start().await;
+    let a = enqueue_group(&env, "a", 0, 3, |t| t).await;
+    enqueue_group(&env, "b", 100, 1, |t| t).await;
+    let b_list = QueueKeys::new(QUEUE).group("b");
+    let mut c = env.conn().await;
+    let _: () = c.del(&b_list).await.unwrap();
+    let _: () = c.set(&b_list, "not a list").await.unwrap();
+    let worker = env.spawn_worker(fast_config()).await;
+    wait_until(T, "group a ran past the corrupt group b", || async {
+        let l = Ledger::read(&env.ledger_url).await;
+        a.iter().all(|id| l.effects.contains_key(id.as_str()))
+    })
+    .await;
+    worker.stop().await;
+}

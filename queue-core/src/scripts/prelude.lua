@@ -459,8 +459,13 @@ local function next_waiting(main, processing, fair)
         if id then return id end
       elseif redis.call('HEXISTS', fair.paused, g) == 0 then
         local list = fair.prefix .. g
-        local id = redis.call('LMOVE', list, processing, 'RIGHT', 'LEFT')
-        if redis.call('LLEN', list) == 0 then
+        -- A group key of another type (corrupt data) must not abort a fetch
+        -- that already claimed jobs (no rollback): it is skipped, and left
+        -- in the ring for `check` to report.
+        local id = redis.pcall('LMOVE', list, processing, 'RIGHT', 'LEFT')
+        if type(id) == 'table' and id['err'] then
+          id = false
+        elseif redis.call('LLEN', list) == 0 then
           redis.call('LREM', fair.ring, -1, g)
           if redis.call('LLEN', fair.ring) <= 1 then redis.call('DEL', fair.ring) end
         end
