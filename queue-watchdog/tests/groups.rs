@@ -1,24 +1,11 @@
 //! Fair queuing from the operator's side (docs/GROUPS.md):
 //! `queue pause|resume -q Q --group G`, and `check` reading the group lists.
 
-use std::process::Command;
-
 use queue_testkit::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
-
-fn run(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .args(["--redis", url])
-        .output()
-        .expect("binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+#[path = "support/cli_run.rs"]
+mod cli_run;
+use cli_run::run;
 
 #[test]
 fn group_pause_resume_and_check_of_grouped_jobs() {

@@ -1,23 +1,14 @@
 //! `queue-watchdog queue limit` and the limits in `stats` (docs/LIMITS.md),
 //! as an operator runs them, against a real redis-server.
 
-use std::process::Command;
-
 use queue_testkit::RedisServer;
 
-const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
+#[path = "support/cli_run.rs"]
+mod cli_run;
 
+/// `run(args, url)`: this file's argument order.
 fn run(args: &[&str], url: &str) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .args(["--redis", url])
-        .output()
-        .expect("binary runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cli_run::run(url, args)
 }
 
 #[test]
