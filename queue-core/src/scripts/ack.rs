@@ -141,21 +141,7 @@ mod tests {
     /// Enqueues `id` and claims it: the delivery to acknowledge.
     async fn delivered(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) -> Delivery {
         let id = JobId::from(id);
-        Enqueue {
-            keys,
-            id: &id,
-            job_type: "t",
-            schema_version: 1,
-            payload: b"",
-            max_attempts: 3,
-            delay: None,
-            run_at: None,
-            once_for: None,
-            extra: &[],
-        }
-        .run(conn)
-        .await
-        .unwrap();
+        Enqueue::test_job(keys, &id, 3).run(conn).await.unwrap();
         // A token base of its own: a fetch retried with the same base gets
         // the deliveries of the first one (its receipt).
         let token_base = format!("tok-{id}");

@@ -412,18 +412,7 @@ mod fencing {
             .unwrap();
         let keys = QueueKeys::new("fencing");
         let id = JobId::from("job-1");
-        let enqueue = Enqueue {
-            keys: &keys,
-            id: &id,
-            job_type: "t",
-            schema_version: 1,
-            payload: b"",
-            max_attempts: 5,
-            delay: None,
-            run_at: None,
-            once_for: None,
-            extra: &[],
-        };
+        let enqueue = Enqueue::test_job(&keys, &id, 5);
         enqueue.run(&mut conn).await.unwrap();
         let first = fetch_one(&mut conn, &keys).await;
         fail(&mut conn, &keys, &first, FailKind::Retry).await;

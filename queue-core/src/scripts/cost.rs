@@ -77,16 +77,8 @@ async fn report(conn: &mut RedisConnection, what: &str, jobs: usize) {
 async fn enqueue(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) {
     let id = JobId::from(id);
     Enqueue {
-        keys,
-        id: &id,
-        job_type: "t",
-        schema_version: 1,
         payload: b"p",
-        max_attempts: 3,
-        delay: None,
-        run_at: None,
-        once_for: None,
-        extra: &[],
+        ..Enqueue::test_job(keys, &id, 3)
     }
     .run_with_token(conn, &uuid::Uuid::new_v4().to_string())
     .await

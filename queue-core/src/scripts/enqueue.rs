@@ -47,7 +47,25 @@ pub(crate) enum EnqueueReply {
     Done,
 }
 
-impl Enqueue<'_> {
+impl<'a> Enqueue<'a> {
+    /// A plain job for script tests: type `t`, version 1, empty payload, run
+    /// now, no once-marker, no extra fields (override with `..`).
+    #[cfg(test)]
+    pub(crate) fn test_job(keys: &'a QueueKeys, id: &'a JobId, max_attempts: u32) -> Self {
+        Enqueue {
+            keys,
+            id,
+            job_type: "t",
+            schema_version: 1,
+            payload: b"",
+            max_attempts,
+            delay: None,
+            run_at: None,
+            once_for: None,
+            extra: &[],
+        }
+    }
+
     /// `enq_token` is unique per enqueue call (kept across its retries): a
     /// retry that finds it on the job answers `Created` again. `""`: none.
     fn call(&self, enq_token: &str) -> Call {

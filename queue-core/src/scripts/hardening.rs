@@ -78,16 +78,8 @@ impl Fixture {
     async fn enqueue_extra(&mut self, id: &str, max_attempts: u32, extra: &[(String, String)]) {
         let id = JobId::from(id);
         Enqueue {
-            keys: &self.keys,
-            id: &id,
-            job_type: "t",
-            schema_version: 1,
-            payload: b"",
-            max_attempts,
-            delay: None,
-            run_at: None,
-            once_for: None,
             extra,
+            ..Enqueue::test_job(&self.keys, &id, max_attempts)
         }
         .run(&mut self.conn)
         .await
@@ -580,16 +572,8 @@ async fn enqueue_extra_fields_are_stored_and_core_names_refused() {
         async move {
             let id = JobId::from(id);
             Enqueue {
-                keys: &keys,
-                id: &id,
-                job_type: "t",
-                schema_version: 1,
-                payload: b"",
-                max_attempts: 1,
-                delay: None,
-                run_at: None,
-                once_for: None,
                 extra: &extra,
+                ..Enqueue::test_job(&keys, &id, 1)
             }
             .run(&mut conn)
             .await

@@ -28,16 +28,8 @@ async fn enqueue(conn: &mut RedisConnection, keys: &QueueKeys, id: &str, rate_ke
         .map(|k| vec![("rate_key".to_string(), k.to_string())])
         .unwrap_or_default();
     Enqueue {
-        keys,
-        id: &id.into(),
-        job_type: "t",
-        schema_version: 1,
-        payload: b"",
-        max_attempts: 3,
-        delay: None,
-        run_at: None,
-        once_for: None,
         extra: &extra,
+        ..Enqueue::test_job(keys, &id.into(), 3)
     }
     .run(conn)
     .await

@@ -66,21 +66,10 @@ mod tests {
             .unwrap();
         let keys = QueueKeys::new("scripts-pause");
         for id in ["first", "second"] {
-            Enqueue {
-                keys: &keys,
-                id: &id.into(),
-                job_type: "t",
-                schema_version: 1,
-                payload: b"",
-                max_attempts: 3,
-                delay: None,
-                run_at: None,
-                once_for: None,
-                extra: &[],
-            }
-            .run(&mut conn)
-            .await
-            .unwrap();
+            Enqueue::test_job(&keys, &id.into(), 3)
+                .run(&mut conn)
+                .await
+                .unwrap();
         }
         let moved: String = conn
             .lmove(

@@ -69,18 +69,7 @@ mod tests {
             .unwrap();
         let keys = QueueKeys::new("scripts-replay");
         let id = "job-1".into();
-        let enqueue = Enqueue {
-            keys: &keys,
-            id: &id,
-            job_type: "t",
-            schema_version: 1,
-            payload: b"",
-            max_attempts: 3,
-            delay: None,
-            run_at: None,
-            once_for: None,
-            extra: &[],
-        };
+        let enqueue = Enqueue::test_job(&keys, &id, 3);
         assert!(matches!(
             enqueue.run(&mut conn).await.unwrap(),
             EnqueueReply::Created { .. }

@@ -91,16 +91,8 @@ mod tests {
         let keys = QueueKeys::new("scripts-stats");
         for id in ["a", "b"] {
             Enqueue {
-                keys: &keys,
-                id: &id.into(),
-                job_type: "t",
-                schema_version: 1,
                 payload: b"x",
-                max_attempts: 1,
-                delay: None,
-                run_at: None,
-                once_for: None,
-                extra: &[],
+                ..Enqueue::test_job(&keys, &id.into(), 1)
             }
             .run(&mut conn)
             .await
