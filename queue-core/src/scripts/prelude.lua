@@ -119,6 +119,13 @@ local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, 
   results_wake(donekey)
 end
 
+-- Takes a just-delivered `id` out of `processing` (from the head, where the
+-- fetch put it) and drops its lease: a delivery that ends without a claim.
+local function drop_delivery(processing, leases, id)
+  redis.call('LREM', processing, 1, id)
+  redis.call('ZREM', leases, id)
+end
+
 -- Claims `id`, which the caller knows sits in the processing list: attempts+1,
 -- delivered_at, a fresh lease token and the next fencing token (`fence`, +1 on
 -- every delivery and never reset, so a later delivery always carries a larger
@@ -134,8 +141,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   local jobkey = jobprefix .. id
   if not no_record and redis.call('EXISTS', doneprefix .. id) == 1 then
     -- Completion record exists: the job already ran; ack without running it.
-    redis.call('LREM', processing, 1, id)
-    redis.call('ZREM', leases, id)
+    drop_delivery(processing, leases, id)
     redis.call('DEL', jobkey)
     bump(stats, 'skipped_done', 1)
     return {'done', id}
@@ -143,8 +149,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   local h, bad = read_job(jobkey, unpack(CLAIM_FIELDS))
   if h and not h[1] then
     dead_letter(jobkey, dead, stats, id, 'job hash missing (key deleted or evicted)', now)
-    redis.call('LREM', processing, 1, id)
-    redis.call('ZREM', leases, id)
+    drop_delivery(processing, leases, id)
     return {'missing', id}
   end
   if h then
@@ -171,14 +176,12 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   end
   if bad then
     dead_letter(jobkey, dead, stats, id, bad, now)
-    redis.call('LREM', processing, 1, id)
-    redis.call('ZREM', leases, id)
+    drop_delivery(processing, leases, id)
     return {'corrupt', id, bad}
   end
   local expired = deadline_check(jobkey, dead, stats, id, h, now)
   if expired then
-    redis.call('LREM', processing, 1, id)
-    redis.call('ZREM', leases, id)
+    drop_delivery(processing, leases, id)
     return {expired == true and 'expired' or 'corrupt', id, expired}
   end
   attempts = attempts + 1
@@ -346,8 +349,7 @@ local function limits_defer(lim, k, id, jobkey, processing, leases, delayed, wak
   local wake_it = sooner_than_head(delayed, run_at)
   redis.call('ZADD', delayed, run_at, id)
   redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at)
-  redis.call('LREM', processing, 1, id)
-  redis.call('ZREM', leases, id)
+  drop_delivery(processing, leases, id)
   redis.pcall('SET', nextkey, run_at + step, 'PX', run_at + step - now + (k.rate and k.rate[2] or LIMITS_BUSY_MS))
   if wake_it then wake_promoter(wake) end
   return {'deferred', id, run_at}
