@@ -535,7 +535,7 @@ local function wf_spawn(bkey, s, now, dead_reason)
   return true
 end
 
-local wf_finished
+local wf_finished, wf_member_finished
 
 -- Fires batch `bkey` once it is sealed and every member finished: the
 -- success callback only when all succeeded, the complete callback (a flow's
@@ -564,7 +564,7 @@ local function wf_maybe_fire(bkey, now)
       reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or '?')
     end
     if wf_spawn(bkey, c, now, reason) and reason and c[7] and c[7] ~= '' then
-      wf_finished(c[7], c[2], 'dead', reason, now)
+      wf_member_finished(c[7], c[2], 'dead', reason, now)
     end
   end
   for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
@@ -598,6 +598,17 @@ wf_finished = function(bkey, id, outcome, detail, now)
   wf_maybe_fire(bkey, now)
 end
 
+-- The one entry point of the scripts that end a job: member `id` whose job
+-- hash field `batch` is `field` finished. `field` holds one batch key, or
+-- several separated by '\n' (a job that feeds several batches, e.g. a DAG
+-- step with several dependents; job ids and queue names hold no control
+-- characters); the member is counted in each.
+wf_member_finished = function(field, id, outcome, detail, now)
+  for bkey in string.gmatch(field, '[^\n]+') do
+    wf_finished(bkey, id, outcome, detail, now)
+  end
+end
+
 -- A dead member of batch `bkey` was replayed: while the batch has not fired
 -- it counts as unfinished again (its next outcome is counted instead).
 local function wf_unfinish(bkey, id)
@@ -611,6 +622,13 @@ local function wf_unfinish(bkey, id)
     redis.pcall('HDEL', bkey .. ':results', id)
     local p = redis.call('HMGET', bkey, 'policy:' .. id, 'policy')
     if (p[1] or p[2]) == 'fail' then redis.call('HINCRBY', bkey, 'failed', -1) end
+  end
+end
+
+-- Replay's entry point: `field` as for wf_member_finished.
+local function wf_member_unfinish(field, id)
+  for bkey in string.gmatch(field, '[^\n]+') do
+    wf_unfinish(bkey, id)
   end
 end
 
