@@ -174,7 +174,7 @@ pub struct JobId(String);
 impl JobId {
     /// A fresh random (UUID v4) id.
     pub fn random() -> Self {
-        JobId(uuid::Uuid::new_v4().to_string())
+        JobId(random_uuid())
     }
 
     /// The id as text.
@@ -238,3 +238,15 @@ impl From<&JobId> for JobId {
 
 pub(crate) use crate::context::ContextInner;
 pub use crate::context::JobContext;
+
+/// A random UUID v4 as text, from the thread-local generator (`rand`'s
+/// `ThreadRng`, seeded from the OS once per thread) instead of one
+/// `getrandom` system call per id as `Uuid::new_v4` makes: job ids and
+/// enqueue tokens are drawn once per enqueued job.
+pub(crate) fn random_uuid() -> String {
+    let bytes: [u8; 16] = rand::random();
+    uuid::Builder::from_random_bytes(bytes)
+        .into_uuid()
+        .hyphenated()
+        .to_string()
+}

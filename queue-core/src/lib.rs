@@ -47,6 +47,7 @@ mod background;
 mod backoff;
 mod conn;
 mod context;
+mod enqueue_group;
 mod enqueue_options;
 mod error;
 mod events;

@@ -16,11 +16,14 @@ use redis::Value;
 use tracing::{debug, warn};
 
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::enqueue_group::{self, send_alone, Admit, GroupCommit, PendingJob};
 pub use crate::enqueue_options::{EnqueueOptions, EnqueueOutcome, Enqueued};
 use crate::error::{QueueError, Result};
+use crate::job::random_uuid;
 use crate::job::{Job, JobId};
 use crate::keys::QueueKeys;
-use crate::scripts::enqueue::{self, Enqueue, EnqueueReply};
+use crate::scripts::enqueue::Enqueue;
+use crate::scripts::enqueue_many::{self, ManyJob, ManyReply, Mode, MAX_JOBS_PER_CALL};
 use crate::scripts::{self, reply};
 
 /// A handle for enqueuing jobs. Cheap to clone; share one per process
@@ -55,6 +58,9 @@ pub struct Queue {
     /// `wait_result` open their own blocking connection (docs/EVENTS.md,
     /// docs/RESULTS.md).
     pub(crate) origin: Option<std::sync::Arc<(String, ConnectionConfig)>>,
+    /// Group commit of concurrent single enqueues (`enqueue_group.rs`),
+    /// shared by the clones; `None`: every call is sent alone.
+    group: Option<std::sync::Arc<GroupCommit>>,
 }
 
 /// Default of [`Queue::retry_window`].
@@ -77,6 +83,7 @@ impl Queue {
         Ok(Queue {
             conn: connect(url, cfg).await?,
             retry_window: DEFAULT_RETRY_WINDOW,
+            group: Some(Default::default()),
             origin: Some(std::sync::Arc::new((url.to_string(), cfg.clone()))),
         })
     }
@@ -86,6 +93,7 @@ impl Queue {
         Queue {
             conn,
             retry_window: DEFAULT_RETRY_WINDOW,
+            group: Some(Default::default()),
             origin: None,
         }
     }
@@ -109,6 +117,41 @@ impl Queue {
     pub fn with_retry_window(mut self, window: Duration) -> Self {
         self.retry_window = window;
         self
+    }
+
+    /// Group commit of concurrent single enqueues (default on): a call that
+    /// finds another enqueue of its queue in flight on this `Queue` or its
+    /// clones waits for it, then goes to Redis in one `enqueue_many.lua`
+    /// call with every call that arrived meanwhile (at most 256), instead
+    /// of one script call each. A call with nothing in flight is sent at
+    /// once, so a trickle of enqueues sees no added latency. Each call still
+    /// gets its own result, `Ok` only once Redis wrote its job; a job the
+    /// script refuses fails only its own call. `false`: every call is sent
+    /// alone (one script call per job, as before 0.2). The setting applies
+    /// to this handle and the clones made from it afterwards.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// let queue = queue_core::Queue::connect(&server.url()).await?;
+    /// assert!(queue.group_commit());
+    /// let alone = queue.clone().with_group_commit(false);
+    /// assert!(!alone.group_commit());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_group_commit(mut self, on: bool) -> Self {
+        match (on, &self.group) {
+            (false, _) => self.group = None,
+            (true, None) => self.group = Some(Default::default()),
+            (true, Some(_)) => {}
+        }
+        self
+    }
+
+    /// Whether concurrent single enqueues share script calls (see
+    /// [`with_group_commit`](Self::with_group_commit)).
+    pub fn group_commit(&self) -> bool {
+        self.group.is_some()
     }
 
     /// The current retry window (see [`with_retry_window`](Self::with_retry_window)).
@@ -181,6 +224,9 @@ impl Queue {
 
     /// Enqueues already-encoded payload bytes. Used by the outbox relay and by
     /// tests that need a payload no handler can decode.
+    ///
+    /// Concurrent calls on one `Queue` (and its clones) share script calls:
+    /// see [`with_group_commit`](Self::with_group_commit).
     pub async fn enqueue_raw(
         &self,
         queue: &str,
@@ -205,26 +251,35 @@ impl Queue {
                 .pop()
                 .ok_or_else(|| QueueError::protocol(queue, None, "empty batch reply"));
         }
+        let generated = opts.id.is_none();
         let id = valid_id(queue, opts.id.clone())?;
-        let keys = QueueKeys::new(queue);
-        let call = script_call(
-            &keys,
-            &id,
-            job_type,
+        let job = PendingJob {
+            id: id.clone(),
+            job_type: job_type.to_string(),
             schema_version,
             max_attempts,
-            &opts,
-            payload,
-        );
-        let enq_token = uuid::Uuid::new_v4().to_string();
-        let reply = self
-            .with_retries(queue, &id, || {
-                let mut conn = self.conn.clone();
-                let (call, enq_token) = (&call, &enq_token);
-                async move { call.run_with_token(&mut conn, enq_token).await }
-            })
-            .await
-            .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
+            opts,
+            payload: payload.to_vec(),
+            token: random_uuid(),
+            generated,
+            retry_window: self.retry_window,
+        };
+        let keys = || QueueKeys::new(queue);
+        let reply = match &self.group {
+            None => send_alone(&self.conn, &keys(), &job).await,
+            Some(group) => match group.admit(&self.conn, queue, job) {
+                Admit::Lead(job, turn) => {
+                    let reply = send_alone(&self.conn, &keys(), &job).await;
+                    drop(turn);
+                    reply
+                }
+                Admit::Alone(job) => send_alone(&self.conn, &keys(), &job).await,
+                Admit::Joined(rx) => rx
+                    .await
+                    .unwrap_or_else(|_| Err(enqueue_group::abandoned(queue, &id))),
+            },
+        }
+        .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
         let outcome = EnqueueOutcome::from(reply);
         if outcome == EnqueueOutcome::Created {
             crate::metrics::enqueued(queue, job_type, 1);
@@ -233,8 +288,9 @@ impl Queue {
         Ok(Enqueued { id, outcome })
     }
 
-    /// Enqueues many jobs with random ids in one pipeline (one round trip for
-    /// the whole batch). Each job is still written by its own atomic script.
+    /// Enqueues many jobs with random ids in one round trip: one
+    /// `enqueue_many.lua` call per 256 jobs, pipelined. Each call validates
+    /// all of its jobs before writing any.
     ///
     /// On `Err`, some jobs of the batch may have been written: retry with
     /// stable ids ([`Queue::enqueue_batch`]) when that matters.
@@ -268,7 +324,8 @@ impl Queue {
             .await
     }
 
-    /// Pipelined [`Queue::enqueue_raw`].
+    /// Batch [`Queue::enqueue_raw`]: one `enqueue_many.lua` call per 256
+    /// jobs, all in one pipeline (one round trip).
     pub async fn enqueue_raw_batch(
         &self,
         queue: &str,
@@ -287,69 +344,105 @@ impl Queue {
             .collect();
         let keys = QueueKeys::new(queue);
         let mut ids = Vec::with_capacity(items.len());
-        let mut pipe = redis::pipe();
-        let enq_token = uuid::Uuid::new_v4().to_string();
-        for (opts, payload) in &items {
-            let id = valid_id(queue, opts.id.clone())?;
-            let max_attempts = opts.max_attempts.unwrap_or(max_attempts);
-            script_call(
-                &keys,
-                &id,
-                job_type,
-                schema_version,
-                max_attempts,
-                opts,
-                payload,
-            )
-            .add_to(&mut pipe, &enq_token);
-            ids.push(id);
+        let mut generated = Vec::with_capacity(items.len());
+        let mut tokens = Vec::with_capacity(items.len());
+        for (opts, _) in &items {
+            generated.push(opts.id.is_none());
+            ids.push(valid_id(queue, opts.id.clone())?);
+            tokens.push(random_uuid());
         }
         let wait = items.iter().filter_map(|(o, _)| o.replicas).max();
-        if let Some((replicas, timeout)) = wait {
-            pipe.cmd("WAIT")
-                .arg(replicas)
-                .arg(timeout.as_millis() as u64);
-        }
         let first_id = ids.first().cloned();
+        let mut attempt = 0u32;
         let send = || {
-            let (mut conn, pipe, first_id) = (self.conn.clone(), &pipe, first_id.as_ref());
+            // Only the first attempt may skip the dedupe reads of generated
+            // ids: a retry's first attempt may have written them.
+            let fresh = attempt == 0;
+            attempt += 1;
+            let (mut conn, first_id) = (self.conn.clone(), first_id.as_ref());
+            let (keys, items, ids, generated, tokens) = (&keys, &items, &ids, &generated, &tokens);
             async move {
+                let jobs: Vec<ManyJob<'_>> = items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (opts, payload))| ManyJob {
+                        job: script_job(
+                            keys,
+                            &ids[i],
+                            job_type,
+                            schema_version,
+                            opts.max_attempts.unwrap_or(max_attempts),
+                            opts,
+                            payload,
+                        ),
+                        token: &tokens[i],
+                        fresh: fresh && generated[i],
+                    })
+                    .collect();
+                let mut pipe = redis::pipe();
+                for chunk in jobs.chunks(MAX_JOBS_PER_CALL) {
+                    enqueue_many::add_to(&mut pipe, keys, Mode::All, chunk);
+                }
+                if let Some((replicas, timeout)) = wait {
+                    pipe.cmd("WAIT")
+                        .arg(replicas)
+                        .arg(timeout.as_millis() as u64);
+                }
                 let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
                 if matches!(&res, Err(e) if scripts::is_noscript(e)) {
                     // First use on this server (or after a restart): load and
-                    // resend. A resend is harmless: the call's own jobs report
-                    // Created again (same enqueue token).
-                    enqueue::load(&mut conn)
+                    // resend. A resend is harmless: nothing ran, or the
+                    // call's own jobs report Created again (their tokens).
+                    enqueue_many::load(&mut conn)
                         .await
                         .map_err(|e| QueueError::redis(queue, first_id, e))?;
                     res = pipe.query_async(&mut conn).await;
                 }
-                res.map_err(|e| QueueError::redis(queue, first_id, e))
+                let mut replies = res.map_err(|e| QueueError::redis(queue, first_id, e))?;
+                let acked = match wait {
+                    Some(_) => replies.pop().as_ref().and_then(reply::int),
+                    None => None,
+                };
+                let calls = jobs.len().div_ceil(MAX_JOBS_PER_CALL);
+                if replies.len() != calls {
+                    return Err(QueueError::protocol(
+                        queue,
+                        first_id,
+                        format!("{} replies for {calls} enqueue_many calls", replies.len()),
+                    ));
+                }
+                let mut out = Vec::with_capacity(jobs.len());
+                for (chunk, reply) in jobs.chunks(MAX_JOBS_PER_CALL).zip(&replies) {
+                    for (m, r) in chunk.iter().zip(enqueue_many::decode(queue, chunk, reply)?) {
+                        match r {
+                            ManyReply::Enqueued(r) => out.push(r),
+                            ManyReply::Invalid(reason) => {
+                                return Err(QueueError::protocol(
+                                    queue,
+                                    Some(m.job.id),
+                                    format!("invalid in mode all: {reason}"),
+                                ))
+                            }
+                        }
+                    }
+                }
+                Ok((out, acked))
             }
         };
         let retry_id = first_id.clone().unwrap_or_else(|| JobId::from(""));
-        let mut replies = self
-            .with_retries(queue, &retry_id, send)
+        let (replies, acked) = with_retries(self.retry_window, queue, &retry_id, send)
             .await
             .inspect_err(
                 |e| debug!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed"),
             )?;
-        let acked = match wait {
-            Some(_) => replies.pop().as_ref().and_then(reply::int),
-            None => None,
-        };
-        if replies.len() != ids.len() {
-            return Err(QueueError::protocol(
-                queue,
-                first_id.as_ref(),
-                format!("{} replies for {} jobs", replies.len(), ids.len()),
-            ));
-        }
-        let mut out = Vec::with_capacity(ids.len());
-        for (id, reply) in ids.into_iter().zip(replies) {
-            let outcome = EnqueueReply::decode(queue, &id, &reply)?.into();
-            out.push(Enqueued { id, outcome });
-        }
+        let out: Vec<Enqueued> = ids
+            .into_iter()
+            .zip(replies)
+            .map(|(id, r)| Enqueued {
+                id,
+                outcome: r.into(),
+            })
+            .collect();
         if let (Some((wanted, _)), Some(acked)) = (wait, acked) {
             if acked < i64::from(wanted) {
                 return Err(QueueError::NotReplicated {
@@ -367,41 +460,43 @@ impl Queue {
     }
 }
 
-impl Queue {
-    /// Runs `send` until it succeeds, fails for a reason other than the
-    /// connection, or [`Queue::retry_window`] has passed. When any attempt's
-    /// outcome was unknown, the error returned says so
-    /// ([`QueueError::outcome_unknown`]) even if a later attempt failed
-    /// definitely (e.g. connection refused while Redis restarts).
-    async fn with_retries<T, F, Fut>(&self, queue: &str, id: &JobId, mut send: F) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
-        let deadline = tokio::time::Instant::now() + self.retry_window;
-        let mut delay = Duration::from_millis(50);
-        let mut unknown: Option<QueueError> = None;
-        loop {
-            let err = match send().await {
-                Ok(v) => return Ok(v),
-                Err(e) => e,
-            };
-            let retry =
-                err.is_connection_failure() && tokio::time::Instant::now() + delay < deadline;
-            if !retry {
-                return Err(match unknown {
-                    Some(first) if !err.outcome_unknown() => first,
-                    _ => err,
-                });
-            }
-            warn!(queue, job_id = %id, error = %err, retry_in_ms = delay.as_millis() as u64,
-                "enqueue failed on the connection; sending it again with the same id and token");
-            if err.outcome_unknown() {
-                unknown = Some(err);
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(1));
+/// Runs `send` until it succeeds, fails for a reason other than the
+/// connection, or `window` has passed ([`Queue::retry_window`]). When any
+/// attempt's outcome was unknown, the error returned says so
+/// ([`QueueError::outcome_unknown`]) even if a later attempt failed
+/// definitely (e.g. connection refused while Redis restarts).
+pub(crate) async fn with_retries<T, F, Fut>(
+    window: Duration,
+    queue: &str,
+    id: &JobId,
+    mut send: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let deadline = tokio::time::Instant::now() + window;
+    let mut delay = Duration::from_millis(50);
+    let mut unknown: Option<QueueError> = None;
+    loop {
+        let err = match send().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let retry = err.is_connection_failure() && tokio::time::Instant::now() + delay < deadline;
+        if !retry {
+            return Err(match unknown {
+                Some(first) if !err.outcome_unknown() => first,
+                _ => err,
+            });
         }
+        warn!(queue, job_id = %id, error = %err, retry_in_ms = delay.as_millis() as u64,
+            "enqueue failed on the connection; sending it again with the same id and token");
+        if err.outcome_unknown() {
+            unknown = Some(err);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(1));
     }
 }
 
@@ -416,9 +511,9 @@ fn valid_id(queue: &str, id: Option<JobId>) -> Result<JobId> {
     Ok(id)
 }
 
-/// The enqueue script call of one job, for a single enqueue and for each job
-/// of a batch.
-fn script_call<'a>(
+/// The script arguments of one job, for a single enqueue and for each job of
+/// a batch.
+pub(crate) fn script_job<'a>(
     keys: &'a QueueKeys,
     id: &'a JobId,
     job_type: &'a str,

@@ -1,25 +1,33 @@
 //! `enqueue.lua`: writes one job (hash + `LPUSH main`, or `ZADD delayed`),
 //! refusing an id whose job or completion record exists (dedupe at enqueue,
-//! DESIGN rule 7). Used alone and, through [`Enqueue::add_to`], by the batch
-//! pipeline, so the keys are listed once.
+//! DESIGN rule 7). [`Enqueue`] (one job's arguments) and [`EnqueueReply`]
+//! (one job's outcome) are shared with `enqueue_many.rs`, which `Queue`
+//! sends; the one-job script stays for producers in other languages
+//! (docs/PROTOCOL.md) and for script tests.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::{Pipeline, Value};
+use redis::Value;
 
 use super::reply::Fields;
+#[cfg(test)]
 use super::{lua_script, Call, LuaScript};
+#[cfg(test)]
 use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::state::JobState;
 
+#[cfg(test)]
 pub(crate) static SCRIPT: LuaScript<7> =
     lua_script!("enqueue.lua", keys = 7, args = 9, prelude(None));
 
 /// One job to write.
 pub(crate) struct Enqueue<'a> {
+    /// The queue's keys (read by the one-job script's call; `enqueue_many`
+    /// takes them once per call).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) keys: &'a QueueKeys,
     pub(crate) id: &'a JobId,
     pub(crate) job_type: &'a str,
@@ -68,6 +76,7 @@ impl<'a> Enqueue<'a> {
 
     /// `enq_token` is unique per enqueue call (kept across its retries): a
     /// retry that finds it on the job answers `Created` again. `""`: none.
+    #[cfg(test)]
     fn call(&self, enq_token: &str) -> Call {
         let (k, id) = (self.keys, self.id.as_str());
         let mut call = SCRIPT
@@ -104,6 +113,7 @@ impl<'a> Enqueue<'a> {
     }
 
     /// Runs the script alone, as the enqueue call identified by `enq_token`.
+    #[cfg(test)]
     pub(crate) async fn run_with_token(
         &self,
         conn: &mut RedisConnection,
@@ -115,17 +125,6 @@ impl<'a> Enqueue<'a> {
             .await?;
         EnqueueReply::decode(&self.keys.queue, self.id, &reply)
     }
-
-    /// Adds the call to a batch pipeline; on NOSCRIPT the caller runs
-    /// [`load`] and resends the pipeline.
-    pub(crate) fn add_to(&self, pipe: &mut Pipeline, enq_token: &str) {
-        self.call(enq_token).add_to(pipe);
-    }
-}
-
-/// Loads the script (after a pipeline got NOSCRIPT).
-pub(crate) async fn load(conn: &mut RedisConnection) -> redis::RedisResult<()> {
-    SCRIPT.load(conn).await
 }
 
 impl EnqueueReply {
@@ -148,12 +147,12 @@ impl EnqueueReply {
     }
 }
 
-fn millis(d: Option<Duration>) -> u64 {
+pub(super) fn millis(d: Option<Duration>) -> u64 {
     d.map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Milliseconds since the epoch, 0 for none (or before the epoch).
-fn epoch_ms(at: Option<SystemTime>) -> u64 {
+pub(super) fn epoch_ms(at: Option<SystemTime>) -> u64 {
     at.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| (d.as_millis() as u64).max(1))
         .unwrap_or(0)

@@ -36,6 +36,7 @@ pub(crate) mod claim;
 pub(crate) mod dead_trim;
 pub(crate) mod defer;
 pub(crate) mod enqueue;
+pub(crate) mod enqueue_many;
 pub(crate) mod extend;
 pub(crate) mod fail;
 pub(crate) mod fetch;
@@ -56,6 +57,8 @@ pub(crate) mod set_limits;
 pub(crate) mod stats;
 pub(crate) mod step_record;
 
+#[cfg(test)]
+mod enqueue_many_tests;
 #[cfg(test)]
 mod hardening;
 #[cfg(test)]
@@ -257,6 +260,7 @@ mod tests {
             entry!(dead_trim),
             entry!(defer),
             entry!(enqueue),
+            entry!(enqueue_many),
             entry!(extend),
             entry!(fail),
             entry!(fetch),

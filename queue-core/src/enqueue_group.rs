@@ -1,0 +1,290 @@
+//! Group commit of concurrent single enqueues on one [`Queue`](crate::Queue)
+//! (its clones share it, as they share the multiplexed connection).
+//!
+//! A call that finds no enqueue of its queue in flight is sent at once, alone
+//! (no added latency when enqueues trickle in). Calls that arrive while one is
+//! in flight wait in the queue's lane; when the call in flight returns, one
+//! `enqueue_many.lua` call carries everything waiting (at most
+//! [`MAX_JOBS_PER_CALL`](crate::scripts::enqueue_many::MAX_JOBS_PER_CALL)),
+//! and so on until the lane is empty. No timer: a job waits at most for the
+//! call ahead of it. A full lane (4 calls' worth) sends the newcomer alone.
+//!
+//! Every caller gets its own result: `Ok` only from the script's reply for its
+//! own job (DESIGN rule 8); a job refused by validation is sent again alone,
+//! so only its caller gets the script's error; a failed call fails each of its
+//! callers with the error naming that caller's job. Retries follow
+//! `Queue::retry_window` (the shortest of the call's callers), with each
+//! job's own enqueue token, and never skip the dedupe reads.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tracing::debug;
+
+use crate::conn::RedisConnection;
+use crate::error::{QueueError, Result};
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+use crate::queue::{script_job, with_retries, EnqueueOptions};
+use crate::scripts::enqueue::EnqueueReply;
+use crate::scripts::enqueue_many::{self, ManyJob, ManyReply, Mode, MAX_JOBS_PER_CALL};
+
+/// One enqueue, ready to send (validated id, encoded payload, own token).
+pub(crate) struct PendingJob {
+    pub(crate) id: JobId,
+    pub(crate) job_type: String,
+    pub(crate) schema_version: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) opts: EnqueueOptions,
+    pub(crate) payload: Vec<u8>,
+    /// Unique per enqueue call, kept across its retries.
+    pub(crate) token: String,
+    /// The id was generated for this call (it cannot exist yet).
+    pub(crate) generated: bool,
+    /// The caller's `Queue::retry_window`.
+    pub(crate) retry_window: Duration,
+}
+
+/// A caller waiting for the next call of its lane.
+struct Waiter {
+    job: PendingJob,
+    tx: oneshot::Sender<Result<EnqueueReply>>,
+}
+
+/// The enqueues of one queue waiting behind the call in flight. A lane
+/// exists while a call is in flight (its presence is the "in flight" flag).
+#[derive(Default)]
+struct Lane {
+    waiting: Vec<Waiter>,
+}
+
+/// The lanes of one `Queue` and its clones, one per queue name.
+#[derive(Default)]
+pub(crate) struct GroupCommit {
+    lanes: Mutex<HashMap<String, Lane>>,
+}
+
+/// Waiters beyond this many (per queue) send alone: bounded memory.
+const MAX_WAITING: usize = 4 * MAX_JOBS_PER_CALL;
+
+/// What [`GroupCommit::admit`] decided for a call.
+pub(crate) enum Admit {
+    /// Nothing in flight: send now; the turn hands the lane on when dropped.
+    Lead(PendingJob, Turn),
+    /// Joined the next call: await the reply.
+    Joined(oneshot::Receiver<Result<EnqueueReply>>),
+    /// The lane is full: send alone, outside the group.
+    Alone(PendingJob),
+}
+
+impl GroupCommit {
+    fn lanes(&self) -> MutexGuard<'_, HashMap<String, Lane>> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        conn: &RedisConnection,
+        queue: &str,
+        job: PendingJob,
+    ) -> Admit {
+        let mut lanes = self.lanes();
+        match lanes.get_mut(queue) {
+            None => {
+                lanes.insert(queue.to_string(), Lane::default());
+                Admit::Lead(
+                    job,
+                    Turn {
+                        group: self.clone(),
+                        conn: conn.clone(),
+                        queue: queue.to_string(),
+                    },
+                )
+            }
+            Some(lane) if lane.waiting.len() < MAX_WAITING => {
+                let (tx, rx) = oneshot::channel();
+                lane.waiting.push(Waiter { job, tx });
+                Admit::Joined(rx)
+            }
+            Some(_) => Admit::Alone(job),
+        }
+    }
+}
+
+/// The right to send the next call of a lane. Dropped (after its call
+/// returned, or when its task is cancelled or panics), it starts a task for
+/// the waiters, or removes the lane when none wait.
+pub(crate) struct Turn {
+    group: Arc<GroupCommit>,
+    conn: RedisConnection,
+    queue: String,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut lanes = self.group.lanes();
+        let waiting = lanes
+            .get(&self.queue)
+            .is_some_and(|l| !l.waiting.is_empty());
+        if !waiting {
+            lanes.remove(&self.queue);
+            return;
+        }
+        drop(lanes);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let next = Turn {
+                    group: self.group.clone(),
+                    conn: self.conn.clone(),
+                    queue: self.queue.clone(),
+                };
+                drop(rt.spawn(next.send_waiting()));
+            }
+            // No runtime (it is shutting down): dropping the waiters drops
+            // their senders; each caller gets `abandoned` (outcome unknown).
+            Err(_) => drop(self.group.lanes().remove(&self.queue)),
+        }
+    }
+}
+
+impl Turn {
+    /// Sends one call with the lane's waiters (at most one call's worth) and
+    /// answers each; dropping `self` then hands the lane on.
+    async fn send_waiting(self) {
+        let batch: Vec<Waiter> = {
+            let mut lanes = self.group.lanes();
+            let Some(lane) = lanes.get_mut(&self.queue) else {
+                return;
+            };
+            let n = lane.waiting.len().min(MAX_JOBS_PER_CALL);
+            lane.waiting.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let (jobs, txs): (Vec<PendingJob>, Vec<_>) =
+            batch.into_iter().map(|w| (w.job, w.tx)).unzip();
+        let keys = QueueKeys::new(&self.queue);
+        debug!(queue = %self.queue, jobs = jobs.len(), "group commit");
+        match send_call(&self.conn, &keys, Mode::Each, &jobs).await {
+            Ok(replies) => {
+                for ((job, tx), reply) in jobs.iter().zip(txs).zip(replies) {
+                    let result = match reply {
+                        ManyReply::Enqueued(r) => Ok(r),
+                        // Alone, in mode `all`: its caller gets the script's
+                        // own error reply, nothing written.
+                        ManyReply::Invalid(_) => send_alone(&self.conn, &keys, job).await,
+                    };
+                    let _ = tx.send(result);
+                }
+            }
+            Err(e) => {
+                for (job, tx) in jobs.iter().zip(txs) {
+                    let _ = tx.send(Err(for_job(&e, &keys.queue, &job.id)));
+                }
+            }
+        }
+    }
+}
+
+/// Sends one job alone (a lead call, a full lane, an invalid job's resend).
+pub(crate) async fn send_alone(
+    conn: &RedisConnection,
+    keys: &QueueKeys,
+    job: &PendingJob,
+) -> Result<EnqueueReply> {
+    let replies = send_call(conn, keys, Mode::All, std::slice::from_ref(job)).await?;
+    match replies.into_iter().next() {
+        Some(ManyReply::Enqueued(r)) => Ok(r),
+        other => Err(QueueError::protocol(
+            &keys.queue,
+            Some(&job.id),
+            format!("enqueue_many in mode all answered {other:?}"),
+        )),
+    }
+}
+
+/// One `enqueue_many.lua` call for `jobs` (at most one call's worth), sent
+/// again on a connection failure within the shortest retry window of its
+/// jobs; only the first attempt skips the dedupe reads of generated ids.
+async fn send_call(
+    conn: &RedisConnection,
+    keys: &QueueKeys,
+    mode: Mode,
+    jobs: &[PendingJob],
+) -> Result<Vec<ManyReply>> {
+    let window = jobs
+        .iter()
+        .map(|j| j.retry_window)
+        .min()
+        .unwrap_or_default();
+    let first = jobs
+        .first()
+        .map(|j| j.id.clone())
+        .unwrap_or_else(|| JobId::from(""));
+    let mut attempt = 0u32;
+    with_retries(window, &keys.queue, &first, || {
+        let fresh = attempt == 0;
+        attempt += 1;
+        let mut conn = conn.clone();
+        async move {
+            let many: Vec<ManyJob<'_>> = jobs
+                .iter()
+                .map(|j| ManyJob {
+                    job: script_job(
+                        keys,
+                        &j.id,
+                        &j.job_type,
+                        j.schema_version,
+                        j.max_attempts,
+                        &j.opts,
+                        &j.payload,
+                    ),
+                    token: &j.token,
+                    fresh: fresh && j.generated,
+                })
+                .collect();
+            enqueue_many::run(&mut conn, keys, mode, &many).await
+        }
+    })
+    .await
+}
+
+/// The error of a failed call as seen by one of its callers: the same
+/// failure, naming that caller's job.
+fn for_job(e: &QueueError, queue: &str, id: &JobId) -> QueueError {
+    let (queue, job_id) = (queue.to_string(), Some(id.clone()));
+    match e {
+        QueueError::Redis { source, .. } => QueueError::Redis {
+            queue,
+            job_id,
+            source: source.clone(),
+        },
+        QueueError::ReadOnlyReplica { .. } => QueueError::ReadOnlyReplica { queue, job_id },
+        QueueError::Protocol { detail, .. } => QueueError::Protocol {
+            queue,
+            job_id,
+            detail: detail.clone(),
+        },
+        other => QueueError::Protocol {
+            queue,
+            job_id,
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// The error of a waiter whose call was never answered (its task ended with
+/// the runtime): the job may or may not have been written.
+pub(crate) fn abandoned(queue: &str, id: &JobId) -> QueueError {
+    QueueError::redis(
+        queue,
+        Some(id),
+        redis::RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "the group commit carrying this enqueue ended without a reply",
+        )),
+    )
+}

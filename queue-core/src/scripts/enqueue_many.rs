@@ -1,0 +1,193 @@
+//! `enqueue_many.lua`: writes many jobs of one queue in one script call (the
+//! multi-job form of `enqueue.lua`, same per-job checks and replies), for
+//! [`Queue`](crate::Queue)'s batches and its group commit of concurrent
+//! single enqueues. Every job is validated before the first write; one TIME
+//! and one stats update per call; a generated id skips the dedupe reads.
+
+use redis::{Pipeline, Value};
+
+use super::enqueue::{epoch_ms, millis, Enqueue, EnqueueReply};
+use super::reply::{self, Fields};
+use super::{lua_script, Call, LuaScript};
+use crate::conn::RedisConnection;
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
+
+pub(crate) static SCRIPT: LuaScript<4> =
+    lua_script!("enqueue_many.lua", keys = 4, args = 4, prelude(None));
+
+/// The most jobs one call carries: bounds the time one script holds Redis
+/// and the memory of one group commit. Larger batches are sent as several
+/// calls (in one pipeline).
+pub(crate) const MAX_JOBS_PER_CALL: usize = 256;
+
+/// What an invalid job does to the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Nothing is written; the call fails with the script's error reply
+    /// (a batch the caller built: all or nothing).
+    All,
+    /// The invalid job answers [`ManyReply::Invalid`]; the others are
+    /// written (a group commit of independent callers).
+    Each,
+}
+
+/// One job of the call.
+pub(crate) struct ManyJob<'a> {
+    pub(crate) job: Enqueue<'a>,
+    /// Unique per enqueue call, kept across its retries (see `enqueue.rs`).
+    pub(crate) token: &'a str,
+    /// A generated id that this call sends for the first time: the script
+    /// skips the dedupe reads. A retry must send `false` (the first attempt
+    /// may have written it).
+    pub(crate) fresh: bool,
+}
+
+/// What the script did with one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ManyReply {
+    /// As `enqueue.lua` answers for one job.
+    Enqueued(EnqueueReply),
+    /// Refused by validation (only in [`Mode::Each`]); nothing written for it.
+    Invalid(String),
+}
+
+/// The call for `jobs` (all of queue `keys`).
+pub(crate) fn call(keys: &QueueKeys, mode: Mode, jobs: &[ManyJob<'_>]) -> Call {
+    let mut call = SCRIPT
+        .call([
+            keys.main.clone(),
+            keys.delayed.clone(),
+            keys.stats.clone(),
+            keys.wake.clone(),
+        ])
+        .arg(&keys.job_prefix)
+        .arg(&keys.done_prefix)
+        .arg(keys.once(""))
+        .arg(match mode {
+            Mode::All => "all",
+            Mode::Each => "each",
+        });
+    for m in jobs {
+        let j = &m.job;
+        call = call
+            .repeated_arg(j.id.as_str())
+            .repeated_arg(j.job_type)
+            .repeated_arg(j.schema_version)
+            .repeated_arg(j.payload)
+            .repeated_arg(j.max_attempts.max(1))
+            .repeated_arg(millis(j.delay))
+            .repeated_arg(epoch_ms(j.run_at))
+            .repeated_arg(millis(j.once_for))
+            .repeated_arg(m.token)
+            .repeated_arg(if m.fresh { "1" } else { "0" })
+            .repeated_arg(j.extra.len());
+        for (name, value) in j.extra {
+            call = call
+                .repeated_arg(name.as_str())
+                .repeated_arg(value.as_str());
+        }
+    }
+    call
+}
+
+/// Runs one call (at most [`MAX_JOBS_PER_CALL`] jobs) and decodes its reply.
+pub(crate) async fn run(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    mode: Mode,
+    jobs: &[ManyJob<'_>],
+) -> Result<Vec<ManyReply>> {
+    let first = jobs.first().map(|m| m.job.id);
+    let reply = call(keys, mode, jobs).run(conn, &keys.queue, first).await?;
+    decode(&keys.queue, jobs, &reply)
+}
+
+/// Adds the call to a pipeline; on NOSCRIPT the caller runs [`load`] and
+/// resends the pipeline.
+pub(crate) fn add_to(pipe: &mut Pipeline, keys: &QueueKeys, mode: Mode, jobs: &[ManyJob<'_>]) {
+    call(keys, mode, jobs).add_to(pipe);
+}
+
+/// Loads the script (after a pipeline got NOSCRIPT).
+pub(crate) async fn load(conn: &mut RedisConnection) -> redis::RedisResult<()> {
+    SCRIPT.load(conn).await
+}
+
+/// One reply per job, in order; each decoded as [`EnqueueReply::decode`] or
+/// `{'invalid', reason}`. A count that does not match is a protocol error.
+pub(crate) fn decode(queue: &str, jobs: &[ManyJob<'_>], reply: &Value) -> Result<Vec<ManyReply>> {
+    let first = jobs.first().map(|m| m.job.id);
+    let items = reply::array(reply).ok_or_else(|| {
+        QueueError::protocol(queue, first, format!("enqueue_many reply: {reply:?}"))
+    })?;
+    if items.len() != jobs.len() {
+        return Err(QueueError::protocol(
+            queue,
+            first,
+            format!(
+                "enqueue_many: {} replies for {} jobs",
+                items.len(),
+                jobs.len()
+            ),
+        ));
+    }
+    jobs.iter()
+        .zip(items)
+        .map(|(m, item)| {
+            let f = Fields::new(queue, Some(m.job.id), "enqueue_many reply", item)?;
+            if f.tag()? == "invalid" {
+                return Ok(ManyReply::Invalid(f.text(1, "reason")?));
+            }
+            EnqueueReply::decode(queue, m.job.id, item).map(ManyReply::Enqueued)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use redis::Value;
+
+    use super::{decode, ManyJob, ManyReply};
+    use crate::keys::QueueKeys;
+    use crate::scripts::enqueue::{Enqueue, EnqueueReply};
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn decodes_one_reply_per_job_and_refuses_a_wrong_count() {
+        let keys = QueueKeys::new("q");
+        let (a, b) = ("a".into(), "b".into());
+        let jobs = [
+            ManyJob {
+                job: Enqueue::test_job(&keys, &a, 1),
+                token: "",
+                fresh: false,
+            },
+            ManyJob {
+                job: Enqueue::test_job(&keys, &b, 1),
+                token: "",
+                fresh: false,
+            },
+        ];
+        let reply = Value::Array(vec![
+            Value::Array(vec![bulk("new"), Value::Int(5)]),
+            Value::Array(vec![bulk("invalid"), bulk("extra field name: id")]),
+        ]);
+        assert_eq!(
+            decode("q", &jobs, &reply).unwrap(),
+            vec![
+                ManyReply::Enqueued(EnqueueReply::Created { run_at_ms: 5 }),
+                ManyReply::Invalid("extra field name: id".into()),
+            ]
+        );
+        let short = Value::Array(vec![Value::Array(vec![bulk("done")])]);
+        let err = decode("q", &jobs, &short).unwrap_err();
+        assert!(matches!(err, crate::QueueError::Protocol { .. }), "{err}");
+        let bad = Value::Array(vec![Value::Array(vec![bulk("what")]), Value::Int(1)]);
+        let err = decode("q", &jobs, &bad).unwrap_err();
+        assert_eq!(err.job_id().map(|j| j.as_str()), Some("a"));
+    }
+}

@@ -1,0 +1,217 @@
+//! Script-level tests of `enqueue_many.lua` against a real redis-server:
+//! validation of every job before the first write (mode `all`) or per job
+//! (mode `each`), the per-job checks of `enqueue.lua` (duplicate in the call,
+//! completion record, once-marker, enqueue token on a retry), and the costs
+//! the script exists for (one TIME and one stats update per call, no dedupe
+//! read for a fresh id).
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+
+use super::enqueue::{Enqueue, EnqueueReply};
+use super::enqueue_many::{run, ManyJob, ManyReply, Mode};
+use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+use crate::state::JobState;
+
+async fn setup() -> (queue_testkit::RedisServer, RedisConnection, QueueKeys) {
+    let server = queue_testkit::RedisServer::start().unwrap();
+    let conn = connect(&server.url(), &ConnectionConfig::default())
+        .await
+        .unwrap();
+    (server, conn, QueueKeys::new("many"))
+}
+
+fn pair(n: &str, v: &str) -> (String, String) {
+    (n.to_string(), v.to_string())
+}
+
+/// Calls of `cmd` since the last `CONFIG RESETSTAT` (`INFO commandstats`).
+async fn calls(conn: &mut RedisConnection, cmd: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn enqueued_stat(conn: &mut RedisConnection, keys: &QueueKeys) -> i64 {
+    let v: Option<i64> = conn.hget(&keys.stats, "enqueued").await.unwrap();
+    v.unwrap_or(0)
+}
+
+#[tokio::test]
+async fn mode_all_refuses_the_whole_call_before_any_write() {
+    let (_s, mut conn, keys) = setup().await;
+    let ids: Vec<JobId> = ["a", "b", "c"].into_iter().map(JobId::from).collect();
+    let bad = [pair("state", "done")];
+    let jobs: Vec<ManyJob<'_>> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| ManyJob {
+            job: Enqueue {
+                extra: if i == 2 { &bad } else { &[] },
+                ..Enqueue::test_job(&keys, id, 1)
+            },
+            token: "t",
+            fresh: false,
+        })
+        .collect();
+    let err = run(&mut conn, &keys, Mode::All, &jobs).await.unwrap_err();
+    assert!(err.to_string().contains("core job field"), "{err}");
+    let main: i64 = conn.llen(&keys.main).await.unwrap();
+    let hashes: i64 = conn.exists(keys.job("a")).await.unwrap();
+    assert_eq!(
+        (main, hashes, enqueued_stat(&mut conn, &keys).await),
+        (0, 0, 0)
+    );
+}
+
+#[tokio::test]
+async fn mode_each_answers_invalid_for_that_job_and_writes_the_others() {
+    let (_s, mut conn, keys) = setup().await;
+    let ids: Vec<JobId> = ["a", "b", "c"].into_iter().map(JobId::from).collect();
+    let bad = [pair("", "v")];
+    let jobs: Vec<ManyJob<'_>> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| ManyJob {
+            job: Enqueue {
+                extra: if i == 1 { &bad } else { &[] },
+                ..Enqueue::test_job(&keys, id, 1)
+            },
+            token: "t",
+            fresh: false,
+        })
+        .collect();
+    let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
+    assert!(matches!(
+        replies[..],
+        [
+            ManyReply::Enqueued(EnqueueReply::Created { .. }),
+            ManyReply::Invalid(_),
+            ManyReply::Enqueued(EnqueueReply::Created { .. })
+        ]
+    ));
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(main, vec!["c", "a"]);
+    let b: i64 = conn.exists(keys.job("b")).await.unwrap();
+    assert_eq!((b, enqueued_stat(&mut conn, &keys).await), (0, 2));
+}
+
+/// The checks of `enqueue.lua`, per job: a second job of the call with the
+/// same id, a completion record, a once-marker; a retried call (same tokens,
+/// `fresh` off) answers `new` again for its own jobs and writes nothing twice.
+#[tokio::test]
+async fn per_job_dedupe_and_a_retry_with_the_same_tokens() {
+    let (_s, mut conn, keys) = setup().await;
+    let _: () = conn
+        .hset(keys.done("d"), "status", "completed")
+        .await
+        .unwrap();
+    let ids: Vec<JobId> = ["x", "x", "d", "o", "o"]
+        .into_iter()
+        .map(JobId::from)
+        .collect();
+    let tokens = ["t1", "t2", "t3", "t4", "t5"];
+    let many = |fresh: bool| -> Vec<ManyJob<'_>> {
+        ids.iter()
+            .zip(tokens)
+            .map(|(id, token)| ManyJob {
+                job: Enqueue {
+                    once_for: (id.as_str() == "o").then_some(Duration::from_secs(60)),
+                    ..Enqueue::test_job(&keys, id, 1)
+                },
+                token,
+                fresh,
+            })
+            .collect()
+    };
+    let first = run(&mut conn, &keys, Mode::Each, &many(false))
+        .await
+        .unwrap();
+    let tags = |r: &[ManyReply]| -> Vec<String> {
+        r.iter()
+            .map(|r| match r {
+                ManyReply::Enqueued(EnqueueReply::Created { .. }) => "new".to_string(),
+                ManyReply::Enqueued(EnqueueReply::Exists { state }) => format!("exists {state}"),
+                ManyReply::Enqueued(EnqueueReply::Done) => "done".to_string(),
+                ManyReply::Invalid(r) => format!("invalid {r}"),
+            })
+            .collect()
+    };
+    assert_eq!(
+        tags(&first),
+        ["new", "exists queued", "done", "new", "exists scheduled"]
+    );
+    assert_eq!(
+        first[4],
+        ManyReply::Enqueued(EnqueueReply::Exists {
+            state: JobState::Scheduled
+        })
+    );
+    // The retry of a call whose reply was lost: the same tokens.
+    let again = run(&mut conn, &keys, Mode::Each, &many(false))
+        .await
+        .unwrap();
+    assert_eq!(tags(&again)[0], "new");
+    assert_eq!(tags(&again)[3], "new");
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(main, vec!["o", "x"]);
+    assert_eq!(enqueued_stat(&mut conn, &keys).await, 2);
+}
+
+/// What the script is for: one TIME and one HINCRBY per call, and no EXISTS
+/// for fresh (generated) ids; delayed jobs go to the delayed set and
+/// wake the promoter once; a `group` extra field puts the job in its group.
+#[tokio::test]
+async fn one_time_and_one_counter_per_call_and_no_dedupe_read_for_fresh_ids() {
+    let (_s, mut conn, keys) = setup().await;
+    let ids: Vec<JobId> = (0..20).map(|_| JobId::random()).collect();
+    let group = [pair("group", "g1")];
+    let jobs: Vec<ManyJob<'_>> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| ManyJob {
+            job: Enqueue {
+                delay: (i % 4 == 0).then_some(Duration::from_secs(60)),
+                extra: if i == 1 { &group } else { &[] },
+                ..Enqueue::test_job(&keys, id, 3)
+            },
+            token: "tok",
+            fresh: true,
+        })
+        .collect();
+    // Loads the script outside the counted window.
+    let _: () = super::enqueue_many::load(&mut conn).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
+    assert_eq!(replies.len(), 20);
+    assert_eq!(calls(&mut conn, "time").await, 1);
+    assert_eq!(calls(&mut conn, "hincrby").await, 1);
+    // The one EXISTS is push_waiting's (the ring, for the group's first job):
+    // none for the dedupe of the 20 fresh ids.
+    assert_eq!(calls(&mut conn, "exists").await, 1);
+    assert_eq!(calls(&mut conn, "hset").await, 20);
+    assert_eq!(calls(&mut conn, "zrange").await, 1);
+    let delayed: i64 = conn.zcard(&keys.delayed).await.unwrap();
+    let main: i64 = conn.llen(&keys.main).await.unwrap();
+    let grouped: Vec<String> = conn.lrange(keys.group("g1"), 0, -1).await.unwrap();
+    let wake: i64 = conn.llen(&keys.wake).await.unwrap();
+    assert_eq!((delayed, main, wake), (5, 14, 1));
+    assert_eq!(grouped, vec![ids[1].to_string()]);
+    assert_eq!(enqueued_stat(&mut conn, &keys).await, 20);
+    let state: String = conn.hget(keys.job(ids[0].as_str()), "state").await.unwrap();
+    assert_eq!(state, "delayed");
+}
