@@ -1,0 +1,162 @@
+//! Group commit of concurrent single enqueues (`queue-core/src/enqueue_group.rs`):
+//! many producers on one `Queue` share script calls, each caller still gets
+//! its own result (a job refused by the script fails only its caller, a
+//! duplicate id is reported to its caller), and a redis-server killed in the
+//! middle leaves every caller with an error or an `Ok` whose job exists.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, QueueError, QueueKeys};
+use queue_tests::{task, TestEnv, BOUND};
+use redis::AsyncCommands;
+
+/// `EVALSHA` calls the server ran so far (`INFO commandstats`).
+async fn script_calls(env: &TestEnv) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut env.conn().await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What caller `i` sends: every 7th job carries a core field name as an extra
+/// field (refused by the script), every 5th uses one of a few shared stable
+/// ids (all but one of those are duplicates), the rest get generated ids.
+fn opts_of(i: u64) -> EnqueueOptions {
+    let opts = EnqueueOptions::new();
+    if i % 7 == 3 {
+        opts.id(format!("bad-{i}")).extra_field("state", "done")
+    } else if i % 5 == 0 {
+        opts.id(format!("shared-{}", i % 3))
+    } else {
+        opts
+    }
+}
+
+#[tokio::test]
+async fn concurrent_producers_share_script_calls_and_each_gets_its_own_result() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new("tasks");
+    // Loads the script and counts from here.
+    env.enqueue(env.task(0)).await;
+    let before = script_calls(&env).await;
+    const N: u64 = 400;
+    let calls = (1..=N).map(|i| {
+        let queue = env.queue.clone();
+        let t = env.task(i);
+        async move { (i, queue.enqueue_with::<task::Job>(opts_of(i), &t).await) }
+    });
+    let results: Vec<(u64, Result<Enqueued, QueueError>)> =
+        tokio::time::timeout(BOUND, futures::future::join_all(calls))
+            .await
+            .expect("every caller answered");
+    let scripts = script_calls(&env).await - before;
+    assert!(
+        scripts < N / 4,
+        "{N} concurrent enqueues took {scripts} script calls: not grouped"
+    );
+    let mut conn = env.conn().await;
+    let mut shared_created = HashSet::new();
+    for (i, r) in results {
+        if i % 7 == 3 {
+            let err = r.expect_err("a core field name is refused");
+            assert_eq!(err.queue(), Some("tasks"), "{err}");
+            assert_eq!(
+                err.job_id().map(|j| j.to_string()),
+                Some(format!("bad-{i}"))
+            );
+            assert!(err.to_string().contains("core job field"), "{err}");
+            assert!(!err.outcome_unknown(), "{err}");
+            let exists: bool = conn.exists(keys.job(&format!("bad-{i}"))).await.unwrap();
+            assert!(!exists, "a refused job is not written");
+            continue;
+        }
+        let e = r.unwrap_or_else(|e| panic!("caller {i}: {e}"));
+        let seq: Option<String> = conn.hget(keys.job(e.id.as_str()), "state").await.unwrap();
+        assert_eq!(
+            seq.as_deref(),
+            Some("queued"),
+            "caller {i}'s job {} exists",
+            e.id
+        );
+        if i % 5 == 0 {
+            match e.outcome {
+                EnqueueOutcome::Created => assert!(shared_created.insert(e.id.clone()), "{}", e.id),
+                EnqueueOutcome::Duplicate { .. } => {}
+                other => panic!("caller {i}: {other:?}"),
+            }
+        } else {
+            assert!(e.is_new(), "caller {i}: {:?}", e.outcome);
+        }
+    }
+    assert_eq!(
+        shared_created.len(),
+        3,
+        "each shared id created exactly once"
+    );
+    let bad = (1..=N).filter(|i| i % 7 == 3).count() as u64;
+    let shared = (1..=N).filter(|i| i % 7 != 3 && i % 5 == 0).count() as u64;
+    let waiting: u64 = conn.llen(&keys.main).await.unwrap();
+    assert_eq!(waiting, 1 + N - bad - shared + 3);
+}
+
+#[tokio::test]
+async fn a_server_killed_mid_batch_leaves_every_caller_an_error_or_a_written_job() {
+    let mut env = TestEnv::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await;
+    let queue = env
+        .queue
+        .clone()
+        .with_retry_window(Duration::from_millis(200));
+    env.enqueue(env.task(0)).await;
+    let producers: Vec<_> = (0..24u64)
+        .map(|p| {
+            let queue = queue.clone();
+            let t = env.task(p);
+            tokio::spawn(async move {
+                let mut ok = Vec::new();
+                for k in 0.. {
+                    let opts = EnqueueOptions::new().id(format!("p{p}-{k}"));
+                    match queue.enqueue_with::<task::Job>(opts, &t).await {
+                        Ok(e) => ok.push(e),
+                        Err(e) => return (ok, e),
+                    }
+                }
+                unreachable!()
+            })
+        })
+        .collect();
+    let keys = QueueKeys::new("tasks");
+    queue_tests::wait_until(BOUND, "some jobs enqueued", || {
+        let queue = env.queue.clone();
+        async move { queue.stats("tasks").await.is_ok_and(|s| s.main >= 300) }
+    })
+    .await;
+    env.server.kill();
+    let mut oks = Vec::new();
+    for p in producers {
+        let (ok, err) = tokio::time::timeout(BOUND, p)
+            .await
+            .expect("every caller answered after the kill")
+            .unwrap();
+        assert_eq!(err.queue(), Some("tasks"), "{err}");
+        assert!(err.job_id().is_some(), "the error names the job: {err}");
+        oks.extend(ok);
+    }
+    env.server.restart().unwrap();
+    let mut conn = queue_tests::redis_conn(&env.url).await;
+    for e in &oks {
+        assert!(e.is_new(), "{:?}", e);
+        let exists: bool = conn.exists(keys.job(e.id.as_str())).await.unwrap();
+        assert!(
+            exists,
+            "job {} was confirmed but is missing after the restart",
+            e.id
+        );
+    }
+    assert!(oks.len() >= 300, "{} confirmed", oks.len());
+}
