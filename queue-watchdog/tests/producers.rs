@@ -367,21 +367,26 @@ fn every_producer_reports_a_duplicate_with_the_existing_jobs_state() {
     assert_eq!(stats.unwrap().counter("enqueued"), 3);
 }
 
-/// The SHA1 written in docs/PROTOCOL.md after `enqueue script SHA1:`.
-fn documented_sha() -> String {
+/// The SHA1 written in docs/PROTOCOL.md after `<script> script SHA1:`.
+fn documented_sha(script: &str) -> String {
     let doc = std::fs::read_to_string(repo_root().join("docs/PROTOCOL.md")).unwrap();
-    let marker = "enqueue script SHA1: `";
+    let marker = format!("{script} script SHA1: `");
     let at = doc
-        .find(marker)
-        .expect("docs/PROTOCOL.md gives the enqueue script SHA1")
+        .find(&marker)
+        .unwrap_or_else(|| panic!("docs/PROTOCOL.md gives the {script} script SHA1"))
         + marker.len();
     doc[at..at + 40].to_string()
 }
 
+/// Rust's `Queue` sends the multi-job script (`enqueue_many`, docs/PROTOCOL.md
+/// section 3a); the snippets send the one-job script, whose documented SHA
+/// queue-core's own test (`scripts/enqueue_many_tests.rs`) checks against the
+/// script it builds.
 #[test]
 fn the_documented_script_sha_is_the_one_rust_loads_and_the_snippets_send() {
     setup_producers();
-    let sha = documented_sha();
+    let sha = documented_sha("enqueue");
+    let many_sha = documented_sha("enqueue_many");
     // A fresh server that only a Rust producer has talked to.
     let server = RedisServer::start().unwrap();
     rt().block_on(async {
@@ -390,10 +395,10 @@ fn the_documented_script_sha_is_the_one_rust_loads_and_the_snippets_send() {
     })
     .unwrap();
     assert_eq!(
-        server.command(&["SCRIPT", "EXISTS", &sha]).unwrap(),
+        server.command(&["SCRIPT", "EXISTS", &many_sha]).unwrap(),
         "*1\r\n:1\r\n",
-        "docs/PROTOCOL.md gives SHA1 {sha}, but Rust loaded another enqueue script: \
-         update the SHA (and the ARGV table) in docs/PROTOCOL.md"
+        "docs/PROTOCOL.md gives enqueue_many SHA1 {many_sha}, but Rust loaded another \
+         enqueue script: update the SHA (and the ARGV table) in docs/PROTOCOL.md"
     );
     for p in [Producer::Python, Producer::Node] {
         assert_eq!(p.script_sha().as_deref(), Some(sha.as_str()), "{p:?}");

@@ -215,3 +215,25 @@ async fn one_time_and_one_counter_per_call_and_no_dedupe_read_for_fresh_ids() {
     let state: String = conn.hget(keys.job(ids[0].as_str()), "state").await.unwrap();
     assert_eq!(state, "delayed");
 }
+
+/// docs/PROTOCOL.md gives the SHA1 of both enqueue scripts (sections 3 and
+/// 3a): producers in other languages load them by these values.
+#[test]
+fn the_documented_shas_are_the_scripts_queue_core_builds() {
+    let doc = include_str!("../../../docs/PROTOCOL.md");
+    let documented = |script: &str| {
+        let marker = format!("{script} script SHA1: `");
+        let at = doc.find(&marker).expect("PROTOCOL.md gives the SHA") + marker.len();
+        doc[at..at + 40].to_string()
+    };
+    assert_eq!(
+        documented("enqueue"),
+        super::enqueue::SCRIPT.script.get_hash(),
+        "update section 3 of docs/PROTOCOL.md"
+    );
+    assert_eq!(
+        documented("enqueue_many"),
+        super::enqueue_many::SCRIPT.script.get_hash(),
+        "update section 3a of docs/PROTOCOL.md"
+    );
+}
