@@ -31,7 +31,7 @@ fn opts_of(i: u64) -> EnqueueOptions {
     let opts = EnqueueOptions::new();
     if i % 7 == 3 {
         opts.id(format!("bad-{i}")).extra_field("state", "done")
-    } else if i % 5 == 0 {
+    } else if i.is_multiple_of(5) {
         opts.id(format!("shared-{}", i % 3))
     } else {
         opts
@@ -84,7 +84,7 @@ async fn concurrent_producers_share_script_calls_and_each_gets_its_own_result() 
             "caller {i}'s job {} exists",
             e.id
         );
-        if i % 5 == 0 {
+        if i.is_multiple_of(5) {
             match e.outcome {
                 EnqueueOutcome::Created => assert!(shared_created.insert(e.id.clone()), "{}", e.id),
                 EnqueueOutcome::Duplicate { .. } => {}
@@ -100,7 +100,9 @@ async fn concurrent_producers_share_script_calls_and_each_gets_its_own_result() 
         "each shared id created exactly once"
     );
     let bad = (1..=N).filter(|i| i % 7 == 3).count() as u64;
-    let shared = (1..=N).filter(|i| i % 7 != 3 && i % 5 == 0).count() as u64;
+    let shared = (1..=N)
+        .filter(|i| i % 7 != 3 && i.is_multiple_of(5))
+        .count() as u64;
     let waiting: u64 = conn.llen(&keys.main).await.unwrap();
     assert_eq!(waiting, 1 + N - bad - shared + 3);
 }

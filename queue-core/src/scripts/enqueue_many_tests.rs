@@ -181,7 +181,7 @@ async fn one_time_and_one_counter_per_call_and_no_dedupe_read_for_fresh_ids() {
         .enumerate()
         .map(|(i, id)| ManyJob {
             job: Enqueue {
-                delay: (i % 4 == 0).then_some(Duration::from_secs(60)),
+                delay: i.is_multiple_of(4).then_some(Duration::from_secs(60)),
                 extra: if i == 1 { &group } else { &[] },
                 ..Enqueue::test_job(&keys, id, 3)
             },
