@@ -55,6 +55,12 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Batches(BatchesCommand::Show { id, queue, json }) => {
             batches::show(&cli.redis, &queue, &id, json).await
         }
+        Command::Batches(BatchesCommand::List {
+            queue,
+            offset,
+            limit,
+            json,
+        }) => batches::list(&cli.redis, &queue, offset, limit, json).await,
     }
 }
 
