@@ -1,7 +1,7 @@
 //! What each subcommand does: one file per subcommand, each fetching through
 //! `queue_core::admin` (or the doctor) and formatting the result.
 
-mod batches;
+pub(crate) mod batches;
 mod check;
 mod dead;
 mod doctor;
