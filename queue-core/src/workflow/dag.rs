@@ -95,7 +95,7 @@ pub enum DagError {
         step: String,
         /// The queue error (it names the queue and batch or job).
         #[source]
-        source: QueueError,
+        source: Box<QueueError>,
     },
 }
 
@@ -314,7 +314,7 @@ impl Dag {
                     .map_err(|source| DagError::Queue {
                         dag: dag(),
                         step: s.name.clone(),
-                        source,
+                        source: Box::new(source),
                     })?;
             }
         }
@@ -422,7 +422,11 @@ impl Dag {
         let mut conn = queue.connection();
         let fail = |step: &Step| {
             let (dag, step) = (id.clone(), step.name.clone());
-            move |source| DagError::Queue { dag, step, source }
+            move |source| DagError::Queue {
+                dag,
+                step,
+                source: Box::new(source),
+            }
         };
         let mut waiting = Vec::new();
         for &i in order.iter().rev() {
