@@ -7,6 +7,9 @@ use std::process::Command;
 use queue_core::{Batch, JobSpec, Queue};
 use queue_testkit::RedisServer;
 
+#[path = "support/abandoned.rs"]
+mod abandoned;
+
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -59,7 +62,7 @@ fn batches_show_prints_state_and_counts() {
 /// an open batch (its producer died before the seal) shows its expiry.
 #[test]
 fn batches_list_pages_newest_first_and_show_names_the_dag() {
-    use queue_core::{Dag, QueueKeys};
+    use queue_core::Dag;
     let server = RedisServer::start().unwrap();
     let url = server.url();
     tokio::runtime::Runtime::new().unwrap().block_on(async {
@@ -83,27 +86,11 @@ fn batches_list_pages_newest_first_and_show_names_the_dag() {
             .enqueue(&queue)
             .await
             .unwrap();
-        // A producer that dies before the seal: a corrupt main list makes
-        // the root's enqueue fail after the batches were opened.
-        let main = QueueKeys::new("orders").main;
-        let mut c = redis::Client::open(url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let _: () = redis::cmd("SET")
-            .arg(&main)
-            .arg("x")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        Dag::new("o8")
+        let o8 = Dag::new("o8")
             .step("charge", job())
             .step("close", job())
-            .after(["charge"])
-            .enqueue(&queue)
-            .await
-            .unwrap_err();
+            .after(["charge"]);
+        abandoned::abandon_dag(&url, &queue, "orders", o8).await;
     });
     let (ok, out, err) = run(&["batches", "list", "--redis", &url, "-q", "orders"]);
     assert!(ok, "{out}{err}");

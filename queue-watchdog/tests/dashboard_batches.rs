@@ -8,12 +8,13 @@
 use std::time::Duration;
 
 use queue_core::{
-    BoxFuture, ChildPolicy, Dag, Job, JobContext, JobError, JobSpec, Queue, QueueKeys, Worker,
-    WorkerConfig,
+    BoxFuture, ChildPolicy, Dag, Job, JobContext, JobError, JobSpec, Queue, Worker, WorkerConfig,
 };
 use queue_testkit::RedisServer;
 use serde_json::json;
 
+#[path = "support/abandoned.rs"]
+mod abandoned;
 #[path = "support/browser.rs"]
 mod browser;
 #[path = "support/mod.rs"]
@@ -68,30 +69,11 @@ fn seed(url: &str) {
             s.counter("completed") >= 3
         })
         .await;
-        let mut c = redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let main = QueueKeys::new("orders").main;
-        let _: () = redis::cmd("SET")
-            .arg(&main)
-            .arg("x")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        Dag::new("o8")
+        let o8 = Dag::new("o8")
             .step("charge", step("charge"))
             .step("close", step("close"))
-            .after(["charge"])
-            .enqueue(&queue)
-            .await
-            .unwrap_err();
-        let _: () = redis::cmd("DEL")
-            .arg(&main)
-            .query_async(&mut c)
-            .await
-            .unwrap();
+            .after(["charge"]);
+        abandoned::abandon_dag(url, &queue, "orders", o8).await;
     });
 }
 
