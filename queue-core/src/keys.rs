@@ -195,6 +195,23 @@ impl QueueKeys {
         format!("q:{{{}}}:batch:{}", self.queue, id)
     }
 
+    /// The index of this queue's batches: a sorted set, batch id → creation
+    /// time (ms), written by `batch_open.lua`; an entry whose batch expired
+    /// is swept out by later opens (docs/WORKFLOWS.md, "Operating batches").
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.batches(), "q:{emails}:batches");
+    /// ```
+    pub fn batches(&self) -> String {
+        format!("q:{{{}}}:batches", self.queue)
+    }
+
+    /// Where the sweep of [`batches`](Self::batches) resumes (a rank).
+    pub fn batches_sweep(&self) -> String {
+        format!("q:{{{}}}:batches:sweep", self.queue)
+    }
+
     /// The queue's event stream (docs/EVENTS.md).
     ///
     /// ```

@@ -111,6 +111,22 @@ pub enum BatchesCommand {
         #[arg(long)]
         json: bool,
     },
+    /// A queue's batches (flows and DAG steps too), newest first, with
+    /// their state and counts; an open batch shows when it expires.
+    List {
+        /// The queue the batches live on.
+        #[arg(long = "queue", short = 'q')]
+        queue: String,
+        /// Batches to skip (the previous page's `next offset`).
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+        /// Batches per page.
+        #[arg(long, default_value_t = 50)]
+        limit: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -7,6 +7,9 @@ use std::process::Command;
 use queue_core::{Batch, JobSpec, Queue};
 use queue_testkit::RedisServer;
 
+#[path = "support/abandoned.rs"]
+mod abandoned;
+
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
 fn run(args: &[&str]) -> (bool, String, String) {
@@ -51,4 +54,86 @@ fn batches_show_prints_state_and_counts() {
     );
     let (ok, _, err) = run(&["batches", "show", "nope", "--redis", &url, "-q", "imports"]);
     assert!(!ok && err.contains("no batch"), "{err}");
+}
+
+/// `batches list`: the queue's batches newest first, paged (the index
+/// written by `batch_open.lua`); `batches show` of a DAG step: its
+/// dependencies as members, the step as `on_complete`, the DAG's steps;
+/// an open batch (its producer died before the seal) shows its expiry.
+#[test]
+fn batches_list_pages_newest_first_and_show_names_the_dag() {
+    use queue_core::Dag;
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let queue = Queue::connect(&url).await.unwrap();
+        let job = || JobSpec::raw("orders", "step", 1, 3, vec![0xc0]);
+        for n in 0..3 {
+            Batch::new(&queue)
+                .id(format!("b{n}"))
+                .add(job())
+                .enqueue()
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        Dag::new("o7")
+            .step("charge", job())
+            .step("invoice", job())
+            .after(["charge"])
+            .step("close", job())
+            .after(["invoice"])
+            .enqueue(&queue)
+            .await
+            .unwrap();
+        let o8 = Dag::new("o8")
+            .step("charge", job())
+            .step("close", job())
+            .after(["charge"]);
+        abandoned::abandon_dag(&url, &queue, "orders", o8).await;
+    });
+    let (ok, out, err) = run(&["batches", "list", "--redis", &url, "-q", "orders"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("6 indexed"), "{out}");
+    let ids: Vec<&str> = out
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(
+        ids,
+        ["o8:close", "o7:invoice", "o7:close", "b2", "b1", "b0"],
+        "{out}"
+    );
+    assert!(
+        out.lines().nth(2).unwrap().contains("open") && out.contains("in 2d"),
+        "{out}"
+    );
+    let (ok, out, _) = run(&[
+        "batches", "list", "--redis", &url, "-q", "orders", "--limit", "2", "--offset", "2",
+        "--json",
+    ]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["batches"][0]["id"], "o7:close", "{out}");
+    assert_eq!(v["next_offset"], 4, "{out}");
+    let (ok, out, err) = run(&[
+        "batches", "show", "o7:close", "--redis", &url, "-q", "orders",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("on_complete o7:close (step)"), "{out}");
+    assert!(out.contains("dag        o7"), "{out}");
+    assert!(out.contains("step close after invoice"), "{out}");
+    assert!(
+        out.contains("o7:invoice") && out.contains("pending"),
+        "{out}"
+    );
+    let (ok, out, _) = run(&[
+        "batches", "show", "o8:close", "--redis", &url, "-q", "orders",
+    ]);
+    assert!(ok);
+    assert!(
+        out.contains("state      open") && out.contains("unless sealed"),
+        "{out}"
+    );
 }

@@ -8,6 +8,7 @@
 //! seeding), [`handles`] (worker and watchdog handles) and [`process`]
 //! (`test-worker` child processes).
 
+pub mod dag_jobs;
 pub mod env;
 pub mod handles;
 pub mod limited;

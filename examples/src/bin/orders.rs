@@ -6,18 +6,20 @@
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run -p queue-examples --bin orders
 //! ```
 //!
-//! Each order is a [`Flow`]: its parent `close` waits for its children
-//! `invoice` and `email`, which wait for nothing; `charge` runs first and
-//! enqueues the flow from its handler, with ids derived from the order, so a
-//! re-run of `charge` (after a crash) enqueues nothing twice. `close` reads
-//! its children's results (`ctx.child_results`). The program exits 1 unless
-//! every order closed exactly once with both results.
+//! Each order is a [`Dag`]: `charge` first, then `invoice` and `email`
+//! (each after `charge`, reading its result), then `close` after both,
+//! reading theirs (`ctx.child_results`). Every job id derives from the order
+//! (`order-<n>:<step>`), so enqueuing an order again (a producer retry after
+//! a crash) creates nothing twice; the program does so for every order. A
+//! failed email does not stop the order (`ChildPolicy::Continue`: `close`
+//! sees the error). The program exits 1 unless every order closed exactly
+//! once with both results.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use queue_core::{
-    job, ChildPolicy, Flow, JobContext, JobError, JobSpec, Queue, Worker, WorkerConfig,
+    job, ChildPolicy, Dag, JobContext, JobError, JobSpec, Queue, Worker, WorkerConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -30,40 +32,53 @@ pub struct Order {
     pub cents: u64,
 }
 
-/// The producer handle the `charge` handler enqueues the flow with.
-static QUEUE: OnceLock<Queue> = OnceLock::new();
-/// Orders closed, with what `close` read from its children.
+/// Orders closed, with what `close` read from its dependencies.
 static CLOSED: OnceLock<std::sync::Mutex<Vec<String>>> = OnceLock::new();
 
-/// Charges the order, then enqueues its flow: `close` after `invoice` and `email`.
-#[job(queue = "orders", max_attempts = 5)]
-pub async fn charge(_ctx: JobContext, order: Order) -> Result<(), JobError> {
-    tracing::info!(order = order.number, cents = order.cents, "charged");
-    let queue = QUEUE.get().expect("queue set in main");
-    let id = |step: &str| format!("order-{}:{step}", order.number);
-    Flow::new(JobSpec::new::<close::Job>(&order)?.id(id("close")))
-        .child(JobSpec::new::<invoice::Job>(&order)?.id(id("invoice")))
+/// The order's DAG: `charge -> (invoice, email) -> close`.
+fn order_dag(order: &Order) -> Result<Dag, queue_core::QueueError> {
+    Ok(Dag::new(format!("order-{}", order.number))
+        .step("charge", JobSpec::new::<charge::Job>(order)?)
+        .step("invoice", JobSpec::new::<invoice::Job>(order)?)
+        .after(["charge"])
+        .step("email", JobSpec::new::<email::Job>(order)?)
+        .after(["charge"])
+        .step("close", JobSpec::new::<close::Job>(order)?)
+        .after(["invoice"])
         // A failed email does not stop the order: close sees the error.
-        .child_with(
-            ChildPolicy::Continue,
-            JobSpec::new::<email::Job>(&order)?.id(id("email")),
-        )
-        .enqueue(queue)
-        .await?;
+        .after_with(ChildPolicy::Continue, ["email"]))
+}
+
+/// Charges the order; the payment id is the result `invoice` and `email` read.
+#[job(queue = "orders", max_attempts = 5)]
+pub async fn charge(ctx: JobContext, order: Order) -> Result<(), JobError> {
+    tracing::info!(order = order.number, cents = order.cents, "charged");
+    ctx.set_child_result(&format!("pay-{}", order.number))?;
     Ok(())
+}
+
+/// The payment id `charge` set (`invoice` and `email` run after it).
+async fn payment(ctx: &JobContext) -> Result<String, JobError> {
+    let charged = ctx.child_results::<String>().await?;
+    match charged.first().map(|r| &r.outcome) {
+        Some(Ok(Some(pay))) => Ok(pay.clone()),
+        other => Err(JobError::permanent(format!("no payment: {other:?}"))),
+    }
 }
 
 /// Issues the invoice; its number is the result `close` reads.
 #[job(queue = "orders", max_attempts = 5)]
 pub async fn invoice(ctx: JobContext, order: Order) -> Result<(), JobError> {
-    ctx.set_child_result(&format!("INV-{:05}", order.number))?;
+    let pay = payment(&ctx).await?;
+    ctx.set_child_result(&format!("INV-{:05} ({pay})", order.number))?;
     Ok(())
 }
 
 /// Sends the confirmation email; its message id is the result `close` reads.
 #[job(queue = "orders", max_attempts = 5)]
 pub async fn email(ctx: JobContext, order: Order) -> Result<(), JobError> {
-    ctx.set_child_result(&format!("msg-{}", order.number))?;
+    let pay = payment(&ctx).await?;
+    ctx.set_child_result(&format!("msg-{} ({pay})", order.number))?;
     Ok(())
 }
 
@@ -74,8 +89,12 @@ pub async fn close(ctx: JobContext, order: Order) -> Result<(), JobError> {
     let parts: Vec<String> = results
         .iter()
         .map(|r| match &r.outcome {
-            Ok(v) => format!("{}={}", r.id, v.clone().unwrap_or_default()),
-            Err(e) => format!("{}=FAILED({e})", r.id),
+            Ok(v) => format!(
+                "{}={}",
+                Dag::step_name(&r.id),
+                v.clone().unwrap_or_default()
+            ),
+            Err(e) => format!("{}=FAILED({e})", Dag::step_name(&r.id)),
         })
         .collect();
     let line = format!("order {} closed: {}", order.number, parts.join(", "));
@@ -105,7 +124,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let queue = Queue::connect(&url).await?;
-    let _ = QUEUE.set(queue.clone());
     let worker = Worker::builder(&url)
         .register(charge::handler())
         .register(invoice::handler())
@@ -127,7 +145,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             number: run * 100 + n,
             cents: 1000 + u64::from(n),
         };
-        charge::enqueue_with_id(&queue, format!("order-{}:charge", order.number), order).await?;
+        order_dag(&order)?.enqueue(&queue).await?;
+        // A producer retrying (it did not see the reply): nothing twice.
+        order_dag(&order)?.enqueue(&queue).await?;
     }
     let start = Instant::now();
     let closed = || CLOSED.get_or_init(Default::default).lock().unwrap().clone();

@@ -23,8 +23,10 @@
 //! | `discovery.rs` | finding queue names from their keys |
 //! | `error.rs` | [`AdminError`] |
 //! | `dead_scan.rs` | [`Admin::scan_dead`]: a long dead-letter list in chunks, filtered in Redis (`dead_scan.lua`) |
+//! //! | `batches.rs` | a queue's batches (the index, newest first) and one batch's detail ([`Admin::batches`], [`Admin::batch_detail`]) |
 //! | `journal.rs` | [`HistoryEntry`]: each delivery of a job and what ended it (docs/EVENTS.md) |
 
+mod batches;
 mod check;
 mod check_rules;
 mod dead;
@@ -45,6 +47,10 @@ mod tests;
 
 use crate::queue::Queue;
 
+pub use batches::{
+    batch_links, BatchCallback, BatchDetail, BatchLink, BatchListing, BatchMember, BatchRow,
+    DagStepInfo, BATCH_MEMBER_CAP,
+};
 pub use check::{CheckReport, Scanned, MAX_PROBES, PAGE};
 pub use check_rules::{Place, Violation};
 pub use dead::{DeadCandidate, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome};

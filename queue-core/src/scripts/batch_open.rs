@@ -1,18 +1,26 @@
 //! `batch_open.lua`: creates a batch's hash (state `open`, zero counts, the
-//! default member policy and the callbacks' job specs), keeping an existing
-//! one as it is (docs/WORKFLOWS.md).
+//! default member policy, the callbacks' job specs, optional DAG metadata),
+//! keeping an existing one as it is; enters it in the queue's batch index
+//! and gives it the open TTL (docs/WORKFLOWS.md, "Operating batches").
+
+use std::time::Duration;
 
 use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use crate::error::Result;
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<1> =
-    lua_script!("batch_open.lua", keys = 1, args = 1, prelude(None));
+pub(crate) static SCRIPT: LuaScript<3> =
+    lua_script!("batch_open.lua", keys = 3, args = 3, prelude(None));
+
+/// How long a batch may stay open (never sealed) before it expires, unless
+/// its builder sets another: 3 days.
+pub const DEFAULT_OPEN_TTL: Duration = Duration::from_secs(3 * 24 * 3600);
 
 /// Opens one batch.
 pub(crate) struct BatchOpen<'a> {
-    /// The queue the batch hash lives on (for errors).
+    /// The queue the batch hash lives on (its home; names the index).
     pub(crate) queue: &'a str,
     /// The batch hash key.
     pub(crate) key: &'a str,
@@ -32,10 +40,37 @@ pub(crate) enum BatchOpenReply {
 }
 
 impl BatchOpen<'_> {
-    /// Runs the script.
+    /// Runs the script with the default open TTL and no metadata.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<BatchOpenReply> {
-        let mut call = SCRIPT.call([self.key]).arg(self.policy);
-        for (name, value) in self.spec {
+        self.run_with(conn, DEFAULT_OPEN_TTL, &[]).await
+    }
+
+    /// Runs the script: open TTL `ttl`, metadata fields `meta` (names `m_*`).
+    pub(crate) async fn run_with(
+        &self,
+        conn: &mut RedisConnection,
+        ttl: Duration,
+        meta: &[(String, Vec<u8>)],
+    ) -> Result<BatchOpenReply> {
+        let keys = QueueKeys::new(self.queue);
+        let id = self
+            .key
+            .strip_prefix(keys.batch("").as_str())
+            .filter(|id| !id.is_empty())
+            .ok_or_else(|| {
+                QueueError::Config(format!(
+                    "batch key {:?} is not a batch of queue `{}`",
+                    self.key, self.queue
+                ))
+            })?;
+        let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
+        let (index, sweep) = (keys.batches(), keys.batches_sweep());
+        let mut call = SCRIPT
+            .call([self.key, index.as_str(), sweep.as_str()])
+            .arg(self.policy)
+            .arg(ttl_ms)
+            .arg(id);
+        for (name, value) in self.spec.iter().chain(meta) {
             call = call
                 .repeated_arg(name.as_str())
                 .repeated_arg(value.as_slice());

@@ -128,6 +128,20 @@ impl<'v> Fields<'v> {
         self.field(i, name, |v| u64::try_from(int(v)?).ok())
     }
 
+    /// Field `i` as a nested array (an empty one for nil).
+    pub(crate) fn list(&self, i: usize, name: &str) -> Result<&'v [Value]> {
+        let items: &'v [Value] = self.items;
+        items
+            .get(i)
+            .and_then(array)
+            .ok_or_else(|| self.error(format_args!("field {i} ({name}) missing or malformed")))
+    }
+
+    /// Number of fields.
+    pub(crate) fn len(&self) -> usize {
+        self.items.len()
+    }
+
     /// The tag in field 0 (`"claimed"`, `"retry"`, ...).
     pub(crate) fn tag(&self) -> Result<String> {
         self.text(0, "tag")

@@ -26,7 +26,7 @@ pub enum ChildPolicy {
 }
 
 impl ChildPolicy {
-    fn as_arg(self) -> &'static str {
+    pub(crate) fn as_arg(self) -> &'static str {
         match self {
             ChildPolicy::FailParent => "fail",
             ChildPolicy::Continue => "continue",

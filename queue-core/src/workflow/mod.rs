@@ -8,12 +8,15 @@
 
 mod batch;
 mod context;
+mod dag;
 mod engine;
 mod flow;
 mod spec;
 mod summary;
 
 pub use batch::{Batch, BatchCreated};
+pub use dag::{Dag, DagCreated, DagError, DEFAULT_OPEN_TTL};
+pub(crate) use engine::parse_key;
 pub use flow::{ChildPolicy, Flow, FlowCreated};
 pub use spec::JobSpec;
 pub use summary::{BatchSummary, ChildResult};

@@ -1,7 +1,7 @@
 //! What each subcommand does: one file per subcommand, each fetching through
 //! `queue_core::admin` (or the doctor) and formatting the result.
 
-mod batches;
+pub(crate) mod batches;
 mod check;
 mod dead;
 mod doctor;
@@ -55,6 +55,12 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Batches(BatchesCommand::Show { id, queue, json }) => {
             batches::show(&cli.redis, &queue, &id, json).await
         }
+        Command::Batches(BatchesCommand::List {
+            queue,
+            offset,
+            limit,
+            json,
+        }) => batches::list(&cli.redis, &queue, offset, limit, json).await,
     }
 }
 

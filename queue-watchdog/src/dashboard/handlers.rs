@@ -38,6 +38,11 @@ pub fn router(state: Shared) -> Router {
             post(super::flow::api_cancel),
         )
         .route("/search", get(super::search::page))
+        .route("/queues/{queue}/batches", get(super::batches_page::list))
+        .route(
+            "/queues/{queue}/batches/{id}",
+            get(super::batches_page::show),
+        )
         .route("/queues/{queue}/dead", get(super::dead_page::page))
         .route(
             "/api/queues/{queue}/bulk-dead/preview",
@@ -73,6 +78,13 @@ const ONCALL_JS: &str = include_str!("assets/oncall.js");
 
 /// An error page or JSON error.
 pub struct AppError(StatusCode, String);
+
+impl AppError {
+    /// An error page with this status.
+    pub fn new(status: StatusCode, message: String) -> Self {
+        AppError(status, message)
+    }
+}
 
 impl From<CliError> for AppError {
     fn from(e: CliError) -> Self {
@@ -148,7 +160,10 @@ async fn queue_page(State(state): State<Shared>, Path(queue): Path<String>) -> P
 
 async fn job_page(State(state): State<Shared>, Path((queue, id)): Path<(String, String)>) -> Page {
     match state.admin.job_detail(&queue, id.as_str()).await? {
-        Some(d) => Ok(Html(pages::job(&d))),
+        Some(d) => {
+            let batches = super::batches_page::job_links(&state.admin, &d).await;
+            Ok(Html(pages::job(&d, &batches)))
+        }
         None => Err(AppError(
             StatusCode::NOT_FOUND,
             format!("no job {id:?} in queue {queue:?} (never enqueued, or completed longer ago than the retention)"),

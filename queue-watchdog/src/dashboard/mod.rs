@@ -42,6 +42,7 @@
 
 mod audit;
 mod auth;
+mod batches_page;
 mod bulk;
 mod dead_page;
 mod dead_scan;

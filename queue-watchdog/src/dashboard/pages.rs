@@ -261,6 +261,7 @@ pub fn queue(v: QueueView<'_>) -> String {
         r#"<div id="page" data-page="queue" data-queue="{qa}" data-now="{now}"></div>
 <p class="crumbs"><a href="/">Queues</a> › {qa}</p>
 <h1>Queue {qa}</h1>
+<p class="links"><a href="/queues/{qu}/batches" id="batches-link">Batches</a> (batches, flows and DAGs of this queue)</p>
 {flow}
 {cards}
 <h2>Processing <span class="muted small">(oldest first; a lost job has an expired lease: its worker died or stalled, and the watchdog returns it)</span></h2>
@@ -316,7 +317,7 @@ fn cancel_control(d: &JobDetail) -> String {
     }
 }
 
-pub fn job(d: &JobDetail) -> String {
+pub fn job(d: &JobDetail, batches: &str) -> String {
     let q = &d.queue;
     let location_cls = match &d.location {
         Location::Processing {
@@ -411,6 +412,7 @@ pub fn job(d: &JobDetail) -> String {
 <p class="crumbs"><a href="/">Queues</a> › <a href="/queues/{qu}">{qa}</a> › job</p>
 <h1>Job <code id="job-id">{ida}</code></h1>
 <p class="location {location_cls}" id="location">{location}</p>
+{batches}
 {progress}
 {replay}
 {cancel}

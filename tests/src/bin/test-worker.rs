@@ -30,6 +30,7 @@ async fn main() {
     let worker = queue_tests::results_jobs::if_asked()
         .into_iter()
         .chain(queue_tests::workflow_jobs::if_asked())
+        .chain(queue_tests::dag_jobs::if_asked())
         .fold(builder, |b, reg| b.register(reg))
         .config(config)
         .build()
