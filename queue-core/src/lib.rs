@@ -90,7 +90,8 @@ pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};
 pub use workflow::{
-    Batch, BatchCreated, BatchSummary, ChildPolicy, ChildResult, Flow, FlowCreated, JobSpec,
+    Batch, BatchCreated, BatchSummary, ChildPolicy, ChildResult, DeadNotice, Flow, FlowCreated,
+    JobSpec, RelayReport,
 };
 
 /// The `#[job]` attribute macro. See the crate docs for an example.

@@ -10,10 +10,12 @@ mod batch;
 mod context;
 mod engine;
 mod flow;
+pub(crate) mod relay;
 mod spec;
 mod summary;
 
 pub use batch::{Batch, BatchCreated};
 pub use flow::{ChildPolicy, Flow, FlowCreated};
+pub use relay::{DeadNotice, RelayReport};
 pub use spec::JobSpec;
 pub use summary::{BatchSummary, ChildResult};
