@@ -365,6 +365,22 @@ fn order_callback(env: &TestEnv, id: &str) -> JobSpec {
     JobSpec::new::<wf_order_close::Job>(&cb).unwrap().id(id)
 }
 
+/// Runs a `test-worker` process (1 job at a time) that aborts at its first
+/// relay, between applying the notices and removing them
+/// (failpoint `relay_after_apply`), and waits for it to die.
+async fn run_until_relay_crash(env: &TestEnv) {
+    let mut proc = WorkerProcess::start_with_env(
+        WORKER_BIN,
+        &env.url,
+        1,
+        1000,
+        1000,
+        Some("relay_after_apply"),
+        &[(queue_tests::workflow_jobs::ENV, "1")],
+    );
+    proc.wait_exit(BOUND).await;
+}
+
 /// A watchdog loop on every workflow queue.
 async fn spawn_wf_watchdog(env: &TestEnv) -> WatchdogHandle {
     let dog = queue_core::Watchdog::connect(&env.url, WF_QUEUES, fast_watchdog())
@@ -467,16 +483,7 @@ async fn a_crash_between_apply_and_remove_counts_once() {
     // Paused: the killed worker cannot take the callback (it would stay
     // leased, and no watchdog runs here).
     env.queue.pause(ORDERS).await.unwrap();
-    let mut proc = WorkerProcess::start_with_env(
-        WORKER_BIN,
-        &env.url,
-        1,
-        1000,
-        1000,
-        Some("relay_after_apply"),
-        &[(queue_tests::workflow_jobs::ENV, "1")],
-    );
-    proc.wait_exit(BOUND).await;
+    run_until_relay_crash(&env).await;
     env.queue.resume(ORDERS).await.unwrap();
     let b = env.queue.batch(ORDERS, "crash").await.unwrap().unwrap();
     assert_eq!(
@@ -522,16 +529,7 @@ async fn a_replay_across_queues_is_relayed_in_order_and_a_stale_notice_changes_n
         .unwrap();
     env.queue.pause(BILLING).await.unwrap();
     // The death is applied, then the worker dies before removing the notice.
-    let mut proc = WorkerProcess::start_with_env(
-        WORKER_BIN,
-        &env.url,
-        1,
-        1000,
-        1000,
-        Some("relay_after_apply"),
-        &[(queue_tests::workflow_jobs::ENV, "1")],
-    );
-    proc.wait_exit(BOUND).await;
+    run_until_relay_crash(&env).await;
     let relay_key = QueueKeys::new(EMAILS).relay();
     let death = env.list(&relay_key).await;
     assert_eq!(death.len(), 1, "the death's notice, applied, not removed");
@@ -656,8 +654,8 @@ async fn killed_workers_lose_no_cross_queue_notice() {
     for b in 0..BATCHES {
         assert_eq!(summary[&format!("xk{b}-done")], "10/10/0/0", "batch xk{b}");
     }
-    let fired = ledger_map(&env, "ledger:wf:callbacks").await;
-    assert!(fired.values().all(|n| n == "1"), "{fired:?}");
+    // Exactly one callback job per batch (a callback handler killed mid-run
+    // runs again, like any job: its run count is not the measure).
     let enqueued: u64 = env
         .conn()
         .await
