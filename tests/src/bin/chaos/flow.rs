@@ -119,6 +119,9 @@ struct Report {
     cross_queue: bool,
     relayed: u64,
     lost: u64,
+    /// Per batch: its `fired_at` minus the last member's `finished_at`
+    /// (both Redis clock, ms): the median and the maximum.
+    fire_latency_ms: (i64, i64),
     seconds: f64,
 }
 
@@ -132,9 +135,10 @@ impl Report {
 
     fn json(&self) -> String {
         format!(
-            "{{\"workload\":\"flow\",\"cross_queue\":{},\"batches\":{},\"members\":{},\"callbacks_fired\":{},\"callback_jobs_enqueued\":{},\"miscounted\":{},\"member_reruns\":{},\"relayed\":{},\"lost\":{},\"kills\":{},\"seconds\":{:.1},\"passed\":{}}}",
+            "{{\"workload\":\"flow\",\"cross_queue\":{},\"batches\":{},\"members\":{},\"callbacks_fired\":{},\"callback_jobs_enqueued\":{},\"miscounted\":{},\"member_reruns\":{},\"relayed\":{},\"lost\":{},\"fire_latency_ms_p50\":{},\"fire_latency_ms_max\":{},\"kills\":{},\"seconds\":{:.1},\"passed\":{}}}",
             self.cross_queue, self.batches, self.members, self.fired, self.callback_jobs, self.miscounted,
-            self.member_reruns, self.relayed, self.lost, self.kills, self.seconds, self.passed()
+            self.member_reruns, self.relayed, self.lost, self.fire_latency_ms.0, self.fire_latency_ms.1,
+            self.kills, self.seconds, self.passed()
         )
     }
 
@@ -142,9 +146,10 @@ impl Report {
         format!(
             "flow workload: {} batches x {} members, {} kills, {:.1} s\n  callbacks fired: {} of {} \
              (callback jobs enqueued: {})\n  callbacks that saw a wrong count: {}\n  member re-runs \
-             (killed mid-run, counted once): {}\n  relay notices applied: {}, lost: {}\n  {}",
+             (killed mid-run, counted once): {}\n  relay notices applied: {}, lost: {}\n  last member -> batch fired: median {} ms, max {} ms\n  {}",
             self.batches, self.members, self.kills, self.seconds, self.fired, self.batches,
             self.callback_jobs, self.miscounted, self.member_reruns, self.relayed, self.lost,
+            self.fire_latency_ms.0, self.fire_latency_ms.1,
             if self.passed() { "PASSED" } else { "FAILED" }
         )
     }
@@ -299,6 +304,7 @@ async fn run(a: &Args) -> Result<Report, String> {
         let dead: u64 = c.llen(keys.relay_dead()).await.map_err(|e| e.to_string())?;
         lost += left + dead;
     }
+    let fire_latency_ms = fire_latency(&mut c, batches, members, cross_queue).await?;
     Ok(Report {
         batches,
         members,
@@ -310,6 +316,50 @@ async fn run(a: &Args) -> Result<Report, String> {
         cross_queue,
         relayed,
         lost,
+        fire_latency_ms,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Median and maximum over the batches of `fired_at` minus the latest
+/// member `finished_at` (completion records; Redis clock, ms).
+async fn fire_latency(
+    c: &mut redis::aio::MultiplexedConnection,
+    batches: u64,
+    members: u64,
+    cross_queue: bool,
+) -> Result<(i64, i64), String> {
+    let home = if cross_queue {
+        queue_tests::workflow_jobs::ORDERS
+    } else {
+        queue_tests::workflow_jobs::WF_QUEUE
+    };
+    let mut lat = Vec::with_capacity(batches as usize);
+    for b in 0..batches {
+        let fired: Option<i64> = c
+            .hget(QueueKeys::new(home).batch(&format!("b{b}")), "fired_at")
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut last = None;
+        for m in 0..members {
+            let q = match (cross_queue, m % 2) {
+                (false, _) => queue_tests::workflow_jobs::WF_QUEUE,
+                (true, 0) => queue_tests::workflow_jobs::EMAILS,
+                (true, _) => queue_tests::workflow_jobs::BILLING,
+            };
+            let at: Option<i64> = c
+                .hget(QueueKeys::new(q).done(&format!("b{b}-{m}")), "finished_at")
+                .await
+                .map_err(|e| e.to_string())?;
+            last = last.max(at);
+        }
+        if let (Some(f), Some(l)) = (fired, last) {
+            lat.push(f - l);
+        }
+    }
+    lat.sort_unstable();
+    Ok((
+        lat.get(lat.len() / 2).copied().unwrap_or(0),
+        lat.last().copied().unwrap_or(0),
+    ))
 }
