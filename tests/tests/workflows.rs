@@ -614,6 +614,10 @@ async fn a_notice_for_a_corrupt_batch_is_kept_visible_and_blocks_nothing() {
     assert!(dead[0].reason.contains("another type"), "{dead:?}");
     let fired = ledger_map(&env, "ledger:wf:callbacks").await;
     assert_eq!(fired.get("healthy-done").map(String::as_str), Some("1"));
+    let admin = queue_core::admin::Admin::connect(&env.url).await.unwrap();
+    let check = admin.check(EMAILS, false).await.unwrap();
+    assert_eq!(check.relay_dead_notices, 1, "{check:?}");
+    assert!(!check.is_clean());
 }
 
 /// Three worker processes run 20 cross-queue batches (members on `emails`
