@@ -12,6 +12,7 @@
 //! | `after_claim` | a job is claimed, before its handler starts |
 //! | `before_ack` | the handler succeeded, before the ack script |
 //! | `before_fail` | the handler failed, before the retry/dead-letter script |
+//! | `relay_after_apply` | the cross-queue relay applied notices to their batches, before removing them (workflow/relay.rs) |
 //!
 //! Without the feature every point compiles to nothing.
 

@@ -26,6 +26,7 @@
 //! | `q:{<queue>}:events:on` | string | the stream's cap (`MAXLEN ~`): events are on while it holds a number > 0 |
 //! | `q:{<queue>}:hist:<id>` | list | a job's history of unusual transitions (JSON entries, capped at 50), expires with the job |
 //! | `q:{<queue>}:notify:<id>` | list | wake-ups of the producers waiting for job `<id>`'s result, expires after 60 s |
+//! | `q:{<queue>}:relay` | list | cross-queue relay notices written by this queue's batch members for batches on other queues, oldest first; `:relay:seq` numbers them, `:relay:dead` keeps those that could not be applied, with the reason (docs/WORKFLOWS.md) |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -135,6 +136,24 @@ impl QueueKeys {
     /// ```
     pub fn versions(&self) -> String {
         format!("q:{{{}}}:versions", self.queue)
+    }
+
+    /// The relay list: notices this queue's batch members wrote for batches
+    /// on other queues (another hash tag), oldest first, until the relay
+    /// applies them there (docs/WORKFLOWS.md, "Relay").
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.relay(), "q:{emails}:relay");
+    /// ```
+    pub fn relay(&self) -> String {
+        format!("q:{{{}}}:relay", self.queue)
+    }
+
+    /// Relay notices that could not be applied (the batch is gone or
+    /// corrupt), newest first, each `<reason>\n<notice>`.
+    pub fn relay_dead(&self) -> String {
+        format!("q:{{{}}}:relay:dead", self.queue)
     }
 
     /// The step results of job `id`.

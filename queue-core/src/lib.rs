@@ -91,8 +91,8 @@ pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};
 pub use workflow::{
-    Batch, BatchCreated, BatchSummary, ChildPolicy, ChildResult, Dag, DagCreated, DagError, Flow,
-    FlowCreated, JobSpec, DEFAULT_OPEN_TTL,
+    Batch, BatchCreated, BatchSummary, ChildPolicy, ChildResult, Dag, DagCreated, DagError,
+    DeadNotice, Flow, FlowCreated, JobSpec, RelayReport, DEFAULT_OPEN_TTL,
 };
 
 /// The `#[job]` attribute macro. See the crate docs for an example.

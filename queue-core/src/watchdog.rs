@@ -87,6 +87,9 @@ pub struct ReclaimReport {
     /// Dead letters deleted by the trim (beyond `dead_max_len` or older
     /// than `dead_retention`).
     pub trimmed: u64,
+    /// Cross-queue relay notices applied to their batches (docs/WORKFLOWS.md,
+    /// "Relay"): the watchdog relays every watched queue on each pass.
+    pub relayed: u64,
 }
 
 impl ReclaimReport {
@@ -97,6 +100,7 @@ impl ReclaimReport {
         self.promoted += other.promoted;
         self.failed_queue_passes += other.failed_queue_passes;
         self.trimmed += other.trimmed;
+        self.relayed += other.relayed;
     }
 
     /// True when the pass changed nothing.
@@ -217,6 +221,14 @@ impl Watchdog {
         }
         report.promoted += promote_all_due(&mut conn, keys).await?;
         report.trimmed += self.trim_dead(&mut conn, keys).await?;
+        // The relay's safety net (a worker relays its own queue's notices at
+        // once): a failure is logged, the reclaim above still counts.
+        match crate::workflow::relay::relay_queue(&mut conn, &keys.queue).await {
+            Ok(r) => report.relayed += r.applied,
+            Err(e) => {
+                warn!(queue = %keys.queue, error = %e, "relay of this queue's batch notices failed; the next pass retries")
+            }
+        }
         crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
         if self.config.publish_gauges {
             let queue = crate::queue::Queue::from_connection(conn);

@@ -3,7 +3,8 @@
 //! a member, and sets a typed result; a callback / parent that records each
 //! run with the batch's counts and its children's results. Both write the
 //! ledger in the same Redis (`ledger:wf:*`), so a test counts how often each
-//! callback ran.
+//! callback ran. The same member and callback also exist on other queues
+//! (`emails`, `billing`, `orders`: the cross-queue relay's tests).
 
 use std::time::Duration;
 
@@ -13,8 +14,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::ledger_conn;
 
-/// The queue of both jobs (a batch's jobs share its queue).
+/// The queue of `wf_member` and `wf_callback`.
 pub const WF_QUEUE: &str = "wf";
+/// The queues of the cross-queue copies: members on `emails` and
+/// `billing`, callbacks / parents on `orders`.
+pub const EMAILS: &str = "emails";
+/// See [`EMAILS`].
+pub const BILLING: &str = "billing";
+/// See [`EMAILS`].
+pub const ORDERS: &str = "orders";
+/// Every queue these jobs run on.
+pub const WF_QUEUES: [&str; 4] = [WF_QUEUE, EMAILS, BILLING, ORDERS];
 
 /// The environment variable that makes `test-worker` also serve these jobs
 /// (`TEST_WORKER_WORKFLOWS=1`); other tests' workers serve only their own
@@ -27,7 +37,18 @@ pub fn if_asked() -> Vec<queue_core::Registration> {
     if std::env::var_os(ENV).is_none() {
         return Vec::new();
     }
-    vec![wf_member::handler(), wf_callback::handler()]
+    all()
+}
+
+/// Every registration of these jobs (all four queues).
+pub fn all() -> Vec<queue_core::Registration> {
+    vec![
+        wf_member::handler(),
+        wf_callback::handler(),
+        wf_email::handler(),
+        wf_bill::handler(),
+        wf_order_close::handler(),
+    ]
 }
 
 /// A member's instructions.
@@ -47,6 +68,22 @@ pub struct WfMember {
 /// A batch member / flow child.
 #[job(queue = "wf", max_attempts = 5, timeout = "60s")]
 pub async fn wf_member(ctx: JobContext, m: WfMember) -> Result<(), JobError> {
+    member_body(ctx, m).await
+}
+
+/// [`wf_member`] on queue `emails`.
+#[job(queue = "emails", max_attempts = 5, timeout = "60s")]
+pub async fn wf_email(ctx: JobContext, m: WfMember) -> Result<(), JobError> {
+    member_body(ctx, m).await
+}
+
+/// [`wf_member`] on queue `billing`.
+#[job(queue = "billing", max_attempts = 5, timeout = "60s")]
+pub async fn wf_bill(ctx: JobContext, m: WfMember) -> Result<(), JobError> {
+    member_body(ctx, m).await
+}
+
+async fn member_body(ctx: JobContext, m: WfMember) -> Result<(), JobError> {
     let mut c = ledger_conn(&m.ledger).await?;
     let id = ctx.job_id().to_string();
     if m.add_more {
@@ -81,6 +118,16 @@ pub struct WfCallback {
 /// `ok,err` of its children's results (`ledger:wf:children`).
 #[job(queue = "wf", max_attempts = 5, timeout = "60s")]
 pub async fn wf_callback(ctx: JobContext, cb: WfCallback) -> Result<(), JobError> {
+    callback_body(ctx, cb).await
+}
+
+/// [`wf_callback`] on queue `orders`.
+#[job(queue = "orders", max_attempts = 5, timeout = "60s")]
+pub async fn wf_order_close(ctx: JobContext, cb: WfCallback) -> Result<(), JobError> {
+    callback_body(ctx, cb).await
+}
+
+async fn callback_body(ctx: JobContext, cb: WfCallback) -> Result<(), JobError> {
     let mut c = ledger_conn(&cb.ledger).await?;
     let id = ctx.job_id().to_string();
     let summary = ctx

@@ -89,6 +89,20 @@ fn chaos_1k_jobs_10_kills_with_a_redis_restart_loses_nothing() {
 /// exactly once, each seeing all its members counted once.
 #[test]
 fn chaos_flow_fires_every_batch_callback_exactly_once() {
+    chaos_flow(&[]);
+}
+
+/// The same with `--cross-queue`: members on `emails` and `billing`,
+/// batches and callbacks on `orders`, every count through the relay; no
+/// notice lost.
+#[test]
+fn chaos_flow_cross_queue_fires_every_callback_exactly_once_and_loses_no_notice() {
+    let json = chaos_flow(&["--cross-queue"]);
+    assert_eq!(field(&json, "lost"), Some("0"), "{json}");
+    assert_eq!(field(&json, "relayed"), Some("1000"), "{json}");
+}
+
+fn chaos_flow(extra: &[&str]) -> String {
     let started = Instant::now();
     let out = Command::new(CHAOS)
         .args([
@@ -102,6 +116,7 @@ fn chaos_flow_fires_every_batch_callback_exactly_once() {
             "--kills",
             "6",
         ])
+        .args(extra)
         .args(["--timeout-secs", "60", "--json"])
         .output()
         .expect("the chaos binary runs");
@@ -115,12 +130,13 @@ fn chaos_flow_fires_every_batch_callback_exactly_once() {
         .lines()
         .rev()
         .find(|l| l.starts_with('{'))
-        .expect("a JSON report");
-    assert_eq!(field(json, "callbacks_fired"), Some("40"), "{json}");
-    assert_eq!(field(json, "callback_jobs_enqueued"), Some("40"), "{json}");
-    assert_eq!(field(json, "miscounted"), Some("0"), "{json}");
-    assert_eq!(field(json, "kills"), Some("6"), "{json}");
-    assert_eq!(field(json, "passed"), Some("true"), "{json}");
+        .expect("a JSON report")
+        .to_string();
+    assert_eq!(field(&json, "callbacks_fired"), Some("40"), "{json}");
+    assert_eq!(field(&json, "callback_jobs_enqueued"), Some("40"), "{json}");
+    assert_eq!(field(&json, "miscounted"), Some("0"), "{json}");
+    assert_eq!(field(&json, "kills"), Some("6"), "{json}");
+    assert_eq!(field(&json, "passed"), Some("true"), "{json}");
     assert!(
         out.status.success(),
         "chaos flow exited with {}",
@@ -130,4 +146,5 @@ fn chaos_flow_fires_every_batch_callback_exactly_once() {
         elapsed < Duration::from_secs(30),
         "the CI flow run took {elapsed:?}"
     );
+    json
 }

@@ -835,3 +835,78 @@ async fn a_primary_restarted_from_its_aof_loses_nothing_and_other_shards_keep_wo
         );
     }
 }
+
+/// A cross-queue flow on the cluster: the parent on `orders`, its children
+/// on `emails` and `billing` (other hash tags, other slots, other primaries).
+/// Every relay script touches one slot (a cross-slot script would fail with
+/// CROSSSLOT); the parent runs once and reads both children's results.
+#[tokio::test]
+async fn a_cross_queue_flow_is_relayed_between_primaries() {
+    use queue_core::{Flow, JobSpec};
+    use queue_tests::workflow_jobs::{self as wf, WfCallback, WfMember};
+    use redis::AsyncCommands;
+    let env = ClusterEnv::three().await;
+    let owners: HashSet<usize> = [wf::ORDERS, wf::EMAILS, wf::BILLING]
+        .iter()
+        .map(|q| env.cluster.master_of_queue(q).expect("slot owner"))
+        .collect();
+    assert!(owners.len() >= 2, "the queues span primaries: {owners:?}");
+    let member = WfMember {
+        ledger: env.lurl.clone(),
+        ..WfMember::default()
+    };
+    let cb = WfCallback {
+        ledger: env.lurl.clone(),
+    };
+    Flow::new(
+        JobSpec::new::<wf::wf_order_close::Job>(&cb)
+            .unwrap()
+            .id("o-1:close"),
+    )
+    .child(
+        JobSpec::new::<wf::wf_email::Job>(&member)
+            .unwrap()
+            .id("o-1:email"),
+    )
+    .child(
+        JobSpec::new::<wf::wf_bill::Job>(&member)
+            .unwrap()
+            .id("o-1:charge"),
+    )
+    .enqueue(&env.queue)
+    .await
+    .unwrap();
+    let worker = WorkerHandle::start(worker_on(&env.url, wf::all(), fast_config())).await;
+    let mut ledger = queue_tests::redis_conn(&env.lurl).await;
+    wait_until(T, "the parent ran", || {
+        let mut l = ledger.clone();
+        async move {
+            let n: Option<String> = l.hget("ledger:wf:callbacks", "o-1:close").await.unwrap();
+            n.is_some()
+        }
+    })
+    .await;
+    worker.stop().await;
+    let children: String = ledger
+        .hget("ledger:wf:children", "o-1:close")
+        .await
+        .unwrap();
+    assert_eq!(children, "2,0");
+    let runs: String = ledger
+        .hget("ledger:wf:callbacks", "o-1:close")
+        .await
+        .unwrap();
+    assert_eq!(runs, "1");
+    let summary = env
+        .queue
+        .batch(wf::ORDERS, "o-1:close")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((summary.state.as_str(), summary.succeeded), ("fired", 2));
+    for q in [wf::EMAILS, wf::BILLING] {
+        let stats = env.queue.stats(q).await.unwrap();
+        assert_eq!(stats.counter("relayed"), 1, "{q}");
+        assert_eq!(stats.counter("relay_dead"), 0, "{q}");
+    }
+}

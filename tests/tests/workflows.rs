@@ -2,13 +2,27 @@
 //! redis-server: callbacks fire exactly once with the batch's counts; dead,
 //! cancelled and replayed members are accounted for; a member adds members;
 //! a flow's parent reads its children's results, or is dead-lettered when a
-//! child under the fail-parent policy failed; nested flows; queues of another
-//! hash tag are refused; and several worker processes, two of them killed
-//! mid-batch, still fire every callback exactly once.
+//! child under the fail-parent policy failed; nested flows; callbacks on
+//! another queue are refused; and several worker processes, two of them
+//! killed mid-batch, still fire every callback exactly once.
+//!
+//! The cross-queue relay (members and children on other queues than their
+//! batch, docs/WORKFLOWS.md "Relay"): a cross-queue batch and flow (parent on
+//! `orders`, children on `emails` and `billing`), a worker killed between the
+//! relay's two steps (failpoint `relay_after_apply`) counting once, a replay
+//! across queues and a stale notice applied again, a corrupt batch key (the
+//! notice is kept in the dead-notice list, the others go through), and
+//! worker processes SIGKILLed while relaying.
 
 use queue_core::{Batch, ChildPolicy, Flow, JobSpec, QueueError, QueueKeys};
-use queue_tests::workflow_jobs::{wf_callback, wf_member, WfCallback, WfMember, WF_QUEUE};
-use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
+use queue_tests::workflow_jobs::{
+    wf_bill, wf_callback, wf_email, wf_member, wf_order_close, WfCallback, WfMember, BILLING,
+    EMAILS, ORDERS, WF_QUEUE, WF_QUEUES,
+};
+use queue_tests::{
+    fast_config, fast_watchdog, wait_until, TestEnv, WatchdogHandle, WorkerHandle, WorkerProcess,
+    BOUND,
+};
 use redis::AsyncCommands;
 use std::collections::HashMap;
 
@@ -57,9 +71,9 @@ fn callback(env: &TestEnv, id: &str) -> JobSpec {
 }
 
 async fn spawn_wf_worker(env: &TestEnv) -> WorkerHandle {
-    let builder = queue_core::Worker::builder(&env.url)
-        .register(wf_member::handler())
-        .register(wf_callback::handler())
+    let builder = queue_tests::workflow_jobs::all()
+        .into_iter()
+        .fold(queue_core::Worker::builder(&env.url), |b, r| b.register(r))
         .config(fast_config());
     WorkerHandle::start(builder).await
 }
@@ -226,16 +240,18 @@ async fn flows_run_the_parent_after_the_children() {
     assert!(reason.contains("doomed-bad"), "{reason}");
 }
 
-/// Every queue of a batch must share its hash tag (the ack updates the
-/// batch in the same script): another tag is refused before any write.
+/// A batch's callbacks must be on its own queue (the member that finishes
+/// the batch creates them in the same script): another queue is refused
+/// before any write. Members may be on any queue (the relay).
 #[tokio::test]
-async fn queues_of_another_hash_tag_are_refused() {
+async fn a_callback_on_another_queue_is_refused() {
     let env = TestEnv::start().await;
     let stranger = JobSpec::raw("emails", "t", 1, 1, vec![]);
     let err = Batch::new(&env.queue)
         .id("mixed-slots")
+        .home(WF_QUEUE)
+        .on_complete(stranger)
         .add(member(&env, "x"))
-        .add(stranger)
         .enqueue()
         .await
         .unwrap_err();
@@ -322,4 +338,338 @@ async fn a_member_dead_lettered_by_the_watchdog_is_counted() {
     worker.stop().await;
     let summary = ledger_map(&env, "ledger:wf:summary").await;
     assert_eq!(summary["reclaimed-done"], "1/0/1/0");
+}
+
+// ---- the cross-queue relay ----
+
+/// A member on `queue` (`emails`, `billing` or `wf`).
+fn member_on(env: &TestEnv, queue: &str, id: &str, shape: impl FnOnce(&mut WfMember)) -> JobSpec {
+    let mut m = WfMember {
+        ledger: env.ledger_url.clone(),
+        ..WfMember::default()
+    };
+    shape(&mut m);
+    let spec = match queue {
+        EMAILS => JobSpec::new::<wf_email::Job>(&m),
+        BILLING => JobSpec::new::<wf_bill::Job>(&m),
+        _ => JobSpec::new::<wf_member::Job>(&m),
+    };
+    spec.unwrap().id(id)
+}
+
+/// A callback / parent on `orders`.
+fn order_callback(env: &TestEnv, id: &str) -> JobSpec {
+    let cb = WfCallback {
+        ledger: env.ledger_url.clone(),
+    };
+    JobSpec::new::<wf_order_close::Job>(&cb).unwrap().id(id)
+}
+
+/// Runs a `test-worker` process (1 job at a time) that aborts at its first
+/// relay, between applying the notices and removing them
+/// (failpoint `relay_after_apply`), and waits for it to die.
+async fn run_until_relay_crash(env: &TestEnv) {
+    let mut proc = WorkerProcess::start_with_env(
+        WORKER_BIN,
+        &env.url,
+        1,
+        1000,
+        1000,
+        Some("relay_after_apply"),
+        &[(queue_tests::workflow_jobs::ENV, "1")],
+    );
+    proc.wait_exit(BOUND).await;
+}
+
+/// A watchdog loop on every workflow queue.
+async fn spawn_wf_watchdog(env: &TestEnv) -> WatchdogHandle {
+    let dog = queue_core::Watchdog::connect(&env.url, WF_QUEUES, fast_watchdog())
+        .await
+        .unwrap();
+    WatchdogHandle::spawn(dog)
+}
+
+async fn relay_len(env: &TestEnv, queue: &str) -> usize {
+    env.list(&QueueKeys::new(queue).relay()).await.len()
+}
+
+/// A batch homed on `orders` whose members are on `emails`, `billing` and
+/// `wf` (three other hash tags): each member's ack writes a notice on its
+/// own queue, the worker relays it, the callbacks fire once with every
+/// member counted once, and nothing is left in the relay lists.
+#[tokio::test]
+async fn a_cross_queue_batch_fires_once_with_every_member_counted() {
+    let env = TestEnv::start().await;
+    let mut batch = Batch::new(&env.queue)
+        .id("xb")
+        .on_success(order_callback(&env, "xb-success"))
+        .on_complete(order_callback(&env, "xb-complete"));
+    for i in 0..9 {
+        let q = [EMAILS, BILLING, WF_QUEUE][i % 3];
+        batch = batch.add(member_on(&env, q, &format!("xb-{i}"), |_| {}));
+    }
+    let created = batch.enqueue().await.unwrap();
+    assert_eq!(created.queue, ORDERS);
+    let worker = spawn_wf_worker(&env).await;
+    let fired = wait_callbacks(&env, 2).await;
+    worker.stop().await;
+    let summary = ledger_map(&env, "ledger:wf:summary").await;
+    assert_eq!(summary["xb-success"], "9/9/0/0");
+    assert_eq!(summary["xb-complete"], "9/9/0/0");
+    assert!(fired.values().all(|n| n == "1"), "{fired:?}");
+    for q in [EMAILS, BILLING, WF_QUEUE] {
+        assert_eq!(relay_len(&env, q).await, 0, "{q}: notices left");
+        assert_eq!(env.stats(q).await.counter("relayed"), 3, "{q}");
+    }
+}
+
+/// A flow whose parent is on `orders` and whose children are on `emails`
+/// and `billing`: the parent runs once, after both, and reads both typed
+/// results; a nested flow on `billing` whose parent is a child of the outer
+/// flow on `orders`, and a dead child under `Continue`, are relayed too.
+#[tokio::test]
+async fn a_cross_queue_flow_runs_the_parent_with_its_childrens_results() {
+    let env = TestEnv::start().await;
+    let inner = Flow::new(member_on(&env, BILLING, "xf-inner", |_| {})).child(member_on(
+        &env,
+        EMAILS,
+        "xf-inner-a",
+        |_| {},
+    ));
+    Flow::new(order_callback(&env, "xf-close"))
+        .child(member_on(&env, EMAILS, "xf-email", |_| {}))
+        .child(member_on(&env, BILLING, "xf-charge", |_| {}))
+        .child_with(
+            ChildPolicy::Continue,
+            member_on(&env, EMAILS, "xf-bad", |m| m.fail = true),
+        )
+        .child_flow(inner)
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    let fired = wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    assert_eq!(fired["xf-close"], "1");
+    let children = ledger_map(&env, "ledger:wf:children").await;
+    assert_eq!(
+        children["xf-close"], "3,1",
+        "email, charge, inner ok; bad recorded"
+    );
+    let summary = ledger_map(&env, "ledger:wf:summary").await;
+    assert_eq!(summary["xf-close"], "4/3/1/0");
+    let effects = ledger_map(&env, "ledger:wf:effects").await;
+    assert_eq!(
+        effects["xf-inner"], "1",
+        "the nested parent ran once, after its child"
+    );
+}
+
+/// The relay's worker is killed (failpoint `relay_after_apply`) after the
+/// notice was applied to the batch (which fired) and before it was removed
+/// from the member's queue: the notice is still there. The next worker's
+/// start-up relay (no watchdog runs, no other job comes) applies it again,
+/// which counts nothing twice, and removes it.
+#[tokio::test]
+async fn a_crash_between_apply_and_remove_counts_once() {
+    let env = TestEnv::start().await;
+    Batch::new(&env.queue)
+        .id("crash")
+        .on_complete(order_callback(&env, "crash-done"))
+        .add(member_on(&env, EMAILS, "crash-a", |_| {}))
+        .enqueue()
+        .await
+        .unwrap();
+    // Paused: the killed worker cannot take the callback (it would stay
+    // leased, and no watchdog runs here).
+    env.queue.pause(ORDERS).await.unwrap();
+    run_until_relay_crash(&env).await;
+    env.queue.resume(ORDERS).await.unwrap();
+    let b = env.queue.batch(ORDERS, "crash").await.unwrap().unwrap();
+    assert_eq!(
+        (b.succeeded, b.state.as_str()),
+        (1, "fired"),
+        "applied before the crash"
+    );
+    assert_eq!(
+        relay_len(&env, EMAILS).await,
+        1,
+        "not removed before the crash"
+    );
+    let worker = spawn_wf_worker(&env).await;
+    wait_callbacks(&env, 1).await;
+    wait_until(BOUND, "relay list drained at start-up", || async {
+        relay_len(&env, EMAILS).await == 0
+    })
+    .await;
+    worker.stop().await;
+    let b = env.queue.batch(ORDERS, "crash").await.unwrap().unwrap();
+    assert_eq!((b.total, b.succeeded), (1, 1), "counted once: {b:?}");
+    assert_eq!(env.stats(EMAILS).await.counter("relayed"), 1);
+    let fired = ledger_map(&env, "ledger:wf:callbacks").await;
+    assert_eq!(fired["crash-done"], "1");
+}
+
+/// Replay across queues: a dead member on `emails` of a batch on `orders`
+/// is replayed before the batch fired; the replay's notice (unfinished)
+/// follows the death's notice (finished) in order. A stale copy of the
+/// death's notice applied again afterwards (a relayer that read the list
+/// before the replay) changes nothing: the batch waits for the member's
+/// next outcome, then fires once.
+#[tokio::test]
+async fn a_replay_across_queues_is_relayed_in_order_and_a_stale_notice_changes_nothing() {
+    let env = TestEnv::start().await;
+    Batch::new(&env.queue)
+        .id("rp")
+        .on_complete(order_callback(&env, "rp-done"))
+        .add(member_on(&env, EMAILS, "rp-dead", |m| m.fail = true))
+        .add(member_on(&env, BILLING, "rp-later", |_| {}))
+        .enqueue()
+        .await
+        .unwrap();
+    env.queue.pause(BILLING).await.unwrap();
+    // The death is applied, then the worker dies before removing the notice.
+    run_until_relay_crash(&env).await;
+    let relay_key = QueueKeys::new(EMAILS).relay();
+    let death = env.list(&relay_key).await;
+    assert_eq!(death.len(), 1, "the death's notice, applied, not removed");
+    let batch = || async { env.queue.batch(ORDERS, "rp").await.unwrap().unwrap() };
+    assert_eq!(batch().await.dead, 1);
+    env.queue.pause(EMAILS).await.unwrap();
+    assert!(env
+        .queue
+        .replay_dead(EMAILS, "rp-dead", true)
+        .await
+        .unwrap());
+    let r = env.queue.relay(EMAILS).await.unwrap();
+    assert_eq!((r.applied, r.already, r.dead), (1, 1, 0), "{r:?}");
+    let after = batch().await;
+    assert_eq!(
+        (after.state.as_str(), after.dead),
+        ("sealed", 0),
+        "{after:?}"
+    );
+    // A stale relayer applies the death's notice again: nothing changes.
+    let mut c = env.conn().await;
+    let _: () = c.rpush(&relay_key, &death[0]).await.unwrap();
+    let r = env.queue.relay(EMAILS).await.unwrap();
+    assert_eq!((r.applied, r.already), (0, 1), "{r:?}");
+    let after = batch().await;
+    assert_eq!(
+        (after.state.as_str(), after.dead),
+        ("sealed", 0),
+        "{after:?}"
+    );
+    env.queue.resume(EMAILS).await.unwrap();
+    env.queue.resume(BILLING).await.unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    let summary = ledger_map(&env, "ledger:wf:summary").await;
+    assert_eq!(
+        summary["rp-done"], "2/1/1/0",
+        "dead again after the replay, counted once"
+    );
+}
+
+/// A notice whose batch key is corrupt (another type) cannot be applied: it
+/// is moved to the member queue's dead-notice list (with batch and member,
+/// counted in stats as `relay_dead`), and the notices after it, for a
+/// healthy batch, still go through.
+#[tokio::test]
+async fn a_notice_for_a_corrupt_batch_is_kept_visible_and_blocks_nothing() {
+    let env = TestEnv::start().await;
+    Batch::new(&env.queue)
+        .id("broken")
+        .on_complete(order_callback(&env, "broken-done"))
+        .add(member_on(&env, EMAILS, "broken-a", |_| {}))
+        .enqueue()
+        .await
+        .unwrap();
+    let broken = QueueKeys::new(ORDERS).batch("broken");
+    let mut c = env.conn().await;
+    let _: () = c.del(&broken).await.unwrap();
+    let _: () = c.set(&broken, "not a hash").await.unwrap();
+    Batch::new(&env.queue)
+        .id("healthy")
+        .on_complete(order_callback(&env, "healthy-done"))
+        .add(member_on(&env, EMAILS, "healthy-a", |_| {}))
+        .enqueue()
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    wait_callbacks(&env, 1).await;
+    wait_until(BOUND, "the broken notice set aside", || async {
+        env.stats(EMAILS).await.counter("relay_dead") == 1
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(relay_len(&env, EMAILS).await, 0);
+    let dead = env.queue.relay_dead(EMAILS).await.unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(
+        (dead[0].batch.as_str(), dead[0].member.as_str()),
+        (broken.as_str(), "broken-a")
+    );
+    assert!(dead[0].reason.contains("another type"), "{dead:?}");
+    let fired = ledger_map(&env, "ledger:wf:callbacks").await;
+    assert_eq!(fired.get("healthy-done").map(String::as_str), Some("1"));
+    let admin = queue_core::admin::Admin::connect(&env.url).await.unwrap();
+    let check = admin.check(EMAILS, false).await.unwrap();
+    assert_eq!(check.relay_dead_notices, 1, "{check:?}");
+    assert!(!check.is_clean());
+}
+
+/// Three worker processes run 20 cross-queue batches (members on `emails`
+/// and `billing`, callbacks on `orders`); two are SIGKILLed mid-run, while
+/// acking and relaying. The watchdog on every queue returns their jobs and
+/// relays what they left. Every callback fires exactly once with all 10
+/// members counted once.
+#[tokio::test]
+async fn killed_workers_lose_no_cross_queue_notice() {
+    let env = TestEnv::start().await;
+    const BATCHES: usize = 20;
+    for b in 0..BATCHES {
+        let mut batch = Batch::new(&env.queue)
+            .id(format!("xk{b}"))
+            .on_complete(order_callback(&env, &format!("xk{b}-done")));
+        for i in 0..10 {
+            let q = if i % 2 == 0 { EMAILS } else { BILLING };
+            batch = batch.add(member_on(&env, q, &format!("xk{b}-{i}"), |m| {
+                m.sleep_ms = 20
+            }));
+        }
+        batch.enqueue().await.unwrap();
+    }
+    let _watchdog = spawn_wf_watchdog(&env).await;
+    let mut procs: Vec<WorkerProcess> = (0..3)
+        .map(|_| wf_worker_process(&env, 4, 1000, 2000))
+        .collect();
+    for victim in procs.iter_mut().take(2) {
+        let before = ledger_map(&env, "ledger:wf:effects").await.len();
+        wait_until(BOUND, "progress before the kill", || async {
+            ledger_map(&env, "ledger:wf:effects").await.len() > before + 30
+        })
+        .await;
+        victim.kill();
+    }
+    wait_callbacks(&env, BATCHES).await;
+    let summary = ledger_map(&env, "ledger:wf:summary").await;
+    for b in 0..BATCHES {
+        assert_eq!(summary[&format!("xk{b}-done")], "10/10/0/0", "batch xk{b}");
+    }
+    // Exactly one callback job per batch (a callback handler killed mid-run
+    // runs again, like any job: its run count is not the measure).
+    let enqueued: u64 = env
+        .conn()
+        .await
+        .hget(QueueKeys::new(ORDERS).stats, "enqueued")
+        .await
+        .unwrap();
+    assert_eq!(enqueued, BATCHES as u64, "one callback each");
+    wait_until(BOUND, "relay lists drained", || async {
+        relay_len(&env, EMAILS).await + relay_len(&env, BILLING).await == 0
+    })
+    .await;
+    drop(procs);
 }

@@ -70,12 +70,16 @@ pub struct CheckReport {
     pub repairs: Vec<Repair>,
     /// More than [`MAX_PROBES`] ids were suspicious: the rest were not probed.
     pub truncated: bool,
+    /// Cross-queue relay notices of this queue that could not be applied
+    /// (their batch is gone or corrupt), kept in `q:{Q}:relay:dead`: listed
+    /// by [`Queue::relay_dead`](crate::Queue::relay_dead) (docs/WORKFLOWS.md, "Relay").
+    pub relay_dead_notices: u64,
 }
 
 impl CheckReport {
     /// No violation found.
     pub fn is_clean(&self) -> bool {
-        self.violations.is_empty() && !self.truncated
+        self.violations.is_empty() && !self.truncated && self.relay_dead_notices == 0
     }
 }
 
@@ -424,6 +428,7 @@ impl Admin {
                 violations: Vec::new(),
                 repairs: Vec::new(),
                 truncated: false,
+                relay_dead_notices: 0,
             },
         };
         if walk.types().await? {
@@ -444,6 +449,15 @@ impl Admin {
             }
         }
         let mut report = walk.report;
+        let relay_dead: Option<u64> = redis::cmd("LLEN")
+            .arg(QueueKeys::new(queue).relay_dead())
+            .query_async(&mut self.queue.connection())
+            .await
+            .ok();
+        report.relay_dead_notices = relay_dead.unwrap_or(0);
+        if report.relay_dead_notices > 0 {
+            tracing::warn!(queue, notices = report.relay_dead_notices, "check: cross-queue relay notices that could not be applied (see Queue::relay_dead)");
+        }
         for v in &report.violations {
             tracing::warn!(queue, job_id = ?v.job_id().map(JobId::as_str), "check: {v}");
         }

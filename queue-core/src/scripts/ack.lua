@@ -69,7 +69,7 @@ for n, h in ipairs(fields) do
     if h[9] then hist_close(KEYS[3], id, retention) end
     ev(KEYS[3], 'completed', id, now, 'attempt', h[3] or '0')
     out[n] = 1
-    if h[6] then wf_member_finished(h[6], id, 'succeeded', result, now) end
+    if h[6] and wf_member_finished(h[6], id, 'succeeded', result, now, KEYS[3]) then out[n] = 4 end
   end
 end
 

@@ -96,12 +96,19 @@ impl Ack<'_> {
                 ),
             ));
         }
-        codes
+        // 4: acknowledged, and the job's batch is on another queue: the ack
+        // wrote a relay notice, which this process's relay moves at once.
+        let mut noted = false;
+        let out: Result<Vec<AckReply>> = codes
             .iter()
             .zip(self.items)
             .map(
                 |(code, item)| match reply::integer(queue, Some(&item.id), "ack reply", code)? {
                     1 => Ok(AckReply::Completed),
+                    4 => {
+                        noted = true;
+                        Ok(AckReply::Completed)
+                    }
                     2 => Ok(AckReply::AlreadyCompleted),
                     0 => Ok(AckReply::LeaseLost),
                     3 => Ok(AckReply::Unreadable),
@@ -112,7 +119,11 @@ impl Ack<'_> {
                     )),
                 },
             )
-            .collect()
+            .collect();
+        if noted {
+            crate::workflow::relay::hint(queue);
+        }
+        out
     }
 }
 

@@ -56,6 +56,7 @@ impl Defer<'_> {
             .arg(self.known)
             .run(conn, &k.queue, Some(self.id))
             .await?;
+        crate::workflow::relay::hint_if_marked(&k.queue, &reply, 2);
         FailReply::decode(&k.queue, self.id, &reply)
     }
 }

@@ -56,5 +56,5 @@ redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_tok
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 bump(KEYS[6], 'failed', 1)
-if h and h[9] then wf_member_finished(h[9], ARGV[1], 'dead', reason, now) end
+if h and h[9] and wf_member_finished(h[9], ARGV[1], 'dead', reason, now, KEYS[6]) then return {'dead', reason, 'relay'} end
 return {'dead', reason}

@@ -81,6 +81,7 @@ impl Fail<'_> {
             .arg(self.delay.as_millis() as u64)
             .run(conn, &k.queue, Some(self.id))
             .await?;
+        crate::workflow::relay::hint_if_marked(&k.queue, &reply, 2);
         FailReply::decode(&k.queue, self.id, &reply)
     }
 }

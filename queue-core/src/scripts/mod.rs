@@ -50,6 +50,8 @@ pub(crate) mod pause;
 pub(crate) mod progress;
 pub(crate) mod promote;
 pub(crate) mod reclaim;
+pub(crate) mod relay_apply;
+pub(crate) mod relay_done;
 pub(crate) mod replay;
 pub(crate) mod result_wait;
 pub(crate) mod resume;
@@ -274,6 +276,8 @@ mod tests {
             entry!(progress),
             entry!(promote),
             entry!(reclaim),
+            entry!(relay_apply),
+            entry!(relay_done),
             entry!(replay),
             entry!(result_wait),
             entry!(resume),

@@ -537,16 +537,59 @@ end
 
 local wf_finished, wf_member_finished
 
+-- ==== cross-queue relay ====
+-- A member on queue C of a batch on queue P (another hash tag, so another
+-- cluster slot) cannot count itself in P's batch: the script ending it
+-- appends a notice to C's relay list `q:{C}:relay` (oldest first), each
+-- `<seq>\n<kind>\n<batch key>\n<member id>\n<outcome>\n<detail>` with
+-- kind `f` (finished) or `u` (unfinished: replayed), seq from
+-- `q:{C}:relay:seq` (increasing). The relay (workflow/relay.rs) applies it
+-- to P with relay_apply.lua (idempotent by member id and seq: the batch hash
+-- keeps `relay:<id>` = the last seq applied) and then removes it from C with
+-- relay_done.lua.
+
+-- The queue base `q:{Q}:` of one of its keys (nil for another shape).
+local function wf_base(key)
+  return string.match(key, '^(q:{[^}]*}:)')
+end
+
+-- Appends a relay notice to the relay list of the queue with base `base`.
+-- A relay list of another type (corrupt data) cannot take it: the notice
+-- goes to the dead-notice list, counted in stats (`relay_dead`), and is
+-- logged, never dropped silently.
+local function wf_notice(base, kind, bkey, id, outcome, detail)
+  local seq = redis.pcall('INCR', base .. 'relay:seq')
+  if type(seq) ~= 'number' then seq = 0 end
+  local n = seq .. '\n' .. kind .. '\n' .. bkey .. '\n' .. id .. '\n' .. outcome .. '\n' .. (detail or '')
+  local ok = redis.pcall('RPUSH', base .. 'relay', n)
+  if type(ok) ~= 'number' or seq == 0 then
+    redis.log(redis.LOG_WARNING, 'relay notice for batch ' .. bkey .. ' member ' .. id ..
+      ' could not be queued (relay key of another type): kept in ' .. base .. 'relay:dead')
+    redis.pcall('LPUSH', base .. 'relay:dead', 'relay list unwritable\n' .. n)
+    redis.pcall('HINCRBY', base .. 'stats', 'relay_dead', 1)
+  end
+end
+
+-- Parses a relay notice: seq, kind, batch key, member id, outcome, detail
+-- (nil for a notice of another shape).
+local function wf_parse_notice(n)
+  local seq, kind, bkey, id, outcome, detail =
+    string.match(n, '^(%d+)\n([fu])\n([^\n]+)\n([^\n]+)\n([^\n]*)\n(.*)$')
+  if not seq then return nil end
+  return tonumber(seq), kind, bkey, id, outcome, detail
+end
+
 -- Fires batch `bkey` once it is sealed and every member finished: the
 -- success callback only when all succeeded, the complete callback (a flow's
 -- parent: dead-lettered when a member under the `fail` policy failed) always.
 local function wf_maybe_fire(bkey, now)
   local b = redis.call('HMGET', bkey, 'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed',
     'failed_child')
-  if b[1] ~= 'sealed' then return end
+  if b[1] ~= 'sealed' then return false end
   local total, ok = as_count(b[2]), as_count(b[3]) or 0
   local finished = ok + (as_count(b[4]) or 0) + (as_count(b[5]) or 0)
-  if not total or finished < total then return end
+  if not total or finished < total then return false end
+  local noted = false
   redis.call('HSET', bkey, 'state', 'fired', 'fired_at', now)
   local function spec(p)
     local f = {}
@@ -564,12 +607,13 @@ local function wf_maybe_fire(bkey, now)
       reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or '?')
     end
     if wf_spawn(bkey, c, now, reason) and reason and c[7] and c[7] ~= '' then
-      wf_member_finished(c[7], c[2], 'dead', reason, now)
+      noted = wf_member_finished(c[7], c[2], 'dead', reason, now, bkey)
     end
   end
   for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
     redis.call('PEXPIRE', k, WF_KEEP_MS)
   end
+  return noted
 end
 
 -- Member `id` of batch `bkey` finished with `outcome` ('succeeded', 'dead',
@@ -577,10 +621,10 @@ end
 -- missing batch (expired, deleted) or a key of another type is skipped.
 -- Called by ack, fail, reclaim, cancel and finish_cancel after their own writes.
 wf_finished = function(bkey, id, outcome, detail, now)
-  if redis.call('TYPE', bkey)['ok'] ~= 'hash' then return end
+  if redis.call('TYPE', bkey)['ok'] ~= 'hash' then return false end
   local t = redis.call('TYPE', bkey .. ':done')['ok']
-  if t ~= 'set' and t ~= 'none' then return end
-  if redis.call('SADD', bkey .. ':done', id) == 0 then return end
+  if t ~= 'set' and t ~= 'none' then return false end
+  if redis.call('SADD', bkey .. ':done', id) == 0 then return false end
   redis.call('HINCRBY', bkey, outcome, 1)
   local p = redis.call('HMGET', bkey, 'policy:' .. id, 'policy')
   local policy = p[1] or p[2]
@@ -595,7 +639,7 @@ wf_finished = function(bkey, id, outcome, detail, now)
       end
     end
   end
-  wf_maybe_fire(bkey, now)
+  return wf_maybe_fire(bkey, now)
 end
 
 -- The one entry point of the scripts that end a job: member `id` whose job
@@ -603,10 +647,24 @@ end
 -- several separated by '\n' (a job that feeds several batches, e.g. a DAG
 -- step with several dependents; job ids and queue names hold no control
 -- characters); the member is counted in each.
-wf_member_finished = function(field, id, outcome, detail, now)
+--
+-- `here`: a key of the queue whose script this is (its stats hash). A batch
+-- of another queue (another hash tag: another cluster slot) is not touched:
+-- a relay notice for it is appended to this queue's relay list instead, in
+-- this same script (wf_notice). Returns true when it wrote a notice (the
+-- caller's reply says so, and a worker relays at once; docs/WORKFLOWS.md).
+wf_member_finished = function(field, id, outcome, detail, now, here)
+  local base = here and wf_base(here)
+  local noted = false
   for bkey in string.gmatch(field, '[^\n]+') do
-    wf_finished(bkey, id, outcome, detail, now)
+    if base and wf_base(bkey) ~= base then
+      wf_notice(base, 'f', bkey, id, outcome, detail)
+      noted = true
+    elseif wf_finished(bkey, id, outcome, detail, now) then
+      noted = true
+    end
   end
+  return noted
 end
 
 -- A dead member of batch `bkey` was replayed: while the batch has not fired
@@ -626,10 +684,18 @@ local function wf_unfinish(bkey, id)
 end
 
 -- Replay's entry point: `field` as for wf_member_finished.
-local function wf_member_unfinish(field, id)
+local function wf_member_unfinish(field, id, here)
+  local base = here and wf_base(here)
+  local noted = false
   for bkey in string.gmatch(field, '[^\n]+') do
-    wf_unfinish(bkey, id)
+    if base and wf_base(bkey) ~= base then
+      wf_notice(base, 'u', bkey, id, 'dead', '')
+      noted = true
+    else
+      wf_unfinish(bkey, id)
+    end
   end
+  return noted
 end
 
 -- ==== events ====

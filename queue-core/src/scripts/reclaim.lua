@@ -41,7 +41,7 @@ for _, id in ipairs(expired) do
           'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. msg, now)
         redis.call('HSET', jobkey, 'last_error', msg, 'failed_at', now)
         dead = dead + 1
-        if h[4] then wf_member_finished(h[4], id, 'dead', 'attempts exhausted: ' .. msg, now) end
+        if h[4] then wf_member_finished(h[4], id, 'dead', 'attempts exhausted: ' .. msg, now, KEYS[5]) end
       else
         local backoff = base * 2 ^ math.max(attempts - 1, 0)
         if backoff > cap then backoff = cap end

@@ -16,5 +16,5 @@ redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at', 'expires_at', 'expires_aft
 if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'attempts', 0) end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 bump(KEYS[4], 'replayed', 1)
-if h[4] then wf_member_unfinish(h[4], ARGV[1]) end
+if h[4] then wf_member_unfinish(h[4], ARGV[1], KEYS[4]) end
 return 1

@@ -264,6 +264,13 @@ async fn spawn_tasks(
             stop_tx.subscribe(),
         )));
     }
+    for q in &inner.queues {
+        tasks.push(tokio::spawn(crate::workflow::relay::run_for_worker(
+            inner.conn.clone(),
+            q.keys.queue.clone(),
+            stop_tx.subscribe(),
+        )));
+    }
     tasks.push(tokio::spawn(scheduler::run(
         inner.conn.clone(),
         inner.periodic.clone(),

@@ -16,8 +16,9 @@ use super::JobSpec;
 /// same script (once per job id), and the one that finishes the batch
 /// enqueues the callbacks in that script: exactly once, whatever crashes.
 ///
-/// All jobs of a batch (members, callbacks) are on one queue, the batch's
-/// (different job types are fine; see docs/WORKFLOWS.md, "Limits").
+/// Members may be on any queue: a member on another queue than the batch's
+/// is counted through the relay (docs/WORKFLOWS.md, "Relay"). The callbacks
+/// are on the batch's queue (its home: by default the callbacks' queue).
 ///
 /// ```
 /// # use queue_core::{BoxFuture, Job, JobContext, JobError, JobSpec, Batch, Queue};
@@ -132,14 +133,14 @@ impl Batch {
         let batch = BatchRef::new(&home, &id);
         let mut spec = Vec::new();
         if let Some(job) = &mut self.on_success {
-            batch.check_slot(&job.queue)?;
+            batch.check_callback_queue(&job.queue)?;
             if job.job_id().is_none() {
                 *job = job.clone().id(format!("{id}:success"));
             }
             spec.extend(job.callback_fields("s_", None));
         }
         if let Some(job) = &mut self.on_complete {
-            batch.check_slot(&job.queue)?;
+            batch.check_callback_queue(&job.queue)?;
             if job.job_id().is_none() {
                 *job = job.clone().id(format!("{id}:complete"));
             }
@@ -147,7 +148,6 @@ impl Batch {
         }
         let mut ids = Vec::with_capacity(self.members.len());
         for m in &mut self.members {
-            batch.check_slot(&m.queue)?;
             ids.push(m.ensure_id().to_string());
         }
         let mut conn = self.queue.connection();

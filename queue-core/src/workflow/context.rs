@@ -49,7 +49,6 @@ impl JobContext {
             ));
         };
         let batch = self.batch_ref(&key)?;
-        batch.check_slot(&job.queue).map_err(JobError::permanent)?;
         let id = job.ensure_id().to_string();
         let conn = self.inner.conn.clone().expect("checked by batch_fields");
         batch

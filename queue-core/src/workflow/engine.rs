@@ -46,17 +46,17 @@ impl BatchRef {
         }
     }
 
-    /// Refuses `queue` unless it is the batch's own queue: a member's ack
-    /// updates the batch in the same script, so their keys must share the
-    /// queue's hash tag (one Redis Cluster slot; DESIGN rule 6).
-    pub(crate) fn check_slot(&self, queue: &str) -> Result<()> {
+    /// Refuses a callback on `queue` unless it is the batch's own queue:
+    /// the member that finishes the batch creates the callbacks in the same
+    /// script as the batch's update (members may be on any queue: the relay
+    /// carries their outcome; docs/WORKFLOWS.md, "Relay").
+    pub(crate) fn check_callback_queue(&self, queue: &str) -> Result<()> {
         if queue == self.queue {
             return Ok(());
         }
         Err(self.error(format!(
-            "job on queue `{queue}`: every job of a batch or flow (members, callbacks, \
-             children, parent) must be on the batch's queue `{}` (one hash tag, so that the \
-             member's ack updates the batch atomically); see docs/WORKFLOWS.md, \"Limits\"",
+            "callback on queue `{queue}`: a batch's callbacks must be on the batch's queue `{}` \
+             (set it with `Batch::home`); members may be on any queue",
             self.queue
         )))
     }

@@ -133,16 +133,12 @@ impl Flow {
         Box::pin(async move {
             let id = self.parent.ensure_id().to_string();
             let batch = BatchRef::new(&self.parent.queue, &id);
-            if let Some(outer) = &member_of {
-                outer.check_slot(&batch.queue)?;
-            }
             let mut ids: Vec<(ChildPolicy, String)> = Vec::new();
             for (policy, child) in &mut self.children {
                 let spec = match child {
                     Child::Job(j) => j,
                     Child::Flow(f) => &mut f.parent,
                 };
-                batch.check_slot(&spec.queue)?;
                 ids.push((*policy, spec.ensure_id().to_string()));
             }
             let spec = self

@@ -11,6 +11,7 @@ mod context;
 mod dag;
 mod engine;
 mod flow;
+pub(crate) mod relay;
 mod spec;
 mod summary;
 
@@ -18,5 +19,6 @@ pub use batch::{Batch, BatchCreated};
 pub use dag::{Dag, DagCreated, DagError, DEFAULT_OPEN_TTL};
 pub(crate) use engine::parse_key;
 pub use flow::{ChildPolicy, Flow, FlowCreated};
+pub use relay::{DeadNotice, RelayReport};
 pub use spec::JobSpec;
 pub use summary::{BatchSummary, ChildResult};

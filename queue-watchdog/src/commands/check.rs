@@ -49,6 +49,12 @@ fn text(reports: &[CheckReport]) -> String {
         for v in &r.violations {
             out.push_str(&format!("{}: {}: {v}\n", r.queue, v.kind()));
         }
+        if r.relay_dead_notices > 0 {
+            out.push_str(&format!(
+                "{}: relay_dead: {} cross-queue batch notice(s) could not be applied (q:{{{}}}:relay:dead; docs/WORKFLOWS.md, \"Relay\")\n",
+                r.queue, r.relay_dead_notices, r.queue
+            ));
+        }
         for rep in &r.repairs {
             out.push_str(&format!(
                 "{}: repaired {}: {:?}\n",

@@ -7,15 +7,15 @@ use queue_core::{ReclaimReport, Watchdog, WatchdogConfig};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// A running watchdog loop on one queue.
+/// A running watchdog loop on some queues.
 pub struct Dog {
     stop: oneshot::Sender<()>,
     task: JoinHandle<ReclaimReport>,
 }
 
 impl Dog {
-    /// Connects and starts the loop on `queue`.
-    pub async fn start(url: &str, queue: &str) -> Result<Dog, String> {
+    /// Connects and starts the loop on `queues`.
+    pub async fn start(url: &str, queues: &[&str]) -> Result<Dog, String> {
         let config = WatchdogConfig {
             interval: Duration::from_millis(100),
             orphan_grace: Duration::from_millis(500),
@@ -25,7 +25,7 @@ impl Dog {
             },
             ..WatchdogConfig::default()
         };
-        let watchdog = Watchdog::connect(url, [queue], config)
+        let watchdog = Watchdog::connect(url, queues, config)
             .await
             .map_err(|e| e.to_string())?;
         let (stop, rx) = oneshot::channel::<()>();

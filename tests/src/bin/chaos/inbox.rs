@@ -309,7 +309,7 @@ async fn run(s: Settings) -> Result<Report, String> {
         workers.children.push(child);
     }
 
-    let dog = crate::dog::Dog::start(&url, QUEUE).await?;
+    let dog = crate::dog::Dog::start(&url, &[QUEUE]).await?;
 
     // Kill number k (1-based) when k/(kills+1) of the jobs have completed.
     let mut kills = 0;

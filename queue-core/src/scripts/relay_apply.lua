@@ -1,0 +1,50 @@
+-- Relay, step 1 of 2, on the batches' queue P: applies relay notices written
+-- by members on other queues (wf_notice in the prelude) to P's batches, in
+-- order. Idempotent by member id: the batch hash keeps `relay:<member id>` =
+-- the seq of the last notice applied for that member, and a notice whose seq
+-- is not above it was already applied (a relay that crashed before removing
+-- it, or a second relayer) and changes nothing; a finish also counts once by
+-- the `:done` set. Validates each notice and batch before writing for it.
+-- KEYS: 1 P's stats hash, 2 P's guard (never written: see keys.rs)
+-- ARGV: the notices, oldest first (all for batches on P)
+-- Returns one code per notice, in order, then a flag: codes 1 applied now;
+-- 2 already applied (nothing written); 0 no such batch (expired or deleted);
+-- 3 the batch's keys are of another type (corrupt); 4 the notice is
+-- unreadable or names a batch of another queue. The flag is 1 when applying
+-- wrote notices into P's own relay list (a nested flow's parent on P,
+-- dead-lettered, whose own batch is on a third queue).
+local base = string.match(KEYS[1], '^(q:{[^}]*}:)stats$')
+if not base then
+  return redis.error_reply('relay_apply: KEYS[1] must be a queue stats key, got ' .. KEYS[1])
+end
+local now = now_ms()
+local out, noted = {}, 0
+for i, n in ipairs(ARGV) do
+  local seq, kind, bkey, id, outcome, detail = wf_parse_notice(n)
+  if not seq or wf_base(bkey) ~= base then
+    out[i] = 4
+  else
+    local t = redis.call('TYPE', bkey)['ok']
+    local d = redis.call('TYPE', bkey .. ':done')['ok']
+    if t == 'none' then
+      out[i] = 0
+    elseif t ~= 'hash' or (d ~= 'set' and d ~= 'none') then
+      out[i] = 3
+    else
+      local last = tonumber(redis.call('HGET', bkey, 'relay:' .. id) or '0') or 0
+      if seq <= last then
+        out[i] = 2
+      else
+        redis.call('HSET', bkey, 'relay:' .. id, seq)
+        if kind == 'u' then
+          wf_unfinish(bkey, id)
+        elseif wf_finished(bkey, id, outcome, detail, now) then
+          noted = 1
+        end
+        out[i] = 1
+      end
+    end
+  end
+end
+out[#out + 1] = noted
+return out

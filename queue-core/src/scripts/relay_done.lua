@@ -1,0 +1,28 @@
+-- Relay, step 2 of 2, on the members' queue C: removes notices the relay
+-- applied (or found already applied) from C's relay list, and moves those it
+-- could not apply (no such batch, corrupt batch, unreadable notice) to C's
+-- dead-notice list with the reason, where `check` and `stats` show them.
+-- Each notice is removed exactly once (LREM 1 of its text, unique by its
+-- seq): a second relayer that applied the same notice removes nothing and
+-- moves nothing.
+-- KEYS: 1 relay list, 2 dead-notice list, 3 stats
+-- ARGV: then per notice: its text, and '' (applied: remove) or the reason it is dead
+-- Returns {removed, moved to the dead-notice list}
+if #ARGV % 2 ~= 0 then
+  return redis.error_reply('relay_done: the notices must be (notice, reason) pairs')
+end
+expect_types(KEYS[1], 'list', KEYS[2], 'list')
+local removed, dead = 0, 0
+for i = 1, #ARGV, 2 do
+  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
+    if ARGV[i + 1] == '' then
+      removed = removed + 1
+    else
+      redis.call('LPUSH', KEYS[2], ARGV[i + 1] .. '\n' .. ARGV[i])
+      dead = dead + 1
+    end
+  end
+end
+if removed > 0 then bump(KEYS[3], 'relayed', removed) end
+if dead > 0 then bump(KEYS[3], 'relay_dead', dead) end
+return {removed, dead}

@@ -1,0 +1,409 @@
+//! The cross-queue relay (docs/WORKFLOWS.md, "Relay"): a member on queue C
+//! of a batch homed on queue P (another hash tag, so another Redis Cluster
+//! slot) cannot count itself in P's batch in its own ack. The script that
+//! ends it (ack, fail, reclaim, defer, cancel, finish_cancel, replay) appends
+//! a notice to C's relay list instead, in that same script. The relay moves
+//! the notices: `relay_apply.lua` on P (idempotent by member id and seq),
+//! then `relay_done.lua` on C (removes exactly those notices, or moves the
+//! ones that cannot be applied to C's dead-notice list). A crash in between
+//! re-applies, which changes nothing.
+//!
+//! Who runs it: each worker, for each queue it serves, once at start-up and
+//! then whenever one of its calls answered that it wrote notices
+//! ([`hint`]: no polling, an idle worker makes no call), and the watchdog on
+//! every pass (the safety net when no worker of C runs).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tokio::sync::{watch, Notify};
+use tracing::{debug, warn};
+
+use crate::conn::RedisConnection;
+use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
+use crate::queue::Queue;
+use crate::scripts::relay_apply::{Applied, RelayApply};
+use crate::scripts::relay_done::RelayDone;
+
+use super::engine::parse_key;
+
+/// Notices read (and applied) per round.
+const CHUNK: usize = 100;
+/// Queues drained per call: the queue asked for, then the queues whose
+/// batches wrote notices of their own while applying (nested flows).
+const MAX_QUEUES: usize = 16;
+
+/// What one relay run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Notices applied to their batch and removed.
+    pub applied: u64,
+    /// Notices found already applied (a relay that crashed between its two
+    /// steps, or two relayers at once) and removed.
+    pub already: u64,
+    /// Notices that could not be applied (no such batch, corrupt batch,
+    /// unreadable notice), moved to the dead-notice list and logged.
+    pub dead: u64,
+}
+
+impl RelayReport {
+    fn add(&mut self, other: RelayReport) {
+        self.applied += other.applied;
+        self.already += other.already;
+        self.dead += other.dead;
+    }
+}
+
+/// A relay notice that could not be applied, kept in its queue's
+/// dead-notice list ([`QueueKeys::relay_dead`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadNotice {
+    /// Why it could not be applied.
+    pub reason: String,
+    /// The batch key it names.
+    pub batch: String,
+    /// The member id.
+    pub member: String,
+    /// `finished` or `unfinished` (a replay).
+    pub kind: String,
+}
+
+/// One notice as written by `wf_notice` (prelude.lua):
+/// `<seq>\n<kind>\n<batch key>\n<member id>\n<outcome>\n<detail>`.
+struct Notice {
+    raw: Vec<u8>,
+    /// The batch's home queue, when the notice is readable.
+    home: Option<String>,
+    batch: String,
+    member: String,
+}
+
+impl Notice {
+    fn parse(raw: Vec<u8>) -> Notice {
+        let text = String::from_utf8_lossy(&raw);
+        let mut parts = text.splitn(6, '\n');
+        let (_seq, _kind) = (parts.next(), parts.next());
+        let batch = parts.next().unwrap_or_default().to_string();
+        let member = parts.next().unwrap_or_default().to_string();
+        let home = parse_key(&batch).map(|b| b.queue);
+        Notice {
+            home,
+            batch,
+            member,
+            raw,
+        }
+    }
+}
+
+fn kind_name(kind: &str) -> &'static str {
+    if kind == "u" {
+        "unfinished"
+    } else {
+        "finished"
+    }
+}
+
+/// Relays every notice in `queue`'s relay list (and then in the relay lists
+/// of the queues that got new notices while applying), oldest first.
+pub(crate) async fn relay_queue(conn: &mut RedisConnection, queue: &str) -> Result<RelayReport> {
+    let mut total = RelayReport::default();
+    let mut todo = vec![queue.to_string()];
+    let mut done = 0;
+    while let Some(q) = todo.pop() {
+        done += 1;
+        let (report, more) = relay_one(conn, &QueueKeys::new(&q)).await?;
+        total.add(report);
+        for m in more {
+            if done + todo.len() < MAX_QUEUES && !todo.contains(&m) {
+                todo.push(m);
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// Drains one queue's relay list; also the batches' queues whose own relay
+/// lists got notices.
+async fn relay_one(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+) -> Result<(RelayReport, Vec<String>)> {
+    let mut report = RelayReport::default();
+    let mut more = Vec::new();
+    loop {
+        let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(keys.relay())
+            .arg(0)
+            .arg(CHUNK as i64 - 1)
+            .query_async(conn)
+            .await
+            .map_err(|e| QueueError::redis(&keys.queue, None, e))?;
+        let read = raw.len();
+        if read == 0 {
+            break;
+        }
+        let notices: Vec<Notice> = raw.into_iter().map(Notice::parse).collect();
+        let mut verdicts: Vec<Option<Result<Applied, String>>> = vec![None; notices.len()];
+        // Per batch queue, in order of first appearance; each group keeps
+        // the list's order (a member's notices all name the same batch).
+        let mut homes: Vec<String> = Vec::new();
+        for n in &notices {
+            match &n.home {
+                Some(h) if !homes.contains(h) => homes.push(h.clone()),
+                _ => {}
+            }
+        }
+        for (i, n) in notices.iter().enumerate() {
+            if n.home.is_none() {
+                verdicts[i] = Some(Err("unreadable notice (no batch key)".into()));
+            }
+        }
+        for home in homes {
+            let idx: Vec<usize> = (0..notices.len())
+                .filter(|&i| notices[i].home.as_deref() == Some(home.as_str()))
+                .collect();
+            let home_keys = QueueKeys::new(&home);
+            let (outcomes, noted) = apply(conn, &home_keys, &notices, &idx).await?;
+            if noted && !more.contains(&home) {
+                more.push(home.clone());
+            }
+            for (i, o) in idx.into_iter().zip(outcomes) {
+                verdicts[i] = Some(o);
+            }
+        }
+        crate::failpoint::hit("relay_after_apply");
+        let mut ends = Vec::with_capacity(notices.len());
+        for (n, v) in notices.iter().zip(verdicts) {
+            match &v {
+                Some(Ok(Applied::Now)) => report.applied += 1,
+                Some(Ok(Applied::Already)) => report.already += 1,
+                _ => {}
+            }
+            let reason = match v {
+                Some(Ok(Applied::Now)) | Some(Ok(Applied::Already)) => None,
+                Some(Ok(Applied::NoBatch)) => {
+                    Some("no such batch (expired or deleted)".to_string())
+                }
+                Some(Ok(Applied::Corrupt)) => {
+                    Some("the batch's keys hold another type".to_string())
+                }
+                Some(Ok(Applied::Unreadable)) => Some("unreadable notice".to_string()),
+                Some(Err(reason)) => Some(reason),
+                None => Some("not applied".to_string()),
+            };
+            ends.push((n.raw.clone(), reason));
+        }
+        let end_args: Vec<(Vec<u8>, Option<String>)> = ends;
+        let reply = RelayDone {
+            keys,
+            notices: &end_args,
+        }
+        .run(conn)
+        .await?;
+        report.dead += reply.dead;
+        for (n, (_, reason)) in notices.iter().zip(&end_args) {
+            if let Some(reason) = reason {
+                let kind = String::from_utf8_lossy(&n.raw)
+                    .split('\n')
+                    .nth(1)
+                    .map(kind_name)
+                    .unwrap_or("finished");
+                warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind, %reason,
+                    "relay notice cannot be applied: kept in the dead-notice list (check, stats `relay_dead`)");
+            }
+        }
+        if read < CHUNK {
+            break;
+        }
+    }
+    if report != RelayReport::default() {
+        debug!(queue = %keys.queue, applied = report.applied, already = report.already, dead = report.dead, "relayed");
+    }
+    Ok((report, more))
+}
+
+/// Applies the notices `idx` (all for batches on `home`) in one script; when
+/// that script fails with an error of the data (not of the connection), one
+/// by one, so that a notice that breaks the script is set aside with the
+/// error and the others still go through.
+async fn apply(
+    conn: &mut RedisConnection,
+    home: &QueueKeys,
+    notices: &[Notice],
+    idx: &[usize],
+) -> Result<(Vec<std::result::Result<Applied, String>>, bool)> {
+    let texts: Vec<Vec<u8>> = idx.iter().map(|&i| notices[i].raw.clone()).collect();
+    match (RelayApply {
+        keys: home,
+        notices: &texts,
+    })
+    .run(conn)
+    .await
+    {
+        Ok(r) => Ok((r.outcomes.into_iter().map(Ok).collect(), r.noted)),
+        Err(e) if is_connection_failure(&e) => Err(e),
+        Err(_) if texts.len() > 1 => {
+            let mut out = Vec::with_capacity(texts.len());
+            let mut noted = false;
+            for t in &texts {
+                match (RelayApply {
+                    keys: home,
+                    notices: std::slice::from_ref(t),
+                })
+                .run(conn)
+                .await
+                {
+                    Ok(r) => {
+                        noted |= r.noted;
+                        out.push(Ok(r.outcomes[0]));
+                    }
+                    Err(e) if is_connection_failure(&e) => return Err(e),
+                    Err(e) => out.push(Err(format!("applying failed: {e}"))),
+                }
+            }
+            Ok((out, noted))
+        }
+        Err(e) => Ok((vec![Err(format!("applying failed: {e}"))], false)),
+    }
+}
+
+/// A failure to reach Redis (retry later), as opposed to an error of the
+/// script on this data.
+fn is_connection_failure(e: &QueueError) -> bool {
+    match e {
+        QueueError::Redis { source, .. } => {
+            source.is_io_error()
+                || source.is_connection_dropped()
+                || source.is_timeout()
+                || matches!(
+                    source.kind(),
+                    redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
+                        | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
+                        | redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
+                        | redis::ErrorKind::Server(redis::ServerErrorKind::Ask)
+                )
+        }
+        QueueError::ReadOnlyReplica { .. } => true,
+        _ => false,
+    }
+}
+
+/// Relays the notices of `queue` and logs a failure (the next hint or the
+/// watchdog's next pass retries).
+pub(crate) async fn relay_logged(conn: &mut RedisConnection, queue: &str) {
+    if let Err(e) = relay_queue(conn, queue).await {
+        warn!(queue = %queue, error = %e, "relay failed; the next relay run or watchdog pass retries");
+    }
+}
+
+/// The wake-up of one queue's relay tasks in this process: a generation
+/// counter (a hint is never lost, even while a relay runs) and a broadcast.
+struct Waker {
+    generation: AtomicU64,
+    notify: Notify,
+}
+
+fn waker(queue: &str) -> Arc<Waker> {
+    static WAKERS: OnceLock<Mutex<HashMap<String, Arc<Waker>>>> = OnceLock::new();
+    let map = WAKERS.get_or_init(Default::default);
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    map.entry(queue.to_string())
+        .or_insert_with(|| {
+            Arc::new(Waker {
+                generation: AtomicU64::new(0),
+                notify: Notify::new(),
+            })
+        })
+        .clone()
+}
+
+/// A script ending a job of `queue` answered that it wrote relay notices:
+/// wakes this process's relay tasks for `queue` (the workers serving it).
+/// Without one (a producer process) the watchdog relays them.
+pub(crate) fn hint(queue: &str) {
+    let w = waker(queue);
+    w.generation.fetch_add(1, Ordering::SeqCst);
+    w.notify.notify_waiters();
+}
+
+/// The `'relay'` marker at `index` of a script's array reply (fail.lua,
+/// defer.lua): wakes `queue`'s relay.
+pub(crate) fn hint_if_marked(queue: &str, reply: &redis::Value, index: usize) {
+    let marked = crate::scripts::reply::array(reply)
+        .and_then(|items| items.get(index))
+        .and_then(crate::scripts::reply::text)
+        .is_some_and(|t| t == "relay");
+    if marked {
+        hint(queue);
+    }
+}
+
+/// A worker's relay task for `queue`: drains the list once (what a crashed
+/// worker left), then after each hint, until `stop`.
+pub(crate) async fn run_for_worker(
+    mut conn: RedisConnection,
+    queue: String,
+    mut stop: watch::Receiver<bool>,
+) {
+    let w = waker(&queue);
+    loop {
+        let seen = w.generation.load(Ordering::SeqCst);
+        relay_logged(&mut conn, &queue).await;
+        loop {
+            let notified = w.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if w.generation.load(Ordering::SeqCst) != seen {
+                break;
+            }
+            if *stop.borrow() {
+                return;
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                changed = stop.changed() => {
+                    if changed.is_err() || *stop.borrow() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Queue {
+    /// Relays `queue`'s cross-queue batch notices now (workers and the
+    /// watchdog do it on their own; see docs/WORKFLOWS.md, "Relay").
+    pub async fn relay(&self, queue: &str) -> Result<RelayReport> {
+        relay_queue(&mut self.connection(), queue).await
+    }
+
+    /// The relay notices of `queue` that could not be applied, newest first.
+    pub async fn relay_dead(&self, queue: &str) -> Result<Vec<DeadNotice>> {
+        let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(QueueKeys::new(queue).relay_dead())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        Ok(raw
+            .into_iter()
+            .map(|r| {
+                let text = String::from_utf8_lossy(&r).into_owned();
+                let mut parts = text.splitn(7, '\n');
+                let reason = parts.next().unwrap_or_default().to_string();
+                let _seq = parts.next();
+                let kind = kind_name(parts.next().unwrap_or_default()).to_string();
+                DeadNotice {
+                    reason,
+                    batch: parts.next().unwrap_or_default().to_string(),
+                    member: parts.next().unwrap_or_default().to_string(),
+                    kind,
+                }
+            })
+            .collect())
+    }
+}
