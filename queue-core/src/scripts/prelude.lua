@@ -234,10 +234,18 @@ end
 -- Moves up to `count` ids from the tail of `main` to the head of `processing`,
 -- in the order `count` LMOVE RIGHT LEFT calls would (oldest first), with three
 -- calls per 500 ids instead of one per id: LRANGE, then LPUSH into processing
--- (the destination first), then LTRIM of main. Returns the ids, oldest first.
+-- (the destination first), then LTRIM of main. Two ids or fewer: LMOVE each
+-- (cheaper than three calls). Returns the ids, oldest first.
 local function move_batch(main, processing, count)
   local ids = {}
-  if count <= 0 then return ids end
+  if count <= 2 then
+    for i = 1, count do
+      local id = redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
+      if not id then break end
+      ids[i] = id
+    end
+    return ids
+  end
   local moved = redis.call('LRANGE', main, -count, -1)
   for i = #moved, 1, -1 do ids[#ids + 1] = moved[i] end
   for first = 1, #ids, 500 do

@@ -121,7 +121,7 @@ impl Fetcher {
                 Ok(FetchReply::Rows(rows)) => {
                     idle = false;
                     error_delay = Duration::from_millis(100);
-                    backlog = self.may_pipeline() && rows.len() == asked;
+                    backlog = asked > 1 && rows.len() == asked && self.may_pipeline();
                     self.dispatch(self.me, rows, &mut slots);
                 }
                 Err(e) => self.pause_after_error(&e, &mut error_delay).await,
@@ -137,8 +137,8 @@ impl Fetcher {
         debug!(queue = %queue, "fetcher stopped");
     }
 
-    /// One step of the pipelined mode, entered when a fetch came back full
-    /// (a backlog): up to [`PIPELINE_DEPTH`] `fetch.lua` calls in flight, so
+    /// One step of the pipelined mode, entered when a fetch of more than one
+    /// job came back full (a backlog; one free slot has nothing to overlap): up to [`PIPELINE_DEPTH`] `fetch.lua` calls in flight, so
     /// the next batch is on its way while the last one runs. A fetch is sent
     /// with the slots free when it is sent and no more (nothing is claimed
     /// ahead of a free slot, so no lease ticks for a job that waits for one),
@@ -503,7 +503,6 @@ where
         }
     }
 }
-
 
 /// A failure to reach Redis or run the command (worth retrying), as opposed
 /// to a reply this version does not understand.
