@@ -13,7 +13,7 @@
 local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local count = arg_count(ARGV[5], 'count')
 local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
--- LMOVE checks main and processing itself, and LRANGE the receipt, before any write.
+-- LRANGE checks main and the receipt, LPUSH processing, before any write.
 expect_types(KEYS[3], 'zset', KEYS[4], 'list')
 local lim = limits_load(KEYS[9], KEYS[10])
 local out = {}
@@ -43,19 +43,18 @@ local fair = fair_state(KEYS[1]) -- groups: one id per group per round (docs/GRO
 if not lim and not fair then
   -- Move the batch first, then one EXISTS for all its completion records: a job
   -- already done is still skipped, without an EXISTS per job (issue #12).
-  local ids = {}
-  for i = 1, count do
-    local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT')
-    if not id then break end
-    ids[i] = id
-  end
+  -- The batch moves with one LRANGE + LPUSH + LTRIM and its leases with one
+  -- ZADD (all expire at the same time), not one LMOVE and ZADD per job.
+  local ids = move_batch(KEYS[1], KEYS[2], count)
   local no_record = none_done(ARGV[2], ids)
+  local leased = {}
   for i, id in ipairs(ids) do
     local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
-      lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7], no_record)
+      lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7], no_record, leased)
     out[i] = row
     entries[i] = row[1] .. ':' .. id
   end
+  lease_batch_add(KEYS[3], leased, now + lease_ms)
 else
   -- Groups and/or limits (docs/GROUPS.md, docs/LIMITS.md): one job at a time,
   -- in ring order; a job over its rate key's limit is deferred, until `room`

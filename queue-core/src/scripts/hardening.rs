@@ -697,3 +697,54 @@ async fn a_claim_past_the_deadline_dead_letters_the_job_as_expired() {
         Value::BulkString(b"2".to_vec())
     );
 }
+
+/// The batch move (LRANGE + LPUSH + LTRIM) and the one ZADD of a fetch
+/// leave what one LMOVE and ZADD per job did: oldest first, processing in
+/// LMOVE RIGHT LEFT order, the rest still waiting in main, and every claimed
+/// job leased until the `lease_until` of its hash.
+#[tokio::test]
+async fn a_batch_fetch_moves_oldest_first_and_leases_every_claimed_job() {
+    let mut fx = Fixture::start().await;
+    for id in ["j1", "j2", "j3", "j4"] {
+        fx.enqueue(id, 1).await;
+    }
+    let rows = fx.fetch(3, "base").await.unwrap();
+    let ids: Vec<String> = rows
+        .iter()
+        .map(|r| match r {
+            ClaimRow::Claimed(d) => d.id.to_string(),
+            other => panic!("not claimed: {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, ["j1", "j2", "j3"]);
+    let k = fx.keys.clone();
+    let list = |v: Value| -> Vec<String> {
+        match v {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|i| match i {
+                    Value::BulkString(b) => String::from_utf8(b).unwrap(),
+                    other => panic!("list item {other:?}"),
+                })
+                .collect(),
+            other => panic!("list {other:?}"),
+        }
+    };
+    assert_eq!(
+        list(fx.cmd(&["LRANGE", &k.processing, "0", "-1"]).await),
+        ["j3", "j2", "j1"]
+    );
+    assert_eq!(list(fx.cmd(&["LRANGE", &k.main, "0", "-1"]).await), ["j4"]);
+    for id in &ids {
+        let Value::BulkString(until) = fx.cmd(&["HGET", &k.job(id), "lease_until"]).await else {
+            panic!("lease_until of {id}")
+        };
+        let Value::BulkString(score) = fx.cmd(&["ZSCORE", &k.leases, id]).await else {
+            panic!("no lease for {id}")
+        };
+        assert_eq!(score, until, "{id}");
+    }
+    // The last job, then an empty queue: a short batch, then nothing.
+    assert_eq!(fx.fetch(3, "more").await.unwrap().len(), 1);
+    assert!(fx.fetch(3, "none").await.unwrap().is_empty());
+}

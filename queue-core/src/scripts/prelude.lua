@@ -12,6 +12,19 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- An integer (a Redis-clock ms, a lease expiry) as the string HSET and ZADD
+-- store: formatted once per script call and value, not by Redis's number
+-- conversion at every call (issue #12: float formatting showed in the profile).
+local int_strs = {}
+local function int_str(n)
+  local s = int_strs[n]
+  if not s then
+    s = string.format('%d', n)
+    int_strs[n] = s
+  end
+  return s
+end
+
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
 local function as_count(v)
@@ -135,9 +148,11 @@ end
 -- `worker` (optional: nil or '' from an older caller) is the claiming worker's
 -- name, kept in the hash's `worker` field for this delivery. `no_record` (optional):
 -- true when the caller already knows no completion record exists (fetch.lua checks
--- its whole batch with one EXISTS).
+-- its whole batch with one EXISTS). `lease_batch` (optional): a list the caller
+-- registers in the leases zset itself, with one variadic ZADD after the batch
+-- (`lease_batch_add`); a claimed id is appended to it instead of its own ZADD.
 local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token, now, worker,
-  no_record)
+  no_record, lease_batch)
   local jobkey = jobprefix .. id
   if not no_record and redis.call('EXISTS', doneprefix .. id) == 1 then
     -- Completion record exists: the job already ran; ack without running it.
@@ -187,13 +202,57 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   attempts = attempts + 1
   fence = fence + 1
   local lease_until = now + lease_ms
-  redis.call('ZADD', leases, lease_until, id)
-  redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', now,
-    'token', token, 'lease_until', lease_until, 'fence', fence, 'worker', worker or '',
-    'first_started_at', h[15] or now)
+  if lease_batch then
+    lease_batch[#lease_batch + 1] = id
+  else
+    redis.call('ZADD', leases, int_str(lease_until), id)
+  end
+  redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', int_str(now),
+    'token', token, 'lease_until', int_str(lease_until), 'fence', fence, 'worker', worker or '',
+    'first_started_at', h[15] or int_str(now))
   ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
     h[7] or '0', now, lease_until, fence, h[12] or '', h[15] or now}
+end
+
+-- The leases of a fetch batch's claimed ids (`claim(..., lease_batch)`), all
+-- expiring at `lease_until`: one ZADD per 500 ids instead of one per job. Until
+-- it runs those jobs are active without a lease, as after a BLMOVE before its
+-- claim (DESIGN rule 4); a fetch calls it in the same script, before any reply.
+local function lease_batch_add(leases, lease_batch, lease_until)
+  local score = int_str(lease_until)
+  for first = 1, #lease_batch, 500 do
+    local args = {}
+    for j = first, math.min(first + 499, #lease_batch) do
+      args[#args + 1] = score
+      args[#args + 1] = lease_batch[j]
+    end
+    redis.call('ZADD', leases, unpack(args))
+  end
+end
+
+-- Moves up to `count` ids from the tail of `main` to the head of `processing`,
+-- in the order `count` LMOVE RIGHT LEFT calls would (oldest first), with three
+-- calls per 500 ids instead of one per id: LRANGE, then LPUSH into processing
+-- (the destination first), then LTRIM of main. Two ids or fewer: LMOVE each
+-- (cheaper than three calls). Returns the ids, oldest first.
+local function move_batch(main, processing, count)
+  local ids = {}
+  if count <= 2 then
+    for i = 1, count do
+      local id = redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
+      if not id then break end
+      ids[i] = id
+    end
+    return ids
+  end
+  local moved = redis.call('LRANGE', main, -count, -1)
+  for i = #moved, 1, -1 do ids[#ids + 1] = moved[i] end
+  for first = 1, #ids, 500 do
+    redis.call('LPUSH', processing, unpack(ids, first, math.min(first + 499, #ids)))
+  end
+  if #ids > 0 then redis.call('LTRIM', main, 0, -#ids - 1) end
+  return ids
 end
 
 -- Promoter wake-up (background/promoter.rs): true when a job due at `score`

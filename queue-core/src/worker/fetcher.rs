@@ -15,8 +15,12 @@
 //! same token for a third of a lease and gets the same deliveries. Each row
 //! is decoded on its own: a row that does not decode is dead-lettered alone.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
 
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -32,6 +36,16 @@ use crate::keys::QueueKeys;
 use crate::scripts::claim::{Claim, ClaimRow, Skip, Unreadable};
 use crate::scripts::fail::{Fail, FailKind};
 use crate::scripts::fetch::{Fetch, FetchReply};
+
+/// Most `fetch.lua` calls one fetcher keeps in flight while its queue has a
+/// backlog: one landing (its jobs starting) while the next is on its way.
+const PIPELINE_DEPTH: usize = 2;
+
+/// A pipelined fetch as it lands: its slots, how many jobs it asked for, the reply.
+type Landed = (Vec<Slot>, usize, Result<FetchReply>);
+
+/// The pipelined fetches of one fetcher.
+type InFlight = FuturesUnordered<Pin<Box<dyn Future<Output = Landed> + Send>>>;
 
 /// First pause before a fetch or claim is retried with the same token.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -67,9 +81,22 @@ impl Fetcher {
         // fetch goes straight back to BLMOVE (no fetch script that would
         // find nothing): an idle worker makes one call per block timeout.
         let mut idle = false;
+        // The last fetch came back full: jobs are likely waiting, so fetches
+        // are pipelined (see `run_pipelined`) until one comes back short.
+        let mut backlog = false;
+        let mut in_flight: InFlight = FuturesUnordered::new();
         loop {
             if *self.stop.borrow() {
                 break;
+            }
+            if backlog || !in_flight.is_empty() {
+                if !self
+                    .run_pipelined(&mut in_flight, &mut backlog, &mut error_delay)
+                    .await
+                {
+                    break;
+                }
+                continue;
             }
             let Some(first) = self.wait_slot().await else {
                 break;
@@ -80,12 +107,8 @@ impl Fetcher {
                 continue;
             };
             let mut slots = vec![first];
-            while slots.len() < self.inner.config.fetch_batch {
-                match self.try_slot() {
-                    Some(s) => slots.push(s),
-                    None => break,
-                }
-            }
+            self.fill(&mut slots);
+            let asked = slots.len();
             let keys = self.queue().keys.clone();
             match self.fetch(&keys, &mut slots, idle).await {
                 Ok(FetchReply::Paused) => self.wait_while_paused(slots).await,
@@ -98,12 +121,121 @@ impl Fetcher {
                 Ok(FetchReply::Rows(rows)) => {
                     idle = false;
                     error_delay = Duration::from_millis(100);
+                    backlog = asked > 1 && rows.len() == asked && self.may_pipeline();
                     self.dispatch(self.me, rows, &mut slots);
                 }
                 Err(e) => self.pause_after_error(&e, &mut error_delay).await,
             }
         }
+        // Stopping: the fetches in flight claimed their jobs already; they
+        // run within the grace period like any other.
+        while let Some(landed) = in_flight.next().await {
+            if let (mut slots, _, Ok(FetchReply::Rows(rows))) = landed {
+                self.dispatch(self.me, rows, &mut slots);
+            }
+        }
         debug!(queue = %queue, "fetcher stopped");
+    }
+
+    /// One step of the pipelined mode, entered when a fetch of more than one
+    /// job came back full (a backlog; one free slot has nothing to overlap): up to [`PIPELINE_DEPTH`] `fetch.lua` calls in flight, so
+    /// the next batch is on its way while the last one runs. A fetch is sent
+    /// with the slots free when it is sent and no more (nothing is claimed
+    /// ahead of a free slot, so no lease ticks for a job that waits for one),
+    /// and, while another is in flight, only once a whole `fetch_batch` of
+    /// slots is free: fetches stay full. It ends (`backlog` false) when a
+    /// fetch comes back short, paused, limited or failed, and once the last
+    /// fetch in flight landed the serial loop (BLMOVE when empty, priority,
+    /// pause and limit waits) takes over. False: stop.
+    async fn run_pipelined(
+        &mut self,
+        in_flight: &mut InFlight,
+        backlog: &mut bool,
+        error_delay: &mut Duration,
+    ) -> bool {
+        let batch = self.inner.config.fetch_batch;
+        let mut slots = Vec::new();
+        while *backlog && in_flight.len() < PIPELINE_DEPTH {
+            self.fill(&mut slots);
+            if slots.len() >= batch || (in_flight.is_empty() && !slots.is_empty()) {
+                self.launch(std::mem::take(&mut slots), in_flight);
+                continue;
+            }
+            if in_flight.is_empty() {
+                match self.wait_slot().await {
+                    Some(slot) => slots.push(slot),
+                    None => return false,
+                }
+                continue;
+            }
+            tokio::select! {
+                Some(landed) = in_flight.next() => {
+                    self.landed(landed, backlog, error_delay).await;
+                }
+                slot = self.wait_slot() => match slot {
+                    Some(slot) => slots.push(slot),
+                    None => return false,
+                },
+            }
+        }
+        drop(slots); // the pipeline ended, or is full: let them go until needed
+        if let Some(landed) = in_flight.next().await {
+            self.landed(landed, backlog, error_delay).await;
+        }
+        true
+    }
+
+    /// Sends one `fetch.lua` call for `slots.len()` jobs without waiting for it.
+    fn launch(&self, slots: Vec<Slot>, in_flight: &mut InFlight) {
+        let inner = self.inner.clone();
+        let keys = self.queue().keys.clone();
+        in_flight.push(Box::pin(async move {
+            let asked = slots.len();
+            let reply = fetch_ready(&inner, &keys, asked).await;
+            (slots, asked, reply)
+        }));
+    }
+
+    /// A pipelined fetch came back: dispatch its rows; anything but a full
+    /// batch ends the pipeline (the serial loop then sees the pause, limit,
+    /// empty queue or error itself).
+    async fn landed(
+        &mut self,
+        (mut slots, asked, reply): Landed,
+        backlog: &mut bool,
+        error_delay: &mut Duration,
+    ) {
+        match reply {
+            Ok(FetchReply::Rows(rows)) => {
+                *backlog &= rows.len() == asked;
+                *error_delay = Duration::from_millis(100);
+                self.dispatch(self.me, rows, &mut slots);
+            }
+            Ok(FetchReply::Paused | FetchReply::Limited(_)) => *backlog = false,
+            Err(e) => {
+                *backlog = false;
+                drop(slots);
+                self.pause_after_error(&e, error_delay).await;
+            }
+        }
+    }
+
+    /// Whether this queue's fetches may be pipelined: only when no queue of
+    /// this worker has a higher priority (strict priority checks those
+    /// before every fetch of this one).
+    fn may_pipeline(&self) -> bool {
+        let mine = self.queue().priority;
+        !self.inner.queues.iter().any(|q| q.priority > mine)
+    }
+
+    /// Adds free slots to `slots` up to `fetch_batch`, without waiting.
+    fn fill(&self, slots: &mut Vec<Slot>) {
+        while slots.len() < self.inner.config.fetch_batch {
+            match self.try_slot() {
+                Some(s) => slots.push(s),
+                None => break,
+            }
+        }
     }
 
     /// Claims up to `slots.len()` ready jobs; when there are none (or the
@@ -236,24 +368,9 @@ impl Fetcher {
         *delay = (*delay * 2).min(Duration::from_secs(5));
     }
 
-    /// LMOVE + claim of up to `count` jobs in one script (nothing: paused),
-    /// retried with the same token base while Redis fails (see
-    /// [`Fetcher::same_token_retries`]).
+    /// LMOVE + claim of up to `count` jobs in one script (see [`fetch_ready`]).
     async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
-        let token_base = random_token();
-        let fetch = Fetch {
-            keys,
-            lease: self.inner.config.lease,
-            token_base: &token_base,
-            count,
-        };
-        self.same_token_retries(keys, None, "fetch", || {
-            let mut conn = self.inner.conn.clone();
-            let fetch = &fetch;
-            let me = &self.inner.identity.name;
-            async move { fetch.run_or_paused_as(&mut conn, me).await }
-        })
-        .await
+        fetch_ready(&self.inner, keys, count).await
     }
 
     /// Whether the queue's fair-queuing ring exists (some group has waiting
@@ -292,7 +409,7 @@ impl Fetcher {
             token: &token,
         };
         let job_id = JobId::from(String::from_utf8_lossy(&id).into_owned());
-        self.same_token_retries(&k, Some(&job_id), "claim", || {
+        same_token_retries(&self.inner, &k, Some(&job_id), "claim", || {
             let mut conn = self.inner.conn.clone();
             let claim = &claim;
             let me = &self.inner.identity.name;
@@ -300,39 +417,6 @@ impl Fetcher {
         })
         .await
         .map(Some)
-    }
-
-    /// Runs `op`, a fetch or claim with one fixed token, retrying Redis
-    /// failures (not bad replies) with a doubling pause for at most a third
-    /// of a lease. Both scripts answer a retry with the same token with the
-    /// same rows (claim: the hash holds the token; fetch: its receipt lives
-    /// half a lease), so a first try that ran but whose reply was lost is not
-    /// claimed twice, not answered `busy`, and its jobs run.
-    async fn same_token_retries<T, F, Fut>(
-        &self,
-        keys: &QueueKeys,
-        job_id: Option<&JobId>,
-        what: &str,
-        mut op: F,
-    ) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let window = self.inner.config.lease / 3;
-        let started = tokio::time::Instant::now();
-        let mut pause = FIRST_RETRY_PAUSE;
-        loop {
-            match op().await {
-                Err(e) if is_redis_failure(&e) && started.elapsed() + pause < window => {
-                    warn!(queue = %keys.queue, job_id = ?job_id.map(JobId::as_str), error = %e,
-                        retry_in_ms = pause.as_millis() as u64, "{what} failed; retrying with the same token");
-                    tokio::time::sleep(pause).await;
-                    pause *= 2;
-                }
-                result => return result,
-            }
-        }
     }
 
     /// Dead-letters the job of a row that does not decode (its reason names
@@ -364,6 +448,59 @@ impl Fetcher {
                     "cannot dead-letter an unreadable job; the watchdog returns it when its lease expires");
             }
         });
+    }
+}
+
+/// LMOVE + claim of up to `count` jobs in one script (nothing: paused),
+/// retried with the same token base while Redis fails (see
+/// [`same_token_retries`]).
+async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
+    let token_base = random_token();
+    let fetch = Fetch {
+        keys,
+        lease: inner.config.lease,
+        token_base: &token_base,
+        count,
+    };
+    same_token_retries(inner, keys, None, "fetch", || {
+        let mut conn = inner.conn.clone();
+        let fetch = &fetch;
+        let me = &inner.identity.name;
+        async move { fetch.run_or_paused_as(&mut conn, me).await }
+    })
+    .await
+}
+
+/// Runs `op`, a fetch or claim with one fixed token, retrying Redis
+/// failures (not bad replies) with a doubling pause for at most a third
+/// of a lease. Both scripts answer a retry with the same token with the
+/// same rows (claim: the hash holds the token; fetch: its receipt lives
+/// half a lease), so a first try that ran but whose reply was lost is not
+/// claimed twice, not answered `busy`, and its jobs run.
+async fn same_token_retries<T, F, Fut>(
+    inner: &Inner,
+    keys: &QueueKeys,
+    job_id: Option<&JobId>,
+    what: &str,
+    mut op: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let window = inner.config.lease / 3;
+    let started = tokio::time::Instant::now();
+    let mut pause = FIRST_RETRY_PAUSE;
+    loop {
+        match op().await {
+            Err(e) if is_redis_failure(&e) && started.elapsed() + pause < window => {
+                warn!(queue = %keys.queue, job_id = ?job_id.map(JobId::as_str), error = %e,
+                    retry_in_ms = pause.as_millis() as u64, "{what} failed; retrying with the same token");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            result => return result,
+        }
     }
 }
 
