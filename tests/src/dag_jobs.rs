@@ -36,6 +36,16 @@ pub struct DagStep {
 /// sets its result: the sorted, deduplicated steps upstream of it and itself.
 #[job(queue = "wf", max_attempts = 5, timeout = "60s")]
 pub async fn dag_step(ctx: JobContext, s: DagStep) -> Result<(), JobError> {
+    step_body(ctx, s).await
+}
+
+/// [`dag_step`] on queue `emails` (another hash tag: a DAG across queues).
+#[job(queue = "emails", max_attempts = 5, timeout = "60s")]
+pub async fn dag_email_step(ctx: JobContext, s: DagStep) -> Result<(), JobError> {
+    step_body(ctx, s).await
+}
+
+async fn step_body(ctx: JobContext, s: DagStep) -> Result<(), JobError> {
     let mut c = ledger_conn(&s.ledger).await?;
     let id = ctx.job_id().to_string();
     let deps = ctx.child_results::<Vec<String>>().await?;

@@ -4,13 +4,14 @@
 //! creates nothing twice; the per-dependency policies; a refused DAG writes
 //! nothing; a DAG whose producer died before the seal expires (open TTL) and
 //! leaves the batch index; and worker processes SIGKILLed mid-DAG still run
-//! every step exactly once.
+//! every step exactly once; a DAG whose root is on another queue runs
+//! through the relay.
 
 use std::time::Duration;
 
 use queue_core::{ChildPolicy, Dag, DagError, EnqueueOutcome, JobSpec, QueueKeys, Worker};
-use queue_tests::dag_jobs::{dag_step, DagStep};
-use queue_tests::workflow_jobs::WF_QUEUE;
+use queue_tests::dag_jobs::{dag_email_step, dag_step, DagStep};
+use queue_tests::workflow_jobs::{EMAILS, WF_QUEUE};
 use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
 use redis::AsyncCommands;
 use std::collections::HashMap;
@@ -322,4 +323,57 @@ async fn killed_workers_run_every_step_exactly_once() {
             );
         }
     }
+}
+
+/// A DAG across queues: the root `a` runs on `emails` (another hash tag, so
+/// another Cluster slot), `b` and `c` on the DAG's queue after it, `d` after
+/// both. `a`'s ack cannot touch `b`'s and `c`'s batches: it writes one
+/// notice per batch on `emails`, the relay applies them (docs/WORKFLOWS.md
+/// "Relay"), and every step runs once.
+#[tokio::test]
+async fn a_dag_across_queues_runs_each_step_once() {
+    let env = TestEnv::start().await;
+    let root = DagStep {
+        ledger: env.ledger_url.clone(),
+        ..DagStep::default()
+    };
+    let root = JobSpec::new::<dag_email_step::Job>(&root).unwrap();
+    assert_eq!(root.queue(), EMAILS);
+    Dag::new("xq")
+        .step("a", root)
+        .step("b", step(&env))
+        .after(["a"])
+        .step("c", step(&env))
+        .after(["a"])
+        .step("d", step(&env))
+        .after(["b", "c"])
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let builder = Worker::builder(&env.url)
+        .register(dag_step::handler())
+        .register(dag_email_step::handler())
+        .config(fast_config());
+    let worker = WorkerHandle::start(builder).await;
+    let runs = wait_runs(&env, &ids("xq", &["a", "b", "c", "d"])).await;
+    worker.stop().await;
+    assert!(runs.values().all(|n| n == "1"), "{runs:?}");
+    assert_eq!(enqueued(&env).await, 3, "b, c and d spawned once each");
+    for step in ["b", "c"] {
+        let b = env
+            .queue
+            .batch(WF_QUEUE, &Dag::step_id("xq", step))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((b.state.as_str(), b.total, b.succeeded), ("fired", 1, 1));
+    }
+    let relay = env.list(&QueueKeys::new(EMAILS).relay()).await;
+    assert!(relay.is_empty(), "notices left on emails: {relay:?}");
+    let lineage = ledger(&env, "ledger:dag:lineage").await;
+    assert_eq!(
+        lineage["xq:d"], "a,b,c,d",
+        "a's result reached d through b and c"
+    );
+    assert_eq!(env.stats(EMAILS).await.counter("relayed"), 2);
 }
