@@ -78,6 +78,24 @@ async fn spawn_wf_worker(env: &TestEnv) -> WorkerHandle {
     WorkerHandle::start(builder).await
 }
 
+/// Three workflow `test-worker` processes (4 slots each), of which the first
+/// two are SIGKILLed in turn, each after `progress` more member effects.
+/// The survivor is returned with the killed ones (dropped by the caller).
+async fn three_workers_two_killed(env: &TestEnv, progress: usize) -> Vec<WorkerProcess> {
+    let mut procs: Vec<WorkerProcess> = (0..3)
+        .map(|_| wf_worker_process(env, 4, 1000, 2000))
+        .collect();
+    for victim in procs.iter_mut().take(2) {
+        let before = ledger_map(env, "ledger:wf:effects").await.len();
+        wait_until(BOUND, "progress before the kill", || async {
+            ledger_map(env, "ledger:wf:effects").await.len() > before + progress
+        })
+        .await;
+        victim.kill();
+    }
+    procs
+}
+
 async fn ledger_map(env: &TestEnv, key: &str) -> HashMap<String, String> {
     let mut c = env.conn().await;
     c.hgetall(key).await.unwrap()
@@ -281,17 +299,7 @@ async fn killed_workers_fire_every_callback_exactly_once() {
         batch.enqueue().await.unwrap();
     }
     let _watchdog = env.spawn_watchdog(WF_QUEUE).await;
-    let mut procs: Vec<WorkerProcess> = (0..3)
-        .map(|_| wf_worker_process(&env, 4, 1000, 2000))
-        .collect();
-    for victim in procs.iter_mut().take(2) {
-        let before = ledger_map(&env, "ledger:wf:effects").await.len();
-        wait_until(BOUND, "progress before the kill", || async {
-            ledger_map(&env, "ledger:wf:effects").await.len() > before + 40
-        })
-        .await;
-        victim.kill();
-    }
+    let procs = three_workers_two_killed(&env, 40).await;
     wait_callbacks(&env, BATCHES).await;
     // Each member counted once although some ran twice (killed mid-run):
     // every callback saw 10 of 10, never an early or double count.
@@ -642,17 +650,7 @@ async fn killed_workers_lose_no_cross_queue_notice() {
         batch.enqueue().await.unwrap();
     }
     let _watchdog = spawn_wf_watchdog(&env).await;
-    let mut procs: Vec<WorkerProcess> = (0..3)
-        .map(|_| wf_worker_process(&env, 4, 1000, 2000))
-        .collect();
-    for victim in procs.iter_mut().take(2) {
-        let before = ledger_map(&env, "ledger:wf:effects").await.len();
-        wait_until(BOUND, "progress before the kill", || async {
-            ledger_map(&env, "ledger:wf:effects").await.len() > before + 30
-        })
-        .await;
-        victim.kill();
-    }
+    let procs = three_workers_two_killed(&env, 30).await;
     wait_callbacks(&env, BATCHES).await;
     let summary = ledger_map(&env, "ledger:wf:summary").await;
     for b in 0..BATCHES {
