@@ -16,7 +16,16 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 const JOBS: usize = 4000;
-const BATCH: usize = 16;
+
+/// Jobs per fetch and per ack call: 16, or `COST_BATCH` (1 shows the fixed
+/// cost a script call pays, as at concurrency 1).
+fn batch() -> usize {
+    std::env::var("COST_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(16)
+}
 
 /// `cmdstat_<name>` → (calls, usec) after the last `CONFIG RESETSTAT`.
 async fn commandstats(conn: &mut RedisConnection) -> BTreeMap<String, (u64, u64)> {
@@ -59,16 +68,29 @@ async fn report(conn: &mut RedisConnection, what: &str, jobs: usize) {
     let inner: Vec<String> = stats
         .iter()
         .filter(|(n, _)| !matches!(n.as_str(), "evalsha" | "info" | "config"))
-        .map(|(n, (c, _))| format!("{n} {:.2}", *c as f64 / jobs as f64))
+        .map(|(n, (c, u))| {
+            format!(
+                "{n} {:.2} ({:.2} us)",
+                *c as f64 / jobs as f64,
+                *u as f64 / jobs as f64
+            )
+        })
         .collect();
     let total: u64 = stats
         .iter()
         .filter(|(n, _)| !matches!(n.as_str(), "evalsha" | "info" | "config"))
         .map(|(_, (c, _))| c)
         .sum();
+    let inner_usec: u64 = stats
+        .iter()
+        .filter(|(n, _)| !matches!(n.as_str(), "evalsha" | "info" | "config"))
+        .map(|(_, (_, u))| u)
+        .sum();
     println!(
-        "{what}: {:.2} us/job ({calls} scripts), redis.calls/job {:.2}: {}",
+        "{what}: {:.2} us/job ({calls} scripts; inside them {:.2} us/job in commands, the rest Lua), \
+         redis.calls/job {:.2}: {}",
         usec as f64 / jobs as f64,
+        inner_usec as f64 / jobs as f64,
         total as f64 / jobs as f64,
         inner.join(", ")
     );
@@ -85,7 +107,7 @@ async fn enqueue(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) {
     .unwrap();
 }
 
-/// Fetches up to `n` waiting jobs in batches of at most [`BATCH`]; the
+/// Fetches up to `n` waiting jobs in batches of [`batch()`]; the
 /// deliveries oldest first.
 async fn fetch_n(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) -> Vec<AckItem> {
     let mut out = Vec::new();
@@ -95,7 +117,7 @@ async fn fetch_n(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) -> Vec<
             keys,
             lease: Duration::from_secs(300),
             token_base: &base,
-            count: BATCH.min(n - out.len()),
+            count: batch().min(n - out.len()),
         }
         .run(conn)
         .await
@@ -128,7 +150,7 @@ async fn ack(conn: &mut RedisConnection, keys: &QueueKeys, items: &[AckItem]) {
     .unwrap();
 }
 
-/// Ack cost with `in_flight` jobs in processing: the oldest [`BATCH`] are
+/// Ack cost with `in_flight` jobs in processing: the oldest [`batch()`] are
 /// acked per call while as many new deliveries join at the head.
 async fn ack_in_flight(conn: &mut RedisConnection, in_flight: usize) {
     let keys = QueueKeys::new(&format!("flight{in_flight}"));
@@ -137,10 +159,10 @@ async fn ack_in_flight(conn: &mut RedisConnection, in_flight: usize) {
     }
     let mut flying = fetch_n(conn, &keys, in_flight).await;
     let (mut ack_calls, mut ack_usec, mut lrem_calls, mut lrem_usec) = (0u64, 0u64, 0u64, 0u64);
-    for _ in 0..JOBS / BATCH {
-        let mut next = fetch_n(conn, &keys, BATCH).await;
+    for _ in 0..JOBS / batch() {
+        let mut next = fetch_n(conn, &keys, batch()).await;
         flying.append(&mut next);
-        let oldest: Vec<AckItem> = flying.drain(..BATCH).collect();
+        let oldest: Vec<AckItem> = flying.drain(..batch()).collect();
         reset(conn).await;
         ack(conn, &keys, &oldest).await;
         let s = commandstats(conn).await;
@@ -152,8 +174,9 @@ async fn ack_in_flight(conn: &mut RedisConnection, in_flight: usize) {
         lrem_usec += u;
     }
     println!(
-        "ack with {in_flight} in flight: {:.2} us/job ({ack_calls} scripts of {BATCH}), LREM {:.2} us/call",
-        ack_usec as f64 / (ack_calls as f64 * BATCH as f64),
+        "ack with {in_flight} in flight: {:.2} us/job ({ack_calls} scripts of {}), LREM {:.2} us/call",
+        ack_usec as f64 / (ack_calls as f64 * batch() as f64),
+        batch(),
         lrem_usec as f64 / lrem_calls as f64
     );
 }
@@ -174,12 +197,12 @@ async fn hot_path_cost() {
     reset(&mut conn).await;
     let items = fetch_n(&mut conn, &keys, JOBS).await;
     assert_eq!(items.len(), JOBS);
-    report(&mut conn, &format!("fetch (batches of {BATCH})"), JOBS).await;
+    report(&mut conn, &format!("fetch (batches of {})", batch()), JOBS).await;
     reset(&mut conn).await;
-    for chunk in items.chunks(BATCH) {
+    for chunk in items.chunks(batch()) {
         ack(&mut conn, &keys, chunk).await;
     }
-    report(&mut conn, &format!("ack (batches of {BATCH})"), JOBS).await;
+    report(&mut conn, &format!("ack (batches of {})", batch()), JOBS).await;
     let done: Option<u64> = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(keys.done("job-1"))

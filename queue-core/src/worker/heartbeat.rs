@@ -3,6 +3,11 @@
 //! moves the context's local lease deadline forward on each confirmed extend
 //! (`lease_clock.rs`), and marks the context lease-lost when an extend finds
 //! another token or the deadline passed without a confirmed extend.
+//!
+//! The runner waits out the first interval itself (a timer in its own task)
+//! and spawns this task only for a job still running then: most jobs end
+//! within one interval, and a task spawned and aborted per job was a wake-up
+//! of another runtime thread per job (issue #12, concurrency 1).
 
 use std::sync::Arc;
 
@@ -13,10 +18,11 @@ use crate::job::{JobContext, JobId};
 use crate::keys::QueueKeys;
 use crate::scripts::extend::{Extend, ExtendReply};
 
-/// Extends the lease every heartbeat interval while the token matches; marks
-/// the context lease-lost and stops when it no longer does or when the local
-/// deadline passed (Redis unreachable). Runs until aborted by the runner.
-pub(super) async fn heartbeat(
+/// Extends the lease now and then every heartbeat interval while the token
+/// matches; marks the context lease-lost and stops when it no longer does or
+/// when the local deadline passed (Redis unreachable). Started by the runner
+/// once the job has run for one interval; runs until aborted by the runner.
+pub(super) async fn heartbeat_after_first_interval(
     inner: Arc<Inner>,
     keys: QueueKeys,
     id: JobId,
@@ -34,8 +40,12 @@ pub(super) async fn heartbeat(
         token: &token,
         lease: inner.config.lease,
     };
+    let mut first = true;
     loop {
-        tokio::time::sleep(every).await;
+        if !first {
+            tokio::time::sleep(every).await;
+        }
+        first = false;
         if ctx.inner.lease.is_lost() {
             warn!("lease lost: no extend confirmed before the local lease deadline; another worker may run this job");
             return;

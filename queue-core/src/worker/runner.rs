@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tracing::{debug, error, warn, Instrument};
 
 use super::acker::{AckRequest, AckSender};
-use super::heartbeat::heartbeat;
+use super::heartbeat::heartbeat_after_first_interval;
 use super::{wait_true, Inner};
 use crate::error::{QueueError, Result};
 use crate::job::{ContextInner, JobContext, JobError};
@@ -67,16 +67,20 @@ impl JobRunner {
         crate::metrics::started(&labels);
         debug!("started");
         let started = std::time::Instant::now();
-        let heartbeat = tokio::spawn(
-            heartbeat(
-                self.inner.clone(),
-                self.keys.clone(),
-                d.id.clone(),
-                d.token.clone(),
-                ctx.clone(),
-            )
-            .in_current_span(),
-        );
+        // The heartbeat task starts only for a job still running after one
+        // interval (heartbeat.rs); until then this timer stands in for it.
+        let first_beat = async {
+            match self.inner.config.heartbeat_enabled {
+                true => tokio::time::sleep(self.inner.config.heartbeat_interval()).await,
+                false => std::future::pending().await,
+            }
+        };
+        let mut heartbeat: Option<tokio::task::JoinHandle<()>> = None;
+        let stop_heartbeat = |h: &mut Option<tokio::task::JoinHandle<()>>| {
+            if let Some(h) = h.take() {
+                h.abort();
+            }
+        };
 
         let guarded = AssertUnwindSafe(fut).catch_unwind();
         let timed = async {
@@ -96,20 +100,35 @@ impl JobRunner {
                 None => std::future::pending().await,
             }
         };
-        let result = tokio::select! {
-            r = timed => r,
-            _ = over_budget => {
-                heartbeat.abort();
-                let reason = deadline_reason(reg.deadline, "the handler was stopped");
-                return self.finish(&d, &labels, Outcome::Dead(reason), Some(started.elapsed())).await;
-            }
-            _ = wait_true(&mut self.hard_stop) => {
-                heartbeat.abort();
-                warn!("shutdown grace over: job left leased; the watchdog will return it");
-                return;
+        tokio::pin!(first_beat, timed, over_budget);
+        let result = loop {
+            tokio::select! {
+                r = &mut timed => break r,
+                _ = &mut first_beat, if heartbeat.is_none() => {
+                    heartbeat = Some(tokio::spawn(
+                        heartbeat_after_first_interval(
+                            self.inner.clone(),
+                            self.keys.clone(),
+                            d.id.clone(),
+                            d.token.clone(),
+                            ctx.clone(),
+                        )
+                        .in_current_span(),
+                    ));
+                }
+                _ = &mut over_budget => {
+                    stop_heartbeat(&mut heartbeat);
+                    let reason = deadline_reason(reg.deadline, "the handler was stopped");
+                    return self.finish(&d, &labels, Outcome::Dead(reason), Some(started.elapsed())).await;
+                }
+                _ = wait_true(&mut self.hard_stop) => {
+                    stop_heartbeat(&mut heartbeat);
+                    warn!("shutdown grace over: job left leased; the watchdog will return it");
+                    return;
+                }
             }
         };
-        heartbeat.abort();
+        stop_heartbeat(&mut heartbeat);
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
         debug!(elapsed_ms, "handler returned");
