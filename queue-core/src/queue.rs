@@ -389,7 +389,7 @@ impl Queue {
                         .arg(timeout.as_millis() as u64);
                 }
                 let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
-                if matches!(&res, Err(e) if scripts::is_noscript(e)) {
+                if matches!(&res, Err(e) if scripts::is_unloaded(e)) {
                     // First use on this server (or after a restart): load and
                     // resend. A resend is harmless: nothing ran, or the
                     // call's own jobs report Created again (their tokens).

@@ -133,8 +133,11 @@ async fn a_pause_stops_blocked_workers_until_resume_then_every_job_runs_once() {
     }
     tokio::time::sleep(Duration::from_millis(2000)).await;
     let window = window_start.elapsed();
-    // The workers' own round trips: scripts and BLMOVEs (minus our enqueues).
-    let calls = s.calls_of("evalsha").await + s.calls_of("blmove").await - ids.len() as u64;
+    // The workers' own round trips: scripts (functions of the library, or
+    // EVALSHA) and BLMOVEs (minus our enqueues).
+    let calls =
+        s.calls_of("fcall").await + s.calls_of("evalsha").await + s.calls_of("blmove").await
+            - ids.len() as u64;
 
     assert!(s.started().await.is_empty(), "no job starts while paused");
     let stats = s.queue.stats(QUEUE).await.unwrap();

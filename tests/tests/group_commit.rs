@@ -11,17 +11,19 @@ use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, QueueError, QueueKeys
 use queue_tests::{task, TestEnv, BOUND};
 use redis::AsyncCommands;
 
-/// `EVALSHA` calls the server ran so far (`INFO commandstats`).
+/// Script calls the server ran so far (`INFO commandstats`): `FCALL` of
+/// the queue-core library, and any `EVALSHA`.
 async fn script_calls(env: &TestEnv) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut env.conn().await)
         .await
         .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    ["cmdstat_fcall:calls=", "cmdstat_evalsha:calls="]
+        .iter()
+        .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(*p)))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// What caller `i` sends: every 7th job carries a core field name as an extra

@@ -290,14 +290,17 @@ async fn delayed_enqueue_runs_after_the_delay() {
 }
 
 #[tokio::test]
-async fn batch_enqueue_in_one_pipeline_survives_a_script_flush() {
+async fn batch_enqueue_in_one_pipeline_survives_a_function_flush() {
     let env = TestEnv::start().await;
     let queue = &env.queue;
     let batch: Vec<Task> = (0..500).map(|seq| env.task(seq)).collect();
-    // Fresh server: the script is not loaded yet, so this exercises the NOSCRIPT path.
+    // Fresh server: the function library is not loaded yet, so this
+    // exercises the load-and-resend path.
     let ids = queue.enqueue_many::<task::Job>(&batch).await.unwrap();
     assert_eq!(ids.len(), 500);
-    env.server.command(&["SCRIPT", "FLUSH"]).unwrap();
+    // Gone again (as after a restart without persistence): the pipeline of
+    // the next batch finds no function and loads the library once more.
+    env.server.command(&["FUNCTION", "FLUSH"]).unwrap();
     let stable: Vec<(EnqueueOptions, &Task)> = batch
         .iter()
         .take(3)

@@ -55,8 +55,8 @@ async fn a_fetch_whose_reply_was_lost_still_runs_its_job_once() {
     cfg.connection.response_timeout = Duration::from_millis(250);
     let (stop, join) = spawn_worker(&url, cfg).await;
     let watchdog = start_watchdog(&url);
-    // A first job loads the scripts (a lost EVALSHA of an unknown script
-    // would only get NOSCRIPT, and never run).
+    // A first job loads the function library (a lost FCALL of a function
+    // not loaded yet would only get "Function not found", and never run).
     task::enqueue(&queue, a_task(&url)).await.unwrap();
     wait_until(T, "warm-up job", || async {
         counter(&queue, "completed").await == 1

@@ -205,14 +205,14 @@ pub async fn run(url: &str, scenario: Scenario, scale: u64) -> Res<Value> {
         }
     };
     let after = stats::snapshot(&mut admin).await?;
-    let scripts_usec = after.usec_since(&before, "evalsha") + after.usec_since(&before, "eval");
+    let scripts_usec = after.script_usec_since(&before);
     Ok(json!({
         "workload": "bb", "scenario": scenario.name(), "warmup": warmup, "n": measured,
         "payload_bytes": payload_bytes,
         "seconds": round3(secs), "jobs_per_s": (measured as f64 / secs).round(),
         // Whole run (preload and warm-up included), per warm-up + measured job.
         "redis_scripts_usec_per_job": round3(scripts_usec as f64 / total as f64),
-        "evalsha_per_job": round3((after.calls_since(&before, "evalsha") + after.calls_since(&before, "eval")) as f64 / total as f64),
+        "evalsha_per_job": round3(after.script_calls_since(&before) as f64 / total as f64),
     }))
 }
 

@@ -3,8 +3,8 @@
 //! or delayed jobs vs none (`cost-backlog`), and Redis memory per waiting job
 //! and per completion record (`cost-memory`).
 //!
-//! Redis time comes from `INFO commandstats` deltas: `EVALSHA` usec (a
-//! script's time includes the commands it runs) and, to show where a cost
+//! Redis time comes from `INFO commandstats` deltas: script-call usec
+//! (`FCALL` of the function library, `EVALSHA` of older builds; a script's time includes the commands it runs) and, to show where a cost
 //! would grow, the usec of the commands the scripts run inside Redis
 //! (`LREM` of the ack, `LMOVE` of the fetch, `ZRANGEBYSCORE` of the promote):
 //! Redis also counts those on their own.
@@ -38,9 +38,9 @@ fn per_command(after: &RedisSnapshot, before: &RedisSnapshot, jobs: u64) -> Valu
     Value::Object(m)
 }
 
-/// Scripts' Redis time per job (EVALSHA + EVAL usec / jobs).
+/// Scripts' Redis time per job (script-call usec / jobs: EVALSHA, EVAL, FCALL).
 fn scripts_usec(after: &RedisSnapshot, before: &RedisSnapshot, jobs: u64) -> f64 {
-    let us = after.usec_since(before, "evalsha") + after.usec_since(before, "eval");
+    let us = after.script_usec_since(before);
     round3(us as f64 / jobs.max(1) as f64)
 }
 
@@ -160,7 +160,7 @@ pub async fn ack(url: &str, n: u64, in_flight: usize, workers: usize, rate: f64)
         "measured_jobs": jobs, "seconds": round3(secs), "jobs_per_s": (jobs as f64 / secs).round(),
         "processing_len": {"median": samples.get(samples.len() / 2), "min": samples.first(), "max": samples.last()},
         "redis_scripts_usec_per_job": scripts_usec(&after, &before, jobs),
-        "evalsha_per_job": round3(after.calls_since(&before, "evalsha") as f64 / jobs.max(1) as f64),
+        "evalsha_per_job": round3(after.script_calls_since(&before) as f64 / jobs.max(1) as f64),
         "lrem_usec_per_ack": round3(lrem_us as f64 / lrem_calls.max(1) as f64),
         "redis_cpu_usec_per_job": round3(after.cpu_since(&before) * 1e6 / jobs.max(1) as f64),
         "per_command": per_command(&after, &before, jobs),

@@ -650,7 +650,7 @@ async fn idle(url: &str, seconds: u64) -> Res<Value> {
         .collect();
     // The fetcher blocks in BLMOVE, the promoter in BLPOP on the wake list.
     let blocking = d("blmove") + d("blpop");
-    let nonblocking = d("evalsha") + d("eval");
+    let nonblocking = after.script_calls_since(&before);
     Ok(json!({
         "workload": "idle", "seconds": seconds,
         "block_timeout_s": cfg.block_timeout.as_secs_f64(), "promote_interval_ms": cfg.promote_interval.as_millis() as u64,

@@ -136,7 +136,7 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
     let secs = t.elapsed().as_secs_f64();
     let after = stats::snapshot(&mut admin).await?;
     let processed = done.load(Ordering::Relaxed);
-    let evalsha = after.calls_since(&before, "evalsha") + after.calls_since(&before, "eval");
+    let evalsha = after.script_calls_since(&before);
     Ok(json!({
         "workload": "proto", "n": n, "processed": processed, "fetchers": fetchers, "fetch_batch": batch,
         "ack": if batched_ack { "batched" } else { "one per job" },

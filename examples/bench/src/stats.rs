@@ -152,6 +152,9 @@ pub async fn snapshot(conn: &mut ConnectionManager) -> redis::RedisResult<RedisS
     Ok(snap)
 }
 
+/// The commands that run a script: `EVALSHA`, `EVAL`, `FCALL`, `FCALL_RO`.
+pub const SCRIPT_COMMANDS: [&str; 4] = ["evalsha", "eval", "fcall", "fcall_ro"];
+
 impl RedisSnapshot {
     /// Calls of `cmd` between `before` and `self`.
     pub fn calls_since(&self, before: &RedisSnapshot, cmd: &str) -> u64 {
@@ -165,6 +168,25 @@ impl RedisSnapshot {
         let now = self.cmds.get(cmd).map(|c| c.1).unwrap_or(0);
         let then = before.cmds.get(cmd).map(|c| c.1).unwrap_or(0);
         now.saturating_sub(then)
+    }
+
+    /// Script calls between `before` and `self`: `EVALSHA`/`EVAL` (peers, a
+    /// queue-core build from before the function library, its admin
+    /// scripts) and `FCALL`/`FCALL_RO` (queue-core's function library).
+    pub fn script_calls_since(&self, before: &RedisSnapshot) -> u64 {
+        SCRIPT_COMMANDS
+            .iter()
+            .map(|c| self.calls_since(before, c))
+            .sum()
+    }
+
+    /// Usec Redis spent in script calls (as [`Self::script_calls_since`]),
+    /// the commands they ran included.
+    pub fn script_usec_since(&self, before: &RedisSnapshot) -> u64 {
+        SCRIPT_COMMANDS
+            .iter()
+            .map(|c| self.usec_since(before, c))
+            .sum()
     }
 
     /// The commands a queue-core client sends itself (never from inside a
@@ -189,8 +211,7 @@ impl RedisSnapshot {
                 round3(x as f64 / jobs as f64)
             }
         };
-        let evalsha = d("evalsha");
-        let eval = d("eval");
+        let scripts = self.script_calls_since(before);
         let blmove = d("blmove");
         let claims = d("lpos");
         let promotes = d("zrangebyscore");
@@ -198,7 +219,7 @@ impl RedisSnapshot {
         // through BLMOVE + claim. (LMOVE calls would also count the final
         // LMOVE that found the queue empty.)
         let fetched_by_script = acked.saturating_sub(claims);
-        let fetch_scripts = evalsha.saturating_sub(enqueued + acked + claims + promotes);
+        let fetch_scripts = scripts.saturating_sub(enqueued + acked + claims + promotes);
         // Every top-level command, minus those our scripts run inside Redis
         // and our own INFO snapshots.
         let inside = [
@@ -223,11 +244,9 @@ impl RedisSnapshot {
         let all: u64 = self.cmds.keys().map(|k| d(k)).sum();
         let inner: u64 = inside.iter().map(|k| d(k)).sum();
         let top_level = all.saturating_sub(inner).saturating_sub(d("info"));
-        let usec = self.usec_since(before, "evalsha")
-            + self.usec_since(before, "eval")
-            + self.usec_since(before, "blmove");
+        let usec = self.script_usec_since(before) + self.usec_since(before, "blmove");
         json!({
-            "evalsha_per_job": per(evalsha + eval),
+            "evalsha_per_job": per(scripts),
             "blmove_per_job": per(blmove),
             "top_level_cmds_per_job": per(top_level),
             "all_cmds_per_job": per(all.saturating_sub(d("info"))),

@@ -310,8 +310,9 @@ mod tests {
         let keys = QueueKeys::new("acks");
         let mut normal = conn(&url, Duration::from_secs(10)).await;
         let mut impatient = conn(&url, Duration::from_millis(300)).await;
-        // Load the script first: a NOSCRIPT answer after the sleep would not
-        // be followed by a resend, since the client has given up by then.
+        // Load the library first: a "Function not found" answer after the
+        // sleep would not be followed by a resend, since the client has given
+        // up by then.
         assert_eq!(ack(&mut normal, &keys, &[]).await.unwrap(), []);
         // The scenario needs the first call to time out; on a loaded machine
         // the sleep may start late, so try a few fresh jobs.

@@ -11,7 +11,8 @@ use redis::Value;
 
 use super::reply::Fields;
 #[cfg(test)]
-use super::{lua_script, Call, LuaScript};
+use super::Call;
+use super::{lua_script, LuaScript};
 #[cfg(test)]
 use crate::conn::RedisConnection;
 use crate::error::Result;
@@ -19,7 +20,9 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::state::JobState;
 
-#[cfg(test)]
+/// In the library for producers that call it by name and for script tests;
+/// `Queue` sends `enqueue_many`.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) static SCRIPT: LuaScript<7> =
     lua_script!("enqueue.lua", keys = 7, args = 9, prelude(None));
 

@@ -228,12 +228,12 @@ fn the_documented_shas_are_the_scripts_queue_core_builds() {
     };
     assert_eq!(
         documented("enqueue"),
-        super::enqueue::SCRIPT.script.get_hash(),
+        super::enqueue::SCRIPT.def.eval_script().get_hash(),
         "update section 3 of docs/PROTOCOL.md"
     );
     assert_eq!(
         documented("enqueue_many"),
-        super::enqueue_many::SCRIPT.script.get_hash(),
+        super::enqueue_many::SCRIPT.def.eval_script().get_hash(),
         "update section 3a of docs/PROTOCOL.md"
     );
 }

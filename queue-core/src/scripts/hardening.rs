@@ -234,7 +234,7 @@ async fn a_claim_retried_after_its_reply_was_lost_gets_the_same_delivery() {
         lease: LEASE,
         token: "tok-1",
     };
-    // Loaded first: an EVALSHA of an unknown script would only get NOSCRIPT.
+    // Loaded first: an FCALL before the library is loaded only gets "Function not found".
     super::claim::SCRIPT.load(&mut fx.conn).await.unwrap();
     fx.lose_reply(async |c| claim.run(c).await).await;
     fx.wait_state("j1", "active").await;

@@ -11,7 +11,8 @@ use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::keys::LockKeys;
 
-pub(crate) static SCRIPT: LuaScript<2> = lua_script!("lock_acquire.lua", keys = 2, args = 3, plain);
+pub(crate) static SCRIPT: LuaScript<2> =
+    lua_script!("lock_acquire.lua", keys = 2, args = 3, plain(None));
 
 /// The fencing counter lives at least this long after the last acquisition
 /// (and at least the lock's TTL).

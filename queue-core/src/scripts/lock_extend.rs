@@ -7,7 +7,8 @@ use redis::RedisResult;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 
-pub(crate) static SCRIPT: LuaScript<1> = lua_script!("lock_extend.lua", keys = 1, args = 2, plain);
+pub(crate) static SCRIPT: LuaScript<1> =
+    lua_script!("lock_extend.lua", keys = 1, args = 2, plain(super::DRAIN));
 
 /// Renews one lock.
 pub(crate) struct LockExtend<'a> {

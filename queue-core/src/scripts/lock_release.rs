@@ -5,7 +5,8 @@ use redis::RedisResult;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 
-pub(crate) static SCRIPT: LuaScript<1> = lua_script!("lock_release.lua", keys = 1, args = 1, plain);
+pub(crate) static SCRIPT: LuaScript<1> =
+    lua_script!("lock_release.lua", keys = 1, args = 1, plain(super::DRAIN));
 
 /// Releases one lock.
 pub(crate) struct LockRelease<'a> {

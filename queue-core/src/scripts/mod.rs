@@ -24,6 +24,7 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::job::JobId;
 
+pub(crate) mod library;
 pub(crate) mod reply;
 
 pub(crate) mod ack;
@@ -88,57 +89,82 @@ pub(crate) fn with_prelude(flags: Option<&str>, body: &str) -> Script {
     }
 }
 
-/// A Lua script taking exactly `KEYS` keys and `args` arguments.
+/// A Lua script taking exactly `KEYS` keys and `args` arguments, run as a
+/// function of the queue-core library (`library.rs`).
 ///
 /// `KEYS` is part of the type, so a wrapper cannot pass a different number of
 /// keys; the unit test below checks it (and `args`) against the
 /// `-- KEYS:` / `-- ARGV:` header of the `.lua` file.
 pub(crate) struct LuaScript<const KEYS: usize> {
-    /// File name, for messages.
-    pub(crate) file: &'static str,
-    /// The `.lua` file's text, without the prelude (read by the header test).
-    #[cfg(test)]
-    pub(crate) body: &'static str,
+    /// What the library is built from: file, text, flags, prelude.
+    pub(crate) def: ScriptDef,
     /// Number of `ARGV` entries.
     pub(crate) args: usize,
-    /// The compiled script (prelude and flags included).
-    pub(crate) script: LazyLock<Script>,
+    /// The function's name in the library (`qc_<hash>_<file stem>`).
+    pub(crate) function: LazyLock<String>,
+}
+
+/// One script as the library holds it.
+pub(crate) struct ScriptDef {
+    /// File name: `ack.lua`. Its stem names the function.
+    pub(crate) file: &'static str,
+    /// The `.lua` file's text, without the prelude.
+    pub(crate) body: &'static str,
+    /// Redis script flags, comma-separated (`allow-oom`, `no-writes`).
+    pub(crate) flags: Option<&'static str>,
+    /// Whether it was written against the prelude (`false`: a plain script;
+    /// in the library it still sees the prelude, and uses none of it).
+    /// Read by [`ScriptDef::eval_script`] only.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) prelude: bool,
+}
+
+impl ScriptDef {
+    /// The script as an `EVAL` text (prelude and shebang flags as before the
+    /// library): what producers in other languages load by its SHA1
+    /// (docs/PROTOCOL.md, sections 3 and 3a; checked by a test).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn eval_script(&self) -> Script {
+        match self.prelude {
+            true => with_prelude(self.flags, self.body),
+            false => Script::new(self.body),
+        }
+    }
 }
 
 /// Declares a [`LuaScript`] from a `.lua` file beside the calling wrapper.
 ///
 /// `lua_script!("ack.lua", keys = 6, args = 5, prelude(DRAIN))` for a queue
-/// script (the prelude is prepended, with optional flags);
-/// `lua_script!("lock_extend.lua", keys = 1, args = 2, plain)` for a script
-/// that runs as written.
+/// script written against the prelude (with optional flags);
+/// `lua_script!("lock_extend.lua", keys = 1, args = 2, plain(None))` for a
+/// script that uses none of it.
 macro_rules! lua_script {
     ($file:literal, keys = $keys:literal, args = $args:literal, prelude($flags:expr)) => {
-        $crate::scripts::LuaScript::<$keys> {
-            file: $file,
-            #[cfg(test)]
-            body: include_str!($file),
-            args: $args,
-            script: ::std::sync::LazyLock::new(|| {
-                $crate::scripts::with_prelude($flags, include_str!($file))
-            }),
-        }
+        $crate::scripts::lua_script!(@def $file, $keys, $args, $flags, true)
     };
-    ($file:literal, keys = $keys:literal, args = $args:literal, plain) => {
+    ($file:literal, keys = $keys:literal, args = $args:literal, plain($flags:expr)) => {
+        $crate::scripts::lua_script!(@def $file, $keys, $args, $flags, false)
+    };
+    (@def $file:literal, $keys:literal, $args:literal, $flags:expr, $prelude:literal) => {
         $crate::scripts::LuaScript::<$keys> {
-            file: $file,
-            #[cfg(test)]
-            body: include_str!($file),
+            def: $crate::scripts::ScriptDef {
+                file: $file,
+                body: include_str!($file),
+                flags: $flags,
+                prelude: $prelude,
+            },
             args: $args,
-            script: ::std::sync::LazyLock::new(|| ::redis::Script::new(include_str!($file))),
+            function: ::std::sync::LazyLock::new(|| $crate::scripts::library::function_name($file)),
         }
     };
 }
 pub(crate) use lua_script;
 
 impl<const KEYS: usize> LuaScript<KEYS> {
-    /// Loads the script (`SCRIPT LOAD`), e.g. after a pipeline got NOSCRIPT.
+    /// Loads the library (`FUNCTION LOAD`), e.g. after a pipeline found it
+    /// missing ([`is_unloaded`]).
     pub(crate) async fn load(&'static self, conn: &mut RedisConnection) -> RedisResult<()> {
-        self.script.load_async(conn).await.map(drop)
+        library::load(conn).await
     }
 
     /// The number of keys (`KEYS`), for the header test.
@@ -149,15 +175,13 @@ impl<const KEYS: usize> LuaScript<KEYS> {
 
     /// Starts a call with its keys; add the arguments with [`Call::arg`].
     pub(crate) fn call<K: ToRedisArgs>(&'static self, keys: [K; KEYS]) -> Call {
-        let script: &'static Script = &self.script;
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(KEYS);
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(self.function.as_str()).arg(KEYS);
         for key in keys {
             cmd.arg(key);
         }
         Call {
-            script,
-            file: self.file,
+            file: self.def.file,
             expected_args: self.args,
             args: 0,
             cmd,
@@ -165,9 +189,8 @@ impl<const KEYS: usize> LuaScript<KEYS> {
     }
 }
 
-/// One invocation of a script: `EVALSHA <sha> <KEYS> keys... args...`.
+/// One invocation of a script: `FCALL <function> <KEYS> keys... args...`.
 pub(crate) struct Call {
-    script: &'static Script,
     file: &'static str,
     expected_args: usize,
     args: usize,
@@ -198,13 +221,15 @@ impl Call {
         );
     }
 
-    /// Runs the call: EVALSHA, and on NOSCRIPT (first use on this server, or
-    /// after a restart) loads the script and sends it again.
+    /// Runs the call: FCALL, and when the server does not have the library
+    /// (first use on this server, after a restart without persistence, a
+    /// `FUNCTION FLUSH`, a new primary that never had it) loads it and sends
+    /// the call again. Nothing ran the first time, so the resend is safe.
     pub(crate) async fn invoke(&self, conn: &mut RedisConnection) -> RedisResult<Value> {
         self.check_args();
         match self.cmd.query_async(conn).await {
-            Err(e) if is_noscript(&e) => {
-                self.script.load_async(conn).await?;
+            Err(e) if is_unloaded(&e) => {
+                library::load(conn).await?;
                 self.cmd.query_async(conn).await
             }
             other => other,
@@ -224,17 +249,27 @@ impl Call {
             .map_err(|e| QueueError::redis(queue, job_id, e))
     }
 
-    /// Adds the call to a pipeline. The caller handles NOSCRIPT for the whole
-    /// pipeline with [`LuaScript::load`] and a resend.
+    /// Adds the call to a pipeline. The caller handles a missing library for
+    /// the whole pipeline ([`is_unloaded`], [`LuaScript::load`], resend).
     pub(crate) fn add_to(self, pipe: &mut Pipeline) {
         self.check_args();
         pipe.add_command(self.cmd);
     }
 }
 
-/// True for the NOSCRIPT error of an EVALSHA whose script is not loaded.
-pub(crate) fn is_noscript(e: &redis::RedisError) -> bool {
-    e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+/// True when the server lacks the script: the NOSCRIPT of an `EVALSHA`, or
+/// the "Function not found" of an `FCALL` whose library is not loaded; for a
+/// pipeline, when any of its commands failed so.
+pub(crate) fn is_unloaded(e: &redis::RedisError) -> bool {
+    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+        return true;
+    }
+    e.clone().into_server_errors().is_some_and(|errors| {
+        errors.iter().any(|(_, err)| {
+            err.details()
+                .is_some_and(|d| d.starts_with("Function not found"))
+        })
+    })
 }
 
 #[cfg(test)]
@@ -244,8 +279,8 @@ mod tests {
         macro_rules! entry {
             ($m:ident) => {
                 (
-                    super::$m::SCRIPT.file,
-                    super::$m::SCRIPT.body,
+                    super::$m::SCRIPT.def.file,
+                    super::$m::SCRIPT.def.body,
                     super::$m::SCRIPT.key_count(),
                     super::$m::SCRIPT.args,
                 )
@@ -331,6 +366,34 @@ mod tests {
                 "{file}: the `-- ARGV:` header does not match the wrapper's {args} arguments"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_missing_function_is_told_apart_alone_and_in_a_pipeline() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut conn = crate::conn::connect(&server.url(), &Default::default())
+            .await
+            .unwrap();
+        let alone = redis::cmd("FCALL")
+            .arg("qc_none_x")
+            .arg(0)
+            .query_async::<redis::Value>(&mut conn)
+            .await
+            .unwrap_err();
+        assert!(super::is_unloaded(&alone), "{alone}");
+        let mut pipe = redis::pipe();
+        pipe.cmd("PING").cmd("FCALL").arg("qc_none_x").arg(0);
+        let piped = pipe
+            .query_async::<Vec<redis::Value>>(&mut conn)
+            .await
+            .unwrap_err();
+        assert!(super::is_unloaded(&piped), "{piped}");
+        let other = redis::cmd("LPUSH")
+            .arg("k")
+            .query_async::<redis::Value>(&mut conn)
+            .await
+            .unwrap_err();
+        assert!(!super::is_unloaded(&other), "{other}");
     }
 
     #[test]

@@ -876,3 +876,12 @@ results_wake = function(key, id)
   redis.call('LPUSH', notify, unpack(wakes))
   redis.call('PEXPIRE', notify, 60000)
 end
+
+-- ==== per call ====
+-- Resets what a prelude local caches for one call (the `int_str` strings, the
+-- events cap): in the function library (scripts/library.rs) these locals
+-- live as long as the library, so every function calls this first.
+local function call_begin()
+  int_strs = {}
+  ev_maxlen = nil
+end

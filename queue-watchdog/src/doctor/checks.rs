@@ -76,7 +76,8 @@ pub const CHECKS: &[Check] = &[
     },
 ];
 
-/// Redis version: queue-core needs LMOVE/BLMOVE (6.2).
+/// Redis version: queue-core needs Redis 7.0 (its scripts are functions of
+/// one library, `FUNCTION LOAD` / `FCALL`, with script flags; LMOVE/BLMOVE).
 fn version(f: &Facts, _opts: Options, out: &mut Findings) {
     if let Some(v) = f.info("redis_version") {
         let parts: Vec<u64> = v.split('.').filter_map(|p| p.parse().ok()).collect();
@@ -84,9 +85,9 @@ fn version(f: &Facts, _opts: Options, out: &mut Findings) {
             parts.first().copied().unwrap_or(0),
             parts.get(1).copied().unwrap_or(0),
         );
-        if (major, minor) < (6, 2) {
+        if (major, minor) < (7, 0) {
             out.add(Critical, format!("redis {v}"),
-                "queue-core needs Redis 6.2 or newer (LMOVE/BLMOVE); workers cannot move jobs safely on older servers",
+                "queue-core needs Redis 7.0 or newer (its scripts are Redis functions, FCALL); producers and workers fail on older servers",
                 "upgrade to Redis 7");
         } else {
             out.add(Ok, format!("redis {v}"), "", "");

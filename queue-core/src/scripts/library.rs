@@ -1,0 +1,200 @@
+//! The queue-core function library: every script of this folder as one
+//! Redis function (Redis 7 `FUNCTION LOAD`, called with `FCALL`), in one
+//! library that holds the prelude once.
+//!
+//! Why not `EVALSHA` of prelude + body (as before issue #12): an `EVALSHA`
+//! runs its whole chunk at every call, so each call re-created the prelude's
+//! ~50 closures and tables before the first line of its own, and every
+//! script kept its own compiled copy of the prelude in the Lua heap that
+//! Redis's garbage collector walks. Measured with the real `fetch.lua` /
+//! `ack.lua` of one job per call on redis 7.0: 54–64 µs (fetch) and 34–42 µs
+//! (ack) of Redis time per call as `EVALSHA` with every script loaded, 33–39
+//! and 25–28 as functions (docs/BENCHMARKS.md, "Function library").
+//!
+//! The library is named `queue_core_<hash>` and each function
+//! `qc_<hash>_<file stem>` (`qc_1a2b3c4d5e6f_ack`), the hash being the SHA1 of
+//! the library's text: two versions of queue-core on one server (a rolling
+//! deploy) each call their own functions, and a version's text never changes
+//! under it. A call that finds the library missing (a new or restarted
+//! server without persistence, a new primary that never had it, a
+//! `FUNCTION FLUSH`) loads it and is sent again ([`super::Call::invoke`]).
+//!
+//! In the library the prelude's locals live as long as the library, not one
+//! call: every function starts with `call_begin()` (end of `prelude.lua`),
+//! which resets the per-call caches.
+//!
+//! The same `.lua` files still run as `EVALSHA` scripts where a caller
+//! needs that: producers in other languages (docs/PROTOCOL.md) and the
+//! operator scripts of `admin/` (rare, and some take a variable key count).
+
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+
+use redis::RedisResult;
+
+use super::ScriptDef;
+use crate::conn::RedisConnection;
+
+/// The library text and the hash that names it.
+struct Library {
+    hash: String,
+    text: String,
+}
+
+/// Stands for the hash while the text is hashed.
+const HASH_MARK: &str = "@@LIBRARY_HASH@@";
+
+static LIBRARY: LazyLock<Library> = LazyLock::new(build);
+
+/// Every script of the library. A test checks that each `.lua` file of this
+/// folder (but the prelude) is here.
+fn defs() -> [&'static ScriptDef; 32] {
+    use super::*;
+    [
+        &ack::SCRIPT.def,
+        &announce::SCRIPT.def,
+        &batch_add::SCRIPT.def,
+        &batch_open::SCRIPT.def,
+        &batch_seal::SCRIPT.def,
+        &cancel::SCRIPT.def,
+        &claim::SCRIPT.def,
+        &dead_trim::SCRIPT.def,
+        &defer::SCRIPT.def,
+        &enqueue::SCRIPT.def,
+        &enqueue_many::SCRIPT.def,
+        &extend::SCRIPT.def,
+        &fail::SCRIPT.def,
+        &fetch::SCRIPT.def,
+        &finish_cancel::SCRIPT.def,
+        &group_pause::SCRIPT.def,
+        &limits_read::SCRIPT.def,
+        &lock_acquire::SCRIPT.def,
+        &lock_extend::SCRIPT.def,
+        &lock_release::SCRIPT.def,
+        &pause::SCRIPT.def,
+        &progress::SCRIPT.def,
+        &promote::SCRIPT.def,
+        &reclaim::SCRIPT.def,
+        &relay_apply::SCRIPT.def,
+        &relay_done::SCRIPT.def,
+        &replay::SCRIPT.def,
+        &result_wait::SCRIPT.def,
+        &resume::SCRIPT.def,
+        &set_limits::SCRIPT.def,
+        &stats::SCRIPT.def,
+        &step_record::SCRIPT.def,
+    ]
+}
+
+/// The function name of script `file` (`ack.lua` -> `qc_<hash>_ack`).
+pub(crate) fn function_name(file: &str) -> String {
+    name_with(&LIBRARY.hash, file)
+}
+
+fn name_with(hash: &str, file: &str) -> String {
+    format!("qc_{hash}_{}", file.trim_end_matches(".lua"))
+}
+
+/// The library's name on the server (`FUNCTION LIST`).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn library_name() -> String {
+    format!("queue_core_{}", LIBRARY.hash)
+}
+
+fn build() -> Library {
+    let mut text = format!("#!lua name=queue_core_{HASH_MARK}\n{}\n", super::PRELUDE);
+    for def in defs() {
+        let flags: Vec<String> = def
+            .flags
+            .unwrap_or_default()
+            .split(',')
+            .filter(|f| !f.is_empty())
+            .map(|f| format!("'{f}'"))
+            .collect();
+        let _ = write!(
+            text,
+            "redis.register_function{{function_name='{}', flags={{{}}}, callback=function(KEYS, ARGV)\n\
+             call_begin()\n{}\nend}}\n",
+            name_with(HASH_MARK, def.file),
+            flags.join(", "),
+            def.body
+        );
+    }
+    // The SHA1 of the text with the mark in place of the hash.
+    let full = redis::Script::new(&text).get_hash().to_string();
+    let hash = full[..12].to_string();
+    Library {
+        text: text.replace(HASH_MARK, &hash),
+        hash,
+    }
+}
+
+/// Loads the library (`FUNCTION LOAD REPLACE`: loading it again is
+/// harmless, and two processes may race to load it). On a cluster it goes to
+/// every primary.
+pub(crate) async fn load(conn: &mut RedisConnection) -> RedisResult<()> {
+    redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(LIBRARY.text.as_str())
+        .query_async::<redis::Value>(conn)
+        .await
+        .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{connect, ConnectionConfig};
+
+    #[test]
+    fn every_script_file_of_the_folder_is_in_the_library() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/scripts");
+        let mut files: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|f| f.ends_with(".lua") && f != "prelude.lua")
+            .collect();
+        files.sort();
+        let mut listed: Vec<String> = defs().iter().map(|d| d.file.to_string()).collect();
+        listed.sort();
+        assert_eq!(listed, files, "add the script to library.rs defs()");
+    }
+
+    #[test]
+    fn names_carry_the_hash_of_the_text() {
+        assert_eq!(LIBRARY.hash.len(), 12);
+        assert!(!LIBRARY.text.contains(HASH_MARK));
+        assert_eq!(function_name("ack.lua"), format!("qc_{}_ack", LIBRARY.hash));
+        assert!(LIBRARY
+            .text
+            .starts_with(&format!("#!lua name={}\n", library_name())));
+    }
+
+    /// The text compiles on a real server (Lua's limits: upvalues per
+    /// function, locals per chunk) and registers one function per script.
+    #[tokio::test]
+    async fn the_library_loads_and_registers_every_script() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut conn = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        load(&mut conn).await.unwrap();
+        load(&mut conn).await.expect("loading it again is harmless");
+        let list: redis::Value = redis::cmd("FUNCTION")
+            .arg("LIST")
+            .arg("LIBRARYNAME")
+            .arg(library_name())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let text = format!("{list:?}");
+        for def in defs() {
+            assert!(
+                text.contains(&function_name(def.file)),
+                "{} not registered: {text}",
+                def.file
+            );
+        }
+    }
+}
