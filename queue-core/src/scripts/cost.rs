@@ -131,6 +131,39 @@ async fn enqueue(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) {
     .unwrap();
 }
 
+/// `enqueue_many.lua` (what `Queue` sends) with generated ids, [`batch()`]
+/// jobs per call, on a queue of its own.
+async fn enqueue_many_cost(conn: &mut RedisConnection) {
+    use super::enqueue_many::{run, ManyJob, Mode};
+    let keys = QueueKeys::new("cost-many");
+    let ids: Vec<JobId> = (0..JOBS)
+        .map(|_| JobId::from(uuid::Uuid::new_v4().to_string()))
+        .collect();
+    let tokens: Vec<String> = (0..JOBS).map(|i| format!("t{i}")).collect();
+    reset(conn).await;
+    for (ids, tokens) in ids.chunks(batch()).zip(tokens.chunks(batch())) {
+        let jobs: Vec<ManyJob<'_>> = ids
+            .iter()
+            .zip(tokens)
+            .map(|(id, token)| ManyJob {
+                job: Enqueue {
+                    payload: b"p",
+                    ..Enqueue::test_job(&keys, id, 3)
+                },
+                token,
+                fresh: true,
+            })
+            .collect();
+        run(conn, &keys, Mode::Each, &jobs).await.unwrap();
+    }
+    report(
+        conn,
+        &format!("enqueue_many (batches of {})", batch()),
+        JOBS,
+    )
+    .await;
+}
+
 /// Fetches up to `n` waiting jobs in batches of [`batch()`]; the
 /// deliveries oldest first.
 async fn fetch_n(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) -> Vec<AckItem> {
@@ -218,6 +251,7 @@ async fn hot_path_cost() {
         enqueue(&mut conn, &keys, &format!("job-{i}")).await;
     }
     report(&mut conn, "enqueue", JOBS).await;
+    enqueue_many_cost(&mut conn).await;
     reset(&mut conn).await;
     let items = fetch_n(&mut conn, &keys, JOBS).await;
     assert_eq!(items.len(), JOBS);

@@ -52,8 +52,15 @@ while i <= #ARGV do
   i = i + 11 + 2 * n
 end
 
+-- Main and delayed are written below: of another type, the call is refused
+-- now, before any write (not half-way, after some jobs' hashes).
+expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local now = now_ms()
+local now_s = int_str(now)
 local created = 0
+-- Ids for main, pushed with one LPUSH per call after the loop (in job order,
+-- as one LPUSH each would): the per-job LPUSH was a redis.call per job.
+local to_main = {}
 local wake = false
 -- The head of `delayed` (read once, before the first ZADD of the call): a
 -- delayed job due sooner than it wakes the promoter, as in sooner_than_head.
@@ -85,7 +92,7 @@ local function write(j)
   local state = 'queued'
   if delay > 0 then state = 'delayed' end
   local fields = {'id', j.id, 'type', j.type, 'v', j.v, 'payload', j.payload,
-    'max_attempts', math.max(j.max, 1), 'attempts', 0, 'enqueued_at', now, 'state', state}
+    'max_attempts', int_str(math.max(j.max, 1)), 'attempts', '0', 'enqueued_at', now_s, 'state', state}
   if j.token ~= '' then
     fields[#fields + 1] = 'enq_token'
     fields[#fields + 1] = j.token
@@ -107,7 +114,12 @@ local function write(j)
     end
     redis.call('ZADD', KEYS[2], now + delay, j.id)
   else
-    push_waiting(KEYS[1], j.id, extra_group(j.extra)) -- a `group` extra field: its group list
+    local group = extra_group(j.extra)
+    if group then
+      push_waiting(KEYS[1], j.id, group) -- a `group` extra field: its group list
+    else
+      to_main[#to_main + 1] = j.id
+    end
   end
   created = created + 1
   ev(KEYS[3], 'enqueued', j.id, now, 'type', j.type, 'run_at', now + delay)
@@ -117,6 +129,9 @@ end
 local out = {}
 for k, j in ipairs(jobs) do
   if j.invalid then out[k] = {'invalid', j.invalid} else out[k] = write(j) end
+end
+for first = 1, #to_main, 500 do
+  redis.call('LPUSH', KEYS[1], unpack(to_main, first, math.min(first + 499, #to_main)))
 end
 if created > 0 then redis.call('HINCRBY', KEYS[3], 'enqueued', created) end
 if wake then wake_promoter(KEYS[4]) end

@@ -74,6 +74,71 @@ async fn mode_all_refuses_the_whole_call_before_any_write() {
     );
 }
 
+/// Main of another type (corrupt data): the call is refused before the first
+/// job's hash is written, not after (the LPUSH to main comes once per call,
+/// after the hashes).
+#[tokio::test]
+async fn a_main_of_another_type_refuses_the_call_before_any_write() {
+    let (_s, mut conn, keys) = setup().await;
+    let _: () = conn.set(&keys.main, "not a list").await.unwrap();
+    let ids: Vec<JobId> = ["a", "b"].into_iter().map(JobId::from).collect();
+    let jobs: Vec<ManyJob<'_>> = ids
+        .iter()
+        .map(|id| ManyJob {
+            job: Enqueue::test_job(&keys, id, 1),
+            token: "t",
+            fresh: true,
+        })
+        .collect();
+    let err = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let hashes: i64 = conn.exists(&[keys.job("a"), keys.job("b")]).await.unwrap();
+    assert_eq!((hashes, enqueued_stat(&mut conn, &keys).await), (0, 0));
+}
+
+/// Jobs of one call land in main in call order, grouped ones in their group
+/// list, delayed ones in the delayed set: one LPUSH for the call's main jobs.
+#[tokio::test]
+async fn main_jobs_of_a_call_are_pushed_in_order_with_one_lpush() {
+    let (_s, mut conn, keys) = setup().await;
+    let ids: Vec<JobId> = ["a", "g", "b", "late", "c"]
+        .into_iter()
+        .map(JobId::from)
+        .collect();
+    let group = [pair("group", "tenant-1")];
+    let jobs: Vec<ManyJob<'_>> = ids
+        .iter()
+        .map(|id| ManyJob {
+            job: Enqueue {
+                extra: if id.as_str() == "g" { &group } else { &[] },
+                delay: (id.as_str() == "late").then_some(Duration::from_secs(60)),
+                ..Enqueue::test_job(&keys, id, 1)
+            },
+            token: "t",
+            fresh: true,
+        })
+        .collect();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(
+        main,
+        ["c", "b", "a"],
+        "oldest at the tail, as LPUSH one by one"
+    );
+    let grouped: Vec<String> = conn.lrange(keys.group("tenant-1"), 0, -1).await.unwrap();
+    assert_eq!(grouped, ["g"]);
+    let delayed: Vec<String> = conn.zrange(&keys.delayed, 0, -1).await.unwrap();
+    assert_eq!(delayed, ["late"]);
+    // One LPUSH for main's three jobs, one for the group list, one to wake
+    // the promoter for the delayed job (one per main job before: 5).
+    assert_eq!(calls(&mut conn, "lpush").await, 3);
+}
+
 #[tokio::test]
 async fn mode_each_answers_invalid_for_that_job_and_writes_the_others() {
     let (_s, mut conn, keys) = setup().await;

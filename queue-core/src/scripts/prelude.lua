@@ -774,11 +774,22 @@ local function ev_base(stats)
   return string.sub(stats, 1, #stats - 5)
 end
 
+-- The key whose value N > 0 switches the queue's events on ('q:{Q}:events:on').
+local function ev_switch(stats)
+  return ev_base(stats) .. 'events:on'
+end
+
+-- The caller saw that the switch key does not exist (e.g. in one EXISTS with
+-- other keys): no event this call, without the GET.
+local function ev_off()
+  ev_maxlen = false
+end
+
 -- Appends event `kind` of job `id` at `now` (Redis clock, ms) to the stream,
 -- with extra name, value pairs, when the queue's events are on.
 ev = function(stats, kind, id, now, ...)
   if ev_maxlen == nil then
-    local v = redis.pcall('GET', ev_base(stats) .. 'events:on')
+    local v = redis.pcall('GET', ev_switch(stats))
     ev_maxlen = (type(v) == 'string' and as_count(v)) or false
     if ev_maxlen == 0 then ev_maxlen = false end
   end
