@@ -153,7 +153,7 @@ impl Fetcher {
         backlog: &mut bool,
         error_delay: &mut Duration,
     ) -> bool {
-        let batch = self.inner.config.fetch_batch;
+        let batch = self.queue().fetch_batch;
         let mut slots = Vec::new();
         while *backlog && in_flight.len() < PIPELINE_DEPTH {
             self.fill(&mut slots);
@@ -230,7 +230,7 @@ impl Fetcher {
 
     /// Adds free slots to `slots` up to `fetch_batch`, without waiting.
     fn fill(&self, slots: &mut Vec<Slot>) {
-        while slots.len() < self.inner.config.fetch_batch {
+        while slots.len() < self.queue().fetch_batch {
             match self.try_slot() {
                 Some(s) => slots.push(s),
                 None => break,

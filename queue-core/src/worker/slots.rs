@@ -16,6 +16,8 @@ pub(super) struct WorkerQueue {
     pub(super) priority: i32,
     /// The queue's own concurrency limit, if any.
     limit: Option<Arc<Semaphore>>,
+    /// Most jobs per fetch (`WorkerConfig::fetch_batch_for` of its slots).
+    pub(super) fetch_batch: usize,
 }
 
 /// Room under a queue's own concurrency limit for one more job.
@@ -34,11 +36,17 @@ pub(super) struct Slot {
 }
 
 impl WorkerQueue {
-    pub(super) fn new(keys: QueueKeys, priority: i32, limit: Option<usize>) -> Self {
+    pub(super) fn new(
+        keys: QueueKeys,
+        priority: i32,
+        limit: Option<usize>,
+        fetch_batch: usize,
+    ) -> Self {
         WorkerQueue {
             keys,
             priority,
             limit: limit.map(|n| Arc::new(Semaphore::new(n))),
+            fetch_batch: fetch_batch.max(1),
         }
     }
 
