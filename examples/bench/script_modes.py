@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""EVALSHA vs FCALL for the same queue scripts (issue #12, stop 25).
+
+Starts a private redis-server, loads every script of queue-core/src/scripts
+both ways -- as EVALSHA scripts (prelude + body each, as queue-core did up to
+stop 24) and as one function library (prelude once, one function per script,
+as scripts/library.rs builds it) -- preloads N waiting jobs, then runs the real
+fetch.lua and ack.lua with B jobs per call, the two modes interleaved, and
+prints the Redis time per job from INFO commandstats (median and runs).
+
+    python3 examples/bench/script_modes.py [--n 8000] [--batch 1] [--runs 3]
+
+Needs redis-server on PATH and redis-py (`pip install redis`; the RQ venv of
+examples/bench/peers/setup.sh has it: examples/bench/peers/.work/rq-venv/bin/python).
+"""
+import argparse
+import glob
+import os
+import socket
+import statistics
+import subprocess
+import time
+
+import redis
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPTS = os.path.join(ROOT, "queue-core", "src", "scripts")
+Q = "q:{bench}:"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read(name):
+    with open(os.path.join(SCRIPTS, name)) as f:
+        return f.read()
+
+
+def library(prelude, bodies):
+    """The library text as scripts/library.rs builds it (names without the hash)."""
+    text = "#!lua name=script_modes\n" + prelude + "\n"
+    for name, body in bodies.items():
+        text += ("redis.register_function{function_name='%s', flags={'allow-oom'}, "
+                 "callback=function(KEYS, ARGV)\ncall_begin()\n%s\nend}\n") % (name, body)
+    return text
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=8000)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--runs", type=int, default=3)
+    a = ap.parse_args()
+
+    port = free_port()
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                              stdout=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        prelude = read("prelude.lua")
+        bodies = {os.path.basename(f)[:-4]: read(os.path.basename(f))
+                  for f in sorted(glob.glob(os.path.join(SCRIPTS, "*.lua"))) if not f.endswith("prelude.lua")}
+        # Every script loaded, as a worker's server has them: EVALSHA mode
+        # keeps one compiled prelude per script in the Lua heap.
+        sha = {name: r.script_load("#!lua flags=allow-oom\n" + prelude + "\n" + body)
+               for name, body in bodies.items()}
+        r.function_load(library(prelude, bodies), replace=True)
+
+        def call(mode, name, keys, args):
+            if mode == "evalsha":
+                return r.evalsha(sha[name], len(keys), *keys, *args)
+            return r.fcall(name, len(keys), *keys, *args)
+
+        def usec(mode):
+            stats = r.info("commandstats").get("cmdstat_" + mode, {})
+            return stats.get("usec", 0)
+
+        def run(mode):
+            r.flushdb()
+            pipe = r.pipeline(transaction=False)
+            for i in range(a.n):
+                pipe.hset(Q + "job:j%d" % i, mapping={
+                    "id": "j%d" % i, "state": "queued", "type": "noop", "v": "1", "payload": "x" * 30,
+                    "attempts": "0", "max_attempts": "3", "enqueued_at": "1733390000000"})
+                pipe.lpush(Q + "main", "j%d" % i)
+            pipe.execute()
+            r.config_resetstat()
+            items = []
+            for c in range(a.n // a.batch):
+                base = "tok%d" % c
+                keys = [Q + "main", Q + "processing", Q + "leases", Q + "dead", Q + "stats", Q + "guard",
+                        Q + "fetch:" + base, Q + "paused", Q + "limits", Q + "delayed", Q + "wake"]
+                rows = call(mode, "fetch", keys, [Q + "job:", Q + "done:", "300000", base, str(a.batch),
+                                                  "150000", "bench-worker"])
+                items += [(row[1], row[2]) for row in rows]
+            fetch_us = usec(mode) / len(items)
+            r.config_resetstat()
+            for c in range(0, len(items), a.batch):
+                args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:"]
+                for job_id, token in items[c:c + a.batch]:
+                    args += [job_id, token, ""]
+                call(mode, "ack", [Q + "processing", Q + "leases", Q + "stats", Q + "guard"], args)
+            return fetch_us, usec(mode) / len(items)
+
+        results = {"evalsha": [], "fcall": []}
+        for _ in range(a.runs):
+            for mode in results:
+                results[mode].append(run(mode))
+        print(f"{a.n} jobs, {a.batch} per call, {a.runs} interleaved runs; Redis µs per job (median; runs)")
+        for mode, runs in results.items():
+            f = [x[0] for x in runs]
+            k = [x[1] for x in runs]
+            print(f"{mode:8} fetch {statistics.median(f):6.2f} ({', '.join('%.2f' % x for x in f)})"
+                  f"   ack {statistics.median(k):6.2f} ({', '.join('%.2f' % x for x in k)})")
+    finally:
+        server.kill()
+
+
+if __name__ == "__main__":
+    main()
