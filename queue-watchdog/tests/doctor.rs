@@ -329,3 +329,66 @@ fn unreachable_redis_exits_2() {
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("cannot connect to redis"), "{out}");
 }
+
+/// queue-core's function libraries: this version's (not loaded until a
+/// producer or worker of it ran, then OK) and one an older version left,
+/// listed with the command that deletes it.
+#[test]
+fn function_libraries_of_this_and_other_versions_are_listed() {
+    let server = RedisServer::start_with(SAFE).unwrap();
+    let own = queue_core::admin::function_library();
+    let (_, v) = doctor_json(&server.url(), &[]);
+    assert_eq!(
+        findings(&v, "functions"),
+        [(
+            "info".to_string(),
+            format!("{own} (this version's scripts) is not loaded yet")
+        )]
+    );
+
+    // A producer of this version loads it; an older version left its own.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let queue = queue_core::Queue::connect(&server.url()).await.unwrap();
+        queue
+            .enqueue_raw("emails", "send", 1, 3, Default::default(), b"\x80")
+            .await
+            .unwrap();
+    });
+    let mut c = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let old = "queue_core_0123456789ab";
+    let _: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(format!(
+            "#!lua name={old}\nredis.register_function('qc_0123456789ab_x', function() return 1 end)"
+        ))
+        .query(&mut c)
+        .unwrap();
+
+    let (code, v) = doctor_json(&server.url(), &[]);
+    assert_eq!(code, 0, "{v:#}");
+    let found = findings(&v, "functions");
+    let ok = (
+        "ok".to_string(),
+        format!("{own} loaded (this version's scripts)"),
+    );
+    assert!(found.contains(&ok), "{found:?}");
+    let other = (
+        "info".to_string(),
+        format!("1 library(ies) of other queue-core versions: {old}"),
+    );
+    assert!(found.contains(&other), "{found:?}");
+    let fix = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "functions" && f["severity"] == "info")
+        .unwrap()["fix"]
+        .clone();
+    assert_eq!(
+        fix,
+        format!("once no process of that version runs: FUNCTION DELETE {old}")
+    );
+}

@@ -66,6 +66,20 @@ pub use locate::Location;
 pub use repair::{Repair, RepairAction, MISSING_HASH_REASON};
 pub use stats::QueueStats;
 
+/// The name of this version's Redis function library, `queue_core_<hash>`:
+/// every queue script runs as one of its functions (docs/OPERATIONS.md, "The
+/// scripts on the server"). Operator tools use it to tell this version's
+/// library from those other versions left on the server.
+///
+/// ```
+/// let name = queue_core::admin::function_library();
+/// assert!(name.starts_with("queue_core_"));
+/// assert_eq!(name.len(), "queue_core_".len() + 12);
+/// ```
+pub fn function_library() -> String {
+    crate::scripts::library::library_name()
+}
+
 /// Shebang flags of the read-only admin scripts: they run on replicas and
 /// when Redis is at `maxmemory` (an operator looks most when things go wrong).
 const READ_ONLY: Option<&str> = Some("no-writes,allow-oom");

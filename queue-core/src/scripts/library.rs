@@ -96,7 +96,6 @@ fn name_with(hash: &str, file: &str) -> String {
 }
 
 /// The library's name on the server (`FUNCTION LIST`).
-#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn library_name() -> String {
     format!("queue_core_{}", LIBRARY.hash)
 }

@@ -27,6 +27,10 @@ pub const CHECKS: &[Check] = &[
         run: config_access,
     },
     Check {
+        name: "functions",
+        run: functions,
+    },
+    Check {
         name: "persistence",
         run: persistence,
     },
@@ -92,6 +96,45 @@ fn version(f: &Facts, _opts: Options, out: &mut Findings) {
         } else {
             out.add(Ok, format!("redis {v}"), "", "");
         }
+    }
+}
+
+/// queue-core's function libraries: this version's, and those other
+/// versions left (docs/OPERATIONS.md, "The scripts on the server").
+fn functions(f: &Facts, _opts: Options, out: &mut Findings) {
+    let Some(libraries) = &f.libraries else {
+        out.add(Info, "FUNCTION LIST is not allowed here: queue-core's function libraries were not listed".into(),
+            "producers and workers need FCALL and FUNCTION LOAD (+fcall +function|load) to run at all",
+            "");
+        return;
+    };
+    let own = queue_core::admin::function_library();
+    if libraries.contains(&own) {
+        out.add(Ok, format!("{own} loaded (this version's scripts)"), "", "");
+    } else {
+        out.add(
+            Info,
+            format!("{own} (this version's scripts) is not loaded yet"),
+            "the first producer or worker of this version loads it; nothing to do",
+            "",
+        );
+    }
+    let others: Vec<&String> = libraries.iter().filter(|l| **l != own).collect();
+    if !others.is_empty() {
+        let names: Vec<&str> = others.iter().map(|s| s.as_str()).collect();
+        out.add(
+            Info,
+            format!(
+                "{} library(ies) of other queue-core versions: {}",
+                others.len(),
+                names.join(", ")
+            ),
+            "each version loads its own; an old one stays until deleted (a few hundred KB each)",
+            &format!(
+                "once no process of that version runs: FUNCTION DELETE {}",
+                names[0]
+            ),
+        );
     }
 }
 

@@ -56,8 +56,52 @@ pub async fn gather(url: &str, scan_limit: u64) -> Result<Facts> {
             }
         }
     }
+    facts.libraries = libraries(&mut c).await;
     scan_ttls(&conn, scan_limit, &mut facts).await?;
     Ok(facts)
+}
+
+/// The names of the queue-core function libraries on the server; `None`
+/// when `FUNCTION LIST` is not allowed (ACL) or not known (Redis < 7).
+async fn libraries(c: &mut RedisConnection) -> Option<Vec<String>> {
+    let list: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg("queue_core_*")
+        .query_async(c)
+        .await
+        .ok()?;
+    Some(library_names(&list))
+}
+
+/// `library_name` of each entry of a `FUNCTION LIST` reply (RESP2: an array
+/// of flat name/value arrays; RESP3: maps).
+fn library_names(list: &redis::Value) -> Vec<String> {
+    use redis::Value;
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    let Value::Array(entries) = list else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .iter()
+        .filter_map(|entry| match entry {
+            Value::Array(kv) => kv
+                .chunks(2)
+                .find(|p| text(&p[0]).as_deref() == Some("library_name"))
+                .and_then(|p| p.get(1).and_then(text)),
+            Value::Map(kv) => kv
+                .iter()
+                .find(|(k, _)| text(k).as_deref() == Some("library_name"))
+                .and_then(|(_, v)| text(v)),
+            _ => None,
+        })
+        .collect();
+    names.sort();
+    names
 }
 
 /// `INFO` text → field map (`# Section` lines and blanks skipped).

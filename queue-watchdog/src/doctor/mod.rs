@@ -60,7 +60,8 @@ impl Severity {
 pub struct Finding {
     pub severity: Severity,
     /// Which check: persistence, appendfsync, rewrite-fsync, save, last-write,
-    /// maxmemory, ttl, evictions, expirations, replication, replica-url, version, config.
+    /// maxmemory, ttl, evictions, expirations, replication, replica-url, version, config,
+    /// functions.
     pub check: &'static str,
     /// What was found.
     pub what: String,
@@ -96,6 +97,9 @@ pub struct Facts {
     pub scan_complete: bool,
     /// Dead-letter list lengths found by the scan: (queue key, length).
     pub dead_lengths: Vec<(String, u64)>,
+    /// The queue-core function libraries on the server (`FUNCTION LIST
+    /// LIBRARYNAME queue_core_*`); `None` when that could not be read.
+    pub libraries: Option<Vec<String>>,
 }
 
 impl Facts {
@@ -205,6 +209,24 @@ mod tests {
             .filter(|f| f.severity == sev)
             .map(|f| f.check)
             .collect()
+    }
+
+    #[test]
+    fn function_libraries_unreadable_or_missing_are_info_only() {
+        let mut f = facts(&safe_info(), &[("appendfsync", "everysec"), ("save", "")]);
+        let found = analyze(&f, OPTS);
+        let info = |found: &[Finding]| {
+            found
+                .iter()
+                .filter(|x| x.check == "functions" && x.severity == Severity::Info)
+                .count()
+        };
+        assert_eq!(info(&found), 1, "not readable: one INFO line");
+        assert!(is_safe(&found));
+        f.libraries = Some(vec![queue_core::admin::function_library()]);
+        let found = analyze(&f, OPTS);
+        assert!(checks(&found, Severity::Ok).contains(&"functions"));
+        assert_eq!(info(&found), 0, "this version's library only: OK alone");
     }
 
     #[test]
