@@ -324,3 +324,38 @@ async fn batch_enqueue_in_one_pipeline_survives_a_function_flush() {
     env.run_until_completed_with("tasks", 503, cfg).await;
     assert_eq!(env.ledger().await.order.len(), 503);
 }
+
+/// The acker sends a batch as soon as it is full, and a lone ack when its
+/// window ends; it is not woken per ack in between (worker/acker.rs).
+#[tokio::test]
+async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
+    let env = TestEnv::start().await;
+    let cfg = WorkerConfig {
+        concurrency: 8,
+        lease: Duration::from_secs(20),
+        ack_batch: 8,
+        ack_window: Duration::from_secs(3),
+        ..fast_config()
+    };
+    let worker = env.spawn_worker(cfg).await;
+    let started = std::time::Instant::now();
+    for seq in 0..8 {
+        env.enqueue(env.task(seq)).await;
+    }
+    env.wait_completed("tasks", 8).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a full batch of 8 waited {:?}: not sent when full",
+        started.elapsed()
+    );
+    let lone = std::time::Instant::now();
+    env.enqueue(env.task(8)).await;
+    env.wait_completed("tasks", 9).await;
+    assert!(
+        lone.elapsed() >= Duration::from_millis(2500),
+        "a lone ack was sent after {:?}, before its 3 s window ended",
+        lone.elapsed()
+    );
+    worker.stop().await;
+    assert_eq!(env.ledger().await.order.len(), 9);
+}

@@ -2,7 +2,10 @@
 //! runner whose handler succeeded hands its ack here and frees its
 //! concurrency slot at once; the acker sends one `ack.lua` call for up to
 //! `ack_batch` acks, when that many wait or `ack_window` after the first
-//! (zero: at once, with whatever is already waiting). The script checks every
+//! (zero: at once, with whatever is already waiting). Within the window the
+//! acker is not woken per ack: it sleeps until the window ends, or until a
+//! sender sees a quarter of a batch queued (a task wake-up per job was a hand-off
+//! between runtime threads per job at low concurrency; issue #12). The script checks every
 //! token of the batch (DESIGN rule 3, docs/DESIGN.md) and answers per job.
 //!
 //! Redis failures are retried until the earliest lease of the batch would
@@ -14,7 +17,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{error, info, warn, Span};
@@ -40,15 +43,24 @@ pub(super) struct AckRequest {
 
 /// Where a queue's runners send their acks. Cheap to clone.
 #[derive(Clone)]
-pub(super) struct AckSender(mpsc::Sender<AckRequest>);
+pub(super) struct AckSender {
+    tx: mpsc::Sender<AckRequest>,
+    /// Wakes the acker within its window once `wake_at` acks are queued.
+    fill: Arc<Notify>,
+    wake_at: usize,
+}
 
 impl AckSender {
     /// Queues an ack; waits only while the acker is `capacity` acks behind.
     pub(super) async fn send(&self, req: AckRequest) {
-        if let Err(mpsc::error::SendError(req)) = self.0.send(req).await {
+        if let Err(mpsc::error::SendError(req)) = self.tx.send(req).await {
             // Only after the acker ended (it outlives every runner).
             req.span
                 .in_scope(|| error!("acker gone: job left leased; the watchdog will return it"));
+            return;
+        }
+        if self.tx.max_capacity() - self.tx.capacity() >= self.wake_at {
+            self.fill.notify_one();
         }
     }
 }
@@ -58,11 +70,22 @@ impl AckSender {
 pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandle<()>) {
     let batch = inner.config.ack_batch.max(1);
     let (tx, rx) = mpsc::channel(4 * batch.max(inner.config.concurrency));
-    let task = tokio::spawn(run(inner, keys, rx));
-    (AckSender(tx), task)
+    let fill = Arc::new(Notify::new());
+    let task = tokio::spawn(run(inner, keys, rx, fill.clone()));
+    let sender = AckSender {
+        tx,
+        fill,
+        wake_at: batch.div_ceil(4),
+    };
+    (sender, task)
 }
 
-async fn run(inner: Arc<Inner>, keys: QueueKeys, mut rx: mpsc::Receiver<AckRequest>) {
+async fn run(
+    inner: Arc<Inner>,
+    keys: QueueKeys,
+    mut rx: mpsc::Receiver<AckRequest>,
+    fill: Arc<Notify>,
+) {
     let max = inner.config.ack_batch.max(1);
     let window = inner.config.ack_window;
     let mut batch = Vec::with_capacity(max);
@@ -72,15 +95,33 @@ async fn run(inner: Arc<Inner>, keys: QueueKeys, mut rx: mpsc::Receiver<AckReque
         }
         if !window.is_zero() {
             let until = Instant::now() + window;
-            while batch.len() < max {
-                let room = max - batch.len();
+            // Take what is queued; then sleep until the window ends or a
+            // sender says a quarter of a batch is queued, never woken per ack.
+            loop {
+                take_queued(&mut rx, &mut batch, max);
+                if batch.len() >= max {
+                    break;
+                }
                 tokio::select! {
-                    n = rx.recv_many(&mut batch, room) => if n == 0 { break },
-                    _ = tokio::time::sleep_until(until) => break,
+                    _ = fill.notified() => {}
+                    _ = tokio::time::sleep_until(until) => {
+                        take_queued(&mut rx, &mut batch, max);
+                        break;
+                    }
                 }
             }
         }
         flush(&inner, &keys, &mut batch).await;
+    }
+}
+
+/// Moves queued acks into `batch` up to `max`, without waiting.
+fn take_queued(rx: &mut mpsc::Receiver<AckRequest>, batch: &mut Vec<AckRequest>, max: usize) {
+    while batch.len() < max {
+        match rx.try_recv() {
+            Ok(req) => batch.push(req),
+            Err(_) => break, // empty, or every sender gone (the outer recv sees it)
+        }
     }
 }
 
