@@ -3,9 +3,12 @@
 //! concurrency slot at once; the acker sends one `ack.lua` call for up to
 //! `ack_batch` acks, when that many wait or `ack_window` after the first
 //! (zero: at once, with whatever is already waiting). Within the window the
-//! acker is not woken per ack: it sleeps until the window ends, or until a
-//! sender sees a quarter of a batch queued (a task wake-up per job was a hand-off
-//! between runtime threads per job at low concurrency; issue #12). The script checks every
+//! acker is not woken per ack: it sleeps until the window ends, or until the
+//! sender whose ack completes a batch wakes it (a task wake-up per job was a
+//! hand-off between runtime threads per job at low concurrency; issue #12).
+//! Senders count the acks not yet flushed (`unflushed`, after their send, so
+//! every counted ack is in the channel or with the acker); the acker takes
+//! off what it flushed. The script checks every
 //! token of the batch (DESIGN rule 3, docs/DESIGN.md) and answers per job.
 //!
 //! Redis failures are retried until the earliest lease of the batch would
@@ -14,6 +17,7 @@
 //! On shutdown the channel closes once every runner is done, and the acker
 //! flushes what is left before it ends.
 
+use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,9 +49,13 @@ pub(super) struct AckRequest {
 #[derive(Clone)]
 pub(super) struct AckSender {
     tx: mpsc::Sender<AckRequest>,
-    /// Wakes the acker within its window once `wake_at` acks are queued.
+    /// Wakes the acker within its window once a batch is complete.
     fill: Arc<Notify>,
-    wake_at: usize,
+    /// Acks sent and not yet flushed (briefly below zero when the acker
+    /// flushed an ack before its sender counted it).
+    unflushed: Arc<AtomicIsize>,
+    /// `ack_batch`.
+    batch: isize,
 }
 
 impl AckSender {
@@ -59,7 +67,9 @@ impl AckSender {
                 .in_scope(|| error!("acker gone: job left leased; the watchdog will return it"));
             return;
         }
-        if self.tx.max_capacity() - self.tx.capacity() >= self.wake_at {
+        // Counted after the send: every ack counted is in the channel or
+        // with the acker, so a wake-up at a full batch finds the whole batch.
+        if self.unflushed.fetch_add(1, Ordering::AcqRel) + 1 >= self.batch {
             self.fill.notify_one();
         }
     }
@@ -71,11 +81,13 @@ pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandl
     let batch = inner.config.ack_batch.max(1);
     let (tx, rx) = mpsc::channel(4 * batch.max(inner.config.concurrency));
     let fill = Arc::new(Notify::new());
-    let task = tokio::spawn(run(inner, keys, rx, fill.clone()));
+    let unflushed = Arc::new(AtomicIsize::new(0));
+    let task = tokio::spawn(run(inner, keys, rx, fill.clone(), unflushed.clone()));
     let sender = AckSender {
         tx,
         fill,
-        wake_at: batch.div_ceil(4),
+        unflushed,
+        batch: batch as isize,
     };
     (sender, task)
 }
@@ -85,6 +97,7 @@ async fn run(
     keys: QueueKeys,
     mut rx: mpsc::Receiver<AckRequest>,
     fill: Arc<Notify>,
+    unflushed: Arc<AtomicIsize>,
 ) {
     let max = inner.config.ack_batch.max(1);
     let window = inner.config.ack_window;
@@ -95,8 +108,8 @@ async fn run(
         }
         if !window.is_zero() {
             let until = Instant::now() + window;
-            // Take what is queued; then sleep until the window ends or a
-            // sender says a quarter of a batch is queued, never woken per ack.
+            // Take what is queued; then sleep until the window ends or the
+            // sender that completes the batch wakes us, never woken per ack.
             loop {
                 take_queued(&mut rx, &mut batch, max);
                 if batch.len() >= max {
@@ -111,7 +124,9 @@ async fn run(
                 }
             }
         }
+        let sent = batch.len() as isize;
         flush(&inner, &keys, &mut batch).await;
+        unflushed.fetch_sub(sent, Ordering::AcqRel);
     }
 }
 
