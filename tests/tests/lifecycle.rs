@@ -356,6 +356,19 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
         "a lone ack was sent after {:?}, before its 3 s window ended",
         lone.elapsed()
     );
+    // Shutdown does not wait out a window: the last ack is sent at once.
+    env.enqueue(env.task(9)).await;
+    env.wait_ledger("the last job ran", |l| l.order.len() == 10)
+        .await;
+    let stopping = std::time::Instant::now();
     worker.stop().await;
-    assert_eq!(env.ledger().await.order.len(), 9);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(2),
+        "stopping took {:?}: the acker waited out its window",
+        stopping.elapsed()
+    );
+    assert_eq!(
+        env.stats("tasks").await.counters.get("completed"),
+        Some(&10)
+    );
 }

@@ -496,6 +496,8 @@ impl Harness {
         let failed = |job: &Job| match &job.last_fail {
             Some(Failed::Retry) => job.at == At::Delayed,
             Some(Failed::Dead(_)) => job.at == At::Dead,
+            // Replayed since (see `replay`): answered "lease lost" anywhere.
+            Some(Failed::LeaseLost) => true,
             _ => false,
         };
         let Some(j) = self.pick(j, failed) else {
@@ -617,6 +619,11 @@ impl Harness {
         if self.jobs[j].at == At::Dead {
             prop_assert_eq!(got, ReplayOutcome::Replayed);
             self.jobs[j].at = At::Main;
+            // A new life: a late retry of the fail that dead-lettered it
+            // (its token) answers "lease lost", wherever the job goes next.
+            if self.jobs[j].last_fail.is_some() {
+                self.jobs[j].last_fail = Some(Failed::LeaseLost);
+            }
             if reset {
                 self.jobs[j].attempts = 0;
                 if self.jobs[j].corrupt {

@@ -318,6 +318,60 @@ async fn a_fail_retried_after_its_reply_was_lost_gets_the_same_outcome() {
     assert_eq!(reply, FailReply::LeaseLost);
 }
 
+/// A fail retried after an operator replayed the job it dead-lettered (and
+/// the job died again, here of a corrupt field at its next fetch) is not
+/// answered as if its own outcome stood: the replay started a new life, so
+/// the old delivery's retry answers "lease lost", whatever the job's state.
+/// (Found by the model test: the retry answered the later dead reason.)
+#[tokio::test]
+async fn a_fail_retried_after_a_replay_of_its_job_answers_lease_lost() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 3).await;
+    let d = fx.fetch_one().await;
+    let keys = fx.keys.clone();
+    let fail = Fail {
+        keys: &keys,
+        id: &d.id,
+        token: &d.token,
+        kind: FailKind::Permanent,
+        message: "planned",
+        delay: Duration::ZERO,
+    };
+    let first = fail.run(&mut fx.conn.clone()).await.unwrap();
+    assert!(matches!(first, FailReply::Dead { .. }), "{first:?}");
+    let replay = Replay {
+        keys: &keys,
+        id: &d.id,
+        reset_attempts: false,
+    };
+    assert_eq!(
+        replay.run(&mut fx.conn.clone()).await.unwrap(),
+        ReplayReply::Replayed
+    );
+    let again = fail.run(&mut fx.conn.clone()).await.unwrap();
+    assert_eq!(again, FailReply::LeaseLost, "replayed, waiting");
+    // Dead again, of another cause: still not this delivery's outcome.
+    let _: () = redis::cmd("HSET")
+        .arg(keys.job("j1"))
+        .arg("attempts")
+        .arg("nan")
+        .query_async(&mut fx.conn)
+        .await
+        .unwrap();
+    let rows = Fetch {
+        keys: &keys,
+        lease: LEASE,
+        token_base: "second",
+        count: 1,
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    assert!(matches!(rows[..], [ClaimRow::Corrupt(..)]), "{rows:?}");
+    let late = fail.run(&mut fx.conn.clone()).await.unwrap();
+    assert_eq!(late, FailReply::LeaseLost, "dead again, of a corrupt field");
+}
+
 #[tokio::test]
 async fn one_unreadable_row_is_reported_alone() {
     let mut fx = Fixture::start().await;

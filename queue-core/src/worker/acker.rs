@@ -49,6 +49,9 @@ pub(super) struct AckRequest {
 #[derive(Clone)]
 pub(super) struct AckSender {
     tx: mpsc::Sender<AckRequest>,
+    /// Dropped with the last sender: wakes the acker to flush and end
+    /// without waiting out its window.
+    _last: Arc<WakeOnDrop>,
     /// Wakes the acker within its window once a batch is complete.
     fill: Arc<Notify>,
     /// Acks sent and not yet flushed (briefly below zero when the acker
@@ -75,6 +78,15 @@ impl AckSender {
     }
 }
 
+/// Wakes the acker when dropped (with the last [`AckSender`]).
+struct WakeOnDrop(Arc<Notify>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        self.0.notify_one();
+    }
+}
+
 /// Starts the acker of queue `keys`. It ends once every [`AckSender`] is
 /// dropped and the last batch is flushed.
 pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandle<()>) {
@@ -85,6 +97,7 @@ pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandl
     let task = tokio::spawn(run(inner, keys, rx, fill.clone(), unflushed.clone()));
     let sender = AckSender {
         tx,
+        _last: Arc::new(WakeOnDrop(fill.clone())),
         fill,
         unflushed,
         batch: batch as isize,
@@ -111,8 +124,8 @@ async fn run(
             // Take what is queued; then sleep until the window ends or the
             // sender that completes the batch wakes us, never woken per ack.
             loop {
-                take_queued(&mut rx, &mut batch, max);
-                if batch.len() >= max {
+                let closed = take_queued(&mut rx, &mut batch, max);
+                if closed || batch.len() >= max {
                     break;
                 }
                 tokio::select! {
@@ -130,14 +143,21 @@ async fn run(
     }
 }
 
-/// Moves queued acks into `batch` up to `max`, without waiting.
-fn take_queued(rx: &mut mpsc::Receiver<AckRequest>, batch: &mut Vec<AckRequest>, max: usize) {
+/// Moves queued acks into `batch` up to `max`, without waiting. True when
+/// every sender is gone and nothing is left: flush now (shutdown).
+fn take_queued(
+    rx: &mut mpsc::Receiver<AckRequest>,
+    batch: &mut Vec<AckRequest>,
+    max: usize,
+) -> bool {
     while batch.len() < max {
         match rx.try_recv() {
             Ok(req) => batch.push(req),
-            Err(_) => break, // empty, or every sender gone (the outer recv sees it)
+            Err(mpsc::error::TryRecvError::Empty) => return false,
+            Err(mpsc::error::TryRecvError::Disconnected) => return true,
         }
     }
+    false
 }
 
 /// One `ack.lua` call for the batch (retried on Redis failures), then the
