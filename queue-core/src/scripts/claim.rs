@@ -363,7 +363,7 @@ mod fencing {
     use std::time::Duration;
 
     use super::ClaimRow;
-    use crate::conn::{connect, ConnectionConfig, RedisConnection};
+    use crate::conn::RedisConnection;
     use crate::job::JobId;
     use crate::keys::QueueKeys;
     use crate::scripts::enqueue::Enqueue;
@@ -406,10 +406,7 @@ mod fencing {
     /// after dead-lettering (which resets attempts) both get a larger one.
     #[tokio::test]
     async fn every_delivery_gets_a_larger_fencing_token() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut conn = connect(&server.url(), &ConnectionConfig::default())
-            .await
-            .unwrap();
+        let (_server, mut conn) = crate::scripts::test_redis().await;
         let keys = QueueKeys::new("fencing");
         let id = JobId::from("job-1");
         let enqueue = Enqueue::test_job(&keys, &id, 5);

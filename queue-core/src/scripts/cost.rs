@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::ack::{Ack, AckItem};
 use super::enqueue::Enqueue;
 use super::fetch::Fetch;
-use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::conn::RedisConnection;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
@@ -241,10 +241,7 @@ async fn ack_in_flight(conn: &mut RedisConnection, in_flight: usize) {
 #[tokio::test]
 #[ignore = "a bench: run by hand with --ignored --nocapture"]
 async fn hot_path_cost() {
-    let server = queue_testkit::RedisServer::start().unwrap();
-    let mut conn = connect(&server.url(), &ConnectionConfig::default())
-        .await
-        .unwrap();
+    let (_server, mut conn) = crate::scripts::test_redis().await;
     let keys = QueueKeys::new("cost");
     reset(&mut conn).await;
     for i in 0..JOBS {

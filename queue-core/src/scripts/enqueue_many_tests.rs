@@ -11,16 +11,13 @@ use redis::AsyncCommands;
 
 use super::enqueue::{Enqueue, EnqueueReply};
 use super::enqueue_many::{run, ManyJob, ManyReply, Mode};
-use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::conn::RedisConnection;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::state::JobState;
 
 async fn setup() -> (queue_testkit::RedisServer, RedisConnection, QueueKeys) {
-    let server = queue_testkit::RedisServer::start().unwrap();
-    let conn = connect(&server.url(), &ConnectionConfig::default())
-        .await
-        .unwrap();
+    let (server, conn) = crate::scripts::test_redis().await;
     (server, conn, QueueKeys::new("many"))
 }
 

@@ -7,9 +7,10 @@
 //! ~50 closures and tables before the first line of its own, and every
 //! script kept its own compiled copy of the prelude in the Lua heap that
 //! Redis's garbage collector walks. Measured with the real `fetch.lua` /
-//! `ack.lua` of one job per call on redis 7.0: 54–64 µs (fetch) and 34–42 µs
-//! (ack) of Redis time per call as `EVALSHA` with every script loaded, 33–39
-//! and 25–28 as functions (docs/BENCHMARKS.md, "Function library").
+//! `ack.lua`, one job per call, every script loaded, on redis 7.0
+//! (`examples/bench/script_modes.py --batch 1`): fetch 32.9 → 25.6 µs and
+//! ack 27.8 → 19.2 µs of Redis time per call, EVALSHA → FCALL
+//! (docs/BENCHMARKS.md, "Stop 25").
 //!
 //! The library is named `queue_core_<hash>` and each function
 //! `qc_<hash>_<file stem>` (`qc_1a2b3c4d5e6f_ack`), the hash being the SHA1 of
@@ -47,8 +48,9 @@ const HASH_MARK: &str = "@@LIBRARY_HASH@@";
 static LIBRARY: LazyLock<Library> = LazyLock::new(build);
 
 /// Every script of the library. A test checks that each `.lua` file of this
-/// folder (but the prelude) is here.
-fn defs() -> [&'static ScriptDef; 32] {
+/// folder (but the prelude) is here; the header test of `mod.rs` reads them
+/// from here too.
+pub(super) fn defs() -> [&'static ScriptDef; 32] {
     use super::*;
     [
         &ack::SCRIPT.def,
@@ -144,7 +146,6 @@ pub(crate) async fn load(conn: &mut RedisConnection) -> RedisResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::{connect, ConnectionConfig};
 
     #[test]
     fn every_script_file_of_the_folder_is_in_the_library() {
@@ -174,10 +175,7 @@ mod tests {
     /// function, locals per chunk) and registers one function per script.
     #[tokio::test]
     async fn the_library_loads_and_registers_every_script() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut conn = connect(&server.url(), &ConnectionConfig::default())
-            .await
-            .unwrap();
+        let (_server, mut conn) = crate::scripts::test_redis().await;
         load(&mut conn).await.unwrap();
         load(&mut conn).await.expect("loading it again is harmless");
         let list: redis::Value = redis::cmd("FUNCTION")

@@ -10,16 +10,13 @@ use super::claim::{Claim, ClaimRow, Skip};
 use super::enqueue::Enqueue;
 use super::fetch::{Fetch, FetchReply};
 use super::set_limits::SetLimits;
-use crate::conn::{connect, ConnectionConfig, RedisConnection};
+use crate::conn::RedisConnection;
 use crate::keys::QueueKeys;
 
 const LEASE: Duration = Duration::from_secs(30);
 
 async fn setup(queue: &str) -> (queue_testkit::RedisServer, RedisConnection, QueueKeys) {
-    let server = queue_testkit::RedisServer::start().unwrap();
-    let conn = connect(&server.url(), &ConnectionConfig::default())
-        .await
-        .unwrap();
+    let (server, conn) = crate::scripts::test_redis().await;
     (server, conn, QueueKeys::new(queue))
 }
 

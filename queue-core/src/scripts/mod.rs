@@ -96,10 +96,8 @@ pub(crate) fn with_prelude(flags: Option<&str>, body: &str) -> Script {
 /// keys; the unit test below checks it (and `args`) against the
 /// `-- KEYS:` / `-- ARGV:` header of the `.lua` file.
 pub(crate) struct LuaScript<const KEYS: usize> {
-    /// What the library is built from: file, text, flags, prelude.
+    /// What the library is built from: file, text, flags, prelude, counts.
     pub(crate) def: ScriptDef,
-    /// Number of `ARGV` entries.
-    pub(crate) args: usize,
     /// The function's name in the library (`qc_<hash>_<file stem>`).
     pub(crate) function: LazyLock<String>,
 }
@@ -117,6 +115,12 @@ pub(crate) struct ScriptDef {
     /// Read by [`ScriptDef::eval_script`] only.
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) prelude: bool,
+    /// Number of `KEYS`: the `LuaScript`'s type parameter, here for the
+    /// header test, which reads every script from the library's list.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) keys: usize,
+    /// Number of `ARGV` entries.
+    pub(crate) args: usize,
 }
 
 impl ScriptDef {
@@ -152,8 +156,9 @@ macro_rules! lua_script {
                 body: include_str!($file),
                 flags: $flags,
                 prelude: $prelude,
+                keys: $keys,
+                args: $args,
             },
-            args: $args,
             function: ::std::sync::LazyLock::new(|| $crate::scripts::library::function_name($file)),
         }
     };
@@ -167,12 +172,6 @@ impl<const KEYS: usize> LuaScript<KEYS> {
         library::load(conn).await
     }
 
-    /// The number of keys (`KEYS`), for the header test.
-    #[cfg(test)]
-    pub(crate) fn key_count(&self) -> usize {
-        KEYS
-    }
-
     /// Starts a call with its keys; add the arguments with [`Call::arg`].
     pub(crate) fn call<K: ToRedisArgs>(&'static self, keys: [K; KEYS]) -> Call {
         let mut cmd = redis::cmd("FCALL");
@@ -182,7 +181,7 @@ impl<const KEYS: usize> LuaScript<KEYS> {
         }
         Call {
             file: self.def.file,
-            expected_args: self.args,
+            expected_args: self.def.args,
             args: 0,
             cmd,
         }
@@ -272,56 +271,19 @@ pub(crate) fn is_unloaded(e: &redis::RedisError) -> bool {
     })
 }
 
+/// A throwaway redis-server and a connection to it, for the script tests of
+/// this folder.
+#[cfg(test)]
+pub(crate) async fn test_redis() -> (queue_testkit::RedisServer, RedisConnection) {
+    let server = queue_testkit::RedisServer::start().unwrap();
+    let conn = crate::conn::connect(&server.url(), &Default::default())
+        .await
+        .unwrap();
+    (server, conn)
+}
+
 #[cfg(test)]
 mod tests {
-    /// (file, .lua text, KEYS of the wrapper, ARGV of the wrapper).
-    fn all() -> Vec<(&'static str, &'static str, usize, usize)> {
-        macro_rules! entry {
-            ($m:ident) => {
-                (
-                    super::$m::SCRIPT.def.file,
-                    super::$m::SCRIPT.def.body,
-                    super::$m::SCRIPT.key_count(),
-                    super::$m::SCRIPT.args,
-                )
-            };
-        }
-        vec![
-            entry!(ack),
-            entry!(announce),
-            entry!(batch_add),
-            entry!(batch_open),
-            entry!(batch_seal),
-            entry!(cancel),
-            entry!(claim),
-            entry!(dead_trim),
-            entry!(defer),
-            entry!(enqueue),
-            entry!(enqueue_many),
-            entry!(extend),
-            entry!(fail),
-            entry!(fetch),
-            entry!(finish_cancel),
-            entry!(limits_read),
-            entry!(group_pause),
-            entry!(lock_acquire),
-            entry!(lock_extend),
-            entry!(lock_release),
-            entry!(pause),
-            entry!(progress),
-            entry!(promote),
-            entry!(reclaim),
-            entry!(relay_apply),
-            entry!(relay_done),
-            entry!(replay),
-            entry!(result_wait),
-            entry!(resume),
-            entry!(set_limits),
-            entry!(stats),
-            entry!(step_record),
-        ]
-    }
-
     /// The numbered entries of a `-- KEYS:` or `-- ARGV:` header, which may
     /// continue on the following `--` lines: `1 main, 2 job hash, ...`.
     fn header_numbers(body: &str, label: &str) -> Vec<usize> {
@@ -352,7 +314,8 @@ mod tests {
 
     #[test]
     fn wrappers_declare_the_key_and_argument_counts_of_their_lua_headers() {
-        for (file, body, keys, args) in all() {
+        for def in super::library::defs() {
+            let (file, body, keys, args) = (def.file, def.body, def.keys, def.args);
             let declared = header_numbers(body, "KEYS");
             assert_eq!(
                 declared,
@@ -370,10 +333,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_missing_function_is_told_apart_alone_and_in_a_pipeline() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut conn = crate::conn::connect(&server.url(), &Default::default())
-            .await
-            .unwrap();
+        let (_server, mut conn) = super::test_redis().await;
         let alone = redis::cmd("FCALL")
             .arg("qc_none_x")
             .arg(0)

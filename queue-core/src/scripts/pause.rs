@@ -49,7 +49,6 @@ mod tests {
     use redis::AsyncCommands;
 
     use super::Pause;
-    use crate::conn::{connect, ConnectionConfig};
     use crate::keys::QueueKeys;
     use crate::scripts::claim::{Claim, ClaimRow, Skip};
     use crate::scripts::enqueue::Enqueue;
@@ -60,10 +59,7 @@ mod tests {
     /// it back at the tail of main, unclaimed, lease dropped, no attempt.
     #[tokio::test]
     async fn a_claim_while_paused_puts_the_id_back_unclaimed() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut conn = connect(&server.url(), &ConnectionConfig::default())
-            .await
-            .unwrap();
+        let (_server, mut conn) = crate::scripts::test_redis().await;
         let keys = QueueKeys::new("scripts-pause");
         for id in ["first", "second"] {
             Enqueue::test_job(&keys, &id.into(), 3)

@@ -52,7 +52,6 @@ mod tests {
     use std::time::Duration;
 
     use super::{Replay, ReplayReply};
-    use crate::conn::{connect, ConnectionConfig};
     use crate::keys::QueueKeys;
     use crate::scripts::claim::ClaimRow;
     use crate::scripts::enqueue::{Enqueue, EnqueueReply};
@@ -63,10 +62,7 @@ mod tests {
     /// Enqueue → fetch → permanent failure → replay, through the wrappers.
     #[tokio::test]
     async fn a_dead_job_is_replayed_once() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut conn = connect(&server.url(), &ConnectionConfig::default())
-            .await
-            .unwrap();
+        let (_server, mut conn) = crate::scripts::test_redis().await;
         let keys = QueueKeys::new("scripts-replay");
         let id = "job-1".into();
         let enqueue = Enqueue::test_job(&keys, &id, 3);

@@ -77,17 +77,13 @@ impl Stats<'_> {
 #[cfg(test)]
 mod tests {
     use super::Stats;
-    use crate::conn::{connect, ConnectionConfig};
     use crate::keys::QueueKeys;
     use crate::scripts::enqueue::Enqueue;
     use crate::Queue;
 
     #[tokio::test]
     async fn the_typed_reply_matches_queue_stats() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut conn = connect(&server.url(), &ConnectionConfig::default())
-            .await
-            .unwrap();
+        let (_server, mut conn) = crate::scripts::test_redis().await;
         let keys = QueueKeys::new("scripts-stats");
         for id in ["a", "b"] {
             Enqueue {

@@ -49,11 +49,10 @@ pub(super) struct AckRequest {
 #[derive(Clone)]
 pub(super) struct AckSender {
     tx: mpsc::Sender<AckRequest>,
-    /// Dropped with the last sender: wakes the acker to flush and end
-    /// without waiting out its window.
-    _last: Arc<WakeOnDrop>,
-    /// Wakes the acker within its window once a batch is complete.
-    fill: Arc<Notify>,
+    /// Wakes the acker within its window once a batch is complete, and,
+    /// dropped with the last sender, to flush and end without waiting out
+    /// its window.
+    wake: Arc<WakeOnDrop>,
     /// Acks sent and not yet flushed (briefly below zero when the acker
     /// flushed an ack before its sender counted it).
     unflushed: Arc<AtomicIsize>,
@@ -73,7 +72,7 @@ impl AckSender {
         // Counted after the send: every ack counted is in the channel or
         // with the acker, so a wake-up at a full batch finds the whole batch.
         if self.unflushed.fetch_add(1, Ordering::AcqRel) + 1 >= self.batch {
-            self.fill.notify_one();
+            self.wake.0.notify_one();
         }
     }
 }
@@ -97,8 +96,7 @@ pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandl
     let task = tokio::spawn(run(inner, keys, rx, fill.clone(), unflushed.clone()));
     let sender = AckSender {
         tx,
-        _last: Arc::new(WakeOnDrop(fill.clone())),
-        fill,
+        wake: Arc::new(WakeOnDrop(fill)),
         unflushed,
         batch: batch as isize,
     };
