@@ -34,6 +34,20 @@ def free_port():
         return s.getsockname()[1]
 
 
+def connect(port, seconds):
+    """A client of the server starting on `port`, once it answers PING."""
+    r = redis.Redis(port=port)
+    deadline = time.time() + seconds
+    while True:
+        try:
+            r.ping()
+            return r
+        except redis.ConnectionError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def read(name):
     with open(os.path.join(SCRIPTS, name)) as f:
         return f.read()
@@ -59,13 +73,7 @@ def main():
     server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
                               stdout=subprocess.DEVNULL)
     try:
-        r = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
+        r = connect(port, 5.0)
         prelude = read("prelude.lua")
         bodies = {os.path.basename(f)[:-4]: read(os.path.basename(f))
                   for f in sorted(glob.glob(os.path.join(SCRIPTS, "*.lua"))) if not f.endswith("prelude.lua")}

@@ -190,9 +190,10 @@ impl RedisSnapshot {
     }
 
     /// The commands a queue-core client sends itself (never from inside a
-    /// script), per job, and the breakdown of the EVALSHAs by script, told
-    /// apart by a command only that script runs inside Redis:
-    /// claim.lua runs LPOS, promote.lua ZRANGEBYSCORE; the rest are fetches.
+    /// script), per job, and the breakdown of the script calls by script, told
+    /// apart by a command only that script runs inside Redis: claim.lua runs
+    /// LPOS, promote.lua ZRANGEBYSCORE, ack.lua one INCRBY per call (its
+    /// per-minute throughput counter); the rest are fetches.
     ///
     /// `enqueued` and `acked` are the jobs enqueued and acked in the window.
     pub fn queue_core_calls(
@@ -215,11 +216,19 @@ impl RedisSnapshot {
         let blmove = d("blmove");
         let claims = d("lpos");
         let promotes = d("zrangebyscore");
+        // Acks are batched (one ack.lua call for many jobs): until stop 26
+        // this counted one ack call per acked job, so "fetch" scripts were
+        // the ack calls and "jobs per fetch script" was jobs per ack call.
+        let ack_calls = d("incrby");
+        // Enqueue calls: enqueue.lua and enqueue_many.lua (group commit and
+        // batches: many jobs per call) each run one HINCRBY of `enqueued`,
+        // ack.lua one of `completed`; rarer counters (dead, retried) add noise.
+        let enqueue_calls = d("hincrby").saturating_sub(ack_calls).min(enqueued);
         // Jobs delivered by fetch scripts: all acked jobs but those that came
         // through BLMOVE + claim. (LMOVE calls would also count the final
         // LMOVE that found the queue empty.)
         let fetched_by_script = acked.saturating_sub(claims);
-        let fetch_scripts = scripts.saturating_sub(enqueued + acked + claims + promotes);
+        let fetch_scripts = scripts.saturating_sub(enqueue_calls + ack_calls + claims + promotes);
         // What queue-core's clients send: script calls, the fetcher's BLMOVE
         // and the promoter's BLPOP (its only plain commands on the hot path;
         // the idle fetcher's one EXISTS per block timeout is left out). Until
@@ -236,8 +245,9 @@ impl RedisSnapshot {
             "top_level_cmds_per_job": per(top_level),
             "all_cmds_per_job": per(all.saturating_sub(d("info"))),
             "scripts": {
-                "enqueue": enqueued, "fetch": fetch_scripts, "claim_after_blmove": claims,
-                "ack": acked, "promote": promotes, "blmove": blmove,
+                "enqueue": enqueue_calls, "enqueued": enqueued, "fetch": fetch_scripts, "claim_after_blmove": claims,
+                "ack": ack_calls, "acked": acked, "promote": promotes, "blmove": blmove,
+                "jobs_per_ack_script": if ack_calls == 0 { 0.0 } else { round3(acked as f64 / ack_calls as f64) },
                 "jobs_per_fetch_script": if fetch_scripts == 0 { 0.0 } else { round3(fetched_by_script as f64 / fetch_scripts as f64) },
                 "promote_per_s": if seconds > 0.0 { round3(promotes as f64 / seconds) } else { 0.0 },
             },
@@ -285,6 +295,26 @@ pub fn self_cpu_s() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// 100 jobs through group-committed enqueues (10 calls of 10), fetches
+    /// of 25 and acks of 50: each script told apart by the command only it
+    /// runs once per call (until stop 26 every acked or enqueued job counted
+    /// as one script call, and the fetches came out as 0).
+    #[test]
+    fn script_calls_are_split_by_the_command_each_runs_once() {
+        let before = RedisSnapshot::default();
+        let mut after = RedisSnapshot::default();
+        for (cmd, calls) in [("fcall", 16), ("hincrby", 12), ("incrby", 2), ("hset", 200)] {
+            after.cmds.insert(cmd.to_string(), (calls, 0));
+        }
+        let v = after.queue_core_calls(&before, 100, 100, 100, 1.0);
+        let s = &v["scripts"];
+        assert_eq!(s["enqueue"], 10);
+        assert_eq!(s["ack"], 2);
+        assert_eq!(s["fetch"], 4);
+        assert_eq!(s["jobs_per_fetch_script"], 25.0);
+        assert_eq!(s["jobs_per_ack_script"], 50.0);
+    }
 
     #[test]
     fn histogram_quantiles_are_close() {

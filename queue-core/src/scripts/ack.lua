@@ -13,6 +13,7 @@ local retention = tonumber(ARGV[4])
 if not retention or retention < 0 or retention ~= math.floor(retention) then
   return redis.error_reply('ack: retention_ms must be a non-negative integer, got ' .. tostring(ARGV[4]))
 end
+local retention_str = int_str(retention)
 if (#ARGV - 5) % 3 ~= 0 then
   return redis.error_reply('ack: the deliveries must be (id, token, result) triples')
 end
@@ -20,9 +21,9 @@ end
 -- Read and check every delivery before the first write.
 local fields = {}
 for i = 6, #ARGV, 3 do
-  local ok, h = pcall(redis.call, 'HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at',
+  local h = redis.pcall('HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at',
     'batch', 'delivered_at', 'worker', 'hist', 'notify')
-  if not ok then
+  if h['err'] then
     fields[#fields + 1] = false
   elseif h[2] == 'active' and h[1] == ARGV[i + 1] then
     fields[#fields + 1] = h
@@ -59,12 +60,12 @@ for n, h in ipairs(fields) do
           'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token,
           'delivered_at', h[7] or '0', 'worker', h[8] or '')
       end
-      redis.call('PEXPIRE', done, retention)
+      redis.call('PEXPIRE', done, retention_str)
       if h[10] then results_wake(done) end
     end
     -- Acks come for old deliveries, near the tail (fetches push at the head):
     -- LREM from the tail (-1) is O(1) for them instead of O(jobs in flight).
-    redis.call('LREM', KEYS[1], -1, id)
+    redis.call('LREM', KEYS[1], '-1', id)
     acked[#acked + 1] = id
     if h[9] then hist_close(KEYS[3], id, retention) end
     ev(KEYS[3], 'completed', id, now, 'attempt', h[3] or '0')
@@ -89,7 +90,7 @@ if #acked > 0 then
       -- Step results expire with the record; most handlers keep none, so one
       -- EXISTS for the batch usually saves a PEXPIRE per job.
       if redis.call('EXISTS', unpack(steps)) > 0 then
-        for _, s in ipairs(steps) do redis.call('PEXPIRE', s, retention) end
+        for _, s in ipairs(steps) do redis.call('PEXPIRE', s, retention_str) end
       end
       redis.call('DEL', unpack(jobs))
     else
@@ -97,8 +98,8 @@ if #acked > 0 then
       redis.call('DEL', unpack(jobs))
     end
   end
-  redis.call('HINCRBY', KEYS[3], 'completed', #acked)
-  local minute_key = ARGV[5] .. math.floor(tonumber(t[1]) / 60)
-  if redis.call('INCRBY', minute_key, #acked) == #acked then redis.call('PEXPIRE', minute_key, 180000) end
+  redis.call('HINCRBY', KEYS[3], 'completed', int_str(#acked))
+  local minute_key = ARGV[5] .. int_str(math.floor(tonumber(t[1]) / 60))
+  if redis.call('INCRBY', minute_key, int_str(#acked)) == #acked then redis.call('PEXPIRE', minute_key, '180000') end
 end
 return out

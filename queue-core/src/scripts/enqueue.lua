@@ -64,25 +64,25 @@ local state = 'queued'
 if delay > 0 then state = 'delayed' end
 -- One HSET for the whole hash (core fields, token, run time, extra fields).
 local fields = {'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'payload', ARGV[4],
-  'max_attempts', ARGV[5], 'attempts', 0, 'enqueued_at', now, 'state', state}
+  'max_attempts', ARGV[5], 'attempts', '0', 'enqueued_at', int_str(now), 'state', state}
 if enq_token ~= '' then
   fields[#fields + 1] = 'enq_token'
   fields[#fields + 1] = enq_token
 end
 if delay > 0 then
   fields[#fields + 1] = 'run_at'
-  fields[#fields + 1] = now + delay
+  fields[#fields + 1] = int_str(now + delay)
 end
 for _, v in ipairs(extra) do fields[#fields + 1] = v end
 local wake = false
 if delay > 0 then wake = sooner_than_head(KEYS[4], now + delay) end
 redis.call('HSET', KEYS[2], unpack(fields))
 if delay > 0 then
-  redis.call('ZADD', KEYS[4], now + delay, ARGV[1])
+  redis.call('ZADD', KEYS[4], int_str(now + delay), ARGV[1])
 else
   push_waiting(KEYS[1], ARGV[1], extra_group(extra)) -- a `group` extra field: its group list
 end
-redis.call('HINCRBY', KEYS[5], 'enqueued', 1)
+redis.call('HINCRBY', KEYS[5], 'enqueued', '1')
 ev(KEYS[5], 'enqueued', ARGV[1], now, 'type', ARGV[2], 'run_at', now + delay)
 if wake then wake_promoter(KEYS[7]) end
 return {'new', now + delay}

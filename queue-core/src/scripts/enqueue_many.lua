@@ -77,7 +77,7 @@ local function write(j)
     end
   end
   if j.once > 0 then
-    if not redis.call('SET', ARGV[3] .. j.id, '1', 'NX', 'PX', j.once) then
+    if not redis.call('SET', ARGV[3] .. j.id, '1', 'NX', 'PX', int_str(j.once)) then
       return {'exists', 'scheduled'}
     end
   end
@@ -99,11 +99,11 @@ local function write(j)
   end
   if delay > 0 then
     fields[#fields + 1] = 'run_at'
-    fields[#fields + 1] = now + delay
+    fields[#fields + 1] = int_str(now + delay)
   end
   for _, v in ipairs(j.extra) do fields[#fields + 1] = v end
   if delay > 0 and head == nil then
-    local h = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    local h = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
     head = tonumber(h[2]) or math.huge
   end
   redis.call('HSET', jobkey, unpack(fields))
@@ -112,7 +112,7 @@ local function write(j)
       wake = true
       head = now + delay
     end
-    redis.call('ZADD', KEYS[2], now + delay, j.id)
+    redis.call('ZADD', KEYS[2], int_str(now + delay), j.id)
   else
     local group = extra_group(j.extra)
     if group then
@@ -133,6 +133,6 @@ end
 for first = 1, #to_main, 500 do
   redis.call('LPUSH', KEYS[1], unpack(to_main, first, math.min(first + 499, #to_main)))
 end
-if created > 0 then redis.call('HINCRBY', KEYS[3], 'enqueued', created) end
+if created > 0 then redis.call('HINCRBY', KEYS[3], 'enqueued', int_str(created)) end
 if wake then wake_promoter(KEYS[4]) end
 return out

@@ -23,7 +23,7 @@ local optional = redis.call('EXISTS', KEYS[8], KEYS[9], ring, ev_switch(KEYS[5])
 if not optional then ev_off() end
 local lim = optional and limits_load(KEYS[9], KEYS[10]) or nil
 local out = {}
-local receipt = redis.call('LRANGE', KEYS[7], 0, -1)
+local receipt = redis.call('LRANGE', KEYS[7], '0', '-1')
 if #receipt > 0 then
   -- A retry of this fetch: the same rows, re-read from the jobs (nothing written).
   for i, entry in ipairs(receipt) do
@@ -32,7 +32,7 @@ if #receipt > 0 then
     local row = {tag, id}
     if tag == 'claimed' then
       local h = read_job(ARGV[1] .. id, unpack(CLAIM_FIELDS))
-      row = (h and same_claim(id, ARGV[4] .. ':' .. i, h)) or {'busy', id}
+      row = (h and same_claim(id, ARGV[4] .. ':' .. int_str(i), h)) or {'busy', id}
     elseif tag == 'corrupt' then
       row = {tag, id, 'dead-lettered by the first run of this fetch'}
     end
@@ -56,7 +56,7 @@ if not lim and not fair then
   local leased = {}
   for i, id in ipairs(ids) do
     local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
-      lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7], no_record, leased)
+      lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7], no_record, leased)
     out[i] = row
     entries[i] = row[1] .. ':' .. id
   end
@@ -71,7 +71,7 @@ else
     local id = next_waiting(KEYS[1], KEYS[2], fair)
     if not id then break end
     local row = limits_claim(lim, KEYS[10], KEYS[11], id, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-      ARGV[1], ARGV[2], lease_ms, ARGV[4] .. ':' .. i, now, ARGV[7])
+      ARGV[1], ARGV[2], lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7])
     if row[1] ~= 'deferred' then taken = taken + 1 end
     out[i] = row
     entries[i] = row[1] .. ':' .. id
@@ -79,6 +79,6 @@ else
 end
 if #entries > 0 then
   redis.call('RPUSH', KEYS[7], unpack(entries))
-  redis.call('PEXPIRE', KEYS[7], math.max(receipt_ms, 1))
+  redis.call('PEXPIRE', KEYS[7], int_str(math.max(receipt_ms, 1)))
 end
 return out

@@ -12,24 +12,37 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- An integer (a Redis-clock ms, a lease expiry) as the string HSET and ZADD
--- store: formatted once per script call and value, not by Redis's number
--- conversion at every call (issue #12: float formatting showed in the profile).
+-- An integer (a Redis-clock ms, a lease expiry, a count) as the string HSET
+-- and ZADD store. A Lua number handed to redis.call (or joined with `..`) is
+-- formatted by snprintf('%.17g') at every use: about 10% of an ack's and 6% of
+-- a fetch's instructions (callgrind, issue #12). Small counts (attempts, fence,
+-- a batch index below 1024) are formatted once per library load and kept
+-- (the library's load code cannot call `string`, so the table fills as they are
+-- first used); larger values are formatted once per script call and value.
+local small_strs = {}
 local int_strs = {}
 local function int_str(n)
-  local s = int_strs[n]
+  local s = small_strs[n] or int_strs[n]
   if not s then
     s = string.format('%d', n)
-    int_strs[n] = s
+    if n >= 0 and n < 1024 and n == math.floor(n) then small_strs[n] = s else int_strs[n] = s end
   end
   return s
 end
 
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
+-- Short strings of small counts are parsed once per library load and kept
+-- (`tonumber` is a strtod: 3% of a one-job fetch's instructions, issue #12).
+local small_counts = {}
 local function as_count(v)
-  local n = tonumber(v)
-  if n and n >= 0 and n <= 9007199254740991 and n == math.floor(n) then return n end
+  local n = small_counts[v]
+  if n then return n end
+  n = tonumber(v)
+  if n and n >= 0 and n <= 9007199254740991 and n == math.floor(n) then
+    if n < 1024 and type(v) == 'string' and #v <= 4 then small_counts[v] = n end
+    return n
+  end
   return nil
 end
 
@@ -56,7 +69,7 @@ end
 -- A lifetime counter. Counters come last and never block a move: a corrupt
 -- field or a stats key of another type is skipped (pcall).
 local function bump(stats, field, n)
-  redis.pcall('HINCRBY', stats, field, n or 1)
+  redis.pcall('HINCRBY', stats, field, int_str(n or 1))
 end
 
 -- HMGET of a job's fields. A job key of another type gives nil and the
@@ -207,8 +220,8 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   else
     redis.call('ZADD', leases, int_str(lease_until), id)
   end
-  redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts, 'delivered_at', int_str(now),
-    'token', token, 'lease_until', int_str(lease_until), 'fence', fence, 'worker', worker or '',
+  redis.call('HSET', jobkey, 'state', 'active', 'attempts', int_str(attempts), 'delivered_at', int_str(now),
+    'token', token, 'lease_until', int_str(lease_until), 'fence', int_str(fence), 'worker', worker or '',
     'first_started_at', h[15] or int_str(now))
   ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
@@ -246,12 +259,12 @@ local function move_batch(main, processing, count)
     end
     return ids
   end
-  local moved = redis.call('LRANGE', main, -count, -1)
+  local moved = redis.call('LRANGE', main, int_str(-count), '-1')
   for i = #moved, 1, -1 do ids[#ids + 1] = moved[i] end
   for first = 1, #ids, 500 do
     redis.call('LPUSH', processing, unpack(ids, first, math.min(first + 499, #ids)))
   end
-  if #ids > 0 then redis.call('LTRIM', main, 0, -#ids - 1) end
+  if #ids > 0 then redis.call('LTRIM', main, '0', int_str(-#ids - 1)) end
   return ids
 end
 

@@ -34,7 +34,7 @@ pub(super) fn announced_fields(inner: &Inner) -> Vec<(QueueKeys, Vec<String>)> {
                 .map(|((_, job_type), reg)| announce::field(job_type, reg.version))
                 .collect();
             fields.sort();
-            (q.keys.clone(), fields)
+            (QueueKeys::clone(&q.keys), fields)
         })
         .collect()
 }

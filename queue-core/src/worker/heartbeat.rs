@@ -24,7 +24,7 @@ use crate::scripts::extend::{Extend, ExtendReply};
 /// once the job has run for one interval; runs until aborted by the runner.
 pub(super) async fn heartbeat_after_first_interval(
     inner: Arc<Inner>,
-    keys: QueueKeys,
+    keys: Arc<QueueKeys>,
     id: JobId,
     token: String,
     ctx: JobContext,

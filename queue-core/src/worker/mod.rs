@@ -166,7 +166,7 @@ impl Worker {
         let (senders, ackers): (Vec<_>, Vec<_>) = inner
             .queues
             .iter()
-            .map(|q| acker::spawn(inner.clone(), q.keys.clone()))
+            .map(|q| acker::spawn(inner.clone(), crate::keys::QueueKeys::clone(&q.keys)))
             .unzip();
         // On a failed start the senders are dropped with the fetchers that
         // were never started, so the ackers (with nothing to ack) end too.
@@ -255,7 +255,7 @@ async fn spawn_tasks(
         tasks.push(tokio::spawn(promoter::run(
             inner.conn.clone(),
             promoting,
-            q.keys.clone(),
+            crate::keys::QueueKeys::clone(&q.keys),
             cfg.promote_interval,
             promoter::Announcement {
                 fields,

@@ -29,7 +29,7 @@ use crate::scripts::fail::{Fail, FailKind, FailReply};
 /// Runs one delivery: decode, heartbeat, handler, then ack or fail.
 pub(super) struct JobRunner {
     pub(super) inner: Arc<Inner>,
-    pub(super) keys: QueueKeys,
+    pub(super) keys: Arc<QueueKeys>,
     pub(super) hard_stop: watch::Receiver<bool>,
     /// The acker of this delivery's queue.
     pub(super) acker: AckSender,

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Instructions per job inside the queue scripts, counted by callgrind (issue #12).
+
+Wall-clock Redis time on a shared 2-core VM moves by 10-30% between runs,
+which hides a 5% change. Instruction counts do not move: this runs a private
+redis-server under `valgrind --tool=callgrind --toggle-collect=fcallCommand`
+(only what FCALL runs is counted), loads the scripts as one function library
+(as scripts/library.rs does), and drives the real enqueue.lua (one job per
+call), fetch.lua and ack.lua (B jobs per call) over N jobs, dumping the
+counters between the phases. Each script directory given is measured the
+same way; a git revision is read with `git show REV:queue-core/src/scripts/`.
+
+    python3 examples/bench/script_cost.py                   # the working tree
+    python3 examples/bench/script_cost.py --rev 07a49ed .   # a revision, then the tree
+    python3 examples/bench/script_cost.py --batch 1 --n 1000
+
+Instructions, not time: a cache miss in a large keyspace costs nothing here
+(the figures are for a warm, small keyspace). Needs valgrind, redis-server
+(`REDIS_SERVER` to pick another build, e.g. one with symbols for
+callgrind_annotate) and redis-py. `--keep DIR` keeps the callgrind files
+(`<label>.<phase>.cg`) for `callgrind_annotate --inclusive=yes`.
+"""
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from script_modes import ROOT, connect, free_port, library  # noqa: E402
+
+Q = "q:{bench}:"
+PHASES = ("enqueue", "fetch", "ack")
+
+
+def scripts_of(source, tmp):
+    """A directory of the scripts: `source` itself, or a git revision's copy."""
+    if os.path.isdir(source):
+        return source
+    out = os.path.join(tmp, source)
+    os.makedirs(out, exist_ok=True)
+    names = subprocess.run(["git", "-C", ROOT, "ls-tree", "--name-only", source, "queue-core/src/scripts/"],
+                           check=True, capture_output=True, text=True).stdout.split()
+    for path in names:
+        if path.endswith(".lua"):
+            text = subprocess.run(["git", "-C", ROOT, "show", f"{source}:{path}"],
+                                  check=True, capture_output=True, text=True).stdout
+            with open(os.path.join(out, os.path.basename(path)), "w") as f:
+                f.write(text)
+    return out
+
+
+def library_of(directory):
+    read = lambda n: open(os.path.join(directory, n)).read()  # noqa: E731
+    bodies = {os.path.basename(f)[:-4]: read(os.path.basename(f))
+              for f in sorted(glob.glob(os.path.join(directory, "*.lua"))) if not f.endswith("prelude.lua")}
+    return library(read("prelude.lua"), bodies)
+
+
+def measure(directory, a, keep, label):
+    port = free_port()
+    out = os.path.join(tempfile.mkdtemp(), "cg")
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--toggle-collect=fcallCommand", "--callgrind-out-file=" + out,
+         os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = connect(port, 60.0)  # valgrind starts slowly
+        r.function_load(library_of(directory), replace=True)
+
+        def dump():
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=True)
+            time.sleep(0.5)
+
+        dump()  # part 1: the load
+        p = r.pipeline(transaction=False)
+        for i in range(a.n):
+            jid = "j%d" % i
+            keys = [Q + "main", Q + "job:" + jid, Q + "done:" + jid, Q + "delayed", Q + "stats", Q + "once:" + jid,
+                    Q + "wake"]
+            p.fcall("enqueue", len(keys), *keys, jid, "noop", "1", "x" * a.payload, "3", "0", "0", "0",
+                    "enq-%d-0123456789" % i)
+            if i % 200 == 199:
+                p.execute()
+        p.execute()
+        dump()  # part 2: enqueue
+        deliveries = []
+        for c in range(a.n // a.batch):
+            base = "tok-%d-0123456789" % c
+            keys = [Q + k for k in ("main", "processing", "leases", "dead", "stats", "guard", "fetch:" + base,
+                                    "paused", "limits", "delayed", "wake")]
+            rows = r.fcall("fetch", len(keys), *keys, Q + "job:", Q + "done:", "300000", base, str(a.batch),
+                           "150000", "bench-worker")
+            deliveries += [(row[1], row[2]) for row in rows if row[0] == b"claimed"]
+        dump()  # part 3: fetch
+        for c in range(0, len(deliveries), a.batch):
+            args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:"]
+            for job_id, token in deliveries[c:c + a.batch]:
+                args += [job_id, token, ""]
+            codes = r.fcall("ack", 4, Q + "processing", Q + "leases", Q + "stats", Q + "guard", *args)
+            if any(code != 1 for code in codes):
+                raise SystemExit(f"{label}: ack answered {codes}")
+        dump()  # part 4: ack
+        if len(deliveries) != a.n // a.batch * a.batch:
+            raise SystemExit(f"{label}: fetched {len(deliveries)} jobs")
+    finally:
+        server.terminate()
+        server.wait()
+    totals = {}
+    for part, phase in zip((2, 3, 4), PHASES):
+        text = open(f"{out}.{part}").read()
+        m = re.search(r"^(?:totals|summary): (\d+)", text, re.M)
+        totals[phase] = int(m.group(1)) / len(deliveries)
+        if keep:
+            shutil.copy(f"{out}.{part}", os.path.join(keep, f"{label}.{phase}.cg"))
+    shutil.rmtree(os.path.dirname(out))
+    return totals
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("sources", nargs="*", help="script directories (default: the working tree's)")
+    ap.add_argument("--rev", action="append", default=[], help="a git revision to measure first (repeatable)")
+    ap.add_argument("--n", type=int, default=2000, help="jobs (default 2000)")
+    ap.add_argument("--batch", type=int, default=16, help="jobs per fetch and per ack call (default 16)")
+    ap.add_argument("--payload", type=int, default=30, help="payload bytes (default 30)")
+    ap.add_argument("--keep", help="keep the callgrind files in this directory")
+    a = ap.parse_args()
+    sources = a.rev + (a.sources or [os.path.join(ROOT, "queue-core", "src", "scripts")])
+    if a.keep:
+        os.makedirs(a.keep, exist_ok=True)
+    tmp = tempfile.mkdtemp()
+    try:
+        print(f"{a.n} jobs, {a.batch} per fetch and ack call, payload {a.payload} B; "
+              f"instructions per job inside FCALL (callgrind)")
+        print("| scripts | enqueue (1 per call) | fetch | ack | fetch + ack |")
+        print("|---|---:|---:|---:|---:|")
+        first = None
+        for source in sources:
+            label = os.path.basename(os.path.normpath(source)) if os.path.isdir(source) else source
+            t = measure(scripts_of(source, tmp), a, a.keep, label)
+            t["fetch + ack"] = t["fetch"] + t["ack"]
+            first = first or t
+            cells = []
+            for k in PHASES + ("fetch + ack",):
+                change = "" if t is first else f" ({(t[k] / first[k] - 1) * 100:+.1f}%)"
+                cells.append(f"{t[k]:,.0f}{change}")
+            print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+    finally:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
