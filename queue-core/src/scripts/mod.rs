@@ -174,8 +174,12 @@ impl<const KEYS: usize> LuaScript<KEYS> {
 
     /// Starts a call with its keys; add the arguments with [`Call::arg`].
     pub(crate) fn call<K: ToRedisArgs>(&'static self, keys: [K; KEYS]) -> Call {
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(self.function.as_str()).arg(KEYS);
+        // Sized once for the header's keys and arguments (~48 bytes each):
+        // grown from empty, the command's two buffers were reallocated and
+        // copied ~10 times per call (issue #12, worker profile).
+        let args = 3 + KEYS + self.def.args;
+        let mut cmd = redis::Cmd::with_capacity(args, 48 * args);
+        cmd.arg("FCALL").arg(self.function.as_str()).arg(KEYS);
         for key in keys {
             cmd.arg(key);
         }

@@ -307,8 +307,7 @@ impl WorkerBuilder {
         let queues = self.worker_queues()?;
         let periodic = Arc::new(crate::background::scheduler::parse(&self.registrations)?);
         let conn = connect(&self.url, &self.config.connection).await?;
-        let labels =
-            crate::metrics::LabelCache::new(handlers.keys().map(|(q, t)| (q.as_str(), t.as_str())));
+        let labels = crate::metrics::LabelCache::new(handlers.keys().copied());
         Ok(Worker {
             inner: Arc::new(Inner {
                 url: self.url,
@@ -353,7 +352,7 @@ impl WorkerBuilder {
     /// Handlers by `(queue, job type)`, with the timeouts of
     /// [`timeout_for`](Self::timeout_for); a type registered twice, or a
     /// timeout for a type not registered, is an error.
-    fn handlers(&self) -> Result<HashMap<(String, String), Registration>> {
+    fn handlers(&self) -> Result<HashMap<(&'static str, &'static str), Registration>> {
         if let Some(name) = self
             .timeouts
             .keys()
@@ -370,7 +369,7 @@ impl WorkerBuilder {
         }
         let mut handlers = HashMap::new();
         for reg in &self.registrations {
-            let key = (reg.queue.to_string(), reg.name.to_string());
+            let key = (reg.queue, reg.name);
             let mut run = reg.clone();
             if let Some(limit) = self.timeouts.get(reg.name) {
                 run.timeout = Some(*limit);

@@ -30,7 +30,7 @@ pub(super) fn announced_fields(inner: &Inner) -> Vec<(QueueKeys, Vec<String>)> {
             let mut fields: Vec<String> = inner
                 .handlers
                 .iter()
-                .filter(|((queue, _), _)| *queue == q.keys.queue)
+                .filter(|((queue, _), _)| *queue == q.keys.queue.as_str())
                 .map(|((_, job_type), reg)| announce::field(job_type, reg.version))
                 .collect();
             fields.sort();
@@ -46,7 +46,7 @@ impl JobRunner {
         let reg = self
             .inner
             .handlers
-            .get(&(self.keys.queue.clone(), d.job_type.clone()))?;
+            .get(&(self.keys.queue.as_str(), d.job_type.as_str()))?;
         (d.version > reg.version).then_some(reg.version)
     }
 

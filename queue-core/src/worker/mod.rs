@@ -54,7 +54,9 @@ struct Inner {
     url: String,
     conn: RedisConnection,
     periodic: Arc<Vec<Periodic>>,
-    handlers: HashMap<(String, String), Registration>,
+    /// By `(queue, job type)`: the registrations' own `&'static str`s, so a
+    /// lookup per job borrows the delivery's strings instead of copying them.
+    handlers: HashMap<(&'static str, &'static str), Registration>,
     /// Metric labels of the registered job types (and `unknown`), per queue.
     labels: crate::metrics::LabelCache,
     /// Highest priority first.

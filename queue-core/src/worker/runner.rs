@@ -159,15 +159,15 @@ impl JobRunner {
         let Some(reg) = self
             .inner
             .handlers
-            .get(&(queue.clone(), d.job_type.clone()))
+            .get(&(queue.as_str(), d.job_type.as_str()))
             .cloned()
         else {
             let known: Vec<_> = self
                 .inner
                 .handlers
                 .keys()
-                .filter(|(q, _)| q == queue)
-                .map(|(_, n)| n.as_str())
+                .filter(|(q, _)| *q == queue.as_str())
+                .map(|(_, n)| *n)
                 .collect();
             return Err(format!(
                 "unknown job type `{}` on queue `{}` (this worker handles: {})",
