@@ -14,7 +14,7 @@ end
 
 -- An integer (a Redis-clock ms, a lease expiry, a count) as the string HSET
 -- and ZADD store. A Lua number handed to redis.call (or joined with `..`) is
--- formatted by snprintf('%.17g') at every use: about 10% of an ack's and 6% of
+-- formatted by snprintf('%.17g') at every use: about 6% of an ack's and 5% of
 -- a fetch's instructions (callgrind, issue #12). Small counts (attempts, fence,
 -- a batch index below 1024) are formatted once per library load and kept
 -- (the library's load code cannot call `string`, so the table fills as they are
