@@ -69,6 +69,19 @@ async fn graceful_shutdown_finishes_in_flight_jobs_and_loses_nothing() {
 
 #[tokio::test]
 async fn jobs_running_past_the_grace_period_stay_leased_and_are_returned() {
+    past_the_grace_period(fast_config().concurrency).await;
+}
+
+/// A worker that runs one job at a time runs it in its fetcher's task
+/// (worker/fetcher.rs): its shutdown still ends at the grace period.
+#[tokio::test]
+async fn a_one_at_a_time_worker_also_stops_at_the_grace_period() {
+    past_the_grace_period(1).await;
+}
+
+/// A job still running when the grace period ends is left leased, and
+/// shutdown does not wait for it; the watchdog returns it.
+async fn past_the_grace_period(concurrency: usize) {
     let env = TestEnv::start().await;
     let id = env
         .enqueue(Task {
@@ -78,6 +91,7 @@ async fn jobs_running_past_the_grace_period_stay_leased_and_are_returned() {
         })
         .await;
     let mut cfg = fast_config();
+    cfg.concurrency = concurrency;
     cfg.grace = Duration::from_millis(200);
     cfg.lease = Duration::from_millis(800);
     let worker = env.spawn_worker(cfg).await;

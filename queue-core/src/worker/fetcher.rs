@@ -21,6 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
+use std::panic::AssertUnwindSafe;
 
 use tokio::sync::{watch, Semaphore};
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -122,7 +124,7 @@ impl Fetcher {
                     idle = false;
                     error_delay = Duration::from_millis(100);
                     backlog = asked > 1 && rows.len() == asked && self.may_pipeline();
-                    self.dispatch(self.me, rows, &mut slots);
+                    self.run_fetched(rows, &mut slots).await;
                 }
                 Err(e) => self.pause_after_error(&e, &mut error_delay).await,
             }
@@ -320,6 +322,37 @@ impl Fetcher {
     /// Spawns a runner for each claimed row of queue `qi` (index in
     /// `inner.queues`), each holding one slot.
     fn dispatch(&self, qi: usize, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+        for job in self.dispatch_or_keep(qi, rows, slots, false) {
+            drop(job); // none: nothing is kept when not asked to
+        }
+    }
+
+    /// Runs the jobs of a fetch of this fetcher's own queue: in this task
+    /// when the worker runs one job at a time (its only slot is taken, so
+    /// there is nothing to fetch until the job ends; a task per job cost a
+    /// spawn and two thread wake-ups per job, about three context switches
+    /// instead of one, docs/BENCHMARKS.md "Stop 26"), else each in a task of
+    /// its own. A panic of the runner itself is caught and logged (a
+    /// handler's panic is already a failed attempt): the fetcher goes on.
+    async fn run_fetched(&self, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
+        let inline = self.inner.config.concurrency == 1;
+        for job in self.dispatch_or_keep(self.me, rows, slots, inline) {
+            if AssertUnwindSafe(job).catch_unwind().await.is_err() {
+                error!(queue = %self.queue().keys.queue, "job runner panicked; its job stays leased until the watchdog returns it");
+            }
+        }
+    }
+
+    /// [`dispatch`](Self::dispatch), or, with `keep`, the runners returned
+    /// to be awaited by the caller instead of spawned.
+    fn dispatch_or_keep(
+        &self,
+        qi: usize,
+        rows: Vec<ClaimRow>,
+        slots: &mut Vec<Slot>,
+        keep: bool,
+    ) -> Vec<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        let mut kept: Vec<Pin<Box<dyn Future<Output = ()> + Send>>> = Vec::new();
         let keys = &self.inner.queues[qi].keys;
         let queue = &keys.queue;
         for row in rows {
@@ -337,13 +370,16 @@ impl Fetcher {
                     };
                     let span = info_span!("job", queue = %queue, job_id = %delivery.id, job_type = %delivery.job_type, attempt = delivery.attempt, worker = %self.inner.identity);
                     crate::trace_context::adopt(&span, delivery.traceparent.as_deref());
-                    tokio::spawn(
-                        async move {
-                            runner.run(delivery).await;
-                            drop(slot);
-                        }
-                        .instrument(span),
-                    );
+                    let job = async move {
+                        runner.run(delivery).await;
+                        drop(slot);
+                    }
+                    .instrument(span);
+                    if keep {
+                        kept.push(Box::pin(job));
+                    } else {
+                        tokio::spawn(job);
+                    }
                 }
                 ClaimRow::Skipped(id, Skip::Deferred) => {
                     debug!(queue = %queue, job_id = %id, "{}", Skip::Deferred.reason())
@@ -357,6 +393,7 @@ impl Fetcher {
                 ClaimRow::Unreadable(row) => self.dead_letter_unreadable(keys, row),
             }
         }
+        kept
     }
 
     async fn pause_after_error(&mut self, e: &QueueError, delay: &mut Duration) {

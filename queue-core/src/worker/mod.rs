@@ -187,12 +187,14 @@ impl Worker {
             }
         }
         info!("shutdown requested: no new fetches, waiting for in-flight jobs");
-        for t in tasks {
-            let _ = t.await;
-        }
+        // The grace period covers the tasks' end too: a fetcher of a worker
+        // that runs one job at a time runs that job itself (fetcher.rs) and
+        // ends with it.
+        let mut tasks = tasks;
         let all = cfg.concurrency as u32;
-        match tokio::time::timeout(cfg.grace, sem.acquire_many(all)).await {
-            Ok(_) => info!("worker stopped: all in-flight jobs finished"),
+        let drained = drain(&mut tasks, &sem, all);
+        match tokio::time::timeout(cfg.grace, drained).await {
+            Ok(()) => info!("worker stopped: all in-flight jobs finished"),
             Err(_) => {
                 let running = cfg.concurrency - sem.available_permits();
                 warn!(
@@ -201,7 +203,8 @@ impl Worker {
                     "grace period over: leaving running jobs leased; the watchdog returns them when their lease expires"
                 );
                 hard_tx.send_replace(true);
-                let _ = tokio::time::timeout(Duration::from_secs(5), sem.acquire_many(all)).await;
+                let _ = tokio::time::timeout(Duration::from_secs(5), drain(&mut tasks, &sem, all))
+                    .await;
             }
         }
         // Every runner has handed over its ack (the fetchers and runners
@@ -214,6 +217,17 @@ impl Worker {
         signal_task.abort();
         Ok(())
     }
+}
+
+/// Waits for the worker's tasks to end (each handle is awaited until it
+/// completes, then dropped: safe to call again after a timeout) and for every
+/// slot to be free.
+async fn drain(tasks: &mut Vec<tokio::task::JoinHandle<()>>, sem: &Semaphore, all: u32) {
+    while let Some(t) = tasks.last_mut() {
+        let _ = t.await;
+        tasks.pop();
+    }
+    let _ = sem.acquire_many(all).await;
 }
 
 /// Starts one fetcher and one promoter per queue (each with its own
