@@ -328,19 +328,10 @@ async fn a_fail_retried_after_a_replay_of_its_job_answers_lease_lost() {
     let mut fx = Fixture::start().await;
     fx.enqueue("j1", 3).await;
     let d = fx.fetch_one().await;
-    let keys = fx.keys.clone();
-    let fail = Fail {
-        keys: &keys,
-        id: &d.id,
-        token: &d.token,
-        kind: FailKind::Permanent,
-        message: "planned",
-        delay: Duration::ZERO,
-    };
-    let first = fail.run(&mut fx.conn.clone()).await.unwrap();
+    let first = fx.fail(&d, FailKind::Permanent).await.unwrap();
     assert!(matches!(first, FailReply::Dead { .. }), "{first:?}");
     let replay = Replay {
-        keys: &keys,
+        keys: &fx.keys,
         id: &d.id,
         reset_attempts: false,
     };
@@ -348,27 +339,14 @@ async fn a_fail_retried_after_a_replay_of_its_job_answers_lease_lost() {
         replay.run(&mut fx.conn.clone()).await.unwrap(),
         ReplayReply::Replayed
     );
-    let again = fail.run(&mut fx.conn.clone()).await.unwrap();
+    let again = fx.fail(&d, FailKind::Permanent).await.unwrap();
     assert_eq!(again, FailReply::LeaseLost, "replayed, waiting");
     // Dead again, of another cause: still not this delivery's outcome.
-    let _: () = redis::cmd("HSET")
-        .arg(keys.job("j1"))
-        .arg("attempts")
-        .arg("nan")
-        .query_async(&mut fx.conn)
-        .await
-        .unwrap();
-    let rows = Fetch {
-        keys: &keys,
-        lease: LEASE,
-        token_base: "second",
-        count: 1,
-    }
-    .run(&mut fx.conn.clone())
-    .await
-    .unwrap();
+    let job = fx.keys.job("j1");
+    fx.cmd(&["HSET", &job, "attempts", "nan"]).await;
+    let rows = fx.fetch(1, "second").await.unwrap();
     assert!(matches!(rows[..], [ClaimRow::Corrupt(..)]), "{rows:?}");
-    let late = fail.run(&mut fx.conn.clone()).await.unwrap();
+    let late = fx.fail(&d, FailKind::Permanent).await.unwrap();
     assert_eq!(late, FailReply::LeaseLost, "dead again, of a corrupt field");
 }
 
