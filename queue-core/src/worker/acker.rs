@@ -88,7 +88,7 @@ impl Drop for WakeOnDrop {
 
 /// Starts the acker of queue `keys`. It ends once every [`AckSender`] is
 /// dropped and the last batch is flushed.
-pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandle<()>) {
+pub(super) fn spawn(inner: Arc<Inner>, keys: Arc<QueueKeys>) -> (AckSender, JoinHandle<()>) {
     let batch = inner.config.ack_batch.max(1);
     let (tx, rx) = mpsc::channel(4 * batch.max(inner.config.concurrency));
     let fill = Arc::new(Notify::new());
@@ -105,7 +105,7 @@ pub(super) fn spawn(inner: Arc<Inner>, keys: QueueKeys) -> (AckSender, JoinHandl
 
 async fn run(
     inner: Arc<Inner>,
-    keys: QueueKeys,
+    keys: Arc<QueueKeys>,
     mut rx: mpsc::Receiver<AckRequest>,
     fill: Arc<Notify>,
     unflushed: Arc<AtomicIsize>,

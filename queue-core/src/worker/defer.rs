@@ -43,10 +43,7 @@ impl JobRunner {
     /// The handler's version when the delivery's payload is newer than it
     /// (the job is then deferred, not dead-lettered).
     pub(super) fn newer_than_handler(&self, d: &Delivery) -> Option<u32> {
-        let reg = self
-            .inner
-            .handlers
-            .get(&(self.keys.queue.as_str(), d.job_type.as_str()))?;
+        let reg = self.handler(d)?;
         (d.version > reg.version).then_some(reg.version)
     }
 

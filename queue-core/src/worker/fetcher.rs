@@ -322,9 +322,8 @@ impl Fetcher {
     /// Spawns a runner for each claimed row of queue `qi` (index in
     /// `inner.queues`), each holding one slot.
     fn dispatch(&self, qi: usize, rows: Vec<ClaimRow>, slots: &mut Vec<Slot>) {
-        for job in self.dispatch_or_keep(qi, rows, slots, false) {
-            drop(job); // none: nothing is kept when not asked to
-        }
+        let kept = self.dispatch_or_keep(qi, rows, slots, false);
+        debug_assert!(kept.is_empty(), "every runner was spawned");
     }
 
     /// Runs the jobs of a fetch of this fetcher's own queue: in this task

@@ -168,11 +168,12 @@ impl Worker {
         let (senders, ackers): (Vec<_>, Vec<_>) = inner
             .queues
             .iter()
-            .map(|q| acker::spawn(inner.clone(), crate::keys::QueueKeys::clone(&q.keys)))
+            .map(|q| acker::spawn(inner.clone(), q.keys.clone()))
             .unzip();
         // On a failed start the senders are dropped with the fetchers that
         // were never started, so the ackers (with nothing to ack) end too.
-        let tasks = match spawn_tasks(&inner, &sem, &stop_tx, &hard_rx, Arc::new(senders)).await {
+        let mut tasks = match spawn_tasks(&inner, &sem, &stop_tx, &hard_rx, Arc::new(senders)).await
+        {
             Ok(tasks) => tasks,
             Err(e) => {
                 signal_task.abort();
@@ -190,7 +191,6 @@ impl Worker {
         // The grace period covers the tasks' end too: a fetcher of a worker
         // that runs one job at a time runs that job itself (fetcher.rs) and
         // ends with it.
-        let mut tasks = tasks;
         let all = cfg.concurrency as u32;
         let drained = drain(&mut tasks, &sem, all);
         match tokio::time::timeout(cfg.grace, drained).await {

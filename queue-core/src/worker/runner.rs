@@ -152,16 +152,18 @@ impl JobRunner {
         self.finish(&d, &labels, outcome, Some(elapsed)).await;
     }
 
+    /// The handler registered for the delivery's `(queue, type)`, if any.
+    pub(super) fn handler<'a>(&'a self, d: &'a Delivery) -> Option<&'a Registration> {
+        self.inner
+            .handlers
+            .get(&(self.keys.queue.as_str(), d.job_type.as_str()))
+    }
+
     /// The handler of the delivery's `(queue, type)`, or the dead-letter
     /// reason when there is none or its schema version differs.
     fn registration(&self, d: &Delivery) -> std::result::Result<Registration, String> {
         let queue = &self.keys.queue;
-        let Some(reg) = self
-            .inner
-            .handlers
-            .get(&(queue.as_str(), d.job_type.as_str()))
-            .cloned()
-        else {
+        let Some(reg) = self.handler(d).cloned() else {
             let known: Vec<_> = self
                 .inner
                 .handlers
