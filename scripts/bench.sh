@@ -196,6 +196,19 @@ if [ "$BB$TRICKLE$COST" != 000 ]; then
       qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --runs "$RUNS"
       qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --delayed --runs "$RUNS"
     done
+    # The same backlog with the measured jobs written just before each run
+    # (as recently as with no backlog): separates the backlog's size from
+    # how long ago the jobs a run takes were written.
+    log "cost: fetch with $BACKLOG waiting behind freshly enqueued jobs, $RUNS runs (load $(load1))"
+    qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$BACKLOG" --fresh --runs "$RUNS"
+    if [ "$WITH_PEERS" = 1 ]; then
+      for r in $(seq 1 "$RUNS"); do
+        for b in 0 "$BACKLOG"; do
+          log "run $r/$RUNS cost: BullMQ fetch with $b waiting (load $(load1))"
+          bq cost "$r" process --n "$N_BACKLOG" --concurrency 16 --backlog "$b"
+        done
+      done
+    fi
     log "cost: Redis memory per waiting and per completed job ($N_MEMORY jobs)"
     qc cost 1 cost-memory --n "$N_MEMORY"
     qc cost 1 cost-memory --n "$N_MEMORY" --retention-s 0

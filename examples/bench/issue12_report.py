@@ -137,10 +137,17 @@ def cost_section(rows):
         print("| measured jobs | kind | other jobs in the queue | Redis used memory MiB | jobs/s | "
               "Redis µs/job, scripts (median; runs) | Redis CPU µs/job | list move µs/job | promote ZRANGEBYSCORE+ZRANGE µs/promoted | load |")
         print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        for kind in ("waiting", "delayed"):
+        # "waiting, fresh": the measured jobs written just before each run,
+        # ahead of the backlog (`--fresh`); its no-backlog row is waiting's.
+        kind_of = lambda r: r["kind"] + (", fresh" if r.get("fresh") else "")  # noqa: E731
+        for kind in ("waiting", "waiting, fresh", "delayed"):
             meds, cpus = [], []
-            for b in sorted({r["backlog"] for r in bl if r["kind"] == kind}):
-                rs = [r for r in bl if r["kind"] == kind and r["backlog"] == b]
+            ofk = [r for r in bl if kind_of(r) == kind or (kind == "waiting, fresh" and kind_of(r) == "waiting"
+                                                          and r["backlog"] == 0)]
+            if not any(kind_of(r) == kind for r in ofk):
+                continue
+            for b in sorted({r["backlog"] for r in ofk}):
+                rs = [r for r in ofk if r["backlog"] == b]
                 us = [r.get("redis_scripts_usec_per_job") for r in rs]
                 meds.append(med(us))
                 cpu = med([r.get("redis_cpu_usec_per_job") for r in rs])
@@ -151,6 +158,22 @@ def cost_section(rows):
                       f"| {fmt(cpu, 1)} | {fmt(med([r.get('move_usec_per_job') for r in rs]), 2)} | {fmt(pz, 2)} | {loads(rs)} |")
             if meds:
                 print(f"| | {kind}: flat within 20%? | | | | {flat(meds)} | {flat(cpus)} | | | |")
+        print()
+    peer = [r for r in rows if r.get("workload") == "process" and r.get("system") == "bullmq"
+            and r.get("backlog") is not None and "section=cost" in r.get("label", "")]
+    if peer:
+        print("BullMQ over the same backlogs (`bench.cjs process --backlog B`, its measured jobs added first; "
+              "Redis µs in scripts while they ran):\n")
+        print("| system | measured jobs | waiting behind them | jobs/s | Redis µs/job, scripts (median; runs) | load |")
+        print("|---|---:|---:|---:|---:|---:|")
+        meds = []
+        for b in sorted({r["backlog"] for r in peer}):
+            rs = [r for r in peer if r["backlog"] == b]
+            us = [r.get("consume_scripts_usec_per_job") for r in rs]
+            meds.append(med(us))
+            print(f"| BullMQ | {fmt(rs[0]['n'])} | {fmt(b)} | {fmt(med([r.get('jobs_per_s') for r in rs]))} "
+                  f"| {fmt(med(us), 1)} ({', '.join(fmt(x, 1) for x in us)}) | {loads(rs)} |")
+        print(f"| | BullMQ: flat within 20%? | | | {flat(meds)} | |")
         print()
     mem = [r for r in rows if r.get("workload") == "cost-memory"]
     if mem:

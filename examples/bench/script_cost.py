@@ -13,6 +13,8 @@ same way; a git revision is read with `git show REV:queue-core/src/scripts/`.
     python3 examples/bench/script_cost.py                   # the working tree
     python3 examples/bench/script_cost.py --rev 07a49ed .   # a revision, then the tree
     python3 examples/bench/script_cost.py --batch 1 --n 1000
+    python3 examples/bench/script_cost.py --backlog 1000000   # 1M jobs waiting behind
+    python3 examples/bench/script_cost.py --enqueue-batch 9 --batch 6   # the end-to-end shape
 
 Instructions, not time: a cache miss in a large keyspace costs nothing here
 (the figures are for a warm, small keyspace). Needs valgrind, redis-server
@@ -79,16 +81,42 @@ def measure(directory, a, keep, label):
 
         dump()  # part 1: the load
         p = r.pipeline(transaction=False)
-        for i in range(a.n):
-            jid = "j%d" % i
-            keys = [Q + "main", Q + "job:" + jid, Q + "done:" + jid, Q + "delayed", Q + "stats", Q + "once:" + jid,
-                    Q + "wake"]
-            p.fcall("enqueue", len(keys), *keys, jid, "noop", "1", "x" * a.payload, "3", "0", "0", "0",
-                    "enq-%d-0123456789" % i)
-            if i % 200 == 199:
-                p.execute()
+        if a.enqueue_batch:
+            # enqueue_many, as the Queue's group commit sends it: generated
+            # ids (fresh), no enqueue token, no extra fields.
+            for c in range(0, a.n, a.enqueue_batch):
+                args = [Q + "job:", Q + "done:", Q + "once:", "each"]
+                for i in range(c, min(c + a.enqueue_batch, a.n)):
+                    args += ["j%d" % i, "noop", "1", "x" * a.payload, "3", "0", "0", "0", "", "1", "0"]
+                p.fcall("enqueue_many", 4, Q + "main", Q + "delayed", Q + "stats", Q + "wake", *args)
+                if c % 2000 == 0:
+                    p.execute()
+        else:
+            for i in range(a.n):
+                jid = "j%d" % i
+                keys = [Q + "main", Q + "job:" + jid, Q + "done:" + jid, Q + "delayed", Q + "stats",
+                        Q + "once:" + jid, Q + "wake"]
+                p.fcall("enqueue", len(keys), *keys, jid, "noop", "1", "x" * a.payload, "3", "0", "0", "0",
+                        "enq-%d-0123456789" % i)
+                if i % 200 == 199:
+                    p.execute()
         p.execute()
         dump()  # part 2: enqueue
+        if a.backlog:
+            # Jobs behind the measured ones, written with plain commands (not
+            # counted: only FCALL is), as enqueue.lua writes them.
+            for i in range(a.backlog):
+                jid = "b%d" % i
+                p.hset(Q + "job:" + jid, mapping={"id": jid, "type": "noop", "v": "1", "payload": "x" * a.payload,
+                                                  "max_attempts": "3", "attempts": "0",
+                                                  "enqueued_at": "1700000000000", "state": "waiting"})
+                p.lpush(Q + "main", jid)
+                if i % 1000 == 999:
+                    p.execute()
+            p.execute()
+            if a.settle:
+                time.sleep(a.settle)
+            dump()  # the backlog, not reported
         deliveries = []
         for c in range(a.n // a.batch):
             base = "tok-%d-0123456789" % c
@@ -112,7 +140,8 @@ def measure(directory, a, keep, label):
         server.terminate()
         server.wait()
     totals = {}
-    for part, phase in zip((2, 3, 4), PHASES):
+    parts = (2, 4, 5) if a.backlog else (2, 3, 4)
+    for part, phase in zip(parts, PHASES):
         text = open(f"{out}.{part}").read()
         m = re.search(r"^(?:totals|summary): (\d+)", text, re.M)
         totals[phase] = int(m.group(1)) / len(deliveries)
@@ -128,7 +157,12 @@ def main():
     ap.add_argument("--rev", action="append", default=[], help="a git revision to measure first (repeatable)")
     ap.add_argument("--n", type=int, default=2000, help="jobs (default 2000)")
     ap.add_argument("--batch", type=int, default=16, help="jobs per fetch and per ack call (default 16)")
+    ap.add_argument("--enqueue-batch", type=int, default=0,
+                    help="jobs per enqueue_many call (default 0: enqueue.lua, one job per call)")
     ap.add_argument("--payload", type=int, default=30, help="payload bytes (default 30)")
+    ap.add_argument("--backlog", type=int, default=0,
+                    help="waiting jobs behind the measured ones (written uncounted; default 0)")
+    ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait after the backlog (default 0)")
     ap.add_argument("--keep", help="keep the callgrind files in this directory")
     a = ap.parse_args()
     sources = a.rev + (a.sources or [os.path.join(ROOT, "queue-core", "src", "scripts")])
@@ -136,9 +170,10 @@ def main():
         os.makedirs(a.keep, exist_ok=True)
     tmp = tempfile.mkdtemp()
     try:
-        print(f"{a.n} jobs, {a.batch} per fetch and ack call, payload {a.payload} B; "
+        print(f"{a.n} jobs, {a.batch} per fetch and ack call, payload {a.payload} B, backlog {a.backlog}; "
               f"instructions per job inside FCALL (callgrind)")
-        print("| scripts | enqueue (1 per call) | fetch | ack | fetch + ack |")
+        enq = f"enqueue_many ({a.enqueue_batch} per call)" if a.enqueue_batch else "enqueue (1 per call)"
+        print(f"| scripts | {enq} | fetch | ack | fetch + ack |")
         print("|---|---:|---:|---:|---:|")
         first = None
         for source in sources:

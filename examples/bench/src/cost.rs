@@ -171,15 +171,29 @@ pub async fn ack(url: &str, n: u64, in_flight: usize, workers: usize, rate: f64)
 /// other jobs wait (`delayed`: `n` jobs due now among `backlog` delayed by an
 /// hour, so each measured job is promoted first), `runs` times. The backlog
 /// is loaded once: waiting, it is `backlog + n * runs` jobs and each run takes
-/// the `n` oldest; delayed, each run adds its `n` due jobs.
-pub async fn backlog(url: &str, n: u64, backlog: u64, delayed: bool, runs: u64) -> Res<Vec<Value>> {
+/// the `n` oldest; delayed, each run adds its `n` due jobs. `fresh`
+/// (waiting only): each run enqueues its `n` jobs just before it and moves
+/// them to the front of the waiting list, ahead of the backlog. The jobs a
+/// run takes are then as recently written as with no backlog, and only the
+/// size of the list and of the keyspace differs. Without it they were
+/// written before the whole backlog, so they are cold in the CPU's caches.
+pub async fn backlog(
+    url: &str,
+    n: u64,
+    backlog: u64,
+    delayed: bool,
+    runs: u64,
+    fresh: bool,
+) -> Res<Vec<Value>> {
     crate::flush(url).await?;
     let t = Instant::now();
     if delayed {
         load(url, backlog, Some(Duration::from_secs(3600))).await?;
-    } else if backlog > 0 {
+    } else if backlog > 0 && !fresh {
         // The worker takes the oldest jobs first: the measured ones.
         load(url, n * runs, None).await?;
+        load(url, backlog, None).await?;
+    } else if backlog > 0 {
         load(url, backlog, None).await?;
     }
     let load_s = t.elapsed().as_secs_f64();
@@ -196,6 +210,9 @@ pub async fn backlog(url: &str, n: u64, backlog: u64, delayed: bool, runs: u64) 
             load(url, n, Some(Duration::from_millis(1))).await?;
         } else if backlog == 0 {
             load(url, n, None).await?;
+        } else if fresh {
+            load(url, n, None).await?;
+            to_front(&mut admin, n).await?;
         }
         let mem = stats::snapshot(&mut admin).await?.used_memory;
         let before = stats::snapshot(&mut admin).await?;
@@ -207,7 +224,7 @@ pub async fn backlog(url: &str, n: u64, backlog: u64, delayed: bool, runs: u64) 
         let us = |c: &str| after.usec_since(&before, c);
         out.push(json!({
             "workload": "cost-backlog", "kind": if delayed { "delayed" } else { "waiting" },
-            "n": n, "backlog": backlog, "rep": rep, "load_s": round3(load_s),
+            "n": n, "backlog": backlog, "fresh": fresh, "rep": rep, "load_s": round3(load_s),
             "load1": std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split(' ').next().map(str::to_string)),
             "redis_used_memory_mib": round3(mem as f64 / 1048576.0),
             "seconds": round3(secs), "jobs_per_s": (n as f64 / secs).round(),
@@ -224,6 +241,33 @@ pub async fn backlog(url: &str, n: u64, backlog: u64, delayed: bool, runs: u64) 
         }));
     }
     Ok(out)
+}
+
+/// Moves the `n` jobs enqueued last (the head of the waiting list) to the
+/// end a worker takes from, oldest first, ahead of everything else waiting.
+async fn to_front(admin: &mut redis::aio::ConnectionManager, n: u64) -> Res<()> {
+    let main = QueueKeys::new(QUEUE).main;
+    let last = i64::try_from(n).unwrap_or(i64::MAX) - 1;
+    let ids: Vec<String> = redis::cmd("LRANGE")
+        .arg(&main)
+        .arg(0)
+        .arg(last)
+        .query_async(admin)
+        .await?;
+    redis::pipe()
+        .atomic()
+        .cmd("LTRIM")
+        .arg(&main)
+        .arg(ids.len())
+        .arg(-1)
+        .ignore()
+        .cmd("RPUSH")
+        .arg(&main)
+        .arg(&ids)
+        .ignore()
+        .query_async::<()>(admin)
+        .await?;
+    Ok(())
 }
 
 /// (c) Redis memory per waiting job (`n` enqueued) and per completed job

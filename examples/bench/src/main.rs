@@ -221,6 +221,11 @@ enum Cmd {
         /// Measured runs over the same backlog (one result line each).
         #[arg(long, default_value_t = 1)]
         runs: u64,
+        /// Waiting: enqueue each run's jobs just before it, ahead of the
+        /// backlog (recently written, as with no backlog), instead of before
+        /// the backlog.
+        #[arg(long)]
+        fresh: bool,
     },
     /// Redis memory per waiting job and per completed job (completion record).
     CostMemory {
@@ -295,8 +300,9 @@ async fn run(cli: Cli) -> Res<()> {
             backlog,
             delayed,
             runs,
+            fresh,
         } => {
-            let results = cost::backlog(&url, *n, *backlog, *delayed, *runs).await?;
+            let results = cost::backlog(&url, *n, *backlog, *delayed, *runs, *fresh).await?;
             for r in results {
                 emit(&cli, r)?;
             }

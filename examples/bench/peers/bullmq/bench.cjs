@@ -6,7 +6,7 @@
 // completion records); producers and the worker run in separate processes.
 //
 //   NODE_PATH=peers/.work/bullmq/node_modules node bench.cjs --redis-url URL enqueue --n 100000 --producers 16 [--batch 100]
-//   ... process --n 100000 --concurrency 16
+//   ... process --n 100000 --concurrency 16 [--backlog 1000000]  (jobs waiting behind the measured ones)
 //   ... e2e --n 100000 --producers 16 --concurrency 16 [--rate 2000] [--payload 1024]
 //   ... bb --scenario queue-add|queue-add-bulk|worker-generic|worker-concurrent [--scale 1]
 //       (bullmq-bench's four scenarios, as queue-bench's `bb` runs them: see
@@ -201,6 +201,16 @@ async function bb(url, scenario, scale) {
   };
 }
 
+// Microseconds Redis has spent in script calls so far (INFO commandstats).
+async function scriptUsec(url) {
+  const r = new IORedis(connection(url));
+  const text = await r.info('commandstats');
+  await r.quit();
+  let usec = 0;
+  for (const m of text.matchAll(/^cmdstat_(evalsha|eval|fcall):.*usec=(\d+)/gm)) usec += Number(m[2]);
+  return usec;
+}
+
 function spawnConsumer(url, n, concurrency) {
   const child = spawn(process.execPath, [__filename, '--redis-url', url, 'consume', '--n', String(n), '--concurrency', String(concurrency)], {
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -239,11 +249,21 @@ async function main() {
   } else if (o.mode === 'process') {
     await flush(o.url);
     await produce(o.url, n, 4, 1000, payload, 0);
+    // `--backlog B`: B more jobs wait behind the n measured ones (added
+    // first, so taken first), as queue-bench cost-backlog does.
+    const backlog = Number(o.backlog || 0);
+    if (backlog > 0) await produce(o.url, backlog, 4, 1000, payload, 0);
+    const before = await scriptUsec(o.url);
     const c = spawnConsumer(o.url, n, concurrency);
     const start = Number((await c.next()).split(' ')[1]);
     const r = JSON.parse(await c.next());
     const s = (r.end_us - start) / 1e6;
-    out = { workload: 'process', n, concurrency, payload, seconds: s, jobs_per_s: Math.round(n / s) };
+    // Redis time inside scripts while the measured jobs ran (the preload excluded).
+    const consumeUsec = ((await scriptUsec(o.url)) - before) / n;
+    out = {
+      workload: 'process', n, concurrency, payload, backlog, seconds: s, jobs_per_s: Math.round(n / s),
+      consume_scripts_usec_per_job: Math.round(consumeUsec * 1000) / 1000,
+    };
   } else if (o.mode === 'e2e') {
     await flush(o.url);
     const c = spawnConsumer(o.url, n, concurrency);
