@@ -19,11 +19,6 @@ local enq_token = ARGV[9] or ''
 -- core scripts own are refused.
 local extra = {}
 if #ARGV > 9 then
-  local CORE_JOB_FIELDS = {}
-  for _, f in ipairs({'id', 'type', 'v', 'payload', 'max_attempts', 'attempts', 'enqueued_at',
-    'state', 'delivered_at', 'token', 'lease_until', 'fence', 'last_error', 'failed_at',
-    'failed_token', 'run_at', 'dead_reason', 'dead_at', 'replayed_at', 'enq_token', 'worker',
-    'cancel_requested'}) do CORE_JOB_FIELDS[f] = true end
   if (#ARGV - 9) % 2 ~= 0 then
     return redis.error_reply('ERR invalid argument extra fields: name, value pairs expected')
   end

@@ -13,42 +13,37 @@
 -- is parsed and validated before the first write; one TIME and one stats HINCRBY
 -- per call. Jobs are written in order, so a second job of the call with an id
 -- already written by the call answers 'exists'.
-local CORE_JOB_FIELDS = {}
-for _, f in ipairs({'id', 'type', 'v', 'payload', 'max_attempts', 'attempts', 'enqueued_at',
-  'state', 'delivered_at', 'token', 'lease_until', 'fence', 'last_error', 'failed_at',
-  'failed_token', 'run_at', 'dead_reason', 'dead_at', 'replayed_at', 'enq_token', 'worker',
-  'cancel_requested'}) do CORE_JOB_FIELDS[f] = true end
 local mode = ARGV[4]
 if mode ~= 'all' and mode ~= 'each' then
   return redis.error_reply('ERR invalid argument mode: ' .. tostring(mode))
 end
 
--- Parse and validate every job before anything is read or written.
-local jobs = {}
+-- Parse and validate every job before anything is read or written. A job is
+-- kept as the index of its first argument (`starts`), read again from ARGV
+-- when it is written: no table per job (issue #12). `invalid[k]`: why job k
+-- is refused (mode 'each'), nil when it is valid.
+local starts, invalid = {}, {}
 local i = 5
 while i <= #ARGV do
   local n = ARGV[i + 10] and as_count(ARGV[i + 10])
   if not n or i + 10 + 2 * n > #ARGV then
-    return redis.error_reply('ERR invalid argument job ' .. (#jobs + 1) .. ': truncated')
+    return redis.error_reply('ERR invalid argument job ' .. (#starts + 1) .. ': truncated')
   end
-  local j = {id = ARGV[i], type = ARGV[i + 1], v = ARGV[i + 2], payload = ARGV[i + 3],
-    max = as_count(ARGV[i + 4]), delay = as_count(ARGV[i + 5]), run_at = as_count(ARGV[i + 6]),
-    once = as_count(ARGV[i + 7]), token = ARGV[i + 8], fresh = ARGV[i + 9] == '1', extra = {}}
-  if j.id == '' then j.invalid = 'empty id' end
-  if not (j.max and j.delay and j.run_at and j.once) then
-    j.invalid = 'max_attempts, delay_ms, run_at_ms and once ttl_ms must be counts'
+  local bad
+  if ARGV[i] == '' then bad = 'empty id' end
+  if not (as_count(ARGV[i + 4]) and as_count(ARGV[i + 5]) and as_count(ARGV[i + 6]) and as_count(ARGV[i + 7])) then
+    bad = 'max_attempts, delay_ms, run_at_ms and once ttl_ms must be counts'
   end
   for k = i + 11, i + 10 + 2 * n, 2 do
     if CORE_JOB_FIELDS[ARGV[k]] or ARGV[k] == '' then
-      j.invalid = 'extra field name: ' .. ARGV[k] .. ' is empty or a core job field'
+      bad = 'extra field name: ' .. ARGV[k] .. ' is empty or a core job field'
     end
-    j.extra[#j.extra + 1] = ARGV[k]
-    j.extra[#j.extra + 1] = ARGV[k + 1]
   end
-  if j.invalid and mode == 'all' then
-    return redis.error_reply('ERR invalid argument job ' .. j.id .. ': ' .. j.invalid)
+  if bad and mode == 'all' then
+    return redis.error_reply('ERR invalid argument job ' .. ARGV[i] .. ': ' .. bad)
   end
-  jobs[#jobs + 1] = j
+  starts[#starts + 1] = i
+  invalid[#starts] = bad
   i = i + 11 + 2 * n
 end
 
@@ -65,19 +60,33 @@ local wake = false
 -- The head of `delayed` (read once, before the first ZADD of the call): a
 -- delayed job due sooner than it wakes the promoter, as in sooner_than_head.
 local head
+-- The reply of every job that waits from now on: one table for all of them.
+local new_now = {'new', now}
 
-local function write(j)
-  local jobkey, donekey = ARGV[1] .. j.id, ARGV[2] .. j.id
-  -- One EXISTS for the job hash and the completion record, none for a fresh id.
-  local known = not j.fresh and redis.call('EXISTS', jobkey, donekey) > 0
-  if known and j.token ~= '' then
+-- Writes the job whose arguments start at ARGV[i].
+local function write(i)
+  local id, jtype, token = ARGV[i], ARGV[i + 1], ARGV[i + 8]
+  local jobkey = ARGV[1] .. id
+  local n = as_count(ARGV[i + 10])
+  local delay, run_at, once = as_count(ARGV[i + 5]), as_count(ARGV[i + 6]), as_count(ARGV[i + 7])
+  if run_at > 0 then delay = math.max(run_at - now, 0) end
+  local max_attempts = int_str(math.max(as_count(ARGV[i + 4]), 1))
+  -- A generated id sent for the first time (fresh) cannot exist: no reads.
+  -- Otherwise one EXISTS for the job hash and the completion record.
+  local donekey
+  local known = false
+  if ARGV[i + 9] ~= '1' then
+    donekey = ARGV[2] .. id
+    known = redis.call('EXISTS', jobkey, donekey) > 0
+  end
+  if known and token ~= '' then
     local own = redis.call('HMGET', jobkey, 'enq_token', 'run_at', 'enqueued_at')
-    if own[1] == j.token then
+    if own[1] == token then
       return {'new', tonumber(own[2] or own[3]) or 0}
     end
   end
-  if j.once > 0 then
-    if not redis.call('SET', ARGV[3] .. j.id, '1', 'NX', 'PX', int_str(j.once)) then
+  if once > 0 then
+    if not redis.call('SET', ARGV[3] .. id, '1', 'NX', 'PX', int_str(once)) then
       return {'exists', 'scheduled'}
     end
   end
@@ -87,21 +96,31 @@ local function write(j)
   if known and redis.call('EXISTS', jobkey) == 1 then
     return {'exists', redis.call('HGET', jobkey, 'state') or ''}
   end
-  local delay = j.delay
-  if j.run_at > 0 then delay = math.max(j.run_at - now, 0) end
-  local state = 'queued'
-  if delay > 0 then state = 'delayed' end
-  local fields = {'id', j.id, 'type', j.type, 'v', j.v, 'payload', j.payload,
-    'max_attempts', int_str(math.max(j.max, 1)), 'attempts', '0', 'enqueued_at', now_s, 'state', state}
-  if j.token ~= '' then
+  created = created + 1
+  if delay == 0 and token == '' and n == 0 then
+    -- The usual job: due now, no token, no extra field (no table for its fields).
+    redis.call('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
+      'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', now_s, 'state', 'queued')
+    to_main[#to_main + 1] = id
+    ev(KEYS[3], 'enqueued', id, now, 'type', jtype, 'run_at', now)
+    return new_now
+  end
+  local fields = {'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
+    'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', now_s,
+    'state', delay > 0 and 'delayed' or 'queued'}
+  if token ~= '' then
     fields[#fields + 1] = 'enq_token'
-    fields[#fields + 1] = j.token
+    fields[#fields + 1] = token
   end
   if delay > 0 then
     fields[#fields + 1] = 'run_at'
     fields[#fields + 1] = int_str(now + delay)
   end
-  for _, v in ipairs(j.extra) do fields[#fields + 1] = v end
+  local extra = {}
+  for k = i + 11, i + 10 + 2 * n do
+    extra[#extra + 1] = ARGV[k]
+    fields[#fields + 1] = ARGV[k]
+  end
   if delay > 0 and head == nil then
     local h = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
     head = tonumber(h[2]) or math.huge
@@ -112,23 +131,22 @@ local function write(j)
       wake = true
       head = now + delay
     end
-    redis.call('ZADD', KEYS[2], int_str(now + delay), j.id)
+    redis.call('ZADD', KEYS[2], int_str(now + delay), id)
   else
-    local group = extra_group(j.extra)
+    local group = extra_group(extra)
     if group then
-      push_waiting(KEYS[1], j.id, group) -- a `group` extra field: its group list
+      push_waiting(KEYS[1], id, group) -- a `group` extra field: its group list
     else
-      to_main[#to_main + 1] = j.id
+      to_main[#to_main + 1] = id
     end
   end
-  created = created + 1
-  ev(KEYS[3], 'enqueued', j.id, now, 'type', j.type, 'run_at', now + delay)
+  ev(KEYS[3], 'enqueued', id, now, 'type', jtype, 'run_at', now + delay)
   return {'new', now + delay}
 end
 
 local out = {}
-for k, j in ipairs(jobs) do
-  if j.invalid then out[k] = {'invalid', j.invalid} else out[k] = write(j) end
+for k, start in ipairs(starts) do
+  if invalid[k] then out[k] = {'invalid', invalid[k]} else out[k] = write(start) end
 end
 for first = 1, #to_main, 500 do
   redis.call('LPUSH', KEYS[1], unpack(to_main, first, math.min(first + 499, #to_main)))

@@ -30,6 +30,14 @@ local function int_str(n)
   return s
 end
 
+-- The job hash fields the core scripts own: an extra field (an enqueue
+-- option stored on the job, enqueue.lua / enqueue_many.lua) may not take one
+-- of these names. Built when the library loads, not per call.
+local CORE_JOB_FIELDS = {id = true, type = true, v = true, payload = true, max_attempts = true,
+  attempts = true, enqueued_at = true, state = true, delivered_at = true, token = true, lease_until = true,
+  fence = true, last_error = true, failed_at = true, failed_token = true, run_at = true, dead_reason = true,
+  dead_at = true, replayed_at = true, enq_token = true, worker = true, cancel_requested = true}
+
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
 -- Short strings of small counts are parsed once per library load and kept
