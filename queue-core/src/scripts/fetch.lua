@@ -31,8 +31,9 @@ if #receipt > 0 then
     local tag, id = string.sub(entry, 1, colon - 1), string.sub(entry, colon + 1)
     local row = {tag, id}
     if tag == 'claimed' then
-      local h = read_job(ARGV[1] .. id, unpack(CLAIM_FIELDS))
-      row = (h and same_claim(id, ARGV[4] .. ':' .. int_str(i), h)) or {'busy', id}
+      local jobkey = ARGV[1] .. id
+      local h = read_job(jobkey, unpack(CLAIM_FIELDS))
+      row = (h and same_claim(id, ARGV[4] .. ':' .. int_str(i), h, jobkey)) or {'busy', id}
     elseif tag == 'corrupt' then
       row = {tag, id, 'dead-lettered by the first run of this fetch'}
     end

@@ -129,17 +129,23 @@ local function dead_letter(jobkey, dead, stats, id, reason, now)
   results_wake(jobkey, id)
 end
 
--- The job fields claim() reads, in this order.
+-- The job fields claim() reads, in this order. The fields of a running
+-- delivery (`token`, `delivered_at`, `lease_until`) are not among them: a job
+-- waiting to be claimed has none, and each field a hash lacks costs HMGET a
+-- scan of the whole listpack (issue #12); same_claim() reads them when the
+-- job is active.
 local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
-  'token', 'delivered_at', 'lease_until', 'fence', 'traceparent', 'expires_at', 'expires_after',
-  'first_started_at'}
+  'fence', 'traceparent', 'expires_at', 'expires_after', 'first_started_at'}
 
 -- The claim row of a delivery already made with `token` (a retry whose first
--- reply was lost gets the same answer), or nil when `h` is not that delivery.
-local function same_claim(id, token, h)
-  if h[1] ~= 'active' or h[8] ~= token then return nil end
+-- reply was lost gets the same answer), or nil when `h` (the CLAIM_FIELDS of
+-- hash `jobkey`) is not that delivery.
+local function same_claim(id, token, h, jobkey)
+  if h[1] ~= 'active' then return nil end
+  local d = redis.call('HMGET', jobkey, 'token', 'delivered_at', 'lease_until')
+  if d[1] ~= token then return nil end
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
-    h[7] or '0', h[9] or '0', h[10] or '0', h[11] or '0', h[12] or '', h[15] or h[9] or '0'}
+    h[7] or '0', d[2] or '0', d[3] or '0', h[8] or '0', h[9] or '', h[12] or d[2] or '0'}
 end
 
 -- Writes the completion record of a cancelled job (status `cancelled`, kept
@@ -189,7 +195,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     return {'missing', id}
   end
   if h then
-    local again = same_claim(id, token, h)
+    local again = same_claim(id, token, h, jobkey)
     if again then
       -- Our own delivery, answered again only while its counts still read;
       -- corrupted since the first claim: dead-lettered below like any claim.
@@ -205,9 +211,9 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   if not bad then attempts, max, bad = job_counts(h[5], h[6]) end
   if not bad then
     fence = 0
-    if h[11] then
-      fence = as_count(h[11])
-      if not fence then bad = corrupt_field('fence', h[11]) end
+    if h[8] then
+      fence = as_count(h[8])
+      if not fence then bad = corrupt_field('fence', h[8]) end
     end
   end
   if bad then
@@ -230,10 +236,10 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   end
   redis.call('HSET', jobkey, 'state', 'active', 'attempts', int_str(attempts), 'delivered_at', int_str(now),
     'token', token, 'lease_until', int_str(lease_until), 'fence', int_str(fence), 'worker', worker or '',
-    'first_started_at', h[15] or int_str(now))
+    'first_started_at', h[12] or int_str(now))
   ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
   return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
-    h[7] or '0', now, lease_until, fence, h[12] or '', h[15] or now}
+    h[7] or '0', now, lease_until, fence, h[9] or '', h[12] or now}
 end
 
 -- The leases of a fetch batch's claimed ids (`claim(..., lease_batch)`), all
@@ -862,15 +868,15 @@ end
 -- its reason returned; nil when the job may start. claim() then removes it from processing
 -- and leases.
 deadline_check = function(jobkey, dead, stats, id, h, now)
-  if not h[13] and not h[14] then return nil end
+  if not h[10] and not h[11] then return nil end
   local at
   local bad
-  if h[13] then
-    at = as_count(h[13])
-    if not at then bad = corrupt_field('expires_at', h[13]) end
+  if h[10] then
+    at = as_count(h[10])
+    if not at then bad = corrupt_field('expires_at', h[10]) end
   end
-  local after = h[14] and as_count(h[14])
-  if h[14] and not after then bad = corrupt_field('expires_after', h[14]) end
+  local after = h[11] and as_count(h[11])
+  if h[11] and not after then bad = corrupt_field('expires_after', h[11]) end
   if bad then
     dead_letter(jobkey, dead, stats, id, bad, now)
     return bad
