@@ -61,6 +61,7 @@ mod limits;
 mod lock;
 mod metrics;
 mod queue;
+mod record;
 mod registry;
 mod results;
 mod scripts;

@@ -162,6 +162,7 @@ pub async fn ack(
         keys: &keys,
         items: &items,
         retention,
+        compact: false,
     }
     .run(conn)
     .await?;

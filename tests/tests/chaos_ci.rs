@@ -19,6 +19,12 @@ fn field<'a>(json: &'a str, key: &str) -> Option<&'a str> {
 }
 
 fn run_chaos(extra: &[&str]) {
+    run_chaos_with(extra, &[]);
+}
+
+/// [`run_chaos`] with environment variables for the harness (and so for its
+/// worker processes).
+fn run_chaos_with(extra: &[&str], env: &[(&str, &str)]) {
     let mut args = vec![
         "--jobs",
         "1000",
@@ -34,6 +40,7 @@ fn run_chaos(extra: &[&str]) {
     let started = Instant::now();
     let out = Command::new(CHAOS)
         .args(&args)
+        .envs(env.iter().copied())
         .output()
         .expect("the chaos binary runs");
     let elapsed = started.elapsed();
@@ -82,6 +89,13 @@ fn chaos_1k_jobs_10_kills_loses_nothing_and_duplicates_nothing() {
 #[test]
 fn chaos_1k_jobs_10_kills_with_a_redis_restart_loses_nothing() {
     run_chaos(&["--appendonly"]);
+}
+
+/// The same with compact completion records (`WorkerConfig::compact_records`):
+/// the dedupe of redeliveries and retried acks reads the string records.
+#[test]
+fn chaos_1k_jobs_10_kills_with_compact_records_loses_nothing() {
+    run_chaos_with(&[], &[("CHAOS_COMPACT_RECORDS", "1")]);
 }
 
 /// The `flow` workload (docs/WORKFLOWS.md), CI-sized: 40 batches of 25

@@ -78,7 +78,9 @@ impl Queue {
     }
 
     /// The completion record of `id` (`status`, `finished_at`, `attempts`),
-    /// if it completed within the retention window.
+    /// if it completed within the retention window, whichever form it was
+    /// written in (a hash, or the compact string of
+    /// [`WorkerConfig::compact_records`](crate::WorkerConfig::compact_records)).
     pub async fn completion(
         &self,
         queue: &str,
@@ -86,11 +88,23 @@ impl Queue {
     ) -> crate::Result<Option<BTreeMap<String, String>>> {
         let id = id.into();
         let k = QueueKeys::new(queue);
-        let raw: Vec<(String, Vec<u8>)> = redis::cmd("HGETALL")
-            .arg(k.done(id.as_str()))
-            .query_async(&mut self.connection())
-            .await
-            .map_err(|e| QueueError::redis(queue, Some(&id), e))?;
+        let key = k.done(id.as_str());
+        let mut conn = self.connection();
+        let hash: redis::RedisResult<Vec<(String, Vec<u8>)>> =
+            redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await;
+        let raw = match hash {
+            Ok(raw) => raw,
+            // Not a hash: the compact string (WorkerConfig::compact_records).
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                let s: Option<Vec<u8>> = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| QueueError::redis(queue, Some(&id), e))?;
+                s.map(|s| crate::record::unpack(&s)).unwrap_or_default()
+            }
+            Err(e) => return Err(QueueError::redis(queue, Some(&id), e)),
+        };
         // A typed result (docs/RESULTS.md) reads as `msgpack:<hex>`.
         let rec: BTreeMap<String, String> = raw
             .into_iter()

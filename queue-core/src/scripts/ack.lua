@@ -4,7 +4,8 @@
 -- DEL). Counters once per batch, last.
 -- KEYS: 1 processing, 2 leases, 3 stats, 4 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 done prefix, 3 steps prefix, 4 retention_ms (0: no record),
---       5 throughput key prefix (a per-minute counter `<prefix><minute>` that expires)
+--       5 throughput key prefix (a per-minute counter `<prefix><minute>` that expires),
+--       6 record format: 'hash' | 'compact' (one string, see `completion records` in the prelude)
 --       then per delivery: id, token, result reference ('' for none)
 -- Returns one code per delivery, in order: 1 acked now; 2 already acked by this same token (a
 -- retried call whose first reply was lost: the completion record carries the token); 0 lease
@@ -14,13 +15,17 @@ if not retention or retention < 0 or retention ~= math.floor(retention) then
   return redis.error_reply('ack: retention_ms must be a non-negative integer, got ' .. tostring(ARGV[4]))
 end
 local retention_str = int_str(retention)
-if (#ARGV - 5) % 3 ~= 0 then
+local compact = ARGV[6] == 'compact'
+if not compact and ARGV[6] ~= 'hash' then
+  return redis.error_reply('ack: the record format must be hash or compact, got ' .. tostring(ARGV[6]))
+end
+if (#ARGV - 6) % 3 ~= 0 then
   return redis.error_reply('ack: the deliveries must be (id, token, result) triples')
 end
 
 -- Read and check every delivery before the first write.
 local fields = {}
-for i = 6, #ARGV, 3 do
+for i = 7, #ARGV, 3 do
   local h = redis.pcall('HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at',
     'batch', 'delivered_at', 'worker', 'hist', 'notify')
   if h['err'] then
@@ -38,12 +43,12 @@ local now = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
 local out = {}
 local acked = {}
 for n, h in ipairs(fields) do
-  local i = 3 + 3 * n
+  local i = 4 + 3 * n
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if h == false then
     out[n] = 3
   elseif h == 0 then
-    if retention > 0 and redis.call('HGET', ARGV[2] .. id, 'token') == token then
+    if retention > 0 and record_field(ARGV[2] .. id, 'token') == token then
       out[n] = 2
     else
       out[n] = 0
@@ -51,7 +56,10 @@ for n, h in ipairs(fields) do
   else
     if retention > 0 then
       local done = ARGV[2] .. id
-      if result ~= '' then
+      if compact then
+        redis.call('SET', done, record_pack(now, h[3] or '0', h[5] or '0', h[7] or '0', token, h[4] or '',
+          h[8] or '', result), 'PX', retention_str)
+      elseif result ~= '' then
         redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
           'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token, 'result', result,
           'delivered_at', h[7] or '0', 'worker', h[8] or '')
@@ -60,7 +68,7 @@ for n, h in ipairs(fields) do
           'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token,
           'delivered_at', h[7] or '0', 'worker', h[8] or '')
       end
-      redis.call('PEXPIRE', done, retention_str)
+      if not compact then redis.call('PEXPIRE', done, retention_str) end
       if h[10] then results_wake(done) end
     end
     -- Acks come for old deliveries, near the tail (fetches push at the head):

@@ -16,7 +16,7 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<4> =
-    lua_script!("ack.lua", keys = 4, args = 5, prelude(super::DRAIN));
+    lua_script!("ack.lua", keys = 4, args = 6, prelude(super::DRAIN));
 
 /// One finished delivery to acknowledge.
 #[derive(Debug, Clone)]
@@ -33,6 +33,9 @@ pub(crate) struct Ack<'a> {
     pub(crate) items: &'a [AckItem],
     /// How long the completion record is kept (zero: none).
     pub(crate) retention: Duration,
+    /// Write the record as one compact string, not a hash
+    /// (`WorkerConfig::compact_records`).
+    pub(crate) compact: bool,
 }
 
 /// What the ack did for one delivery.
@@ -62,7 +65,8 @@ impl Ack<'_> {
             .arg(&k.done_prefix)
             .arg(&k.steps_prefix)
             .arg(self.retention.as_millis() as u64)
-            .arg(&k.tput_prefix);
+            .arg(&k.tput_prefix)
+            .arg(if self.compact { "compact" } else { "hash" });
         for item in self.items {
             call = call
                 .repeated_arg(item.id.as_str())
@@ -193,10 +197,21 @@ mod tests {
         keys: &QueueKeys,
         items: &[AckItem],
     ) -> crate::Result<Vec<AckReply>> {
+        ack_as(conn, keys, items, false).await
+    }
+
+    /// [`ack`], the record written compact (one string) or as a hash.
+    async fn ack_as(
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        items: &[AckItem],
+        compact: bool,
+    ) -> crate::Result<Vec<AckReply>> {
         Ack {
             keys,
             items,
             retention: RETENTION,
+            compact,
         }
         .run(conn)
         .await
@@ -259,6 +274,7 @@ mod tests {
                 keys: &keys,
                 items: &items,
                 retention,
+                compact: false,
             }
             .run(&mut c)
             .await
@@ -345,5 +361,143 @@ mod tests {
             return;
         }
         panic!("the first ack never timed out behind DEBUG SLEEP");
+    }
+
+    /// A compact record (WorkerConfig::compact_records) is one string with
+    /// the retention as its TTL, and whatever reads a record reads it: a
+    /// retried ack with the same token (its first reply lost) answers
+    /// completed and another token lease lost, as with a hash; the producer
+    /// waiting for the result, the operator's cancel, `Queue::completion`,
+    /// and the dedupe of a re-enqueue and of a redelivery see it. Records of
+    /// both forms live side by side in one queue.
+    #[tokio::test]
+    async fn a_compact_record_is_one_string_that_every_reader_reads() {
+        use crate::scripts::cancel::Cancel;
+        use crate::scripts::claim::Skip;
+        use crate::scripts::enqueue::EnqueueReply;
+        use crate::scripts::result_wait::{ResultWait, WaitState};
+        use crate::CancelOutcome;
+
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
+        let keys = QueueKeys::new("compact");
+        let d = delivered(&mut c, &keys, "c").await;
+        let h = delivered(&mut c, &keys, "h").await;
+        let mut with_result = item(&d);
+        with_result.result_ref = Some(b"r:1 2".to_vec());
+        assert_eq!(
+            ack_as(&mut c, &keys, &[with_result.clone()], true)
+                .await
+                .unwrap(),
+            [AckReply::Completed]
+        );
+        assert_eq!(
+            ack(&mut c, &keys, &[item(&h)]).await.unwrap(),
+            [AckReply::Completed]
+        );
+        let kind = |key: String, c: &mut RedisConnection| {
+            let mut c = c.clone();
+            async move {
+                let t: String = redis::cmd("TYPE")
+                    .arg(key)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                t
+            }
+        };
+        assert_eq!(kind(keys.done("c"), &mut c).await, "string");
+        assert_eq!(kind(keys.done("h"), &mut c).await, "hash");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(keys.done("c"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(ttl > 0 && ttl <= RETENTION.as_millis() as i64, "PTTL {ttl}");
+
+        // A retried ack (its first reply lost) and a stale token.
+        assert_eq!(
+            ack_as(&mut c, &keys, &[with_result], true).await.unwrap(),
+            [AckReply::AlreadyCompleted]
+        );
+        let mut other = item(&d);
+        other.token = "someone-else".into();
+        assert_eq!(
+            ack(&mut c, &keys, &[other]).await.unwrap(),
+            [AckReply::LeaseLost]
+        );
+
+        // The waiting producer's read: the same fields as a hash record.
+        for (id, result) in [("c", Some(&b"r:1 2"[..])), ("h", None)] {
+            let state = ResultWait {
+                keys: &keys,
+                id: &JobId::from(id),
+            }
+            .run(&mut c)
+            .await
+            .unwrap();
+            let WaitState::Finished(rec) = state else {
+                panic!("{id}: {state:?}")
+            };
+            assert_eq!(
+                rec.get("status").map(Vec::as_slice),
+                Some(&b"done"[..]),
+                "{id}"
+            );
+            assert_eq!(rec.get("result").map(Vec::as_slice), result, "{id}");
+            let token = if id == "c" { &d.token } else { &h.token };
+            assert_eq!(rec.get("token"), Some(&token.as_bytes().to_vec()), "{id}");
+            for field in [
+                "finished_at",
+                "attempts",
+                "enqueued_at",
+                "delivered_at",
+                "type",
+                "worker",
+            ] {
+                assert!(rec.contains_key(field), "{id}: {field} in {rec:?}");
+            }
+        }
+        // The operator's cancel and the admin read.
+        let cancel = Cancel {
+            keys: &keys,
+            id: &JobId::from("c"),
+            retention: RETENTION,
+        };
+        assert_eq!(
+            cancel.run(&mut c).await.unwrap(),
+            CancelOutcome::AlreadyFinished {
+                status: "done".into()
+            }
+        );
+        let queue = crate::Queue::connect(&server.url()).await.unwrap();
+        let rec = queue.completion("compact", "c").await.unwrap().unwrap();
+        assert_eq!(rec.get("status").map(String::as_str), Some("done"));
+        assert_eq!(rec.get("attempts").map(String::as_str), Some("1"));
+        assert_eq!(rec.get("result").map(String::as_str), Some("r:1 2"));
+
+        // Dedupe: a re-enqueue of the id, and a redelivery of it, see the record.
+        let again = Enqueue::test_job(&keys, &d.id, 3)
+            .run(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(again, EnqueueReply::Done);
+        let _: () = redis::cmd("LPUSH")
+            .arg(&keys.main)
+            .arg("c")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let fetch = Fetch {
+            keys: &keys,
+            lease: Duration::from_secs(30),
+            token_base: "again",
+            count: 1,
+        };
+        let rows = fetch.run(&mut c).await.unwrap();
+        assert!(
+            matches!(rows.as_slice(), [ClaimRow::Skipped(id, Skip::Done)] if id.as_str() == "c"),
+            "a redelivery of a finished job is not run: {rows:?}"
+        );
     }
 }

@@ -8,7 +8,7 @@
 -- Returns {'cancelled', state it was in} | {'requested', 1 if newly set else 0}
 --   | {'finished', record status} | {'dead'} | {'not_found'} | {'unknown', state}
 local id = ARGV[1]
-local status = redis.call('HGET', KEYS[6], 'status')
+local status = record_field(KEYS[6], 'status')
 if status then return {'finished', status} end
 local h = redis.call('HMGET', KEYS[5], 'state', 'attempts', 'type', 'enqueued_at', 'cancel_requested',
   'group', 'batch')

@@ -201,6 +201,7 @@ async fn ack(conn: &mut RedisConnection, keys: &QueueKeys, items: &[AckItem]) {
         keys,
         items,
         retention: Duration::from_secs(86_400),
+        compact: false,
     }
     .run(conn)
     .await

@@ -678,6 +678,7 @@ async fn a_stale_delivery_writes_no_progress() {
         keys: &f.keys,
         items: &items,
         retention: Duration::from_secs(60),
+        compact: false,
     }
     .run(&mut conn)
     .await

@@ -7,7 +7,7 @@
 -- ARGV: none
 -- Returns {'finished', field, value, ...} (the record) | {'dead', reason} | {'unknown'}
 --   | {'waiting', state}
-local rec = redis.call('HGETALL', KEYS[2])
+local rec = record_all(KEYS[2])
 if #rec > 0 then
   local out = {'finished'}
   for i = 1, #rec do out[i + 1] = rec[i] end

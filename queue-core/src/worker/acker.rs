@@ -170,6 +170,7 @@ async fn flush(inner: &Inner, keys: &QueueKeys, batch: &mut Vec<AckRequest>) {
             keys,
             items: &items,
             retention: inner.config.completion_retention,
+            compact: inner.config.compact_records,
         }
         .run(&mut conn)
         .await;

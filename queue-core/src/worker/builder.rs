@@ -54,6 +54,14 @@ pub struct WorkerConfig {
     /// How long completion records are kept (the window in which a redelivery
     /// or a re-enqueue of a finished job is recognised). Zero: no record.
     pub completion_retention: Duration,
+    /// Write each completion record as one compact string instead of a hash
+    /// (default false). Fewer instructions per ack and less memory per
+    /// record (docs/BENCHMARKS.md, "Stop 27"); every reader of this version
+    /// reads both forms. Turn it on only once every process that reads
+    /// records (workers, producers waiting for results, `queue-watchdog`)
+    /// runs this version or later: an older one fails on a string record
+    /// (docs/OPERATIONS.md, "Compact completion records").
+    pub compact_records: bool,
     /// Retry backoff for retryable handler errors.
     pub backoff: Backoff,
     /// The longest the promoter sleeps when nothing wakes it (default 2 s).
@@ -95,6 +103,7 @@ impl Default for WorkerConfig {
             fetch_batch: 0,
             grace: Duration::from_secs(30),
             completion_retention: Duration::from_secs(24 * 3600),
+            compact_records: false,
             backoff: Backoff::default(),
             promote_interval: Duration::from_secs(2),
             ack_batch: 64,
@@ -275,6 +284,19 @@ impl WorkerBuilder {
     /// ```
     pub fn ack_window(mut self, window: Duration) -> Self {
         self.config.ack_window = window;
+        self
+    }
+
+    /// Completion records as one compact string ([`WorkerConfig::compact_records`]):
+    /// turn on once no process older than this version reads records.
+    ///
+    /// ```
+    /// # fn f(b: queue_core::WorkerBuilder) -> queue_core::WorkerBuilder {
+    /// b.compact_records(true) // every process of the deployment runs this version
+    /// # }
+    /// ```
+    pub fn compact_records(mut self, on: bool) -> Self {
+        self.config.compact_records = on;
         self
     }
 

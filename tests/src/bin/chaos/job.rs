@@ -117,9 +117,11 @@ pub async fn chaos_job(ctx: JobContext, w: Work) -> Result<(), JobError> {
 
 /// Worker settings of the harness (`lease` from `--lease-ms`).
 /// `CHAOS_ACK_WINDOW_MS` (inherited from the orchestrator) overrides the
-/// workers' `ack_window`, to measure its effect on re-runs per crash.
+/// workers' `ack_window`, to measure its effect on re-runs per crash;
+/// `CHAOS_COMPACT_RECORDS=1` turns `compact_records` on.
 pub fn worker_config(concurrency: usize, lease: Duration) -> WorkerConfig {
     let defaults = WorkerConfig::default();
+    let compact_records = std::env::var("CHAOS_COMPACT_RECORDS").is_ok_and(|v| v == "1");
     let ack_window = std::env::var("CHAOS_ACK_WINDOW_MS")
         .ok()
         .and_then(|ms| ms.parse().ok())
@@ -135,6 +137,7 @@ pub fn worker_config(concurrency: usize, lease: Duration) -> WorkerConfig {
             max: Duration::from_millis(500),
         },
         ack_window,
+        compact_records,
         // Future-version poison jobs: given back (no attempt) for half a
         // second, then dead-lettered, since no chaos worker announces them.
         newer_version_wait: Duration::from_millis(500),

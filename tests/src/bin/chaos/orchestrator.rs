@@ -994,7 +994,7 @@ async fn verify(
     let ids: Vec<String> = (0..plan.len() as u64).map(job_id).collect();
     let mut notes = Notes::default();
     for (chunk_no, chunk) in ids.chunks(500).enumerate() {
-        let rows = job_rows(&mut conn, &keys, chunk).await?;
+        let rows = job_rows(queue, &mut conn, &keys, chunk).await?;
         let charges = charges_of(&mut ledger, chunk).await?;
         for (i, id) in chunk.iter().enumerate() {
             let seen = Seen {
@@ -1055,8 +1055,11 @@ impl LedgerCounts {
 }
 
 /// Per id of `chunk`, two rows: its completion record's (status, result) and
-/// its job hash's (state, dead_reason).
+/// its job hash's (state, dead_reason). The record is read through
+/// `Queue::completion`, which reads both of its forms (a hash, or the compact
+/// string of `CHAOS_COMPACT_RECORDS=1`).
 async fn job_rows(
+    queue: &Queue,
     conn: &mut queue_core::RedisConnection,
     keys: &QueueKeys,
     chunk: &[String],
@@ -1064,15 +1067,23 @@ async fn job_rows(
     let mut pipe = redis::pipe();
     for id in chunk {
         pipe.cmd("HMGET")
-            .arg(keys.done(id))
-            .arg("status")
-            .arg("result");
-        pipe.cmd("HMGET")
             .arg(keys.job(id))
             .arg("state")
             .arg("dead_reason");
     }
-    pipe.query_async(conn).await.map_err(verify_error)
+    let jobs: Vec<(Option<String>, Option<String>)> =
+        pipe.query_async(conn).await.map_err(verify_error)?;
+    let mut rows = Vec::with_capacity(2 * chunk.len());
+    for (id, job) in chunk.iter().zip(jobs) {
+        let rec = queue
+            .completion(QUEUE, id.as_str())
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or_default();
+        rows.push((rec.get("status").cloned(), rec.get("result").cloned()));
+        rows.push(job);
+    }
+    Ok(rows)
 }
 
 /// The charge id the ledger recorded for each id of `chunk`.
