@@ -13,7 +13,8 @@
 #                                    # the goal workloads of issue #12 only (e2e 16 producers x c16,
 #                                    # process c64, process c1), interleaving BIN (queue-bench built
 #                                    # from an older commit), this build (or --new BIN: no build) and BullMQ; median of --runs
-#                                    # (3), ratios and Redis us/job: examples/bench/focus_report.py
+#                                    # (3), ratios and Redis us/job: examples/bench/focus_report.py;
+#                                    # --compact adds this build with compact completion records
 #   scripts/bench.sh --bullmq-bench [--bb-scale K]
 #                                    # bullmq-bench's four scenarios (queue-add, queue-add-bulk of 50,
 #                                    # worker-generic, worker-concurrent with 100), BullMQ and queue-core
@@ -47,6 +48,7 @@ BB_SCALE=1
 TRICKLE=0
 TRICKLE_RATE=1000
 COST=0
+COMPACT=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -64,7 +66,8 @@ while [ $# -gt 0 ]; do
     --trickle) TRICKLE=1 ;;
     --trickle-rate) TRICKLE_RATE="$2"; shift ;;
     --cost) COST=1 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    --compact) COMPACT=1 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -212,6 +215,7 @@ if [ "$BB$TRICKLE$COST" != 000 ]; then
     log "cost: Redis memory per waiting and per completed job ($N_MEMORY jobs)"
     qc cost 1 cost-memory --n "$N_MEMORY"
     qc cost 1 cost-memory --n "$N_MEMORY" --retention-s 0
+    qc cost 1 cost-memory --n "$N_MEMORY" --compact-records
   fi
   python3 -c 'import json,sys; open(sys.argv[1],"a").write(json.dumps({"workload":"machine_end","loadavg_end":open("/proc/loadavg").read().split()[:3]})+"\n")' "$OUT"
   python3 examples/bench/issue12_report.py "$OUT" > "${OUT%.jsonl}.md"
@@ -231,6 +235,7 @@ if [ "$FOCUS" = 1 ]; then
     redis-cli -p "$PORT" flushall >/dev/null
     case "$sys" in
       new) "$QB" --redis-url "$URL" --out "$OUT" --label "$label" "$@" >/dev/null || log "FAILED: new $*" ;;
+      compact) "$QB" --redis-url "$URL" --out "$OUT" --label "$label" "$@" --compact-records >/dev/null || log "FAILED: compact $*" ;;
       baseline) "$BASELINE" --redis-url "$URL" --out "$OUT" --label "$label" "$@" >/dev/null || log "FAILED: baseline $*" ;;
       bullmq) python3 "$PEERS/run_peer.py" --redis-url "$URL" --out "$OUT" --label "$label" -- \
                 node "$PEERS/bullmq/bench.cjs" --redis-url "$URL" "$@" >/dev/null || log "FAILED: bullmq $*" ;;
@@ -238,6 +243,7 @@ if [ "$FOCUS" = 1 ]; then
   }
   SYSTEMS="new"
   [ -n "$BASELINE" ] && SYSTEMS="baseline $SYSTEMS"
+  [ "$COMPACT" = 1 ] && SYSTEMS="$SYSTEMS compact"
   [ "$WITH_PEERS" = 1 ] && SYSTEMS="$SYSTEMS bullmq"
   for r in $(seq "$RUNS"); do
     for sys in $SYSTEMS; do

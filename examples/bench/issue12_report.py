@@ -178,11 +178,12 @@ def cost_section(rows):
     mem = [r for r in rows if r.get("workload") == "cost-memory"]
     if mem:
         print("#### (c) Redis memory per job\n")
-        print("| jobs | retention | bytes per waiting job (used_memory Δ / N) | MEMORY USAGE of one job hash "
+        print("| jobs | retention | records | bytes per waiting job (used_memory Δ / N) | MEMORY USAGE of one job hash "
               "| bytes per completed job (Δ / N) | MEMORY USAGE of one completion record | ≤ 150 B per record |")
-        print("|---:|---|---:|---:|---:|---:|---|")
+        print("|---:|---|---|---:|---:|---:|---:|---|")
         for r in mem:
             ret = "default (24 h)" if r.get("retention_s") is None else f"{r['retention_s']} s"
+            ret += " | " + ("compact" if r.get("compact_records") else "hash")
             per = r.get("bytes_per_completed_job")
             rec = r.get("memory_usage_completion_record")
             goal = "–" if r.get("retention_s") == 0 else (

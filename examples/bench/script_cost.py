@@ -15,6 +15,7 @@ same way; a git revision is read with `git show REV:queue-core/src/scripts/`.
     python3 examples/bench/script_cost.py --batch 1 --n 1000
     python3 examples/bench/script_cost.py --backlog 1000000   # 1M jobs waiting behind
     python3 examples/bench/script_cost.py --enqueue-batch 9 --batch 6   # the end-to-end shape
+    python3 examples/bench/script_cost.py --compact           # acks write compact records
 
 Instructions, not time: a cache miss in a large keyspace costs nothing here
 (the figures are for a warm, small keyspace). Needs valgrind, redis-server
@@ -126,8 +127,13 @@ def measure(directory, a, keep, label):
                            "150000", "bench-worker")
             deliveries += [(row[1], row[2]) for row in rows if row[0] == b"claimed"]
         dump()  # part 3: fetch
+        # Since stop 27 ack.lua takes the record format (ARGV 6); older scripts do not.
+        fmt = ["compact" if a.compact else "hash"] if "record format" in open(
+            os.path.join(directory, "ack.lua")).read() else []
+        if a.compact and not fmt:
+            raise SystemExit(f"{label}: these scripts have no compact records")
         for c in range(0, len(deliveries), a.batch):
-            args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:"]
+            args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:"] + fmt
             for job_id, token in deliveries[c:c + a.batch]:
                 args += [job_id, token, ""]
             codes = r.fcall("ack", 4, Q + "processing", Q + "leases", Q + "stats", Q + "guard", *args)
@@ -163,6 +169,8 @@ def main():
     ap.add_argument("--backlog", type=int, default=0,
                     help="waiting jobs behind the measured ones (written uncounted; default 0)")
     ap.add_argument("--settle", type=float, default=0.0, help="seconds to wait after the backlog (default 0)")
+    ap.add_argument("--compact", action="store_true",
+                    help="acks write compact completion records (WorkerConfig::compact_records)")
     ap.add_argument("--keep", help="keep the callgrind files in this directory")
     a = ap.parse_args()
     sources = a.rev + (a.sources or [os.path.join(ROOT, "queue-core", "src", "scripts")])

@@ -113,7 +113,7 @@ def main():
             fetch_us = usec(mode) / len(items)
             r.config_resetstat()
             for c in range(0, len(items), a.batch):
-                args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:"]
+                args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:", "hash"]
                 for job_id, token in items[c:c + a.batch]:
                     args += [job_id, token, ""]
                 call(mode, "ack", [Q + "processing", Q + "leases", Q + "stats", Q + "guard"], args)

@@ -102,6 +102,7 @@ pub async fn ack(url: &str, n: u64, in_flight: usize, workers: usize, rate: f64)
         fetch_batch: queue_core::WorkerConfig::default().fetch_batch,
         retention_s: None,
         sleep_ms,
+        compact_records: false,
     };
     let mut children = Vec::new();
     for _ in 0..workers {
@@ -203,6 +204,7 @@ pub async fn backlog(
         fetch_batch: queue_core::WorkerConfig::default().fetch_batch,
         retention_s: None,
         sleep_ms: 0,
+        compact_records: false,
     };
     let mut out = Vec::new();
     for rep in 1..=runs.max(1) {
@@ -272,7 +274,12 @@ async fn to_front(admin: &mut redis::aio::ConnectionManager, n: u64) -> Res<()> 
 
 /// (c) Redis memory per waiting job (`n` enqueued) and per completed job
 /// (after one worker ran them all, default retention unless `retention_s`).
-pub async fn memory(url: &str, n: u64, retention_s: Option<u64>) -> Res<Value> {
+pub async fn memory(
+    url: &str,
+    n: u64,
+    retention_s: Option<u64>,
+    compact_records: bool,
+) -> Res<Value> {
     crate::flush(url).await?;
     let mut admin = crate::admin(url).await?;
     let keys = QueueKeys::new(QUEUE);
@@ -304,6 +311,7 @@ pub async fn memory(url: &str, n: u64, retention_s: Option<u64>) -> Res<Value> {
         fetch_batch: queue_core::WorkerConfig::default().fetch_batch,
         retention_s,
         sleep_ms: 0,
+        compact_records,
     };
     let (child, _) = Child::spawn(url, n, 0, &w).await?;
     child.result().await?;
@@ -311,7 +319,7 @@ pub async fn memory(url: &str, n: u64, retention_s: Option<u64>) -> Res<Value> {
     let record = usage(keys.done(&id), &mut admin).await?;
     let dbsize: u64 = redis::cmd("DBSIZE").query_async(&mut admin).await?;
     Ok(json!({
-        "workload": "cost-memory", "n": n, "retention_s": retention_s,
+        "workload": "cost-memory", "n": n, "retention_s": retention_s, "compact_records": compact_records,
         "bytes_per_waiting_job": ((used(&m1) - used(&m0)) / n as f64).round(),
         "bytes_per_completed_job": ((used(&m2) - used(&m0)) / n as f64).round(),
         "memory_usage_job_hash": job_hash, "memory_usage_completion_record": record,

@@ -130,6 +130,9 @@ struct WorkerArgs {
     /// Each handler sleeps this long (ms) before it returns (0: a no-op).
     #[arg(long, default_value_t = 0)]
     sleep_ms: u64,
+    /// `WorkerConfig::compact_records`: completion records as one string.
+    #[arg(long)]
+    compact_records: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -233,6 +236,9 @@ enum Cmd {
         n: u64,
         #[arg(long)]
         retention_s: Option<u64>,
+        /// The worker writes compact completion records (`WorkerConfig::compact_records`).
+        #[arg(long)]
+        compact_records: bool,
     },
     /// Internal: the worker process of `process`, `e2e` and `memory`.
     #[command(hide = true)]
@@ -308,7 +314,11 @@ async fn run(cli: Cli) -> Res<()> {
             }
             return Ok(());
         }
-        Cmd::CostMemory { n, retention_s } => cost::memory(&url, *n, *retention_s).await?,
+        Cmd::CostMemory {
+            n,
+            retention_s,
+            compact_records,
+        } => cost::memory(&url, *n, *retention_s, *compact_records).await?,
         Cmd::Consume {
             n,
             expect_enqueue,
@@ -494,6 +504,9 @@ impl Child {
             cmd.arg("--retention-s").arg(r.to_string());
         }
         cmd.arg("--sleep-ms").arg(w.sleep_ms.to_string());
+        if w.compact_records {
+            cmd.arg("--compact-records");
+        }
         cmd.stdout(Stdio::piped())
             .stdin(Stdio::null())
             .kill_on_drop(true);
@@ -548,7 +561,7 @@ async fn process(url: &str, n: u64, payload: usize, w: &WorkerArgs, _cli: &Cli) 
     let secs = (end_us.saturating_sub(start_us)) as f64 / 1e6;
     Ok(json!({
         "workload": "process", "n": n, "concurrency": w.concurrency, "fetch_batch": w.fetch_batch,
-        "payload": payload, "retention_s": w.retention_s,
+        "payload": payload, "retention_s": w.retention_s, "compact_records": w.compact_records,
         "seconds": round3(secs), "jobs_per_s": (n as f64 / secs).round(),
         "cmds": r["cmds"], "redis_cpu_s": r["redis_cpu_s"], "redis_cpu_util": round3(r["redis_cpu_s"].as_f64().unwrap_or(0.0) / secs),
         "worker_cpu_s": r["worker_cpu_s"],
@@ -571,6 +584,7 @@ async fn e2e(url: &str, p: &ProduceArgs, w: &WorkerArgs, _cli: &Cli) -> Res<Valu
         "workload": if p.rate > 0.0 { "e2e-rate" } else { "e2e" },
         "n": p.n, "producers": p.producers, "batch": p.batch, "payload": p.payload, "rate": p.rate,
         "concurrency": w.concurrency, "fetch_batch": w.fetch_batch, "retention_s": w.retention_s,
+        "compact_records": w.compact_records,
         "seconds": round3(secs), "jobs_per_s": (p.n as f64 / secs).round(),
         "enqueue_jobs_per_s": (p.n as f64 / ((produced_us - t0) as f64 / 1e6)).round(),
         "latency": r["latency"], "latency_redis_clock": r["latency_redis_clock"],
@@ -696,6 +710,7 @@ async fn consume(url: &str, n: u64, expect_enqueue: u64, w: &WorkerArgs) -> Res<
     let mut config = WorkerConfig {
         concurrency: w.concurrency,
         fetch_batch: w.fetch_batch,
+        compact_records: w.compact_records,
         ..WorkerConfig::default()
     };
     if let Some(r) = w.retention_s {
