@@ -84,11 +84,12 @@ def measure(directory, a, keep, label):
         p = r.pipeline(transaction=False)
         if a.enqueue_batch:
             # enqueue_many, as the Queue's group commit sends it: generated
-            # ids (fresh), no enqueue token, no extra fields.
+            # ids (fresh), an enqueue token per job, no extra fields.
             for c in range(0, a.n, a.enqueue_batch):
                 args = [Q + "job:", Q + "done:", Q + "once:", "each"]
                 for i in range(c, min(c + a.enqueue_batch, a.n)):
-                    args += ["j%d" % i, "noop", "1", "x" * a.payload, "3", "0", "0", "0", "", "1", "0"]
+                    args += ["j%d" % i, "noop", "1", "x" * a.payload, "3", "0", "0", "0",
+                             "enq-%d-0123456789abcdef0123" % i, "1", "0"]
                 p.fcall("enqueue_many", 4, Q + "main", Q + "delayed", Q + "stats", Q + "wake", *args)
                 if c % 2000 == 0:
                     p.execute()

@@ -97,10 +97,17 @@ local function write(i)
     return {'exists', redis.call('HGET', jobkey, 'state') or ''}
   end
   created = created + 1
-  if delay == 0 and token == '' and n == 0 then
-    -- The usual job: due now, no token, no extra field (no table for its fields).
-    redis.call('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
-      'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', now_s, 'state', 'queued')
+  if delay == 0 and n == 0 then
+    -- The usual job: due now, no extra field (no table for its fields); the
+    -- Queue's group commit sends an enqueue token with each.
+    if token ~= '' then
+      redis.call('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
+        'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', now_s, 'state', 'queued',
+        'enq_token', token)
+    else
+      redis.call('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
+        'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', now_s, 'state', 'queued')
+    end
     to_main[#to_main + 1] = id
     ev(KEYS[3], 'enqueued', id, now, 'type', jtype, 'run_at', now)
     return new_now
