@@ -194,16 +194,17 @@ if [ "$BB$TRICKLE$COST" != 000 ]; then
   if [ "$COST" = 1 ]; then
     # The backlog is loaded once per size (1M jobs take minutes) and measured
     # --runs times over it (each result line carries its own load average).
+    # A load that takes the key count past a power of two (2^20 here) starts
+    # Redis' incremental rehash of the keyspace, during which every key lookup
+    # also moves a bucket: --settle-s waits for it to end (about 50 s idle
+    # for 1M keys), and one run more measures during it.
     for b in 0 "$BACKLOG"; do
       log "cost: fetch with $b waiting, promote with $b delayed, $RUNS runs each (load $(load1))"
-      qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --runs "$RUNS"
-      qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --delayed --runs "$RUNS"
+      qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --runs "$RUNS" --settle-s 180
+      qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$b" --delayed --runs "$RUNS" --settle-s 180
     done
-    # The same backlog with the measured jobs written just before each run
-    # (as recently as with no backlog): separates the backlog's size from
-    # how long ago the jobs a run takes were written.
-    log "cost: fetch with $BACKLOG waiting behind freshly enqueued jobs, $RUNS runs (load $(load1))"
-    qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$BACKLOG" --fresh --runs "$RUNS"
+    log "cost: fetch with $BACKLOG waiting during the keyspace rehash, $RUNS runs (load $(load1))"
+    qc cost all cost-backlog --n "$N_BACKLOG" --backlog "$BACKLOG" --runs "$RUNS"
     if [ "$WITH_PEERS" = 1 ]; then
       for r in $(seq 1 "$RUNS"); do
         for b in 0 "$BACKLOG"; do

@@ -137,14 +137,27 @@ def cost_section(rows):
         print("| measured jobs | kind | other jobs in the queue | Redis used memory MiB | jobs/s | "
               "Redis µs/job, scripts (median; runs) | Redis CPU µs/job | list move µs/job | promote ZRANGEBYSCORE+ZRANGE µs/promoted | load |")
         print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-        # "waiting, fresh": the measured jobs written just before each run,
-        # ahead of the backlog (`--fresh`); its no-backlog row is waiting's.
-        kind_of = lambda r: r["kind"] + (", fresh" if r.get("fresh") else "")  # noqa: E731
-        for kind in ("waiting", "waiting, fresh", "delayed"):
+        # A backlog measured at once after its load, without waiting for
+        # Redis to finish rehashing its keyspace (`--settle-s 0`), is a kind
+        # of its own, as is `--fresh` (each run's jobs written just before
+        # it); their no-backlog rows are the plain kind's. A run that started
+        # while the keyspace was being rehashed is marked † in the list.
+        def kind_of(r):
+            k = r["kind"] + (", fresh" if r.get("fresh") else "")
+            if r["backlog"] > 0 and r.get("settle_s") == 0:
+                k += ", measured at once after the load"
+            return k
+
+        kinds = []
+        for r in bl:
+            if kind_of(r) not in kinds:
+                kinds.append(kind_of(r))
+        for kind in kinds:
             meds, cpus = [], []
-            ofk = [r for r in bl if kind_of(r) == kind or (kind == "waiting, fresh" and kind_of(r) == "waiting"
+            base = kind.split(",")[0]
+            ofk = [r for r in bl if kind_of(r) == kind or (kind != base and kind_of(r) == base
                                                           and r["backlog"] == 0)]
-            if not any(kind_of(r) == kind for r in ofk):
+            if not any(kind_of(r) == kind and r["backlog"] > 0 for r in ofk) and kind != base:
                 continue
             for b in sorted({r["backlog"] for r in ofk}):
                 rs = [r for r in ofk if r["backlog"] == b]
@@ -154,7 +167,8 @@ def cost_section(rows):
                 cpus.append(cpu)
                 pz = med([r.get("promote_zset_usec_per_promoted") for r in rs])
                 print(f"| {fmt(rs[0]['n'])} | {kind} | {fmt(b)} | {fmt(med([r.get('redis_used_memory_mib') for r in rs]))} "
-                      f"| {fmt(med([r.get('jobs_per_s') for r in rs]))} | {fmt(med(us), 1)} ({', '.join(fmt(x, 1) for x in us)}) "
+                      f"| {fmt(med([r.get('jobs_per_s') for r in rs]))} | {fmt(med(us), 1)} "
+                      f"({', '.join(fmt(r.get('redis_scripts_usec_per_job'), 1) + ('†' if r.get('rehashing') else '') for r in rs)}) "
                       f"| {fmt(cpu, 1)} | {fmt(med([r.get('move_usec_per_job') for r in rs]), 2)} | {fmt(pz, 2)} | {loads(rs)} |")
             if meds:
                 print(f"| | {kind}: flat within 20%? | | | | {flat(meds)} | {flat(cpus)} | | | |")

@@ -178,6 +178,10 @@ pub async fn ack(url: &str, n: u64, in_flight: usize, workers: usize, rate: f64)
 /// run takes are then as recently written as with no backlog, and only the
 /// size of the list and of the keyspace differs. Without it they were
 /// written before the whole backlog, so they are cold in the CPU's caches.
+/// `settle`: after loading, wait up to this long for Redis to finish
+/// rehashing its keyspace (a load that takes the key count past a power of
+/// two starts an incremental rehash, during which every key lookup also moves
+/// a bucket); each result line carries the keyspace's slots before its run.
 pub async fn backlog(
     url: &str,
     n: u64,
@@ -185,6 +189,7 @@ pub async fn backlog(
     delayed: bool,
     runs: u64,
     fresh: bool,
+    settle: Duration,
 ) -> Res<Vec<Value>> {
     crate::flush(url).await?;
     let t = Instant::now();
@@ -199,6 +204,11 @@ pub async fn backlog(
     }
     let load_s = t.elapsed().as_secs_f64();
     let mut admin = crate::admin(url).await?;
+    let t = Instant::now();
+    while t.elapsed() < settle && keyspace_slots(&mut admin).await?.1 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let settled_s = t.elapsed().as_secs_f64();
     let w = WorkerArgs {
         concurrency: 16,
         fetch_batch: queue_core::WorkerConfig::default().fetch_batch,
@@ -217,6 +227,7 @@ pub async fn backlog(
             to_front(&mut admin, n).await?;
         }
         let mem = stats::snapshot(&mut admin).await?.used_memory;
+        let (slots, rehashing) = keyspace_slots(&mut admin).await?;
         let before = stats::snapshot(&mut admin).await?;
         let (child, start_us) = Child::spawn(url, n, 0, &w).await?;
         let r = child.result().await?;
@@ -227,6 +238,8 @@ pub async fn backlog(
         out.push(json!({
             "workload": "cost-backlog", "kind": if delayed { "delayed" } else { "waiting" },
             "n": n, "backlog": backlog, "fresh": fresh, "rep": rep, "load_s": round3(load_s),
+            "settle_s": settle.as_secs(), "settled_s": round3(settled_s),
+            "keyspace_slots": slots, "rehashing": rehashing,
             "load1": std::fs::read_to_string("/proc/loadavg").ok().and_then(|l| l.split(' ').next().map(str::to_string)),
             "redis_used_memory_mib": round3(mem as f64 / 1048576.0),
             "seconds": round3(secs), "jobs_per_s": (n as f64 / secs).round(),
@@ -243,6 +256,36 @@ pub async fn backlog(
         }));
     }
     Ok(out)
+}
+
+/// The slots of db 0's main hash table and whether it is being rehashed (its
+/// two tables' slots are counted then, so the sum is no power of two), from
+/// `MEMORY STATS` (redis 7.0: overhead = keys × (dictEntry 24 + robj 16) +
+/// slots × 8).
+async fn keyspace_slots(admin: &mut redis::aio::ConnectionManager) -> Res<(u64, bool)> {
+    let stats: Vec<redis::Value> = redis::cmd("MEMORY").arg("STATS").query_async(admin).await?;
+    let keys: u64 = redis::cmd("DBSIZE").query_async(admin).await?;
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        _ => String::new(),
+    };
+    let mut overhead = 0;
+    for pair in stats.chunks(2) {
+        if let [name, redis::Value::Array(db)] = pair {
+            if text(name) == "db.0" {
+                for f in db.chunks(2) {
+                    if let [k, redis::Value::Int(v)] = f {
+                        if text(k) == "overhead.hashtable.main" {
+                            overhead = u64::try_from(*v).unwrap_or(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let slots = overhead.saturating_sub(keys * 40) / 8;
+    Ok((slots, slots > 0 && !slots.is_power_of_two()))
 }
 
 /// Moves the `n` jobs enqueued last (the head of the waiting list) to the

@@ -229,6 +229,10 @@ enum Cmd {
         /// the backlog.
         #[arg(long)]
         fresh: bool,
+        /// After loading, wait up to this many seconds for Redis to finish
+        /// rehashing its keyspace (0: measure at once).
+        #[arg(long, default_value_t = 0)]
+        settle_s: u64,
     },
     /// Redis memory per waiting job and per completed job (completion record).
     CostMemory {
@@ -307,8 +311,11 @@ async fn run(cli: Cli) -> Res<()> {
             delayed,
             runs,
             fresh,
+            settle_s,
         } => {
-            let results = cost::backlog(&url, *n, *backlog, *delayed, *runs, *fresh).await?;
+            let settle = Duration::from_secs(*settle_s);
+            let results =
+                cost::backlog(&url, *n, *backlog, *delayed, *runs, *fresh, settle).await?;
             for r in results {
                 emit(&cli, r)?;
             }
