@@ -363,6 +363,37 @@ mod tests {
         panic!("the first ack never timed out behind DEBUG SLEEP");
     }
 
+    /// A stale delivery whose completion record key holds a third type
+    /// (corrupt data) answers lease lost; the batch's other deliveries, acked
+    /// before it in the same call, are not stopped half-way by an error.
+    #[tokio::test]
+    async fn a_record_key_of_a_third_type_does_not_fail_the_batch_half_way() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
+        let keys = QueueKeys::new("corrupt-record");
+        let a = delivered(&mut c, &keys, "a").await;
+        let b = delivered(&mut c, &keys, "b").await;
+        let _: () = redis::cmd("RPUSH")
+            .arg(keys.done("b"))
+            .arg("x")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let mut stale = item(&b);
+        stale.token.push_str("-old");
+        for compact in [false, true] {
+            let replies = ack_as(&mut c, &keys, &[item(&a), stale.clone()], compact)
+                .await
+                .unwrap();
+            let first = if compact {
+                AckReply::AlreadyCompleted
+            } else {
+                AckReply::Completed
+            };
+            assert_eq!(replies, [first, AckReply::LeaseLost], "compact {compact}");
+        }
+    }
+
     /// A compact record (WorkerConfig::compact_records) is one string with
     /// the retention as its TTL, and whatever reads a record reads it: a
     /// retried ack with the same token (its first reply lost) answers

@@ -157,11 +157,15 @@ local function record_all(key)
   return record_unpack(redis.call('GET', key))
 end
 
--- One field of the record at `key`, or false (no record, no such field).
+-- One field of the record at `key`, or false (no record, no such field, or a
+-- key of a third type: never an error, so a caller that has written already
+-- is not stopped half-way).
 local function record_field(key, name)
   local v = redis.pcall('HGET', key, name)
   if type(v) ~= 'table' then return v end
-  local rec = record_all(key)
+  local s = redis.pcall('GET', key)
+  if type(s) ~= 'string' then return false end
+  local rec = record_unpack(s)
   for i = 1, #rec, 2 do
     if rec[i] == name then return rec[i + 1] end
   end
