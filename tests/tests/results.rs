@@ -326,3 +326,67 @@ async fn the_execution_deadline_spans_attempts_and_stops_the_handler() {
     assert_eq!(slow.attempts(), 2);
     worker.stop().await;
 }
+
+/// Compact completion records (`WorkerConfig::compact_records`,
+/// docs/OPERATIONS.md): a typed result reaches a producer that waits before
+/// the job runs (woken by the ack) and one that asks afterwards (read from
+/// the string record); `Queue::completion` reads the record; a re-enqueue of
+/// the id is refused as completed.
+#[tokio::test]
+async fn typed_results_reach_the_producer_through_compact_records() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new(square::QUEUE);
+    let worker = WorkerHandle::start(
+        queue_core::Worker::builder(&env.url)
+            .register(square::handler())
+            .config(WorkerConfig {
+                compact_records: true,
+                ..fast_config()
+            }),
+    )
+    .await;
+    let args = Square {
+        n: 7,
+        sleep_ms: 300,
+        ..Square::default()
+    };
+    let id = square::enqueue(&env.queue, args.clone()).await.unwrap();
+    let waiter = {
+        let (queue, id) = (env.queue.clone(), id.clone());
+        tokio::spawn(async move { queue.wait_result::<square::Job>(id, T).await })
+    };
+    let got: Squared = waiter.await.unwrap().unwrap();
+    assert_eq!((got.n, got.square), (7, 49));
+    let again = env
+        .queue
+        .wait_result::<square::Job>(id.clone(), Duration::from_millis(1))
+        .await
+        .unwrap();
+    assert_eq!(again, got, "answered from the string record");
+
+    let mut conn = env.conn().await;
+    let kind: String = redis::cmd("TYPE")
+        .arg(keys.done(id.as_str()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(kind, "string", "the record is one string");
+    let rec = env
+        .queue
+        .completion(square::QUEUE, id.clone())
+        .await
+        .unwrap()
+        .expect("a completion record");
+    assert_eq!(rec.get("status").map(String::as_str), Some("done"));
+    assert_eq!(rec.get("attempts").map(String::as_str), Some("1"));
+    assert!(
+        rec.get("result").is_some_and(|r| r.starts_with("msgpack:")),
+        "{rec:?}"
+    );
+    let dup = square::enqueue_with(&env.queue, EnqueueOptions::new().id(id.clone()), args)
+        .await
+        .unwrap();
+    assert_eq!(dup.outcome, queue_core::EnqueueOutcome::AlreadyCompleted);
+    worker.stop().await;
+}
