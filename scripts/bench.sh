@@ -22,7 +22,8 @@
 #   scripts/bench.sh --trickle [--trickle-rate R]
 #                                    # enqueue->start p50/p99 at R (1,000) jobs/s offered, queue-core and BullMQ
 #   scripts/bench.sh --cost          # cost vs size: ack with 16 vs 4,096 in flight (8 worker processes),
-#                                    # fetch/promote with 1M waiting/delayed vs none, Redis bytes per job
+#                                    # fetch/promote with 1M waiting/delayed vs none (after Redis' keyspace
+#                                    # rehash, and once during it; BullMQ over the same backlog), Redis bytes per job
 #                                    # (these three combine; tables: examples/bench/issue12_report.py)
 #
 # Needs: cargo, redis-server + redis-benchmark, node + npm, python3 (venv).
@@ -67,7 +68,7 @@ while [ $# -gt 0 ]; do
     --trickle-rate) TRICKLE_RATE="$2"; shift ;;
     --cost) COST=1 ;;
     --compact) COMPACT=1 ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
