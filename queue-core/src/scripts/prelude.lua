@@ -112,67 +112,7 @@ local function job_counts(attempts_raw, max_raw)
   return attempts, max
 end
 
--- Defined under `-- ==== completion records ====
--- A completion record (`q:{Q}:done:<id>`) is a hash, or with
--- WorkerConfig::compact_records the string an ack writes with one SET ... PX
--- (issue #12: fewer instructions per ack and less memory than an 8-field hash
--- and its PEXPIRE; its status is `done`, a cancel still writes a hash):
---   c1 <finished_at> <attempts> <enqueued_at> <delivered_at> <#token>:<#type>:<#worker>:<token><type><worker><result>
--- the four times and counts in decimal, then the lengths of the three strings
--- that follow, and the result reference as the rest (any bytes). Whoever reads
--- a record's fields reads both forms (record_all, record_field; in Rust
--- src/record.rs), so the two can live side by side; EXISTS is the same for both.
-local function record_pack(finished_at, attempts, enqueued_at, delivered_at, token, jtype, worker, result)
-  return 'c1 ' .. finished_at .. ' ' .. attempts .. ' ' .. enqueued_at .. ' ' .. delivered_at .. ' '
-    .. int_str(#token) .. ':' .. int_str(#jtype) .. ':' .. int_str(#worker) .. ':' .. token .. jtype .. worker
-    .. result
-end
-
--- {field, value, ...} of a compact record (`result` left out when empty, as a
--- hash record has none then), or {'status', 'done'} alone when the string does
--- not parse (a stored count that was not one, say): it still says that the job
--- finished.
-local function record_unpack(s)
-  local fin, att, enq, del, lt, ly, lw, at = string.match(s,
-    '^c1 (%d+) (%d+) (%d+) (%d+) (%d+):(%d+):(%d+):()')
-  if not at then return {'status', 'done'} end
-  lt, ly, lw = tonumber(lt), tonumber(ly), tonumber(lw)
-  if at + lt + ly + lw - 1 > #s then return {'status', 'done'} end
-  local out = {'status', 'done', 'finished_at', fin, 'attempts', att, 'enqueued_at', enq, 'delivered_at', del,
-    'token', string.sub(s, at, at + lt - 1), 'type', string.sub(s, at + lt, at + lt + ly - 1),
-    'worker', string.sub(s, at + lt + ly, at + lt + ly + lw - 1)}
-  local result = string.sub(s, at + lt + ly + lw)
-  if result ~= '' then
-    out[#out + 1] = 'result'
-    out[#out + 1] = result
-  end
-  return out
-end
-
--- The record at `key` as {field, value, ...}, empty when there is none. A key
--- of a third type fails the call (WRONGTYPE), as reading it as a hash did.
-local function record_all(key)
-  local rec = redis.pcall('HGETALL', key)
-  if not rec['err'] then return rec end
-  return record_unpack(redis.call('GET', key))
-end
-
--- One field of the record at `key`, or false (no record, no such field, or a
--- key of a third type: never an error, so a caller that has written already
--- is not stopped half-way).
-local function record_field(key, name)
-  local v = redis.pcall('HGET', key, name)
-  if type(v) ~= 'table' then return v end
-  local s = redis.pcall('GET', key)
-  if type(s) ~= 'string' then return false end
-  local rec = record_unpack(s)
-  for i = 1, #rec, 2 do
-    if rec[i] == name then return rec[i + 1] end
-  end
-  return false
-end
-
--- ==== deadlines, progress, results ====` at the end.
+-- Defined under `-- ==== deadlines, progress, results ====` at the end.
 local deadline_check, results_wake
 -- Dead-letters job `id`: pushes it on the dead list and keeps the hash (a
 -- minimal one is created when it was missing; a job key of another type is
@@ -915,6 +855,66 @@ end
 local function hist_close(stats, id, ttl)
   local hkey = ev_base(stats) .. 'hist:' .. id
   if ttl and ttl > 0 then redis.pcall('PEXPIRE', hkey, ttl) else redis.pcall('DEL', hkey) end
+end
+
+-- ==== completion records ====
+-- A completion record (`q:{Q}:done:<id>`) is a hash, or with
+-- WorkerConfig::compact_records the string an ack writes with one SET ... PX
+-- (issue #12: fewer instructions per ack and less memory than an 8-field hash
+-- and its PEXPIRE; its status is `done`, a cancel still writes a hash):
+--   c1 <finished_at> <attempts> <enqueued_at> <delivered_at> <#token>:<#type>:<#worker>:<token><type><worker><result>
+-- the four times and counts in decimal, then the lengths of the three strings
+-- that follow, and the result reference as the rest (any bytes). Whoever reads
+-- a record's fields reads both forms (record_all, record_field; in Rust
+-- src/record.rs), so the two can live side by side; EXISTS is the same for both.
+local function record_pack(finished_at, attempts, enqueued_at, delivered_at, token, jtype, worker, result)
+  return 'c1 ' .. finished_at .. ' ' .. attempts .. ' ' .. enqueued_at .. ' ' .. delivered_at .. ' '
+    .. int_str(#token) .. ':' .. int_str(#jtype) .. ':' .. int_str(#worker) .. ':' .. token .. jtype .. worker
+    .. result
+end
+
+-- {field, value, ...} of a compact record (`result` left out when empty, as a
+-- hash record has none then), or {'status', 'done'} alone when the string does
+-- not parse (a stored count that was not one, say): it still says that the job
+-- finished.
+local function record_unpack(s)
+  local fin, att, enq, del, lt, ly, lw, at = string.match(s,
+    '^c1 (%d+) (%d+) (%d+) (%d+) (%d+):(%d+):(%d+):()')
+  if not at then return {'status', 'done'} end
+  lt, ly, lw = tonumber(lt), tonumber(ly), tonumber(lw)
+  if at + lt + ly + lw - 1 > #s then return {'status', 'done'} end
+  local out = {'status', 'done', 'finished_at', fin, 'attempts', att, 'enqueued_at', enq, 'delivered_at', del,
+    'token', string.sub(s, at, at + lt - 1), 'type', string.sub(s, at + lt, at + lt + ly - 1),
+    'worker', string.sub(s, at + lt + ly, at + lt + ly + lw - 1)}
+  local result = string.sub(s, at + lt + ly + lw)
+  if result ~= '' then
+    out[#out + 1] = 'result'
+    out[#out + 1] = result
+  end
+  return out
+end
+
+-- The record at `key` as {field, value, ...}, empty when there is none. A key
+-- of a third type fails the call (WRONGTYPE), as reading it as a hash did.
+local function record_all(key)
+  local rec = redis.pcall('HGETALL', key)
+  if not rec['err'] then return rec end
+  return record_unpack(redis.call('GET', key))
+end
+
+-- One field of the record at `key`, or false (no record, no such field, or a
+-- key of a third type: never an error, so a caller that has written already
+-- is not stopped half-way).
+local function record_field(key, name)
+  local v = redis.pcall('HGET', key, name)
+  if type(v) ~= 'table' then return v end
+  local s = redis.pcall('GET', key)
+  if type(s) ~= 'string' then return false end
+  local rec = record_unpack(s)
+  for i = 1, #rec, 2 do
+    if rec[i] == name then return rec[i + 1] end
+  end
+  return false
 end
 
 -- ==== deadlines, progress, results ====
