@@ -22,26 +22,18 @@ pub(crate) fn unpack(s: &[u8]) -> Vec<(String, Vec<u8>)> {
 
 fn parse(s: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
     let mut rest = s.strip_prefix(b"c1 ")?;
-    let mut field = |name: &str, end: u8, out: &mut Vec<(String, Vec<u8>)>| {
-        let at = rest.iter().position(|b| *b == end)?;
-        let digits = &rest[..at];
-        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        out.push((name.to_string(), digits.to_vec()));
-        rest = &rest[at + 1..];
-        Some(())
-    };
     let mut out = vec![("status".to_string(), b"done".to_vec())];
     for name in ["finished_at", "attempts", "enqueued_at", "delivered_at"] {
-        field(name, b' ', &mut out)?;
+        out.push((name.to_string(), digits(&mut rest, b' ')?.to_vec()));
     }
-    let mut lengths = Vec::new();
-    for _ in 0..3 {
-        field("", b':', &mut lengths)?;
+    let mut lengths = [0usize; 3];
+    for len in &mut lengths {
+        *len = std::str::from_utf8(digits(&mut rest, b':')?)
+            .ok()?
+            .parse()
+            .ok()?;
     }
-    for (name, (_, len)) in ["token", "type", "worker"].into_iter().zip(lengths) {
-        let len: usize = std::str::from_utf8(&len).ok()?.parse().ok()?;
+    for (name, len) in ["token", "type", "worker"].into_iter().zip(lengths) {
         let value = rest.get(..len)?;
         out.push((name.to_string(), value.to_vec()));
         rest = &rest[len..];
@@ -50,6 +42,18 @@ fn parse(s: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
         out.push(("result".to_string(), rest.to_vec()));
     }
     Some(out)
+}
+
+/// The decimal digits at the start of `rest`, up to `end`, which is
+/// consumed with them; `None` when there are none or another byte comes first.
+fn digits<'a>(rest: &mut &'a [u8], end: u8) -> Option<&'a [u8]> {
+    let at = rest.iter().position(|b| *b == end)?;
+    let (number, tail) = (&rest[..at], &rest[at + 1..]);
+    if number.is_empty() || !number.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    *rest = tail;
+    Some(number)
 }
 
 #[cfg(test)]

@@ -192,6 +192,34 @@ mod tests {
         }
     }
 
+    /// The ack of `d` with a token that is not its delivery's (a stale one).
+    fn stale(d: &Delivery) -> AckItem {
+        let mut other = item(d);
+        other.token.push_str("-old");
+        other
+    }
+
+    /// A private redis-server, a connection to it, and two deliveries (`a`,
+    /// `b`) of queue `queue`, enqueued and claimed.
+    async fn two_delivered(
+        queue: &str,
+        a: &str,
+        b: &str,
+    ) -> (
+        queue_testkit::RedisServer,
+        RedisConnection,
+        QueueKeys,
+        Delivery,
+        Delivery,
+    ) {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
+        let keys = QueueKeys::new(queue);
+        let a = delivered(&mut c, &keys, a).await;
+        let b = delivered(&mut c, &keys, b).await;
+        (server, c, keys, a, b)
+    }
+
     async fn ack(
         conn: &mut RedisConnection,
         keys: &QueueKeys,
@@ -221,14 +249,8 @@ mod tests {
     /// in the batch is refused without touching the others.
     #[tokio::test]
     async fn a_batch_checks_every_token_and_answers_per_job() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
-        let keys = QueueKeys::new("acks");
-        let a = delivered(&mut c, &keys, "a").await;
-        let b = delivered(&mut c, &keys, "b").await;
-        let mut stale = item(&b);
-        stale.token.push_str("-old");
-        let replies = ack(&mut c, &keys, &[item(&a), stale]).await.unwrap();
+        let (_server, mut c, keys, a, b) = two_delivered("acks", "a", "b").await;
+        let replies = ack(&mut c, &keys, &[item(&a), stale(&b)]).await.unwrap();
         assert_eq!(replies, [AckReply::Completed, AckReply::LeaseLost]);
         let processing: Vec<String> = redis::cmd("LRANGE")
             .arg(&keys.processing)
@@ -354,9 +376,7 @@ mod tests {
                 .unwrap();
             assert_eq!(in_processing, None);
             // Another token is still refused.
-            let mut other = item(&d);
-            other.token = "someone-else".into();
-            let refused = ack(&mut normal, &keys, &[other]).await.unwrap();
+            let refused = ack(&mut normal, &keys, &[stale(&d)]).await.unwrap();
             assert_eq!(refused, [AckReply::LeaseLost]);
             return;
         }
@@ -368,21 +388,15 @@ mod tests {
     /// before it in the same call, are not stopped half-way by an error.
     #[tokio::test]
     async fn a_record_key_of_a_third_type_does_not_fail_the_batch_half_way() {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
-        let keys = QueueKeys::new("corrupt-record");
-        let a = delivered(&mut c, &keys, "a").await;
-        let b = delivered(&mut c, &keys, "b").await;
+        let (_server, mut c, keys, a, b) = two_delivered("corrupt-record", "a", "b").await;
         let _: () = redis::cmd("RPUSH")
             .arg(keys.done("b"))
             .arg("x")
             .query_async(&mut c)
             .await
             .unwrap();
-        let mut stale = item(&b);
-        stale.token.push_str("-old");
         for compact in [false, true] {
-            let replies = ack_as(&mut c, &keys, &[item(&a), stale.clone()], compact)
+            let replies = ack_as(&mut c, &keys, &[item(&a), stale(&b)], compact)
                 .await
                 .unwrap();
             let first = if compact {
@@ -409,11 +423,7 @@ mod tests {
         use crate::scripts::result_wait::{ResultWait, WaitState};
         use crate::CancelOutcome;
 
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
-        let keys = QueueKeys::new("compact");
-        let d = delivered(&mut c, &keys, "c").await;
-        let h = delivered(&mut c, &keys, "h").await;
+        let (server, mut c, keys, d, h) = two_delivered("compact", "c", "h").await;
         let mut with_result = item(&d);
         with_result.result_ref = Some(b"r:1 2".to_vec());
         assert_eq!(
@@ -451,10 +461,8 @@ mod tests {
             ack_as(&mut c, &keys, &[with_result], true).await.unwrap(),
             [AckReply::AlreadyCompleted]
         );
-        let mut other = item(&d);
-        other.token = "someone-else".into();
         assert_eq!(
-            ack(&mut c, &keys, &[other]).await.unwrap(),
+            ack(&mut c, &keys, &[stale(&d)]).await.unwrap(),
             [AckReply::LeaseLost]
         );
 
