@@ -99,10 +99,8 @@ pub async fn ack(url: &str, n: u64, in_flight: usize, workers: usize, rate: f64)
     let sleep_ms = (in_flight as f64 * 1000.0 / rate).round() as u64;
     let w = WorkerArgs {
         concurrency: (in_flight / workers.max(1)).max(1),
-        fetch_batch: queue_core::WorkerConfig::default().fetch_batch,
-        retention_s: None,
         sleep_ms,
-        compact_records: false,
+        ..WorkerArgs::default()
     };
     let mut children = Vec::new();
     for _ in 0..workers {
@@ -176,8 +174,8 @@ pub async fn ack(url: &str, n: u64, in_flight: usize, workers: usize, rate: f64)
 /// (waiting only): each run enqueues its `n` jobs just before it and moves
 /// them to the front of the waiting list, ahead of the backlog. The jobs a
 /// run takes are then as recently written as with no backlog, and only the
-/// size of the list and of the keyspace differs. Without it they were
-/// written before the whole backlog, so they are cold in the CPU's caches.
+/// size of the list and of the keyspace differs (a control: the growth it
+/// was written to test for turned out to be the keyspace rehash, below).
 /// `settle`: after loading, wait up to this long for Redis to finish
 /// rehashing its keyspace (a load that takes the key count past a power of
 /// two starts an incremental rehash, during which every key lookup also moves
@@ -209,13 +207,7 @@ pub async fn backlog(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let settled_s = t.elapsed().as_secs_f64();
-    let w = WorkerArgs {
-        concurrency: 16,
-        fetch_batch: queue_core::WorkerConfig::default().fetch_batch,
-        retention_s: None,
-        sleep_ms: 0,
-        compact_records: false,
-    };
+    let w = WorkerArgs::default();
     let mut out = Vec::new();
     for rep in 1..=runs.max(1) {
         if delayed {
@@ -350,11 +342,9 @@ pub async fn memory(
     };
     let job_hash = usage(keys.job(&id), &mut admin).await?;
     let w = WorkerArgs {
-        concurrency: 16,
-        fetch_batch: queue_core::WorkerConfig::default().fetch_batch,
         retention_s,
-        sleep_ms: 0,
         compact_records,
+        ..WorkerArgs::default()
     };
     let (child, _) = Child::spawn(url, n, 0, &w).await?;
     child.result().await?;

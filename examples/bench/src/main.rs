@@ -135,6 +135,20 @@ struct WorkerArgs {
     compact_records: bool,
 }
 
+/// The flags' defaults: concurrency 16, the library's fetch batch and
+/// retention, no-op handlers, hash records (what the cost workloads run).
+impl Default for WorkerArgs {
+    fn default() -> Self {
+        WorkerArgs {
+            concurrency: 16,
+            fetch_batch: WorkerConfig::default().fetch_batch,
+            retention_s: None,
+            sleep_ms: 0,
+            compact_records: false,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// (a) Enqueue only: N jobs from `--producers` concurrent producers.
