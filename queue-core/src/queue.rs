@@ -123,8 +123,10 @@ impl Queue {
     /// finds another enqueue of its queue in flight on this `Queue` or its
     /// clones waits for it, then goes to Redis in one `enqueue_many.lua`
     /// call with every call that arrived meanwhile (at most 256), instead
-    /// of one script call each. A call with nothing in flight is sent at
-    /// once, so a trickle of enqueues sees no added latency. Each call still
+    /// of one script call each. A call with nothing in flight is sent after
+    /// one scheduler turn (`yield_now`, no timer: the calls that arrive in
+    /// that turn go with it), so a trickle of enqueues sees no added latency
+    /// beyond it. Each call still
     /// gets its own result, `Ok` only once Redis wrote its job; a job the
     /// script refuses fails only its own call. `false`: every call is sent
     /// alone (one script call per job, as before 0.2). The setting applies
@@ -268,10 +270,10 @@ impl Queue {
         let reply = match &self.group {
             None => send_alone(&self.conn, &keys(), &job).await,
             Some(group) => match group.admit(&self.conn, queue, job) {
-                Admit::Lead(job, turn) => {
-                    let reply = send_alone(&self.conn, &keys(), &job).await;
-                    drop(turn);
-                    reply
+                Admit::Lead(rx, turn) => {
+                    turn.send_waiting().await;
+                    rx.await
+                        .unwrap_or_else(|_| Err(enqueue_group::abandoned(queue, &id)))
                 }
                 Admit::Alone(job) => send_alone(&self.conn, &keys(), &job).await,
                 Admit::Joined(rx) => rx

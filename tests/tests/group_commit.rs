@@ -164,3 +164,72 @@ async fn a_server_killed_mid_batch_leaves_every_caller_an_error_or_a_written_job
     }
     assert!(oks.len() >= 300, "{} confirmed", oks.len());
 }
+
+/// Producers that enqueue again as soon as they are answered (a producer
+/// loop) are carried together by the next call: the lane waits one scheduler
+/// turn for them. Before, the first of them led a call alone and the rest
+/// followed in another, twice the calls (issue #12).
+#[tokio::test]
+async fn producers_answered_together_enqueue_again_in_one_call() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    const PRODUCERS: u64 = 16;
+    const ROUNDS: u64 = 40;
+    let before = script_calls(&env).await;
+    let producers = (0..PRODUCERS).map(|p| {
+        let queue = env.queue.clone();
+        let t = env.task(p);
+        async move {
+            for _ in 0..ROUNDS {
+                queue.enqueue::<task::Job>(&t).await.unwrap();
+            }
+        }
+    });
+    tokio::time::timeout(BOUND, futures::future::join_all(producers))
+        .await
+        .expect("every producer done");
+    let calls = script_calls(&env).await - before;
+    let jobs = PRODUCERS * ROUNDS;
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, jobs + 1);
+    // One call per round (each carrying the 16 producers), plus the lead of
+    // the first round and a few split rounds; two per round before.
+    assert!(
+        calls <= ROUNDS * 5 / 4,
+        "{jobs} jobs from {PRODUCERS} looping producers took {calls} script calls \
+         ({:.1} jobs per call)",
+        jobs as f64 / calls as f64
+    );
+}
+
+/// A leader cancelled by its caller before its call went out (here: after
+/// its first poll) leaves its lane to the next turn: the callers that joined
+/// it are answered, and the queue takes enqueues afterwards.
+#[tokio::test]
+async fn a_cancelled_leader_leaves_the_callers_behind_it_answered() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let first = env.task(1);
+    let leader = env.queue.enqueue::<task::Job>(&first);
+    assert!(
+        tokio::time::timeout(Duration::ZERO, leader).await.is_err(),
+        "the leader yields before it sends"
+    );
+    let joined = (2..10).map(|i| {
+        let queue = env.queue.clone();
+        let t = env.task(i);
+        async move { queue.enqueue::<task::Job>(&t).await }
+    });
+    let results = tokio::time::timeout(BOUND, futures::future::join_all(joined))
+        .await
+        .expect("the callers behind a cancelled leader are answered");
+    for r in results {
+        r.expect("enqueued");
+    }
+    tokio::time::timeout(BOUND, env.queue.enqueue::<task::Job>(&env.task(10)))
+        .await
+        .expect("the lane is not stuck")
+        .expect("enqueued");
+    // The cancelled leader's job went with the next turn, like a cancelled
+    // waiter's: the first job, the leader's, 8 joined and the last.
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
+}
