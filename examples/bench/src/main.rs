@@ -116,7 +116,7 @@ struct ProduceArgs {
     rate: f64,
 }
 
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Parser)]
 struct WorkerArgs {
     /// Worker concurrency (jobs run at once).
     #[arg(long, default_value_t = 16)]
@@ -135,17 +135,11 @@ struct WorkerArgs {
     compact_records: bool,
 }
 
-/// The flags' defaults: concurrency 16, the library's fetch batch and
-/// retention, no-op handlers, hash records (what the cost workloads run).
+/// The flags' defaults (what the cost workloads run): parsed from no
+/// arguments, so they are written once, on the flags.
 impl Default for WorkerArgs {
     fn default() -> Self {
-        WorkerArgs {
-            concurrency: 16,
-            fetch_batch: WorkerConfig::default().fetch_batch,
-            retention_s: None,
-            sleep_ms: 0,
-            compact_records: false,
-        }
+        <WorkerArgs as clap::Parser>::parse_from(["worker-args"])
     }
 }
 
