@@ -79,7 +79,7 @@ pub(crate) struct GroupCommit {
 const MAX_WAITING: usize = 4 * MAX_JOBS_PER_CALL;
 
 /// What [`GroupCommit::admit`] decided for a call.
-pub(crate) enum Admit {
+enum Admit {
     /// Nothing in flight: the caller runs the lane's next call itself
     /// ([`Turn::send_waiting`]: its own job and whoever joined within one
     /// scheduler turn), then awaits its own reply; the turn hands the lane on
@@ -96,12 +96,27 @@ impl GroupCommit {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn admit(
+    /// Enqueues `job` through the lane of `queue`: leads its next call,
+    /// joins it, or (the lane full) goes alone; answers the job's own reply.
+    pub(crate) async fn enqueue(
         self: &Arc<Self>,
         conn: &RedisConnection,
         queue: &str,
         job: PendingJob,
-    ) -> Admit {
+    ) -> Result<EnqueueReply> {
+        let id = job.id.clone();
+        let rx = match self.admit(conn, queue, job) {
+            Admit::Lead(rx, turn) => {
+                turn.send_waiting().await;
+                rx
+            }
+            Admit::Joined(rx) => rx,
+            Admit::Alone(job) => return send_alone(conn, &QueueKeys::new(queue), &job).await,
+        };
+        rx.await.unwrap_or_else(|_| Err(abandoned(queue, &id)))
+    }
+
+    fn admit(self: &Arc<Self>, conn: &RedisConnection, queue: &str, job: PendingJob) -> Admit {
         let mut lanes = self.lanes();
         match lanes.get_mut(queue) {
             None => {
@@ -192,7 +207,7 @@ impl Turn {
     /// turn first, so that callers just answered can join (module doc); an
     /// empty lane then is removed. A lead awaits it in its own task; a
     /// hand-on runs it in a task of its own.
-    pub(crate) async fn send_waiting(mut self) {
+    async fn send_waiting(mut self) {
         tokio::task::yield_now().await;
         let batch: Vec<Waiter> = {
             let mut lanes = self.group.lanes();
@@ -323,7 +338,7 @@ fn for_job(e: &QueueError, queue: &str, id: &JobId) -> QueueError {
 
 /// The error of a waiter whose call was never answered (its task ended with
 /// the runtime): the job may or may not have been written.
-pub(crate) fn abandoned(queue: &str, id: &JobId) -> QueueError {
+fn abandoned(queue: &str, id: &JobId) -> QueueError {
     QueueError::redis(
         queue,
         Some(id),

@@ -16,7 +16,7 @@ use redis::Value;
 use tracing::{debug, warn};
 
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
-use crate::enqueue_group::{self, send_alone, Admit, GroupCommit, PendingJob};
+use crate::enqueue_group::{send_alone, GroupCommit, PendingJob};
 pub use crate::enqueue_options::{EnqueueOptions, EnqueueOutcome, Enqueued};
 use crate::error::{QueueError, Result};
 use crate::job::random_uuid;
@@ -266,20 +266,9 @@ impl Queue {
             generated,
             retry_window: self.retry_window,
         };
-        let keys = || QueueKeys::new(queue);
         let reply = match &self.group {
-            None => send_alone(&self.conn, &keys(), &job).await,
-            Some(group) => match group.admit(&self.conn, queue, job) {
-                Admit::Lead(rx, turn) => {
-                    turn.send_waiting().await;
-                    rx.await
-                        .unwrap_or_else(|_| Err(enqueue_group::abandoned(queue, &id)))
-                }
-                Admit::Alone(job) => send_alone(&self.conn, &keys(), &job).await,
-                Admit::Joined(rx) => rx
-                    .await
-                    .unwrap_or_else(|_| Err(enqueue_group::abandoned(queue, &id))),
-            },
+            None => send_alone(&self.conn, &QueueKeys::new(queue), &job).await,
+            Some(group) => group.enqueue(&self.conn, queue, job).await,
         }
         .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
         let outcome = EnqueueOutcome::from(reply);
