@@ -1,10 +1,12 @@
 //! A stripped-down consumer that runs queue-core's *own* fetch and ack
-//! scripts (compiled in from `queue-core/src/scripts`), with acks either one
-//! EVALSHA per job (as `Worker` does today) or many per EVALSHA (the
-//! prototype `proto/ack_many.lua`). It measures what batching acks would gain
-//! and how much the `Worker` machinery costs on top of the Redis protocol.
-//! A measuring tool for the proposals in docs/BENCHMARKS.md, not a worker:
-//! no heartbeats, retries or shutdown handling.
+//! scripts (compiled in from `queue-core/src/scripts`, sent as EVALSHA with
+//! the prelude) with today's keys and arguments, acking either one `ack.lua`
+//! call per job or one call per fetched batch (as the `Worker`'s acker does).
+//! It measures what batched acks gain and how much the `Worker` machinery
+//! costs on top of the Redis protocol. A measuring tool for
+//! docs/BENCHMARKS.md, not a worker: no heartbeats, retries or shutdown
+//! handling. (Before stop 29 it drove stop 20's signatures and a prototype
+//! `ack_many.lua`, and failed against the current scripts.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +22,11 @@ use crate::{Noop, Res};
 const PRELUDE: &str = include_str!("../../../queue-core/src/scripts/prelude.lua");
 const FETCH: &str = include_str!("../../../queue-core/src/scripts/fetch.lua");
 const ACK: &str = include_str!("../../../queue-core/src/scripts/ack.lua");
-const ACK_MANY: &str = include_str!("proto/ack_many.lua");
+
+/// The lease of each claimed job (ms); the receipt lives half of it.
+const LEASE_MS: u64 = 30_000;
+/// The completion records' retention (ms): the library's default, 24 h.
+const RETENTION_MS: u64 = 24 * 3600 * 1000;
 
 fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
@@ -41,18 +47,17 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
     let client = redis::Client::open(url)?;
     let conn = client.get_multiplexed_async_connection().await?;
     let mut admin = crate::admin(url).await?;
-    let (fetch, ack, ack_many) = (script(FETCH), script(ACK), script(ACK_MANY));
+    let (fetch, ack) = (script(FETCH), script(ACK));
     let done = Arc::new(AtomicU64::new(0));
     let before = stats::snapshot(&mut admin).await?;
     let t = Instant::now();
     let mut tasks = Vec::new();
     for f in 0..fetchers {
-        let (mut conn, keys, fetch, ack, ack_many, done) = (
+        let (mut conn, keys, fetch, ack, done) = (
             conn.clone(),
             keys.clone(),
             fetch.clone(),
             ack.clone(),
-            ack_many.clone(),
             done.clone(),
         );
         tasks.push(tokio::spawn(async move {
@@ -68,12 +73,17 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                     .key(&keys.stats)
                     .key(&keys.guard)
                     .key(keys.fetch_receipt(&token_base))
+                    .key(keys.paused())
+                    .key(keys.limits())
+                    .key(&keys.delayed)
+                    .key(&keys.wake)
                     .arg(&keys.job_prefix)
                     .arg(&keys.done_prefix)
-                    .arg(30_000)
+                    .arg(LEASE_MS)
                     .arg(&token_base)
                     .arg(batch)
-                    .arg(15_000)
+                    .arg(LEASE_MS / 2)
+                    .arg("proto")
                     .invoke_async(&mut conn)
                     .await?;
                 let Value::Array(rows) = reply else {
@@ -96,36 +106,33 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                     let _args: Noop = rmp_serde::from_slice(&payload)?;
                     claimed.push((id, token));
                 }
-                if batched_ack {
-                    let mut inv = ack_many.key(&keys.processing);
-                    inv.key(&keys.leases).key(&keys.stats);
+                // One ack.lua call for the batch, or one per job (in flight together).
+                let groups: Vec<&[(Vec<u8>, Vec<u8>)]> = match batched_ack {
+                    true => vec![&claimed[..]],
+                    false => claimed.chunks(1).collect(),
+                };
+                let acks = groups.into_iter().map(|group| {
+                    let mut c = conn.clone();
+                    let mut inv = ack.key(&keys.processing);
+                    inv.key(&keys.leases).key(&keys.stats).key(&keys.guard);
                     inv.arg(&keys.job_prefix)
                         .arg(&keys.done_prefix)
-                        .arg(&keys.steps_prefix);
-                    inv.arg(24 * 3600 * 1000u64).arg(&keys.tput_prefix);
-                    for (id, token) in &claimed {
-                        inv.arg(id).arg(token);
+                        .arg(&keys.steps_prefix)
+                        .arg(RETENTION_MS)
+                        .arg(&keys.tput_prefix)
+                        .arg("hash");
+                    for (id, token) in group {
+                        inv.arg(id).arg(token).arg("");
                     }
-                    let _: Value = inv.invoke_async(&mut conn).await?;
-                } else {
-                    let acks = claimed.iter().map(|(id, token)| {
-                        let id = String::from_utf8_lossy(id).into_owned();
-                        let mut c = conn.clone();
-                        let mut inv = ack.key(&keys.processing);
-                        inv.key(&keys.leases)
-                            .key(keys.job(&id))
-                            .key(keys.done(&id))
-                            .key(&keys.stats)
-                            .key(keys.steps(&id))
-                            .arg(&id)
-                            .arg(token)
-                            .arg(24 * 3600 * 1000u64)
-                            .arg("")
-                            .arg(&keys.tput_prefix);
-                        async move { inv.invoke_async::<i64>(&mut c).await }
-                    });
-                    futures::future::try_join_all(acks).await?;
-                }
+                    async move {
+                        let codes: Vec<i64> = inv.invoke_async(&mut c).await?;
+                        match codes.iter().all(|&code| code == 1) {
+                            true => Ok(()),
+                            false => Err(crate::BoxError::from(format!("ack codes {codes:?}"))),
+                        }
+                    }
+                });
+                futures::future::try_join_all(acks).await?;
                 done.fetch_add(claimed.len() as u64, Ordering::Relaxed);
             }
         }));
