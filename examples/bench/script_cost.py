@@ -125,7 +125,7 @@ def measure(directory, a, keep, label):
             keys = [Q + k for k in ("main", "processing", "leases", "dead", "stats", "guard", "fetch:" + base,
                                     "paused", "limits", "delayed", "wake")]
             rows = r.fcall("fetch", len(keys), *keys, Q + "job:", Q + "done:", "300000", base, str(a.batch),
-                           "150000", "bench-worker")
+                           "150000", "bench-worker", "1")  # a first try, as the worker sends it
             deliveries += [(row[1], row[2]) for row in rows if row[0] == b"claimed"]
         dump()  # part 3: fetch
         # Since stop 27 ack.lua takes the record format (ARGV 6); older scripts do not.

@@ -104,6 +104,7 @@ pub async fn fetch(
         lease,
         token_base,
         count,
+        first_try: false,
     }
     .run(conn)
     .await?;

@@ -84,6 +84,7 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                     .arg(batch)
                     .arg(LEASE_MS / 2)
                     .arg("proto")
+                    .arg("1") // a fresh token base: its first try reads no receipt
                     .invoke_async(&mut conn)
                     .await?;
                 let Value::Array(rows) = reply else {

@@ -165,6 +165,7 @@ mod tests {
             lease: Duration::from_secs(30),
             token_base: &token_base,
             count: 1,
+            first_try: false,
         };
         match fetch.run(conn).await.unwrap().pop() {
             Some(ClaimRow::Claimed(d)) => d,
@@ -532,6 +533,7 @@ mod tests {
             lease: Duration::from_secs(30),
             token_base: "again",
             count: 1,
+            first_try: false,
         };
         let rows = fetch.run(&mut c).await.unwrap();
         assert!(

@@ -378,6 +378,7 @@ mod fencing {
             lease: Duration::from_secs(30),
             token_base: &uuid::Uuid::new_v4().to_string(),
             count: 1,
+            first_try: false,
         };
         match fetch.run(conn).await.unwrap().pop() {
             Some(ClaimRow::Claimed(d)) => d,

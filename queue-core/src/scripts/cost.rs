@@ -175,6 +175,7 @@ async fn fetch_n(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) -> Vec<
             lease: Duration::from_secs(300),
             token_base: &base,
             count: batch().min(n - out.len()),
+            first_try: true, // a fresh base, as the worker's first try
         }
         .run(conn)
         .await

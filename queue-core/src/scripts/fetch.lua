@@ -5,7 +5,9 @@
 -- KEYS: 1 main, 2 processing, 3 leases, 4 dead, 5 stats, 6 guard (never written: see keys.rs),
 --       7 receipt of this token base, 8 paused flag, 9 limits, 10 delayed, 11 promoter wake
 -- ARGV: 1 job prefix, 2 done prefix, 3 lease_ms, 4 token base, 5 count, 6 receipt_ms,
---       7 worker name (optional: absent from older callers; kept in each claimed job's `worker`)
+--       7 worker name (optional: absent from older callers; kept in each claimed job's `worker`),
+--       8 '1' when this is the first try of a fresh token base, so no receipt can exist and
+--         it is not read (optional: absent or anything else, the receipt is read first)
 -- Returns a list of claim rows (see claim() in the prelude), or 'paused'
 -- (nothing moved; a retry of a fetch that already ran still gets its rows),
 -- or 'limited:<ms>' when a queue limit lets no job start for that long
@@ -13,7 +15,10 @@
 local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local count = arg_count(ARGV[5], 'count')
 local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
--- LRANGE checks main and the receipt, LPUSH processing, before any write.
+-- LRANGE checks main and (on a retry) the receipt, LPUSH processing, before any
+-- write. A first try does not check the receipt: its key names a fresh random
+-- token base (122 random bits) that only the calling fetcher knows, so no other
+-- writer can have made it.
 expect_types(KEYS[3], 'zset', KEYS[4], 'list')
 -- The keys of the optional features (pause flag, limits, the groups ring,
 -- the events switch) with one EXISTS: a queue that uses none of them pays
@@ -23,7 +28,9 @@ local optional = redis.call('EXISTS', KEYS[8], KEYS[9], ring, ev_switch(KEYS[5])
 if not optional then ev_off() end
 local lim = optional and limits_load(KEYS[9], KEYS[10]) or nil
 local out = {}
-local receipt = redis.call('LRANGE', KEYS[7], '0', '-1')
+-- A retry reads the receipt; a first try of a fresh token base knows there is
+-- none and skips the call (one call of ~12 per one-job fetch, issue #12).
+local receipt = ARGV[8] ~= '1' and redis.call('LRANGE', KEYS[7], '0', '-1') or {}
 if #receipt > 0 then
   -- A retry of this fetch: the same rows, re-read from the jobs (nothing written).
   for i, entry in ipairs(receipt) do

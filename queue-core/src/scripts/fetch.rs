@@ -15,7 +15,7 @@ use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<11> =
-    lua_script!("fetch.lua", keys = 11, args = 7, prelude(super::DRAIN));
+    lua_script!("fetch.lua", keys = 11, args = 8, prelude(super::DRAIN));
 
 /// Moves and claims up to `count` jobs of one queue.
 pub(crate) struct Fetch<'a> {
@@ -25,6 +25,10 @@ pub(crate) struct Fetch<'a> {
     /// retry with the same base within half a lease answers the same rows.
     pub(crate) token_base: &'a str,
     pub(crate) count: usize,
+    /// The first try of a fresh `token_base`: no receipt can exist yet, so
+    /// the script does not read it (one call less). False for a retry, and
+    /// whenever the base may have been used before.
+    pub(crate) first_try: bool,
 }
 
 impl Fetch<'_> {
@@ -77,6 +81,7 @@ impl Fetch<'_> {
             .arg(self.count)
             .arg((self.lease.as_millis() as u64 / 2).max(1))
             .arg(worker)
+            .arg(if self.first_try { "1" } else { "0" })
             .run(conn, &k.queue, None)
             .await?;
         match reply::text(&reply).as_deref() {

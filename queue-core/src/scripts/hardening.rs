@@ -91,17 +91,30 @@ impl Fixture {
         self.fetch_on(&mut conn, count, token_base).await
     }
 
+    /// A fetch as a retry sends it (the receipt is read first).
     async fn fetch_on(
         &self,
         conn: &mut RedisConnection,
         count: usize,
         token_base: &str,
     ) -> Result<Vec<ClaimRow>> {
+        self.fetch_try(conn, count, token_base, false).await
+    }
+
+    /// A fetch; `first_try`: as the worker sends the first try of a fresh base.
+    async fn fetch_try(
+        &self,
+        conn: &mut RedisConnection,
+        count: usize,
+        token_base: &str,
+        first_try: bool,
+    ) -> Result<Vec<ClaimRow>> {
         Fetch {
             keys: &self.keys,
             lease: LEASE,
             token_base,
             count,
+            first_try,
         }
         .run(conn)
         .await
@@ -284,6 +297,38 @@ async fn a_fetch_retried_after_its_reply_was_lost_gets_the_same_deliveries() {
     assert!(ttl > 0 && ttl <= LEASE.as_millis() as i64 / 2, "{ttl}");
     // A new fetch (another token base) takes nothing more.
     assert!(fx.fetch(5, "other").await.unwrap().is_empty());
+}
+
+/// The worker's own sequence: a first try that skips the receipt read (a
+/// fresh token base has none), its reply lost, then the retry with the same
+/// base, which reads the receipt the first try wrote.
+#[tokio::test]
+async fn a_first_try_whose_reply_was_lost_is_answered_by_its_retry() {
+    let mut fx = Fixture::start().await;
+    for id in ["j1", "j2", "j3"] {
+        fx.enqueue(id, 1).await;
+    }
+    super::fetch::SCRIPT.load(&mut fx.conn).await.unwrap();
+    fx.lose_reply(async |c| fx.fetch_try(c, 2, "fresh", true).await)
+        .await;
+    fx.wait_state("j2", "active").await;
+    let rows = fx.fetch(2, "fresh").await.unwrap();
+    let ids: Vec<_> = rows
+        .iter()
+        .map(|r| match r {
+            ClaimRow::Claimed(d) => (d.id.to_string(), d.token.clone()),
+            other => panic!("not the same delivery: {other:?}"),
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("j1".to_string(), "fresh:1".to_string()),
+            ("j2".to_string(), "fresh:2".to_string())
+        ]
+    );
+    let job = fx.job("j3").await;
+    assert_eq!(job["state"], "queued", "the retry claimed nothing more");
 }
 
 #[tokio::test]

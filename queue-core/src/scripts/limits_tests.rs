@@ -47,6 +47,7 @@ async fn fetch(conn: &mut RedisConnection, keys: &QueueKeys, count: usize) -> Fe
         lease: LEASE,
         token_base: &uuid::Uuid::new_v4().to_string(),
         count,
+        first_try: false,
     }
     .run_or_paused(conn)
     .await
@@ -233,6 +234,7 @@ async fn bad_limits_are_refused_before_any_write() {
         lease: LEASE,
         token_base: "t",
         count: 1,
+        first_try: false,
     }
     .run_or_paused(&mut conn)
     .await

@@ -104,6 +104,7 @@ mod tests {
             lease: Duration::from_secs(30),
             token_base: "tok",
             count: 5,
+            first_try: false,
         };
         assert_eq!(
             fetch.run_or_paused(&mut conn).await.unwrap(),

@@ -81,6 +81,7 @@ mod tests {
             lease: Duration::from_secs(30),
             token_base: "tok",
             count: 2,
+            first_try: false,
         }
         .run(&mut conn)
         .await

@@ -492,15 +492,17 @@ impl Fetcher {
 /// [`same_token_retries`]).
 async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
     let token_base = random_token();
-    let fetch = Fetch {
-        keys,
-        lease: inner.config.lease,
-        token_base: &token_base,
-        count,
-    };
+    let mut first_try = true;
     same_token_retries(inner, keys, None, "fetch", || {
+        // The base was just drawn: only its first try may skip the receipt.
+        let fetch = Fetch {
+            keys,
+            lease: inner.config.lease,
+            token_base: &token_base,
+            count,
+            first_try: std::mem::replace(&mut first_try, false),
+        };
         let mut conn = inner.conn.clone();
-        let fetch = &fetch;
         let me = &inner.identity.name;
         async move { fetch.run_or_paused_as(&mut conn, me).await }
     })
