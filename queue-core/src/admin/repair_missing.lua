@@ -25,5 +25,5 @@ if completed then
   redis.call('LREM', KEYS[4], 0, id)
   return 'removed'
 end
-if not listed_dead then redis.call('HINCRBY', KEYS[8], 'dead', 1) end
+if not listed_dead then bump(KEYS[8], 'dead', 1) end
 return 'dead'

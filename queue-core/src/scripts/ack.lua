@@ -23,7 +23,9 @@ if (#ARGV - 6) % 3 ~= 0 then
   return redis.error_reply('ack: the deliveries must be (id, token, result) triples')
 end
 
--- Read and check every delivery before the first write.
+-- Read and check every delivery (and the types of the lists the ack edits)
+-- before the first write.
+expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local fields = {}
 for i = 7, #ARGV, 3 do
   local h = redis.pcall('HMGET', ARGV[1] .. ARGV[i], 'token', 'state', 'attempts', 'type', 'enqueued_at',
@@ -56,19 +58,29 @@ for n, h in ipairs(fields) do
   else
     if retention > 0 then
       local done = ARGV[2] .. id
+      local written
       if compact then
         redis.call('SET', done, record_pack(now, h[3] or '0', h[5] or '0', h[7] or '0', token, h[4] or '',
           h[8] or '', result), 'PX', retention_str)
       elseif result ~= '' then
-        redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
+        written = redis.pcall('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
           'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token, 'result', result,
           'delivered_at', h[7] or '0', 'worker', h[8] or '')
       else
-        redis.call('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
+        written = redis.pcall('HSET', done, 'status', 'done', 'finished_at', now, 'attempts', h[3] or '0',
           'type', h[4] or '', 'enqueued_at', h[5] or '0', 'token', token,
           'delivered_at', h[7] or '0', 'worker', h[8] or '')
       end
-      if not compact then redis.call('PEXPIRE', done, retention_str) end
+      if type(written) == 'table' then
+        -- The record key held another type: corrupt data (a live delivery has
+        -- no record; the claim checked). Replaced by the compact form, which
+        -- every reader of this version reads, instead of failing the batch
+        -- half-way (the deliveries after this one would run again).
+        record_replace(done, record_pack(now, h[3] or '0', h[5] or '0', h[7] or '0', token, h[4] or '',
+          h[8] or '', result), retention_str)
+      elseif written then
+        redis.call('PEXPIRE', done, retention_str)
+      end
       if h[10] then results_wake(done) end
     end
     -- Acks come for old deliveries, near the tail (fetches push at the head):
@@ -106,8 +118,9 @@ if #acked > 0 then
       redis.call('DEL', unpack(jobs))
     end
   end
-  redis.call('HINCRBY', KEYS[3], 'completed', int_str(#acked))
+  -- Counters last, and never an error (pcall): the jobs are acked.
+  bump(KEYS[3], 'completed', #acked)
   local minute_key = ARGV[5] .. int_str(math.floor(tonumber(t[1]) / 60))
-  if redis.call('INCRBY', minute_key, int_str(#acked)) == #acked then redis.call('PEXPIRE', minute_key, '180000') end
+  if redis.pcall('INCRBY', minute_key, int_str(#acked)) == #acked then redis.pcall('PEXPIRE', minute_key, '180000') end
 end
 return out

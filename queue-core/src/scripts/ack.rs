@@ -142,6 +142,7 @@ mod tests {
     use crate::scripts::claim::{ClaimRow, Delivery};
     use crate::scripts::enqueue::Enqueue;
     use crate::scripts::fetch::Fetch;
+    use redis::Value;
 
     const RETENTION: Duration = Duration::from_secs(60);
 
@@ -407,6 +408,102 @@ mod tests {
             };
             assert_eq!(replies, [first, AckReply::LeaseLost], "compact {compact}");
         }
+    }
+
+    /// A live delivery (its token matches) whose completion record key
+    /// holds a third type (corrupt data) does not stop the batch half-way
+    /// (the deliveries after it left unacked, to run again): the record
+    /// replaces the corrupt key (in the compact form), and both jobs are
+    /// acked.
+    #[tokio::test]
+    async fn a_live_delivery_with_a_record_key_of_a_third_type_is_acked() {
+        for compact in [false, true] {
+            let (_server, mut c, keys, a, b) = two_delivered("corrupt-live", "a", "b").await;
+            raw(&mut c, &["RPUSH", &keys.done("a"), "x"]).await;
+            let replies = ack_as(&mut c, &keys, &[item(&a), item(&b)], compact).await;
+            assert_eq!(
+                replies.unwrap(),
+                [AckReply::Completed, AckReply::Completed],
+                "compact {compact}"
+            );
+            // Replaced by the compact form, which every reader reads.
+            let want = "string";
+            assert_eq!(
+                raw(&mut c, &["TYPE", &keys.done("a")]).await,
+                Value::SimpleString(want.into())
+            );
+            assert_eq!(
+                raw(&mut c, &["LLEN", &keys.processing]).await,
+                Value::Int(0)
+            );
+            assert_eq!(raw(&mut c, &["ZCARD", &keys.leases]).await, Value::Int(0));
+        }
+    }
+
+    /// `processing` or `leases` of another type (corrupt data): the ack is
+    /// refused before any write, so no record exists without its removal.
+    #[tokio::test]
+    async fn a_queue_key_of_another_type_refuses_the_ack_before_any_write() {
+        for broken in ["processing", "leases"] {
+            let (_server, mut c, keys, a, _) = two_delivered("corrupt-keys", "a", "b").await;
+            let key = if broken == "processing" {
+                &keys.processing
+            } else {
+                &keys.leases
+            };
+            raw(&mut c, &["DEL", key]).await;
+            raw(&mut c, &["SET", key, "x"]).await;
+            let err = ack(&mut c, &keys, &[item(&a)]).await.unwrap_err();
+            assert!(
+                err.to_string().contains("refused before any write"),
+                "{broken}: {err}"
+            );
+            assert_eq!(
+                raw(&mut c, &["EXISTS", &keys.done("a")]).await,
+                Value::Int(0),
+                "{broken}"
+            );
+            assert_eq!(
+                raw(&mut c, &["HGET", &keys.job("a"), "state"]).await,
+                Value::BulkString(b"active".to_vec()),
+                "{broken}"
+            );
+        }
+    }
+
+    /// A counter key of another type (the stats hash, the per-minute
+    /// throughput counter) never fails an ack: counters come last and are
+    /// skipped.
+    #[tokio::test]
+    async fn a_counter_key_of_another_type_never_fails_the_ack() {
+        let (_server, mut c, keys, a, b) = two_delivered("corrupt-counters", "a", "b").await;
+        raw(&mut c, &["DEL", &keys.stats]).await;
+        raw(&mut c, &["RPUSH", &keys.stats, "x"]).await;
+        let Value::Array(t) = raw(&mut c, &["TIME"]).await else {
+            panic!("TIME")
+        };
+        let Value::BulkString(secs) = &t[0] else {
+            panic!("TIME")
+        };
+        let minute: u64 = String::from_utf8_lossy(secs).parse::<u64>().unwrap() / 60;
+        for m in [minute, minute + 1] {
+            raw(&mut c, &["RPUSH", &format!("{}{m}", keys.tput_prefix), "x"]).await;
+        }
+        let replies = ack(&mut c, &keys, &[item(&a), item(&b)]).await.unwrap();
+        assert_eq!(replies, [AckReply::Completed, AckReply::Completed]);
+        assert_eq!(
+            raw(&mut c, &["EXISTS", &keys.job("a"), &keys.job("b")]).await,
+            Value::Int(0)
+        );
+    }
+
+    /// One raw command's reply.
+    async fn raw(c: &mut RedisConnection, args: &[&str]) -> Value {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(c).await.unwrap()
     }
 
     /// A compact record (WorkerConfig::compact_records) is one string with

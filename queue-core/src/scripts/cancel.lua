@@ -45,6 +45,6 @@ else
   redis.call('ZREM', KEYS[3], id)
 end
 redis.call('DEL', KEYS[5])
-redis.call('HINCRBY', KEYS[7], 'cancelled', 1)
+bump(KEYS[7], 'cancelled', 1)
 if h[7] then wf_member_finished(h[7], id, 'cancelled', 'cancelled', now, KEYS[7]) end
 return {'cancelled', state}

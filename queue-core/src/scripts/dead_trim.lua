@@ -44,6 +44,6 @@ while trimmed < limit and len > 0 do
   trimmed = trimmed + 1
 end
 if trimmed > 0 then
-  redis.call('HINCRBY', KEYS[2], 'trimmed', trimmed)
+  bump(KEYS[2], 'trimmed', trimmed)
 end
 return {trimmed, len}

@@ -77,7 +77,7 @@ if delay > 0 then
 else
   push_waiting(KEYS[1], ARGV[1], extra_group(extra)) -- a `group` extra field: its group list
 end
-redis.call('HINCRBY', KEYS[5], 'enqueued', '1')
+bump(KEYS[5], 'enqueued', 1)
 ev(KEYS[5], 'enqueued', ARGV[1], now, 'type', ARGV[2], 'run_at', now + delay)
 if wake then wake_promoter(KEYS[7]) end
 return {'new', now + delay}

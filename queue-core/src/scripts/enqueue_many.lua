@@ -158,6 +158,6 @@ end
 for first = 1, #to_main, 500 do
   redis.call('LPUSH', KEYS[1], unpack(to_main, first, math.min(first + 499, #to_main)))
 end
-if created > 0 then redis.call('HINCRBY', KEYS[3], 'enqueued', int_str(created)) end
+if created > 0 then bump(KEYS[3], 'enqueued', created) end
 if wake then wake_promoter(KEYS[4]) end
 return out

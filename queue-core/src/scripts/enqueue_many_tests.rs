@@ -25,6 +25,17 @@ fn pair(n: &str, v: &str) -> (String, String) {
     (n.to_string(), v.to_string())
 }
 
+/// One test job per id, each with a fresh enqueue token.
+fn fresh_jobs<'a>(keys: &'a QueueKeys, ids: &'a [JobId]) -> Vec<ManyJob<'a>> {
+    ids.iter()
+        .map(|id| ManyJob {
+            job: Enqueue::test_job(keys, id, 1),
+            token: "t",
+            fresh: true,
+        })
+        .collect()
+}
+
 /// Calls of `cmd` since the last `CONFIG RESETSTAT` (`INFO commandstats`).
 async fn calls(conn: &mut RedisConnection, cmd: &str) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -79,14 +90,7 @@ async fn a_main_of_another_type_refuses_the_call_before_any_write() {
     let (_s, mut conn, keys) = setup().await;
     let _: () = conn.set(&keys.main, "not a list").await.unwrap();
     let ids: Vec<JobId> = ["a", "b"].into_iter().map(JobId::from).collect();
-    let jobs: Vec<ManyJob<'_>> = ids
-        .iter()
-        .map(|id| ManyJob {
-            job: Enqueue::test_job(&keys, id, 1),
-            token: "t",
-            fresh: true,
-        })
-        .collect();
+    let jobs = fresh_jobs(&keys, &ids);
     let err = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     let hashes: i64 = conn.exists(&[keys.job("a"), keys.job("b")]).await.unwrap();
@@ -298,4 +302,20 @@ fn the_documented_shas_are_the_scripts_queue_core_builds() {
         super::enqueue_many::SCRIPT.def.eval_script().get_hash(),
         "update section 3a of docs/PROTOCOL.md"
     );
+}
+
+/// A stats key of another type (corrupt data) never fails the call: the
+/// jobs are written and pushed, and the counter, last, is skipped. Before,
+/// the call failed after its writes, so a producer saw an error for jobs
+/// that were enqueued.
+#[tokio::test]
+async fn a_stats_key_of_another_type_never_fails_the_call() {
+    let (_s, mut conn, keys) = setup().await;
+    let _: () = conn.set(&keys.stats, "not a hash").await.unwrap();
+    let ids: Vec<JobId> = ["a", "b"].into_iter().map(JobId::from).collect();
+    let jobs = fresh_jobs(&keys, &ids);
+    let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
+    assert_eq!(replies.len(), 2);
+    let main: i64 = conn.llen(&keys.main).await.unwrap();
+    assert_eq!(main, 2);
 }

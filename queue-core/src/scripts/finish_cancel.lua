@@ -15,6 +15,6 @@ redis.call('HSET', KEYS[4], 'last_error', ARGV[4])
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3])
-redis.call('HINCRBY', KEYS[5], 'cancelled', 1)
+bump(KEYS[5], 'cancelled', 1)
 if h[6] then wf_member_finished(h[6], ARGV[1], 'cancelled', ARGV[4], now, KEYS[5]) end
 return 1

@@ -166,6 +166,26 @@ impl Fixture {
         .await
     }
 
+    /// Cancels queued job `id`: it must answer cancelled from the queue
+    /// and leave the job nowhere.
+    async fn cancel_queued(&mut self, id: &str) {
+        let outcome = super::cancel::Cancel {
+            keys: &self.keys,
+            id: &JobId::from(id),
+            retention: Duration::from_secs(60),
+        }
+        .run(&mut self.conn.clone())
+        .await
+        .unwrap();
+        assert_eq!(
+            outcome,
+            crate::CancelOutcome::Cancelled {
+                from: crate::state::JobState::Queued
+            }
+        );
+        assert_eq!(self.places(id).await, Places::default());
+    }
+
     async fn job(&mut self, id: &str) -> HashMap<String, String> {
         let key = self.keys.job(id);
         redis::cmd("HGETALL")
@@ -543,6 +563,40 @@ async fn a_corrupt_counter_never_blocks_a_move() {
         ..Places::default()
     };
     assert_eq!(fx.places("j1").await, delayed);
+}
+
+/// A stats key of another type never fails a transition after its writes
+/// (the counters come last and are skipped): the enqueue and the cancel
+/// answer what they did, instead of an error for a change that was made.
+#[tokio::test]
+async fn a_stats_key_of_another_type_never_fails_a_transition() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.cmd(&["SET", &k.stats, "x"]).await;
+    fx.enqueue("j1", 3).await; // unwraps the reply
+    fx.enqueue("j2", 3).await;
+    let queued = Places {
+        main: true,
+        ..Places::default()
+    };
+    assert_eq!(fx.places("j1").await, queued);
+    fx.cancel_queued("j2").await;
+}
+
+/// A completion record key of another type (corrupt data) under a job that
+/// is cancelled: the cancel's record replaces it instead of failing the
+/// script after its history was written.
+#[tokio::test]
+async fn a_cancel_replaces_a_record_key_of_another_type() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("j1", 3).await;
+    fx.cmd(&["RPUSH", &k.done("j1"), "x"]).await;
+    fx.cancel_queued("j1").await;
+    assert_eq!(
+        fx.cmd(&["HGET", &k.done("j1"), "status"]).await,
+        Value::BulkString(b"cancelled".to_vec())
+    );
 }
 
 #[tokio::test]

@@ -80,6 +80,23 @@ local function bump(stats, field, n)
   redis.pcall('HINCRBY', stats, field, int_str(n or 1))
 end
 
+-- A completion record key that held another type (corrupt data: only these
+-- scripts write records, and a job that may still finish has none) is
+-- replaced by the record, `value` (a string: a compact record) or
+-- {field, value, ...} (a hash), kept `retention` ms, and the replacement is
+-- logged: a script that has written already must not fail half-way.
+local function record_replace(key, value, retention)
+  redis.log(redis.LOG_WARNING, 'completion record key ' .. key .. ' held a '
+    .. redis.call('TYPE', key)['ok'] .. ' (corrupt data): replaced')
+  redis.call('DEL', key)
+  if type(value) == 'table' then
+    redis.call('HSET', key, unpack(value))
+    redis.call('PEXPIRE', key, retention)
+  else
+    redis.call('SET', key, value, 'PX', retention)
+  end
+end
+
 -- HMGET of a job's fields. A job key of another type gives nil and the
 -- dead-letter reason naming it, instead of aborting the script.
 local function read_job(jobkey, ...)
@@ -152,9 +169,10 @@ end
 -- for `retention` ms like any record, step results expire with it). The
 -- caller then removes the id from where it was, drops the hash and counts.
 local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, from, retention, now)
-  redis.call('HSET', donekey, 'status', 'cancelled', 'finished_at', now, 'attempts', attempts or '0',
-    'type', jobtype or '', 'enqueued_at', enqueued_at or '0', 'cancelled_from', from)
-  redis.call('PEXPIRE', donekey, retention)
+  local rec = {'status', 'cancelled', 'finished_at', now, 'attempts', attempts or '0',
+    'type', jobtype or '', 'enqueued_at', enqueued_at or '0', 'cancelled_from', from}
+  local r = redis.pcall('HSET', donekey, unpack(rec))
+  if type(r) == 'table' then record_replace(donekey, rec, retention) else redis.call('PEXPIRE', donekey, retention) end
   redis.call('PEXPIRE', stepskey, retention)
   results_wake(donekey)
 end
