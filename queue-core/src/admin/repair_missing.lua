@@ -8,6 +8,7 @@
 -- ARGV: 1 id, 2 reason
 -- Returns 'removed' | 'dead' | 'changed'
 local id = ARGV[1]
+expect_types(KEYS[1], 'list', KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'list', KEYS[5], 'zset')
 if redis.call('EXISTS', KEYS[6]) == 1 then
   return 'changed'
 end

@@ -13,6 +13,10 @@ if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id
     or redis.call('ZSCORE', KEYS[3], id) then
   return 'changed'
 end
+-- Every list written below (the group's list and the ring included) is
+-- checked before the first write.
+expect_types(KEYS[4], 'list', KEYS[5], 'zset')
+expect_waiting_types(KEYS[1], group)
 local now = now_ms()
 if redis.call('HGET', KEYS[6], 'state') == 'dead' then
   redis.call('LPUSH', KEYS[4], id)

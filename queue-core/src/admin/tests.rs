@@ -245,3 +245,26 @@ async fn queues_are_discovered_from_their_keys() {
     assert_eq!(admin.queues_or_discover(&named).await.unwrap(), named);
     assert!(admin.server_time_ms().await.unwrap() > 1_700_000_000_000);
 }
+
+/// A repair whose lists hold another type (corrupt data) is refused before
+/// any write. Before, the repair of an entry whose hash is gone wrote the
+/// dead-letter hash and dead entry, then failed on the delayed set: the job
+/// was dead-listed and still listed where it had been.
+#[tokio::test]
+async fn a_repair_with_a_list_of_another_type_is_refused_before_any_write() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    raw(&admin, &["LPUSH", &k.main, "ghost"]).await;
+    raw(&admin, &["SET", &k.delayed, "x"]).await;
+    let missing = Violation::MissingHash {
+        id: JobId::from("ghost"),
+        places: vec![],
+    };
+    assert!(admin.repair(Q, &missing).await.is_err());
+    assert_eq!(
+        raw(&admin, &["EXISTS", &k.job("ghost"), &k.dead]).await,
+        redis::Value::Int(0)
+    );
+    assert_eq!(raw(&admin, &["LLEN", &k.main]).await, redis::Value::Int(1));
+}

@@ -5,13 +5,15 @@
 -- before its own ack, so the batch cannot fire in between.
 -- KEYS: 1 batch hash, 2 members set
 -- ARGV: 1 policy of these members ('' : the batch's default), then member ids
--- Returns {'added', new members} | {'fired'} | {'missing'}
+-- Returns {'added', new members} | {'fired'} | {'missing'}; an error before any
+-- write when `total` is not an integer (corrupt)
 local policy = ARGV[1]
 if policy ~= '' and policy ~= 'fail' and policy ~= 'continue' and policy ~= 'ignore' then
   return redis.error_reply('ERR invalid argument policy: ' .. tostring(policy))
 end
 expect_types(KEYS[1], 'hash', KEYS[2], 'set')
-local state = redis.call('HGET', KEYS[1], 'state')
+local b = redis.call('HMGET', KEYS[1], 'state', 'total')
+local state = b[1]
 if not state then return {'missing'} end
 if state == 'fired' then
   -- A producer's retry after the batch fired: fine when nothing is new.
@@ -19,6 +21,13 @@ if state == 'fired' then
     if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then return {'fired'} end
   end
   return {'added', 0}
+end
+-- The count this call raises, checked before the first write: a `total`
+-- that is not an integer (corrupt) would make the HINCRBY after the SADDs
+-- fail, and a retry would find the members added and count none of them.
+if b[2] and not as_count(b[2]) then
+  return redis.error_reply('ERR batch ' .. KEYS[1] .. " field total '" .. string.sub(b[2], 1, 64)
+    .. "' is not a non-negative integer (corrupt): refused before any write")
 end
 local added = 0
 for i = 2, #ARGV do

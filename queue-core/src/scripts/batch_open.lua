@@ -26,7 +26,7 @@ if policy ~= '' and policy ~= 'fail' and policy ~= 'continue' and policy ~= 'ign
   return redis.error_reply('ERR invalid argument policy: ' .. tostring(policy))
 end
 local ttl = tonumber(ARGV[2])
-if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) then
+if not ttl or ttl <= 0 or ttl ~= math.floor(ttl) or ttl > 9007199254740991 then
   return redis.error_reply('ERR invalid argument open ttl: ' .. tostring(ARGV[2]))
 end
 local id = ARGV[3]
@@ -56,7 +56,7 @@ redis.call('ZADD', KEYS[2], now, id)
 -- The sweep: SWEEP entries from the cursor on (more than one open adds, so
 -- it laps the index); the batches' keys share the prefix of KEYS[1].
 local prefix = string.sub(KEYS[1], 1, #KEYS[1] - #id)
-local from = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+local from = as_count(redis.call('GET', KEYS[3]) or '0') or 0
 local seen = redis.call('ZRANGE', KEYS[2], from, from + SWEEP - 1)
 local kept = 0
 for _, other in ipairs(seen) do

@@ -8,6 +8,8 @@
 -- Returns {'cancelled', state it was in} | {'requested', 1 if newly set else 0}
 --   | {'finished', record status} | {'dead'} | {'not_found'} | {'unknown', state}
 local id = ARGV[1]
+local retention = arg_count(ARGV[2], 'retention_ms')
+expect_types(KEYS[1], 'list', KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'zset')
 local status = record_field(KEYS[6], 'status')
 if status then return {'finished', status} end
 local h = redis.call('HMGET', KEYS[5], 'state', 'attempts', 'type', 'enqueued_at', 'cancel_requested',
@@ -35,8 +37,8 @@ elseif state == 'delayed' and redis.call('ZSCORE', KEYS[4], id) then
   source = KEYS[4]
 end
 if not source then return {'unknown', state} end
-ev_hist(KEYS[7], id, KEYS[5], 'cancelled', 'from ' .. state, now, tonumber(ARGV[2]))
-cancel_record(KEYS[6], KEYS[8], h[2], h[3], h[4], state, tonumber(ARGV[2]), now)
+ev_hist(KEYS[7], id, KEYS[5], 'cancelled', 'from ' .. state, now, retention)
+cancel_record(KEYS[6], KEYS[8], h[2], h[3], h[4], state, retention, now)
 if source == KEYS[4] then
   redis.call('ZREM', KEYS[4], id)
 else

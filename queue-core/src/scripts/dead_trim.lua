@@ -28,7 +28,10 @@ local trimmed = 0
 while trimmed < limit and len > 0 do
   local id = redis.call('LINDEX', KEYS[1], -1)
   local jobkey = ARGV[1] .. id
-  local h = redis.call('HMGET', jobkey, 'state', 'dead_at')
+  -- A job key of another type (corrupt data) is unlisted, never deleted,
+  -- and does not stop the trim half-way (the RPOPs before it stay).
+  local h = redis.pcall('HMGET', jobkey, 'state', 'dead_at')
+  if h['err'] then h = {'corrupt'} end
   local expire = max_len > 0 and len > max_len
   if not expire and retention > 0 then
     local dead_at = tonumber(h[2])

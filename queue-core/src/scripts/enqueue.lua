@@ -7,6 +7,7 @@
 --       10.. extra job fields as name, value pairs (OPTIONAL: features such as
 --       deadlines, groups and trace context store their enqueue options on the job
 --       hash this way; a name of a core field is refused before any write)
+-- ARGV 6-8 are non-negative integers: anything else refuses the call before any write.
 -- Returns {'new', run_at} | {'exists', state} | {'done'}
 -- The once-marker makes an id enqueueable once per marker lifetime even after
 -- its completion record is gone (periodic jobs fire once per period).
@@ -15,6 +16,11 @@
 -- and answers 'new' again, while any other call with the same id still gets
 -- 'exists'.
 local enq_token = ARGV[9] or ''
+-- Numbers first: a delay, run time or marker ttl that is not a count refuses
+-- the call before anything is read or written.
+local delay = arg_count(ARGV[6], 'delay_ms')
+local run_at = arg_count(ARGV[7], 'run_at_ms')
+local once = arg_count(ARGV[8], 'once ttl_ms')
 -- Extra fields: validated before anything is read or written. The names the
 -- core scripts own are refused.
 local extra = {}
@@ -40,21 +46,38 @@ if known and enq_token ~= '' then
     return {'new', tonumber(own[2] or own[3]) or 0}
   end
 end
-if tonumber(ARGV[8]) > 0 then
-  if not redis.call('SET', KEYS[6], '1', 'NX', 'PX', tonumber(ARGV[8])) then
+-- The answer for an id that exists, read before the once-marker's SET (a job
+-- key of another type raises in HGET here, before any write).
+local answer
+if known then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    answer = {'done'}
+  elseif redis.call('EXISTS', KEYS[2]) == 1 then
+    answer = {'exists', redis.call('HGET', KEYS[2], 'state') or ''}
+  end
+end
+local now, wake, group
+if not answer then
+  now = now_ms()
+  if run_at > 0 then delay = math.max(run_at - now, 0) end
+  group = extra_group(extra) -- a `group` extra field: its group list
+  if delay > 0 then
+    -- Reads delayed: of another type, it raises here, before any write.
+    wake = sooner_than_head(KEYS[4], now + delay)
+  elseif once > 0 or group then
+    -- The lists the push writes, checked before the marker's SET (the first
+    -- write) or before a group list's LPUSH (push_waiting's LPOS of the ring
+    -- comes after it). A plain job needs no check: its LPUSH main is the
+    -- first write.
+    expect_waiting_types(KEYS[1], group)
+  end
+end
+if once > 0 then
+  if not redis.call('SET', KEYS[6], '1', 'NX', 'PX', int_str(once)) then
     return {'exists', 'scheduled'}
   end
 end
-if known and redis.call('EXISTS', KEYS[3]) == 1 then
-  return {'done'}
-end
-if known and redis.call('EXISTS', KEYS[2]) == 1 then
-  return {'exists', redis.call('HGET', KEYS[2], 'state') or ''}
-end
-local now = now_ms()
-local delay = tonumber(ARGV[6])
-local run_at = tonumber(ARGV[7])
-if run_at > 0 then delay = math.max(run_at - now, 0) end
+if answer then return answer end
 local state = 'queued'
 if delay > 0 then state = 'delayed' end
 -- One HSET for the whole hash (core fields, token, run time, extra fields).
@@ -69,14 +92,15 @@ if delay > 0 then
   fields[#fields + 1] = int_str(now + delay)
 end
 for _, v in ipairs(extra) do fields[#fields + 1] = v end
-local wake = false
-if delay > 0 then wake = sooner_than_head(KEYS[4], now + delay) end
-redis.call('HSET', KEYS[2], unpack(fields))
+-- The push first, then the hash: the push is the write that can meet a key of
+-- another type (it raises before any write, or was checked above), the job
+-- hash is new (its key does not exist) and cannot fail.
 if delay > 0 then
   redis.call('ZADD', KEYS[4], int_str(now + delay), ARGV[1])
 else
-  push_waiting(KEYS[1], ARGV[1], extra_group(extra)) -- a `group` extra field: its group list
+  push_waiting(KEYS[1], ARGV[1], group)
 end
+redis.call('HSET', KEYS[2], unpack(fields))
 bump(KEYS[5], 'enqueued', 1)
 ev(KEYS[5], 'enqueued', ARGV[1], now, 'type', ARGV[2], 'run_at', now + delay)
 if wake then wake_promoter(KEYS[7]) end

@@ -23,6 +23,11 @@ end
 -- when it is written: no table per job (issue #12). `invalid[k]`: why job k
 -- is refused (mode 'each'), nil when it is valid.
 local starts, invalid = {}, {}
+-- Whether some job has a stable id (not fresh: its keys are read below), and
+-- the jobs with a `group` extra field (their lists' types are read below; nil
+-- when none: no table for the usual call). Nothing else is added per job: the
+-- usual job (fresh, no extra field) pays one comparison for these checks.
+local stable, grouped = false, nil
 local i = 5
 while i <= #ARGV do
   local n = ARGV[i + 10] and as_count(ARGV[i + 10])
@@ -37,6 +42,9 @@ while i <= #ARGV do
   for k = i + 11, i + 10 + 2 * n, 2 do
     if CORE_JOB_FIELDS[ARGV[k]] or ARGV[k] == '' then
       bad = 'extra field name: ' .. ARGV[k] .. ' is empty or a core job field'
+    elseif ARGV[k] == 'group' then
+      grouped = grouped or {}
+      grouped[#grouped + 1] = #starts + 1
     end
   end
   if bad and mode == 'all' then
@@ -44,14 +52,90 @@ while i <= #ARGV do
   end
   starts[#starts + 1] = i
   invalid[#starts] = bad
+  if ARGV[i + 9] ~= '1' then stable = true end
   i = i + 11 + 2 * n
 end
 
 -- Main and delayed are written below: of another type, the call is refused
--- now, before any write (not half-way, after some jobs' hashes).
+-- now, before any write (not half-way, after some jobs' hashes). Below, the
+-- job keys of stable ids and the group lists are read, still before any write:
+-- after this, no write of the call can raise.
 expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local now = now_ms()
 local now_s = int_str(now)
+
+-- A job with a stable id (not fresh): whether its job hash or completion
+-- record exists, or an earlier job of the call has its id (`was_known[i]`, by
+-- the index of its first argument), read now, before the first write: write()
+-- then reads the job's keys when this says so, as the EXISTS at its turn did
+-- before. A job key of another type (corrupt data) refuses that job here, not
+-- half-way through the writes (its HMGET / HGET in write() raised after the
+-- earlier jobs' hashes were written, before their LPUSH). A job refused here
+-- is refused as the parse above refuses one: the call in mode 'all' (nothing
+-- is written yet), {'invalid', reason} for that job in mode 'each'. No read
+-- and no table when every id is fresh.
+local was_known
+if stable then
+  was_known = {}
+  local earlier = {}
+  for k, i in ipairs(starts) do
+    local id = ARGV[i]
+    if not invalid[k] and ARGV[i + 9] ~= '1' then
+      local jobkey = ARGV[1] .. id
+      if redis.call('EXISTS', jobkey, ARGV[2] .. id) > 0 then
+        was_known[i] = true
+        local t = redis.call('TYPE', jobkey)['ok']
+        if t ~= 'hash' and t ~= 'none' then
+          local why = 'corrupt job key: holds a ' .. t .. ', not a hash'
+          if mode == 'all' then
+            return redis.error_reply('ERR invalid argument job ' .. id .. ': ' .. why)
+          end
+          invalid[k] = why
+        end
+      elseif earlier[id] then
+        was_known[i] = true
+      end
+    end
+    earlier[id] = true
+  end
+end
+
+-- A grouped job due now goes to its group list (push_waiting): that list and
+-- the ring are checked now, once per group; of another type, the job is
+-- refused, as above (mode 'each': the other jobs of the call are written).
+if grouped then
+  local checked = {}
+  for _, k in ipairs(grouped) do
+    local i = starts[k]
+    local g
+    if not invalid[k] then
+      for f = i + 11, i + 10 + 2 * as_count(ARGV[i + 10]), 2 do
+        if ARGV[f] == 'group' then
+          g = group_of(ARGV[f + 1]) -- the first `group` pair, as extra_group reads it
+          break
+        end
+      end
+    end
+    if g then
+      local delay, run_at = as_count(ARGV[i + 5]), as_count(ARGV[i + 6])
+      if run_at > 0 then delay = math.max(run_at - now, 0) end
+      if delay == 0 then
+        local why = checked[g]
+        if why == nil then
+          local ok, e = pcall(expect_waiting_types, KEYS[1], g)
+          why = not ok and (type(e) == 'table' and e.err or tostring(e)) or false
+          checked[g] = why
+        end
+        if why then
+          if mode == 'all' then
+            return redis.error_reply('ERR invalid argument job ' .. ARGV[i] .. ': ' .. why)
+          end
+          invalid[k] = why
+        end
+      end
+    end
+  end
+end
 local created = 0
 -- Ids for main, pushed with one LPUSH per call after the loop (in job order,
 -- as one LPUSH each would): the per-job LPUSH was a redis.call per job.
@@ -72,12 +156,12 @@ local function write(i)
   if run_at > 0 then delay = math.max(run_at - now, 0) end
   local max_attempts = int_str(math.max(as_count(ARGV[i + 4]), 1))
   -- A generated id sent for the first time (fresh) cannot exist: no reads.
-  -- Otherwise one EXISTS for the job hash and the completion record.
+  -- Otherwise what the validation pass read.
   local donekey
   local known = false
   if ARGV[i + 9] ~= '1' then
     donekey = ARGV[2] .. id
-    known = redis.call('EXISTS', jobkey, donekey) > 0
+    known = was_known[i] or false
   end
   if known and token ~= '' then
     local own = redis.call('HMGET', jobkey, 'enq_token', 'run_at', 'enqueued_at')

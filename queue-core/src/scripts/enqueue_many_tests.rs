@@ -25,6 +25,18 @@ fn pair(n: &str, v: &str) -> (String, String) {
     (n.to_string(), v.to_string())
 }
 
+/// Writes a string over group `G`'s list (`corrupt` "group list") or the
+/// ring ("ring"): corrupt data a grouped enqueue must not write past.
+async fn corrupt_group_key(conn: &mut RedisConnection, keys: &QueueKeys, corrupt: &str) -> String {
+    let key = if corrupt == "ring" {
+        keys.groups()
+    } else {
+        keys.group("G")
+    };
+    let _: () = conn.set(&key, "x").await.unwrap();
+    key
+}
+
 /// One test job per id, each with a fresh enqueue token.
 fn fresh_jobs<'a>(keys: &'a QueueKeys, ids: &'a [JobId]) -> Vec<ManyJob<'a>> {
     ids.iter()
@@ -318,4 +330,239 @@ async fn a_stats_key_of_another_type_never_fails_the_call() {
     assert_eq!(replies.len(), 2);
     let main: i64 = conn.llen(&keys.main).await.unwrap();
     assert_eq!(main, 2);
+}
+
+/// `enqueue.lua` with main of another type (corrupt data): refused before
+/// any write. Before, the job hash was written first and the LPUSH then
+/// failed: a `queued` hash no list held (the job was lost, and a retry with
+/// the same token answered `new`).
+#[tokio::test]
+async fn enqueue_with_a_main_of_another_type_writes_nothing() {
+    let (_s, mut conn, keys) = setup().await;
+    let _: () = conn.set(&keys.main, "not a list").await.unwrap();
+    let id = JobId::from("a");
+    let err = Enqueue::test_job(&keys, &id, 1)
+        .run_with_token(&mut conn, "T")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let hash: i64 = conn.exists(keys.job("a")).await.unwrap();
+    assert_eq!((hash, enqueued_stat(&mut conn, &keys).await), (0, 0));
+}
+
+/// A grouped `enqueue.lua` whose group list, or the ring, holds another type:
+/// refused before any write. Before, the hash (and with a corrupt ring the
+/// group list's entry) were written, then push_waiting failed.
+#[tokio::test]
+async fn a_grouped_enqueue_with_a_group_list_or_ring_of_another_type_writes_nothing() {
+    let group = [pair("group", "G")];
+    let mut written_per_case = Vec::new();
+    for corrupt in ["group list", "ring"] {
+        let (_s, mut conn, keys) = setup().await;
+        let key = corrupt_group_key(&mut conn, &keys, corrupt).await;
+        let id = JobId::from("g");
+        let err = Enqueue {
+            extra: &group,
+            ..Enqueue::test_job(&keys, &id, 1)
+        }
+        .run_with_token(&mut conn, "T")
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("WRONGTYPE"), "{corrupt}: {err}");
+        let others: Vec<String> = [
+            keys.job("g"),
+            keys.group("G"),
+            keys.groups(),
+            keys.main.clone(),
+        ]
+        .into_iter()
+        .filter(|k| *k != key)
+        .collect();
+        let written: i64 = conn.exists(&others).await.unwrap();
+        written_per_case.push((corrupt, written));
+    }
+    assert_eq!(
+        written_per_case,
+        [("group list", 0), ("ring", 0)],
+        "keys written"
+    );
+}
+
+/// A once-marker `enqueue.lua` refused for a bad run_at, a delayed key or a
+/// main of another type leaves no marker. Before, the marker's SET came
+/// first: every retry (after the data was repaired) answered `exists
+/// scheduled` for the marker's lifetime, and the job was never written.
+#[tokio::test]
+async fn a_refused_once_marker_enqueue_leaves_no_marker() {
+    let mut outcomes = Vec::new();
+    for case in ["bad run_at", "delayed", "main"] {
+        let (_s, mut conn, keys) = setup().await;
+        let id = JobId::from("p");
+        let once = Enqueue {
+            once_for: Some(Duration::from_secs(60)),
+            delay: (case == "delayed").then_some(Duration::from_secs(60)),
+            ..Enqueue::test_job(&keys, &id, 1)
+        };
+        let err = match case {
+            "bad run_at" => {
+                // Raw arguments: the wrapper cannot send a run_at of "x".
+                let call = super::enqueue::SCRIPT
+                    .call([
+                        keys.main.clone(),
+                        keys.job("p"),
+                        keys.done("p"),
+                        keys.delayed.clone(),
+                        keys.stats.clone(),
+                        keys.once("p"),
+                        keys.wake.clone(),
+                    ])
+                    .arg("p")
+                    .arg("t")
+                    .arg(1)
+                    .arg("")
+                    .arg(1)
+                    .arg(0)
+                    .arg("x")
+                    .arg(60_000)
+                    .arg("T");
+                call.run(&mut conn, &keys.queue, Some(&id))
+                    .await
+                    .unwrap_err()
+            }
+            _ => {
+                let key = if case == "main" {
+                    &keys.main
+                } else {
+                    &keys.delayed
+                };
+                let _: () = conn.set(key, "x").await.unwrap();
+                let err = once.run_with_token(&mut conn, "T").await.unwrap_err();
+                let _: () = conn.del(key).await.unwrap();
+                err
+            }
+        };
+        let marker: i64 = conn.exists(keys.once("p")).await.unwrap();
+        let hash: i64 = conn.exists(keys.job("p")).await.unwrap();
+        // The call sent again (the data repaired): the job is written.
+        let again = once.run_with_token(&mut conn, "T").await.unwrap();
+        let expected = if case == "bad run_at" {
+            "invalid argument run_at_ms"
+        } else {
+            "WRONGTYPE"
+        };
+        outcomes.push((
+            case,
+            err.to_string().contains(expected),
+            marker,
+            hash,
+            matches!(again, EnqueueReply::Created { .. }),
+        ));
+    }
+    assert_eq!(
+        outcomes,
+        [
+            ("bad run_at", true, 0, 0, true),
+            ("delayed", true, 0, 0, true),
+            ("main", true, 0, 0, true)
+        ],
+        "(case, refused with the expected error, marker left, hash left, resent call is new)"
+    );
+}
+
+/// Jobs a, b and c (a stable id, `fresh` off, whose job key holds a list:
+/// corrupt data). Mode each: c answers invalid, a and b are enqueued (in
+/// main). Mode all: the call is refused before any write. Before, c's HMGET
+/// failed the call after a's and b's hashes were written but before the one
+/// LPUSH of the call: a and b were lost (and a retry with the same tokens
+/// answered `new` for them).
+#[tokio::test]
+async fn a_stable_id_whose_job_key_is_corrupt_does_not_lose_the_other_jobs() {
+    for mode in [Mode::Each, Mode::All] {
+        let (_s, mut conn, keys) = setup().await;
+        let _: () = conn.rpush(keys.job("c"), "x").await.unwrap();
+        let ids: Vec<JobId> = ["a", "b", "c"].into_iter().map(JobId::from).collect();
+        let jobs: Vec<ManyJob<'_>> = ids
+            .iter()
+            .map(|id| ManyJob {
+                job: Enqueue::test_job(&keys, id, 1),
+                token: "t",
+                fresh: id.as_str() != "c",
+            })
+            .collect();
+        let reply = run(&mut conn, &keys, mode, &jobs).await;
+        let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+        let hashes: i64 = conn.exists(&[keys.job("a"), keys.job("b")]).await.unwrap();
+        if mode == Mode::Each {
+            let replies = reply.unwrap();
+            assert_eq!(
+                replies[2],
+                ManyReply::Invalid("corrupt job key: holds a list, not a hash".into())
+            );
+            assert!(matches!(
+                replies[..2],
+                [
+                    ManyReply::Enqueued(EnqueueReply::Created { .. }),
+                    ManyReply::Enqueued(EnqueueReply::Created { .. })
+                ]
+            ));
+            assert_eq!((main, hashes), (vec!["b".to_string(), "a".to_string()], 2));
+            assert_eq!(enqueued_stat(&mut conn, &keys).await, 2);
+        } else {
+            let err = reply.unwrap_err();
+            assert!(err.to_string().contains("corrupt job key"), "{err}");
+            assert_eq!((main.len(), hashes), (0, 0));
+        }
+    }
+}
+
+/// A grouped job of an `enqueue_many` call whose group list or the ring
+/// holds another type: in mode each that job answers invalid and the others
+/// are enqueued; in mode all nothing is written. Before, push_waiting failed
+/// mid-loop: the earlier jobs' hashes were written, main never pushed.
+#[tokio::test]
+async fn a_corrupt_group_list_or_ring_refuses_only_its_job_before_any_write() {
+    let group = [pair("group", "G")];
+    for corrupt in ["group list", "ring"] {
+        for mode in [Mode::Each, Mode::All] {
+            let (_s, mut conn, keys) = setup().await;
+            corrupt_group_key(&mut conn, &keys, corrupt).await;
+            let ids: Vec<JobId> = ["a", "g", "c"].into_iter().map(JobId::from).collect();
+            let jobs: Vec<ManyJob<'_>> = ids
+                .iter()
+                .map(|id| ManyJob {
+                    job: Enqueue {
+                        extra: if id.as_str() == "g" { &group } else { &[] },
+                        ..Enqueue::test_job(&keys, id, 1)
+                    },
+                    token: "t",
+                    fresh: true,
+                })
+                .collect();
+            let reply = run(&mut conn, &keys, mode, &jobs).await;
+            let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+            let g: i64 = conn.exists(keys.job("g")).await.unwrap();
+            let g_listed: i64 = conn
+                .exists(if corrupt == "ring" {
+                    keys.group("G")
+                } else {
+                    keys.groups()
+                })
+                .await
+                .unwrap();
+            assert_eq!((g, g_listed), (0, 0), "{corrupt} {mode:?}");
+            if mode == Mode::Each {
+                let replies = reply.unwrap();
+                assert!(
+                    matches!(&replies[1], ManyReply::Invalid(r) if r.contains("WRONGTYPE")),
+                    "{corrupt}: {replies:?}"
+                );
+                assert_eq!(main, ["c", "a"], "{corrupt}");
+            } else {
+                let err = reply.unwrap_err();
+                assert!(err.to_string().contains("WRONGTYPE"), "{corrupt}: {err}");
+                let hashes: i64 = conn.exists(&[keys.job("a"), keys.job("c")]).await.unwrap();
+                assert_eq!((main.len(), hashes), (0, 0), "{corrupt}");
+            }
+        }
+    }
 }

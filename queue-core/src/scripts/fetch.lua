@@ -72,7 +72,9 @@ if not lim and not fair then
 else
   -- Groups and/or limits (docs/GROUPS.md, docs/LIMITS.md): one job at a time,
   -- in ring order; a job over its rate key's limit is deferred, until `room`
-  -- jobs started.
+  -- jobs started. Main and processing are checked first: a group's turn may
+  -- claim a job before main's turn first touches main.
+  expect_types(KEYS[1], 'list', KEYS[2], 'list')
   local i, taken = 0, 0
   while taken < room and i < room + LIMITS_MAX_DEFERRED do
     i = i + 1

@@ -3,13 +3,15 @@
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results
 -- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error
 -- Returns 1, or 0 when the lease was lost.
+local retention = arg_count(ARGV[3], 'retention_ms')
+expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at', 'batch')
 if h[2] ~= 'active' or h[1] ~= ARGV[2] then
   return 0
 end
 local now = now_ms()
-ev_hist(KEYS[5], ARGV[1], KEYS[3], 'cancelled', ARGV[4], now, tonumber(ARGV[3]))
-cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', tonumber(ARGV[3]), now)
+ev_hist(KEYS[5], ARGV[1], KEYS[3], 'cancelled', ARGV[4], now, retention)
+cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', retention, now)
 redis.call('HSET', KEYS[4], 'last_error', ARGV[4])
 -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
 redis.call('LREM', KEYS[1], -1, ARGV[1])

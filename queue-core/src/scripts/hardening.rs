@@ -18,7 +18,6 @@ use super::fetch::Fetch;
 use super::promote::Promote;
 use super::reclaim::Reclaim;
 use super::replay::{Replay, ReplayReply};
-use crate::backoff::Backoff;
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::Result;
 use crate::job::JobId;
@@ -41,6 +40,24 @@ struct Places {
     leased: bool,
     delayed: bool,
     dead: bool,
+}
+
+impl Places {
+    /// Waiting in main, and nowhere else.
+    fn main_only() -> Self {
+        Places {
+            main: true,
+            ..Places::default()
+        }
+    }
+
+    /// In the dead list, and nowhere else.
+    fn dead_only() -> Self {
+        Places {
+            dead: true,
+            ..Places::default()
+        }
+    }
 }
 
 impl Fixture {
@@ -142,19 +159,7 @@ impl Fixture {
     }
 
     async fn reclaim(&mut self) -> Result<super::reclaim::ReclaimReply> {
-        Reclaim {
-            keys: &self.keys,
-            batch: 100,
-            orphan_grace: Duration::from_secs(30),
-            backoff: &Backoff {
-                base: Duration::from_millis(10),
-                max: Duration::from_millis(100),
-            },
-            seed: 7,
-            orphan_scan: 100,
-        }
-        .run(&mut self.conn)
-        .await
+        Reclaim::for_tests(&self.keys).run(&mut self.conn).await
     }
 
     async fn promote(&mut self) -> Result<super::promote::PromoteReply> {
@@ -879,4 +884,189 @@ async fn a_batch_fetch_moves_oldest_first_and_leases_every_claimed_job() {
     // The last job, then an empty queue: a short batch, then nothing.
     assert_eq!(fx.fetch(3, "more").await.unwrap().len(), 1);
     assert!(fx.fetch(3, "none").await.unwrap().is_empty());
+}
+
+/// Main of another type under a fetch with groups: a group's turn could
+/// claim a job before main's turn first touched main, and the fetch then
+/// failed with that job claimed and delivered to no one (each retry claimed
+/// one more). The fetch is now refused before any write.
+#[tokio::test]
+async fn a_main_of_another_type_refuses_a_grouped_fetch_before_any_write() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    let group = [("group".to_string(), "G".to_string())];
+    fx.enqueue("m1", 3).await;
+    for id in ["g1", "g2"] {
+        fx.enqueue_extra(id, 3, &group).await;
+    }
+    // main's turn takes m1: the ring now gives G the next turn.
+    assert!(
+        matches!(&fx.fetch(1, "first").await.unwrap()[..], [ClaimRow::Claimed(d)] if d.id.as_str() == "m1")
+    );
+    fx.cmd(&["SET", &k.main, "x"]).await;
+    let err = fx.fetch(2, "second").await.unwrap_err();
+    assert!(
+        err.to_string().contains("refused before any write"),
+        "{err}"
+    );
+    assert_eq!(fx.job("g1").await["state"], "queued");
+    assert_eq!(
+        fx.cmd(&["LLEN", &k.group("G")]).await,
+        Value::Int(2),
+        "both group jobs still wait"
+    );
+}
+
+/// A due grouped job whose group list holds another type: promote used to
+/// fail on it after earlier jobs moved, on every pass (the whole delayed set
+/// stuck). It is dead-lettered with the reason, and the others are promoted.
+#[tokio::test]
+async fn promote_dead_letters_a_job_whose_group_list_is_corrupt_and_goes_on() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("p1", 3).await;
+    fx.enqueue_extra("g1", 3, &[("group".to_string(), "G".to_string())])
+        .await;
+    for row in fx.fetch(2, "both").await.unwrap() {
+        let ClaimRow::Claimed(d) = row else {
+            panic!("claimed expected: {row:?}")
+        };
+        fx.fail(&d, FailKind::Retry).await.unwrap();
+    }
+    fx.cmd(&["SET", &k.group("G"), "x"]).await;
+    fx.promote().await.unwrap();
+    assert_eq!(fx.places("p1").await, Places::main_only());
+    assert_eq!(fx.places("g1").await, Places::dead_only());
+    let reason = fx.job("g1").await["dead_reason"].clone();
+    assert!(reason.contains("cannot wait in its group"), "{reason}");
+}
+
+/// A dead entry whose job key holds another type stopped the trim half-way
+/// (after the entries before it were popped) on every pass: the dead list
+/// grew without bound. It is unlisted (the key is left alone) and the trim
+/// goes on.
+#[tokio::test]
+async fn dead_trim_unlists_an_entry_whose_job_key_is_another_type() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("j1", 1).await;
+    let d = fx.fetch_one().await;
+    fx.fail(&d, FailKind::Permanent).await.unwrap();
+    fx.cmd(&["LPUSH", &k.dead, "bad"]).await;
+    fx.cmd(&["SET", &k.job("bad"), "x"]).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let reply = super::dead_trim::DeadTrim {
+        keys: &k,
+        max_len: 0,
+        retention: Duration::from_millis(1),
+        limit: 10,
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    assert_eq!((reply.trimmed, reply.remaining), (2, 0));
+    assert_eq!(
+        fx.cmd(&["TYPE", &k.job("bad")]).await,
+        Value::SimpleString("string".into())
+    );
+}
+
+/// A cancel or a finished cancel with a list of another type (leases,
+/// processing) is refused before any write: no record without the job's
+/// removal from its lists.
+#[tokio::test]
+async fn a_cancel_with_a_queue_key_of_another_type_is_refused_before_any_write() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("j1", 3).await;
+    fx.cmd(&["SET", &k.leases, "x"]).await;
+    let err = super::cancel::Cancel {
+        keys: &k,
+        id: &JobId::from("j1"),
+        retention: Duration::from_secs(60),
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("refused before any write"),
+        "{err}"
+    );
+    assert_eq!(fx.cmd(&["EXISTS", &k.done("j1")]).await, Value::Int(0));
+    assert_eq!(fx.cmd(&["LLEN", &k.main]).await, Value::Int(1));
+
+    fx.cmd(&["DEL", &k.leases]).await;
+    let d = fx.fetch_one().await;
+    fx.cmd(&["DEL", &k.processing]).await;
+    fx.cmd(&["SET", &k.processing, "x"]).await;
+    let err = super::finish_cancel::FinishCancel {
+        keys: &k,
+        id: &d.id,
+        token: &d.token,
+        retention: Duration::from_secs(60),
+        message: "cancelled",
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("refused before any write"),
+        "{err}"
+    );
+    assert_eq!(fx.cmd(&["EXISTS", &k.done("j1")]).await, Value::Int(0));
+    assert_eq!(fx.job("j1").await["state"], "active");
+}
+
+/// A lock whose fencing counter is corrupt: a value that is not a count is
+/// replaced like a missing counter and the lock is taken with a fencing
+/// number; a counter key of another type refuses the call before the lock
+/// is taken. Before, both failed after the lock's SET: the lock stayed held
+/// by a caller that saw an error, for its whole ttl.
+#[tokio::test]
+async fn a_corrupt_fencing_counter_never_leaves_a_lock_held_by_a_failed_call() {
+    use super::lock_acquire::{LockAcquire, LockAcquireReply};
+    let mut fx = Fixture::start().await;
+    let keys = crate::keys::LockKeys::new("hardening");
+    fx.cmd(&["SET", &keys.fence, "not a number"]).await;
+    let acquire = LockAcquire {
+        keys: &keys,
+        token: "owner-1",
+        ttl: Duration::from_secs(30),
+    };
+    let reply = acquire.run(&mut fx.conn.clone()).await.unwrap();
+    assert!(
+        matches!(reply, LockAcquireReply::Acquired { fencing } if fencing > 1),
+        "{reply:?}"
+    );
+    fx.cmd(&["DEL", &keys.lock, &keys.fence]).await;
+    fx.cmd(&["RPUSH", &keys.fence, "x"]).await;
+    assert!(acquire.run(&mut fx.conn.clone()).await.is_err());
+    assert_eq!(
+        fx.cmd(&["EXISTS", &keys.lock]).await,
+        Value::Int(0),
+        "the lock is free"
+    );
+}
+
+/// Replay of a dead grouped job when the ring holds another type: refused
+/// before any write. Before, the id was pushed on its group's list while it
+/// was still dead-lettered, and a retried replay pushed it twice.
+#[tokio::test]
+async fn a_replay_into_a_corrupt_group_is_refused_before_any_write() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue_extra("g1", 1, &[("group".to_string(), "G".to_string())])
+        .await;
+    let d = fx.fetch_one().await;
+    fx.fail(&d, FailKind::Permanent).await.unwrap();
+    fx.cmd(&["DEL", &k.groups()]).await;
+    fx.cmd(&["SET", &k.groups(), "x"]).await;
+    let replay = Replay {
+        keys: &k,
+        id: &d.id,
+        reset_attempts: true,
+    };
+    assert!(replay.run(&mut fx.conn.clone()).await.is_err());
+    assert_eq!(fx.cmd(&["EXISTS", &k.group("G")]).await, Value::Int(0));
+    assert_eq!(fx.job("g1").await["state"], "dead");
 }

@@ -247,3 +247,45 @@ async fn bad_limits_are_refused_before_any_write() {
     SetLimits::ClearAll.run(&keys, &mut conn).await.unwrap();
     assert_eq!(claimed(&fetch(&mut conn, &keys, 1).await), ["j1"]);
 }
+
+/// A key's start log of another type (corrupt data) used to fail the fetch
+/// after it had claimed the jobs before it (claimed, delivered to no one,
+/// and the next fetch failed on the same job again). The key's limits are
+/// skipped for that job; every job is claimed.
+#[tokio::test]
+async fn a_key_log_of_another_type_skips_that_keys_limits_instead_of_failing_the_fetch() {
+    let (_server, mut conn, keys) = setup("limits-corrupt-log").await;
+    enqueue(&mut conn, &keys, "a1", Some("A")).await;
+    enqueue(&mut conn, &keys, "b1", Some("B")).await;
+    enqueue(&mut conn, &keys, "plain", None).await;
+    set(&mut conn, &keys, &[("key_rate", "1/10000")]).await;
+    let _: () = conn
+        .set(format!("{}:started:B", keys.limits()), "x")
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed(&fetch(&mut conn, &keys, 10).await),
+        ["a1", "b1", "plain"]
+    );
+    assert_eq!(conn.zcard::<_, u64>(&keys.leases).await.unwrap(), 3);
+}
+
+/// A key's booked next start that is no time at all (`1e300`, corrupt
+/// data) deferred its jobs forever; it is ignored, and the job is deferred
+/// to the key's next free start.
+#[tokio::test]
+async fn a_booking_far_past_any_window_is_ignored() {
+    let (_server, mut conn, keys) = setup("limits-booking").await;
+    for id in ["a1", "a2"] {
+        enqueue(&mut conn, &keys, id, Some("A")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/10000")]).await;
+    let _: () = conn
+        .set(format!("{}:next:A", keys.limits()), "1e300")
+        .await
+        .unwrap();
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 10).await), ["a1"]);
+    let a2: f64 = conn.zscore(&keys.delayed, "a2").await.unwrap();
+    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    assert!(a2 < (now as f64 + 60.0) * 1000.0, "deferred to {a2}");
+}

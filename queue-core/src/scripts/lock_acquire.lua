@@ -5,13 +5,26 @@
 -- lock names leave nothing behind); a counter created anew starts at the
 -- Redis time in microseconds, above any number an earlier counter of this
 -- name can have reached (one per acquisition), so fencing numbers only grow.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', tonumber(ARGV[2])) then
-  if redis.call('EXISTS', KEYS[2]) == 0 then
+-- Everything is checked before the lock is taken: a lock held by a call
+-- that then failed would be unusable for its whole ttl (the caller's retry
+-- finds it taken). The counter is read first (a key of another type refuses
+-- the call); a value that is not a count is replaced like a missing counter.
+local function ms(v, name)
+  local n = tonumber(v)
+  if not n or n < 1 or n ~= math.floor(n) or n > 9007199254740991 then
+    error({err = 'ERR invalid argument ' .. name .. ': ' .. tostring(v)})
+  end
+  return n
+end
+local ttl, fence_ttl = ms(ARGV[2], 'ttl_ms'), ms(ARGV[3], 'fence_ttl_ms')
+local counter = redis.call('GET', KEYS[2])
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
+  if not counter or #counter > 18 or not string.match(counter, '^%d+$') then
     local t = redis.call('TIME')
     redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
   end
   local fence = redis.call('INCR', KEYS[2])
-  redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[3]))
+  redis.call('PEXPIRE', KEYS[2], fence_ttl)
   return fence
 end
 return 0

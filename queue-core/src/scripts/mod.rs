@@ -66,6 +66,8 @@ mod enqueue_many_tests;
 mod hardening;
 #[cfg(test)]
 mod limits_tests;
+#[cfg(test)]
+mod wf_hardening_tests;
 
 #[cfg(test)]
 mod cost;

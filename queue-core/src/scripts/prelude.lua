@@ -348,6 +348,9 @@ end
 local LIMITS_BUSY_MS = 100
 -- Most jobs one fetch defers for their key before it returns.
 local LIMITS_MAX_DEFERRED = 100
+-- A key's booked next start further ahead than this is corrupt data (a
+-- booking is a few windows ahead at most) and is ignored: 7 days.
+local LIMITS_MAX_BOOKING_MS = 604800000
 
 -- A rate "N/W" as {N, W}; nil for nil, 'none' or a value that does not parse.
 local function limit_rate(v)
@@ -417,6 +420,20 @@ local function limits_job_key(lim, jobkey)
   if o[1] then rate = limit_rate(o[1]) end
   if o[2] then conc = as_count(o[2]) end
   if not rate and not conc then return nil end
+  -- The key's logs are written after the claim: a log of another type
+  -- (corrupt data) would fail the fetch after it claimed jobs. The key's
+  -- limits are skipped for this job instead, and the Redis log says so.
+  local logs = {}
+  if rate then logs[#logs + 1] = lim.key .. ':started:' .. h[2] end
+  if conc then logs[#logs + 1] = lim.key .. ':running:' .. h[2] end
+  for _, log in ipairs(logs) do
+    local t = redis.call('TYPE', log)['ok']
+    if t ~= 'none' and t ~= 'zset' then
+      redis.log(redis.LOG_WARNING, 'limits: ' .. log .. ' holds a ' .. t
+        .. ' (corrupt data): the limits of rate key ' .. h[2] .. ' are skipped for ' .. jobkey)
+      return nil
+    end
+  end
   return {key = h[2], rate = rate, conc = conc}
 end
 
@@ -448,8 +465,8 @@ local function limits_defer(lim, k, id, jobkey, processing, leases, delayed, wak
     or math.ceil(LIMITS_BUSY_MS / math.max(k.conc or 1, 1))
   local run_at = now + wait
   local booked = redis.pcall('GET', nextkey)
-  booked = type(booked) == 'string' and tonumber(booked)
-  if booked and booked > run_at then run_at = booked end
+  booked = type(booked) == 'string' and as_count(booked)
+  if booked and booked > run_at and booked - now <= LIMITS_MAX_BOOKING_MS then run_at = booked end
   local wake_it = sooner_than_head(delayed, run_at)
   redis.call('ZADD', delayed, run_at, id)
   redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at)
@@ -518,6 +535,36 @@ end
 local function extra_group(extra)
   for i = 1, #extra, 2 do
     if extra[i] == 'group' then return group_of(extra[i + 1]) end
+  end
+  return nil
+end
+
+-- Refuses the call (before any write) when the lists push_waiting(main, _,
+-- group) would write or read hold another type: main, or the group's list
+-- and the ring. A script that writes before its push_waiting calls this first.
+local function expect_waiting_types(main, group)
+  group = group_of(group)
+  if not group then
+    expect_types(main, 'list')
+    return
+  end
+  local ring, prefix = group_keys(main)
+  expect_types(prefix .. group, 'list', ring, 'list')
+end
+
+-- nil when push_waiting(main, _, group) cannot raise, else the reason (a
+-- list it writes or reads holds another type): for a script that has
+-- written already and must not fail half-way.
+local function waiting_types_bad(main, group)
+  group = group_of(group)
+  local keys = {main}
+  if group then
+    local ring, prefix = group_keys(main)
+    keys = {prefix .. group, ring}
+  end
+  for _, k in ipairs(keys) do
+    local t = redis.call('TYPE', k)['ok']
+    if t ~= 'none' and t ~= 'list' then return k .. ' holds a ' .. t .. ', not a list' end
   end
   return nil
 end
@@ -618,17 +665,21 @@ end
 local WF_KEEP_MS = 604800000
 local WF_SPEC = {'base', 'id', 'type', 'v', 'payload', 'max', 'member'}
 
--- Creates callback job `s` (a spec read from the batch hash) in its queue,
--- queued, or dead-lettered with `dead_reason`; once: an existing job or
--- completion record under its id is left alone. Returns true when created.
+-- Creates callback job `s` (a spec read from the batch hash and checked by
+-- wf_spec) in its queue, queued, or dead-lettered with `dead_reason`; once:
+-- an existing job or completion record under its id is left alone. Returns
+-- true when created. Never raises: wf_spec checked the spec and the types of
+-- the lists this writes before the batch was marked fired (a spec that
+-- cannot be queued comes with a `dead_reason`; its missing fields are stored
+-- empty).
 local function wf_spawn(bkey, s, now, dead_reason)
   local base, id = s[1], s[2]
   local jobkey = base .. 'job:' .. id
   if redis.call('EXISTS', jobkey) == 1 or redis.call('EXISTS', base .. 'done:' .. id) == 1 then
     return false
   end
-  redis.call('HSET', jobkey, 'id', id, 'type', s[3], 'v', s[4], 'payload', s[5],
-    'max_attempts', s[6], 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
+  redis.call('HSET', jobkey, 'id', id, 'type', s[3] or '', 'v', s[4] or '', 'payload', s[5] or '',
+    'max_attempts', s[6] or '1', 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
   if s[7] and s[7] ~= '' then redis.call('HSET', jobkey, 'batch', s[7]) end
   bump(base .. 'stats', 'enqueued', 1)
   if dead_reason then
@@ -683,9 +734,77 @@ local function wf_parse_notice(n)
   return tonumber(seq), kind, bkey, id, outcome, detail
 end
 
+-- A workflow failure that must not fail the script (the caller has written
+-- already): kept visible in field `field` of batch hash `bkey` (appended,
+-- one line each), in the batch queue's stats (`workflow_errors`) and in the
+-- Redis log. `bkey` is a hash (the callers checked).
+local function wf_error(bkey, field, msg)
+  redis.log(redis.LOG_WARNING, 'batch ' .. bkey .. ': ' .. msg)
+  local prev = redis.call('HGET', bkey, field)
+  redis.call('HSET', bkey, field, prev and (prev .. '\n' .. msg) or msg)
+  local base = wf_base(bkey)
+  if base then bump(base .. 'stats', 'workflow_errors', 1) end
+end
+
+-- Callback spec `p` ('s_' or 'c_') of batch `bkey`, read and checked before
+-- the batch is marked fired: its WF_SPEC fields (nil: the batch has none);
+-- why it cannot be queued (nil: it can), and why it cannot be dead-lettered
+-- either (nil: it can). A callback lives on the batch's queue (the producer
+-- checks; another would be another cluster slot).
+local function wf_spec(bkey, p)
+  local f = {}
+  for i, n in ipairs(WF_SPEC) do f[i] = p .. n end
+  local s = redis.call('HMGET', bkey, unpack(f))
+  if not (s[1] or s[2] or s[3]) then return nil end
+  local base, id = s[1], s[2]
+  if not base or base ~= wf_base(bkey) then
+    local why = p .. "base '" .. string.sub(tostring(base), 1, 64) .. "' is not the batch's queue"
+    return s, why, why
+  end
+  if not id or id == '' then return s, p .. 'id missing', p .. 'id missing' end
+  local dt = redis.call('TYPE', base .. 'dead')['ok']
+  local dead_bad
+  if dt ~= 'list' and dt ~= 'none' then dead_bad = base .. 'dead holds a ' .. dt end
+  for i = 3, 6 do
+    if not s[i] then return s, p .. WF_SPEC[i] .. ' missing', dead_bad end
+  end
+  for _, i in ipairs({4, 6}) do
+    if not as_count(s[i]) then
+      return s, p .. WF_SPEC[i] .. " '" .. string.sub(s[i], 1, 64) .. "' is not a count", dead_bad
+    end
+  end
+  local mt = redis.call('TYPE', base .. 'main')['ok']
+  if mt ~= 'list' and mt ~= 'none' then return s, base .. 'main holds a ' .. mt, dead_bad end
+  return s, nil, dead_bad
+end
+
+-- Creates callback `s` of batch `bkey` (wf_spec's `problem` and `dead_bad`
+-- with it), dead-lettered with `reason` when there is one. One that cannot
+-- be queued is dead-lettered naming why (an operator replays it once the
+-- cause is repaired); one that cannot be dead-lettered either is not
+-- created. Either is reported (wf_error, field `fire_error`), never raised.
+-- Returns true when it wrote a relay notice.
+local function wf_fire(bkey, p, s, problem, dead_bad, reason, now)
+  if problem then
+    reason = 'callback not queued: ' .. problem .. (reason and ('; ' .. reason) or '')
+  end
+  local what = 'callback ' .. p .. " '" .. string.sub(tostring(s[2]), 1, 200) .. "'"
+  if reason and dead_bad then
+    wf_error(bkey, 'fire_error', what .. ' not created: ' .. reason .. '; cannot be dead-lettered: ' .. dead_bad)
+    return false
+  end
+  if problem then wf_error(bkey, 'fire_error', what .. ' dead-lettered: ' .. problem) end
+  if wf_spawn(bkey, s, now, reason) and reason and s[7] and s[7] ~= '' then
+    return wf_member_finished(s[7], s[2], 'dead', reason, now, bkey)
+  end
+  return false
+end
+
 -- Fires batch `bkey` once it is sealed and every member finished: the
 -- success callback only when all succeeded, the complete callback (a flow's
 -- parent: dead-lettered when a member under the `fail` policy failed) always.
+-- Reads and checks the callbacks' specs and target lists before its first
+-- write; never raises (its callers have written already).
 local function wf_maybe_fire(bkey, now)
   local b = redis.call('HMGET', bkey, 'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed',
     'failed_child')
@@ -693,26 +812,18 @@ local function wf_maybe_fire(bkey, now)
   local total, ok = as_count(b[2]), as_count(b[3]) or 0
   local finished = ok + (as_count(b[4]) or 0) + (as_count(b[5]) or 0)
   if not total or finished < total then return false end
-  local noted = false
+  local s, s_problem, s_dead
+  if ok == total then s, s_problem, s_dead = wf_spec(bkey, 's_') end
+  local c, c_problem, c_dead = wf_spec(bkey, 'c_')
   redis.call('HSET', bkey, 'state', 'fired', 'fired_at', now)
-  local function spec(p)
-    local f = {}
-    for i, n in ipairs(WF_SPEC) do f[i] = p .. n end
-    local s = redis.call('HMGET', bkey, unpack(f))
-    if s[1] and s[2] and s[3] then return s end
-    return nil
-  end
-  local s = spec('s_')
-  if s and ok == total then wf_spawn(bkey, s, now) end
-  local c = spec('c_')
+  local noted = false
+  if s then noted = wf_fire(bkey, 's_', s, s_problem, s_dead, nil, now) end
   if c then
     local reason
     if (as_count(b[6]) or 0) > 0 then
       reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or '?')
     end
-    if wf_spawn(bkey, c, now, reason) and reason and c[7] and c[7] ~= '' then
-      noted = wf_member_finished(c[7], c[2], 'dead', reason, now, bkey)
-    end
+    if wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now) then noted = true end
   end
   for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
     redis.call('PEXPIRE', k, WF_KEEP_MS)
@@ -720,18 +831,57 @@ local function wf_maybe_fire(bkey, now)
   return noted
 end
 
+-- A count of batch `bkey` that member `id` would change is not an integer
+-- (corrupt data): `what` names it. Unless the member was counted already
+-- (nothing to change then), the member is not counted, and that is kept
+-- visible (field `count_error`, wf_error). Returns the message, or nil when
+-- the member was counted already.
+local function wf_count_error(bkey, id, what)
+  if redis.call('SISMEMBER', bkey .. ':done', id) == 1 then return nil end
+  local msg = "member '" .. string.sub(id, 1, 200) .. "' not counted: " .. what
+  wf_error(bkey, 'count_error', msg)
+  return msg
+end
+
+-- The problem with stored count `v` (field `name`) that a script would
+-- HINCRBY, or nil (missing counts from 0).
+local function wf_bad_count(name, v)
+  if v and not as_count(v) then
+    return 'field ' .. name .. " '" .. string.sub(v, 1, 64) .. "' is not a non-negative integer"
+  end
+  return nil
+end
+
 -- Member `id` of batch `bkey` finished with `outcome` ('succeeded', 'dead',
 -- 'cancelled'; `detail`: its result or reason). Counted once per id; a
 -- missing batch (expired, deleted) or a key of another type is skipped.
--- Called by ack, fail, reclaim, cancel and finish_cancel after their own writes.
+-- Called by ack, fail, reclaim, cancel and finish_cancel after their own
+-- writes: never raises. The counts it changes are checked before its first
+-- write; a corrupt one leaves the member uncounted, reported (wf_count_error)
+-- and returned as the second value. Returns true first when it wrote a relay
+-- notice.
 wf_finished = function(bkey, id, outcome, detail, now)
-  if redis.call('TYPE', bkey)['ok'] ~= 'hash' then return false end
-  local t = redis.call('TYPE', bkey .. ':done')['ok']
-  if t ~= 'set' and t ~= 'none' then return false end
+  local t = redis.call('TYPE', bkey)['ok']
+  if t ~= 'hash' then
+    if t ~= 'none' then
+      redis.log(redis.LOG_WARNING, 'batch ' .. bkey .. ' holds a ' .. t .. " (corrupt data): member '" .. id
+        .. "' not counted")
+    end
+    return false
+  end
+  t = redis.call('TYPE', bkey .. ':done')['ok']
+  if t ~= 'set' and t ~= 'none' then
+    redis.log(redis.LOG_WARNING, 'batch ' .. bkey .. ':done holds a ' .. t .. " (corrupt data): member '" .. id
+      .. "' not counted")
+    return false
+  end
+  local p = redis.call('HMGET', bkey, outcome, 'policy:' .. id, 'policy', 'failed')
+  local policy = p[2] or p[3]
+  local bad = wf_bad_count(outcome, p[1])
+  if not bad and policy == 'fail' and outcome ~= 'succeeded' then bad = wf_bad_count('failed', p[4]) end
+  if bad then return false, wf_count_error(bkey, id, bad) end
   if redis.call('SADD', bkey .. ':done', id) == 0 then return false end
   redis.call('HINCRBY', bkey, outcome, 1)
-  local p = redis.call('HMGET', bkey, 'policy:' .. id, 'policy')
-  local policy = p[1] or p[2]
   if policy then
     if outcome == 'succeeded' then
       redis.pcall('HSET', bkey .. ':results', id, 'ok:' .. (detail or ''))
@@ -773,18 +923,31 @@ end
 
 -- A dead member of batch `bkey` was replayed: while the batch has not fired
 -- it counts as unfinished again (its next outcome is counted instead).
+-- Called by replay and relay_apply after their own writes: never raises. The
+-- counts it changes are checked before its first write; a corrupt one leaves
+-- the member counted as finished, reported (wf_count_error) and returned.
 local function wf_unfinish(bkey, id)
-  if redis.call('TYPE', bkey)['ok'] ~= 'hash' then return end
-  if redis.call('HGET', bkey, 'state') == 'fired' then return end
-  if redis.call('TYPE', bkey .. ':done')['ok'] ~= 'set' then return end
-  if redis.call('SREM', bkey .. ':done', id) == 0 then return end
-  redis.call('HINCRBY', bkey, 'dead', -1)
+  if redis.call('TYPE', bkey)['ok'] ~= 'hash' then return nil end
+  local p = redis.call('HMGET', bkey, 'state', 'dead', 'policy:' .. id, 'policy', 'failed')
+  if p[1] == 'fired' then return nil end
+  if redis.call('TYPE', bkey .. ':done')['ok'] ~= 'set' then return nil end
   local r = redis.pcall('HGET', bkey .. ':results', id)
-  if type(r) == 'string' and string.sub(r, 1, 4) == 'err:' then
-    redis.pcall('HDEL', bkey .. ':results', id)
-    local p = redis.call('HMGET', bkey, 'policy:' .. id, 'policy')
-    if (p[1] or p[2]) == 'fail' then redis.call('HINCRBY', bkey, 'failed', -1) end
+  local failed = type(r) == 'string' and string.sub(r, 1, 4) == 'err:'
+  local bad = wf_bad_count('dead', p[2])
+  if not bad and failed and (p[3] or p[4]) == 'fail' then bad = wf_bad_count('failed', p[5]) end
+  if bad then
+    if redis.call('SISMEMBER', bkey .. ':done', id) == 0 then return nil end
+    local msg = "replayed member '" .. string.sub(id, 1, 200) .. "' still counted as finished: " .. bad
+    wf_error(bkey, 'count_error', msg)
+    return msg
   end
+  if redis.call('SREM', bkey .. ':done', id) == 0 then return nil end
+  redis.call('HINCRBY', bkey, 'dead', -1)
+  if failed then
+    redis.pcall('HDEL', bkey .. ':results', id)
+    if (p[3] or p[4]) == 'fail' then redis.call('HINCRBY', bkey, 'failed', -1) end
+  end
+  return nil
 end
 
 -- Replay's entry point: `field` as for wf_member_finished.

@@ -13,6 +13,13 @@ for _, id in ipairs(ids) do
   local jobkey = ARGV[1] .. id
   local h, bad = read_job(jobkey, 'state', 'group')
   if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
+  -- Main was checked above; a group's list and the ring are checked here,
+  -- as a corrupt one would fail the pass after earlier jobs moved (and
+  -- again every pass): the job is dead-lettered with the reason instead.
+  if not bad and group_of(h[2]) then
+    local why = waiting_types_bad(KEYS[2], h[2])
+    if why then bad = 'cannot wait in its group: ' .. why .. ' (corrupt data)' end
+  end
   if bad then
     dead_letter(jobkey, KEYS[3], KEYS[4], id, bad, now)
   else

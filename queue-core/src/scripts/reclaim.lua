@@ -22,6 +22,7 @@ local reclaimed, dead, adopted = 0, 0, 0
 local wake = false
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
+  local member, member_reason
   if redis.call('LPOS', KEYS[1], id) then
     local jobkey = ARGV[1] .. id
     local h, bad = read_job(jobkey, 'state', 'attempts', 'max_attempts', 'batch')
@@ -41,7 +42,7 @@ for _, id in ipairs(expired) do
           'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. msg, now)
         redis.call('HSET', jobkey, 'last_error', msg, 'failed_at', now)
         dead = dead + 1
-        if h[4] then wf_member_finished(h[4], id, 'dead', 'attempts exhausted: ' .. msg, now, KEYS[5]) end
+        if h[4] then member, member_reason = h[4], 'attempts exhausted: ' .. msg end
       else
         local backoff = base * 2 ^ math.max(attempts - 1, 0)
         if backoff > cap then backoff = cap end
@@ -59,6 +60,10 @@ for _, id in ipairs(expired) do
     redis.call('LREM', KEYS[1], -1, id)
   end
   redis.call('ZREM', KEYS[2], id)
+  -- The batch counts last, after the job's own move (dead list, out of
+  -- processing and leases): when they came first, a failure in them left a
+  -- dead-lettered job in processing and leases, to run again.
+  if member then wf_member_finished(member, id, 'dead', member_reason, now, KEYS[5]) end
 end
 local tail = redis.call('LRANGE', KEYS[1], -scan, -1)
 for _, id in ipairs(tail) do

@@ -38,6 +38,26 @@ pub(crate) struct ReclaimReply {
     pub(crate) adopted: u64,
 }
 
+impl<'a> Reclaim<'a> {
+    /// The reclaim the script-level tests run: 100 expired leases a call,
+    /// 30 s orphan grace, a short fixed backoff.
+    #[cfg(test)]
+    pub(crate) fn for_tests(keys: &'a QueueKeys) -> Self {
+        static BACKOFF: Backoff = Backoff {
+            base: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+        };
+        Reclaim {
+            keys,
+            batch: 100,
+            orphan_grace: Duration::from_secs(30),
+            backoff: &BACKOFF,
+            seed: 7,
+            orphan_scan: 100,
+        }
+    }
+}
+
 impl Reclaim<'_> {
     /// Runs the script.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ReclaimReply> {

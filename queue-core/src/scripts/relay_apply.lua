@@ -9,7 +9,8 @@
 -- ARGV: the notices, oldest first (all for batches on P)
 -- Returns one code per notice, in order, then a flag: codes 1 applied now;
 -- 2 already applied (nothing written); 0 no such batch (expired or deleted);
--- 3 the batch's keys are of another type (corrupt); 4 the notice is
+-- 3 the batch is corrupt (a key of another type, or a count the notice
+-- changes is not an integer: not counted, not marked applied); 4 the notice is
 -- unreadable or names a batch of another queue. The flag is 1 when applying
 -- wrote notices into P's own relay list (a nested flow's parent on P,
 -- dead-lettered, whose own batch is on a third queue).
@@ -35,13 +36,23 @@ for i, n in ipairs(ARGV) do
       if seq <= last then
         out[i] = 2
       else
-        redis.call('HSET', bkey, 'relay:' .. id, seq)
+        -- Count first, then mark the notice applied: a count that is not an
+        -- integer (corrupt) leaves the notice unapplied (code 3: kept in the
+        -- dead-notice list, the batch's `count_error` says why), never marked
+        -- applied without its count.
+        local wrote, bad
         if kind == 'u' then
-          wf_unfinish(bkey, id)
-        elseif wf_finished(bkey, id, outcome, detail, now) then
-          noted = 1
+          bad = wf_unfinish(bkey, id)
+        else
+          wrote, bad = wf_finished(bkey, id, outcome, detail, now)
         end
-        out[i] = 1
+        if wrote then noted = 1 end
+        if bad then
+          out[i] = 3
+        else
+          redis.call('HSET', bkey, 'relay:' .. id, seq)
+          out[i] = 1
+        end
       end
     end
   end

@@ -7,6 +7,9 @@ local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group', 'batch')
 if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return 0
 end
+-- Where it will wait (main, or its group's list and the ring) is checked
+-- before any write (push_waiting comes after the history entry).
+expect_waiting_types(KEYS[2], h[3])
 local now = now_ms()
 ev_hist(KEYS[4], ARGV[1], KEYS[3], 'replayed', h[2] or '', now)
 push_waiting(KEYS[2], ARGV[1], h[3]) -- main, or its group's list

@@ -6,7 +6,7 @@
 -- ARGV: 1 token, 2 step name, 3 MessagePack result, 4 ttl_ms
 -- Returns 1 when stored, 0 when the delivery no longer owns the job.
 local ttl = tonumber(ARGV[4])
-if not ttl or ttl ~= ttl or ttl < 1 or ttl == math.huge then
+if not ttl or ttl ~= ttl or ttl < 1 or ttl > 9007199254740991 then
   return redis.error_reply('ERR step_record: ttl_ms must be a positive integer, got ' .. tostring(ARGV[4]))
 end
 local h = redis.call('HMGET', KEYS[1], 'token', 'state')

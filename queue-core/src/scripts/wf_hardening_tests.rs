@@ -1,0 +1,408 @@
+//! Regression tests of the workflow bookkeeping (batches, flows, the relay)
+//! against a real redis-server: a script that ends a batch member never fails
+//! half-way on corrupt batch data. The member's own state change comes first
+//! and stays whole; a batch count that is not an integer leaves the member
+//! uncounted (`count_error` on the batch hash); a callback that cannot be
+//! queued is dead-lettered naming why (`fire_error`); a relay notice is
+//! marked applied only once counted; `batch_add` refuses a corrupt `total`
+//! before any write.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use super::ack::{Ack, AckItem, AckReply};
+use super::batch_add::BatchAdd;
+use super::claim::{ClaimRow, Delivery};
+use super::enqueue::Enqueue;
+use super::fetch::Fetch;
+use super::reclaim::Reclaim;
+use super::relay_apply::{Applied, RelayApply};
+use super::replay::{Replay, ReplayReply};
+use crate::conn::RedisConnection;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
+use crate::{Batch, JobSpec, Queue};
+
+const Q: &str = "wfh";
+
+/// A private redis-server, a queue client and a raw connection to it.
+struct Fx {
+    _server: queue_testkit::RedisServer,
+    queue: Queue,
+    conn: RedisConnection,
+    keys: QueueKeys,
+}
+
+impl Fx {
+    async fn start() -> Fx {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let queue = Queue::connect(&server.url()).await.unwrap();
+        let conn = queue.connection();
+        Fx {
+            _server: server,
+            queue,
+            conn,
+            keys: QueueKeys::new(Q),
+        }
+    }
+
+    /// Batch `B` homed on queue `wfh`, sealed: members `ids` (each
+    /// `max_attempts`) on queue `member_queue`, success callback `cb` on `wfh`.
+    async fn batch(&self, member_queue: &str, ids: &[&str], max_attempts: u32) -> String {
+        let mut b = Batch::new(&self.queue)
+            .id("B")
+            .home(Q)
+            .on_success(JobSpec::raw(Q, "cb", 1, 3, vec![0xc0]).id("cb"));
+        for id in ids {
+            b = b.add(JobSpec::raw(member_queue, "t", 1, max_attempts, vec![0xc0]).id(*id));
+        }
+        b.enqueue().await.unwrap();
+        self.keys.batch("B")
+    }
+
+    async fn cmd(&mut self, args: &[&str]) -> Value {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut self.conn).await.unwrap()
+    }
+
+    async fn text(&mut self, args: &[&str]) -> Option<String> {
+        match self.cmd(args).await {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+            Value::Nil => None,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    async fn int(&mut self, args: &[&str]) -> i64 {
+        match self.cmd(args).await {
+            Value::Int(n) => n,
+            other => panic!("{args:?}: {other:?}"),
+        }
+    }
+
+    /// Claims up to `count` jobs of queue `keys`, leased `lease`.
+    async fn fetch(&mut self, keys: &QueueKeys, count: usize, lease: Duration) -> Vec<Delivery> {
+        let base = uuid::Uuid::new_v4().to_string();
+        let rows = Fetch {
+            keys,
+            lease,
+            token_base: &base,
+            count,
+            first_try: true,
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|r| match r {
+                ClaimRow::Claimed(d) => d,
+                other => panic!("expected a claimed row, got {other:?}"),
+            })
+            .collect()
+    }
+
+    async fn ack(&mut self, keys: &QueueKeys, ds: &[Delivery]) -> crate::Result<Vec<AckReply>> {
+        let items: Vec<AckItem> = ds
+            .iter()
+            .map(|d| AckItem {
+                id: d.id.clone(),
+                token: d.token.clone(),
+                result_ref: None,
+            })
+            .collect();
+        Ack {
+            keys,
+            items: &items,
+            retention: Duration::from_secs(60),
+            compact: false,
+        }
+        .run(&mut self.conn)
+        .await
+    }
+
+    async fn reclaim(&mut self) -> crate::Result<super::reclaim::ReclaimReply> {
+        Reclaim::for_tests(&self.keys).run(&mut self.conn).await
+    }
+
+    async fn relay_notices(&mut self, member_queue: &str) -> Vec<Vec<u8>> {
+        redis::cmd("LRANGE")
+            .arg(QueueKeys::new(member_queue).relay())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn)
+            .await
+            .unwrap()
+    }
+
+    async fn relay_apply(&mut self, notices: &[Vec<u8>]) -> crate::Result<Vec<Applied>> {
+        let keys = self.keys.clone();
+        RelayApply {
+            keys: &keys,
+            notices,
+        }
+        .run(&mut self.conn)
+        .await
+        .map(|r| r.outcomes)
+    }
+
+    async fn in_list(&mut self, list: &str, id: &str) -> bool {
+        self.cmd(&["LPOS", list, id]).await != Value::Nil
+    }
+
+    async fn in_zset(&mut self, zset: &str, id: &str) -> bool {
+        self.cmd(&["ZSCORE", zset, id]).await != Value::Nil
+    }
+}
+
+/// Finding 5: a member whose attempts are exhausted when its lease expires,
+/// in a batch whose `dead` count is not an integer. The reclaim dead-letters
+/// it and takes it out of processing and leases (before, the batch's
+/// HINCRBY raised first: the dead job stayed leased, and the next pass
+/// returned it to run again past its max attempts); the member is not
+/// counted, and the batch says why.
+#[tokio::test]
+async fn a_reclaimed_member_of_a_batch_with_a_corrupt_count_is_dead_lettered_once() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch(Q, &["m"], 1).await;
+    fx.cmd(&["HSET", &bkey, "dead", "x"]).await;
+    let keys = fx.keys.clone();
+    let d = fx.fetch(&keys, 1, Duration::from_millis(50)).await;
+    assert_eq!(d[0].id.as_str(), "m");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+
+    let pass = fx.reclaim().await.expect("the reclaim pass does not fail");
+    assert_eq!((pass.dead_lettered, pass.reclaimed), (1, 0));
+    assert!(fx.in_list(&keys.dead, "m").await);
+    assert!(
+        !fx.in_list(&keys.processing, "m").await,
+        "out of processing"
+    );
+    assert!(!fx.in_zset(&keys.leases, "m").await, "out of leases");
+    assert_eq!(
+        fx.text(&["HGET", &keys.job("m"), "state"]).await.as_deref(),
+        Some("dead")
+    );
+    // Not counted, and visibly so.
+    assert_eq!(
+        fx.int(&["SISMEMBER", &format!("{bkey}:done"), "m"]).await,
+        0
+    );
+    let err = fx.text(&["HGET", &bkey, "count_error"]).await.unwrap();
+    assert!(
+        err.contains("'m' not counted") && err.contains("dead"),
+        "{err}"
+    );
+    assert_eq!(
+        fx.text(&["HGET", &keys.stats, "workflow_errors"])
+            .await
+            .as_deref(),
+        Some("1")
+    );
+
+    // It does not run again.
+    let again = fx.reclaim().await.unwrap();
+    assert_eq!((again.dead_lettered, again.reclaimed), (0, 0));
+    assert!(!fx.in_zset(&keys.delayed, "m").await);
+    assert!(fx.fetch(&keys, 5, Duration::from_secs(30)).await.is_empty());
+}
+
+/// Finding 6: the ack of the last member of a sealed batch, in one ack call
+/// with another job, when the success callback cannot be queued: its spec
+/// lacks a field, or the queue's main holds another type. Both deliveries
+/// are acked (before, the spawn raised after the batch was marked fired and
+/// after the first delivery's writes); the callback is dead-lettered naming
+/// why (`fire_error` on the batch), and a retried ack answers "already".
+#[tokio::test]
+async fn an_ack_firing_a_batch_whose_callback_cannot_be_queued_acks_every_delivery() {
+    for broken in ["spec", "main"] {
+        let mut fx = Fx::start().await;
+        let bkey = fx.batch(Q, &["m"], 3).await;
+        let keys = fx.keys.clone();
+        Enqueue::test_job(&keys, &JobId::from("o"), 3)
+            .run(&mut fx.conn)
+            .await
+            .unwrap();
+        let ds = fx.fetch(&keys, 2, Duration::from_secs(30)).await;
+        assert_eq!(ds.len(), 2);
+        let want = if broken == "spec" {
+            fx.cmd(&["HDEL", &bkey, "s_v"]).await;
+            "s_v missing"
+        } else {
+            fx.cmd(&["SET", &keys.main, "x"]).await;
+            "main holds a string"
+        };
+
+        let replies = fx.ack(&keys, &ds).await.expect(broken);
+        assert_eq!(
+            replies,
+            [AckReply::Completed, AckReply::Completed],
+            "{broken}"
+        );
+        assert_eq!(fx.int(&["LLEN", &keys.processing]).await, 0, "{broken}");
+        assert_eq!(fx.int(&["ZCARD", &keys.leases]).await, 0, "{broken}");
+        assert_eq!(
+            fx.int(&["EXISTS", &keys.job("m"), &keys.job("o")]).await,
+            0,
+            "{broken}"
+        );
+        assert_eq!(
+            fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+            Some("fired")
+        );
+        assert_eq!(
+            fx.text(&["HGET", &bkey, "succeeded"]).await.as_deref(),
+            Some("1")
+        );
+        let err = fx.text(&["HGET", &bkey, "fire_error"]).await.unwrap();
+        assert!(
+            err.contains("'cb'") && err.contains(want),
+            "{broken}: {err}"
+        );
+        // The callback is not lost: dead-lettered, naming why.
+        assert!(fx.in_list(&keys.dead, "cb").await, "{broken}");
+        let reason = fx
+            .text(&["HGET", &keys.job("cb"), "dead_reason"])
+            .await
+            .unwrap();
+        assert!(
+            reason.contains("callback not queued") && reason.contains(want),
+            "{broken}: {reason}"
+        );
+        let retried = fx.ack(&keys, &ds).await.unwrap();
+        assert_eq!(
+            retried,
+            [AckReply::AlreadyCompleted, AckReply::AlreadyCompleted],
+            "{broken}"
+        );
+        if broken == "main" {
+            // Repaired, an operator replays it.
+            fx.cmd(&["DEL", &keys.main]).await;
+            let replayed = Replay {
+                keys: &keys,
+                id: &JobId::from("cb"),
+                reset_attempts: true,
+            }
+            .run(&mut fx.conn)
+            .await
+            .unwrap();
+            assert_eq!(replayed, ReplayReply::Replayed);
+            let cb = fx.fetch(&keys, 1, Duration::from_secs(30)).await;
+            assert_eq!(cb[0].id.as_str(), "cb");
+            assert_eq!(cb[0].job_type, "cb");
+        }
+    }
+}
+
+/// Finding 12: a relay notice (a member on another queue finished) for a
+/// batch whose `succeeded` count is not an integer is not counted and not
+/// marked applied (before, `relay:<id>` was written first and the count
+/// raised: the retry answered "already applied" and the member was never
+/// counted). Once the count is repaired the same notice applies and the
+/// batch fires.
+#[tokio::test]
+async fn a_relay_notice_whose_count_fails_is_not_marked_applied() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch("wfh-c", &["m"], 3).await;
+    let members = QueueKeys::new("wfh-c");
+    let ds = fx.fetch(&members, 1, Duration::from_secs(30)).await;
+    assert_eq!(fx.ack(&members, &ds).await.unwrap(), [AckReply::Completed]);
+    let notices = fx.relay_notices("wfh-c").await;
+    assert_eq!(notices.len(), 1);
+    fx.cmd(&["HSET", &bkey, "succeeded", "x"]).await;
+
+    let outcomes = fx.relay_apply(&notices).await.expect("no script error");
+    assert_eq!(outcomes, [Applied::Corrupt]);
+    assert_eq!(fx.text(&["HGET", &bkey, "relay:m"]).await, None);
+    assert_eq!(
+        fx.int(&["SISMEMBER", &format!("{bkey}:done"), "m"]).await,
+        0
+    );
+    let err = fx.text(&["HGET", &bkey, "count_error"]).await.unwrap();
+    assert!(
+        err.contains("'m' not counted") && err.contains("succeeded"),
+        "{err}"
+    );
+
+    fx.cmd(&["HSET", &bkey, "succeeded", "0"]).await;
+    assert_eq!(fx.relay_apply(&notices).await.unwrap(), [Applied::Now]);
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+        Some("fired")
+    );
+    let main = fx.keys.main.clone();
+    assert!(fx.in_list(&main, "cb").await);
+}
+
+/// `wf_unfinish` (replay of a dead member) on a batch whose `dead` count is
+/// not an integer: the replay answers replayed (before, it raised after all
+/// its writes, and the operator's retry answered "not dead"), the member
+/// stays counted as finished, and the batch says why.
+#[tokio::test]
+async fn a_replay_of_a_member_whose_batch_count_is_corrupt_replays_it() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch(Q, &["m", "n"], 1).await;
+    let keys = fx.keys.clone();
+    let ds = fx.fetch(&keys, 1, Duration::from_millis(50)).await;
+    let id = ds[0].id.clone();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(fx.reclaim().await.unwrap().dead_lettered, 1);
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "dead"]).await.as_deref(),
+        Some("1")
+    );
+    fx.cmd(&["HSET", &bkey, "dead", "x"]).await;
+
+    let replayed = Replay {
+        keys: &keys,
+        id: &id,
+        reset_attempts: true,
+    }
+    .run(&mut fx.conn)
+    .await
+    .expect("the replay does not fail");
+    assert_eq!(replayed, ReplayReply::Replayed);
+    assert!(fx.in_list(&keys.main, id.as_str()).await);
+    assert!(!fx.in_list(&keys.dead, id.as_str()).await);
+    assert_eq!(
+        fx.int(&["SISMEMBER", &format!("{bkey}:done"), id.as_str()])
+            .await,
+        1
+    );
+    let err = fx.text(&["HGET", &bkey, "count_error"]).await.unwrap();
+    assert!(err.contains("still counted as finished"), "{err}");
+}
+
+/// `batch_add` on a batch whose `total` is not an integer refuses before
+/// any write (before, the members were added and the count raised: a retry
+/// found them added and counted none).
+#[tokio::test]
+async fn batch_add_refuses_a_corrupt_total_before_any_write() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch(Q, &["m"], 3).await;
+    // Sealed, not fired: it still takes members (a running member adds more).
+    fx.cmd(&["HSET", &bkey, "total", "x"]).await;
+    let ids = ["late".to_string()];
+    let err = BatchAdd {
+        queue: Q,
+        key: &bkey,
+        policy: "",
+        ids: &ids,
+    }
+    .run(&mut fx.conn)
+    .await
+    .unwrap_err();
+    assert_eq!(
+        fx.int(&["SISMEMBER", &format!("{bkey}:members"), "late"])
+            .await,
+        0,
+        "nothing written: {err}"
+    );
+    assert!(
+        err.to_string().contains("refused before any write"),
+        "{err}"
+    );
+}
