@@ -9,7 +9,7 @@
 --          ...}, members registered, {id, counted 0/1, result, state, done 0/1} ...}
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return {} end
 local names = {'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed', 'failed_child',
-  'policy', 'created_at', 'sealed_at', 'fired_at', 'expires_at', 's_id', 's_type', 'c_id',
+  'fire_error', 'count_error', 'policy', 'created_at', 'sealed_at', 'fired_at', 'expires_at', 's_id', 's_type', 'c_id',
   'c_type', 'c_member', 'm_dag', 'm_steps'}
 local values = redis.call('HMGET', KEYS[1], unpack(names))
 local fields = {}

@@ -126,6 +126,10 @@ pub struct BatchDetail {
     pub policy: Option<String>,
     /// The first fail-parent member that failed, with its reason.
     pub failed_child: Option<String>,
+    /// What the batch could not do because its data was corrupt (a
+    /// callback not queued, a member not counted; docs/WORKFLOWS.md), one
+    /// line each; `None`: nothing.
+    pub errors: Option<String>,
     /// Callbacks (a flow's or DAG step's parent is `on_complete`).
     pub callbacks: Vec<BatchCallback>,
     /// Batches the parent is itself a member of (nested flows, DAG steps
@@ -372,6 +376,7 @@ impl Admin {
             ttl_ms: (pttl >= 0).then_some(pttl),
             policy: map.get("policy").cloned(),
             failed_child: map.get("failed_child").cloned(),
+            errors: batch_errors(&map),
             callbacks,
             parent_feeds,
             members_total: f.u64(3, "members")?,
@@ -380,4 +385,14 @@ impl Admin {
             row,
         }))
     }
+}
+
+/// `fire_error` and `count_error` of a batch hash, joined (none: `None`).
+fn batch_errors(map: &HashMap<String, String>) -> Option<String> {
+    let lines: Vec<&str> = ["fire_error", "count_error"]
+        .iter()
+        .filter_map(|f| map.get(*f).map(String::as_str))
+        .filter(|v| !v.is_empty())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("\n"))
 }

@@ -262,6 +262,13 @@ async fn an_ack_firing_a_batch_whose_callback_cannot_be_queued_acks_every_delive
             err.contains("'cb'") && err.contains(want),
             "{broken}: {err}"
         );
+        // What an operator sees (`batches show`, the dashboard's batch page).
+        let detail = crate::admin::Admin::new(fx.queue.clone())
+            .batch_detail(Q, "B")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(detail.errors.as_deref(), Some(err.as_str()), "{broken}");
         // The callback is not lost: dead-lettered, naming why.
         assert!(fx.in_list(&keys.dead, "cb").await, "{broken}");
         let reason = fx

@@ -71,6 +71,9 @@ fn print_detail(b: &BatchDetail) {
     if let Some(first) = &b.failed_child {
         println!("  failed     {first}");
     }
+    for line in b.errors.iter().flat_map(|e| e.lines()) {
+        println!("  error      {line}");
+    }
     for cb in &b.callbacks {
         println!("  {:<10} {} ({})", cb.role, cb.id, cb.job_type);
     }

@@ -137,6 +137,12 @@ fn detail(b: &BatchDetail) -> String {
             html(f)
         ));
     }
+    for line in b.errors.iter().flat_map(|e| e.lines()) {
+        facts.push_str(&format!(
+            r#"<tr><th>error</th><td class="bad">{}</td></tr>"#,
+            html(line)
+        ));
+    }
     for cb in &b.callbacks {
         facts.push_str(&format!(
             r#"<tr><th>{role}</th><td><a class="callback" href="{href}">{ida}</a> ({ty})</td></tr>"#,
