@@ -51,6 +51,10 @@ end
 local answer
 if known then
   if redis.call('EXISTS', KEYS[3]) == 1 then
+    local corrupt = record_type_bad(KEYS[3])
+    if corrupt then
+      return redis.error_reply('WRONGTYPE ' .. corrupt .. ': ' .. KEYS[3] .. ', refused before any write')
+    end
     answer = {'done'}
   elseif redis.call('EXISTS', KEYS[2]) == 1 then
     answer = {'exists', redis.call('HGET', KEYS[2], 'state') or ''}

@@ -85,8 +85,13 @@ if stable then
       if redis.call('EXISTS', jobkey, ARGV[2] .. id) > 0 then
         was_known[i] = true
         local t = redis.call('TYPE', jobkey)['ok']
+        local why
         if t ~= 'hash' and t ~= 'none' then
-          local why = 'corrupt job key: holds a ' .. t .. ', not a hash'
+          why = 'corrupt job key: holds a ' .. t .. ', not a hash'
+        elseif t == 'none' or redis.call('EXISTS', ARGV[2] .. id) == 1 then
+          why = record_type_bad(ARGV[2] .. id) -- a record key of a third type: not a record
+        end
+        if why then
           if mode == 'all' then
             return redis.error_reply('ERR invalid argument job ' .. id .. ': ' .. why)
           end

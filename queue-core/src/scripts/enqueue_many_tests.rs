@@ -566,3 +566,22 @@ async fn a_corrupt_group_list_or_ring_refuses_only_its_job_before_any_write() {
         }
     }
 }
+
+/// A stable id whose completion record key holds a third type: that job is
+/// refused (it used to answer "done": the job was never enqueued), the
+/// others of the call are written.
+#[tokio::test]
+async fn a_record_key_of_a_third_type_refuses_its_job() {
+    let (_s, mut conn, keys) = setup().await;
+    let _: () = conn.rpush(keys.done("b"), "x").await.unwrap();
+    let ids: Vec<JobId> = ["a", "b"].into_iter().map(JobId::from).collect();
+    let mut jobs = fresh_jobs(&keys, &ids);
+    jobs[1].fresh = false;
+    let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
+    assert!(
+        matches!(&replies[1], ManyReply::Invalid(why) if why.contains("completion record key holds a list")),
+        "{replies:?}"
+    );
+    let main: i64 = conn.llen(&keys.main).await.unwrap();
+    assert_eq!(main, 1);
+}

@@ -1070,3 +1070,25 @@ async fn a_replay_into_a_corrupt_group_is_refused_before_any_write() {
     assert_eq!(fx.cmd(&["EXISTS", &k.group("G")]).await, Value::Int(0));
     assert_eq!(fx.job("g1").await["state"], "dead");
 }
+
+/// A completion record key of a third type (corrupt data: records are
+/// hashes or compact strings) is not a record. A fetch used to take the job
+/// for done and delete it without running it; it is dead-lettered naming the
+/// key. An enqueue of that id used to answer "done"; it is refused.
+#[tokio::test]
+async fn a_record_key_of_a_third_type_never_makes_a_job_done() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("j1", 3).await;
+    fx.cmd(&["RPUSH", &k.done("j1"), "x"]).await;
+    let rows = fx.fetch(1, "base").await.unwrap();
+    assert!(
+        matches!(&rows[..], [ClaimRow::Corrupt(id, why)] if id.as_str() == "j1" && why.contains("completion record key holds a list")),
+        "{rows:?}"
+    );
+    assert_eq!(fx.places("j1").await, Places::dead_only());
+    let again = Enqueue::test_job(&k, &JobId::from("j1"), 3)
+        .run(&mut fx.conn.clone())
+        .await;
+    assert!(again.is_err(), "{again:?}");
+}

@@ -97,6 +97,16 @@ local function record_replace(key, value, retention)
   end
 end
 
+-- nil when the completion record key `key` (known to exist) is a record (a
+-- hash, or a compact record's string), else the reason: a key of a third
+-- type is corrupt data, not a record, so a job is never taken for done
+-- because of it (read only when a record key exists: a rare path).
+local function record_type_bad(key)
+  local t = redis.call('TYPE', key)['ok']
+  if t == 'hash' or t == 'string' then return nil end
+  return 'completion record key holds a ' .. t .. ' (corrupt data)'
+end
+
 -- HMGET of a job's fields. A job key of another type gives nil and the
 -- dead-letter reason naming it, instead of aborting the script.
 local function read_job(jobkey, ...)
@@ -200,6 +210,14 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   no_record, lease_batch)
   local jobkey = jobprefix .. id
   if not no_record and redis.call('EXISTS', doneprefix .. id) == 1 then
+    local corrupt = record_type_bad(doneprefix .. id)
+    if corrupt then
+      -- Not a record: the job is dead-lettered naming the key, never
+      -- dropped as done without running.
+      dead_letter(jobkey, dead, stats, id, corrupt, now)
+      drop_delivery(processing, leases, id)
+      return {'corrupt', id, corrupt}
+    end
     -- Completion record exists: the job already ran; ack without running it.
     drop_delivery(processing, leases, id)
     redis.call('DEL', jobkey)
