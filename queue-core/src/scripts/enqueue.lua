@@ -16,8 +16,10 @@
 -- and answers 'new' again, while any other call with the same id still gets
 -- 'exists'.
 local enq_token = ARGV[9] or ''
--- Numbers first: a delay, run time or marker ttl that is not a count refuses
--- the call before anything is read or written.
+-- Numbers first: a max_attempts, delay, run time or marker ttl that is not a
+-- count refuses the call before anything is read or written (a max_attempts
+-- below 1 is stored as 1, as enqueue_many does).
+local max_attempts = int_str(math.max(arg_count(ARGV[5], 'max_attempts'), 1))
 local delay = arg_count(ARGV[6], 'delay_ms')
 local run_at = arg_count(ARGV[7], 'run_at_ms')
 local once = arg_count(ARGV[8], 'once ttl_ms')
@@ -86,7 +88,7 @@ local state = 'queued'
 if delay > 0 then state = 'delayed' end
 -- One HSET for the whole hash (core fields, token, run time, extra fields).
 local fields = {'id', ARGV[1], 'type', ARGV[2], 'v', ARGV[3], 'payload', ARGV[4],
-  'max_attempts', ARGV[5], 'attempts', '0', 'enqueued_at', int_str(now), 'state', state}
+  'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', int_str(now), 'state', state}
 if enq_token ~= '' then
   fields[#fields + 1] = 'enq_token'
   fields[#fields + 1] = enq_token

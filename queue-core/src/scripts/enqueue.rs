@@ -83,15 +83,7 @@ impl<'a> Enqueue<'a> {
     fn call(&self, enq_token: &str) -> Call {
         let (k, id) = (self.keys, self.id.as_str());
         let mut call = SCRIPT
-            .call([
-                k.main.clone(),
-                k.job(id),
-                k.done(id),
-                k.delayed.clone(),
-                k.stats.clone(),
-                k.once(id),
-                k.wake.clone(),
-            ])
+            .call(script_keys(k, id))
             .arg(id)
             .arg(self.job_type)
             .arg(self.schema_version)
@@ -159,6 +151,20 @@ pub(super) fn epoch_ms(at: Option<SystemTime>) -> u64 {
     at.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
         .map(|d| (d.as_millis() as u64).max(1))
         .unwrap_or(0)
+}
+
+/// The keys of an `enqueue.lua` call for job `id`, in the script's order.
+#[cfg(test)]
+pub(crate) fn script_keys(k: &QueueKeys, id: &str) -> [String; 7] {
+    [
+        k.main.clone(),
+        k.job(id),
+        k.done(id),
+        k.delayed.clone(),
+        k.stats.clone(),
+        k.once(id),
+        k.wake.clone(),
+    ]
 }
 
 #[cfg(test)]

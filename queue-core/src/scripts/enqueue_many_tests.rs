@@ -37,6 +37,29 @@ async fn corrupt_group_key(conn: &mut RedisConnection, keys: &QueueKeys, corrupt
     key
 }
 
+/// `enqueue.lua` for job `id` (type `t`, version 1, empty payload, token
+/// `T`) with raw `[max_attempts, delay_ms, run_at_ms, once ttl_ms]`: values
+/// the typed wrapper cannot send.
+async fn raw_enqueue(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    id: &str,
+    numbers: [&str; 4],
+) -> crate::Result<redis::Value> {
+    let mut call = super::enqueue::SCRIPT
+        .call(super::enqueue::script_keys(keys, id))
+        .arg(id)
+        .arg("t")
+        .arg(1)
+        .arg("");
+    for n in numbers {
+        call = call.arg(n);
+    }
+    call.arg("T")
+        .run(conn, &keys.queue, Some(&JobId::from(id)))
+        .await
+}
+
 /// One test job per id, each with a fresh enqueue token.
 fn fresh_jobs<'a>(keys: &'a QueueKeys, ids: &'a [JobId]) -> Vec<ManyJob<'a>> {
     ids.iter()
@@ -406,26 +429,7 @@ async fn a_refused_once_marker_enqueue_leaves_no_marker() {
         let err = match case {
             "bad run_at" => {
                 // Raw arguments: the wrapper cannot send a run_at of "x".
-                let call = super::enqueue::SCRIPT
-                    .call([
-                        keys.main.clone(),
-                        keys.job("p"),
-                        keys.done("p"),
-                        keys.delayed.clone(),
-                        keys.stats.clone(),
-                        keys.once("p"),
-                        keys.wake.clone(),
-                    ])
-                    .arg("p")
-                    .arg("t")
-                    .arg(1)
-                    .arg("")
-                    .arg(1)
-                    .arg(0)
-                    .arg("x")
-                    .arg(60_000)
-                    .arg("T");
-                call.run(&mut conn, &keys.queue, Some(&id))
+                raw_enqueue(&mut conn, &keys, "p", ["1", "0", "x", "60000"])
                     .await
                     .unwrap_err()
             }
@@ -584,4 +588,23 @@ async fn a_record_key_of_a_third_type_refuses_its_job() {
     );
     let main: i64 = conn.llen(&keys.main).await.unwrap();
     assert_eq!(main, 1);
+}
+
+/// `enqueue.lua` with a max_attempts that is not a count (a producer in
+/// another language, docs/PROTOCOL.md): refused with an error naming it,
+/// nothing written. Before, the job was enqueued and dead-lettered at its
+/// first claim ("corrupt field max_attempts").
+#[tokio::test]
+async fn enqueue_refuses_a_max_attempts_that_is_not_a_count() {
+    let (_s, mut conn, keys) = setup().await;
+    // Raw arguments: the wrapper sends a u32.
+    let err = raw_enqueue(&mut conn, &keys, "m", ["many", "0", "0", "0"])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("max_attempts"), "{err}");
+    let written: i64 = conn
+        .exists(&[keys.job("m"), keys.main.clone()])
+        .await
+        .unwrap();
+    assert_eq!(written, 0);
 }

@@ -258,6 +258,14 @@ impl Browser {
     }
 
     pub fn call(&mut self, method: &str, params: Value) -> Value {
+        match self.try_call(method, params) {
+            Ok(v) => v,
+            Err(e) => panic!("{method} failed: {e}"),
+        }
+    }
+
+    /// [`call`](Self::call), the protocol error returned instead of a panic.
+    fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         let id = self.next_id;
         self.next_id += 1;
         let msg = json!({"id": id, "method": method, "params": params}).to_string();
@@ -272,9 +280,9 @@ impl Browser {
             let v: Value = serde_json::from_str(text.as_str()).unwrap();
             if v["id"] == id {
                 if let Some(e) = v.get("error") {
-                    panic!("{method} failed: {e}");
+                    return Err(e.clone());
                 }
-                return v["result"].clone();
+                return Ok(v["result"].clone());
             }
         }
     }
@@ -291,11 +299,24 @@ impl Browser {
         r["result"]["value"].clone()
     }
 
-    /// Polls `expr` until it is truthy.
+    /// Polls `expr` until it is truthy. A poll that lands while the page
+    /// navigates (a form submit, a reload: Chromium answers "Inspected
+    /// target navigated or closed" or that the context is gone) counts as
+    /// not yet, and the next poll runs in the new page.
     pub fn wait_for(&mut self, what: &str, expr: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let v = self.eval(expr);
+            let params = json!({"expression": expr, "returnByValue": true, "awaitPromise": true});
+            let v = match self.try_call("Runtime.evaluate", params) {
+                Ok(r) => {
+                    if let Some(e) = r.get("exceptionDetails") {
+                        panic!("page script failed: {expr}\n{e}");
+                    }
+                    r["result"]["value"].clone()
+                }
+                Err(e) if e["code"] == json!(-32000) && Instant::now() < deadline => Value::Null,
+                Err(e) => panic!("Runtime.evaluate failed: {e}"),
+            };
             let truthy =
                 !matches!(v, Value::Null | Value::Bool(false)) && v != json!(0) && v != json!("");
             if truthy {
