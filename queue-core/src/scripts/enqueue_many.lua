@@ -82,14 +82,17 @@ if stable then
     local id = ARGV[i]
     if not invalid[k] and ARGV[i + 9] ~= '1' then
       local jobkey = ARGV[1] .. id
-      if redis.call('EXISTS', jobkey, ARGV[2] .. id) > 0 then
+      local present = redis.call('EXISTS', jobkey, ARGV[2] .. id)
+      if present > 0 then
         was_known[i] = true
         local t = redis.call('TYPE', jobkey)['ok']
         local why
         if t ~= 'hash' and t ~= 'none' then
           why = 'corrupt job key: holds a ' .. t .. ', not a hash'
-        elseif t == 'none' or redis.call('EXISTS', ARGV[2] .. id) == 1 then
-          why = record_type_bad(ARGV[2] .. id) -- a record key of a third type: not a record
+        elseif t == 'none' or present == 2 then
+          -- The record key exists (the EXISTS counted it): a third type is
+          -- not a record.
+          why = record_type_bad(ARGV[2] .. id)
         end
         if why then
           if mode == 'all' then
@@ -127,8 +130,8 @@ if grouped then
       if delay == 0 then
         local why = checked[g]
         if why == nil then
-          local ok, e = pcall(expect_waiting_types, KEYS[1], g)
-          why = not ok and (type(e) == 'table' and e.err or tostring(e)) or false
+          local bad = waiting_types_bad(KEYS[1], g)
+          why = bad and wrongtype_refusal(bad) or false
           checked[g] = why
         end
         if why then
