@@ -180,6 +180,23 @@ end
 local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
   'fence', 'traceparent', 'expires_at', 'expires_after', 'first_started_at'}
 
+-- The row of a claimed delivery: `row` is {'claimed', id, token, type, v,
+-- payload, attempts, max_attempts, enqueued_at, delivered_at, fence}, and two
+-- optional values follow only when they say something: the traceparent
+-- (when the job has one, or as '' before a first_started_at) and
+-- first_started_at (only on a redelivery: on the first one it is
+-- delivered_at). Each reply value costs Redis ~0.8k instructions and the
+-- worker a parse (issue #12). Decoded by `ClaimRow::decode` (claim.rs).
+local function claimed_row(row, traceparent, first_started_at)
+  if first_started_at and first_started_at ~= row[10] then
+    row[12] = traceparent or ''
+    row[13] = first_started_at
+  elseif traceparent and traceparent ~= '' then
+    row[12] = traceparent
+  end
+  return row
+end
+
 -- The claim row of a delivery already made with `token` (a retry whose first
 -- reply was lost gets the same answer), or nil when `h` (the CLAIM_FIELDS of
 -- hash `jobkey`) is not that delivery.
@@ -187,8 +204,8 @@ local function same_claim(id, token, h, jobkey)
   if h[1] ~= 'active' then return nil end
   local d = redis.call('HMGET', jobkey, 'token', 'delivered_at', 'lease_until')
   if d[1] ~= token then return nil end
-  return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
-    h[7] or '0', d[2] or '0', d[3] or '0', h[8] or '0', h[9] or '', h[12] or d[2] or '0'}
+  return claimed_row({'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
+    h[7] or '0', d[2] or '0', h[8] or '0'}, h[9], h[12])
 end
 
 -- Writes the completion record of a cancelled job (status `cancelled`, kept
@@ -290,8 +307,8 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     'token', token, 'lease_until', int_str(lease_until), 'fence', int_str(fence), 'worker', worker or '',
     'first_started_at', h[12] or int_str(now))
   ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
-  return {'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
-    h[7] or '0', now, lease_until, fence, h[9] or '', h[12] or now}
+  return claimed_row({'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
+    h[7] or '0', now, fence}, h[9], h[12])
 end
 
 -- The leases of a fetch batch's claimed ids (`claim(..., lease_batch)`), all

@@ -28,7 +28,9 @@ pub(crate) enum Applied {
     Already,
     /// The batch does not exist (expired, deleted).
     NoBatch,
-    /// The batch's keys hold another type (corrupt data).
+    /// The batch is corrupt: a key of another type, or a count the notice
+    /// changes that is not an integer (the batch's `count_error` names it).
+    /// Not counted and not marked applied.
     Corrupt,
     /// The notice is unreadable or names another queue's batch.
     Unreadable,

@@ -27,11 +27,15 @@ pub(crate) fn bytes(v: &Value) -> Option<Vec<u8>> {
     }
 }
 
-/// An integer, whether sent as integer or as decimal text.
+/// An integer, whether sent as integer or as decimal text (read in place:
+/// no copy of the text, as every numeric field of a claim row goes through
+/// here).
 pub(crate) fn int(v: &Value) -> Option<i64> {
     match v {
         Value::Int(i) => Some(*i),
-        other => text(other)?.parse().ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
     }
 }
 
@@ -101,6 +105,13 @@ impl<'v> Fields<'v> {
             .get(i)
             .and_then(read)
             .ok_or_else(|| self.error(format_args!("field {i} ({name}) missing or malformed")))
+    }
+
+    /// Field `i` read by `read`, or `None` when the reply has no such field
+    /// or `read` refuses it: for optional trailing fields. Builds no error
+    /// (an error formats the whole reply, far dearer than the read).
+    pub(crate) fn optional<T>(&self, i: usize, read: impl Fn(&Value) -> Option<T>) -> Option<T> {
+        self.items.get(i).and_then(read)
     }
 
     /// Field `i` as text.

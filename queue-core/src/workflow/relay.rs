@@ -186,9 +186,11 @@ async fn relay_one(
                 Some(Ok(Applied::NoBatch)) => {
                     Some("no such batch (expired or deleted)".to_string())
                 }
-                Some(Ok(Applied::Corrupt)) => {
-                    Some("the batch's keys hold another type".to_string())
-                }
+                Some(Ok(Applied::Corrupt)) => Some(
+                    "the batch is corrupt: a key of another type, or a count that is not \
+                     an integer (the batch's count_error says which)"
+                        .to_string(),
+                ),
                 Some(Ok(Applied::Unreadable)) => Some("unreadable notice".to_string()),
                 Some(Err(reason)) => Some(reason),
                 None => Some("not applied".to_string()),
