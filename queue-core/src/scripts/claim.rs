@@ -369,18 +369,44 @@ mod fencing {
     use crate::scripts::promote::Promote;
     use crate::scripts::replay::Replay;
 
+    const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    /// The extra field an enqueue in a traced span adds.
+    fn traceparent_field() -> [(String, String); 1] {
+        [("traceparent".to_string(), TRACEPARENT.to_string())]
+    }
+
     async fn fetch_one(conn: &mut RedisConnection, keys: &QueueKeys) -> super::Delivery {
+        let base = uuid::Uuid::new_v4().to_string();
+        match fetch_with(conn, keys, &base, 1).await.pop() {
+            Some(d) => d,
+            None => panic!("expected a claimed row"),
+        }
+    }
+
+    /// Up to `count` deliveries of one fetch with token base `base` (not a
+    /// first try: a second call with the same base is a retry, answered
+    /// from the first one's receipt); a row that is not claimed panics.
+    async fn fetch_with(
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        base: &str,
+        count: usize,
+    ) -> Vec<super::Delivery> {
         let fetch = Fetch {
             keys,
             lease: Duration::from_secs(30),
-            token_base: &uuid::Uuid::new_v4().to_string(),
-            count: 1,
+            token_base: base,
+            count,
             first_try: false,
         };
-        match fetch.run(conn).await.unwrap().pop() {
-            Some(ClaimRow::Claimed(d)) => d,
-            other => panic!("expected a claimed row, got {other:?}"),
-        }
+        let rows = fetch.run(conn).await.unwrap();
+        rows.into_iter()
+            .map(|row| match row {
+                ClaimRow::Claimed(d) => d,
+                other => panic!("expected a claimed row, got {other:?}"),
+            })
+            .collect()
     }
 
     async fn fail(
@@ -400,15 +426,20 @@ mod fencing {
         fail.run(conn).await.unwrap();
     }
 
-    /// Fails delivery `d` as retryable at once, promotes it and fetches it
-    /// again: its next delivery.
+    /// Fails delivery `d` as retryable at once and promotes it: the job
+    /// waits in main again.
+    async fn retry_now(conn: &mut RedisConnection, keys: &QueueKeys, d: &super::Delivery) {
+        fail(conn, keys, d, FailKind::Retry).await;
+        Promote { keys, limit: 10 }.run(conn).await.unwrap();
+    }
+
+    /// [`retry_now`], then the job's next delivery.
     async fn redeliver(
         conn: &mut RedisConnection,
         keys: &QueueKeys,
         d: &super::Delivery,
     ) -> super::Delivery {
-        fail(conn, keys, d, FailKind::Retry).await;
-        Promote { keys, limit: 10 }.run(conn).await.unwrap();
+        retry_now(conn, keys, d).await;
         fetch_one(conn, keys).await
     }
 
@@ -421,8 +452,7 @@ mod fencing {
     async fn a_redelivery_carries_the_first_start_and_the_traceparent() {
         let (_server, mut conn) = crate::scripts::test_redis().await;
         let keys = QueueKeys::new("rows");
-        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let extra = [("traceparent".to_string(), tp.to_string())];
+        let (tp, extra) = (TRACEPARENT, traceparent_field());
         for (id, traced) in [("plain", false), ("traced", true)] {
             let id = JobId::from(id);
             let mut enqueue = Enqueue::test_job(&keys, &id, 5);
@@ -442,6 +472,39 @@ mod fencing {
             assert_eq!(first.traceparent.as_deref(), want, "{id}");
             assert_eq!(second.traceparent.as_deref(), want, "{id}");
         }
+    }
+
+    /// A fetch retried with its token base (its first reply lost) answers
+    /// every delivery as the first try did, field for field, though the
+    /// retry reads them back from the job hashes (`same_claim`) and the
+    /// first try built them at the claim: a redelivered traced job (first
+    /// start and traceparent in the row) and a first delivery (neither).
+    #[tokio::test]
+    async fn a_retried_fetch_answers_the_same_deliveries_field_for_field() {
+        let (_server, mut conn) = crate::scripts::test_redis().await;
+        let keys = QueueKeys::new("retried");
+        let (tp, extra) = (TRACEPARENT, traceparent_field());
+        let (traced, plain) = (JobId::from("traced"), JobId::from("plain"));
+        let mut enqueue = Enqueue::test_job(&keys, &traced, 5);
+        enqueue.extra = &extra;
+        enqueue.run(&mut conn).await.unwrap();
+        let first = fetch_one(&mut conn, &keys).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        retry_now(&mut conn, &keys, &first).await;
+        Enqueue::test_job(&keys, &plain, 5)
+            .run(&mut conn)
+            .await
+            .unwrap();
+        let taken = fetch_with(&mut conn, &keys, "base", 2).await;
+        let mut again = fetch_with(&mut conn, &keys, "base", 2).await;
+        assert_eq!(taken.len(), 2);
+        for (a, b) in taken.iter().zip(again.iter_mut()) {
+            b.claim_sent_at = a.claim_sent_at;
+        }
+        assert_eq!(again, taken);
+        let redelivered = taken.iter().find(|d| d.id == traced).unwrap();
+        assert_eq!(redelivered.first_started_at_ms, first.delivered_at_ms);
+        assert_eq!(redelivered.traceparent.as_deref(), Some(tp));
     }
 
     /// The fencing token grows with every delivery: a retry, and a replay
