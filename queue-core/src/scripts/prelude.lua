@@ -173,10 +173,9 @@ local function dead_letter(jobkey, dead, stats, id, reason, now)
 end
 
 -- The job fields claim() reads, in this order. The fields of a running
--- delivery (`token`, `delivered_at`, `lease_until`) are not among them: a job
--- waiting to be claimed has none, and each field a hash lacks costs HMGET a
--- scan of the whole listpack (issue #12); same_claim() reads them when the
--- job is active.
+-- delivery (`token`, `delivered_at`) are not among them: a job waiting to be
+-- claimed has none, and each field a hash lacks costs HMGET a scan of the
+-- whole listpack (issue #12); same_claim() reads them when the job is active.
 local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
   'fence', 'traceparent', 'expires_at', 'expires_after', 'first_started_at'}
 
@@ -202,7 +201,7 @@ end
 -- hash `jobkey`) is not that delivery.
 local function same_claim(id, token, h, jobkey)
   if h[1] ~= 'active' then return nil end
-  local d = redis.call('HMGET', jobkey, 'token', 'delivered_at', 'lease_until')
+  local d = redis.call('HMGET', jobkey, 'token', 'delivered_at')
   if d[1] ~= token then return nil end
   return claimed_row({'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
     h[7] or '0', d[2] or '0', h[8] or '0'}, h[9], h[12])
