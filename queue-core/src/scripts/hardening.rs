@@ -58,6 +58,14 @@ impl Places {
             ..Places::default()
         }
     }
+
+    /// In the delayed set, and nowhere else.
+    fn delayed_only() -> Self {
+        Places {
+            delayed: true,
+            ..Places::default()
+        }
+    }
 }
 
 impl Fixture {
@@ -479,10 +487,7 @@ async fn corrupt_counts_are_dead_lettered_naming_the_field() {
     fx.cmd(&["ZADD", &leases, "1", "reclaim"]).await;
     assert_eq!(fx.reclaim().await.unwrap().dead_lettered, 1);
     for id in ["claim", "fail", "reclaim"] {
-        let dead = Places {
-            dead: true,
-            ..Places::default()
-        };
+        let dead = Places::dead_only();
         assert_eq!(fx.places(id).await, dead, "{id}");
         let job = fx.job(id).await;
         assert_eq!(job["state"], "dead", "{id}");
@@ -503,10 +508,7 @@ async fn a_job_key_that_is_not_a_hash_is_dead_lettered() {
     let rows = fx.fetch(1, "b").await.unwrap();
     assert!(matches!(&rows[..], [ClaimRow::Corrupt(..)]), "{rows:?}");
     for id in ["promoted", "claimed"] {
-        let dead = Places {
-            dead: true,
-            ..Places::default()
-        };
+        let dead = Places::dead_only();
         assert_eq!(fx.places(id).await, dead, "{id}");
         let reason = &fx.job(id).await["dead_reason"];
         assert!(reason.contains("not a hash"), "{reason}");
@@ -542,10 +544,7 @@ async fn a_queue_key_of_the_wrong_type_is_refused_before_any_write() {
     );
     fx.cmd(&["SET", &k.main, "x"]).await;
     assert!(fx.promote().await.is_err());
-    let delayed = Places {
-        delayed: true,
-        ..Places::default()
-    };
+    let delayed = Places::delayed_only();
     assert_eq!(
         fx.places("j1").await,
         delayed,
@@ -563,10 +562,7 @@ async fn a_corrupt_counter_never_blocks_a_move() {
         .await;
     let reply = fx.fail(&d, FailKind::Retry).await.unwrap();
     assert!(matches!(reply, FailReply::Retry { .. }), "{reply:?}");
-    let delayed = Places {
-        delayed: true,
-        ..Places::default()
-    };
+    let delayed = Places::delayed_only();
     assert_eq!(fx.places("j1").await, delayed);
 }
 
@@ -580,10 +576,7 @@ async fn a_stats_key_of_another_type_never_fails_a_transition() {
     fx.cmd(&["SET", &k.stats, "x"]).await;
     fx.enqueue("j1", 3).await; // unwraps the reply
     fx.enqueue("j2", 3).await;
-    let queued = Places {
-        main: true,
-        ..Places::default()
-    };
+    let queued = Places::main_only();
     assert_eq!(fx.places("j1").await, queued);
     fx.cancel_queued("j2").await;
 }
@@ -680,13 +673,7 @@ async fn a_defer_retried_after_its_reply_was_lost_gets_the_same_outcome() {
     assert_eq!(job["attempts"], "0", "the attempt is given back once");
     assert!(!job.contains_key("token"), "lease dropped");
     let places = fx.places("j1").await;
-    assert_eq!(
-        places,
-        Places {
-            delayed: true,
-            ..Places::default()
-        }
-    );
+    assert_eq!(places, Places::delayed_only());
     let stale = Defer {
         token: "another delivery",
         ..defer

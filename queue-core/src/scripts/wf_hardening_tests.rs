@@ -84,6 +84,20 @@ impl Fx {
         }
     }
 
+    /// Whether `member` is counted as finished in batch `bkey` (its `:done` set).
+    async fn counted(&mut self, bkey: &str, member: &str) -> bool {
+        self.int(&["SISMEMBER", &format!("{bkey}:done"), member])
+            .await
+            == 1
+    }
+
+    /// Batch `bkey`'s `count_error`, which must be set.
+    async fn count_error(&mut self, bkey: &str) -> String {
+        self.text(&["HGET", bkey, "count_error"])
+            .await
+            .expect("count_error set")
+    }
+
     /// Claims up to `count` jobs of queue `keys`, leased `lease`.
     async fn fetch(&mut self, keys: &QueueKeys, count: usize, lease: Duration) -> Vec<Delivery> {
         let base = uuid::Uuid::new_v4().to_string();
@@ -187,11 +201,8 @@ async fn a_reclaimed_member_of_a_batch_with_a_corrupt_count_is_dead_lettered_onc
         Some("dead")
     );
     // Not counted, and visibly so.
-    assert_eq!(
-        fx.int(&["SISMEMBER", &format!("{bkey}:done"), "m"]).await,
-        0
-    );
-    let err = fx.text(&["HGET", &bkey, "count_error"]).await.unwrap();
+    assert!(!fx.counted(&bkey, "m").await);
+    let err = fx.count_error(&bkey).await;
     assert!(
         err.contains("'m' not counted") && err.contains("dead"),
         "{err}"
@@ -324,11 +335,8 @@ async fn a_relay_notice_whose_count_fails_is_not_marked_applied() {
     let outcomes = fx.relay_apply(&notices).await.expect("no script error");
     assert_eq!(outcomes, [Applied::Corrupt]);
     assert_eq!(fx.text(&["HGET", &bkey, "relay:m"]).await, None);
-    assert_eq!(
-        fx.int(&["SISMEMBER", &format!("{bkey}:done"), "m"]).await,
-        0
-    );
-    let err = fx.text(&["HGET", &bkey, "count_error"]).await.unwrap();
+    assert!(!fx.counted(&bkey, "m").await);
+    let err = fx.count_error(&bkey).await;
     assert!(
         err.contains("'m' not counted") && err.contains("succeeded"),
         "{err}"
@@ -374,12 +382,8 @@ async fn a_replay_of_a_member_whose_batch_count_is_corrupt_replays_it() {
     assert_eq!(replayed, ReplayReply::Replayed);
     assert!(fx.in_list(&keys.main, id.as_str()).await);
     assert!(!fx.in_list(&keys.dead, id.as_str()).await);
-    assert_eq!(
-        fx.int(&["SISMEMBER", &format!("{bkey}:done"), id.as_str()])
-            .await,
-        1
-    );
-    let err = fx.text(&["HGET", &bkey, "count_error"]).await.unwrap();
+    assert!(fx.counted(&bkey, id.as_str()).await);
+    let err = fx.count_error(&bkey).await;
     assert!(err.contains("still counted as finished"), "{err}");
 }
 
