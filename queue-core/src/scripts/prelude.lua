@@ -878,11 +878,9 @@ local function wf_count_error(bkey, id, what)
 end
 
 -- The problem with stored count `v` (field `name`) that a script would
--- HINCRBY, or nil (missing counts from 0).
+-- HINCRBY (corrupt_field's text), or nil (missing counts from 0).
 local function wf_bad_count(name, v)
-  if v and not as_count(v) then
-    return 'field ' .. name .. " '" .. string.sub(v, 1, 64) .. "' is not a non-negative integer"
-  end
+  if v and not as_count(v) then return corrupt_field(name, v) end
   return nil
 end
 
