@@ -84,9 +84,11 @@ def measure(directory, a, keep, label):
         p = r.pipeline(transaction=False)
         if a.enqueue_batch:
             # enqueue_many, as the Queue's group commit sends it: generated
-            # ids (fresh), an enqueue token per job, no extra fields.
+            # ids (fresh), an enqueue token per job, no extra fields; the
+            # `each:int` mode where the scripts have it (since stop 32).
+            mode = "each:int" if "'each:int'" in open(os.path.join(directory, "enqueue_many.lua")).read() else "each"
             for c in range(0, a.n, a.enqueue_batch):
-                args = [Q + "job:", Q + "done:", Q + "once:", "each"]
+                args = [Q + "job:", Q + "done:", Q + "once:", mode]
                 for i in range(c, min(c + a.enqueue_batch, a.n)):
                     args += ["j%d" % i, "noop", "1", "x" * a.payload, "3", "0", "0", "0",
                              "enq-%d-0123456789abcdef0123" % i, "1", "0"]
@@ -126,17 +128,26 @@ def measure(directory, a, keep, label):
                                     "paused", "limits", "delayed", "wake")]
             rows = r.fcall("fetch", len(keys), *keys, Q + "job:", Q + "done:", "300000", base, str(a.batch),
                            "150000", "bench-worker", "1")  # a first try, as the worker sends it
-            deliveries += [(row[1], row[2]) for row in rows if row[0] == b"claimed"]
+            # id, token, and the fields the worker sends back with its ack
+            # since stop 32: attempts, type, enqueued_at, delivered_at.
+            deliveries += [(row[1], row[2], row[6], row[3], row[8], row[9]) for row in rows if row[0] == b"claimed"]
         dump()  # part 3: fetch
         # Since stop 27 ack.lua takes the record format (ARGV 6); older scripts do not.
         fmt = ["compact" if a.compact else "hash"] if "record format" in open(
             os.path.join(directory, "ack.lua")).read() else []
         if a.compact and not fmt:
             raise SystemExit(f"{label}: these scripts have no compact records")
+        # Since stop 32 the worker's name follows (ARGV 7) and each delivery
+        # carries its claimed fields, so the ack does not read them.
+        claimed = "groups of 7" in open(os.path.join(directory, "ack.lua")).read()
         for c in range(0, len(deliveries), a.batch):
             args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:"] + fmt
-            for job_id, token in deliveries[c:c + a.batch]:
+            if claimed:
+                args.append("bench-worker")
+            for job_id, token, attempts, jtype, enqueued_at, delivered_at in deliveries[c:c + a.batch]:
                 args += [job_id, token, ""]
+                if claimed:
+                    args += [attempts, jtype, enqueued_at, delivered_at]
             codes = r.fcall("ack", 4, Q + "processing", Q + "leases", Q + "stats", Q + "guard", *args)
             if any(code != 1 for code in codes):
                 raise SystemExit(f"{label}: ack answered {codes}")

@@ -154,13 +154,16 @@ pub async fn ack(
     retention: Duration,
 ) -> Result<Acked> {
     let keys = QueueKeys::new(queue);
+    // No claimed fields: the script reads the record's from the job hash.
     let items = [AckItem {
         id: JobId::from(id),
         token: token.to_string(),
         result_ref: None,
+        claimed: None,
     }];
     let reply = Ack {
         keys: &keys,
+        worker: "",
         items: &items,
         retention,
         compact: false,

@@ -14,9 +14,10 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
+use crate::scripts::claim::Delivery;
 
 pub(crate) static SCRIPT: LuaScript<4> =
-    lua_script!("ack.lua", keys = 4, args = 6, prelude(super::DRAIN));
+    lua_script!("ack.lua", keys = 4, args = 7, prelude(super::DRAIN));
 
 /// One finished delivery to acknowledge.
 #[derive(Debug, Clone)]
@@ -25,11 +26,53 @@ pub(crate) struct AckItem {
     pub(crate) token: String,
     /// The handler's result reference, stored in the completion record.
     pub(crate) result_ref: Option<Vec<u8>>,
+    /// What the delivery's claim answered, for the completion record; `None`:
+    /// the script reads it from the job hash (a field read each).
+    pub(crate) claimed: Option<Claimed>,
+}
+
+/// The fields of a delivery's completion record that its claim answered
+/// (and that do not change while it runs: the token check proves it is the
+/// same delivery).
+#[derive(Debug, Clone)]
+pub(crate) struct Claimed {
+    pub(crate) attempt: u32,
+    pub(crate) job_type: String,
+    pub(crate) enqueued_at_ms: u64,
+    pub(crate) delivered_at_ms: u64,
+}
+
+impl AckItem {
+    /// The ack of delivery `d`, with its claimed fields for the record.
+    pub(crate) fn of(d: &Delivery, result_ref: Option<Vec<u8>>) -> AckItem {
+        // A time before the epoch (corrupt data the claim passed on) is not
+        // sent: the script then reads the record's fields from the job.
+        let claimed = match (
+            u64::try_from(d.enqueued_at_ms),
+            u64::try_from(d.delivered_at_ms),
+        ) {
+            (Ok(enqueued_at_ms), Ok(delivered_at_ms)) => Some(Claimed {
+                attempt: d.attempt,
+                job_type: d.job_type.clone(),
+                enqueued_at_ms,
+                delivered_at_ms,
+            }),
+            _ => None,
+        };
+        AckItem {
+            id: d.id.clone(),
+            token: d.token.clone(),
+            result_ref,
+            claimed,
+        }
+    }
 }
 
 /// Acknowledges a batch of deliveries of one queue in one script call.
 pub(crate) struct Ack<'a> {
     pub(crate) keys: &'a QueueKeys,
+    /// The name of the worker that claimed the items (its `worker` field).
+    pub(crate) worker: &'a str,
     pub(crate) items: &'a [AckItem],
     /// How long the completion record is kept (zero: none).
     pub(crate) retention: Duration,
@@ -66,12 +109,25 @@ impl Ack<'_> {
             .arg(&k.steps_prefix)
             .arg(self.retention.as_millis() as u64)
             .arg(&k.tput_prefix)
-            .arg(if self.compact { "compact" } else { "hash" });
+            .arg(if self.compact { "compact" } else { "hash" })
+            .arg(self.worker);
         for item in self.items {
             call = call
                 .repeated_arg(item.id.as_str())
                 .repeated_arg(&item.token)
                 .repeated_arg(item.result_ref.as_deref().unwrap_or_default());
+            call = match &item.claimed {
+                Some(c) => call
+                    .repeated_arg(c.attempt)
+                    .repeated_arg(c.job_type.as_str())
+                    .repeated_arg(c.enqueued_at_ms)
+                    .repeated_arg(c.delivered_at_ms),
+                None => call
+                    .repeated_arg("")
+                    .repeated_arg("")
+                    .repeated_arg("")
+                    .repeated_arg(""),
+            };
         }
         let reply = call.run(conn, &k.queue, first).await?;
         self.decode(&reply)
@@ -135,7 +191,7 @@ impl Ack<'_> {
 mod tests {
     use std::time::Duration;
 
-    use super::{Ack, AckItem, AckReply};
+    use super::{Ack, AckItem, AckReply, SCRIPT};
     use crate::conn::{connect, ConnectionConfig, RedisConnection};
     use crate::job::JobId;
     use crate::keys::QueueKeys;
@@ -187,11 +243,7 @@ mod tests {
     }
 
     fn item(d: &Delivery) -> AckItem {
-        AckItem {
-            id: d.id.clone(),
-            token: d.token.clone(),
-            result_ref: None,
-        }
+        AckItem::of(d, None)
     }
 
     /// The ack of `d` with a token that is not its delivery's (a stale one).
@@ -239,6 +291,7 @@ mod tests {
     ) -> crate::Result<Vec<AckReply>> {
         Ack {
             keys,
+            worker: "",
             items,
             retention: RETENTION,
             compact,
@@ -296,6 +349,7 @@ mod tests {
             let items: Vec<AckItem> = ds.iter().map(item).collect();
             let replies = Ack {
                 keys: &keys,
+                worker: "",
                 items: &items,
                 retention,
                 compact: false,
@@ -636,6 +690,140 @@ mod tests {
         assert!(
             matches!(rows.as_slice(), [ClaimRow::Skipped(id, Skip::Done)] if id.as_str() == "c"),
             "a redelivery of a finished job is not run: {rows:?}"
+        );
+    }
+
+    /// The record's delivery fields (attempts, type, enqueued_at,
+    /// delivered_at, worker) are the claim's, whether the caller sends them
+    /// (the worker: no field read per job) or not (`queue_core::testing::ack`:
+    /// the script reads them from the job hash), in both record forms, and
+    /// when sent numbers are not counts (read from the job then too).
+    #[tokio::test]
+    async fn the_record_carries_the_claims_fields_whether_sent_or_read() {
+        use crate::scripts::fetch::FetchReply;
+        use crate::scripts::result_wait::{ResultWait, WaitState};
+
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
+        let keys = QueueKeys::new("fields");
+        for id in ["sent", "read", "compact", "bad"] {
+            let id = JobId::from(id);
+            Enqueue::test_job(&keys, &id, 3).run(&mut c).await.unwrap();
+        }
+        let fetch = Fetch {
+            keys: &keys,
+            lease: Duration::from_secs(30),
+            token_base: "fields",
+            count: 4,
+            first_try: true,
+        };
+        let FetchReply::Rows(rows) = fetch.run_or_paused_as(&mut c, "w-1").await.unwrap() else {
+            panic!("paused")
+        };
+        let ds: std::collections::HashMap<String, Delivery> = rows
+            .into_iter()
+            .map(|r| match r {
+                ClaimRow::Claimed(d) => (d.id.to_string(), d),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let run = |items: Vec<AckItem>, compact: bool, c: &mut RedisConnection| {
+            let mut c = c.clone();
+            let keys = keys.clone();
+            async move {
+                Ack {
+                    keys: &keys,
+                    worker: "w-1",
+                    items: &items,
+                    retention: RETENTION,
+                    compact,
+                }
+                .run(&mut c)
+                .await
+            }
+        };
+        let mut read = item(&ds["read"]);
+        read.claimed = None;
+        for (items, compact) in [
+            (vec![item(&ds["sent"]), read], false),
+            (vec![item(&ds["compact"])], true),
+        ] {
+            let replies = run(items, compact, &mut c).await.unwrap();
+            assert!(
+                replies.iter().all(|r| *r == AckReply::Completed),
+                "{replies:?}"
+            );
+        }
+        for id in ["sent", "read", "compact"] {
+            let d = &ds[id];
+            let state = ResultWait {
+                keys: &keys,
+                id: &d.id,
+            }
+            .run(&mut c)
+            .await
+            .unwrap();
+            let WaitState::Finished(rec) = state else {
+                panic!("{id}: {state:?}")
+            };
+            let field = |name: &str| String::from_utf8(rec[name].clone()).unwrap();
+            assert_eq!(
+                [
+                    field("attempts"),
+                    field("type"),
+                    field("enqueued_at"),
+                    field("delivered_at"),
+                    field("worker")
+                ],
+                [
+                    d.attempt.to_string(),
+                    d.job_type.clone(),
+                    d.enqueued_at_ms.to_string(),
+                    d.delivered_at_ms.to_string(),
+                    "w-1".to_string()
+                ],
+                "{id}"
+            );
+        }
+
+        // Sent numbers that are not counts (no worker of this version sends
+        // them): the record takes the job's own fields instead, and the
+        // delivery is acked like any other.
+        let d = &ds["bad"];
+        let reply = SCRIPT
+            .call([&keys.processing, &keys.leases, &keys.stats, &keys.guard])
+            .arg(&keys.job_prefix)
+            .arg(&keys.done_prefix)
+            .arg(&keys.steps_prefix)
+            .arg(RETENTION.as_millis() as u64)
+            .arg(&keys.tput_prefix)
+            .arg("hash")
+            .arg("w-1")
+            .repeated_arg(d.id.as_str())
+            .repeated_arg(&d.token)
+            .repeated_arg("")
+            .repeated_arg("7")
+            .repeated_arg("other")
+            .repeated_arg("soon")
+            .repeated_arg(d.delivered_at_ms)
+            .run(&mut c, &keys.queue, Some(&d.id))
+            .await
+            .unwrap();
+        assert_eq!(reply, Value::Array(vec![Value::Int(1)]));
+        let rec: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(keys.done("bad"))
+            .arg(&["attempts", "type", "enqueued_at", "worker"])
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(
+            rec,
+            [
+                Some(d.attempt.to_string()),
+                Some(d.job_type.clone()),
+                Some(d.enqueued_at_ms.to_string()),
+                Some("w-1".to_string())
+            ]
         );
     }
 }

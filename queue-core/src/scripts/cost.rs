@@ -185,11 +185,7 @@ async fn fetch_n(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) -> Vec<
         }
         for row in rows {
             match row {
-                super::claim::ClaimRow::Claimed(d) => out.push(AckItem {
-                    id: d.id.clone(),
-                    token: d.token.clone(),
-                    result_ref: None,
-                }),
+                super::claim::ClaimRow::Claimed(d) => out.push(AckItem::of(&d, None)),
                 other => panic!("unexpected row {other:?}"),
             }
         }
@@ -200,6 +196,7 @@ async fn fetch_n(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) -> Vec<
 async fn ack(conn: &mut RedisConnection, keys: &QueueKeys, items: &[AckItem]) {
     Ack {
         keys,
+        worker: "",
         items,
         retention: Duration::from_secs(86_400),
         compact: false,

@@ -54,6 +54,19 @@ pub(crate) enum ManyReply {
 
 /// The call for `jobs` (all of queue `keys`).
 pub(crate) fn call(keys: &QueueKeys, mode: Mode, jobs: &[ManyJob<'_>]) -> Call {
+    // The `:int` modes: a job written answers its run_at alone, not a
+    // `{'new', run_at}` table (cheaper for Redis to send; issue #12).
+    let mode = match mode {
+        Mode::All => "all:int",
+        Mode::Each => "each:int",
+    };
+    call_in_mode(keys, mode, jobs)
+}
+
+/// The call for `jobs` with the script's `mode` argument as given (the
+/// documented `all` / `each` of producers in other languages, or their
+/// `:int` forms).
+pub(crate) fn call_in_mode(keys: &QueueKeys, mode: &str, jobs: &[ManyJob<'_>]) -> Call {
     let mut call = SCRIPT
         .call([
             keys.main.clone(),
@@ -64,10 +77,7 @@ pub(crate) fn call(keys: &QueueKeys, mode: Mode, jobs: &[ManyJob<'_>]) -> Call {
         .arg(&keys.job_prefix)
         .arg(&keys.done_prefix)
         .arg(keys.once(""))
-        .arg(match mode {
-            Mode::All => "all",
-            Mode::Each => "each",
-        });
+        .arg(mode);
     for m in jobs {
         let j = &m.job;
         call = call
@@ -114,7 +124,8 @@ pub(crate) async fn load(conn: &mut RedisConnection) -> redis::RedisResult<()> {
     SCRIPT.load(conn).await
 }
 
-/// One reply per job, in order; each decoded as [`EnqueueReply::decode`] or
+/// One reply per job, in order: an integer (the run_at of a job written, as
+/// the `:int` modes answer), or one decoded as [`EnqueueReply::decode`] or
 /// `{'invalid', reason}`. A count that does not match is a protocol error.
 pub(crate) fn decode(queue: &str, jobs: &[ManyJob<'_>], reply: &Value) -> Result<Vec<ManyReply>> {
     let first = jobs.first().map(|m| m.job.id);
@@ -135,6 +146,11 @@ pub(crate) fn decode(queue: &str, jobs: &[ManyJob<'_>], reply: &Value) -> Result
     jobs.iter()
         .zip(items)
         .map(|(m, item)| {
+            if let Value::Int(run_at_ms) = item {
+                return Ok(ManyReply::Enqueued(EnqueueReply::Created {
+                    run_at_ms: *run_at_ms,
+                }));
+            }
             let f = Fields::new(queue, Some(m.job.id), "enqueue_many reply", item)?;
             if f.tag()? == "invalid" {
                 return Ok(ManyReply::Invalid(f.text(1, "reason")?));
@@ -181,6 +197,15 @@ mod tests {
             vec![
                 ManyReply::Enqueued(EnqueueReply::Created { run_at_ms: 5 }),
                 ManyReply::Invalid("extra field name: id".into()),
+            ]
+        );
+        // The `:int` modes answer a job written with its run_at alone.
+        let ints = Value::Array(vec![Value::Int(7), Value::Array(vec![bulk("done")])]);
+        assert_eq!(
+            decode("q", &jobs, &ints).unwrap(),
+            vec![
+                ManyReply::Enqueued(EnqueueReply::Created { run_at_ms: 7 }),
+                ManyReply::Enqueued(EnqueueReply::Done),
             ]
         );
         let short = Value::Array(vec![Value::Array(vec![bulk("done")])]);

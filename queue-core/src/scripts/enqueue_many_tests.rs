@@ -207,6 +207,80 @@ async fn mode_each_answers_invalid_for_that_job_and_writes_the_others() {
     assert_eq!((b, enqueued_stat(&mut conn, &keys).await), (0, 2));
 }
 
+/// Producers in other languages call the documented modes `each` and `all`
+/// (docs/PROTOCOL.md) and get `['new', run_at]` per job written; `Queue`
+/// sends their `:int` forms and gets the run_at alone, for a job written now,
+/// a delayed one, and a retry's own job (found by its enqueue token). Any
+/// other mode refuses the call.
+#[tokio::test]
+async fn the_documented_modes_answer_new_tables_and_their_int_forms_bare_run_ats() {
+    let (_s, mut conn, keys) = setup().await;
+    let ids: Vec<JobId> = ["a", "b", "c", "d", "e"]
+        .into_iter()
+        .map(JobId::from)
+        .collect();
+    let job = |i: usize, delay_ms: u64| ManyJob {
+        job: Enqueue {
+            delay: (delay_ms > 0).then(|| Duration::from_millis(delay_ms)),
+            ..Enqueue::test_job(&keys, &ids[i], 1)
+        },
+        token: "tok",
+        fresh: false,
+    };
+    let run_at = |v: &redis::Value| -> Option<i64> {
+        match v {
+            redis::Value::Int(n) => Some(*n),
+            _ => None,
+        }
+    };
+    for (mode, first, second) in [("each", 0, 1), ("all", 2, 3)] {
+        let jobs = [job(first, 0), job(second, 60_000)];
+        let call = super::enqueue_many::call_in_mode(&keys, mode, &jobs);
+        let reply = call.run(&mut conn, &keys.queue, None).await.unwrap();
+        let tables = super::reply::array(&reply).unwrap();
+        let mut at = Vec::new();
+        for t in tables {
+            let row = super::reply::array(t).unwrap_or_else(|| panic!("{mode}: {t:?}"));
+            assert_eq!(
+                super::reply::text(&row[0]).as_deref(),
+                Some("new"),
+                "{mode}"
+            );
+            at.push(super::reply::int(&row[1]).unwrap());
+        }
+        assert_eq!(at[1] - at[0], 60_000, "{mode}: the delayed job's run_at");
+        // The same call again in the `:int` form: found by its token, answered
+        // with the same run_ats, as bare integers.
+        let int_mode = format!("{mode}:int");
+        let call = super::enqueue_many::call_in_mode(&keys, &int_mode, &jobs);
+        let again = call.run(&mut conn, &keys.queue, None).await.unwrap();
+        let again: Vec<Option<i64>> = super::reply::array(&again)
+            .unwrap()
+            .iter()
+            .map(run_at)
+            .collect();
+        assert_eq!(again, vec![Some(at[0]), Some(at[1])], "{int_mode}");
+    }
+    let new = [ManyJob {
+        job: Enqueue::test_job(&keys, &ids[4], 1),
+        token: "",
+        fresh: true,
+    }];
+    let reply = super::enqueue_many::call_in_mode(&keys, "each:int", &new)
+        .run(&mut conn, &keys.queue, None)
+        .await
+        .unwrap();
+    assert!(
+        run_at(&super::reply::array(&reply).unwrap()[0]).is_some(),
+        "{reply:?}"
+    );
+    let err = super::enqueue_many::call_in_mode(&keys, "each:text", &new)
+        .run(&mut conn, &keys.queue, None)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("mode: each:text"), "{err}");
+}
+
 /// The checks of `enqueue.lua`, per job: a second job of the call with the
 /// same id, a completion record, a once-marker; a retried call (same tokens,
 /// `fresh` off) answers `new` again for its own jobs and writes nothing twice.

@@ -760,13 +760,10 @@ async fn a_stale_delivery_writes_no_progress() {
         "not a count Lua holds exactly: refused"
     );
     let mut conn = f.conn.clone();
-    let items = [super::ack::AckItem {
-        id: d.id.clone(),
-        token: d.token.clone(),
-        result_ref: None,
-    }];
+    let items = [super::ack::AckItem::of(&d, None)];
     super::ack::Ack {
         keys: &f.keys,
+        worker: "",
         items: &items,
         retention: Duration::from_secs(60),
         compact: false,

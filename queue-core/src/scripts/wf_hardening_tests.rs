@@ -120,16 +120,10 @@ impl Fx {
     }
 
     async fn ack(&mut self, keys: &QueueKeys, ds: &[Delivery]) -> crate::Result<Vec<AckReply>> {
-        let items: Vec<AckItem> = ds
-            .iter()
-            .map(|d| AckItem {
-                id: d.id.clone(),
-                token: d.token.clone(),
-                result_ref: None,
-            })
-            .collect();
+        let items: Vec<AckItem> = ds.iter().map(|d| AckItem::of(d, None)).collect();
         Ack {
             keys,
+            worker: "",
             items: &items,
             retention: Duration::from_secs(60),
             compact: false,

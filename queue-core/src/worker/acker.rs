@@ -168,6 +168,7 @@ async fn flush(inner: &Inner, keys: &QueueKeys, batch: &mut Vec<AckRequest>) {
         let mut conn = inner.conn.clone();
         let res = Ack {
             keys,
+            worker: &inner.identity.name,
             items: &items,
             retention: inner.config.completion_retention,
             compact: inner.config.compact_records,

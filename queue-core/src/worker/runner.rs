@@ -223,11 +223,7 @@ impl JobRunner {
     ) {
         crate::failpoint::hit("before_ack");
         let req = AckRequest {
-            item: AckItem {
-                id: d.id.clone(),
-                token: d.token.clone(),
-                result_ref,
-            },
+            item: AckItem::of(d, result_ref),
             labels,
             elapsed,
             span: tracing::Span::current(),
