@@ -105,10 +105,16 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                     };
                     // "Run" the job: decode its payload like the worker does.
                     let _args: Noop = rmp_serde::from_slice(&payload)?;
-                    claimed.push((id, token));
+                    // The ack sends back what the claim answered for the
+                    // record: attempts, type, enqueued_at, delivered_at.
+                    let record: Vec<Vec<u8>> = [6, 3, 8, 9]
+                        .iter()
+                        .map(|&i| r.get(i).and_then(text).unwrap_or_default())
+                        .collect();
+                    claimed.push((id, token, record));
                 }
                 // One ack.lua call for the batch, or one per job (in flight together).
-                let groups: Vec<&[(Vec<u8>, Vec<u8>)]> = match batched_ack {
+                let groups: Vec<&[(Vec<u8>, Vec<u8>, Vec<Vec<u8>>)]> = match batched_ack {
                     true => vec![&claimed[..]],
                     false => claimed.chunks(1).collect(),
                 };
@@ -121,9 +127,10 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                         .arg(&keys.steps_prefix)
                         .arg(RETENTION_MS)
                         .arg(&keys.tput_prefix)
-                        .arg("hash");
-                    for (id, token) in group {
-                        inv.arg(id).arg(token).arg("");
+                        .arg("hash")
+                        .arg("proto");
+                    for (id, token, record) in group {
+                        inv.arg(id).arg(token).arg("").arg(record);
                     }
                     async move {
                         let codes: Vec<i64> = inv.invoke_async(&mut c).await?;

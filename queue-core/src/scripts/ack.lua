@@ -34,17 +34,22 @@ end
 -- before the first write. `h`: token, state, batch, hist, notify, then, for a
 -- delivery whose record fields are read from the job (`from_job`: the caller
 -- sent none, or sent numbers that are not counts), attempts, type,
--- enqueued_at, delivered_at, worker. Each distinct sent number is checked
--- once (`counted`): the deliveries of one fetch share delivered_at, the jobs
--- of one enqueue call enqueued_at, and a 13-digit number costs a strtod.
+-- enqueued_at, delivered_at, worker. A sent number must be digits; each
+-- distinct one is checked once (`counted`): the deliveries of one fetch share
+-- delivered_at, the jobs of one enqueue call enqueued_at (a pattern match is
+-- cheaper than `as_count`'s strtod, and the three checks written out cheaper
+-- than a loop: 7.8% against 6.1% of an ack, issue #12).
 expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local fields, from_job, counted = {}, {}, {}
 for i = 8, #ARGV, 7 do
   local sent = ARGV[i + 3] ~= ''
-  if sent and not (counted[ARGV[i + 3]] and counted[ARGV[i + 5]] and counted[ARGV[i + 6]]) then
-    for _, v in ipairs({ARGV[i + 3], ARGV[i + 5], ARGV[i + 6]}) do
-      if as_count(v) then counted[v] = true else sent = false end
-    end
+  if sent then
+    local x = ARGV[i + 3]
+    if not counted[x] then if string.find(x, '^%d+$') then counted[x] = true else sent = false end end
+    x = ARGV[i + 5]
+    if not counted[x] then if string.find(x, '^%d+$') then counted[x] = true else sent = false end end
+    x = ARGV[i + 6]
+    if not counted[x] then if string.find(x, '^%d+$') then counted[x] = true else sent = false end end
   end
   local h
   if sent then
