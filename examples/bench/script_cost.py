@@ -84,14 +84,16 @@ def measure(directory, a, keep, label):
         p = r.pipeline(transaction=False)
         if a.enqueue_batch:
             # enqueue_many, as the Queue's group commit sends it: generated
-            # ids (fresh), an enqueue token per job, no extra fields; the
-            # `each:int` mode where the scripts have it (since stop 32).
-            mode = "each:int" if "'each:int'" in open(os.path.join(directory, "enqueue_many.lua")).read() else "each"
+            # ids (fresh), no extra fields; since stop 32 (the scripts with
+            # the `each:int` mode) no enqueue token for a generated id, before
+            # one per job.
+            stop32 = "'each:int'" in open(os.path.join(directory, "enqueue_many.lua")).read()
+            mode = "each:int" if stop32 else "each"
             for c in range(0, a.n, a.enqueue_batch):
                 args = [Q + "job:", Q + "done:", Q + "once:", mode]
                 for i in range(c, min(c + a.enqueue_batch, a.n)):
                     args += ["j%d" % i, "noop", "1", "x" * a.payload, "3", "0", "0", "0",
-                             "enq-%d-0123456789abcdef0123" % i, "1", "0"]
+                             "" if stop32 else "enq-%d-0123456789abcdef0123" % i, "1", "0"]
                 p.fcall("enqueue_many", 4, Q + "main", Q + "delayed", Q + "stats", Q + "wake", *args)
                 if c % 2000 == 0:
                     p.execute()

@@ -7,7 +7,9 @@
 //! reset, broken pipe) is sent again, for at most [`Queue::retry_window`],
 //! with the same id and the same per-call enqueue token (`enq_token`, stored
 //! on the job): a retry that finds its own token reports `Created`, any other
-//! call with the id still gets `Duplicate`.
+//! call with the id still gets `Duplicate`. A job whose id the `Queue`
+//! generated sends no token: that id exists only through this call, so a
+//! retry that finds it reports `Created` (`EnqueueOutcome::of_call`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -262,7 +264,7 @@ impl Queue {
             max_attempts,
             opts,
             payload: payload.to_vec(),
-            token: random_uuid(),
+            token: enqueue_token(generated),
             generated,
             retry_window: self.retry_window,
         };
@@ -271,7 +273,7 @@ impl Queue {
             Some(group) => group.enqueue(&self.conn, queue, job).await,
         }
         .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
-        let outcome = EnqueueOutcome::from(reply);
+        let outcome = EnqueueOutcome::from(reply).of_call(generated);
         if outcome == EnqueueOutcome::Created {
             crate::metrics::enqueued(queue, job_type, 1);
         }
@@ -340,7 +342,7 @@ impl Queue {
         for (opts, _) in &items {
             generated.push(opts.id.is_none());
             ids.push(valid_id(queue, opts.id.clone())?);
-            tokens.push(random_uuid());
+            tokens.push(enqueue_token(opts.id.is_none()));
         }
         let wait = items.iter().filter_map(|(o, _)| o.replicas).max();
         let first_id = ids.first().cloned();
@@ -429,9 +431,10 @@ impl Queue {
         let out: Vec<Enqueued> = ids
             .into_iter()
             .zip(replies)
-            .map(|(id, r)| Enqueued {
+            .zip(generated)
+            .map(|((id, r), generated)| Enqueued {
                 id,
-                outcome: r.into(),
+                outcome: EnqueueOutcome::from(r).of_call(generated),
             })
             .collect();
         if let (Some((wanted, _)), Some(acked)) = (wait, acked) {
@@ -448,6 +451,16 @@ impl Queue {
         crate::metrics::enqueued(queue, job_type, created);
         debug!(queue, job_type, jobs = out.len(), "batch enqueued");
         Ok(out)
+    }
+}
+
+/// The enqueue token of a call (kept across its retries): none for an id the
+/// `Queue` generated, which only this call can have written (see
+/// `EnqueueOutcome::of_call`); a random one for a caller's id.
+fn enqueue_token(generated: bool) -> String {
+    match generated {
+        true => String::new(),
+        false => random_uuid(),
     }
 }
 

@@ -290,12 +290,9 @@ async fn the_first_enqueue_after_a_redis_restart_succeeds() {
     assert!(after.is_new());
 }
 
-/// The enqueue reaches a paused Redis, the client times out and sends it
-/// again; when Redis resumes, the first request writes the job and the
-/// retries find their own token: the call reports `Created`, exactly one job
-/// exists, and another call with the same id gets `Duplicate`.
-#[tokio::test]
-async fn an_enqueue_whose_reply_was_lost_reports_created_once() {
+/// A redis-server and a `Queue` on it whose response timeout (300 ms) runs
+/// out several times while the server is paused, with one job enqueued.
+async fn queue_with_short_timeouts() -> (RedisServer, Queue) {
     init_tracing();
     let server = RedisServer::start().expect("redis-server starts");
     let cfg = ConnectionConfig {
@@ -304,12 +301,34 @@ async fn an_enqueue_whose_reply_was_lost_reports_created_once() {
     };
     let queue = Queue::connect_with(&server.url(), &cfg).await.unwrap();
     assert!(enqueue_id(&queue, "warm-up").await.unwrap().is_new());
-    let paused = Paused::pause(&server);
-    let q = queue.clone();
-    let call = tokio::spawn(async move { enqueue_id(&q, "order-1").await });
+    (server, queue)
+}
+
+/// Runs `call` while `server` is paused for several response timeouts: the
+/// first request reaches Redis but its reply is lost, and the client sends
+/// it again until Redis, resumed, answers.
+async fn through_a_pause<T: Send + 'static>(
+    server: &RedisServer,
+    call: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let paused = Paused::pause(server);
+    let call = tokio::spawn(call);
     tokio::time::sleep(Duration::from_millis(1200)).await; // several timeouts
     drop(paused);
-    let first = call.await.unwrap().expect("retried until Redis answered");
+    call.await.unwrap()
+}
+
+/// The enqueue reaches a paused Redis, the client times out and sends it
+/// again; when Redis resumes, the first request writes the job and the
+/// retries find their own token: the call reports `Created`, exactly one job
+/// exists, and another call with the same id gets `Duplicate`.
+#[tokio::test]
+async fn an_enqueue_whose_reply_was_lost_reports_created_once() {
+    let (server, queue) = queue_with_short_timeouts().await;
+    let q = queue.clone();
+    let first = through_a_pause(&server, async move { enqueue_id(&q, "order-1").await })
+        .await
+        .expect("retried until Redis answered");
     assert_eq!(first.outcome, EnqueueOutcome::Created);
     let again = enqueue_id(&queue, "order-1").await.unwrap();
     assert!(
@@ -319,6 +338,42 @@ async fn an_enqueue_whose_reply_was_lost_reports_created_once() {
     let stats = queue.stats("enq").await.unwrap();
     assert_eq!(stats.counter("enqueued"), 2, "warm-up + order-1, once");
     assert_eq!(stats.main, 2);
+}
+
+/// The same with ids the `Queue` generates, alone and in a batch: those
+/// calls send no enqueue token (stop 32: one job field less), and a retry
+/// that finds the job it generated the id for reports `Created`, never
+/// `Duplicate`; each job exists once and carries no `enq_token`.
+#[tokio::test]
+async fn an_enqueue_with_a_generated_id_whose_reply_was_lost_reports_created_once() {
+    let (server, queue) = queue_with_short_timeouts().await;
+    let q = queue.clone();
+    let one = through_a_pause(&server, async move {
+        q.enqueue_raw("enq", "t", 1, 1, EnqueueOptions::new(), b"")
+            .await
+    })
+    .await
+    .expect("retried until Redis answered");
+    let q = queue.clone();
+    let batch = through_a_pause(&server, async move {
+        let jobs = vec![
+            (EnqueueOptions::new(), b"a".to_vec()),
+            (EnqueueOptions::new(), b"b".to_vec()),
+        ];
+        q.enqueue_raw_batch("enq", "t", 1, 1, jobs).await
+    })
+    .await
+    .expect("retried until Redis answered");
+    let mut c = redis_conn(&server.url()).await;
+    let keys = QueueKeys::new("enq");
+    for e in std::iter::once(&one).chain(&batch) {
+        assert_eq!(e.outcome, EnqueueOutcome::Created, "{e:?}");
+        let token: Option<String> = c.hget(keys.job(e.id.as_str()), "enq_token").await.unwrap();
+        assert_eq!(token, None, "{e:?}");
+    }
+    let stats = queue.stats("enq").await.unwrap();
+    assert_eq!(stats.counter("enqueued"), 4, "warm-up + three, once each");
+    assert_eq!(stats.main, 4);
 }
 
 /// Producers in other languages send the 8 documented arguments: the

@@ -21,6 +21,10 @@ use crate::{Noop, Res};
 
 const PRELUDE: &str = include_str!("../../../queue-core/src/scripts/prelude.lua");
 const FETCH: &str = include_str!("../../../queue-core/src/scripts/fetch.lua");
+/// A claimed job: id, token, and the fields its ack sends back for the
+/// completion record (attempts, type, enqueued_at, delivered_at).
+type Claimed = (Vec<u8>, Vec<u8>, Vec<Vec<u8>>);
+
 const ACK: &str = include_str!("../../../queue-core/src/scripts/ack.lua");
 
 /// The lease of each claimed job (ms); the receipt lives half of it.
@@ -114,7 +118,7 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                     claimed.push((id, token, record));
                 }
                 // One ack.lua call for the batch, or one per job (in flight together).
-                let groups: Vec<&[(Vec<u8>, Vec<u8>, Vec<Vec<u8>>)]> = match batched_ack {
+                let groups: Vec<&[Claimed]> = match batched_ack {
                     true => vec![&claimed[..]],
                     false => claimed.chunks(1).collect(),
                 };
