@@ -340,9 +340,10 @@ impl Queue {
         let mut generated = Vec::with_capacity(items.len());
         let mut tokens = Vec::with_capacity(items.len());
         for (opts, _) in &items {
-            generated.push(opts.id.is_none());
+            let is_generated = opts.id.is_none();
+            generated.push(is_generated);
             ids.push(valid_id(queue, opts.id.clone())?);
-            tokens.push(enqueue_token(opts.id.is_none()));
+            tokens.push(enqueue_token(is_generated));
         }
         let wait = items.iter().filter_map(|(o, _)| o.replicas).max();
         let first_id = ids.first().cloned();
