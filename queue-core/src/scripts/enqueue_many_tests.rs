@@ -60,6 +60,11 @@ async fn raw_enqueue(
         .await
 }
 
+/// Job ids from their names.
+fn job_ids(names: &[&str]) -> Vec<JobId> {
+    names.iter().copied().map(JobId::from).collect()
+}
+
 /// One test job per id, each with a fresh enqueue token.
 fn fresh_jobs<'a>(keys: &'a QueueKeys, ids: &'a [JobId]) -> Vec<ManyJob<'a>> {
     ids.iter()
@@ -93,7 +98,7 @@ async fn enqueued_stat(conn: &mut RedisConnection, keys: &QueueKeys) -> i64 {
 #[tokio::test]
 async fn mode_all_refuses_the_whole_call_before_any_write() {
     let (_s, mut conn, keys) = setup().await;
-    let ids: Vec<JobId> = ["a", "b", "c"].into_iter().map(JobId::from).collect();
+    let ids = job_ids(&["a", "b", "c"]);
     let bad = [pair("state", "done")];
     let jobs: Vec<ManyJob<'_>> = ids
         .iter()
@@ -124,7 +129,7 @@ async fn mode_all_refuses_the_whole_call_before_any_write() {
 async fn a_main_of_another_type_refuses_the_call_before_any_write() {
     let (_s, mut conn, keys) = setup().await;
     let _: () = conn.set(&keys.main, "not a list").await.unwrap();
-    let ids: Vec<JobId> = ["a", "b"].into_iter().map(JobId::from).collect();
+    let ids = job_ids(&["a", "b"]);
     let jobs = fresh_jobs(&keys, &ids);
     let err = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
@@ -137,10 +142,7 @@ async fn a_main_of_another_type_refuses_the_call_before_any_write() {
 #[tokio::test]
 async fn main_jobs_of_a_call_are_pushed_in_order_with_one_lpush() {
     let (_s, mut conn, keys) = setup().await;
-    let ids: Vec<JobId> = ["a", "g", "b", "late", "c"]
-        .into_iter()
-        .map(JobId::from)
-        .collect();
+    let ids = job_ids(&["a", "g", "b", "late", "c"]);
     let group = [pair("group", "tenant-1")];
     let jobs: Vec<ManyJob<'_>> = ids
         .iter()
@@ -178,7 +180,7 @@ async fn main_jobs_of_a_call_are_pushed_in_order_with_one_lpush() {
 #[tokio::test]
 async fn mode_each_answers_invalid_for_that_job_and_writes_the_others() {
     let (_s, mut conn, keys) = setup().await;
-    let ids: Vec<JobId> = ["a", "b", "c"].into_iter().map(JobId::from).collect();
+    let ids = job_ids(&["a", "b", "c"]);
     let bad = [pair("", "v")];
     let jobs: Vec<ManyJob<'_>> = ids
         .iter()
@@ -215,10 +217,7 @@ async fn mode_each_answers_invalid_for_that_job_and_writes_the_others() {
 #[tokio::test]
 async fn the_documented_modes_answer_new_tables_and_their_int_forms_bare_run_ats() {
     let (_s, mut conn, keys) = setup().await;
-    let ids: Vec<JobId> = ["a", "b", "c", "d", "e"]
-        .into_iter()
-        .map(JobId::from)
-        .collect();
+    let ids = job_ids(&["a", "b", "c", "d", "e"]);
     let job = |i: usize, delay_ms: u64| ManyJob {
         job: Enqueue {
             delay: (delay_ms > 0).then(|| Duration::from_millis(delay_ms)),
@@ -291,10 +290,7 @@ async fn per_job_dedupe_and_a_retry_with_the_same_tokens() {
         .hset(keys.done("d"), "status", "completed")
         .await
         .unwrap();
-    let ids: Vec<JobId> = ["x", "x", "d", "o", "o"]
-        .into_iter()
-        .map(JobId::from)
-        .collect();
+    let ids = job_ids(&["x", "x", "d", "o", "o"]);
     let tokens = ["t1", "t2", "t3", "t4", "t5"];
     let many = |fresh: bool| -> Vec<ManyJob<'_>> {
         ids.iter()
@@ -421,7 +417,7 @@ fn the_documented_shas_are_the_scripts_queue_core_builds() {
 async fn a_stats_key_of_another_type_never_fails_the_call() {
     let (_s, mut conn, keys) = setup().await;
     let _: () = conn.set(&keys.stats, "not a hash").await.unwrap();
-    let ids: Vec<JobId> = ["a", "b"].into_iter().map(JobId::from).collect();
+    let ids = job_ids(&["a", "b"]);
     let jobs = fresh_jobs(&keys, &ids);
     let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
     assert_eq!(replies.len(), 2);
@@ -558,7 +554,7 @@ async fn a_stable_id_whose_job_key_is_corrupt_does_not_lose_the_other_jobs() {
     for mode in [Mode::Each, Mode::All] {
         let (_s, mut conn, keys) = setup().await;
         let _: () = conn.rpush(keys.job("c"), "x").await.unwrap();
-        let ids: Vec<JobId> = ["a", "b", "c"].into_iter().map(JobId::from).collect();
+        let ids = job_ids(&["a", "b", "c"]);
         let jobs: Vec<ManyJob<'_>> = ids
             .iter()
             .map(|id| ManyJob {
@@ -604,7 +600,7 @@ async fn a_corrupt_group_list_or_ring_refuses_only_its_job_before_any_write() {
         for mode in [Mode::Each, Mode::All] {
             let (_s, mut conn, keys) = setup().await;
             corrupt_group_key(&mut conn, &keys, corrupt).await;
-            let ids: Vec<JobId> = ["a", "g", "c"].into_iter().map(JobId::from).collect();
+            let ids = job_ids(&["a", "g", "c"]);
             let jobs: Vec<ManyJob<'_>> = ids
                 .iter()
                 .map(|id| ManyJob {
@@ -652,7 +648,7 @@ async fn a_corrupt_group_list_or_ring_refuses_only_its_job_before_any_write() {
 async fn a_record_key_of_a_third_type_refuses_its_job() {
     let (_s, mut conn, keys) = setup().await;
     let _: () = conn.rpush(keys.done("b"), "x").await.unwrap();
-    let ids: Vec<JobId> = ["a", "b"].into_iter().map(JobId::from).collect();
+    let ids = job_ids(&["a", "b"]);
     let mut jobs = fresh_jobs(&keys, &ids);
     jobs[1].fresh = false;
     let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
