@@ -21,15 +21,13 @@ redis-server (`REDIS_SERVER` for another build).
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_modes import free_port  # noqa: E402
+from script_modes import callgrind_total, connect, free_port  # noqa: E402
 
 
 def measure(binary, workload):
@@ -41,19 +39,15 @@ def measure(binary, workload):
          os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(300):  # valgrind starts slowly
-            if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.2)
+        connect(port, 60.0)  # valgrind starts slowly
         run = subprocess.run([binary, "--redis-url", f"redis://127.0.0.1:{port}/", *workload],
                              capture_output=True, text=True, check=True)
-        subprocess.run(["redis-cli", "-p", str(port), "shutdown", "nosave"], capture_output=True)
+        server.terminate()  # Redis exits on SIGTERM, and callgrind writes its file
         server.wait(timeout=120)
     finally:
         if server.poll() is None:
             server.kill()
-    text = open(out).read()
-    total = int(re.search(r"^(?:totals|summary): (\d+)", text, re.M).group(1))
+    total = callgrind_total(out)
     result = json.loads(run.stdout.strip().splitlines()[-1])
     scripts = result["cmds"]["scripts"]
     return total / result["n"], scripts

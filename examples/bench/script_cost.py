@@ -26,7 +26,6 @@ callgrind_annotate) and redis-py. `--keep DIR` keeps the callgrind files
 import argparse
 import glob
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_modes import ROOT, connect, free_port, library  # noqa: E402
+from script_modes import ROOT, callgrind_total, connect, free_port, library  # noqa: E402
 
 Q = "q:{bench}:"
 PHASES = ("enqueue", "fetch", "ack")
@@ -162,9 +161,7 @@ def measure(directory, a, keep, label):
     totals = {}
     parts = (2, 4, 5) if a.backlog else (2, 3, 4)
     for part, phase in zip(parts, PHASES):
-        text = open(f"{out}.{part}").read()
-        m = re.search(r"^(?:totals|summary): (\d+)", text, re.M)
-        totals[phase] = int(m.group(1)) / len(deliveries)
+        totals[phase] = callgrind_total(f"{out}.{part}") / len(deliveries)
         if keep:
             shutil.copy(f"{out}.{part}", os.path.join(keep, f"{label}.{phase}.cg"))
     shutil.rmtree(os.path.dirname(out))

@@ -16,6 +16,7 @@ examples/bench/peers/setup.sh has it: examples/bench/peers/.work/rq-venv/bin/pyt
 import argparse
 import glob
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -46,6 +47,14 @@ def connect(port, seconds):
             if time.time() > deadline:
                 raise
             time.sleep(0.05)
+
+
+def callgrind_total(path):
+    """The instruction total of callgrind output file `path`, or None when
+    it has none (a part with nothing collected)."""
+    with open(path) as f:
+        m = re.search(r"^(?:totals|summary): (\d+)", f.read(), re.M)
+    return int(m.group(1)) if m else None
 
 
 def read(name):

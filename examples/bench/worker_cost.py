@@ -20,14 +20,13 @@ import argparse
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_modes import connect, free_port  # noqa: E402
+from script_modes import callgrind_total, connect, free_port  # noqa: E402
 
 
 def measure(binary, a, keep):
@@ -46,8 +45,7 @@ def measure(binary, a, keep):
                              check=True, capture_output=True, text=True)
         total = 0
         for f in glob.glob(out + "*"):
-            m = re.search(r"^(?:totals|summary): (\d+)", open(f).read(), re.M)
-            total += int(m.group(1)) if m else 0
+            total += callgrind_total(f) or 0
             if keep:
                 shutil.copy(f, os.path.join(keep, os.path.basename(binary) + "." + os.path.basename(f)))
         result = json.loads(run.stdout.strip().splitlines()[-1])
