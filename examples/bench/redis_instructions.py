@@ -27,17 +27,14 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_modes import callgrind_total, connect, free_port  # noqa: E402
+from script_modes import callgrind_redis, callgrind_total, connect, free_port  # noqa: E402
 
 
 def measure(binary, workload):
     port = free_port()
     tmp = tempfile.mkdtemp()
     out = os.path.join(tmp, "cg")
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--toggle-collect=processCommand", "--callgrind-out-file=" + out,
-         os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = callgrind_redis(port, out, "processCommand")
     try:
         connect(port, 60.0)  # valgrind starts slowly
         run = subprocess.run([binary, "--redis-url", f"redis://127.0.0.1:{port}/", *workload],

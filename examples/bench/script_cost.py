@@ -33,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_modes import ROOT, callgrind_total, connect, free_port, library  # noqa: E402
+from script_modes import ROOT, callgrind_dump, callgrind_redis, callgrind_total, connect, free_port, library  # noqa: E402
 
 Q = "q:{bench}:"
 PHASES = ("enqueue", "fetch", "ack")
@@ -66,18 +66,13 @@ def library_of(directory):
 def measure(directory, a, keep, label):
     port = free_port()
     out = os.path.join(tempfile.mkdtemp(), "cg")
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--toggle-collect=fcallCommand", "--callgrind-out-file=" + out,
-         os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = callgrind_redis(port, out, "fcallCommand")
     try:
         r = connect(port, 60.0)  # valgrind starts slowly
         r.function_load(library_of(directory), replace=True)
 
         def dump():
-            subprocess.run(["callgrind_control", "-d", str(server.pid)], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=True)
-            time.sleep(0.5)
+            callgrind_dump(server)
 
         dump()  # part 1: the load
         p = r.pipeline(transaction=False)

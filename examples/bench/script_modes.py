@@ -49,6 +49,22 @@ def connect(port, seconds):
             time.sleep(0.05)
 
 
+def callgrind_redis(port, out, toggle):
+    """A private redis-server on `port` (REDIS_SERVER or the one on PATH)
+    under callgrind, counting only inside function `toggle`, writing `out`."""
+    return subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--toggle-collect=" + toggle, "--callgrind-out-file=" + out,
+         os.environ.get("REDIS_SERVER", "redis-server"), "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def callgrind_dump(server):
+    """Ends the current part of `server`'s count (file `out.N`), starts the next."""
+    subprocess.run(["callgrind_control", "-d", str(server.pid)], stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=True)
+    time.sleep(0.5)
+
+
 def callgrind_total(path):
     """The instruction total of callgrind output file `path`, or None when
     it has none (a part with nothing collected)."""
