@@ -8,7 +8,10 @@
 //! lane is handed on to a task that, after one scheduler turn of its own,
 //! sends everything waiting in one `enqueue_many.lua` call (at most
 //! [`MAX_JOBS_PER_CALL`](crate::scripts::enqueue_many::MAX_JOBS_PER_CALL)),
-//! and so on until the lane is empty. A job waits at most for the call ahead
+//! and so on until the lane is empty. A call that returns with nobody
+//! waiting removes the lane at once, with no task: the next caller leads (a
+//! lone producer leads every call; a hand-on task per call cost it a spawn
+//! and a wake-up per enqueue, issue #12). A job waits at most for the call ahead
 //! of it and one scheduler turn; a trickle of enqueues sees no added latency
 //! beyond that turn. A full lane (4 calls' worth) sends the newcomer alone.
 //!
@@ -116,6 +119,17 @@ impl GroupCommit {
         rx.await.unwrap_or_else(|_| Err(abandoned(queue, &id)))
     }
 
+    /// Removes the lane of `queue` when nobody waits in it (true), in one
+    /// hold of the lock, so that no caller can join it in between.
+    fn close_if_idle(&self, queue: &str) -> bool {
+        let mut lanes = self.lanes();
+        let idle = lanes.get(queue).is_none_or(|lane| lane.waiting.is_empty());
+        if idle {
+            lanes.remove(queue);
+        }
+        idle
+    }
+
     fn admit(self: &Arc<Self>, conn: &RedisConnection, queue: &str, job: PendingJob) -> Admit {
         let mut lanes = self.lanes();
         match lanes.get_mut(queue) {
@@ -183,6 +197,12 @@ impl Drop for Turn {
         match self.state {
             TurnState::Closed => {}
             TurnState::Sent => match tokio::runtime::Handle::try_current() {
+                // Nobody joined while the call was in flight: the lane goes
+                // now, and the next caller leads (its own scheduler turn
+                // gathers whoever comes with it), instead of a hand-on task
+                // per call that yields, finds the lane empty and removes it
+                // (a task spawn and a wake-up per call of a lone producer).
+                Ok(_) if self.group.close_if_idle(&self.queue) => {}
                 Ok(rt) => {
                     let next = Turn {
                         group: self.group.clone(),

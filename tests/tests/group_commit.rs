@@ -201,6 +201,28 @@ async fn producers_answered_together_enqueue_again_in_one_call() {
     );
 }
 
+/// A lone producer (one enqueue at a time) leads every call itself: when its
+/// call returns with nobody waiting, the lane goes at once. Before, each call
+/// left a hand-on task behind that yielded, found the lane empty and removed
+/// it, and the producer's next enqueue joined that task instead of leading: a
+/// task spawn and a wake-up per enqueue (issue #12, about a fifth of a lone
+/// producer's CPU).
+#[tokio::test]
+async fn a_lone_producer_leaves_no_task_behind_its_enqueues() {
+    let env = TestEnv::start().await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    for i in 0..20 {
+        let before = metrics.num_alive_tasks();
+        env.queue.enqueue::<task::Job>(&env.task(i)).await.unwrap();
+        assert_eq!(
+            metrics.num_alive_tasks(),
+            before,
+            "enqueue {i} left a task behind"
+        );
+    }
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 20);
+}
+
 /// A leader cancelled by its caller before its call went out (here: dropped
 /// after its first poll) leaves its lane to the next turn: the callers that
 /// joined it are answered, and the queue takes enqueues afterwards.
@@ -209,9 +231,8 @@ async fn a_cancelled_leader_leaves_the_callers_behind_it_answered() {
     use futures::FutureExt;
     let env = TestEnv::start().await;
     env.enqueue(env.task(0)).await;
-    // The turn after that call removes the lane once it finds nobody waiting:
-    // the next caller then leads.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // That call returned with nobody waiting, which removed its lane: the
+    // next caller leads.
     let first = env.task(1);
     let leader = env.queue.enqueue::<task::Job>(&first);
     // One poll, then dropped: the leader yields its scheduler turn before it
