@@ -104,19 +104,20 @@ impl GroupCommit {
     pub(crate) async fn enqueue(
         self: &Arc<Self>,
         conn: &RedisConnection,
-        queue: &str,
+        keys: Arc<QueueKeys>,
         job: PendingJob,
     ) -> Result<EnqueueReply> {
         let id = job.id.clone();
-        let rx = match self.admit(conn, queue, job) {
+        let rx = match self.admit(conn, &keys, job) {
             Admit::Lead(rx, turn) => {
                 turn.send_waiting().await;
                 rx
             }
             Admit::Joined(rx) => rx,
-            Admit::Alone(job) => return send_alone(conn, &QueueKeys::new(queue), &job).await,
+            Admit::Alone(job) => return send_alone(conn, &keys, &job).await,
         };
-        rx.await.unwrap_or_else(|_| Err(abandoned(queue, &id)))
+        rx.await
+            .unwrap_or_else(|_| Err(abandoned(&keys.queue, &id)))
     }
 
     /// Removes the lane of `queue` when nobody waits in it (true), in one
@@ -130,21 +131,23 @@ impl GroupCommit {
         idle
     }
 
-    fn admit(self: &Arc<Self>, conn: &RedisConnection, queue: &str, job: PendingJob) -> Admit {
+    fn admit(
+        self: &Arc<Self>,
+        conn: &RedisConnection,
+        keys: &Arc<QueueKeys>,
+        job: PendingJob,
+    ) -> Admit {
         let mut lanes = self.lanes();
-        match lanes.get_mut(queue) {
+        match lanes.get_mut(&keys.queue) {
             None => {
                 let (tx, rx) = oneshot::channel();
                 lanes.insert(
-                    queue.to_string(),
+                    keys.queue.clone(),
                     Lane {
                         waiting: vec![Waiter { job, tx }],
                     },
                 );
-                Admit::Lead(
-                    rx,
-                    Turn::lead(self.clone(), conn.clone(), queue.to_string()),
-                )
+                Admit::Lead(rx, Turn::lead(self.clone(), conn.clone(), keys.clone()))
             }
             Some(lane) if lane.waiting.len() < MAX_WAITING => {
                 let (tx, rx) = oneshot::channel();
@@ -162,7 +165,8 @@ impl GroupCommit {
 pub(crate) struct Turn {
     group: Arc<GroupCommit>,
     conn: RedisConnection,
-    queue: String,
+    /// The keys of the lane's queue (`keys.queue` names the lane).
+    keys: Arc<QueueKeys>,
     state: TurnState,
 }
 
@@ -182,11 +186,11 @@ enum TurnState {
 
 impl Turn {
     /// The turn of a caller that found no lane (its job is the lane's first).
-    fn lead(group: Arc<GroupCommit>, conn: RedisConnection, queue: String) -> Self {
+    fn lead(group: Arc<GroupCommit>, conn: RedisConnection, keys: Arc<QueueKeys>) -> Self {
         Turn {
             group,
             conn,
-            queue,
+            keys,
             state: TurnState::Sent,
         }
     }
@@ -202,21 +206,21 @@ impl Drop for Turn {
                 // gathers whoever comes with it), instead of a hand-on task
                 // per call that yields, finds the lane empty and removes it
                 // (a task spawn and a wake-up per call of a lone producer).
-                Ok(_) if self.group.close_if_idle(&self.queue) => {}
+                Ok(_) if self.group.close_if_idle(&self.keys.queue) => {}
                 Ok(rt) => {
                     let next = Turn {
                         group: self.group.clone(),
                         conn: self.conn.clone(),
-                        queue: self.queue.clone(),
+                        keys: self.keys.clone(),
                         state: TurnState::Fresh,
                     };
                     drop(rt.spawn(next.send_waiting()));
                 }
                 // No runtime (it is shutting down): dropping the waiters drops
                 // their senders; each caller gets `abandoned` (outcome unknown).
-                Err(_) => drop(self.group.lanes().remove(&self.queue)),
+                Err(_) => drop(self.group.lanes().remove(&self.keys.queue)),
             },
-            TurnState::Fresh => drop(self.group.lanes().remove(&self.queue)),
+            TurnState::Fresh => drop(self.group.lanes().remove(&self.keys.queue)),
         }
     }
 }
@@ -231,13 +235,13 @@ impl Turn {
         tokio::task::yield_now().await;
         let batch: Vec<Waiter> = {
             let mut lanes = self.group.lanes();
-            match lanes.get_mut(&self.queue) {
+            match lanes.get_mut(&self.keys.queue) {
                 Some(lane) if !lane.waiting.is_empty() => {
                     let n = lane.waiting.len().min(MAX_JOBS_PER_CALL);
                     lane.waiting.drain(..n).collect()
                 }
                 _ => {
-                    lanes.remove(&self.queue);
+                    lanes.remove(&self.keys.queue);
                     self.state = TurnState::Closed;
                     return;
                 }
@@ -246,16 +250,16 @@ impl Turn {
         self.state = TurnState::Sent;
         let (jobs, txs): (Vec<PendingJob>, Vec<_>) =
             batch.into_iter().map(|w| (w.job, w.tx)).unzip();
-        let keys = QueueKeys::new(&self.queue);
-        debug!(queue = %self.queue, jobs = jobs.len(), "group commit");
-        match send_call(&self.conn, &keys, Mode::Each, &jobs).await {
+        let keys = &*self.keys;
+        debug!(queue = %keys.queue, jobs = jobs.len(), "group commit");
+        match send_call(&self.conn, keys, Mode::Each, &jobs).await {
             Ok(replies) => {
                 for ((job, tx), reply) in jobs.iter().zip(txs).zip(replies) {
                     let result = match reply {
                         ManyReply::Enqueued(r) => Ok(r),
                         // Alone, in mode `all`: its caller gets the script's
                         // own error reply, nothing written.
-                        ManyReply::Invalid(_) => send_alone(&self.conn, &keys, job).await,
+                        ManyReply::Invalid(_) => send_alone(&self.conn, keys, job).await,
                     };
                     let _ = tx.send(result);
                 }

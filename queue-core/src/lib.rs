@@ -56,6 +56,7 @@ mod flow;
 mod groups;
 mod job;
 mod keys;
+mod keys_cache;
 mod lease_clock;
 mod limits;
 mod lock;

@@ -24,6 +24,7 @@ use crate::error::{QueueError, Result};
 use crate::job::random_uuid;
 use crate::job::{Job, JobId};
 use crate::keys::QueueKeys;
+use crate::keys_cache::KeysCache;
 use crate::scripts::enqueue::Enqueue;
 use crate::scripts::enqueue_many::{self, ManyJob, ManyReply, Mode, MAX_JOBS_PER_CALL};
 use crate::scripts::{self, reply};
@@ -63,6 +64,9 @@ pub struct Queue {
     /// Group commit of concurrent single enqueues (`enqueue_group.rs`),
     /// shared by the clones; `None`: every call is sent alone.
     group: Option<std::sync::Arc<GroupCommit>>,
+    /// The keys of the queues enqueued to, built once each (`keys_cache.rs`),
+    /// shared by the clones.
+    keys: std::sync::Arc<KeysCache>,
 }
 
 /// Default of [`Queue::retry_window`].
@@ -86,6 +90,7 @@ impl Queue {
             conn: connect(url, cfg).await?,
             retry_window: DEFAULT_RETRY_WINDOW,
             group: Some(Default::default()),
+            keys: Default::default(),
             origin: Some(std::sync::Arc::new((url.to_string(), cfg.clone()))),
         })
     }
@@ -96,6 +101,7 @@ impl Queue {
             conn,
             retry_window: DEFAULT_RETRY_WINDOW,
             group: Some(Default::default()),
+            keys: Default::default(),
             origin: None,
         }
     }
@@ -269,8 +275,8 @@ impl Queue {
             retry_window: self.retry_window,
         };
         let reply = match &self.group {
-            None => send_alone(&self.conn, &QueueKeys::new(queue), &job).await,
-            Some(group) => group.enqueue(&self.conn, queue, job).await,
+            None => send_alone(&self.conn, &self.keys.get(queue), &job).await,
+            Some(group) => group.enqueue(&self.conn, self.keys.get(queue), job).await,
         }
         .inspect_err(|e| debug!(queue, job_id = %id, job_type, error = %e, "enqueue failed"))?;
         let outcome = EnqueueOutcome::from(reply).of_call(generated);
@@ -335,7 +341,7 @@ impl Queue {
             .into_iter()
             .map(|(o, p)| (crate::trace_context::with_current(o), p))
             .collect();
-        let keys = QueueKeys::new(queue);
+        let keys = self.keys.get(queue);
         let mut ids = Vec::with_capacity(items.len());
         let mut generated = Vec::with_capacity(items.len());
         let mut tokens = Vec::with_capacity(items.len());
