@@ -374,8 +374,14 @@ impl Fetcher {
                         drop(slot);
                     }
                     .instrument(span);
+                    // Boxed either way: the runner's future is ~2.8 KB, and
+                    // spawned by value tokio copies it several times (into
+                    // the task cell, and its stage again when it ends): ~2.5k
+                    // instructions per job against one allocation (issue #12,
+                    // worker_cost.py).
+                    let job: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(job);
                     if keep {
-                        kept.push(Box::pin(job));
+                        kept.push(job);
                     } else {
                         tokio::spawn(job);
                     }
