@@ -43,29 +43,66 @@ pub(crate) struct Claimed {
 }
 
 impl AckItem {
-    /// The ack of delivery `d`, with its claimed fields for the record.
+    /// The ack of delivery `d`, with its claimed fields for the record (the
+    /// tests' path: they ack a delivery they keep).
+    #[cfg(test)]
     pub(crate) fn of(d: &Delivery, result_ref: Option<Vec<u8>>) -> AckItem {
-        // A time before the epoch (corrupt data the claim passed on) is not
-        // sent: the script then reads the record's fields from the job.
-        let claimed = match (
-            u64::try_from(d.enqueued_at_ms),
-            u64::try_from(d.delivered_at_ms),
-        ) {
-            (Ok(enqueued_at_ms), Ok(delivered_at_ms)) => Some(Claimed {
-                attempt: d.attempt,
-                job_type: d.job_type.clone(),
+        let times = claimed_times(d);
+        Self::build(
+            d.id.clone(),
+            d.token.clone(),
+            d.job_type.clone(),
+            d.attempt,
+            times,
+            result_ref,
+        )
+    }
+
+    /// The ack of delivery `d`, with its claimed fields for the record,
+    /// taking the delivery's strings instead of copying them (a delivery is
+    /// acked once).
+    pub(crate) fn taking(d: Delivery, result_ref: Option<Vec<u8>>) -> AckItem {
+        let times = claimed_times(&d);
+        let Delivery {
+            id,
+            token,
+            job_type,
+            attempt,
+            ..
+        } = d;
+        Self::build(id, token, job_type, attempt, times, result_ref)
+    }
+
+    fn build(
+        id: JobId,
+        token: String,
+        job_type: String,
+        attempt: u32,
+        times: Option<(u64, u64)>,
+        result_ref: Option<Vec<u8>>,
+    ) -> AckItem {
+        AckItem {
+            id,
+            token,
+            result_ref,
+            claimed: times.map(|(enqueued_at_ms, delivered_at_ms)| Claimed {
+                attempt,
+                job_type,
                 enqueued_at_ms,
                 delivered_at_ms,
             }),
-            _ => None,
-        };
-        AckItem {
-            id: d.id.clone(),
-            token: d.token.clone(),
-            result_ref,
-            claimed,
         }
     }
+}
+
+/// The delivery's `enqueued_at` and `delivered_at` for the record, or `None`
+/// for a time before the epoch (corrupt data the claim passed on): the
+/// script then reads the record's fields from the job.
+fn claimed_times(d: &Delivery) -> Option<(u64, u64)> {
+    Some((
+        u64::try_from(d.enqueued_at_ms).ok()?,
+        u64::try_from(d.delivered_at_ms).ok()?,
+    ))
 }
 
 /// Acknowledges a batch of deliveries of one queue in one script call.

@@ -34,7 +34,15 @@ use crate::scripts::ack::{Ack, AckItem, AckReply};
 
 /// One finished delivery waiting for its ack.
 pub(super) struct AckRequest {
+    /// What the ack script is sent (moved into the call, not copied).
     pub(super) item: AckItem,
+    /// What the acker does with the reply.
+    pub(super) job: AckedJob,
+}
+
+/// The acker's side of an [`AckRequest`]: where it logs the outcome and what
+/// it counts.
+pub(super) struct AckedJob {
     /// The job's metric labels.
     pub(super) labels: JobLabels,
     /// The handler's run time.
@@ -65,7 +73,8 @@ impl AckSender {
     pub(super) async fn send(&self, req: AckRequest) {
         if let Err(mpsc::error::SendError(req)) = self.tx.send(req).await {
             // Only after the acker ended (it outlives every runner).
-            req.span
+            req.job
+                .span
                 .in_scope(|| error!("acker gone: job left leased; the watchdog will return it"));
             return;
         }
@@ -161,8 +170,9 @@ fn take_queued(
 /// One `ack.lua` call for the batch (retried on Redis failures), then the
 /// per-job outcome: log line, metrics. Leaves `batch` empty.
 async fn flush(inner: &Inner, keys: &QueueKeys, batch: &mut Vec<AckRequest>) {
-    let items: Vec<AckItem> = batch.iter().map(|r| r.item.clone()).collect();
-    let deadline = batch.iter().map(|r| r.deadline).min();
+    let (items, jobs): (Vec<AckItem>, Vec<AckedJob>) =
+        batch.drain(..).map(|r| (r.item, r.job)).unzip();
+    let deadline = jobs.iter().map(|j| j.deadline).min();
     let mut delay = Duration::from_millis(50);
     let replies = loop {
         let mut conn = inner.conn.clone();
@@ -185,14 +195,14 @@ async fn flush(inner: &Inner, keys: &QueueKeys, batch: &mut Vec<AckRequest>) {
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
             Err(e) => {
-                for req in batch.drain(..) {
+                for req in jobs {
                     req.span.in_scope(|| error!(error = %e, "could not record the job's result; the watchdog will return it when its lease expires"));
                 }
                 return;
             }
         }
     };
-    for (req, reply) in batch.drain(..).zip(replies) {
+    for (req, reply) in jobs.into_iter().zip(replies) {
         let _entered = req.span.enter();
         match reply {
             AckReply::Completed | AckReply::AlreadyCompleted => {

@@ -14,7 +14,7 @@ use futures::FutureExt;
 use tokio::sync::watch;
 use tracing::{debug, error, warn, Instrument};
 
-use super::acker::{AckRequest, AckSender};
+use super::acker::{AckRequest, AckSender, AckedJob};
 use super::heartbeat::heartbeat_after_first_interval;
 use super::{wait_true, Inner};
 use crate::error::{QueueError, Result};
@@ -135,7 +135,7 @@ impl JobRunner {
         let outcome = match result {
             Ok(Ok(())) => {
                 return self
-                    .complete(&d, labels, ctx.take_result_ref(), elapsed)
+                    .complete(d, labels, ctx.take_result_ref(), elapsed)
                     .await
             }
             Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
@@ -216,18 +216,20 @@ impl JobRunner {
     /// The delivery's slot is free as soon as this returns.
     async fn complete(
         &self,
-        d: &Delivery,
+        d: Delivery,
         labels: JobLabels,
         result_ref: Option<Vec<u8>>,
         elapsed: Duration,
     ) {
         crate::failpoint::hit("before_ack");
         let req = AckRequest {
-            item: AckItem::of(d, result_ref),
-            labels,
-            elapsed,
-            span: tracing::Span::current(),
-            deadline: tokio::time::Instant::now() + self.inner.config.lease,
+            item: AckItem::taking(d, result_ref),
+            job: AckedJob {
+                labels,
+                elapsed,
+                span: tracing::Span::current(),
+                deadline: tokio::time::Instant::now() + self.inner.config.lease,
+            },
         };
         self.acker.send(req).await;
     }
