@@ -162,6 +162,14 @@ pub(crate) enum ClaimRow {
     Unreadable(Unreadable),
 }
 
+/// Whether [`ClaimRow::decode_row`] copies a claimed row's strings or leaves
+/// them to be moved out of the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strings {
+    Copy,
+    Leave,
+}
+
 /// What could be read of a row that does not decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Unreadable {
@@ -175,10 +183,34 @@ pub(crate) struct Unreadable {
 }
 
 impl ClaimRow {
-    /// [`decode`](Self::decode), with a row that does not decode returned as
-    /// [`ClaimRow::Unreadable`] (what could be read of it, and why).
-    pub(crate) fn decode_or_unreadable(queue: &str, reply: &Value) -> Self {
-        Self::decode(queue, reply).unwrap_or_else(|e| {
+    /// [`decode`](Self::decode) of a row the caller owns (the fetch's), with
+    /// a row that does not decode returned as [`ClaimRow::Unreadable`] (what
+    /// could be read of it, and why). A claimed row's id, token, type and
+    /// payload are checked in place, then moved out of the row instead of
+    /// copied (issue #12: an allocation and a copy each, per job).
+    pub(crate) fn take_or_unreadable(queue: &str, mut row: Value) -> Self {
+        match Self::decode_row(queue, &row, Strings::Leave) {
+            Ok(ClaimRow::Claimed(mut d)) => {
+                if let Value::Array(items) | Value::Set(items) = &mut row {
+                    let mut take = |i: usize| items.get_mut(i).map(super::reply::take_text);
+                    d.id = JobId::from(take(1).unwrap_or_default());
+                    d.token = take(2).unwrap_or_default();
+                    d.job_type = take(3).unwrap_or_default();
+                    d.payload = items
+                        .get_mut(5)
+                        .map(super::reply::take_bytes)
+                        .unwrap_or_default();
+                }
+                ClaimRow::Claimed(d)
+            }
+            Ok(other) => other,
+            Err(e) => Self::unreadable(&row, &e),
+        }
+    }
+
+    /// What could be read of a row that did not decode (`e`).
+    fn unreadable(reply: &Value, e: &QueueError) -> Self {
+        {
             let items = super::reply::array(reply).unwrap_or_default();
             let field = |i: usize| items.get(i).and_then(super::reply::text);
             let id = items
@@ -194,7 +226,7 @@ impl ClaimRow {
                 token,
                 detail: e.to_string(),
             })
-        })
+        }
     }
 
     /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
@@ -204,6 +236,13 @@ impl ClaimRow {
     /// delivered_at stands for it), `{'corrupt', id, reason}` or `{tag, id}`
     /// with tag `done`, `missing`, `busy` or `gone`.
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
+        Self::decode_row(queue, reply, Strings::Copy)
+    }
+
+    /// [`decode`](Self::decode); with [`Strings::Leave`] a claimed row's id,
+    /// token, type and payload are only checked, and left empty in the
+    /// [`Delivery`] for the caller to move out of the row.
+    fn decode_row(queue: &str, reply: &Value, strings: Strings) -> Result<Self> {
         let items_len = super::reply::array(reply).map_or(0, <[Value]>::len);
         let mut f = Fields::new(queue, None, "claim row", reply)?;
         let tag = f.tag()?;
@@ -211,11 +250,23 @@ impl ClaimRow {
         f.set_job_id(&id);
         let skip = match tag.as_str() {
             "claimed" => {
+                let copy = strings == Strings::Copy;
+                let text = |i: usize, name: &str| match copy {
+                    true => f.text(i, name),
+                    false => f
+                        .field(i, name, super::reply::is_text)
+                        .map(|()| String::new()),
+                };
                 return Ok(ClaimRow::Claimed(Delivery {
-                    token: f.text(2, "token")?,
-                    job_type: f.text(3, "type")?,
+                    token: text(2, "token")?,
+                    job_type: text(3, "type")?,
                     version: f.u32(4, "schema version")?,
-                    payload: f.bytes(5, "payload")?,
+                    payload: match copy {
+                        true => f.bytes(5, "payload")?,
+                        false => f
+                            .field(5, "payload", super::reply::is_bytes)
+                            .map(|()| Vec::new())?,
+                    },
                     attempt: f.u32(6, "attempts")?,
                     max_attempts: f.u32(7, "max_attempts")?.max(1),
                     enqueued_at_ms: f.int(8, "enqueued_at")?,
@@ -228,7 +279,7 @@ impl ClaimRow {
                     claim_sent_at: tokio::time::Instant::now(),
                     traceparent: f.optional(11, super::reply::text).filter(|t| !t.is_empty()),
                     id,
-                }))
+                }));
             }
             "corrupt" => return Ok(ClaimRow::Corrupt(id, f.text(2, "reason")?)),
             "done" => Skip::Done,
@@ -352,6 +403,52 @@ mod tests {
         );
         assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("claimed")])).is_err());
         assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("odd"), bulk("j")])).is_err());
+    }
+
+    /// The fetch's path, which moves a claimed row's strings out of the
+    /// reply, reads every row as the copying `decode` does: the same
+    /// delivery (a payload, an id that is not UTF-8, a traceparent), the same
+    /// skipped rows, and an unreadable row naming its id and token.
+    #[test]
+    fn a_row_taken_reads_as_a_row_copied() {
+        let mut with_payload = claimed_row();
+        with_payload[1] = Value::BulkString(b"j\xff1".to_vec());
+        with_payload[5] = Value::BulkString(vec![0x81, 0xa1, b'x', 0x01]);
+        with_payload.push(bulk(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ));
+        let numeric_type = {
+            let mut row = claimed_row();
+            row[3] = Value::Int(7);
+            row
+        };
+        for row in [
+            claimed_row(),
+            with_payload,
+            numeric_type,
+            vec![bulk("busy"), bulk("j2")],
+        ] {
+            let row = Value::Array(row);
+            let at = tokio::time::Instant::now();
+            let copied = ClaimRow::decode("q", &row).unwrap().sent_at(at);
+            assert_eq!(ClaimRow::take_or_unreadable("q", row).sent_at(at), copied);
+        }
+        let mut bad_type = claimed_row();
+        bad_type[3] = Value::BulkString(vec![0xff]);
+        let mut no_payload = claimed_row();
+        no_payload[5] = Value::Nil;
+        for row in [bad_type, no_payload] {
+            let ClaimRow::Unreadable(u) = ClaimRow::take_or_unreadable("q", Value::Array(row))
+            else {
+                panic!("a row that does not decode is unreadable")
+            };
+            assert_eq!(u.id.as_ref().map(|j| j.as_str()), Some("j1"));
+            assert_eq!(
+                u.token.as_deref(),
+                Some("tok"),
+                "the lease token is still read"
+            );
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 //! up to `count` jobs in one atomic step (no crash window, DESIGN rule 4).
 //! Idempotent for its token base (a receipt kept for half a lease): a retry
 //! whose first reply was lost gets the same deliveries. Its rows are decoded
-//! one by one by [`ClaimRow::decode_or_unreadable`](super::claim::ClaimRow::decode_or_unreadable),
+//! one by one by [`ClaimRow::take_or_unreadable`](super::claim::ClaimRow::take_or_unreadable),
 //! so one bad row never throws the batch away.
 
 use std::time::Duration;
@@ -11,6 +11,8 @@ use super::claim::ClaimRow;
 use super::reply;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
+use redis::Value;
+
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
@@ -91,12 +93,20 @@ impl Fetch<'_> {
             }
             _ => {}
         }
-        let rows = reply::array(&reply).ok_or_else(|| {
-            QueueError::protocol(&k.queue, None, format!("fetch reply {reply:?}"))
-        })?;
+        let rows = match reply {
+            Value::Array(rows) | Value::Set(rows) => rows,
+            Value::Nil => Vec::new(),
+            other => {
+                return Err(QueueError::protocol(
+                    &k.queue,
+                    None,
+                    format!("fetch reply {other:?}"),
+                ))
+            }
+        };
         Ok(FetchReply::Rows(
-            rows.iter()
-                .map(|r| ClaimRow::decode_or_unreadable(&k.queue, r).sent_at(sent_at))
+            rows.into_iter()
+                .map(|r| ClaimRow::take_or_unreadable(&k.queue, r).sent_at(sent_at))
                 .collect(),
         ))
     }

@@ -18,6 +18,44 @@ pub(crate) fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// `Some` when [`text`] reads `v` (checked without a copy).
+pub(crate) fn is_text(v: &Value) -> Option<()> {
+    match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok().map(drop),
+        Value::SimpleString(_) | Value::Int(_) | Value::Okay => Some(()),
+        _ => None,
+    }
+}
+
+/// `Some` when [`bytes`] reads `v` (checked without a copy).
+pub(crate) fn is_bytes(v: &Value) -> Option<()> {
+    matches!(v, Value::BulkString(_) | Value::SimpleString(_)).then_some(())
+}
+
+/// What [`text`] reads, moved out of `v` (left nil) instead of copied; bytes
+/// that are not UTF-8 are replaced (as a job id is read), and anything
+/// [`text`] refuses gives an empty string: check with [`is_text`] first.
+pub(crate) fn take_text(v: &mut Value) -> String {
+    match std::mem::replace(v, Value::Nil) {
+        Value::BulkString(b) => String::from_utf8(b)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        Value::SimpleString(s) => s,
+        Value::Int(i) => i.to_string(),
+        Value::Okay => "OK".to_string(),
+        _ => String::new(),
+    }
+}
+
+/// What [`bytes`] reads, moved out of `v` (left nil) instead of copied;
+/// empty for anything else: check with [`is_bytes`] first.
+pub(crate) fn take_bytes(v: &mut Value) -> Vec<u8> {
+    match std::mem::replace(v, Value::Nil) {
+        Value::BulkString(b) => b,
+        Value::SimpleString(s) => s.into_bytes(),
+        _ => Vec::new(),
+    }
+}
+
 /// Raw bytes of a string reply.
 pub(crate) fn bytes(v: &Value) -> Option<Vec<u8>> {
     match v {
