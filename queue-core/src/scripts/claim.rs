@@ -245,10 +245,13 @@ impl ClaimRow {
     fn decode_row(queue: &str, reply: &Value, strings: Strings) -> Result<Self> {
         let items_len = super::reply::array(reply).map_or(0, <[Value]>::len);
         let mut f = Fields::new(queue, None, "claim row", reply)?;
-        let tag = f.tag()?;
-        let id = JobId::from(String::from_utf8_lossy(&f.bytes(1, "id")?).into_owned());
+        let tag = f.tag_str()?;
+        let id = JobId::from(
+            String::from_utf8(f.bytes(1, "id")?)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        );
         f.set_job_id(&id);
-        let skip = match tag.as_str() {
+        let skip = match tag {
             "claimed" => {
                 let copy = strings == Strings::Copy;
                 let text = |i: usize, name: &str| match copy {

@@ -195,6 +195,16 @@ impl<'v> Fields<'v> {
     pub(crate) fn tag(&self) -> Result<String> {
         self.text(0, "tag")
     }
+
+    /// [`tag`](Self::tag), read in place (a claim row's, once per job).
+    pub(crate) fn tag_str(&self) -> Result<&'v str> {
+        match self.items.first() {
+            Some(Value::BulkString(b)) => std::str::from_utf8(b).ok(),
+            Some(Value::SimpleString(s)) => Some(s.as_str()),
+            _ => None,
+        }
+        .ok_or_else(|| self.error(format_args!("field 0 (tag) missing or malformed")))
+    }
 }
 
 /// A lone integer reply, or a protocol error naming the queue and job.
