@@ -43,19 +43,10 @@ pub(crate) struct Claimed {
 }
 
 impl AckItem {
-    /// The ack of delivery `d`, with its claimed fields for the record (the
-    /// tests' path: they ack a delivery they keep).
+    /// [`taking`](Self::taking) of a delivery the caller keeps (the tests').
     #[cfg(test)]
     pub(crate) fn of(d: &Delivery, result_ref: Option<Vec<u8>>) -> AckItem {
-        let times = claimed_times(d);
-        Self::build(
-            d.id.clone(),
-            d.token.clone(),
-            d.job_type.clone(),
-            d.attempt,
-            times,
-            result_ref,
-        )
+        Self::taking(d.clone(), result_ref)
     }
 
     /// The ack of delivery `d`, with its claimed fields for the record,
@@ -63,31 +54,13 @@ impl AckItem {
     /// acked once).
     pub(crate) fn taking(d: Delivery, result_ref: Option<Vec<u8>>) -> AckItem {
         let times = claimed_times(&d);
-        let Delivery {
-            id,
-            token,
-            job_type,
-            attempt,
-            ..
-        } = d;
-        Self::build(id, token, job_type, attempt, times, result_ref)
-    }
-
-    fn build(
-        id: JobId,
-        token: String,
-        job_type: String,
-        attempt: u32,
-        times: Option<(u64, u64)>,
-        result_ref: Option<Vec<u8>>,
-    ) -> AckItem {
         AckItem {
-            id,
-            token,
+            id: d.id,
+            token: d.token,
             result_ref,
             claimed: times.map(|(enqueued_at_ms, delivered_at_ms)| Claimed {
-                attempt,
-                job_type,
+                attempt: d.attempt,
+                job_type: d.job_type,
                 enqueued_at_ms,
                 delivered_at_ms,
             }),

@@ -48,7 +48,7 @@ impl Claim<'_> {
     ) -> Result<ClaimRow> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
-        let reply = SCRIPT
+        let mut reply = SCRIPT
             .call([
                 &k.processing,
                 &k.leases,
@@ -73,7 +73,7 @@ impl Claim<'_> {
                 let id = JobId::from(String::from_utf8_lossy(self.id).into_owned());
                 QueueError::redis(&k.queue, Some(&id), e)
             })?;
-        ClaimRow::decode(&k.queue, &reply).map(|row| row.sent_at(sent_at))
+        ClaimRow::decode_owned(&k.queue, &mut reply).map(|row| row.sent_at(sent_at))
     }
 }
 
@@ -162,14 +162,6 @@ pub(crate) enum ClaimRow {
     Unreadable(Unreadable),
 }
 
-/// Whether [`ClaimRow::decode_row`] copies a claimed row's strings or leaves
-/// them to be moved out of the row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Strings {
-    Copy,
-    Leave,
-}
-
 /// What could be read of a row that does not decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Unreadable {
@@ -185,48 +177,28 @@ pub(crate) struct Unreadable {
 impl ClaimRow {
     /// [`decode`](Self::decode) of a row the caller owns (the fetch's), with
     /// a row that does not decode returned as [`ClaimRow::Unreadable`] (what
-    /// could be read of it, and why). A claimed row's id, token, type and
-    /// payload are checked in place, then moved out of the row instead of
-    /// copied (issue #12: an allocation and a copy each, per job).
+    /// could be read of it, and why).
     pub(crate) fn take_or_unreadable(queue: &str, mut row: Value) -> Self {
-        match Self::decode_row(queue, &row, Strings::Leave) {
-            Ok(ClaimRow::Claimed(mut d)) => {
-                if let Value::Array(items) | Value::Set(items) = &mut row {
-                    let mut take = |i: usize| items.get_mut(i).map(super::reply::take_text);
-                    d.id = JobId::from(take(1).unwrap_or_default());
-                    d.token = take(2).unwrap_or_default();
-                    d.job_type = take(3).unwrap_or_default();
-                    d.payload = items
-                        .get_mut(5)
-                        .map(super::reply::take_bytes)
-                        .unwrap_or_default();
-                }
-                ClaimRow::Claimed(d)
-            }
-            Ok(other) => other,
-            Err(e) => Self::unreadable(&row, &e),
-        }
+        Self::decode_owned(queue, &mut row).unwrap_or_else(|e| Self::unreadable(&row, &e))
     }
 
     /// What could be read of a row that did not decode (`e`).
     fn unreadable(reply: &Value, e: &QueueError) -> Self {
-        {
-            let items = super::reply::array(reply).unwrap_or_default();
-            let field = |i: usize| items.get(i).and_then(super::reply::text);
-            let id = items
-                .get(1)
-                .and_then(super::reply::bytes)
-                .map(|b| JobId::from(String::from_utf8_lossy(&b).into_owned()));
-            let token = match field(0).as_deref() {
-                Some("claimed") => field(2),
-                _ => None,
-            };
-            ClaimRow::Unreadable(Unreadable {
-                id,
-                token,
-                detail: e.to_string(),
-            })
-        }
+        let items = super::reply::array(reply).unwrap_or_default();
+        let field = |i: usize| items.get(i).and_then(super::reply::text);
+        let id = items
+            .get(1)
+            .and_then(super::reply::bytes)
+            .map(|b| JobId::from(String::from_utf8_lossy(&b).into_owned()));
+        let token = match field(0).as_deref() {
+            Some("claimed") => field(2),
+            _ => None,
+        };
+        ClaimRow::Unreadable(Unreadable {
+            id,
+            token,
+            detail: e.to_string(),
+        })
     }
 
     /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
@@ -235,14 +207,34 @@ impl ClaimRow {
     /// none; without first_started_at, as on a first delivery,
     /// delivered_at stands for it), `{'corrupt', id, reason}` or `{tag, id}`
     /// with tag `done`, `missing`, `busy` or `gone`.
+    #[cfg(test)]
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
-        Self::decode_row(queue, reply, Strings::Copy)
+        Self::decode_owned(queue, &mut reply.clone())
     }
 
-    /// [`decode`](Self::decode); with [`Strings::Leave`] a claimed row's id,
-    /// token, type and payload are only checked, and left empty in the
-    /// [`Delivery`] for the caller to move out of the row.
-    fn decode_row(queue: &str, reply: &Value, strings: Strings) -> Result<Self> {
+    /// [`decode`](Self::decode) of a row the caller owns. Every field is
+    /// checked first, in place; only then are a claimed row's token, type and
+    /// payload moved out of `row` instead of copied (issue #12: an allocation
+    /// and a copy each, per job). A row that does not decode is left whole.
+    fn decode_owned(queue: &str, row: &mut Value) -> Result<Self> {
+        let mut decoded = Self::check(queue, row)?;
+        if let (ClaimRow::Claimed(d), Value::Array(items) | Value::Set(items)) = (&mut decoded, row)
+        {
+            let mut take = |i: usize| items.get_mut(i).map(super::reply::take_text);
+            d.token = take(2).unwrap_or_default();
+            d.job_type = take(3).unwrap_or_default();
+            d.payload = items
+                .get_mut(5)
+                .map(super::reply::take_bytes)
+                .unwrap_or_default();
+        }
+        Ok(decoded)
+    }
+
+    /// The row decoded, except that a claimed row's token, type and payload
+    /// are only checked (left empty for [`decode_owned`](Self::decode_owned)
+    /// to move out of the row).
+    fn check(queue: &str, reply: &Value) -> Result<Self> {
         let items_len = super::reply::array(reply).map_or(0, <[Value]>::len);
         let mut f = Fields::new(queue, None, "claim row", reply)?;
         let tag = f.tag_str()?;
@@ -253,23 +245,15 @@ impl ClaimRow {
         f.set_job_id(&id);
         let skip = match tag {
             "claimed" => {
-                let copy = strings == Strings::Copy;
-                let text = |i: usize, name: &str| match copy {
-                    true => f.text(i, name),
-                    false => f
-                        .field(i, name, super::reply::is_text)
-                        .map(|()| String::new()),
-                };
+                f.field(2, "token", super::reply::is_text)?;
+                f.field(3, "type", super::reply::is_text)?;
+                let version = f.u32(4, "schema version")?;
+                f.field(5, "payload", super::reply::is_bytes)?;
                 return Ok(ClaimRow::Claimed(Delivery {
-                    token: text(2, "token")?,
-                    job_type: text(3, "type")?,
-                    version: f.u32(4, "schema version")?,
-                    payload: match copy {
-                        true => f.bytes(5, "payload")?,
-                        false => f
-                            .field(5, "payload", super::reply::is_bytes)
-                            .map(|()| Vec::new())?,
-                    },
+                    token: String::new(),
+                    job_type: String::new(),
+                    version,
+                    payload: Vec::new(),
                     attempt: f.u32(6, "attempts")?,
                     max_attempts: f.u32(7, "max_attempts")?.max(1),
                     enqueued_at_ms: f.int(8, "enqueued_at")?,
@@ -408,34 +392,36 @@ mod tests {
         assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("odd"), bulk("j")])).is_err());
     }
 
-    /// The fetch's path, which moves a claimed row's strings out of the
-    /// reply, reads every row as the copying `decode` does: the same
-    /// delivery (a payload, an id that is not UTF-8, a traceparent), the same
-    /// skipped rows, and an unreadable row naming its id and token.
+    /// The fetch's path moves a claimed row's strings out of the reply: each
+    /// lands in its own field (a payload, an id that is not UTF-8 read
+    /// lossily, a numeric type as text, a traceparent), a skipped row reads
+    /// as a skip, and an unreadable row still names its id and token (its
+    /// fields are only taken once the whole row checked).
     #[test]
     fn a_row_taken_reads_as_a_row_copied() {
-        let mut with_payload = claimed_row();
-        with_payload[1] = Value::BulkString(b"j\xff1".to_vec());
-        with_payload[5] = Value::BulkString(vec![0x81, 0xa1, b'x', 0x01]);
-        with_payload.push(bulk(
-            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-        ));
-        let numeric_type = {
-            let mut row = claimed_row();
-            row[3] = Value::Int(7);
-            row
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut row = claimed_row();
+        row[1] = Value::BulkString(b"j\xff1".to_vec());
+        row[3] = Value::Int(7);
+        row[5] = Value::BulkString(vec![0x81, 0xa1, b'x', 0x01]);
+        row.push(bulk(tp));
+        let ClaimRow::Claimed(d) = ClaimRow::take_or_unreadable("q", Value::Array(row)) else {
+            panic!("not claimed")
         };
-        for row in [
-            claimed_row(),
-            with_payload,
-            numeric_type,
-            vec![bulk("busy"), bulk("j2")],
-        ] {
-            let row = Value::Array(row);
-            let at = tokio::time::Instant::now();
-            let copied = ClaimRow::decode("q", &row).unwrap().sent_at(at);
-            assert_eq!(ClaimRow::take_or_unreadable("q", row).sent_at(at), copied);
-        }
+        assert_eq!(
+            (d.id.as_str(), d.token.as_str(), d.job_type.as_str()),
+            ("j\u{fffd}1", "tok", "7")
+        );
+        assert_eq!(d.payload, vec![0x81, 0xa1, b'x', 0x01]);
+        assert_eq!(
+            (d.version, d.attempt, d.max_attempts, d.fence),
+            (2, 1, 5, 4)
+        );
+        assert_eq!(d.traceparent.as_deref(), Some(tp));
+        assert_eq!(
+            ClaimRow::take_or_unreadable("q", Value::Array(vec![bulk("busy"), bulk("j2")])),
+            ClaimRow::Skipped("j2".into(), Skip::Busy)
+        );
         let mut bad_type = claimed_row();
         bad_type[3] = Value::BulkString(vec![0xff]);
         let mut no_payload = claimed_row();

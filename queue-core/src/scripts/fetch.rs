@@ -11,8 +11,6 @@ use super::claim::ClaimRow;
 use super::reply;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
-use redis::Value;
-
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
@@ -93,17 +91,9 @@ impl Fetch<'_> {
             }
             _ => {}
         }
-        let rows = match reply {
-            Value::Array(rows) | Value::Set(rows) => rows,
-            Value::Nil => Vec::new(),
-            other => {
-                return Err(QueueError::protocol(
-                    &k.queue,
-                    None,
-                    format!("fetch reply {other:?}"),
-                ))
-            }
-        };
+        let rows = reply::into_array(reply).map_err(|other| {
+            QueueError::protocol(&k.queue, None, format!("fetch reply {other:?}"))
+        })?;
         Ok(FetchReply::Rows(
             rows.into_iter()
                 .map(|r| ClaimRow::take_or_unreadable(&k.queue, r).sent_at(sent_at))

@@ -86,6 +86,16 @@ pub(crate) fn array(v: &Value) -> Option<&[Value]> {
     }
 }
 
+/// [`array`] of a reply the caller owns: its elements moved out, or the
+/// reply itself back when it is not an array.
+pub(crate) fn into_array(v: Value) -> std::result::Result<Vec<Value>, Value> {
+    match v {
+        Value::Array(items) | Value::Set(items) => Ok(items),
+        Value::Nil => Ok(Vec::new()),
+        other => Err(other),
+    }
+}
+
 /// A positional script reply being decoded. Every accessor of a required
 /// field fails with [`QueueError::Protocol`] naming the queue and job (and
 /// the field) instead of defaulting.
