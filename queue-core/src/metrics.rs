@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::Label;
+use metrics::{Key, Label, Level, Metadata};
 
 use crate::admin::QueueStats;
 
@@ -34,18 +34,53 @@ pub(crate) fn enqueued(queue: &str, job_type: &str, n: u64) {
         .increment(n);
 }
 
-/// The `queue` and `job_type` labels of one job type, built once per worker
-/// (cloning them copies two reference counts, no string).
+/// The metric keys of one job type on one queue (name plus its `queue` and
+/// `job_type` labels), built once per worker: recording a job's metrics
+/// builds no label list and hashes no key (cloning copies one reference
+/// count). The recorder is looked up on every call, as the `metrics` macros
+/// do, so a recorder installed after the worker started still sees them.
 #[derive(Debug, Clone)]
-pub(crate) struct JobLabels(Arc<[Label; 2]>);
+pub(crate) struct JobLabels(Arc<JobKeys>);
+
+#[derive(Debug)]
+struct JobKeys {
+    started: Key,
+    completed: Key,
+    failed: Key,
+    retried: Key,
+    dead_lettered: Key,
+    cancelled: Key,
+    deferred: Key,
+    duration: Key,
+}
 
 impl JobLabels {
     fn new(queue: &str, job_type: &str) -> Self {
-        JobLabels(Arc::new([
+        let labels = [
             Label::new("queue", Arc::<str>::from(queue)),
             Label::new("job_type", Arc::<str>::from(job_type)),
-        ]))
+        ];
+        let key = |name: &'static str| Key::from_parts(name, labels.to_vec());
+        JobLabels(Arc::new(JobKeys {
+            started: key("queue_jobs_started_total"),
+            completed: key("queue_jobs_completed_total"),
+            failed: key("queue_jobs_failed_total"),
+            retried: key("queue_jobs_retried_total"),
+            dead_lettered: key("queue_jobs_dead_lettered_total"),
+            cancelled: key("queue_jobs_cancelled_total"),
+            deferred: key("queue_jobs_deferred_total"),
+            duration: key("queue_job_duration_seconds"),
+        }))
     }
+}
+
+/// What the `metrics` macros give the recorder for a metric of this module.
+static METADATA: Metadata<'static> =
+    Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+/// Adds `n` to the counter `key` of the current recorder.
+fn count(key: &Key, n: u64) {
+    metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(n));
 }
 
 /// The label sets of a worker: one per registered `(queue, job type)` and
@@ -80,37 +115,42 @@ impl LabelCache {
 }
 
 pub(crate) fn started(labels: &JobLabels) {
-    metrics::counter!("queue_jobs_started_total", labels.0.iter()).increment(1);
+    count(&labels.0.started, 1);
 }
 
 /// A delivery given back for a worker that knows its newer payload schema
 /// version (rolling deploys): no attempt used.
 pub(crate) fn deferred(labels: &JobLabels) {
-    metrics::counter!("queue_jobs_deferred_total", labels.0.iter()).increment(1);
+    count(&labels.0.deferred, 1);
 }
 
 pub(crate) fn finished(labels: &JobLabels, outcome: &'static str, elapsed: Option<Duration>) {
+    let keys = &labels.0;
     if outcome == "cancelled" {
         // Ended by an operator's cancel (docs/FLOW-CONTROL.md): not a failure.
-        metrics::counter!("queue_jobs_cancelled_total", labels.0.iter()).increment(1);
+        count(&keys.cancelled, 1);
         return;
     }
-    let labels = labels.0.iter();
     let Some(elapsed) = elapsed else {
         // Never started (undecodable payload, unknown type or version).
-        metrics::counter!("queue_jobs_dead_lettered_total", labels).increment(1);
+        count(&keys.dead_lettered, 1);
         return;
     };
-    metrics::histogram!("queue_job_duration_seconds", labels.clone()).record(elapsed.as_secs_f64());
+    metrics::with_recorder(|r| {
+        r.register_histogram(&keys.duration, &METADATA)
+            .record(elapsed.as_secs_f64())
+    });
     if outcome != "completed" {
-        metrics::counter!("queue_jobs_failed_total", labels.clone()).increment(1);
+        count(&keys.failed, 1);
     }
-    let name = match outcome {
-        "completed" => "queue_jobs_completed_total",
-        "retried" => "queue_jobs_retried_total",
-        _ => "queue_jobs_dead_lettered_total",
-    };
-    metrics::counter!(name, labels).increment(1);
+    count(
+        match outcome {
+            "completed" => &keys.completed,
+            "retried" => &keys.retried,
+            _ => &keys.dead_lettered,
+        },
+        1,
+    );
 }
 
 pub(crate) fn dead_lettered(queue: &str, job_type: &str, n: u64) {
@@ -144,12 +184,109 @@ pub(crate) fn depth(stats: &QueueStats) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use metrics::{
+        Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+        SharedString, Unit,
+    };
+
     use super::LabelCache;
+
+    /// A recorder that keeps every counter's total and every histogram's
+    /// sample count, by name and labels.
+    #[derive(Default)]
+    struct Totals(Mutex<Vec<(String, Arc<Total>)>>);
+
+    #[derive(Default)]
+    struct Total(AtomicU64);
+
+    impl CounterFn for Total {
+        fn increment(&self, n: u64) {
+            self.0.fetch_add(n, Ordering::Relaxed);
+        }
+        fn absolute(&self, n: u64) {
+            self.0.store(n, Ordering::Relaxed);
+        }
+    }
+
+    impl HistogramFn for Total {
+        fn record(&self, _: f64) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Totals {
+        fn of(&self, key: &Key) -> Arc<Total> {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            let name = format!("{}{{{}}}", key.name(), labels.join(", "));
+            let mut all = self.0.lock().unwrap();
+            if let Some((_, t)) = all.iter().find(|(n, _)| *n == name) {
+                return t.clone();
+            }
+            let t = Arc::new(Total::default());
+            all.push((name, t.clone()));
+            t
+        }
+
+        fn get(&self, name: &str) -> u64 {
+            let all = self.0.lock().unwrap();
+            all.iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, t)| t.0.load(Ordering::Relaxed))
+                .sum()
+        }
+    }
+
+    impl Recorder for Totals {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(self.of(key))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(self.of(key))
+        }
+    }
+
+    /// The keys are built with the worker, before any recorder: a recorder
+    /// installed later (here a local one) still gets every job's metrics,
+    /// under the job's labels.
+    #[test]
+    fn metrics_reach_a_recorder_installed_after_the_labels_were_built() {
+        let cache = LabelCache::new([("emails", "send")]);
+        let labels = cache.get("emails", "send");
+        let totals = Totals::default();
+        metrics::with_local_recorder(&totals, || {
+            super::started(&labels);
+            super::finished(&labels, "completed", Some(Duration::from_millis(3)));
+            super::started(&labels);
+            super::finished(&labels, "retried", Some(Duration::from_millis(3)));
+            super::finished(&labels, "cancelled", None);
+        });
+        let with = |name: &str| format!("{name}{{queue=emails, job_type=send}}");
+        assert_eq!(totals.get(&with("queue_jobs_started_total")), 2);
+        assert_eq!(totals.get(&with("queue_jobs_completed_total")), 1);
+        assert_eq!(totals.get(&with("queue_jobs_retried_total")), 1);
+        assert_eq!(totals.get(&with("queue_jobs_failed_total")), 1);
+        assert_eq!(totals.get(&with("queue_jobs_cancelled_total")), 1);
+        assert_eq!(totals.get(&with("queue_job_duration_seconds")), 2);
+    }
 
     fn values(labels: &super::JobLabels) -> Vec<(String, String)> {
         labels
             .0
-            .iter()
+            .started
+            .labels()
             .map(|l| (l.key().to_string(), l.value().to_string()))
             .collect()
     }
