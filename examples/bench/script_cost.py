@@ -33,7 +33,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_modes import ROOT, callgrind_dump, callgrind_redis, callgrind_total, connect, free_port, library  # noqa: E402
+from script_modes import claimed_delivery, ROOT, callgrind_dump, callgrind_redis, callgrind_total, connect, free_port, library  # noqa: E402
 
 Q = "q:{bench}:"
 PHASES = ("enqueue", "fetch", "ack")
@@ -126,7 +126,7 @@ def measure(directory, a, keep, label):
                            "150000", "bench-worker", "1")  # a first try, as the worker sends it
             # id, token, and the fields the worker sends back with its ack
             # since stop 32: attempts, type, enqueued_at, delivered_at.
-            deliveries += [(row[1], row[2], row[6], row[3], row[8], row[9]) for row in rows if row[0] == b"claimed"]
+            deliveries += [d for d in map(claimed_delivery, rows) if d]
         dump()  # part 3: fetch
         # Since stop 27 ack.lua takes the record format (ARGV 6); older scripts do not.
         fmt = ["compact" if a.compact else "hash"] if "record format" in open(

@@ -73,6 +73,25 @@ def callgrind_total(path):
     return int(m.group(1)) if m else None
 
 
+def claimed_delivery(row):
+    """(id, token, attempts, type, enqueued_at, delivered_at) of a fetch
+    reply's row when it is a claimed delivery, else None. Since stop 34 a
+    claimed row is one string (`claimed_row` in prelude.lua: each field its
+    length in decimal, ':' and its bytes); before, an array led by
+    b"claimed"."""
+    if isinstance(row, bytes):
+        fields, at = [], 0
+        while at < len(row):
+            colon = row.index(b":", at)
+            n = int(row[at:colon])
+            fields.append(row[colon + 1:colon + 1 + n])
+            at = colon + 1 + n
+        return fields[0], fields[1], fields[4], fields[2], fields[6], fields[7]
+    if row[0] == b"claimed":
+        return row[1], row[2], row[6], row[3], row[8], row[9]
+    return None
+
+
 def read(name):
     with open(os.path.join(SCRIPTS, name)) as f:
         return f.read()

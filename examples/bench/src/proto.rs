@@ -36,12 +36,21 @@ fn script(body: &str) -> Script {
     Script::new(&format!("{PRELUDE}\n{body}"))
 }
 
-fn text(v: &Value) -> Option<Vec<u8>> {
-    match v {
-        Value::BulkString(b) => Some(b.clone()),
-        Value::SimpleString(s) => Some(s.clone().into_bytes()),
-        _ => None,
+/// The fields of a claimed row (one string: each field its length in
+/// decimal, `:` and its bytes; `claimed_row` in prelude.lua): id, token,
+/// type, v, attempts, max_attempts, enqueued_at, delivered_at, fence,
+/// traceparent, first_started_at, payload. `None` when it does not split.
+fn claimed_fields(row: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut fields = Vec::with_capacity(12);
+    let mut rest = row;
+    while !rest.is_empty() {
+        let colon = rest.iter().position(|&b| b == b':')?;
+        let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+        let field = rest.get(colon + 1..colon + 1 + len)?;
+        fields.push(field);
+        rest = &rest[colon + 1 + len..];
     }
+    (fields.len() == 12).then_some(fields)
 }
 
 /// Runs `n` preloaded jobs through `fetchers` loops that each fetch up to
@@ -99,22 +108,20 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                 }
                 let mut claimed = Vec::new();
                 for row in rows {
-                    let Value::Array(r) = row else { continue };
-                    let (Some(id), Some(token), Some(payload)) = (
-                        r.get(1).and_then(text),
-                        r.get(2).and_then(text),
-                        r.get(5).and_then(text),
-                    ) else {
+                    // Rows of other outcomes are arrays: nothing to run.
+                    let Value::BulkString(packed) = row else {
                         continue;
                     };
+                    let Some(f) = claimed_fields(&packed) else {
+                        continue;
+                    };
+                    let (id, token) = (f[0].to_vec(), f[1].to_vec());
                     // "Run" the job: decode its payload like the worker does.
-                    let _args: Noop = rmp_serde::from_slice(&payload)?;
+                    let _args: Noop = rmp_serde::from_slice(f[11])?;
                     // The ack sends back what the claim answered for the
                     // record: attempts, type, enqueued_at, delivered_at.
-                    let record: Vec<Vec<u8>> = [6, 3, 8, 9]
-                        .iter()
-                        .map(|&i| r.get(i).and_then(text).unwrap_or_default())
-                        .collect();
+                    let record: Vec<Vec<u8>> =
+                        [4, 2, 6, 7].iter().map(|&i| f[i].to_vec()).collect();
                     claimed.push((id, token, record));
                 }
                 // One ack.lua call for the batch, or one per job (in flight together).

@@ -4,7 +4,8 @@
 --       6 paused flag, 7 main, 8 limits, 9 delayed, 10 promoter wake
 -- ARGV: 1 id, 2 job prefix, 3 done prefix, 4 lease_ms, 5 token,
 --       6 worker name (optional: absent from older callers; kept in the job's `worker`)
--- Returns a claim row, {'gone', id} when the watchdog already returned the id,
+-- Returns a claim row (a claimed row is one string, claimed_row() in the
+-- prelude), {'gone', id} when the watchdog already returned the id,
 -- or {'paused', id} when the queue is paused (the id went back to main, unclaimed),
 -- {'limited', id, ms} when a queue limit lets no job start for ms (the same),
 -- {'deferred', id, run_at} when its rate key is over its limit (docs/LIMITS.md).

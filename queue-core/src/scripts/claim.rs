@@ -105,6 +105,159 @@ pub(crate) struct Delivery {
     pub(crate) traceparent: Option<String>,
 }
 
+/// The fields of a claimed row, in order (`claimed_row` in prelude.lua):
+/// one string, each field written as its length in decimal, `:` and its
+/// bytes. The payload is last, so that it can keep the reply's buffer.
+const PACKED_FIELDS: [&str; 12] = [
+    "id",
+    "token",
+    "type",
+    "schema version",
+    "attempts",
+    "max_attempts",
+    "enqueued_at",
+    "delivered_at",
+    "fence",
+    "traceparent",
+    "first_started_at",
+    "payload",
+];
+
+/// Reads the fields of a claimed row one by one, as byte ranges.
+struct Packed<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Packed<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Packed { buf, at: 0 }
+    }
+
+    /// The next field, or `None` when the row ends or its length does not
+    /// read or fit.
+    fn next(&mut self) -> Option<std::ops::Range<usize>> {
+        let mut len: usize = 0;
+        let mut at = self.at;
+        loop {
+            let b = *self.buf.get(at)?;
+            at += 1;
+            match b {
+                b':' if at - self.at > 1 => break,
+                // At most 10 digits: a length never reaches u32::MAX.
+                b'0'..=b'9' if at - self.at <= 10 => len = len * 10 + usize::from(b - b'0'),
+                _ => return None,
+            }
+        }
+        let start = at;
+        let end = start.checked_add(len).filter(|&e| e <= self.buf.len())?;
+        self.at = end;
+        Some(start..end)
+    }
+}
+
+/// Bytes as text, invalid UTF-8 replaced (as a job id is read everywhere).
+fn lossy(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A decimal integer as `str::parse::<i64>` reads one (an optional sign,
+/// then digits), read from the bytes without a UTF-8 check first: a claimed
+/// row has seven per job.
+fn decimal(b: &[u8]) -> Option<i64> {
+    let (negative, digits) = match b {
+        [b'-', rest @ ..] => (true, rest),
+        [b'+', rest @ ..] => (false, rest),
+        _ => (false, b),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(d - b'0');
+        n = n.checked_mul(10)?;
+        n = match negative {
+            true => n.checked_sub(d)?,
+            false => n.checked_add(d)?,
+        };
+    }
+    Some(n)
+}
+
+impl Delivery {
+    /// A packed claimed row (see [`PACKED_FIELDS`]), or the buffer back with
+    /// a [`QueueError::Protocol`] naming the queue, the job (once its id is
+    /// read) and the field.
+    fn unpack(queue: &str, buf: Vec<u8>) -> std::result::Result<Self, (Vec<u8>, QueueError)> {
+        // Only on the error path: the message names the job when its id reads.
+        let refuse = |buf: Vec<u8>, detail: String| {
+            let id = Packed::new(&buf)
+                .next()
+                .map(|r| JobId::from(lossy(&buf[r])));
+            let shown = String::from_utf8_lossy(&buf[..buf.len().min(256)]).into_owned();
+            let e =
+                QueueError::protocol(queue, id.as_ref(), format!("claim row {detail}: {shown:?}"));
+            (buf, e)
+        };
+        let field_error =
+            |i: usize| format!("field {i} ({}) missing or malformed", PACKED_FIELDS[i]);
+        let mut ranges: [std::ops::Range<usize>; 12] = Default::default();
+        let mut fields = Packed::new(&buf);
+        for (i, range) in ranges.iter_mut().enumerate() {
+            match fields.next() {
+                Some(r) => *range = r,
+                None => return Err(refuse(buf, field_error(i))),
+            }
+        }
+        if fields.at != buf.len() {
+            return Err(refuse(buf, "has bytes after its payload".to_string()));
+        }
+        let text = |i: usize| std::str::from_utf8(&buf[ranges[i].clone()]).ok();
+        let num = |i: usize| decimal(&buf[ranges[i].clone()]);
+        let unsigned = |i: usize| num(i).and_then(|n| u64::try_from(n).ok());
+        let small = |i: usize| unsigned(i).and_then(|n| u32::try_from(n).ok());
+        // Field `i`, or its index for the error.
+        fn need<T>(v: Option<T>, i: usize) -> std::result::Result<T, usize> {
+            v.ok_or(i)
+        }
+        let read = || -> std::result::Result<Delivery, usize> {
+            let delivered_at_ms = need(num(7), 7)?;
+            Ok(Delivery {
+                id: JobId::from(lossy(&buf[ranges[0].clone()])),
+                token: need(text(1), 1)?.to_string(),
+                job_type: need(text(2), 2)?.to_string(),
+                version: need(small(3), 3)?,
+                payload: Vec::new(),
+                attempt: need(small(4), 4)?,
+                max_attempts: need(small(5), 5)?.max(1),
+                enqueued_at_ms: need(num(6), 6)?,
+                delivered_at_ms,
+                fence: need(unsigned(8), 8)?,
+                // Empty on a first delivery: it is its own delivery time.
+                first_started_at_ms: match ranges[10].is_empty() {
+                    true => delivered_at_ms,
+                    false => need(num(10), 10)?,
+                },
+                claim_sent_at: tokio::time::Instant::now(),
+                traceparent: text(9).filter(|t| !t.is_empty()).map(str::to_string),
+            })
+        };
+        let mut delivery = match read() {
+            Ok(d) => d,
+            Err(i) => return Err(refuse(buf, field_error(i))),
+        };
+        let payload_at = ranges[11].start;
+        let mut payload = buf;
+        payload.drain(..payload_at);
+        delivery.payload = payload;
+        Ok(delivery)
+    }
+}
+
 /// Why a row was not claimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Skip {
@@ -182,92 +335,72 @@ impl ClaimRow {
         Self::decode_owned(queue, &mut row).unwrap_or_else(|e| Self::unreadable(&row, &e))
     }
 
-    /// What could be read of a row that did not decode (`e`).
+    /// What could be read of a row that did not decode (`e`): the id, and
+    /// the token of a claimed row (the job is then leased to us).
     fn unreadable(reply: &Value, e: &QueueError) -> Self {
-        let items = super::reply::array(reply).unwrap_or_default();
-        let field = |i: usize| items.get(i).and_then(super::reply::text);
-        let id = items
-            .get(1)
-            .and_then(super::reply::bytes)
-            .map(|b| JobId::from(String::from_utf8_lossy(&b).into_owned()));
-        let token = match field(0).as_deref() {
-            Some("claimed") => field(2),
-            _ => None,
+        let (id, token) = match reply {
+            Value::BulkString(packed) => {
+                let mut fields = Packed::new(packed);
+                let id = fields.next().map(|r| lossy(&packed[r]));
+                let token = fields
+                    .next()
+                    .and_then(|r| std::str::from_utf8(&packed[r]).ok().map(str::to_string));
+                (id, token)
+            }
+            _ => {
+                let items = super::reply::array(reply).unwrap_or_default();
+                (
+                    items
+                        .get(1)
+                        .and_then(super::reply::bytes)
+                        .map(|b| lossy(&b)),
+                    None,
+                )
+            }
         };
         ClaimRow::Unreadable(Unreadable {
-            id,
+            id: id.map(JobId::from),
             token,
             detail: e.to_string(),
         })
     }
 
-    /// `{'claimed', id, token, type, v, payload, attempts, max_attempts,
-    /// enqueued_at, delivered_at, fence[, traceparent[, first_started_at]]}`
-    /// (`claimed_row` in prelude.lua: the traceparent absent or empty for
-    /// none; without first_started_at, as on a first delivery,
-    /// delivered_at stands for it), `{'corrupt', id, reason}` or `{tag, id}`
-    /// with tag `done`, `missing`, `busy` or `gone`.
+    /// A row: a claimed delivery is one string (`claimed_row` in
+    /// prelude.lua, see [`Packed`]); any other outcome is an array
+    /// `{'corrupt', id, reason}`, `{'limited', id, ms}` or `{tag, id}` with
+    /// tag `done`, `missing`, `busy`, `gone`, `paused`, `deferred` or
+    /// `expired`.
     #[cfg(test)]
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
         Self::decode_owned(queue, &mut reply.clone())
     }
 
-    /// [`decode`](Self::decode) of a row the caller owns. Every field is
-    /// checked first, in place; only then are a claimed row's token, type and
-    /// payload moved out of `row` instead of copied (issue #12: an allocation
-    /// and a copy each, per job). A row that does not decode is left whole.
+    /// [`decode`](Self::decode) of a row the caller owns: a claimed row's
+    /// payload keeps the reply's buffer instead of a copy. A row that does
+    /// not decode is left whole.
     fn decode_owned(queue: &str, row: &mut Value) -> Result<Self> {
-        let mut decoded = Self::check(queue, row)?;
-        if let (ClaimRow::Claimed(d), Value::Array(items) | Value::Set(items)) = (&mut decoded, row)
-        {
-            let mut take = |i: usize| items.get_mut(i).map(super::reply::take_text);
-            d.token = take(2).unwrap_or_default();
-            d.job_type = take(3).unwrap_or_default();
-            d.payload = items
-                .get_mut(5)
-                .map(super::reply::take_bytes)
-                .unwrap_or_default();
+        match row {
+            Value::BulkString(packed) => {
+                let buf = std::mem::take(packed);
+                Delivery::unpack(queue, buf)
+                    .map(ClaimRow::Claimed)
+                    .map_err(|(buf, e)| {
+                        *packed = buf;
+                        e
+                    })
+            }
+            other => Self::decode_other(queue, other),
         }
-        Ok(decoded)
     }
 
-    /// The row decoded, except that a claimed row's token, type and payload
-    /// are only checked (left empty for [`decode_owned`](Self::decode_owned)
-    /// to move out of the row).
-    fn check(queue: &str, reply: &Value) -> Result<Self> {
-        let items_len = super::reply::array(reply).map_or(0, <[Value]>::len);
-        let mut f = Fields::new(queue, None, "claim row", reply)?;
+    /// A row that is not a claimed delivery (an array led by its tag).
+    fn decode_other(queue: &str, reply: &Value) -> Result<Self> {
+        let f = Fields::new(queue, None, "claim row", reply)?;
         let tag = f.tag_str()?;
-        let id = JobId::from(
-            String::from_utf8(f.bytes(1, "id")?)
-                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-        );
+        let id = JobId::from(lossy(&f.bytes(1, "id")?));
+        let mut f = f;
         f.set_job_id(&id);
         let skip = match tag {
-            "claimed" => {
-                f.field(2, "token", super::reply::is_text)?;
-                f.field(3, "type", super::reply::is_text)?;
-                let version = f.u32(4, "schema version")?;
-                f.field(5, "payload", super::reply::is_bytes)?;
-                return Ok(ClaimRow::Claimed(Delivery {
-                    token: String::new(),
-                    job_type: String::new(),
-                    version,
-                    payload: Vec::new(),
-                    attempt: f.u32(6, "attempts")?,
-                    max_attempts: f.u32(7, "max_attempts")?.max(1),
-                    enqueued_at_ms: f.int(8, "enqueued_at")?,
-                    delivered_at_ms: f.int(9, "delivered_at")?,
-                    fence: f.u64(10, "fence")?,
-                    first_started_at_ms: match items_len {
-                        n if n > 12 => f.int(12, "first_started_at")?,
-                        _ => f.int(9, "delivered_at")?,
-                    },
-                    claim_sent_at: tokio::time::Instant::now(),
-                    traceparent: f.optional(11, super::reply::text).filter(|t| !t.is_empty()),
-                    id,
-                }));
-            }
             "corrupt" => return Ok(ClaimRow::Corrupt(id, f.text(2, "reason")?)),
             "done" => Skip::Done,
             "missing" => Skip::Missing,
@@ -296,34 +429,42 @@ impl ClaimRow {
 mod tests {
     use redis::Value;
 
-    use super::{ClaimRow, Skip};
+    use super::{ClaimRow, Skip, PACKED_FIELDS};
 
     fn bulk(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
-    fn claimed_row() -> Vec<Value> {
-        vec![
-            bulk("claimed"),
-            bulk("j1"),
-            bulk("tok"),
-            bulk("send"),
-            bulk("2"),
-            bulk(""),
-            Value::Int(1),
-            bulk("5"),
-            bulk("100"),
-            Value::Int(200),
-            Value::Int(4),
+    /// The fields of a claimed row, in `PACKED_FIELDS` order.
+    fn claimed_fields() -> Vec<Vec<u8>> {
+        [
+            "j1", "tok", "send", "2", "1", "5", "100", "200", "4", "", "", "",
         ]
+        .iter()
+        .map(|f| f.as_bytes().to_vec())
+        .collect()
+    }
+
+    /// `fields` as `claimed_row` in prelude.lua writes them.
+    fn packed(fields: &[Vec<u8>]) -> Value {
+        let mut out = Vec::new();
+        for f in fields {
+            out.extend_from_slice(format!("{}:", f.len()).as_bytes());
+            out.extend_from_slice(f);
+        }
+        Value::BulkString(out)
+    }
+
+    fn delivery(fields: &[Vec<u8>]) -> super::Delivery {
+        match ClaimRow::decode("q", &packed(fields)).unwrap() {
+            ClaimRow::Claimed(d) => d,
+            other => panic!("not claimed: {other:?}"),
+        }
     }
 
     #[test]
     fn decodes_a_claimed_row() {
-        let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(claimed_row())).unwrap()
-        else {
-            panic!("not claimed")
-        };
+        let d = delivery(&claimed_fields());
         assert_eq!(
             (d.id.as_str(), d.token.as_str(), d.job_type.as_str()),
             ("j1", "tok", "send")
@@ -332,35 +473,57 @@ mod tests {
         assert_eq!((d.enqueued_at_ms, d.delivered_at_ms), (100, 200));
         assert_eq!(d.fence, 4);
         assert!(d.payload.is_empty());
-        assert_eq!(d.traceparent, None, "a row without the element");
+        assert_eq!(d.traceparent, None, "an empty traceparent is none");
+        assert_eq!(
+            d.first_started_at_ms, 200,
+            "no first start: the delivery time"
+        );
     }
 
+    /// Each field lands in its own place: a payload (last, keeping the
+    /// reply's buffer), an id that is not UTF-8 (read lossily), a
+    /// traceparent and a first start.
     #[test]
-    fn decodes_the_traceparent_element() {
+    fn decodes_every_field_in_its_place() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        for (last, want) in [(tp, Some(tp)), ("", None)] {
-            let mut row = claimed_row();
-            row.push(bulk(last));
-            let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(row)).unwrap() else {
-                panic!("not claimed")
-            };
-            assert_eq!(d.traceparent.as_deref(), want);
-        }
+        let mut f = claimed_fields();
+        f[0] = b"j\xff1".to_vec();
+        f[9] = tp.as_bytes().to_vec();
+        f[10] = b"150".to_vec();
+        f[11] = vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9];
+        let d = delivery(&f);
+        assert_eq!(d.id.as_str(), "j\u{fffd}1");
+        assert_eq!(d.traceparent.as_deref(), Some(tp));
+        assert_eq!(d.first_started_at_ms, 150);
+        assert_eq!(d.payload, vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9]);
+        assert_eq!((d.token.as_str(), d.fence), ("tok", 4));
     }
 
+    /// `decimal` reads what `str::parse::<i64>` reads, and refuses what it
+    /// refuses.
     #[test]
-    fn decodes_first_started_at_after_the_traceparent() {
-        let mut row = claimed_row();
-        row.extend([bulk(""), Value::Int(150)]);
-        let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(row)).unwrap() else {
-            panic!("not claimed")
-        };
-        assert_eq!((d.first_started_at_ms, d.traceparent), (150, None));
-        let ClaimRow::Claimed(d) = ClaimRow::decode("q", &Value::Array(claimed_row())).unwrap()
-        else {
-            panic!("not claimed")
-        };
-        assert_eq!(d.first_started_at_ms, 200, "without it: the delivery time");
+    fn decimal_reads_as_parse_does() {
+        for t in [
+            "0",
+            "7",
+            "-1",
+            "+5",
+            "1796543709862",
+            "9223372036854775807",
+            "-9223372036854775808",
+            "9223372036854775808",
+            "",
+            "-",
+            "+",
+            "1.5",
+            " 1",
+            "1e3",
+            "0x10",
+            "--1",
+            "12a",
+        ] {
+            assert_eq!(super::decimal(t.as_bytes()), t.parse::<i64>().ok(), "{t:?}");
+        }
     }
 
     #[test]
@@ -370,65 +533,67 @@ mod tests {
             ClaimRow::decode("q", &row).unwrap(),
             ClaimRow::Skipped("j2".into(), Skip::Gone)
         );
+        let row = Value::Array(vec![bulk("limited"), bulk("j3"), Value::Int(250)]);
+        assert_eq!(
+            ClaimRow::decode("q", &row).unwrap(),
+            ClaimRow::Skipped("j3".into(), Skip::Limited(250))
+        );
     }
 
+    /// A truncated row, a field that does not read (each of the numbers,
+    /// and text that is not UTF-8) or bytes after the payload: a protocol
+    /// error naming the queue, the job and the field.
     #[test]
     fn every_required_field_is_checked_and_the_error_names_the_job() {
-        for i in 2..11 {
-            let mut row = claimed_row();
-            row.truncate(i);
-            let err = ClaimRow::decode("emails", &Value::Array(row)).unwrap_err();
+        let whole = match packed(&claimed_fields()) {
+            Value::BulkString(b) => b,
+            _ => unreachable!(),
+        };
+        // From the end of the id ("2:j1") to one byte short.
+        for cut in 4..whole.len() {
+            let err =
+                ClaimRow::decode("emails", &Value::BulkString(whole[..cut].to_vec())).unwrap_err();
             assert!(matches!(err, crate::QueueError::Protocol { .. }), "{err}");
             assert_eq!(err.queue(), Some("emails"));
-            assert_eq!(err.job_id().map(|j| j.as_str()), Some("j1"), "field {i}");
+            assert_eq!(err.job_id().map(|j| j.as_str()), Some("j1"), "cut at {cut}");
         }
-        let mut row = claimed_row();
-        row[4] = bulk("-1");
-        assert!(
-            ClaimRow::decode("q", &Value::Array(row)).is_err(),
-            "negative version"
-        );
-        assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("claimed")])).is_err());
+        let bad = |i: usize, value: &[u8]| {
+            let mut f = claimed_fields();
+            f[i] = value.to_vec();
+            ClaimRow::decode("q", &packed(&f)).unwrap_err().to_string()
+        };
+        for i in [3, 4, 5, 6, 7, 8, 10] {
+            let err = bad(i, b"x1");
+            assert!(err.contains(PACKED_FIELDS[i]), "field {i}: {err}");
+        }
+        assert!(bad(3, b"-1").contains("schema version"), "negative version");
+        assert!(bad(8, b"-1").contains("fence"), "negative fence");
+        for i in [1, 2] {
+            let err = bad(i, &[0xff]);
+            assert!(err.contains(PACKED_FIELDS[i]), "field {i}: {err}");
+        }
+        let mut longer = whole.clone();
+        longer.push(0);
+        assert!(ClaimRow::decode("q", &Value::BulkString(longer)).is_err());
         assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("odd"), bulk("j")])).is_err());
+        assert!(ClaimRow::decode("q", &Value::Array(vec![bulk("claimed")])).is_err());
     }
 
-    /// The fetch's path moves a claimed row's strings out of the reply: each
-    /// lands in its own field (a payload, an id that is not UTF-8 read
-    /// lossily, a numeric type as text, a traceparent), a skipped row reads
-    /// as a skip, and an unreadable row still names its id and token (its
-    /// fields are only taken once the whole row checked).
+    /// A row that does not decode is unreadable, and still names its id and
+    /// lease token (the job is leased to us: the caller dead-letters it);
+    /// a skipped row reads as a skip.
     #[test]
-    fn a_row_taken_reads_as_a_row_copied() {
-        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let mut row = claimed_row();
-        row[1] = Value::BulkString(b"j\xff1".to_vec());
-        row[3] = Value::Int(7);
-        row[5] = Value::BulkString(vec![0x81, 0xa1, b'x', 0x01]);
-        row.push(bulk(tp));
-        let ClaimRow::Claimed(d) = ClaimRow::take_or_unreadable("q", Value::Array(row)) else {
-            panic!("not claimed")
-        };
-        assert_eq!(
-            (d.id.as_str(), d.token.as_str(), d.job_type.as_str()),
-            ("j\u{fffd}1", "tok", "7")
-        );
-        assert_eq!(d.payload, vec![0x81, 0xa1, b'x', 0x01]);
-        assert_eq!(
-            (d.version, d.attempt, d.max_attempts, d.fence),
-            (2, 1, 5, 4)
-        );
-        assert_eq!(d.traceparent.as_deref(), Some(tp));
+    fn an_unreadable_row_keeps_its_id_and_token() {
         assert_eq!(
             ClaimRow::take_or_unreadable("q", Value::Array(vec![bulk("busy"), bulk("j2")])),
             ClaimRow::Skipped("j2".into(), Skip::Busy)
         );
-        let mut bad_type = claimed_row();
-        bad_type[3] = Value::BulkString(vec![0xff]);
-        let mut no_payload = claimed_row();
-        no_payload[5] = Value::Nil;
-        for row in [bad_type, no_payload] {
-            let ClaimRow::Unreadable(u) = ClaimRow::take_or_unreadable("q", Value::Array(row))
-            else {
+        let mut bad_type = claimed_fields();
+        bad_type[2] = vec![0xff];
+        let mut cut = claimed_fields();
+        cut.truncate(11);
+        for fields in [bad_type, cut] {
+            let ClaimRow::Unreadable(u) = ClaimRow::take_or_unreadable("q", packed(&fields)) else {
                 panic!("a row that does not decode is unreadable")
             };
             assert_eq!(u.id.as_ref().map(|j| j.as_str()), Some("j1"));
@@ -438,6 +603,15 @@ mod tests {
                 "the lease token is still read"
             );
         }
+        let ClaimRow::Unreadable(u) =
+            ClaimRow::take_or_unreadable("q", Value::Array(vec![bulk("what"), bulk("j4")]))
+        else {
+            panic!("an unknown outcome is unreadable")
+        };
+        assert_eq!(
+            (u.id.as_ref().map(|j| j.as_str()), u.token),
+            (Some("j4"), None)
+        );
     }
 }
 
@@ -591,6 +765,55 @@ mod fencing {
         let redelivered = taken.iter().find(|d| d.id == traced).unwrap();
         assert_eq!(redelivered.first_started_at_ms, first.delivered_at_ms);
         assert_eq!(redelivered.traceparent.as_deref(), Some(tp));
+    }
+
+    /// A claimed job reaches the worker as one reply value, whatever bytes
+    /// its fields hold: an id and a type with `:` and digits in them, a
+    /// payload with `:`, NUL and a length-like prefix, and a traceparent,
+    /// all read back whole. Fails when the script replies an array per job
+    /// (as before issue #12's packed row) or a field's bounds are misread.
+    #[tokio::test]
+    async fn a_claimed_row_is_one_reply_value_and_its_fields_read_back_whole() {
+        let (_server, mut conn) = crate::scripts::test_redis().await;
+        let keys = QueueKeys::new("packed");
+        let extra = traceparent_field();
+        let id = JobId::from("12:a:3:");
+        let payload: &[u8] = b"5:ab:\0\xff:9:";
+        let mut enqueue = Enqueue::test_job(&keys, &id, 7);
+        enqueue.job_type = "t:2:x";
+        enqueue.payload = payload;
+        enqueue.extra = &extra;
+        enqueue.run(&mut conn).await.unwrap();
+        let fetch = Fetch {
+            keys: &keys,
+            lease: Duration::from_secs(30),
+            token_base: "base",
+            count: 4,
+            first_try: false,
+        };
+        let reply = fetch.reply(&mut conn, "w1").await.unwrap();
+        let rows = crate::scripts::reply::array(&reply).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert!(
+            matches!(rows[0], redis::Value::BulkString(_)),
+            "one string per claimed job: {:?}",
+            rows[0]
+        );
+        let ClaimRow::Claimed(first) = ClaimRow::decode("packed", &rows[0]).unwrap() else {
+            panic!("not claimed: {rows:?}")
+        };
+        assert_eq!((&first.id, first.token.as_str()), (&id, "base:1"));
+        assert_eq!(
+            (first.job_type.as_str(), first.payload.as_slice()),
+            ("t:2:x", payload)
+        );
+        assert_eq!((first.attempt, first.max_attempts, first.fence), (1, 7, 1));
+        assert_eq!(first.traceparent.as_deref(), Some(TRACEPARENT));
+        assert_eq!(first.first_started_at_ms, first.delivered_at_ms);
+        // The retry of the same fetch reads the row back from the job hash.
+        let mut again = fetch_with(&mut conn, &keys, "base", 4).await;
+        again[0].claim_sent_at = first.claim_sent_at;
+        assert_eq!(again, vec![first]);
     }
 
     /// The fencing token grows with every delivery: a retry, and a replay

@@ -8,7 +8,8 @@
 --       7 worker name (optional: absent from older callers; kept in each claimed job's `worker`),
 --       8 '1' when this is the first try of a fresh token base, so no receipt can exist and
 --         it is not read (optional: absent or anything else, the receipt is read first)
--- Returns a list of claim rows (see claim() in the prelude), or 'paused'
+-- Returns a list of claim rows (see claim() in the prelude: a claimed row is
+-- one string, claimed_row()), or 'paused'
 -- (nothing moved; a retry of a fetch that already ran still gets its rows),
 -- or 'limited:<ms>' when a queue limit lets no job start for that long
 -- (docs/LIMITS.md; a job deferred for its rate key is a row {'deferred', id, run_at}).
@@ -66,7 +67,7 @@ if not lim and not fair then
     local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
       lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7], no_record, leased)
     out[i] = row
-    entries[i] = row[1] .. ':' .. id
+    entries[i] = row_tag(row) .. ':' .. id
   end
   lease_batch_add(KEYS[3], leased, now + lease_ms)
 else
@@ -82,9 +83,10 @@ else
     if not id then break end
     local row = limits_claim(lim, KEYS[10], KEYS[11], id, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
       ARGV[1], ARGV[2], lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7])
-    if row[1] ~= 'deferred' then taken = taken + 1 end
+    local tag = row_tag(row)
+    if tag ~= 'deferred' then taken = taken + 1 end
     out[i] = row
-    entries[i] = row[1] .. ':' .. id
+    entries[i] = tag .. ':' .. id
   end
 end
 if #entries > 0 then

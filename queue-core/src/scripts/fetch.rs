@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use redis::Value;
+
 use super::claim::ClaimRow;
 use super::reply;
 use super::{lua_script, LuaScript};
@@ -60,7 +62,28 @@ impl Fetch<'_> {
     ) -> Result<FetchReply> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
-        let reply = SCRIPT
+        let reply = self.reply(conn, worker).await?;
+        match reply::text(&reply).as_deref() {
+            Some("paused") => return Ok(FetchReply::Paused),
+            Some(t) if t.starts_with("limited:") => {
+                return crate::limits::decode_wait(&k.queue, t).map(FetchReply::Limited)
+            }
+            _ => {}
+        }
+        let rows = reply::into_array(reply).map_err(|other| {
+            QueueError::protocol(&k.queue, None, format!("fetch reply {other:?}"))
+        })?;
+        Ok(FetchReply::Rows(
+            rows.into_iter()
+                .map(|r| ClaimRow::take_or_unreadable(&k.queue, r).sent_at(sent_at))
+                .collect(),
+        ))
+    }
+
+    /// The script's reply as Redis sent it.
+    pub(super) async fn reply(&self, conn: &mut RedisConnection, worker: &str) -> Result<Value> {
+        let k = self.keys;
+        SCRIPT
             .call([
                 &k.main,
                 &k.processing,
@@ -83,22 +106,7 @@ impl Fetch<'_> {
             .arg(worker)
             .arg(if self.first_try { "1" } else { "0" })
             .run(conn, &k.queue, None)
-            .await?;
-        match reply::text(&reply).as_deref() {
-            Some("paused") => return Ok(FetchReply::Paused),
-            Some(t) if t.starts_with("limited:") => {
-                return crate::limits::decode_wait(&k.queue, t).map(FetchReply::Limited)
-            }
-            _ => {}
-        }
-        let rows = reply::into_array(reply).map_err(|other| {
-            QueueError::protocol(&k.queue, None, format!("fetch reply {other:?}"))
-        })?;
-        Ok(FetchReply::Rows(
-            rows.into_iter()
-                .map(|r| ClaimRow::take_or_unreadable(&k.queue, r).sent_at(sent_at))
-                .collect(),
-        ))
+            .await
     }
 }
 

@@ -179,21 +179,37 @@ end
 local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
   'fence', 'traceparent', 'expires_at', 'expires_after', 'first_started_at'}
 
--- The row of a claimed delivery: `row` is {'claimed', id, token, type, v,
--- payload, attempts, max_attempts, enqueued_at, delivered_at, fence}, and two
--- optional values follow only when they say something: the traceparent
--- (when the job has one, or as '' before a first_started_at) and
--- first_started_at (only on a redelivery: on the first one it is
--- delivered_at). Each reply value costs Redis ~0.8k instructions and the
--- worker a parse (issue #12). Decoded by `ClaimRow::decode` (claim.rs).
-local function claimed_row(row, traceparent, first_started_at)
-  if first_started_at and first_started_at ~= row[10] then
-    row[12] = traceparent or ''
-    row[13] = first_started_at
-  elseif traceparent and traceparent ~= '' then
-    row[12] = traceparent
-  end
-  return row
+-- The row of a claimed delivery, as the reply carries it: one string of
+-- twelve fields, each written as its length in decimal, ':' and its bytes
+-- (id, token, type, v, attempts, max_attempts, enqueued_at, delivered_at,
+-- fence, traceparent, first_started_at, payload). Every argument is a
+-- string. The traceparent is '' when the job has none, first_started_at ''
+-- on a first delivery (it is then delivered_at). One reply value per job
+-- instead of 11-13: each value cost Redis ~0.8k instructions to reply and the
+-- worker's RESP parser ~1.3k to read (issue #12). One concatenation, with
+-- the lengths' text from int_str's cache (no formatting for lengths under
+-- 1024). Every other row stays a table led by its tag (row_tag()). Decoded
+-- by `ClaimRow::decode_owned` (claim.rs).
+local function claimed_row(id, token, jtype, v, attempts, max, enqueued_at, delivered_at, fence,
+                           traceparent, first_started_at, payload)
+  if first_started_at == delivered_at then first_started_at = '' end
+  local n = small_strs
+  return (n[#id] or int_str(#id)) .. ':' .. id .. (n[#token] or int_str(#token)) .. ':' .. token
+    .. (n[#jtype] or int_str(#jtype)) .. ':' .. jtype .. (n[#v] or int_str(#v)) .. ':' .. v
+    .. (n[#attempts] or int_str(#attempts)) .. ':' .. attempts .. (n[#max] or int_str(#max)) .. ':' .. max
+    .. (n[#enqueued_at] or int_str(#enqueued_at)) .. ':' .. enqueued_at
+    .. (n[#delivered_at] or int_str(#delivered_at)) .. ':' .. delivered_at
+    .. (n[#fence] or int_str(#fence)) .. ':' .. fence
+    .. (n[#traceparent] or int_str(#traceparent)) .. ':' .. traceparent
+    .. (n[#first_started_at] or int_str(#first_started_at)) .. ':' .. first_started_at
+    .. (n[#payload] or int_str(#payload)) .. ':' .. payload
+end
+
+-- The outcome of a claim row: 'claimed' for a claimed delivery (a string),
+-- else the tag that leads the row's table.
+local function row_tag(row)
+  if type(row) == 'string' then return 'claimed' end
+  return row[1]
 end
 
 -- The claim row of a delivery already made with `token` (a retry whose first
@@ -203,8 +219,9 @@ local function same_claim(id, token, h, jobkey)
   if h[1] ~= 'active' then return nil end
   local d = redis.call('HMGET', jobkey, 'token', 'delivered_at')
   if d[1] ~= token then return nil end
-  return claimed_row({'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', h[5] or '0', h[6] or '1',
-    h[7] or '0', d[2] or '0', h[8] or '0'}, h[9], h[12])
+  local delivered_at = d[2] or '0'
+  return claimed_row(id, token, h[2] or '', h[3] or '0', h[5] or '0', h[6] or '1', h[7] or '0', delivered_at,
+    h[8] or '0', h[9] or '', h[12] or delivered_at, h[4] or '')
 end
 
 -- Writes the completion record of a cancelled job (status `cancelled`, kept
@@ -297,17 +314,18 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   attempts = attempts + 1
   fence = fence + 1
   local lease_until = now + lease_ms
+  local attempts_s, now_s, fence_s = int_str(attempts), int_str(now), int_str(fence)
   if lease_batch then
     lease_batch[#lease_batch + 1] = id
   else
     redis.call('ZADD', leases, int_str(lease_until), id)
   end
-  redis.call('HSET', jobkey, 'state', 'active', 'attempts', int_str(attempts), 'delivered_at', int_str(now),
-    'token', token, 'lease_until', int_str(lease_until), 'fence', int_str(fence), 'worker', worker or '',
-    'first_started_at', h[12] or int_str(now))
+  redis.call('HSET', jobkey, 'state', 'active', 'attempts', attempts_s, 'delivered_at', now_s,
+    'token', token, 'lease_until', int_str(lease_until), 'fence', fence_s, 'worker', worker or '',
+    'first_started_at', h[12] or now_s)
   ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
-  return claimed_row({'claimed', id, token, h[2] or '', h[3] or '0', h[4] or '', attempts, max,
-    h[7] or '0', now, fence}, h[9], h[12])
+  return claimed_row(id, token, h[2] or '', h[3] or '0', attempts_s, int_str(max), h[7] or '0', now_s,
+    fence_s, h[9] or '', h[12] or now_s, h[4] or '')
 end
 
 -- The leases of a fetch batch's claimed ids (`claim(..., lease_batch)`), all
@@ -557,7 +575,7 @@ local function limits_claim(lim, delayed, wake, id, processing, leases, dead, st
   end
   local row = claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token,
     now, worker)
-  if lim and row[1] == 'claimed' then limits_started(lim, k, id, token, row[11], now) end
+  if lim and row_tag(row) == 'claimed' then limits_started(lim, k, id, token, now + lease_ms, now) end
   return row
 end
 

@@ -18,44 +18,6 @@ pub(crate) fn text(v: &Value) -> Option<String> {
     }
 }
 
-/// `Some` when [`text`] reads `v` (checked without a copy).
-pub(crate) fn is_text(v: &Value) -> Option<()> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok().map(drop),
-        Value::SimpleString(_) | Value::Int(_) | Value::Okay => Some(()),
-        _ => None,
-    }
-}
-
-/// `Some` when [`bytes`] reads `v` (checked without a copy).
-pub(crate) fn is_bytes(v: &Value) -> Option<()> {
-    matches!(v, Value::BulkString(_) | Value::SimpleString(_)).then_some(())
-}
-
-/// What [`text`] reads, moved out of `v` (left nil) instead of copied; bytes
-/// that are not UTF-8 are replaced (as a job id is read), and anything
-/// [`text`] refuses gives an empty string: check with [`is_text`] first.
-pub(crate) fn take_text(v: &mut Value) -> String {
-    match std::mem::replace(v, Value::Nil) {
-        Value::BulkString(b) => String::from_utf8(b)
-            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-        Value::SimpleString(s) => s,
-        Value::Int(i) => i.to_string(),
-        Value::Okay => "OK".to_string(),
-        _ => String::new(),
-    }
-}
-
-/// What [`bytes`] reads, moved out of `v` (left nil) instead of copied;
-/// empty for anything else: check with [`is_bytes`] first.
-pub(crate) fn take_bytes(v: &mut Value) -> Vec<u8> {
-    match std::mem::replace(v, Value::Nil) {
-        Value::BulkString(b) => b,
-        Value::SimpleString(s) => s.into_bytes(),
-        _ => Vec::new(),
-    }
-}
-
 /// Raw bytes of a string reply.
 pub(crate) fn bytes(v: &Value) -> Option<Vec<u8>> {
     match v {
@@ -155,13 +117,6 @@ impl<'v> Fields<'v> {
             .ok_or_else(|| self.error(format_args!("field {i} ({name}) missing or malformed")))
     }
 
-    /// Field `i` read by `read`, or `None` when the reply has no such field
-    /// or `read` refuses it: for optional trailing fields. Builds no error
-    /// (an error formats the whole reply, far dearer than the read).
-    pub(crate) fn optional<T>(&self, i: usize, read: impl Fn(&Value) -> Option<T>) -> Option<T> {
-        self.items.get(i).and_then(read)
-    }
-
     /// Field `i` as text.
     pub(crate) fn text(&self, i: usize, name: &str) -> Result<String> {
         self.field(i, name, text)
@@ -175,11 +130,6 @@ impl<'v> Fields<'v> {
     /// Field `i` as an integer.
     pub(crate) fn int(&self, i: usize, name: &str) -> Result<i64> {
         self.field(i, name, int)
-    }
-
-    /// Field `i` as a non-negative integer that fits a `u32`.
-    pub(crate) fn u32(&self, i: usize, name: &str) -> Result<u32> {
-        self.field(i, name, |v| u32::try_from(int(v)?).ok())
     }
 
     /// Field `i` as a non-negative integer.
