@@ -239,6 +239,19 @@ impl From<&JobId> for JobId {
 pub(crate) use crate::context::ContextInner;
 pub use crate::context::JobContext;
 
+/// A job's arguments as its payload: MessagePack with field names (DESIGN
+/// rule 9). Written into a buffer of 128 bytes to start with, which holds
+/// most payloads whole: `rmp_serde::to_vec_named` starts from an empty
+/// buffer and grows it four or five times for a small payload (about a
+/// tenth of a producer's instructions per enqueue, issue #12).
+pub(crate) fn encode_payload<T: Serialize + ?Sized>(
+    args: &T,
+) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    let mut payload = Vec::with_capacity(128);
+    rmp_serde::encode::write_named(&mut payload, args)?;
+    Ok(payload)
+}
+
 /// A random UUID v4 as text, from the thread-local generator (`rand`'s
 /// `ThreadRng`, seeded from the OS once per thread) instead of one
 /// `getrandom` system call per id as `Uuid::new_v4` makes: job ids and
@@ -249,4 +262,33 @@ pub(crate) fn random_uuid() -> String {
         .into_uuid()
         .hyphenated()
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    /// The payload is the bytes `rmp_serde::to_vec_named` writes: a small
+    /// struct, one larger than the first buffer, and a map.
+    #[test]
+    fn encode_payload_writes_what_to_vec_named_writes() {
+        #[derive(serde::Serialize)]
+        struct Args {
+            seq: u64,
+            pad: String,
+        }
+        for pad in [0, 200] {
+            let args = Args {
+                seq: 7,
+                pad: "x".repeat(pad),
+            };
+            let ours = super::encode_payload(&args).unwrap();
+            assert_eq!(ours, rmp_serde::to_vec_named(&args).unwrap(), "pad {pad}");
+        }
+        let map: BTreeMap<u32, &str> = [(1, "a")].into();
+        assert_eq!(
+            super::encode_payload(&map).unwrap(),
+            rmp_serde::to_vec_named(&map).unwrap()
+        );
+    }
 }

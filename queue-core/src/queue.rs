@@ -213,7 +213,7 @@ impl Queue {
         opts: EnqueueOptions,
         args: &J::Args,
     ) -> Result<Enqueued> {
-        let payload = rmp_serde::to_vec_named(args).map_err(|source| QueueError::Encode {
+        let payload = crate::job::encode_payload(args).map_err(|source| QueueError::Encode {
             queue: J::QUEUE.to_string(),
             job_type: J::NAME.to_string(),
             job_id: opts.id.clone(),
@@ -311,12 +311,13 @@ impl Queue {
     {
         let mut items = Vec::new();
         for (opts, args) in jobs {
-            let payload = rmp_serde::to_vec_named(args).map_err(|source| QueueError::Encode {
-                queue: J::QUEUE.to_string(),
-                job_type: J::NAME.to_string(),
-                job_id: opts.id.clone(),
-                source,
-            })?;
+            let payload =
+                crate::job::encode_payload(args).map_err(|source| QueueError::Encode {
+                    queue: J::QUEUE.to_string(),
+                    job_type: J::NAME.to_string(),
+                    job_id: opts.id.clone(),
+                    source,
+                })?;
             items.push((crate::limits::with_rate_key::<J>(opts, args), payload));
         }
         self.enqueue_raw_batch(J::QUEUE, J::NAME, J::SCHEMA_VERSION, J::MAX_ATTEMPTS, items)

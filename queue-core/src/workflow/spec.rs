@@ -36,7 +36,7 @@ pub struct JobSpec {
 impl JobSpec {
     /// The job `J` with `args` (encoded now: an encoding error is returned here).
     pub fn new<J: Job>(args: &J::Args) -> Result<JobSpec> {
-        let payload = rmp_serde::to_vec_named(args).map_err(|source| QueueError::Encode {
+        let payload = crate::job::encode_payload(args).map_err(|source| QueueError::Encode {
             queue: J::QUEUE.to_string(),
             job_type: J::NAME.to_string(),
             job_id: None,
