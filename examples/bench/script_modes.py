@@ -153,13 +153,13 @@ def main():
                         Q + "fetch:" + base, Q + "paused", Q + "limits", Q + "delayed", Q + "wake"]
                 rows = call(mode, "fetch", keys, [Q + "job:", Q + "done:", "300000", base, str(a.batch),
                                                   "150000", "bench-worker"])
-                items += [(row[1], row[2]) for row in rows]
+                items += [d for d in map(claimed_delivery, rows) if d]
             fetch_us = usec(mode) / len(items)
             r.config_resetstat()
             for c in range(0, len(items), a.batch):
-                args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:", "hash"]
-                for job_id, token in items[c:c + a.batch]:
-                    args += [job_id, token, ""]
+                args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:", "hash", "bench-worker"]
+                for job_id, token, attempts, jtype, enqueued_at, delivered_at in items[c:c + a.batch]:
+                    args += [job_id, token, "", attempts, jtype, enqueued_at, delivered_at]
                 call(mode, "ack", [Q + "processing", Q + "leases", Q + "stats", Q + "guard"], args)
             return fetch_us, usec(mode) / len(items)
 

@@ -144,8 +144,9 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                         inv.arg(id).arg(token).arg("").arg(record);
                     }
                     async move {
-                        let codes: Vec<i64> = inv.invoke_async(&mut c).await?;
-                        match codes.iter().all(|&code| code == 1) {
+                        // One digit per delivery (ack.lua), 1: acked.
+                        let codes: Vec<u8> = inv.invoke_async(&mut c).await?;
+                        match codes.iter().all(|&code| code == b'1') {
                             true => Ok(()),
                             false => Err(crate::BoxError::from(format!("ack codes {codes:?}"))),
                         }

@@ -14,9 +14,12 @@
 -- The record's delivery fields come from the caller instead of the job hash: the token check
 -- proves the delivery is the one claimed, and none of them changes while it runs. Reading
 -- them cost a field read each, ~9% of this script per job (issue #12).
--- Returns one code per delivery, in order: 1 acked now; 2 already acked by this same token (a
--- retried call whose first reply was lost: the completion record carries the token); 0 lease
--- lost; 3 the job hash is unreadable (wrong type): nothing written for it.
+-- Returns one code per delivery, in order, as one string of digits (one reply value per call
+-- instead of one per job: each costs Redis a reply value and the worker a parse, issue #12):
+-- 1 acked now; 2 already acked by this same token (a retried call whose first reply was lost:
+-- the completion record carries the token); 0 lease lost; 3 the job hash is unreadable (wrong
+-- type): nothing written for it; 4 acked now, and the job's batch is on another queue (a relay
+-- notice was written).
 local retention = tonumber(ARGV[4])
 if not retention or retention < 0 or retention ~= math.floor(retention) then
   return redis.error_reply('ack: retention_ms must be a non-negative integer, got ' .. tostring(ARGV[4]))
@@ -77,12 +80,12 @@ for n, h in ipairs(fields) do
   local i = 1 + 7 * n
   local id, token, result = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if h == false then
-    out[n] = 3
+    out[n] = '3'
   elseif h == 0 then
     if retention > 0 and record_field(ARGV[2] .. id, 'token') == token then
-      out[n] = 2
+      out[n] = '2'
     else
-      out[n] = 0
+      out[n] = '0'
     end
   else
     local attempts, jtype, enqueued_at, delivered_at, worker
@@ -124,8 +127,8 @@ for n, h in ipairs(fields) do
     acked[#acked + 1] = id
     if h[4] then hist_close(KEYS[3], id, retention) end
     ev(KEYS[3], 'completed', id, now, 'attempt', attempts)
-    out[n] = 1
-    if h[3] and wf_member_finished(h[3], id, 'succeeded', result, now, KEYS[3]) then out[n] = 4 end
+    out[n] = '1'
+    if h[3] and wf_member_finished(h[3], id, 'succeeded', result, now, KEYS[3]) then out[n] = '4' end
   end
 end
 
@@ -158,4 +161,4 @@ if #acked > 0 then
   local minute_key = ARGV[5] .. int_str(math.floor(tonumber(t[1]) / 60))
   if redis.pcall('INCRBY', minute_key, int_str(#acked)) == #acked then redis.pcall('PEXPIRE', minute_key, '180000') end
 end
-return out
+return table.concat(out)

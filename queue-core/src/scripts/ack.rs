@@ -8,7 +8,6 @@
 
 use std::time::Duration;
 
-use super::reply;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
@@ -143,18 +142,23 @@ impl Ack<'_> {
         self.decode(&reply)
     }
 
-    /// One [`AckReply`] per item; a reply of another length or an unknown
-    /// code is a protocol error naming the queue (and the job).
+    /// One [`AckReply`] per item, from the script's string of one digit per
+    /// delivery; a reply of another kind or length, or an unknown code, is a
+    /// protocol error naming the queue (and the job).
     fn decode(&self, reply: &redis::Value) -> Result<Vec<AckReply>> {
         let queue = &self.keys.queue;
         let first = self.items.first().map(|i| &i.id);
-        let codes = reply::array(reply).ok_or_else(|| {
-            QueueError::protocol(
-                queue,
-                first,
-                format!("ack reply is not an array: {reply:?}"),
-            )
-        })?;
+        let codes: &[u8] = match reply {
+            redis::Value::BulkString(b) => b,
+            redis::Value::SimpleString(s) => s.as_bytes(),
+            other => {
+                return Err(QueueError::protocol(
+                    queue,
+                    first,
+                    format!("ack reply is not a string of codes: {other:?}"),
+                ))
+            }
+        };
         if codes.len() != self.items.len() {
             return Err(QueueError::protocol(
                 queue,
@@ -172,23 +176,21 @@ impl Ack<'_> {
         let out: Result<Vec<AckReply>> = codes
             .iter()
             .zip(self.items)
-            .map(
-                |(code, item)| match reply::integer(queue, Some(&item.id), "ack reply", code)? {
-                    1 => Ok(AckReply::Completed),
-                    4 => {
-                        noted = true;
-                        Ok(AckReply::Completed)
-                    }
-                    2 => Ok(AckReply::AlreadyCompleted),
-                    0 => Ok(AckReply::LeaseLost),
-                    3 => Ok(AckReply::Unreadable),
-                    n => Err(QueueError::protocol(
-                        queue,
-                        Some(&item.id),
-                        format!("ack reply: unknown code {n}"),
-                    )),
-                },
-            )
+            .map(|(code, item)| match code {
+                b'1' => Ok(AckReply::Completed),
+                b'4' => {
+                    noted = true;
+                    Ok(AckReply::Completed)
+                }
+                b'2' => Ok(AckReply::AlreadyCompleted),
+                b'0' => Ok(AckReply::LeaseLost),
+                b'3' => Ok(AckReply::Unreadable),
+                n => Err(QueueError::protocol(
+                    queue,
+                    Some(&item.id),
+                    format!("ack reply: unknown code {:?}", char::from(*n)),
+                )),
+            })
             .collect();
         if noted {
             crate::workflow::relay::hint(queue);
@@ -218,6 +220,64 @@ mod tests {
             ..ConnectionConfig::default()
         };
         connect(url, &cfg).await.unwrap()
+    }
+
+    /// A delivery as a claim would answer it, without Redis.
+    fn delivery(id: &str) -> Delivery {
+        Delivery {
+            id: JobId::from(id),
+            token: format!("tok-{id}"),
+            job_type: "t".into(),
+            version: 1,
+            payload: Vec::new(),
+            attempt: 1,
+            max_attempts: 3,
+            enqueued_at_ms: 100,
+            delivered_at_ms: 200,
+            fence: 1,
+            first_started_at_ms: 200,
+            claim_sent_at: tokio::time::Instant::now(),
+            traceparent: None,
+        }
+    }
+
+    /// The reply is one digit per delivery, in order; a reply of another
+    /// length or kind, or an unknown digit, is a protocol error naming the
+    /// queue and the job.
+    #[tokio::test]
+    async fn the_reply_is_one_code_per_delivery() {
+        let keys = QueueKeys::new("codes");
+        let items: Vec<AckItem> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|id| AckItem::of(&delivery(id), None))
+            .collect();
+        let ack = Ack {
+            keys: &keys,
+            worker: "w",
+            items: &items,
+            retention: RETENTION,
+            compact: false,
+        };
+        let codes = ack.decode(&Value::BulkString(b"12034".to_vec())).unwrap();
+        assert_eq!(
+            codes,
+            [
+                AckReply::Completed,
+                AckReply::AlreadyCompleted,
+                AckReply::LeaseLost,
+                AckReply::Unreadable,
+                AckReply::Completed,
+            ]
+        );
+        let err = |reply: Value| ack.decode(&reply).unwrap_err();
+        let e = err(Value::BulkString(b"1203".to_vec()));
+        assert!(e.to_string().contains("4 codes for 5"), "{e}");
+        let e = err(Value::BulkString(b"12x34".to_vec()));
+        assert!(e.to_string().contains("unknown code 'x'"), "{e}");
+        assert_eq!(e.job_id().map(|j| j.as_str()), Some("c"));
+        assert_eq!(e.queue(), Some("codes"));
+        let e = err(Value::Array(vec![Value::Int(1); 5]));
+        assert!(e.to_string().contains("not a string of codes"), "{e}");
     }
 
     /// Enqueues `id` and claims it: the delivery to acknowledge.
@@ -819,7 +879,7 @@ mod tests {
             .run(&mut c, &keys.queue, Some(&d.id))
             .await
             .unwrap();
-        assert_eq!(reply, Value::Array(vec![Value::Int(1)]));
+        assert_eq!(reply, Value::BulkString(b"1".to_vec()));
         let rec: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(keys.done("bad"))
             .arg(&["attempts", "type", "enqueued_at", "worker"])
