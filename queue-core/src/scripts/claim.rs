@@ -1,9 +1,11 @@
 //! `claim.lua` and the claim row: the claim after a blocking `BLMOVE` (which
 //! cannot run in a script, DESIGN rule 4), and the decoding of the rows that
 //! `claim()` in `prelude.lua` returns, for this script and for `fetch.lua`.
-//! A claim retried with the same token answers the same row (a lost reply
-//! never turns into `busy`); a row that does not decode is
-//! [`ClaimRow::Unreadable`], on its own.
+//! A claimed row is one string (`claimed_row` in the prelude: each field its
+//! decimal length, `:` and its bytes, read by [`Packed`]), any other
+//! outcome a short array led by its tag. A claim retried with the same
+//! token answers the same row (a lost reply never turns into `busy`); a row
+//! that does not decode is [`ClaimRow::Unreadable`], on its own.
 
 use std::time::Duration;
 
