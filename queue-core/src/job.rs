@@ -244,12 +244,24 @@ pub use crate::context::JobContext;
 /// most payloads whole: `rmp_serde::to_vec_named` starts from an empty
 /// buffer and grows it four or five times for a small payload (about a
 /// tenth of a producer's instructions per enqueue, issue #12).
-pub(crate) fn encode_payload<T: Serialize + ?Sized>(
-    args: &T,
-) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+fn encode_payload<T: Serialize + ?Sized>(args: &T) -> Result<Vec<u8>, rmp_serde::encode::Error> {
     let mut payload = Vec::with_capacity(128);
     rmp_serde::encode::write_named(&mut payload, args)?;
     Ok(payload)
+}
+
+/// [`encode_payload`] of job `J`'s arguments; an encoding error names the
+/// queue, the job type and the job (`id`, when the caller has one).
+pub(crate) fn encode_args<J: Job>(
+    args: &J::Args,
+    id: Option<&JobId>,
+) -> crate::error::Result<Vec<u8>> {
+    encode_payload(args).map_err(|source| crate::error::QueueError::Encode {
+        queue: J::QUEUE.to_string(),
+        job_type: J::NAME.to_string(),
+        job_id: id.cloned(),
+        source,
+    })
 }
 
 /// A random UUID v4 as text, from the thread-local generator (`rand`'s

@@ -213,12 +213,7 @@ impl Queue {
         opts: EnqueueOptions,
         args: &J::Args,
     ) -> Result<Enqueued> {
-        let payload = crate::job::encode_payload(args).map_err(|source| QueueError::Encode {
-            queue: J::QUEUE.to_string(),
-            job_type: J::NAME.to_string(),
-            job_id: opts.id.clone(),
-            source,
-        })?;
+        let payload = crate::job::encode_args::<J>(args, opts.id.as_ref())?;
         let max_attempts = opts.max_attempts.unwrap_or(J::MAX_ATTEMPTS);
         let opts = crate::limits::with_rate_key::<J>(opts, args);
         self.enqueue_raw(
@@ -311,13 +306,7 @@ impl Queue {
     {
         let mut items = Vec::new();
         for (opts, args) in jobs {
-            let payload =
-                crate::job::encode_payload(args).map_err(|source| QueueError::Encode {
-                    queue: J::QUEUE.to_string(),
-                    job_type: J::NAME.to_string(),
-                    job_id: opts.id.clone(),
-                    source,
-                })?;
+            let payload = crate::job::encode_args::<J>(args, opts.id.as_ref())?;
             items.push((crate::limits::with_rate_key::<J>(opts, args), payload));
         }
         self.enqueue_raw_batch(J::QUEUE, J::NAME, J::SCHEMA_VERSION, J::MAX_ATTEMPTS, items)

@@ -72,7 +72,7 @@ impl Claim<'_> {
             .invoke(conn)
             .await
             .map_err(|e| {
-                let id = JobId::from(String::from_utf8_lossy(self.id).into_owned());
+                let id = JobId::from(lossy(self.id));
                 QueueError::redis(&k.queue, Some(&id), e)
             })?;
         ClaimRow::decode_owned(&k.queue, &mut reply).map(|row| row.sent_at(sent_at))
@@ -135,10 +135,14 @@ impl<'a> Packed<'a> {
     fn new(buf: &'a [u8]) -> Self {
         Packed { buf, at: 0 }
     }
+}
+
+impl Iterator for Packed<'_> {
+    type Item = std::ops::Range<usize>;
 
     /// The next field, or `None` when the row ends or its length does not
     /// read or fit.
-    fn next(&mut self) -> Option<std::ops::Range<usize>> {
+    fn next(&mut self) -> Option<Self::Item> {
         let mut len: usize = 0;
         let mut at = self.at;
         loop {
@@ -161,6 +165,11 @@ impl<'a> Packed<'a> {
 /// Bytes as text, invalid UTF-8 replaced (as a job id is read everywhere).
 fn lossy(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
+}
+
+/// The id of a claimed row, its first field, when that field reads.
+fn packed_id(packed: &[u8]) -> Option<String> {
+    Packed::new(packed).next().map(|r| lossy(&packed[r]))
 }
 
 /// A decimal integer as `str::parse::<i64>` reads one (an optional sign,
@@ -197,9 +206,7 @@ impl Delivery {
     fn unpack(queue: &str, buf: Vec<u8>) -> std::result::Result<Self, (Vec<u8>, QueueError)> {
         // Only on the error path: the message names the job when its id reads.
         let refuse = |buf: Vec<u8>, detail: String| {
-            let id = Packed::new(&buf)
-                .next()
-                .map(|r| JobId::from(lossy(&buf[r])));
+            let id = packed_id(&buf).map(JobId::from);
             let shown = String::from_utf8_lossy(&buf[..buf.len().min(256)]).into_owned();
             let e =
                 QueueError::protocol(queue, id.as_ref(), format!("claim row {detail}: {shown:?}"));
@@ -342,12 +349,10 @@ impl ClaimRow {
     fn unreadable(reply: &Value, e: &QueueError) -> Self {
         let (id, token) = match reply {
             Value::BulkString(packed) => {
-                let mut fields = Packed::new(packed);
-                let id = fields.next().map(|r| lossy(&packed[r]));
-                let token = fields
-                    .next()
+                let token = Packed::new(packed)
+                    .nth(1)
                     .and_then(|r| std::str::from_utf8(&packed[r]).ok().map(str::to_string));
-                (id, token)
+                (packed_id(packed), token)
             }
             _ => {
                 let items = super::reply::array(reply).unwrap_or_default();
@@ -397,10 +402,9 @@ impl ClaimRow {
 
     /// A row that is not a claimed delivery (an array led by its tag).
     fn decode_other(queue: &str, reply: &Value) -> Result<Self> {
-        let f = Fields::new(queue, None, "claim row", reply)?;
+        let mut f = Fields::new(queue, None, "claim row", reply)?;
         let tag = f.tag_str()?;
         let id = JobId::from(lossy(&f.bytes(1, "id")?));
-        let mut f = f;
         f.set_job_id(&id);
         let skip = match tag {
             "corrupt" => return Ok(ClaimRow::Corrupt(id, f.text(2, "reason")?)),

@@ -2,7 +2,7 @@
 //! a member, a callback or a flow's parent.
 
 use crate::enqueue_options::EnqueueOptions;
-use crate::error::{QueueError, Result};
+use crate::error::Result;
 use crate::job::{Job, JobId};
 
 /// A job to enqueue as part of a [`Batch`](crate::Batch) or
@@ -36,12 +36,7 @@ pub struct JobSpec {
 impl JobSpec {
     /// The job `J` with `args` (encoded now: an encoding error is returned here).
     pub fn new<J: Job>(args: &J::Args) -> Result<JobSpec> {
-        let payload = crate::job::encode_payload(args).map_err(|source| QueueError::Encode {
-            queue: J::QUEUE.to_string(),
-            job_type: J::NAME.to_string(),
-            job_id: None,
-            source,
-        })?;
+        let payload = crate::job::encode_args::<J>(args, None)?;
         Ok(Self::raw(
             J::QUEUE,
             J::NAME,
