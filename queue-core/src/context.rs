@@ -4,6 +4,7 @@
 //! delivery's token (DESIGN rules 3 and 7, docs/DESIGN.md).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -23,7 +24,9 @@ pub struct JobContext {
 
 pub(crate) struct ContextInner {
     pub(crate) job_id: JobId,
-    pub(crate) queue: String,
+    /// The delivery's queue and its keys (shared with the worker: no copy
+    /// of the name per job, issue #12).
+    pub(crate) keys: Arc<crate::keys::QueueKeys>,
     pub(crate) job_type: String,
     pub(crate) attempt: u32,
     pub(crate) max_attempts: u32,
@@ -39,14 +42,56 @@ pub(crate) struct ContextInner {
     /// text, or the MessagePack of the handler's value ([`JobContext::set_output`]).
     pub(crate) result_ref: std::sync::Mutex<Option<Vec<u8>>>,
     /// Set by the heartbeat when an operator asked to cancel the job.
-    pub(crate) cancel: tokio::sync::watch::Sender<bool>,
+    pub(crate) cancel: CancelFlag,
+}
+
+/// An operator's cancel request for one delivery: set by the heartbeat
+/// (worker/heartbeat.rs), read by the handler. A flag and a `Notify` rather
+/// than a `watch` channel: a watch sender wakes its eight waiter lists when
+/// it is dropped, ~420 instructions for every job, cancelled or not (issue
+/// #12).
+#[derive(Debug, Default)]
+pub(crate) struct CancelFlag {
+    set: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl CancelFlag {
+    /// Marks the delivery cancelled and wakes its waiters; true when it
+    /// already was.
+    pub(crate) fn set(&self) -> bool {
+        let was = self.set.swap(true, Ordering::AcqRel);
+        if !was {
+            self.changed.notify_waiters();
+        }
+        was
+    }
+
+    /// Whether the delivery was cancelled.
+    pub(crate) fn is_set(&self) -> bool {
+        self.set.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the delivery is cancelled. The waiter is registered
+    /// before the flag is read, so a `set` between the two is not missed.
+    pub(crate) async fn wait(&self) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 impl fmt::Debug for JobContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobContext")
             .field("job_id", &self.inner.job_id)
-            .field("queue", &self.inner.queue)
+            .field("queue", &self.inner.keys.queue)
             .field("job_type", &self.inner.job_type)
             .field("attempt", &self.inner.attempt)
             .field("max_attempts", &self.inner.max_attempts)
@@ -66,7 +111,7 @@ impl JobContext {
         JobContext {
             inner: Arc::new(ContextInner {
                 job_id: job_id.into(),
-                queue: queue.to_string(),
+                keys: Arc::new(crate::keys::QueueKeys::new(queue)),
                 job_type: "test".to_string(),
                 attempt,
                 max_attempts: attempt.max(1),
@@ -77,7 +122,7 @@ impl JobContext {
                 lease: crate::lease_clock::LeaseClock::unbounded(),
                 conn: None,
                 result_ref: std::sync::Mutex::new(None),
-                cancel: tokio::sync::watch::Sender::new(false),
+                cancel: CancelFlag::default(),
             }),
         }
     }
@@ -89,7 +134,7 @@ impl JobContext {
 
     /// The queue the job came from.
     pub fn queue(&self) -> &str {
-        &self.inner.queue
+        &self.inner.keys.queue
     }
 
     /// The job type name.
@@ -170,7 +215,7 @@ impl JobContext {
     /// A key that is the same on every delivery of this job: pass it to external
     /// APIs that deduplicate requests (`Idempotency-Key` headers).
     pub fn idempotency_key(&self) -> String {
-        format!("{}:{}", self.inner.queue, self.inner.job_id)
+        format!("{}:{}", self.inner.keys.queue, self.inner.job_id)
     }
 
     /// True once this delivery may no longer own its job, so another worker
@@ -199,7 +244,7 @@ impl JobContext {
     /// stops and returns an error: the job then ends cancelled, never retried
     /// nor dead-lettered. (A handler that returns `Ok` completes as usual.)
     pub fn cancelled(&self) -> bool {
-        *self.inner.cancel.borrow()
+        self.inner.cancel.is_set()
     }
 
     /// Resolves once an operator asked to cancel this job (seen at the next
@@ -218,15 +263,13 @@ impl JobContext {
     /// # }
     /// ```
     pub async fn until_cancelled(&self) {
-        let mut rx = self.inner.cancel.subscribe();
-        // The sender lives as long as this context, so this never errors.
-        let _ = rx.wait_for(|cancelled| *cancelled).await;
+        self.inner.cancel.wait().await
     }
 
     /// An idempotency key for one named step of this job, e.g. for a second
     /// external call in the same handler: `"<queue>:<job id>:<step>"`.
     pub fn step_key(&self, step: &str) -> String {
-        format!("{}:{}:{}", self.inner.queue, self.inner.job_id, step)
+        format!("{}:{}:{}", self.inner.keys.queue, self.inner.job_id, step)
     }
 
     /// Records a reference to the job's result (an invoice number, a storage
@@ -272,9 +315,9 @@ impl JobContext {
         let Some(conn) = &self.inner.conn else {
             return Ok(());
         };
-        let keys = crate::keys::QueueKeys::new(&self.inner.queue);
+        let keys = &*self.inner.keys;
         let stored = crate::scripts::progress::Progress {
-            keys: &keys,
+            keys,
             id: &self.inner.job_id,
             token: &self.inner.token,
             done,
@@ -330,7 +373,7 @@ impl JobContext {
             return f().await;
         };
         let mut conn = conn.clone();
-        let keys = crate::keys::QueueKeys::new(&self.inner.queue);
+        let keys = &*self.inner.keys;
         let key = keys.steps(self.inner.job_id.as_str());
         let stored: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(&key)
@@ -351,7 +394,7 @@ impl JobContext {
             JobError::permanent(format!("result of step `{name}` does not encode: {e}"))
         })?;
         let record = crate::scripts::step_record::StepRecord {
-            keys: &keys,
+            keys,
             id: &self.inner.job_id,
             token: &self.inner.token,
             name,
@@ -392,5 +435,38 @@ impl JobContext {
         crate::Lock::acquire(conn.clone(), name, options)
             .await
             .map_err(JobError::retryable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::CancelFlag;
+
+    /// A handler waiting on the flag wakes when the heartbeat sets it; one
+    /// that looks after it was set does not wait; setting it twice reports
+    /// the first.
+    #[tokio::test]
+    async fn a_cancel_reaches_a_waiter_registered_before_or_after_it() {
+        let flag = Arc::new(CancelFlag::default());
+        assert!(!flag.is_set());
+        let waiter = tokio::spawn({
+            let flag = flag.clone();
+            async move { flag.wait().await }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "no cancel yet");
+        assert!(!flag.set(), "the first set");
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter wakes")
+            .unwrap();
+        assert!(flag.is_set());
+        assert!(flag.set(), "already set");
+        tokio::time::timeout(Duration::from_secs(5), flag.wait())
+            .await
+            .expect("a wait after the set returns at once");
     }
 }

@@ -88,8 +88,11 @@ fn count(key: &Key, n: u64) {
 /// set stays bounded whatever the payloads say (issue #11, item 8).
 #[derive(Debug, Default)]
 pub(crate) struct LabelCache {
-    by_queue: HashMap<String, (HashMap<String, JobLabels>, JobLabels)>,
+    by_queue: Map<String, (Map<String, JobLabels>, JobLabels)>,
 }
+
+/// foldhash instead of SipHash: two lookups per job (issue #12).
+type Map<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 impl LabelCache {
     /// Labels for the registered `(queue, job type)` pairs.
@@ -99,7 +102,7 @@ impl LabelCache {
             let (types, _) = cache
                 .by_queue
                 .entry(queue.to_string())
-                .or_insert_with(|| (HashMap::new(), JobLabels::new(queue, "unknown")));
+                .or_insert_with(|| (Map::default(), JobLabels::new(queue, "unknown")));
             types.insert(job_type.to_string(), JobLabels::new(queue, job_type));
         }
         cache

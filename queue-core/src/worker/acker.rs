@@ -69,21 +69,42 @@ pub(super) struct AckSender {
 }
 
 impl AckSender {
+    /// Queues an ack when the channel has room, without a future: a pending
+    /// send holds the request inside the runner's future, which is copied
+    /// several times per job (~1 KB of its ~2.8 KB, issue #12). Gives the
+    /// request back when the acker is `capacity` acks behind, for
+    /// [`send`](Self::send).
+    pub(super) fn try_send(&self, req: AckRequest) -> Option<AckRequest> {
+        match self.tx.try_send(req) {
+            Ok(()) => self.counted(),
+            Err(mpsc::error::TrySendError::Full(req)) => return Some(req),
+            Err(mpsc::error::TrySendError::Closed(req)) => gone(&req),
+        }
+        None
+    }
+
     /// Queues an ack; waits only while the acker is `capacity` acks behind.
     pub(super) async fn send(&self, req: AckRequest) {
-        if let Err(mpsc::error::SendError(req)) = self.tx.send(req).await {
-            // Only after the acker ended (it outlives every runner).
-            req.job
-                .span
-                .in_scope(|| error!("acker gone: job left leased; the watchdog will return it"));
-            return;
+        match self.tx.send(req).await {
+            Ok(()) => self.counted(),
+            Err(mpsc::error::SendError(req)) => gone(&req),
         }
-        // Counted after the send: every ack counted is in the channel or
-        // with the acker, so a wake-up at a full batch finds the whole batch.
+    }
+
+    /// Counted after the send: every ack counted is in the channel or with
+    /// the acker, so a wake-up at a full batch finds the whole batch.
+    fn counted(&self) {
         if self.unflushed.fetch_add(1, Ordering::AcqRel) + 1 >= self.batch {
             self.wake.0.notify_one();
         }
     }
+}
+
+/// A send after the acker ended (it outlives every runner, so only then).
+fn gone(req: &AckRequest) {
+    req.job
+        .span
+        .in_scope(|| error!("acker gone: job left leased; the watchdog will return it"));
 }
 
 /// Wakes the acker when dropped (with the last [`AckSender`]).

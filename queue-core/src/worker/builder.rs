@@ -374,7 +374,7 @@ impl WorkerBuilder {
     /// Handlers by `(queue, job type)`, with the timeouts of
     /// [`timeout_for`](Self::timeout_for); a type registered twice, or a
     /// timeout for a type not registered, is an error.
-    fn handlers(&self) -> Result<HashMap<(&'static str, &'static str), Registration>> {
+    fn handlers(&self) -> Result<super::Handlers> {
         if let Some(name) = self
             .timeouts
             .keys()
@@ -389,7 +389,7 @@ impl WorkerBuilder {
                 "timeout_for(`{name}`): the timeout must be more than zero"
             )));
         }
-        let mut handlers = HashMap::new();
+        let mut handlers = super::Handlers::default();
         for reg in &self.registrations {
             let key = (reg.queue, reg.name);
             let mut run = reg.clone();

@@ -16,6 +16,7 @@ use super::Inner;
 use crate::error::Result;
 use crate::keys::QueueKeys;
 use crate::metrics::JobLabels;
+use crate::registry::Registration;
 use crate::scripts::announce;
 use crate::scripts::claim::Delivery;
 use crate::scripts::defer::Defer;
@@ -42,8 +43,8 @@ pub(super) fn announced_fields(inner: &Inner) -> Vec<(QueueKeys, Vec<String>)> {
 impl JobRunner {
     /// The handler's version when the delivery's payload is newer than it
     /// (the job is then deferred, not dead-lettered).
-    pub(super) fn newer_than_handler(&self, d: &Delivery) -> Option<u32> {
-        let reg = self.handler(d)?;
+    pub(super) fn newer_than_handler(reg: Option<&Registration>, d: &Delivery) -> Option<u32> {
+        let reg = reg?;
         (d.version > reg.version).then_some(reg.version)
     }
 

@@ -374,7 +374,7 @@ impl Fetcher {
                         drop(slot);
                     }
                     .instrument(span);
-                    // Boxed either way: the runner's future is ~2.8 KB, and
+                    // Boxed either way: the runner's future is ~1.8 KB, and
                     // spawned by value tokio copies it several times (into
                     // the task cell, and its stage again when it ends): ~2.5k
                     // instructions per job against one allocation (issue #12,

@@ -63,7 +63,7 @@ pub(super) async fn heartbeat_after_first_interval(
             }) => {
                 ctx.inner.lease.confirm(sent_at, inner.config.lease);
                 debug!(lease_until_ms, "lease extended");
-                if cancel_requested && !ctx.inner.cancel.send_replace(true) {
+                if cancel_requested && !ctx.inner.cancel.set() {
                     info!("cancel requested by an operator");
                 }
             }

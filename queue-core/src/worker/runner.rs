@@ -44,23 +44,29 @@ enum Outcome {
 impl JobRunner {
     pub(super) async fn run(mut self, d: Delivery) {
         let labels = self.inner.labels.get(&self.keys.queue, &d.job_type);
-        if let Some(known) = self.newer_than_handler(&d) {
-            return self.defer(&d, &labels, known).await;
+        // One lookup of the handler per job (issue #12).
+        let found = self.handler(&d);
+        if let Some(known) = Self::newer_than_handler(found, &d) {
+            return Box::pin(self.defer(&d, &labels, known)).await;
         }
-        let reg = match self.registration(&d) {
+        let reg = match self.registration(found, &d) {
             Ok(reg) => reg,
-            Err(reason) => return self.finish(&d, &labels, Outcome::Dead(reason), None).await,
+            Err(reason) => {
+                return Box::pin(self.finish(&d, &labels, Outcome::Dead(reason), None)).await
+            }
         };
         let budget = match execution_budget(&reg, &d) {
             Ok(budget) => budget,
-            Err(reason) => return self.finish(&d, &labels, Outcome::Dead(reason), None).await,
+            Err(reason) => {
+                return Box::pin(self.finish(&d, &labels, Outcome::Dead(reason), None)).await
+            }
         };
         let ctx = self.context(&d);
         let fut = match (reg.runner)(ctx.clone(), &d.payload) {
             Ok(f) => f,
             Err(msg) => {
                 let reason = format!("payload does not decode as `{}`: {msg}", d.job_type);
-                return self.finish(&d, &labels, Outcome::Dead(reason), None).await;
+                return Box::pin(self.finish(&d, &labels, Outcome::Dead(reason), None)).await;
             }
         };
         crate::failpoint::hit("after_claim");
@@ -119,7 +125,7 @@ impl JobRunner {
                 _ = &mut over_budget => {
                     stop_heartbeat(&mut heartbeat);
                     let reason = deadline_reason(reg.deadline, "the handler was stopped");
-                    return self.finish(&d, &labels, Outcome::Dead(reason), Some(started.elapsed())).await;
+                    return Box::pin(self.finish(&d, &labels, Outcome::Dead(reason), Some(started.elapsed()))).await;
                 }
                 _ = wait_true(&mut self.hard_stop) => {
                     stop_heartbeat(&mut heartbeat);
@@ -134,9 +140,11 @@ impl JobRunner {
         debug!(elapsed_ms, "handler returned");
         let outcome = match result {
             Ok(Ok(())) => {
-                return self
-                    .complete(d, labels, ctx.take_result_ref(), elapsed)
-                    .await
+                if let Some(req) = self.complete(d, labels, ctx.take_result_ref(), elapsed) {
+                    // The acker is a whole channel behind: wait for room.
+                    Box::pin(self.acker.send(req)).await;
+                }
+                return;
             }
             Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
             Ok(Err(e)) => Outcome::Dead(format!("permanent error: {}", e.message())),
@@ -149,7 +157,7 @@ impl JobRunner {
                 Outcome::Retry(format!("handler panicked: {msg}"))
             }
         };
-        self.finish(&d, &labels, outcome, Some(elapsed)).await;
+        Box::pin(self.finish(&d, &labels, outcome, Some(elapsed))).await;
     }
 
     /// The handler registered for the delivery's `(queue, type)`, if any.
@@ -159,11 +167,16 @@ impl JobRunner {
             .get(&(self.keys.queue.as_str(), d.job_type.as_str()))
     }
 
-    /// The handler of the delivery's `(queue, type)`, or the dead-letter
-    /// reason when there is none or its schema version differs.
-    fn registration(&self, d: &Delivery) -> std::result::Result<Registration, String> {
+    /// The handler of the delivery's `(queue, type)` (`found`, from
+    /// [`handler`](Self::handler)), or the dead-letter reason when there is
+    /// none or its schema version differs.
+    fn registration(
+        &self,
+        found: Option<&Registration>,
+        d: &Delivery,
+    ) -> std::result::Result<Registration, String> {
         let queue = &self.keys.queue;
-        let Some(reg) = self.handler(d).cloned() else {
+        let Some(reg) = found.cloned() else {
             let known: Vec<_> = self
                 .inner
                 .handlers
@@ -192,7 +205,7 @@ impl JobRunner {
         JobContext {
             inner: Arc::new(ContextInner {
                 job_id: d.id.clone(),
-                queue: self.keys.queue.clone(),
+                keys: self.keys.clone(),
                 job_type: d.job_type.clone(),
                 attempt: d.attempt,
                 max_attempts: d.max_attempts,
@@ -206,21 +219,22 @@ impl JobRunner {
                 ),
                 conn: Some(self.inner.conn.clone()),
                 result_ref: std::sync::Mutex::new(None),
-                cancel: tokio::sync::watch::Sender::new(false),
+                cancel: crate::context::CancelFlag::default(),
             }),
         }
     }
 
     /// Success: hands the ack to the queue's acker, which batches it with
-    /// others and retries Redis errors until the lease would have expired.
-    /// The delivery's slot is free as soon as this returns.
-    async fn complete(
+    /// others and retries Redis errors until the lease would have expired;
+    /// the request back when the acker's channel is full (the caller then
+    /// waits for room). The delivery's slot is free once it is queued.
+    fn complete(
         &self,
         d: Delivery,
         labels: JobLabels,
         result_ref: Option<Vec<u8>>,
         elapsed: Duration,
-    ) {
+    ) -> Option<AckRequest> {
         crate::failpoint::hit("before_ack");
         let req = AckRequest {
             item: AckItem::taking(d, result_ref),
@@ -231,7 +245,7 @@ impl JobRunner {
                 deadline: tokio::time::Instant::now() + self.inner.config.lease,
             },
         };
-        self.acker.send(req).await;
+        self.acker.try_send(req)
     }
 
     /// Retry / dead-letter, retrying Redis errors until the lease would

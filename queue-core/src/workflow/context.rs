@@ -9,7 +9,6 @@ use serde::Serialize;
 use crate::context::JobContext;
 use crate::enqueue_options::Enqueued;
 use crate::job::JobError;
-use crate::keys::QueueKeys;
 use crate::queue::Queue;
 
 use super::engine::{parse_key, BatchRef, MEMBER_FIELD, SPAWNED_BY_FIELD};
@@ -22,7 +21,7 @@ impl JobContext {
         let Some(conn) = &self.inner.conn else {
             return Ok((None, None));
         };
-        let key = QueueKeys::new(&self.inner.queue).job(self.inner.job_id.as_str());
+        let key = self.inner.keys.job(self.inner.job_id.as_str());
         let (member, spawned): (Option<String>, Option<String>) = redis::cmd("HMGET")
             .arg(key)
             .arg(MEMBER_FIELD)
