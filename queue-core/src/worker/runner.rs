@@ -42,6 +42,11 @@ enum Outcome {
 }
 
 impl JobRunner {
+    /// Runs one delivery to its end. The rare paths (defer, retry,
+    /// dead-letter, waiting for room in a full ack channel) are awaited
+    /// boxed: inline, their futures would size every runner's future, which
+    /// is copied three times on its way into its task (2.8 KB → 1.8 KB,
+    /// issue #12).
     pub(super) async fn run(mut self, d: Delivery) {
         let labels = self.inner.labels.get(&self.keys.queue, &d.job_type);
         // One lookup of the handler per job (issue #12).
