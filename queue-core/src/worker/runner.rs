@@ -166,7 +166,7 @@ impl JobRunner {
     }
 
     /// The handler registered for the delivery's `(queue, type)`, if any.
-    pub(super) fn handler<'a>(&'a self, d: &'a Delivery) -> Option<&'a Registration> {
+    fn handler<'a>(&'a self, d: &'a Delivery) -> Option<&'a Registration> {
         self.inner
             .handlers
             .get(&(self.keys.queue.as_str(), d.job_type.as_str()))
