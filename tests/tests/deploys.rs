@@ -61,9 +61,13 @@ fn deploy_config(wait: Duration) -> WorkerConfig {
 }
 
 async fn start_worker(env: &TestEnv, reg: Registration, wait: Duration) -> WorkerHandle {
+    start_worker_with(env, reg, deploy_config(wait)).await
+}
+
+async fn start_worker_with(env: &TestEnv, reg: Registration, config: WorkerConfig) -> WorkerHandle {
     let builder = queue_core::Worker::builder(&env.url)
         .register(reg)
-        .config(deploy_config(wait));
+        .config(config);
     WorkerHandle::start(builder).await
 }
 
@@ -228,6 +232,27 @@ async fn an_announced_version_keeps_the_job_waiting_past_the_wait() {
         reason.contains("no live worker has announced it"),
         "{reason}"
     );
+    old.stop().await;
+}
+
+/// A give-back is due sooner than the delayed set's head (here the set is
+/// empty), so it wakes a promoter that sleeps far longer than this test, as
+/// a retry does: the job is offered again when due, each time, not when the
+/// promoter's longest sleep ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_wakes_the_sleeping_promoter() {
+    let env = TestEnv::start().await;
+    let config = WorkerConfig {
+        promote_interval: Duration::from_secs(600),
+        ..deploy_config(BOUND)
+    };
+    let old = start_worker_with(&env, Registration::of::<RenderV1>(), config).await;
+    enqueue_once::<RenderV2>(&env).await;
+
+    // Three give-backs: the second and third were promoted only because
+    // the give-back before them woke the promoter.
+    wait_deferred_or_dead(&env, 3).await;
+    assert!(dead(&env).await.is_empty(), "dead-lettered while waiting");
     old.stop().await;
 }
 

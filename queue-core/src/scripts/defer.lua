@@ -6,7 +6,9 @@
 -- that is wait_ms ago, the job is dead-lettered with a reason saying so.
 -- Validates first; destination before source, counters last. Idempotent for
 -- its token (`failed_token`): a retry whose reply was lost gets the same answer.
--- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 versions hash
+-- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 versions hash,
+--       8 promoter wake list (a give-back due sooner than the delayed head wakes a
+--         sleeping promoter, as a retry's does)
 -- ARGV: 1 id, 2 token, 3 versions field (`type:version`), 4 delay_ms, 5 wait_ms,
 --       6 the handler's version (for the reason)
 -- Returns, like fail.lua, {'retry', run_at} (given back) | {'dead', reason} | {'lost'}
@@ -14,19 +16,8 @@
 local delay = arg_count(ARGV[4], 'delay_ms')
 local wait = arg_count(ARGV[5], 'wait_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list', KEYS[7], 'hash')
-local h, bad = read_job(KEYS[3], 'token', 'state', 'attempts', 'failed_token', 'run_at',
-  'dead_reason', 'newer_since', 'cancel_requested', 'batch')
-if h and h[4] == ARGV[2] then
-  if h[2] == 'dead' then return {'dead', h[6] or ''} end
-  return {'retry', as_count(h[5]) or now_ms()}
-end
-if h and (h[2] ~= 'active' or h[1] ~= ARGV[2]) then
-  return {'lost'}
-end
-if h and h[8] then return {'cancel_requested'} end
-if bad and not redis.call('LPOS', KEYS[1], ARGV[1]) then
-  return {'lost'}
-end
+local early, h, bad = failing_delivery(KEYS[3], KEYS[1], ARGV[1], ARGV[2], 'newer_since')
+if early then return early end
 local attempts, _max
 if not bad then attempts, _max, bad = job_counts(h[3], nil) end
 local now = now_ms()
@@ -36,18 +27,20 @@ if not bad then
   if attempts > 0 then attempts = attempts - 1 end
   local announced = as_count(redis.call('HGET', KEYS[7], ARGV[3]))
   -- A corrupt `newer_since` (our own bookkeeping) restarts the wait.
-  local since = as_count(h[7]) or now
+  local since = as_count(h[9]) or now
   if announced and announced > now then since = now end
   if now - since < wait then
     local run_at = now + delay
     ev_hist(KEYS[6], ARGV[1], KEYS[3], 'deferred', 'payload version ' .. ARGV[3] .. ' newer than the handler', now)
-    redis.call('ZADD', KEYS[4], run_at, ARGV[1])
+    local wake = sooner_than_head(KEYS[4], run_at)
+    redis.call('ZADD', KEYS[4], int_str(run_at), ARGV[1])
     redis.call('HSET', KEYS[3], 'state', 'delayed', 'run_at', run_at, 'attempts', attempts,
       'newer_since', since, 'failed_token', ARGV[2])
     redis.call('HDEL', KEYS[3], 'token', 'lease_until')
     redis.call('LREM', KEYS[1], 1, ARGV[1])
     redis.call('ZREM', KEYS[2], ARGV[1])
     bump(KEYS[6], 'deferred', 1)
+    if wake then wake_promoter(KEYS[8]) end
     return {'retry', run_at}
   end
   reason = 'payload schema version ' .. ARGV[3] .. ' is newer than this worker\'s handler (version '
@@ -59,5 +52,5 @@ if attempts then redis.call('HSET', KEYS[3], 'attempts', attempts) end
 redis.call('HSET', KEYS[3], 'failed_at', now, 'failed_token', ARGV[2])
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if h and h[9] and wf_member_finished(h[9], ARGV[1], 'dead', reason, now, KEYS[6]) then return {'dead', reason, 'relay'} end
+if h and h[8] and wf_member_finished(h[8], ARGV[1], 'dead', reason, now, KEYS[6]) then return {'dead', reason, 'relay'} end
 return {'dead', reason}

@@ -13,8 +13,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("defer.lua", keys = 7, args = 6, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<8> =
+    lua_script!("defer.lua", keys = 8, args = 6, prelude(super::DRAIN));
 
 /// Gives back one delivery of a newer payload version.
 pub(crate) struct Defer<'a> {
@@ -47,6 +47,7 @@ impl Defer<'_> {
                 k.dead.clone(),
                 k.stats.clone(),
                 k.versions(),
+                k.wake.clone(),
             ])
             .arg(id)
             .arg(self.token)

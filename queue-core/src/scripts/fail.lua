@@ -9,23 +9,10 @@
 -- (nothing written: the worker ends the job with finish_cancel.lua).
 local delay = arg_count(ARGV[5], 'delay_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list')
-local h, bad = read_job(KEYS[3], 'token', 'state', 'attempts', 'max_attempts', 'failed_token',
-  'run_at', 'dead_reason', 'cancel_requested', 'batch')
-if h and h[5] == ARGV[2] then
-  if h[2] == 'dead' then return {'dead', h[7] or ''} end
-  return {'retry', as_count(h[6]) or now_ms()}
-end
-if h and (h[2] ~= 'active' or h[1] ~= ARGV[2]) then
-  return {'lost'}
-end
-if h and h[8] then return {'cancel_requested'} end
--- A job key of another type has no token to check: act only while the id is
--- still in processing, so a stale delivery cannot dead-letter it twice.
-if bad and not redis.call('LPOS', KEYS[1], ARGV[1]) then
-  return {'lost'}
-end
+local early, h, bad = failing_delivery(KEYS[3], KEYS[1], ARGV[1], ARGV[2], 'max_attempts')
+if early then return early end
 local attempts, max
-if not bad then attempts, max, bad = job_counts(h[3], h[4]) end
+if not bad then attempts, max, bad = job_counts(h[3], h[9]) end
 local now = now_ms()
 local reason = bad
 if not bad then
@@ -56,5 +43,5 @@ redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_tok
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 bump(KEYS[6], 'failed', 1)
-if h and h[9] and wf_member_finished(h[9], ARGV[1], 'dead', reason, now, KEYS[6]) then return {'dead', reason, 'relay'} end
+if h and h[8] and wf_member_finished(h[8], ARGV[1], 'dead', reason, now, KEYS[6]) then return {'dead', reason, 'relay'} end
 return {'dead', reason}

@@ -404,6 +404,29 @@ local function wake_promoter(wake)
   redis.call('LTRIM', wake, 0, 0)
 end
 
+-- The checks that every end of a delivery without success (fail.lua,
+-- defer.lua) makes before it writes: returns the reply to answer at once, or
+-- nil, the job's fields (token, state, attempts, failed_token, run_at,
+-- dead_reason, cancel_requested, batch, then `...`) and the dead-letter
+-- reason of a job key that is not a hash. At once means: the same outcome
+-- again for a retried call whose first reply was lost (`failed_token`, not
+-- 'lost'); 'lost' when the token no longer matches; 'cancel_requested'
+-- (nothing written: the worker ends the job with finish_cancel.lua); 'lost'
+-- for a job key of another type whose id is no longer in `processing` (it
+-- has no token to check, so a stale delivery must not dead-letter it twice).
+local function failing_delivery(jobkey, processing, id, token, ...)
+  local h, bad = read_job(jobkey, 'token', 'state', 'attempts', 'failed_token', 'run_at', 'dead_reason',
+    'cancel_requested', 'batch', ...)
+  if h and h[4] == token then
+    if h[2] == 'dead' then return {'dead', h[6] or ''} end
+    return {'retry', as_count(h[5]) or now_ms()}
+  end
+  if h and (h[2] ~= 'active' or h[1] ~= token) then return {'lost'} end
+  if h and h[7] then return {'cancel_requested'} end
+  if bad and not redis.call('LPOS', processing, id) then return {'lost'} end
+  return nil, h, bad
+end
+
 -- ==== perf (issue #12) ====
 
 -- True when none of the completion records of `ids` exists: one variadic
