@@ -93,14 +93,8 @@ local function expect_types(...)
   local a = {...}
   for i = 1, #a, 2 do
     local probe = TYPE_PROBES[a[i + 1]]
-    local bad
-    if probe then
-      bad = type(redis.pcall(probe, a[i])) == 'table'
-    else
-      local t = redis.call('TYPE', a[i])['ok']
-      bad = t ~= 'none' and t ~= a[i + 1]
-    end
-    if bad then
+    if not probe then error({err = 'ERR expect_types: no probe for type ' .. tostring(a[i + 1])}) end
+    if type(redis.pcall(probe, a[i])) == 'table' then
       error({err = wrongtype_refusal(key_type_bad(a[i], a[i + 1]))})
     end
   end
