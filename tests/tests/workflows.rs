@@ -25,6 +25,7 @@ use queue_tests::{
 };
 use redis::AsyncCommands;
 use std::collections::HashMap;
+use std::time::Duration;
 
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
 
@@ -346,6 +347,33 @@ async fn a_member_dead_lettered_by_the_watchdog_is_counted() {
     worker.stop().await;
     let summary = ledger_map(&env, "ledger:wf:summary").await;
     assert_eq!(summary["reclaimed-done"], "1/0/1/0");
+}
+
+/// Members dead-lettered at their claim are counted like any dead member,
+/// so the batch fires: one whose start deadline passed before a worker
+/// took it, one with a corrupt count. Before, only fail, defer and the
+/// watchdog counted their dead-letters, and such a batch waited for ever.
+#[tokio::test]
+async fn members_dead_lettered_at_their_claim_are_counted() {
+    let env = TestEnv::start().await;
+    let expiring = queue_core::EnqueueOptions::new().expires_in(Duration::from_millis(1));
+    Batch::new(&env.queue)
+        .id("claimed-dead")
+        .on_complete(callback(&env, "claimed-dead-done"))
+        .add(member(&env, "c-expired").options(expiring))
+        .add(member(&env, "c-corrupt"))
+        .enqueue()
+        .await
+        .unwrap();
+    // Before any worker runs: the deadline passes, and a count is corrupted.
+    let job = QueueKeys::new(WF_QUEUE).job("c-corrupt");
+    let _: () = env.conn().await.hset(job, "attempts", "x").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let worker = spawn_wf_worker(&env).await;
+    wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    let summary = ledger_map(&env, "ledger:wf:summary").await;
+    assert_eq!(summary["claimed-dead-done"], "2/0/2/0");
 }
 
 // ---- the cross-queue relay ----

@@ -21,8 +21,11 @@
 -- type): nothing written for it; 4 acked now, and the job's batch is on another queue (a relay
 -- notice was written).
 local retention = tonumber(ARGV[4])
-if not retention or retention < 0 or retention ~= math.floor(retention) then
-  return redis.error_reply('ack: retention_ms must be a non-negative integer, got ' .. tostring(ARGV[4]))
+-- At most 2^53 - 1 (Lua's exact integers): a larger one would fail
+-- PEXPIRE or SET PX after the record was written (callers clamp to it).
+if not retention or retention < 0 or retention ~= math.floor(retention) or retention > 9007199254740991 then
+  return redis.error_reply('ack: retention_ms must be a non-negative integer of at most 2^53 - 1, got '
+    .. tostring(ARGV[4]))
 end
 local retention_str = int_str(retention)
 local compact = ARGV[6] == 'compact'

@@ -116,7 +116,7 @@ impl Ack<'_> {
             .arg(&k.job_prefix)
             .arg(&k.done_prefix)
             .arg(&k.steps_prefix)
-            .arg(self.retention.as_millis() as u64)
+            .arg(super::ms(self.retention))
             .arg(&k.tput_prefix)
             .arg(if self.compact { "compact" } else { "hash" })
             .arg(self.worker);
@@ -368,6 +368,84 @@ mod tests {
         }
         .run(conn)
         .await
+    }
+
+    /// `ack.lua` called directly for delivery `d`, with a raw retention and
+    /// raw record fields (attempts, type, enqueued_at, delivered_at): values
+    /// the typed wrapper does not send.
+    async fn raw_ack(
+        c: &mut RedisConnection,
+        keys: &QueueKeys,
+        retention: &str,
+        d: &Delivery,
+        fields: [&str; 4],
+    ) -> crate::Result<Value> {
+        SCRIPT
+            .call([&keys.processing, &keys.leases, &keys.stats, &keys.guard])
+            .arg(&keys.job_prefix)
+            .arg(&keys.done_prefix)
+            .arg(&keys.steps_prefix)
+            .arg(retention)
+            .arg(&keys.tput_prefix)
+            .arg("hash")
+            .arg("w-1")
+            .repeated_arg(d.id.as_str())
+            .repeated_arg(&d.token)
+            .repeated_arg("")
+            .repeated_arg(fields[0])
+            .repeated_arg(fields[1])
+            .repeated_arg(fields[2])
+            .repeated_arg(fields[3])
+            .run(c, &keys.queue, Some(&d.id))
+            .await
+    }
+
+    /// A retention of "for ever" (`Duration::MAX`) keeps the record for the
+    /// longest time a script takes, in both formats: `as u64` of its
+    /// milliseconds wrapped around, and the hash record expired at once
+    /// (the job's dedupe lost) or the compact one's `SET` was refused (the
+    /// job ran again at every delivery).
+    #[tokio::test]
+    async fn a_retention_of_for_ever_keeps_the_record() {
+        let (_s, mut c, keys, a, b) = two_delivered("forever", "fa", "fb").await;
+        for (d, compact) in [(&a, false), (&b, true)] {
+            let replies = Ack {
+                keys: &keys,
+                worker: "",
+                items: &[item(d)],
+                retention: Duration::MAX,
+                compact,
+            }
+            .run(&mut c)
+            .await
+            .unwrap();
+            assert_eq!(replies, [AckReply::Completed], "compact {compact}");
+            let ttl: i64 = redis::cmd("PTTL")
+                .arg(keys.done(d.id.as_str()))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert!(ttl > 1_000_000_000_000_000, "compact {compact}: PTTL {ttl}");
+        }
+        // A script caller asking for more than 2^53 - 1 ms is refused before
+        // any write (PEXPIRE or SET PX would fail after the record).
+        let d = delivered(&mut c, &keys, "fc").await;
+        let (attempt, enqueued, delivered) = (
+            d.attempt.to_string(),
+            d.enqueued_at_ms.to_string(),
+            d.delivered_at_ms.to_string(),
+        );
+        let fields = [attempt.as_str(), &d.job_type, &enqueued, &delivered];
+        let err = raw_ack(&mut c, &keys, "9223372036854775000", &d, fields)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("retention_ms"), "{err}");
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(keys.done("fc"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert!(!exists, "nothing written");
     }
 
     /// One call acks several deliveries and checks each token: a stale token
@@ -860,25 +938,17 @@ mod tests {
         // them): the record takes the job's own fields instead, and the
         // delivery is acked like any other.
         let d = &ds["bad"];
-        let reply = SCRIPT
-            .call([&keys.processing, &keys.leases, &keys.stats, &keys.guard])
-            .arg(&keys.job_prefix)
-            .arg(&keys.done_prefix)
-            .arg(&keys.steps_prefix)
-            .arg(RETENTION.as_millis() as u64)
-            .arg(&keys.tput_prefix)
-            .arg("hash")
-            .arg("w-1")
-            .repeated_arg(d.id.as_str())
-            .repeated_arg(&d.token)
-            .repeated_arg("")
-            .repeated_arg("7")
-            .repeated_arg("other")
-            .repeated_arg("soon")
-            .repeated_arg(d.delivered_at_ms)
-            .run(&mut c, &keys.queue, Some(&d.id))
-            .await
-            .unwrap();
+        let retention = crate::scripts::ms(RETENTION).to_string();
+        let delivered = d.delivered_at_ms.to_string();
+        let reply = raw_ack(
+            &mut c,
+            &keys,
+            &retention,
+            d,
+            ["7", "other", "soon", &delivered],
+        )
+        .await
+        .unwrap();
         assert_eq!(reply, Value::BulkString(b"1".to_vec()));
         let rec: Vec<Option<String>> = redis::cmd("HMGET")
             .arg(keys.done("bad"))

@@ -33,7 +33,7 @@ impl Announce<'_> {
     /// Runs the script; the number of expired fields it removed.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<i64> {
         let k = self.keys;
-        let mut call = SCRIPT.call([k.versions()]).arg(self.ttl.as_millis() as u64);
+        let mut call = SCRIPT.call([k.versions()]).arg(super::ms(self.ttl));
         for f in self.fields {
             call = call.repeated_arg(f);
         }

@@ -50,7 +50,7 @@ local now = now_ms()
 redis.call('HSET', KEYS[1], 'state', 'open', 'total', 0, 'succeeded', 0, 'dead', 0,
   'cancelled', 0, 'failed', 0, 'created_at', now, 'expires_at', now + ttl)
 if policy ~= '' then redis.call('HSET', KEYS[1], 'policy', policy) end
-if #spec > 0 then redis.call('HSET', KEYS[1], unpack(spec)) end
+if #spec > 0 then call_chunked('HSET', KEYS[1], spec) end
 redis.call('PEXPIRE', KEYS[1], ttl)
 redis.call('ZADD', KEYS[2], now, id)
 -- The sweep: SWEEP entries from the cursor on (more than one open adds, so

@@ -8,7 +8,8 @@
 -- Returns {'cancelled', state it was in} | {'requested', 1 if newly set else 0}
 --   | {'finished', record status} | {'dead'} | {'not_found'} | {'unknown', state}
 local id = ARGV[1]
-local retention = arg_count(ARGV[2], 'retention_ms')
+-- At least 1 ms, as in finish_cancel.lua: PEXPIRE 0 would delete the record.
+local retention = math.max(arg_count(ARGV[2], 'retention_ms'), 1)
 expect_types(KEYS[1], 'list', KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'zset')
 local status = record_field(KEYS[6], 'status')
 if status then return {'finished', status} end

@@ -40,7 +40,7 @@ impl Cancel<'_> {
                 k.steps(id),
             ])
             .arg(id)
-            .arg(self.retention.as_millis().max(1) as u64)
+            .arg(super::ms(self.retention).max(1))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         decode(&k.queue, self.id, &reply)

@@ -66,7 +66,7 @@ impl Claim<'_> {
             .arg(self.id)
             .arg(&k.job_prefix)
             .arg(&k.done_prefix)
-            .arg(self.lease.as_millis() as u64)
+            .arg(super::ms(self.lease))
             .arg(self.token)
             .arg(worker)
             .invoke(conn)

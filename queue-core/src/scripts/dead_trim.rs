@@ -43,7 +43,7 @@ impl DeadTrim<'_> {
             .arg(&k.job_prefix)
             .arg(&k.steps_prefix)
             .arg(self.max_len)
-            .arg(self.retention.as_millis() as u64)
+            .arg(super::ms(self.retention))
             .arg(self.limit)
             .run(conn, &k.queue, None)
             .await?;

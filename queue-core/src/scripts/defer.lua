@@ -27,7 +27,7 @@ if not bad then
   if attempts > 0 then attempts = attempts - 1 end
   local announced = as_count(redis.call('HGET', KEYS[7], ARGV[3]))
   -- A corrupt `newer_since` (our own bookkeeping) restarts the wait.
-  local since = as_count(h[9]) or now
+  local since = as_count(h[8]) or now
   if announced and announced > now then since = now end
   if now - since < wait then
     local run_at = now + delay
@@ -47,10 +47,12 @@ if not bad then
     .. ARGV[6] .. ') and no live worker has announced it for ' .. (now - since) .. ' ms (wait '
     .. wait .. ' ms)'
 end
-dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
+local member = dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
 if attempts then redis.call('HSET', KEYS[3], 'attempts', attempts) end
 redis.call('HSET', KEYS[3], 'failed_at', now, 'failed_token', ARGV[2])
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if h and h[8] and wf_member_finished(h[8], ARGV[1], 'dead', reason, now, KEYS[6]) then return {'dead', reason, 'relay'} end
+if member and wf_member_finished(member, ARGV[1], 'dead', reason, now, KEYS[6]) then
+  return {'dead', reason, 'relay'}
+end
 return {'dead', reason}

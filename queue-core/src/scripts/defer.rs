@@ -52,8 +52,8 @@ impl Defer<'_> {
             .arg(id)
             .arg(self.token)
             .arg(self.field)
-            .arg(self.delay.as_millis() as u64)
-            .arg(self.wait.as_millis() as u64)
+            .arg(super::ms(self.delay))
+            .arg(super::ms(self.wait))
             .arg(self.known)
             .run(conn, &k.queue, Some(self.id))
             .await?;

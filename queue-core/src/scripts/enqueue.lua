@@ -106,7 +106,7 @@ if delay > 0 then
 else
   push_waiting(KEYS[1], ARGV[1], group)
 end
-redis.call('HSET', KEYS[2], unpack(fields))
+call_chunked('HSET', KEYS[2], fields)
 bump(KEYS[5], 'enqueued', 1)
 ev(KEYS[5], 'enqueued', ARGV[1], now, 'type', ARGV[2], 'run_at', now + delay)
 if wake then wake_promoter(KEYS[7]) end

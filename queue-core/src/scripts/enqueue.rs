@@ -143,13 +143,13 @@ impl EnqueueReply {
 }
 
 pub(super) fn millis(d: Option<Duration>) -> u64 {
-    d.map(|d| d.as_millis() as u64).unwrap_or(0)
+    d.map(super::ms).unwrap_or(0)
 }
 
 /// Milliseconds since the epoch, 0 for none (or before the epoch).
 pub(super) fn epoch_ms(at: Option<SystemTime>) -> u64 {
     at.and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| (d.as_millis() as u64).max(1))
+        .map(|d| super::ms(d).max(1))
         .unwrap_or(0)
 }
 

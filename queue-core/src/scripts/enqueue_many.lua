@@ -235,7 +235,7 @@ local function write(i)
     local h = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
     head = tonumber(h[2]) or math.huge
   end
-  redis.call('HSET', jobkey, unpack(fields))
+  call_chunked('HSET', jobkey, fields)
   if delay > 0 then
     if now + delay < head then
       wake = true

@@ -413,6 +413,60 @@ fn the_documented_shas_are_the_scripts_queue_core_builds() {
 /// jobs are written and pushed, and the counter, last, is skipped. Before,
 /// the call failed after its writes, so a producer saw an error for jobs
 /// that were enqueued.
+/// Extra fields of one job, `n` of them (`f0` = `v0`, ...).
+fn many_fields(n: usize) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("f{i}"), format!("v{i}"))).collect()
+}
+
+/// A job with more extra fields than one Lua `unpack` takes (~8,000
+/// values) is written whole, and so are the jobs after it in the same call:
+/// the HSET raised after the earlier jobs' hashes were written, and they
+/// never reached main (group commit mixes callers).
+#[tokio::test]
+async fn a_job_with_thousands_of_extra_fields_loses_no_job_of_its_call() {
+    let (_s, mut conn, keys) = setup().await;
+    let ids = job_ids(&["before", "wide", "after"]);
+    let wide = many_fields(4500);
+    let jobs: Vec<ManyJob<'_>> = ids
+        .iter()
+        .map(|id| ManyJob {
+            job: Enqueue {
+                extra: if id.as_str() == "wide" { &wide } else { &[] },
+                ..Enqueue::test_job(&keys, id, 1)
+            },
+            token: "t",
+            fresh: true,
+        })
+        .collect();
+    run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(main, ["after", "wide", "before"]);
+    let n: usize = conn.hlen(keys.job("wide")).await.unwrap();
+    assert!(n >= 4500, "{n} fields");
+    let last: Option<String> = conn.hget(keys.job("wide"), "f4499").await.unwrap();
+    assert_eq!(last.as_deref(), Some("v4499"));
+}
+
+/// The same through `enqueue.lua` (one job a call): the id was in main
+/// with no hash when the HSET raised.
+#[tokio::test]
+async fn a_single_enqueue_with_thousands_of_extra_fields_is_written_whole() {
+    let (_s, mut conn, keys) = setup().await;
+    let id = JobId::from("wide");
+    let wide = many_fields(4500);
+    Enqueue {
+        extra: &wide,
+        ..Enqueue::test_job(&keys, &id, 1)
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    let last: Option<String> = conn.hget(keys.job("wide"), "f4499").await.unwrap();
+    assert_eq!(last.as_deref(), Some("v4499"));
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(main, ["wide"]);
+}
+
 #[tokio::test]
 async fn a_stats_key_of_another_type_never_fails_the_call() {
     let (_s, mut conn, keys) = setup().await;

@@ -42,7 +42,7 @@ impl Extend<'_> {
             .call([k.leases.clone(), k.job(id)])
             .arg(id)
             .arg(self.token)
-            .arg(self.lease.as_millis() as u64)
+            .arg(super::ms(self.lease))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         let f = Fields::new(&k.queue, Some(self.id), "extend reply", &reply)?;

@@ -12,7 +12,7 @@ expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list')
 local early, h, bad = failing_delivery(KEYS[3], KEYS[1], ARGV[1], ARGV[2], 'max_attempts')
 if early then return early end
 local attempts, max
-if not bad then attempts, max, bad = job_counts(h[3], h[9]) end
+if not bad then attempts, max, bad = job_counts(h[3], h[8]) end
 local now = now_ms()
 local reason = bad
 if not bad then
@@ -37,11 +37,13 @@ if not bad then
     reason = 'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. ARGV[4]
   end
 end
-dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
+local member = dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
 redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_token', ARGV[2])
 -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 bump(KEYS[6], 'failed', 1)
-if h and h[8] and wf_member_finished(h[8], ARGV[1], 'dead', reason, now, KEYS[6]) then return {'dead', reason, 'relay'} end
+if member and wf_member_finished(member, ARGV[1], 'dead', reason, now, KEYS[6]) then
+  return {'dead', reason, 'relay'}
+end
 return {'dead', reason}

@@ -78,7 +78,7 @@ impl Fail<'_> {
             .arg(self.token)
             .arg(self.kind.as_arg())
             .arg(self.message)
-            .arg(self.delay.as_millis() as u64)
+            .arg(super::ms(self.delay))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         crate::workflow::relay::hint_if_marked(&k.queue, &reply, 2);

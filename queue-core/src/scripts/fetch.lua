@@ -90,7 +90,7 @@ else
   end
 end
 if #entries > 0 then
-  redis.call('RPUSH', KEYS[7], unpack(entries))
+  call_chunked('RPUSH', KEYS[7], entries)
   redis.call('PEXPIRE', KEYS[7], int_str(math.max(receipt_ms, 1)))
 end
 return out

@@ -3,7 +3,9 @@
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results
 -- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error
 -- Returns 1, or 0 when the lease was lost.
-local retention = arg_count(ARGV[3], 'retention_ms')
+-- At least 1 ms: PEXPIRE 0 would delete the record, and a write after it
+-- would leave one without a TTL (a cancelled id answering done for ever).
+local retention = math.max(arg_count(ARGV[3], 'retention_ms'), 1)
 expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at', 'batch')
 if h[2] ~= 'active' or h[1] ~= ARGV[2] then

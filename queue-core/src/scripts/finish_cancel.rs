@@ -46,7 +46,7 @@ impl FinishCancel<'_> {
             ])
             .arg(id)
             .arg(self.token)
-            .arg(self.retention.as_millis().max(1) as u64)
+            .arg(super::ms(self.retention).max(1))
             .arg(self.message)
             .run(conn, &k.queue, Some(self.id))
             .await?;

@@ -495,6 +495,110 @@ async fn corrupt_counts_are_dead_lettered_naming_the_field() {
     }
 }
 
+/// A watchdog with a backoff base of 0 returns a job of 1,025 attempts or
+/// more like any other: the backoff's exponent is capped (0 × 2^1024 was
+/// NaN, which ZADD refused half-way through the pass, at every pass).
+#[tokio::test]
+async fn a_zero_backoff_base_returns_a_job_of_many_attempts() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("many", 5000).await;
+    fx.fetch_one().await;
+    let job = fx.keys.job("many");
+    fx.cmd(&["HSET", &job, "attempts", "2000"]).await;
+    let leases = fx.keys.leases.clone();
+    fx.cmd(&["ZADD", &leases, "1", "many"]).await;
+    let backoff = crate::Backoff {
+        base: Duration::ZERO,
+        max: Duration::from_secs(60),
+    };
+    let reply = Reclaim {
+        backoff: &backoff,
+        ..Reclaim::for_tests(&fx.keys)
+    }
+    .run(&mut fx.conn)
+    .await
+    .expect("the pass runs");
+    assert_eq!(reply.reclaimed, 1);
+    assert_eq!(fx.job("many").await["state"], "delayed");
+}
+
+/// A fetch of more jobs than one Lua `unpack` takes (~8,000 values)
+/// writes its whole receipt: its `RPUSH` raised after every job was moved
+/// and claimed, the reply was lost, and each of those deliveries burned an
+/// attempt at its lease's expiry.
+#[tokio::test]
+async fn a_fetch_larger_than_an_unpack_writes_its_whole_receipt() {
+    let mut fx = Fixture::start().await;
+    const N: usize = 8_200;
+    let ids: Vec<JobId> = (0..N).map(|i| JobId::from(format!("j{i}"))).collect();
+    let jobs: Vec<super::enqueue_many::ManyJob<'_>> = ids
+        .iter()
+        .map(|id| super::enqueue_many::ManyJob {
+            job: Enqueue::test_job(&fx.keys, id, 3),
+            token: "t",
+            fresh: true,
+        })
+        .collect();
+    for chunk in jobs.chunks(1000) {
+        super::enqueue_many::run(
+            &mut fx.conn,
+            &fx.keys,
+            super::enqueue_many::Mode::Each,
+            chunk,
+        )
+        .await
+        .unwrap();
+    }
+    let tokens = |rows: Vec<ClaimRow>| -> Vec<String> {
+        rows.into_iter()
+            .filter_map(|r| match r {
+                ClaimRow::Claimed(d) => Some(d.token),
+                _ => None,
+            })
+            .collect()
+    };
+    let first = tokens(fx.fetch(N, "wide-fetch").await.expect("the fetch answers"));
+    assert_eq!(first.len(), N, "every job claimed");
+    // A retry of the same fetch (its reply lost) gets the same deliveries.
+    let again = tokens(fx.fetch(N, "wide-fetch").await.expect("the retry answers"));
+    assert!(again == first, "the retry's deliveries differ");
+}
+
+/// A cancelled delivery's record with a retention of 0 (a caller other
+/// than the typed wrapper, which sends at least 1) still expires: PEXPIRE 0
+/// deleted it, and the `last_error` written after it made a record with no
+/// status and no TTL, so the id answered "done" to every enqueue for ever.
+#[tokio::test]
+async fn a_cancel_record_with_a_retention_of_zero_still_expires() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("fc0", 3).await;
+    let d = fx.fetch_one().await;
+    let k = fx.keys.clone();
+    let done = super::finish_cancel::SCRIPT
+        .call([
+            k.processing.clone(),
+            k.leases.clone(),
+            k.job("fc0"),
+            k.done("fc0"),
+            k.stats.clone(),
+            k.steps("fc0"),
+        ])
+        .arg("fc0")
+        .arg(&d.token)
+        .arg(0)
+        .arg("stopped")
+        .run(&mut fx.conn, &k.queue, Some(&d.id))
+        .await
+        .unwrap();
+    assert_eq!(done, Value::Int(1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        fx.cmd(&["EXISTS", &k.done("fc0")]).await,
+        Value::Int(0),
+        "no record without a TTL"
+    );
+}
+
 #[tokio::test]
 async fn a_job_key_that_is_not_a_hash_is_dead_lettered() {
     let mut fx = Fixture::start().await;
@@ -1001,8 +1105,9 @@ async fn a_cancel_with_a_queue_key_of_another_type_is_refused_before_any_write()
     assert_eq!(fx.job("j1").await["state"], "active");
 }
 
-/// A lock whose fencing counter is corrupt: a value that is not a count is
-/// replaced like a missing counter and the lock is taken with a fencing
+/// A lock whose fencing counter is corrupt: a value that is not a count
+/// (or a count's text INCR refuses, such as `007`) is replaced like a
+/// missing counter and the lock is taken with a fencing
 /// number; a counter key of another type refuses the call before the lock
 /// is taken. Before, both failed after the lock's SET: the lock stayed held
 /// by a caller that saw an error, for its whole ttl.
@@ -1022,6 +1127,16 @@ async fn a_corrupt_fencing_counter_never_leaves_a_lock_held_by_a_failed_call() {
         matches!(reply, LockAcquireReply::Acquired { fencing } if fencing > 1),
         "{reply:?}"
     );
+    // Digits that INCR refuses (a leading zero): replaced the same way.
+    for corrupt in ["007", "00"] {
+        fx.cmd(&["DEL", &keys.lock]).await;
+        fx.cmd(&["SET", &keys.fence, corrupt]).await;
+        let reply = acquire.run(&mut fx.conn.clone()).await;
+        assert!(
+            matches!(reply, Ok(LockAcquireReply::Acquired { fencing }) if fencing > 1),
+            "{corrupt}: {reply:?}"
+        );
+    }
     fx.cmd(&["DEL", &keys.lock, &keys.fence]).await;
     fx.cmd(&["RPUSH", &keys.fence, "x"]).await;
     assert!(acquire.run(&mut fx.conn.clone()).await.is_err());

@@ -8,7 +8,8 @@
 -- Everything is checked before the lock is taken: a lock held by a call
 -- that then failed would be unusable for its whole ttl (the caller's retry
 -- finds it taken). The counter is read first (a key of another type refuses
--- the call); a value that is not a count is replaced like a missing counter.
+-- the call); a value that is not a count in canonical form is replaced like
+-- a missing counter.
 local function ms(v, name)
   local n = tonumber(v)
   if not n or n < 1 or n ~= math.floor(n) or n > 9007199254740991 then
@@ -19,7 +20,9 @@ end
 local ttl, fence_ttl = ms(ARGV[2], 'ttl_ms'), ms(ARGV[3], 'fence_ttl_ms')
 local counter = redis.call('GET', KEYS[2])
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
-  if not counter or #counter > 18 or not string.match(counter, '^%d+$') then
+  -- INCR takes only an integer's canonical text: '007' or '00' would pass
+  -- a digits check and then make INCR raise with the lock already taken.
+  if not counter or #counter > 18 or not (counter == '0' or string.match(counter, '^[1-9]%d*$')) then
     local t = redis.call('TIME')
     redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
   end

@@ -42,8 +42,8 @@ impl LockAcquire<'_> {
         let reply = SCRIPT
             .call([&self.keys.lock, &self.keys.fence])
             .arg(self.token)
-            .arg(self.ttl.as_millis() as u64)
-            .arg(self.ttl.max(FENCE_TTL).as_millis() as u64)
+            .arg(super::ms(self.ttl))
+            .arg(super::ms(self.ttl.max(FENCE_TTL)))
             .invoke(conn)
             .await?;
         Ok(match redis::from_redis_value::<u64>(reply)? {

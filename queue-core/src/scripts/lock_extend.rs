@@ -25,7 +25,7 @@ impl LockExtend<'_> {
         let reply = SCRIPT
             .call([self.key])
             .arg(self.token)
-            .arg(self.ttl.as_millis() as u64)
+            .arg(super::ms(self.ttl))
             .invoke(conn)
             .await?;
         Ok(redis::from_redis_value::<i64>(reply)? == 1)

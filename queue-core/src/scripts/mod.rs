@@ -82,6 +82,20 @@ pub(crate) const DRAIN: Option<&str> = Some("allow-oom");
 /// Read-only scripts (stats) also run at OOM.
 pub(crate) const READ_ONLY: Option<&str> = Some("no-writes,allow-oom");
 
+/// The largest millisecond count a script takes: 2^53 − 1, the largest
+/// integer a Lua number holds exactly (about 285,000 years; far below what
+/// `PEXPIRE` and `SET … PX` accept on top of the Redis clock).
+pub(crate) const MAX_MS: u64 = (1 << 53) - 1;
+
+/// A duration as the millisecond argument of a script, clamped to
+/// [`MAX_MS`]: "keep for ever" (`Duration::MAX`) is the longest time a
+/// script can keep. `as_millis() as u64` wrapped such a duration around to
+/// an arbitrary count, which the ack turned into an immediate expiry of the
+/// completion record (or a refused `SET`).
+pub(crate) fn ms(d: std::time::Duration) -> u64 {
+    d.as_millis().min(u128::from(MAX_MS)) as u64
+}
+
 /// Builds a queue script: an optional Redis 7 shebang line with flags, the
 /// prelude, then the body.
 pub(crate) fn with_prelude(flags: Option<&str>, body: &str) -> Script {

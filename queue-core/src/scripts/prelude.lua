@@ -5,6 +5,8 @@
 
 -- Event stream and job history hooks, defined under `==== events ====` below.
 local ev, ev_hist
+-- Batch members' outcomes, defined under `==== workflows ====` below.
+local wf_finished, wf_member_finished
 
 -- Milliseconds since the epoch from the Redis server clock (DESIGN rule 2: never a worker's clock).
 local function now_ms()
@@ -100,6 +102,18 @@ local function expect_types(...)
   end
 end
 
+-- `cmd key args...` (HSET of field/value pairs, LPUSH, RPUSH) with `args` of
+-- any length: one call per 1,000 values. `unpack` of ~8,000 values or more
+-- raises ("too many results to unpack"), which after a write would leave the
+-- script half-applied. 1,000 keeps HSET's pairs whole.
+local function call_chunked(cmd, key, args)
+  local n = #args
+  if n <= 1000 then return redis.call(cmd, key, unpack(args)) end
+  for first = 1, n, 1000 do
+    redis.call(cmd, key, unpack(args, first, math.min(first + 999, n)))
+  end
+end
+
 -- A lifetime counter. Counters come last and never block a move: a corrupt
 -- field or a stats key of another type is skipped (pcall).
 local function bump(stats, field, n)
@@ -170,7 +184,12 @@ local deadline_check, results_wake
 -- Dead-letters job `id`: pushes it on the dead list and keeps the hash (a
 -- minimal one is created when it was missing; a job key of another type is
 -- replaced by one) so its reason, attempts and timestamps stay readable. The
--- caller removes the id from its source afterwards.
+-- caller removes the id from its source afterwards. Returns the job's
+-- `batch` field (nil when it has none, or the job key was not a hash): the
+-- caller then counts the member as dead in its batch, last
+-- (wf_member_finished, after its own removals), whichever script
+-- dead-letters it (fail, defer, the watchdog, a claim that finds corrupt
+-- data or a passed deadline, the promoter).
 local function dead_letter(jobkey, dead, stats, id, reason, now)
   ev_hist(stats, id, jobkey, 'dead', reason, now)
   local t = redis.call('TYPE', jobkey)['ok']
@@ -180,6 +199,16 @@ local function dead_letter(jobkey, dead, stats, id, reason, now)
   redis.call('HDEL', jobkey, 'token', 'lease_until')
   bump(stats, 'dead', 1)
   results_wake(jobkey, id)
+  if t == 'hash' then return redis.call('HGET', jobkey, 'batch') or nil end
+  return nil
+end
+
+-- Counts dead-lettered member `id` in its batch: `member` is what
+-- dead_letter() returned (nil: not a member). Called last, after the
+-- caller's own removals. True when it wrote a relay notice.
+local function dead_member(member, id, reason, now, stats)
+  if not member then return false end
+  return wf_member_finished(member, id, 'dead', reason, now, stats)
 end
 
 -- The job fields claim() reads, in this order. The fields of a running
@@ -273,8 +302,9 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     if corrupt then
       -- Not a record: the job is dead-lettered naming the key, never
       -- dropped as done without running.
-      dead_letter(jobkey, dead, stats, id, corrupt, now)
+      local member = dead_letter(jobkey, dead, stats, id, corrupt, now)
       drop_delivery(processing, leases, id)
+      dead_member(member, id, corrupt, now, stats)
       return {'corrupt', id, corrupt}
     end
     -- Completion record exists: the job already ran; ack without running it.
@@ -312,13 +342,15 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     end
   end
   if bad then
-    dead_letter(jobkey, dead, stats, id, bad, now)
+    local member = dead_letter(jobkey, dead, stats, id, bad, now)
     drop_delivery(processing, leases, id)
+    dead_member(member, id, bad, now, stats)
     return {'corrupt', id, bad}
   end
-  local expired = deadline_check(jobkey, dead, stats, id, h, now)
+  local expired, member, why = deadline_check(jobkey, dead, stats, id, h, now)
   if expired then
     drop_delivery(processing, leases, id)
+    dead_member(member, id, why, now, stats)
     return {expired == true and 'expired' or 'corrupt', id, expired}
   end
   attempts = attempts + 1
@@ -401,7 +433,7 @@ end
 -- The checks that every end of a delivery without success (fail.lua,
 -- defer.lua) makes before it writes: returns the reply to answer at once, or
 -- nil, the job's fields (token, state, attempts, failed_token, run_at,
--- dead_reason, cancel_requested, batch, then `...`) and the dead-letter
+-- dead_reason, cancel_requested, then `...`) and the dead-letter
 -- reason of a job key that is not a hash. At once means: the same outcome
 -- again for a retried call whose first reply was lost (`failed_token`, not
 -- 'lost'); 'lost' when the token no longer matches; 'cancel_requested'
@@ -410,7 +442,7 @@ end
 -- has no token to check, so a stale delivery must not dead-letter it twice).
 local function failing_delivery(jobkey, processing, id, token, ...)
   local h, bad = read_job(jobkey, 'token', 'state', 'attempts', 'failed_token', 'run_at', 'dead_reason',
-    'cancel_requested', 'batch', ...)
+    'cancel_requested', ...)
   if h and h[4] == token then
     if h[2] == 'dead' then return {'dead', h[6] or ''} end
     return {'retry', as_count(h[5]) or now_ms()}
@@ -778,8 +810,6 @@ local function wf_spawn(bkey, s, now, dead_reason)
   end
   return true
 end
-
-local wf_finished, wf_member_finished
 
 -- ==== cross-queue relay ====
 -- A member on queue C of a batch on queue P (another hash tag, so another
@@ -1189,8 +1219,9 @@ end
 -- Called by claim() with the CLAIM_FIELDS row `h`, before the claim writes anything: a job
 -- past its start deadline is dead-lettered with reason `expired: ...` (counter `expired` too)
 -- and true is returned; a deadline field that is not a count is dead-lettered as corrupt and
--- its reason returned; nil when the job may start. claim() then removes it from processing
--- and leases.
+-- its reason returned; nil when the job may start. With either, also dead_letter()'s return
+-- (the job's batch) and the reason. claim() then removes it from processing and leases, and
+-- counts a batch member as dead (dead_member).
 deadline_check = function(jobkey, dead, stats, id, h, now)
   if not h[10] and not h[11] then return nil end
   local at
@@ -1202,18 +1233,17 @@ deadline_check = function(jobkey, dead, stats, id, h, now)
   local after = h[11] and as_count(h[11])
   if h[11] and not after then bad = corrupt_field('expires_after', h[11]) end
   if bad then
-    dead_letter(jobkey, dead, stats, id, bad, now)
-    return bad
+    return bad, dead_letter(jobkey, dead, stats, id, bad, now), bad
   end
   if after then
     local rel = (as_count(h[7]) or now) + after
     if not at or rel < at then at = rel end
   end
   if now < at then return nil end
-  dead_letter(jobkey, dead, stats, id, 'expired: not started before its deadline ('
-    .. at .. ' ms, Redis clock)', now)
+  local reason = 'expired: not started before its deadline (' .. at .. ' ms, Redis clock)'
+  local member = dead_letter(jobkey, dead, stats, id, reason, now)
   bump(stats, 'expired', 1)
-  return true
+  return true, member, reason
 end
 
 -- Wakes whoever waits for the outcome of a job (Queue::wait_result): when the job hash has

@@ -20,14 +20,16 @@ for _, id in ipairs(ids) do
     local why = waiting_types_bad(KEYS[2], h[2])
     if why then bad = 'cannot wait in its group: ' .. why .. ' (corrupt data)' end
   end
+  local member
   if bad then
-    dead_letter(jobkey, KEYS[3], KEYS[4], id, bad, now)
+    member = dead_letter(jobkey, KEYS[3], KEYS[4], id, bad, now)
   else
     push_waiting(KEYS[2], id, h[2]) -- main, or its group's list
     redis.call('HSET', jobkey, 'state', 'queued')
     redis.call('HDEL', jobkey, 'run_at')
   end
   redis.call('ZREM', KEYS[1], id)
+  dead_member(member, id, bad, now, KEYS[4]) -- a batch member counts as dead, last
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local wait = -1

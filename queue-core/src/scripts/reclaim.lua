@@ -25,12 +25,12 @@ for _, id in ipairs(expired) do
   local member, member_reason
   if redis.call('LPOS', KEYS[1], id) then
     local jobkey = ARGV[1] .. id
-    local h, bad = read_job(jobkey, 'state', 'attempts', 'max_attempts', 'batch')
+    local h, bad = read_job(jobkey, 'state', 'attempts', 'max_attempts')
     local attempts, max
     if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
     if not bad then attempts, max, bad = job_counts(h[2], h[3]) end
     if bad then
-      dead_letter(jobkey, KEYS[4], KEYS[5], id, bad, now)
+      member, member_reason = dead_letter(jobkey, KEYS[4], KEYS[5], id, bad, now), bad
       dead = dead + 1
     else
       local msg = 'lease expired: the worker died or stalled'
@@ -38,13 +38,15 @@ for _, id in ipairs(expired) do
         msg = 'taken from main but never claimed: the worker died between BLMOVE and claim'
       end
       if h[1] == 'active' and attempts >= max then
-        dead_letter(jobkey, KEYS[4], KEYS[5], id,
-          'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. msg, now)
+        member_reason = 'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. msg
+        member = dead_letter(jobkey, KEYS[4], KEYS[5], id, member_reason, now)
         redis.call('HSET', jobkey, 'last_error', msg, 'failed_at', now)
         dead = dead + 1
-        if h[4] then member, member_reason = h[4], 'attempts exhausted: ' .. msg end
       else
-        local backoff = base * 2 ^ math.max(attempts - 1, 0)
+        -- The exponent is capped as the Rust side caps it (40): with a base
+        -- of 0 and 1,025 attempts or more, 0 * 2^1024 is NaN, which ZADD
+        -- refuses half-way through the pass (and at every pass after it).
+        local backoff = base * 2 ^ math.min(math.max(attempts - 1, 0), 40)
         if backoff > cap then backoff = cap end
         local run_at = now + math.floor(backoff / 2 + math.random() * backoff / 2)
         ev_hist(KEYS[5], id, jobkey, 'reclaimed', msg, now)
@@ -63,7 +65,7 @@ for _, id in ipairs(expired) do
   -- The batch counts last, after the job's own move (dead list, out of
   -- processing and leases): when they came first, a failure in them left a
   -- dead-lettered job in processing and leases, to run again.
-  if member then wf_member_finished(member, id, 'dead', member_reason, now, KEYS[5]) end
+  dead_member(member, id, member_reason, now, KEYS[5])
 end
 local tail = redis.call('LRANGE', KEYS[1], -scan, -1)
 for _, id in ipairs(tail) do

@@ -14,13 +14,13 @@ end
 expect_types(KEYS[1], 'list', KEYS[2], 'list')
 local removed, dead = 0, 0
 for i = 1, #ARGV, 2 do
-  if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
-    if ARGV[i + 1] == '' then
-      removed = removed + 1
-    else
-      redis.call('LPUSH', KEYS[2], ARGV[i + 1] .. '\n' .. ARGV[i])
-      dead = dead + 1
-    end
+  if ARGV[i + 1] == '' then
+    if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then removed = removed + 1 end
+  elseif redis.call('LPOS', KEYS[1], ARGV[i]) then
+    -- The dead-notice list first, then the removal (insert before remove).
+    redis.call('LPUSH', KEYS[2], ARGV[i + 1] .. '\n' .. ARGV[i])
+    redis.call('LREM', KEYS[1], 1, ARGV[i])
+    dead = dead + 1
   end
 end
 if removed > 0 then bump(KEYS[3], 'relayed', removed) end

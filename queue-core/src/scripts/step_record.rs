@@ -48,7 +48,7 @@ impl StepRecord<'_> {
             .arg(self.token)
             .arg(self.name)
             .arg(self.value)
-            .arg(self.ttl.as_millis().max(1) as u64)
+            .arg(super::ms(self.ttl).max(1))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         match reply::integer(&k.queue, Some(self.id), "step_record reply", &reply)? {
