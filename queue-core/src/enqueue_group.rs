@@ -248,28 +248,92 @@ impl Turn {
             }
         };
         self.state = TurnState::Sent;
+        debug!(queue = %self.keys.queue, jobs = batch.len(), "group commit");
+        InFlight::new(self.conn.clone(), self.keys.clone(), batch)
+            .answer(true)
+            .await;
+    }
+}
+
+/// A call's jobs from the moment they left the lane until each caller has
+/// its answer. The leader sends its call inside its own caller's future: if
+/// that caller is cancelled (a request handler dropped, a `timeout`, a
+/// `select!`) while the call is in flight, dropping this finishes the call in
+/// a task of its own for the callers not answered yet (sent again as a
+/// retry: the dedupe reads and each job's enqueue token make a job the first
+/// call wrote answer as written, not twice). Before, they all got
+/// "outcome unknown" for a cancel that was not theirs.
+struct InFlight {
+    conn: RedisConnection,
+    keys: Arc<QueueKeys>,
+    jobs: Vec<PendingJob>,
+    /// Each job's caller, until answered.
+    txs: Vec<Option<oneshot::Sender<Result<EnqueueReply>>>>,
+}
+
+impl InFlight {
+    fn new(conn: RedisConnection, keys: Arc<QueueKeys>, batch: Vec<Waiter>) -> Self {
         let (jobs, txs): (Vec<PendingJob>, Vec<_>) =
-            batch.into_iter().map(|w| (w.job, w.tx)).unzip();
+            batch.into_iter().map(|w| (w.job, Some(w.tx))).unzip();
+        InFlight {
+            conn,
+            keys,
+            jobs,
+            txs,
+        }
+    }
+
+    /// Sends the call (`fresh`: its first try, which may skip the dedupe
+    /// reads of generated ids) and answers each caller.
+    async fn answer(mut self, fresh: bool) {
         let keys = &*self.keys;
-        debug!(queue = %keys.queue, jobs = jobs.len(), "group commit");
-        match send_call(&self.conn, keys, Mode::Each, &jobs).await {
+        match send_call(&self.conn, keys, Mode::Each, &self.jobs, fresh).await {
             Ok(replies) => {
-                for ((job, tx), reply) in jobs.iter().zip(txs).zip(replies) {
+                for (i, reply) in replies.into_iter().enumerate() {
                     let result = match reply {
                         ManyReply::Enqueued(r) => Ok(r),
                         // Alone, in mode `all`: its caller gets the script's
                         // own error reply, nothing written.
-                        ManyReply::Invalid(_) => send_alone(&self.conn, keys, job).await,
+                        ManyReply::Invalid(_) => send_alone(&self.conn, keys, &self.jobs[i]).await,
                     };
-                    let _ = tx.send(result);
+                    if let Some(tx) = self.txs.get_mut(i).and_then(Option::take) {
+                        let _ = tx.send(result);
+                    }
                 }
             }
             Err(e) => {
-                for (job, tx) in jobs.iter().zip(txs) {
-                    let _ = tx.send(Err(for_job(&e, &keys.queue, &job.id)));
+                for (job, tx) in self.jobs.iter().zip(&mut self.txs) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(Err(for_job(&e, &keys.queue, &job.id)));
+                    }
                 }
             }
         }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.txs.iter().all(Option::is_none) {
+            return;
+        }
+        // Without a runtime (it is shutting down) the senders drop and each
+        // caller gets `abandoned` (outcome unknown).
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (jobs, txs): (Vec<PendingJob>, Vec<_>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .zip(std::mem::take(&mut self.txs))
+            .filter(|(_, tx)| tx.is_some())
+            .unzip();
+        let rest = InFlight {
+            conn: self.conn.clone(),
+            keys: self.keys.clone(),
+            jobs,
+            txs,
+        };
+        drop(rt.spawn(rest.answer(false)));
     }
 }
 
@@ -279,7 +343,7 @@ pub(crate) async fn send_alone(
     keys: &QueueKeys,
     job: &PendingJob,
 ) -> Result<EnqueueReply> {
-    let replies = send_call(conn, keys, Mode::All, std::slice::from_ref(job)).await?;
+    let replies = send_call(conn, keys, Mode::All, std::slice::from_ref(job), true).await?;
     match replies.into_iter().next() {
         Some(ManyReply::Enqueued(r)) => Ok(r),
         other => Err(QueueError::protocol(
@@ -292,12 +356,14 @@ pub(crate) async fn send_alone(
 
 /// One `enqueue_many.lua` call for `jobs` (at most one call's worth), sent
 /// again on a connection failure within the shortest retry window of its
-/// jobs; only the first attempt skips the dedupe reads of generated ids.
+/// jobs; only the first attempt of a `fresh` call skips the dedupe reads of
+/// generated ids (a call finished for a cancelled leader is not fresh).
 async fn send_call(
     conn: &RedisConnection,
     keys: &QueueKeys,
     mode: Mode,
     jobs: &[PendingJob],
+    fresh: bool,
 ) -> Result<Vec<ManyReply>> {
     let window = jobs
         .iter()
@@ -310,7 +376,7 @@ async fn send_call(
         .unwrap_or_else(|| JobId::from(""));
     let mut attempt = 0u32;
     with_retries(window, &keys.queue, &first, || {
-        let fresh = attempt == 0;
+        let fresh = fresh && attempt == 0;
         attempt += 1;
         let mut conn = conn.clone();
         async move {

@@ -260,3 +260,41 @@ async fn a_cancelled_leader_leaves_the_callers_behind_it_answered() {
     // waiter's: the first job, the leader's, 8 joined and the last.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
 }
+
+/// A leader cancelled by its caller while its call is in flight (the batch
+/// taken from the lane, the request sent or about to be) still answers the
+/// callers that joined it: the call is finished in a task of its own, sent
+/// again as a retry (the dedupe reads and each job's token keep a job the
+/// first call wrote from being written twice). Before, each of them got
+/// "outcome unknown" for a cancel that was not theirs.
+#[tokio::test]
+async fn a_leader_cancelled_mid_call_leaves_its_joined_callers_answered() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let first = env.task(1);
+    let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
+    // First poll: the leader is admitted and yields its scheduler turn.
+    assert!(futures::poll!(&mut leader).is_pending());
+    let joined: Vec<_> = (2..10)
+        .map(|i| {
+            let queue = env.queue.clone();
+            let t = env.task(i);
+            tokio::spawn(async move { queue.enqueue::<task::Job>(&t).await })
+        })
+        .collect();
+    // The joiners wait in the lane.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Second poll: the leader takes the lane's jobs and sends the call; its
+    // reply cannot have come back within this poll. Then it is cancelled.
+    assert!(futures::poll!(&mut leader).is_pending());
+    drop(leader);
+    for j in joined {
+        let r = tokio::time::timeout(BOUND, j)
+            .await
+            .expect("answered")
+            .expect("the task ran");
+        r.expect("a caller behind a leader cancelled mid-call is enqueued");
+    }
+    // Every job once: the first, the cancelled leader's and the 8 joined.
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
+}

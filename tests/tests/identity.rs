@@ -142,3 +142,36 @@ async fn a_timeout_for_an_unregistered_type_is_refused() {
         .unwrap_err();
     assert!(err.to_string().contains("more than zero"), "{err}");
 }
+
+/// A lease of "for ever" and a blocking wait of zero are refused when the
+/// worker is built: the first panicked in every job's runner (the local
+/// lease clock overflowed) and left the job leased, the second blocked a
+/// BLMOVE for ever on the server, whose next job then sat in processing.
+#[tokio::test]
+async fn a_lease_for_ever_or_a_block_timeout_of_zero_is_refused() {
+    let env = TestEnv::start().await;
+    let err = env
+        .worker(
+            QUEUE,
+            queue_core::WorkerConfig {
+                lease: Duration::MAX,
+                ..fast_config()
+            },
+        )
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("at most 7 days"), "{err}");
+    let err = env
+        .worker(
+            QUEUE,
+            queue_core::WorkerConfig {
+                block_timeout: Duration::ZERO,
+                ..fast_config()
+            },
+        )
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("block_timeout"), "{err}");
+}

@@ -16,6 +16,9 @@ use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 use crate::registry::Registration;
 
+/// The longest lease a worker takes ([`WorkerConfig::lease`]): 7 days.
+const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Worker settings. The defaults suit most queues; see each field.
 ///
 /// ```
@@ -28,7 +31,7 @@ pub struct WorkerConfig {
     /// Jobs run at once, across all queues of the worker.
     pub concurrency: usize,
     /// Lease per delivery. A job whose worker stops heartbeating is returned
-    /// by the watchdog once its lease expires.
+    /// by the watchdog once its lease expires. 100 ms to 7 days.
     pub lease: Duration,
     /// Heartbeat period; `None`: a third of the lease.
     pub heartbeat: Option<Duration>,
@@ -37,6 +40,7 @@ pub struct WorkerConfig {
     pub heartbeat_enabled: bool,
     /// How long one BLMOVE waits on an empty queue. Also bounds how long
     /// shutdown waits for the fetchers; an idle worker makes one call per period.
+    /// More than zero (zero would block for ever on the server).
     pub block_timeout: Duration,
     /// Jobs moved and claimed per round trip when the queue is deep.
     ///
@@ -362,6 +366,22 @@ impl WorkerBuilder {
         }
         if cfg.lease < Duration::from_millis(100) {
             return Err(QueueError::Config("lease must be at least 100ms".into()));
+        }
+        // A lease of "for ever" overflowed the local lease clock (`Instant`
+        // plus the lease) and panicked in every job's runner, leaving the
+        // job leased for the longest time a script keeps: lost.
+        if cfg.lease > MAX_LEASE {
+            return Err(QueueError::Config(
+                "lease must be at most 7 days (a heartbeat keeps a longer job's lease)".into(),
+            ));
+        }
+        // BLMOVE with a timeout of 0 blocks for ever: the client gives up at
+        // its response timeout, and the next job the pending BLMOVE moves
+        // lands in processing with its reply thrown away.
+        if cfg.block_timeout.is_zero() {
+            return Err(QueueError::Config(
+                "block_timeout must be more than zero".into(),
+            ));
         }
         if cfg.heartbeat_interval() >= cfg.lease {
             return Err(QueueError::Config(

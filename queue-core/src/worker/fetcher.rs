@@ -451,6 +451,7 @@ impl Fetcher {
             token: &token,
         };
         let job_id = JobId::from(String::from_utf8_lossy(&id).into_owned());
+        let first_sent = tokio::time::Instant::now();
         same_token_retries(&self.inner, &k, Some(&job_id), "claim", || {
             let mut conn = self.inner.conn.clone();
             let claim = &claim;
@@ -458,7 +459,7 @@ impl Fetcher {
             async move { claim.run_as(&mut conn, me).await }
         })
         .await
-        .map(Some)
+        .map(|row| Some(row.sent_at(first_sent)))
     }
 
     /// Dead-letters the job of a row that does not decode (its reason names
@@ -499,7 +500,8 @@ impl Fetcher {
 async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
     let token_base = random_token();
     let mut first_try = true;
-    same_token_retries(inner, keys, None, "fetch", || {
+    let first_sent = tokio::time::Instant::now();
+    let reply = same_token_retries(inner, keys, None, "fetch", || {
         // The base was just drawn: only its first try may skip the receipt.
         let fetch = Fetch {
             keys,
@@ -512,7 +514,13 @@ async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<Fe
         let me = &inner.identity.name;
         async move { fetch.run_or_paused_as(&mut conn, me).await }
     })
-    .await
+    .await?;
+    Ok(match reply {
+        FetchReply::Rows(rows) => {
+            FetchReply::Rows(rows.into_iter().map(|r| r.sent_at(first_sent)).collect())
+        }
+        other => other,
+    })
 }
 
 /// Runs `op`, a fetch or claim with one fixed token, retrying Redis
@@ -520,7 +528,10 @@ async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<Fe
 /// of a lease. Both scripts answer a retry with the same token with the
 /// same rows (claim: the hash holds the token; fetch: its receipt lives
 /// half a lease), so a first try that ran but whose reply was lost is not
-/// claimed twice, not answered `busy`, and its jobs run.
+/// claimed twice, not answered `busy`, and its jobs run. Such a row carries
+/// the lease its first try took: the callers stamp it with the first try's
+/// send time, where the local lease clock starts (a retry's send time let
+/// a worker trust its lease up to the retry window beyond the Redis one).
 async fn same_token_retries<T, F, Fut>(
     inner: &Inner,
     keys: &QueueKeys,
