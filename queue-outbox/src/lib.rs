@@ -76,6 +76,7 @@
 //! | `rejected_at` | timestamptz | set when a row can never be published (e.g. a hand-written invalid job id) |
 //! | `attempts`, `last_error` | int, text | committed publish attempts and the last Redis error (kept after success) |
 //! | `run_at` | timestamptz | from [`EnqueueOptions::delay`](queue_core::EnqueueOptions::delay) or `run_at` |
+//! | `extra` | text[] (name, value, …) | the job's extra fields: rate key, group, start deadline ([`OutboxRow::extra_fields`]); added to an older table by [`Outbox::migrate`] |
 //!
 //! plus a partial index on unpublished rows and an index on `created_at`.
 //! Published rows stay until [`Outbox::prune`].

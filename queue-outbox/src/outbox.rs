@@ -93,6 +93,11 @@ pub struct OutboxRow {
     pub last_error: Option<String>,
     /// Run no earlier than this (from [`EnqueueOptions::delay`] or [`EnqueueOptions::run_at`]).
     pub run_at: Option<SystemTime>,
+    /// The job's extra fields (name, value), as [`EnqueueOptions::extra_field`]
+    /// and the options built on it set them: a rate key (given, or the job
+    /// type's `#[job(rate_key = ..)]`), a group, a start deadline. The relay
+    /// enqueues the job with them. Column `extra` (`text[]`: name, value, …).
+    pub extra_fields: Vec<(String, String)>,
 }
 
 impl OutboxRow {
@@ -127,8 +132,24 @@ impl OutboxRow {
             attempts: row.try_get(10).map_err(|e| bad("attempts", e))?,
             last_error: row.try_get(11).map_err(|e| bad("last_error", e))?,
             run_at: row.try_get(12).map_err(|e| bad("run_at", e))?,
+            extra_fields: pairs(
+                row.try_get::<_, Option<Vec<String>>>(13)
+                    .map_err(|e| bad("extra", e))?
+                    .unwrap_or_default(),
+            ),
         })
     }
+}
+
+/// The (name, value) pairs of an `extra` column (a trailing odd value, which
+/// only a hand-written row can hold, is left out).
+fn pairs(flat: Vec<String>) -> Vec<(String, String)> {
+    let mut it = flat.into_iter();
+    let mut out = Vec::new();
+    while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        out.push((name, value));
+    }
+    out
 }
 
 /// Row counts of an outbox table (see [`Outbox::stats`]).
@@ -197,8 +218,11 @@ impl Outbox {
         &self.table
     }
 
-    /// Creates the table and its indexes if absent. Idempotent, and safe to run
-    /// from several processes at once (serialised by an advisory lock).
+    /// Creates the table and its indexes if absent, and adds the columns a
+    /// newer version needs to an existing table (the `extra` column, for a
+    /// table made before stop 36: run it after upgrading, before the new
+    /// version writes or relays). Idempotent, and safe to run from several
+    /// processes at once (serialised by an advisory lock).
     ///
     /// Works on a [`Client`](tokio_postgres::Client) or inside a
     /// [`Transaction`] (then it commits with it).
@@ -260,7 +284,11 @@ impl Outbox {
     }
 
     /// Like [`enqueue_in_tx`](Self::enqueue_in_tx) with [`EnqueueOptions`]:
-    /// `id`, `max_attempts`, `delay` and `run_at` are honoured.
+    /// `id`, `max_attempts`, `delay`, `run_at` and the extra fields (a rate
+    /// key, given or from the job type's `#[job(rate_key = ..)]`, a group, a
+    /// start deadline: [`OutboxRow::extra_fields`]) are honoured. A start
+    /// deadline relative to the enqueue (`expires_in`) counts from the
+    /// relay's publish, as the job's `enqueued_at` does.
     ///
     /// The delay counts from the insert (PostgreSQL clock): a relay that
     /// publishes later enqueues the job with whatever remains of it. `run_at`
@@ -302,6 +330,14 @@ impl Outbox {
             .map(|d| i64::try_from(d.as_micros()).map_err(|_| invalid("delay too long")))
             .transpose()?;
         let run_at: Option<SystemTime> = opts.run_at;
+        let mut extra = opts.extra_fields;
+        if !extra.iter().any(|(n, _)| n == "rate_key") {
+            if let Some(key) = J::rate_key(args) {
+                extra.push(("rate_key".to_string(), key));
+            }
+        }
+        let extra: Option<Vec<String>> =
+            (!extra.is_empty()).then(|| extra.into_iter().flat_map(|(n, v)| [n, v]).collect());
         let payload = rmp_serde::to_vec_named(args).map_err(|source| OutboxError::Encode {
             queue: queue.to_string(),
             job_type: J::NAME.to_string(),
@@ -320,6 +356,7 @@ impl Outbox {
                     &payload,
                     &delay_us,
                     &run_at,
+                    &extra,
                 ],
             )
             .await

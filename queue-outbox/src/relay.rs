@@ -39,13 +39,16 @@ pub struct RelayReport {
     /// Of `published`, rows Redis already had (`Duplicate` or
     /// `AlreadyCompleted`): re-sends after a crash, or jobs also enqueued directly.
     pub duplicates: usize,
-    /// Rows left unpublished after a Redis error (the batch stops at the
-    /// first one, so 0 or 1); the row's `attempts` and `last_error` are updated.
+    /// Rows left unpublished after a Redis error; the row's `attempts` and
+    /// `last_error` are updated. A failure of Redis itself (unreachable,
+    /// timed out, read-only, not replicated) stops the batch at the first
+    /// one; a refusal of one row (an error reply for its job) does not, so
+    /// one row can never hold back the others.
     pub failed: usize,
     /// Rows marked rejected: they can never be published (e.g. an invalid job
     /// id written by hand). See [`ReconcileStatus::Rejected`](crate::ReconcileStatus::Rejected).
     pub rejected: usize,
-    /// The Redis error that stopped the batch, if any.
+    /// The last Redis error of the batch, if any.
     pub error: Option<String>,
 }
 
@@ -293,9 +296,9 @@ impl Relay {
         for raw in &rows {
             // A column of the wrong type is a table problem, not a row problem:
             // fail the batch (rolled back) rather than reject every row.
-            let (row, delay_ms) = decode_row(table, raw)?;
+            let (row, delay_ms, finite) = decode_row(table, raw)?;
 
-            if let Err(reason) = unpublishable(&row) {
+            if let Err(reason) = unpublishable(&row, finite) {
                 let why = "it can never be published";
                 reject_row(&tx, table, &row, &reason, why).await?;
                 report.rejected += 1;
@@ -318,10 +321,12 @@ impl Relay {
                 }
                 Err(e) => {
                     // Redis down, timed out, read-only, not replicated in
-                    // time, or answered oddly. The write may or may not have
+                    // time, or refused this row. The write may or may not have
                     // landed: leave the row unpublished (a re-send is a
-                    // no-op) and stop this batch.
+                    // no-op). A failure of Redis itself stops the batch; a
+                    // refusal of this row alone does not (`row_only`).
                     let reason = e.to_string();
+                    let stop = !row_only(&e);
                     warn!(
                         table = %tname,
                         row_id = row.row_id,
@@ -335,7 +340,9 @@ impl Relay {
                     mark_row(&tx, &table.mark_failed_sql(), tname, what, &row, &reason).await?;
                     report.failed += 1;
                     report.error = Some(reason);
-                    break;
+                    if stop {
+                        break;
+                    }
                 }
             }
         }
@@ -496,19 +503,30 @@ where
 }
 
 /// One selected row and its computed delay (column 13 of the batch select).
-fn decode_row(table: &TableName, raw: &Row) -> Result<(OutboxRow, Option<i64>)> {
+/// A selected row, its delay in ms (none: due now) and whether its `run_at`
+/// is a finite time (`infinity` is a valid `timestamptz`; the delay is then
+/// not computed, since `infinity - now()` fails the whole `SELECT`).
+fn decode_row(table: &TableName, raw: &Row) -> Result<(OutboxRow, Option<i64>, bool)> {
     let row = OutboxRow::from_row(table, raw)?;
-    let delay_ms: Option<i64> = raw.try_get(13).map_err(|e| OutboxError::InvalidRow {
+    let bad = |what: &str, e: tokio_postgres::Error| OutboxError::InvalidRow {
         table: table.name.clone(),
         row_id: row.row_id,
         queue: Some(row.queue.clone()),
         job_id: Some(row.job_id.clone()),
-        reason: format!("computed delay: {e}"),
-    })?;
-    Ok((row, delay_ms))
+        reason: format!("{what}: {e}"),
+    };
+    let delay_ms: Option<i64> = raw.try_get(14).map_err(|e| bad("computed delay", e))?;
+    let finite: bool = raw.try_get(15).map_err(|e| bad("run_at finiteness", e))?;
+    Ok((row, delay_ms, finite))
 }
 
 /// Enqueues one row to Redis under its stable job id.
+///
+/// With replicas required, a row sent before (`attempts` > 0) is first sent
+/// without them: a job that already ran (`AlreadyCompleted`) is published
+/// whatever the replicas say. Held back until they confirm, it was sent again
+/// at every batch, and once its completion record expired the re-send created
+/// the job anew and it ran a second time.
 async fn send_row(
     queue: &Queue,
     row: &OutboxRow,
@@ -519,11 +537,11 @@ async fn send_row(
     if let Some(ms) = delay_ms.filter(|ms| *ms > 0) {
         opts = opts.delay(Duration::from_millis(ms as u64));
     }
-    if let Some((n, timeout)) = replicas {
-        opts = opts.wait_for_replicas(n, timeout);
+    for (name, value) in &row.extra_fields {
+        opts = opts.extra_field(name, value.as_str());
     }
-    queue
-        .enqueue_raw(
+    let send = |opts: EnqueueOptions| {
+        queue.enqueue_raw(
             &row.queue,
             &row.job_type,
             row.schema_version as u32,
@@ -531,7 +549,41 @@ async fn send_row(
             opts,
             &row.payload,
         )
-        .await
+    };
+    let Some((n, timeout)) = replicas else {
+        return send(opts).await;
+    };
+    if row.attempts > 0 {
+        let probe = send(opts.clone()).await?;
+        if probe.outcome == EnqueueOutcome::AlreadyCompleted {
+            return Ok(probe);
+        }
+    }
+    send(opts.wait_for_replicas(n, timeout)).await
+}
+
+/// A send error that concerns this row alone: an error reply to its own
+/// call (a queue key of another type, corrupt data under its id, anything
+/// the script refused) or a reply this version does not understand. The
+/// batch goes on past it. Every other error (Redis unreachable, timed out,
+/// read-only, loading, a cluster redirection, not replicated) hits every row
+/// alike and stops the batch.
+fn row_only(e: &QueueError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind};
+    match e {
+        QueueError::Redis { source, .. } => {
+            !source.is_io_error()
+                && !source.is_timeout()
+                && !source.is_connection_dropped()
+                && !source.is_connection_refusal()
+                && matches!(
+                    source.kind(),
+                    ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::Extension
+                )
+        }
+        QueueError::Protocol { .. } => true,
+        _ => false,
+    }
 }
 
 /// Logs a published row; `true` when Redis already had the job (a re-send).
@@ -608,7 +660,10 @@ async fn mark_row(
 }
 
 /// Why a row can never be published, checked before it is sent.
-fn unpublishable(row: &OutboxRow) -> std::result::Result<(), String> {
+fn unpublishable(row: &OutboxRow, finite_run_at: bool) -> std::result::Result<(), String> {
+    if !finite_run_at {
+        return Err("run_at is not a finite time (infinity)".into());
+    }
     check_job_id(&row.job_id).map_err(str::to_string)?;
     check_queue(&row.queue).map_err(str::to_string)?;
     if row.job_type.is_empty() {

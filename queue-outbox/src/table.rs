@@ -95,7 +95,7 @@ impl TableName {
     /// Columns read by the relay and by reconciliation, in this order.
     pub(crate) const COLUMNS: &'static str =
         "id, job_id, queue, job_type, schema_version, max_attempts, payload, \
-         created_at, published_at, rejected_at, attempts, last_error, run_at";
+         created_at, published_at, rejected_at, attempts, last_error, run_at, extra";
 
     pub(crate) fn migrate_sql(&self) -> String {
         let t = &self.quoted;
@@ -119,8 +119,10 @@ CREATE TABLE IF NOT EXISTS {t} (
     attempts       int         NOT NULL DEFAULT 0,
     last_error     text,
     run_at         timestamptz,
+    extra          text[],
     UNIQUE (queue, job_id)
 );
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extra text[];
 CREATE INDEX IF NOT EXISTS \"{b}_unpublished_idx\" ON {t} (id)
     WHERE published_at IS NULL AND rejected_at IS NULL;
 CREATE INDEX IF NOT EXISTS \"{b}_created_idx\" ON {t} (created_at);",
@@ -130,9 +132,9 @@ CREATE INDEX IF NOT EXISTS \"{b}_created_idx\" ON {t} (created_at);",
 
     pub(crate) fn insert_sql(&self) -> String {
         format!(
-            "INSERT INTO {} (job_id, queue, job_type, schema_version, max_attempts, payload, run_at) \
+            "INSERT INTO {} (job_id, queue, job_type, schema_version, max_attempts, payload, run_at, extra) \
              VALUES ($1, $2, $3, $4, $5, $6, \
-                     COALESCE($8::timestamptz, now() + $7::bigint * interval '1 microsecond')) \
+                     COALESCE($8::timestamptz, now() + $7::bigint * interval '1 microsecond'), $9) \
              ON CONFLICT (queue, job_id) DO NOTHING RETURNING id",
             self.quoted
         )
@@ -140,7 +142,10 @@ CREATE INDEX IF NOT EXISTS \"{b}_created_idx\" ON {t} (created_at);",
 
     pub(crate) fn select_batch_sql(&self) -> String {
         format!(
-            "SELECT {}, GREATEST(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint \
+            "SELECT {}, \
+                    CASE WHEN isfinite(run_at) \
+                         THEN GREATEST(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint END, \
+                    run_at IS NULL OR isfinite(run_at) \
              FROM {} WHERE published_at IS NULL AND rejected_at IS NULL \
              ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
             Self::COLUMNS,

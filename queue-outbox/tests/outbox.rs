@@ -11,7 +11,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use queue_core::{
-    job, EnqueueOptions, EnqueueOutcome, Job, JobContext, JobError, Queue, Worker, WorkerConfig,
+    job, EnqueueOptions, EnqueueOutcome, Job, JobContext, JobError, Queue, QueueKeys, Worker,
+    WorkerConfig,
 };
 use queue_outbox::tokio_postgres::Client;
 use queue_outbox::{
@@ -832,6 +833,101 @@ async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
     );
 }
 
+/// A row Redis refuses on its own (here: its job key holds a string, so
+/// the script refuses the call before any write) keeps its error and is
+/// tried again later, and the rows behind it are published. Before, the
+/// batch stopped at it, and since it is the oldest it stopped every batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_redis_refuses_holds_back_no_other_row() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("poison-1", &mail(1)).await;
+    env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
+    let key = QueueKeys::new(MAIL_Q).job("poison-1");
+    let mut c = env.queue.connection();
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("corrupt")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let mut relay = env.relay().await;
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.failed), (1, 1), "{report:?}");
+    assert!(env.row("fine-2").await.0, "the row behind it is published");
+    let (published, attempts, last_error) = env.row("poison-1").await;
+    assert!(!published && attempts == 1, "{last_error:?}");
+    // Repaired, it goes out with the next batch.
+    let _: () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.failed), (1, 0), "{report:?}");
+}
+
+/// A row whose `run_at` is `infinity` (written by hand, say to park it) is
+/// rejected, naming why; the others are published. Before, `infinity -
+/// now()` failed the whole `SELECT`, so no row was published again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_run_at_infinity_is_rejected_and_the_others_published() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("parked-1", &mail(1)).await;
+    env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
+    let sql = format!(
+        "UPDATE \"{}\" SET run_at = 'infinity' WHERE job_id = 'parked-1'",
+        env.table()
+    );
+    env.client.execute(&sql, &[]).await.unwrap();
+    let mut relay = env.relay().await;
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.rejected), (1, 1), "{report:?}");
+    let (published, _, last_error) = env.row("parked-1").await;
+    assert!(!published);
+    assert!(last_error.unwrap_or_default().contains("finite"));
+    assert!(env.row("fine-2").await.0);
+}
+
+/// A job's extra fields (a group, a rate key) go through the outbox: the
+/// relay enqueues the job with them, so fair queuing and per-key limits
+/// apply to it. Before, the outbox dropped them without a word.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_fields_reach_the_job_through_the_relay() {
+    let Some(mut env) = setup().await else { return };
+    let tx = env.client.transaction().await.unwrap();
+    let opts = EnqueueOptions::new()
+        .id("x-1")
+        .group("tenant-1")
+        .rate_key("acct-1");
+    env.outbox
+        .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, &mail(1))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let mut relay = env.relay().await;
+    assert_eq!(relay.publish_batch(100).await.unwrap().published, 1);
+    let keys = QueueKeys::new(MAIL_Q);
+    let fields: Vec<Option<String>> = redis::cmd("HMGET")
+        .arg(keys.job("x-1"))
+        .arg("group")
+        .arg("rate_key")
+        .query_async(&mut env.queue.connection())
+        .await
+        .unwrap();
+    assert_eq!(
+        fields,
+        [Some("tenant-1".to_string()), Some("acct-1".to_string())]
+    );
+    let grouped: Vec<String> = redis::cmd("LRANGE")
+        .arg(keys.group("tenant-1"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut env.queue.connection())
+        .await
+        .unwrap();
+    assert_eq!(grouped, ["x-1"], "waiting in its group's list");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_of_the_wrong_shape_is_an_error_not_a_panic() {
     let Some(env) = setup().await else { return };
@@ -841,7 +937,7 @@ async fn a_table_of_the_wrong_shape_is_an_error_not_a_panic() {
         "CREATE TABLE \"{table}\" (id bigserial primary key, job_id text, queue text, job_type text,
             schema_version text, max_attempts int, payload bytea, created_at timestamptz default now(),
             published_at timestamptz, rejected_at timestamptz, attempts int default 0, last_error text,
-            run_at timestamptz);
+            run_at timestamptz, extra text[]);
          INSERT INTO \"{table}\" (job_id, queue, job_type, schema_version, max_attempts, payload)
             VALUES ('x', 'outbox_mail', 'send_mail', 'one', 3, '\\x80'::bytea);"
     );
@@ -1074,12 +1170,10 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
     assert!(!exists, "rolled back with the caller's transaction");
 }
 
-/// With `wait_for_replicas`, "published" means replicated: with no replica
-/// the row stays unpublished (its job is on the primary), and is marked once
-/// a relay that does not require replicas re-sends it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_relay_that_waits_for_replicas_does_not_mark_unreplicated_rows() {
-    let Some(mut env) = setup().await else { return };
+/// Stages row `w-1` and sends it through a relay that waits for one
+/// replica, which this server does not have: the row stays unpublished
+/// (its job is on the primary). Returns that relay.
+async fn held_back_by_replicas(env: &mut Env) -> Relay {
     env.stage::<send_mail::Job>("w-1", &mail(1)).await;
     let mut strict = env
         .relay()
@@ -1087,6 +1181,16 @@ async fn a_relay_that_waits_for_replicas_does_not_mark_unreplicated_rows() {
         .wait_for_replicas(1, Duration::from_millis(100));
     let report = strict.publish_batch(100).await.unwrap();
     assert_eq!((report.published, report.failed), (0, 1), "{report:?}");
+    strict
+}
+
+/// With `wait_for_replicas`, "published" means replicated: with no replica
+/// the row stays unpublished (its job is on the primary), and is marked once
+/// a relay that does not require replicas re-sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_that_waits_for_replicas_does_not_mark_unreplicated_rows() {
+    let Some(mut env) = setup().await else { return };
+    held_back_by_replicas(&mut env).await;
     let (published, attempts, last_error) = env.row("w-1").await;
     assert!(!published && attempts == 1);
     assert!(last_error.unwrap().contains("replicas"));
@@ -1098,6 +1202,27 @@ async fn a_relay_that_waits_for_replicas_does_not_mark_unreplicated_rows() {
     let mut relaxed = env.relay().await;
     let report = relaxed.publish_batch(100).await.unwrap();
     assert_eq!((report.published, report.duplicates), (1, 1));
+    assert_eq!(env.enqueued(MAIL_Q).await, 1);
+}
+
+/// With `wait_for_replicas` and no replica, a row whose job already ran is
+/// published all the same: held back, it was sent again at every batch, and
+/// once its completion record expired the re-send created the job anew, so
+/// it ran twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_job_ran_is_published_without_its_replicas() {
+    let Some(mut env) = setup().await else { return };
+    let mut strict = held_back_by_replicas(&mut env).await;
+    let (shutdown, worker) = spawn_worker(&env).await;
+    wait_for(Duration::from_secs(30), "the job ran", || async {
+        env.queue.stats(MAIL_Q).await.unwrap().counter("completed") == 1
+    })
+    .await;
+    shutdown.shutdown();
+    worker.await.unwrap().unwrap();
+    let report = strict.publish_batch(100).await.unwrap();
+    assert_eq!((report.published, report.duplicates), (1, 1), "{report:?}");
+    assert!(env.row("w-1").await.0);
     assert_eq!(env.enqueued(MAIL_Q).await, 1);
 }
 

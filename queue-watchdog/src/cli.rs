@@ -214,7 +214,8 @@ pub struct RelayArgs {
     /// Publish one batch, print its report and exit (1 when a row failed).
     #[arg(long)]
     pub once: bool,
-    /// Create the table first if it does not exist.
+    /// Create the table first if it does not exist (and add the columns a
+    /// newer version needs to an existing one).
     #[arg(long)]
     pub migrate: bool,
     /// Mark a row published only once this many replicas confirmed its job.
