@@ -309,6 +309,15 @@ impl InFlight {
                 }
             }
         }
+        // Every caller has its answer by now (the reply's length is checked
+        // against the call's); one without would be answered here rather
+        // than sent again by `drop`, so that nothing can loop.
+        for (job, tx) in self.jobs.iter().zip(&mut self.txs) {
+            if let Some(tx) = tx.take() {
+                let e = QueueError::protocol(&keys.queue, Some(&job.id), "no reply for this job");
+                let _ = tx.send(Err(e));
+            }
+        }
     }
 }
 
