@@ -374,9 +374,7 @@ impl Queue {
                     enqueue_many::add_to(&mut pipe, keys, Mode::All, chunk);
                 }
                 if let Some((replicas, timeout)) = wait {
-                    pipe.cmd("WAIT")
-                        .arg(replicas)
-                        .arg(timeout.as_millis() as u64);
+                    pipe.cmd("WAIT").arg(replicas).arg(scripts::ms(timeout));
                 }
                 let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
                 if matches!(&res, Err(e) if scripts::is_unloaded(e)) {

@@ -109,6 +109,12 @@ impl Env {
         self.client.query_one(&sql, &[]).await.unwrap().get(0)
     }
 
+    /// Runs a statement on the outbox table (`$T` stands for its quoted name).
+    async fn execute(&self, sql_with_t: &str) {
+        let sql = sql_with_t.replace("$T", &format!("\"{}\"", self.table()));
+        self.client.execute(&sql, &[]).await.unwrap();
+    }
+
     async fn unpublished(&self) -> i64 {
         self.scalar("SELECT count(*) FROM $T WHERE published_at IS NULL")
             .await
@@ -699,11 +705,10 @@ async fn reconcile_lists_unfinished_jobs_but_not_completed_ones() {
     env.stage::<send_mail::Job>("unpub-old", &mail(5)).await;
     env.stage::<send_mail::Job>("unpub-new", &mail(6)).await;
     // Everything but unpub-new is two hours old.
-    let sql = format!(
-        "UPDATE \"{}\" SET created_at = now() - interval '2 hours' WHERE job_id <> 'unpub-new'",
-        env.table()
-    );
-    env.client.execute(&sql, &[]).await.unwrap();
+    env.execute(
+        "UPDATE $T SET created_at = now() - interval '2 hours' WHERE job_id <> 'unpub-new'",
+    )
+    .await;
 
     let rows = env
         .outbox
@@ -781,12 +786,11 @@ async fn reconcile_lists_unfinished_jobs_but_not_completed_ones() {
 async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
     let Some(mut env) = setup().await else { return };
     // Written by hand, bypassing enqueue_in_tx's checks.
-    let sql = format!(
-        "INSERT INTO \"{}\" (job_id, queue, job_type, schema_version, max_attempts, payload) \
+    env.execute(
+        "INSERT INTO $T (job_id, queue, job_type, schema_version, max_attempts, payload) \
          VALUES (E'bad\\nid', 'outbox_mail', 'send_mail', 1, 3, '\\x80'::bytea)",
-        env.table()
-    );
-    env.client.execute(&sql, &[]).await.unwrap();
+    )
+    .await;
     env.stage::<send_mail::Job>("good-1", &mail(1)).await;
 
     let mut relay = env.relay().await;
@@ -843,13 +847,7 @@ async fn a_row_redis_refuses_holds_back_no_other_row() {
     env.stage::<send_mail::Job>("poison-1", &mail(1)).await;
     env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
     let key = QueueKeys::new(MAIL_Q).job("poison-1");
-    let mut c = env.queue.connection();
-    let _: () = redis::cmd("SET")
-        .arg(&key)
-        .arg("corrupt")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    env.redis.command(&["SET", &key, "corrupt"]).unwrap();
     let mut relay = env.relay().await;
     let report = relay.publish_batch(100).await.unwrap();
     assert_eq!((report.published, report.failed), (1, 1), "{report:?}");
@@ -857,11 +855,7 @@ async fn a_row_redis_refuses_holds_back_no_other_row() {
     let (published, attempts, last_error) = env.row("poison-1").await;
     assert!(!published && attempts == 1, "{last_error:?}");
     // Repaired, it goes out with the next batch.
-    let _: () = redis::cmd("DEL")
-        .arg(&key)
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    env.redis.command(&["DEL", &key]).unwrap();
     let report = relay.publish_batch(100).await.unwrap();
     assert_eq!((report.published, report.failed), (1, 0), "{report:?}");
 }
@@ -874,11 +868,8 @@ async fn a_row_run_at_infinity_is_rejected_and_the_others_published() {
     let Some(mut env) = setup().await else { return };
     env.stage::<send_mail::Job>("parked-1", &mail(1)).await;
     env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
-    let sql = format!(
-        "UPDATE \"{}\" SET run_at = 'infinity' WHERE job_id = 'parked-1'",
-        env.table()
-    );
-    env.client.execute(&sql, &[]).await.unwrap();
+    env.execute("UPDATE $T SET run_at = 'infinity' WHERE job_id = 'parked-1'")
+        .await;
     let mut relay = env.relay().await;
     let report = relay.publish_batch(100).await.unwrap();
     assert_eq!((report.published, report.rejected), (1, 1), "{report:?}");
@@ -1012,11 +1003,10 @@ async fn a_delay_counts_from_the_insert_and_reaches_redis() {
         .unwrap();
     tx.commit().await.unwrap();
     // The relay runs ten minutes after the insert.
-    let sql = format!(
-        "UPDATE \"{}\" SET created_at = created_at - interval '10 minutes', run_at = run_at - interval '10 minutes'",
-        env.table()
-    );
-    env.client.execute(&sql, &[]).await.unwrap();
+    env.execute(
+        "UPDATE $T SET created_at = created_at - interval '10 minutes', run_at = run_at - interval '10 minutes'",
+    )
+    .await;
     // An absolute time takes precedence over a delay.
     let at = std::time::SystemTime::now() + Duration::from_secs(7200);
     let tx = env.client.transaction().await.unwrap();
@@ -1092,11 +1082,10 @@ async fn stats_and_prune() {
             .unwrap(),
         0
     );
-    let sql = format!(
-        "UPDATE \"{}\" SET published_at = published_at - interval '2 days' WHERE published_at IS NOT NULL",
-        env.table()
-    );
-    env.client.execute(&sql, &[]).await.unwrap();
+    env.execute(
+        "UPDATE $T SET published_at = published_at - interval '2 days' WHERE published_at IS NOT NULL",
+    )
+    .await;
     assert_eq!(
         env.outbox
             .prune(&env.client, Duration::from_secs(86_400))

@@ -150,28 +150,24 @@ async fn a_timeout_for_an_unregistered_type_is_refused() {
 #[tokio::test]
 async fn a_lease_for_ever_or_a_block_timeout_of_zero_is_refused() {
     let env = TestEnv::start().await;
-    let err = env
-        .worker(
-            QUEUE,
+    let refused = [
+        (
             queue_core::WorkerConfig {
                 lease: Duration::MAX,
                 ..fast_config()
             },
-        )
-        .build()
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("at most 7 days"), "{err}");
-    let err = env
-        .worker(
-            QUEUE,
+            "at most 7 days",
+        ),
+        (
             queue_core::WorkerConfig {
                 block_timeout: Duration::ZERO,
                 ..fast_config()
             },
-        )
-        .build()
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("block_timeout"), "{err}");
+            "block_timeout",
+        ),
+    ];
+    for (config, why) in refused {
+        let err = env.worker(QUEUE, config).build().await.unwrap_err();
+        assert!(err.to_string().contains(why), "{err}");
+    }
 }

@@ -20,13 +20,9 @@
 -- the completion record carries the token); 0 lease lost; 3 the job hash is unreadable (wrong
 -- type): nothing written for it; 4 acked now, and the job's batch is on another queue (a relay
 -- notice was written).
-local retention = tonumber(ARGV[4])
--- At most 2^53 - 1 (Lua's exact integers): a larger one would fail
--- PEXPIRE or SET PX after the record was written (callers clamp to it).
-if not retention or retention < 0 or retention ~= math.floor(retention) or retention > 9007199254740991 then
-  return redis.error_reply('ack: retention_ms must be a non-negative integer of at most 2^53 - 1, got '
-    .. tostring(ARGV[4]))
-end
+-- A count of at most 2^53 - 1 (arg_count): a larger one would fail PEXPIRE
+-- or SET PX after the record was written (callers clamp to it).
+local retention = arg_count(ARGV[4], 'retention_ms')
 local retention_str = int_str(retention)
 local compact = ARGV[6] == 'compact'
 if not compact and ARGV[6] ~= 'hash' then

@@ -52,7 +52,7 @@ if attempts then redis.call('HSET', KEYS[3], 'attempts', attempts) end
 redis.call('HSET', KEYS[3], 'failed_at', now, 'failed_token', ARGV[2])
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
-if member and wf_member_finished(member, ARGV[1], 'dead', reason, now, KEYS[6]) then
+if dead_member(member, ARGV[1], reason, now, KEYS[6]) then
   return {'dead', reason, 'relay'}
 end
 return {'dead', reason}

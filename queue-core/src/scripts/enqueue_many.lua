@@ -258,9 +258,7 @@ local out = {}
 for k, start in ipairs(starts) do
   if invalid[k] then out[k] = {'invalid', invalid[k]} else out[k] = write(start) end
 end
-for first = 1, #to_main, 500 do
-  redis.call('LPUSH', KEYS[1], unpack(to_main, first, math.min(first + 499, #to_main)))
-end
+call_chunked('LPUSH', KEYS[1], to_main)
 if created > 0 then bump(KEYS[3], 'enqueued', created) end
 if wake then wake_promoter(KEYS[4]) end
 return out

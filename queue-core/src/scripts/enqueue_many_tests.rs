@@ -427,17 +427,8 @@ async fn a_job_with_thousands_of_extra_fields_loses_no_job_of_its_call() {
     let (_s, mut conn, keys) = setup().await;
     let ids = job_ids(&["before", "wide", "after"]);
     let wide = many_fields(4500);
-    let jobs: Vec<ManyJob<'_>> = ids
-        .iter()
-        .map(|id| ManyJob {
-            job: Enqueue {
-                extra: if id.as_str() == "wide" { &wide } else { &[] },
-                ..Enqueue::test_job(&keys, id, 1)
-            },
-            token: "t",
-            fresh: true,
-        })
-        .collect();
+    let mut jobs = fresh_jobs(&keys, &ids);
+    jobs[1].job.extra = &wide;
     run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
     let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
     assert_eq!(main, ["after", "wide", "before"]);

@@ -43,7 +43,7 @@ redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_tok
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 bump(KEYS[6], 'failed', 1)
-if member and wf_member_finished(member, ARGV[1], 'dead', reason, now, KEYS[6]) then
+if dead_member(member, ARGV[1], reason, now, KEYS[6]) then
   return {'dead', reason, 'relay'}
 end
 return {'dead', reason}

@@ -87,9 +87,9 @@ pub(crate) const READ_ONLY: Option<&str> = Some("no-writes,allow-oom");
 /// `PEXPIRE` and `SET … PX` accept on top of the Redis clock).
 pub(crate) const MAX_MS: u64 = (1 << 53) - 1;
 
-/// A duration as the millisecond argument of a script, clamped to
-/// [`MAX_MS`]: "keep for ever" (`Duration::MAX`) is the longest time a
-/// script can keep. `as_millis() as u64` wrapped such a duration around to
+/// A duration as the millisecond argument of a script (or of `WAIT`),
+/// clamped to [`MAX_MS`]: "keep for ever" (`Duration::MAX`) is the longest
+/// time a script can keep. `as_millis() as u64` wrapped such a duration around to
 /// an arbitrary count, which the ack turned into an immediate expiry of the
 /// completion record (or a refused `SET`).
 pub(crate) fn ms(d: std::time::Duration) -> u64 {

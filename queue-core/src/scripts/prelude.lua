@@ -103,12 +103,12 @@ local function expect_types(...)
 end
 
 -- `cmd key args...` (HSET of field/value pairs, LPUSH, RPUSH) with `args` of
--- any length: one call per 1,000 values. `unpack` of ~8,000 values or more
--- raises ("too many results to unpack"), which after a write would leave the
--- script half-applied. 1,000 keeps HSET's pairs whole.
+-- any length: one call per 1,000 values, none for no values. `unpack` of
+-- ~8,000 values or more raises ("too many results to unpack"), which after a
+-- write would leave the script half-applied. 1,000 keeps HSET's pairs whole;
+-- LPUSH in chunks pushes in the order one LPUSH of all would.
 local function call_chunked(cmd, key, args)
   local n = #args
-  if n <= 1000 then return redis.call(cmd, key, unpack(args)) end
   for first = 1, n, 1000 do
     redis.call(cmd, key, unpack(args, first, math.min(first + 999, n)))
   end
@@ -388,7 +388,7 @@ end
 
 -- Moves up to `count` ids from the tail of `main` to the head of `processing`,
 -- in the order `count` LMOVE RIGHT LEFT calls would (oldest first), with three
--- calls per 500 ids instead of one per id: LRANGE, then LPUSH into processing
+-- calls per 1,000 ids instead of one per id: LRANGE, then LPUSH into processing
 -- (the destination first), then LTRIM of main. Two ids or fewer: LMOVE each
 -- (cheaper than three calls). Returns the ids, oldest first.
 local function move_batch(main, processing, count)
@@ -403,9 +403,7 @@ local function move_batch(main, processing, count)
   end
   local moved = redis.call('LRANGE', main, int_str(-count), '-1')
   for i = #moved, 1, -1 do ids[#ids + 1] = moved[i] end
-  for first = 1, #ids, 500 do
-    redis.call('LPUSH', processing, unpack(ids, first, math.min(first + 499, #ids)))
-  end
+  call_chunked('LPUSH', processing, ids)
   if #ids > 0 then redis.call('LTRIM', main, '0', int_str(-#ids - 1)) end
   return ids
 end
