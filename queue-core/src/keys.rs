@@ -266,6 +266,38 @@ impl QueueKeys {
     pub fn notify(&self, id: &str) -> String {
         format!("q:{{{}}}:notify:{}", self.queue, id)
     }
+
+    /// Whether `key`, a key of some queue, is one the scripts give a TTL on
+    /// purpose: completion records, step results, once-markers, throughput
+    /// minutes, fetch receipts, job histories, result wake-ups, a finished
+    /// batch's keys and the rate-limit logs. A TTL on any other queue key
+    /// (a list, a job hash, the counters) loses jobs when it fires; the
+    /// operator's `doctor` reports those and not these.
+    ///
+    /// ```
+    /// use queue_core::QueueKeys;
+    /// let keys = QueueKeys::new("emails");
+    /// assert!(QueueKeys::expires_by_design(&keys.done("42")));
+    /// assert!(QueueKeys::expires_by_design(&keys.hist("42")));
+    /// assert!(QueueKeys::expires_by_design(&keys.batch("b1")));
+    /// assert!(!QueueKeys::expires_by_design(&keys.job("42")));
+    /// assert!(!QueueKeys::expires_by_design(&keys.batches()));
+    /// assert!(!QueueKeys::expires_by_design(&keys.main));
+    /// ```
+    pub fn expires_by_design(key: &str) -> bool {
+        let Some(rest) = key.find("}:").map(|i| &key[i + 2..]) else {
+            return false;
+        };
+        const PER_ID: [&str; 8] = [
+            "done:", "steps:", "once:", "tput:", "fetch:", "hist:", "notify:", "batch:",
+        ];
+        // `limits:started` (the queue's log) and `limits:started:<key>`,
+        // `limits:next:<key>`; not `limits` itself nor `limits:running:<key>`.
+        PER_ID.iter().any(|p| rest.starts_with(p))
+            || rest == "limits:started"
+            || rest.starts_with("limits:started:")
+            || rest.starts_with("limits:next:")
+    }
 }
 
 /// The keys of a user lock ([`Lock`](crate::Lock)): `lock:{<name>}` holds the
@@ -284,6 +316,49 @@ impl LockKeys {
         LockKeys {
             lock: format!("lock:{{{name}}}"),
             fence: format!("lock:{{{name}}}:fence"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueKeys;
+
+    #[test]
+    fn the_keys_the_scripts_expire_are_known_and_no_other() {
+        let k = QueueKeys::new("a");
+        for key in [
+            k.done("1"),
+            k.steps("1"),
+            k.once("1"),
+            k.fetch_receipt("6f1c0e2a-token-base"),
+            format!("{}29000000", k.tput_prefix),
+            k.hist("1"),
+            k.notify("1"),
+            k.batch("b"),
+            format!("{}:members", k.batch("b")),
+            format!("{}:started", k.limits()),
+            format!("{}:started:acme", k.limits()),
+            format!("{}:next:acme", k.limits()),
+        ] {
+            assert!(QueueKeys::expires_by_design(&key), "{key}");
+        }
+        for key in [
+            k.job("done:1"),
+            k.main.clone(),
+            k.processing.clone(),
+            k.leases.clone(),
+            k.delayed.clone(),
+            k.dead.clone(),
+            k.stats.clone(),
+            k.limits(),
+            format!("{}:running:acme", k.limits()),
+            k.batches(),
+            k.group("g"),
+            k.events(),
+            "lock:{report}".to_string(),
+        ] {
+            assert!(!QueueKeys::expires_by_design(&key), "{key}");
         }
     }
 }

@@ -243,6 +243,53 @@ fn ttl_on_queue_keys_is_found_but_completion_records_are_not() {
     );
 }
 
+/// The keys queue-core's scripts expire themselves: a retried job's history,
+/// a periodic firing's once-marker, result wake-ups, a finished batch's keys
+/// and the rate-limit logs. A deployment using retries, cron, results,
+/// batches or rate limits has them all the time; they are not findings.
+#[test]
+fn ttls_the_scripts_set_themselves_are_not_findings() {
+    let server = RedisServer::start_with(SAFE).unwrap();
+    let k = queue_core::QueueKeys::new("emails");
+    let limits = k.limits();
+    let expiring: Vec<[String; 4]> = [
+        ["RPUSH", &k.hist("a"), "{}"],
+        ["SET", &k.once("tick-29000000"), "1"],
+        ["RPUSH", &k.notify("a"), "1"],
+        ["HSET", &k.batch("b1"), "total"],
+        ["SADD", &format!("{}:done", k.batch("b1")), "a"],
+        ["ZADD", &format!("{limits}:started"), "1"],
+        ["ZADD", &format!("{limits}:started:acme"), "1"],
+        ["SET", &format!("{limits}:next:acme"), "1"],
+    ]
+    .iter()
+    .map(|[cmd, key, v]| [cmd.to_string(), key.to_string(), v.to_string(), "x".into()])
+    .collect();
+    for [cmd, key, v, member] in &expiring {
+        let mut args = vec![cmd.as_str(), key.as_str(), v.as_str()];
+        if cmd == "HSET" || cmd == "ZADD" {
+            args.push(member);
+        }
+        server.command(&args).unwrap();
+        server.command(&["PEXPIRE", key, "600000"]).unwrap();
+    }
+    let (code, out) = doctor(&server.url(), &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("OK        ttl          no TTL on queue keys"),
+        "{out}"
+    );
+    // The limits hash itself and a key's running set are never expired.
+    server
+        .command(&["HSET", &limits, "rate", "10/1000"])
+        .unwrap();
+    server.command(&["PEXPIRE", &limits, "600000"]).unwrap();
+    let (code, out) = doctor(&server.url(), &[]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("1 queue key(s) have a TTL"), "{out}");
+    assert!(out.contains(&format!("PERSIST {limits}")), "{out}");
+}
+
 fn wait_for_replica(primary: &RedisServer) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {

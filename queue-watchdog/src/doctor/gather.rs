@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use queue_core::{ConnectionConfig, RedisConnection};
+use queue_core::{ConnectionConfig, QueueKeys, RedisConnection};
 
 use super::Facts;
 use crate::error::{CliError, Result};
@@ -115,15 +115,6 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
 
 /// Keys of a queue that expire by design: completion records, step results,
 /// per-minute throughput counters, fetch receipts.
-fn expires_by_design(key: &str) -> bool {
-    let Some(rest) = key.find("}:").map(|i| &key[i + 2..]) else {
-        return false;
-    };
-    ["done:", "steps:", "tput:", "fetch:"]
-        .iter()
-        .any(|p| rest.starts_with(p))
-}
-
 async fn scan_ttls(conn: &RedisConnection, limit: u64, facts: &mut Facts) -> Result<()> {
     let mut c = conn.clone();
     let mut cursor = 0u64;
@@ -140,7 +131,10 @@ async fn scan_ttls(conn: &RedisConnection, limit: u64, facts: &mut Facts) -> Res
             .await
             .map_err(CliError::redis("SCAN for queue keys"))?;
         calls += 1;
-        let keys: Vec<String> = keys.into_iter().filter(|k| !expires_by_design(k)).collect();
+        let keys: Vec<String> = keys
+            .into_iter()
+            .filter(|k| !QueueKeys::expires_by_design(k))
+            .collect();
         let dead: Vec<&String> = keys.iter().filter(|k| k.ends_with("}:dead")).collect();
         if !dead.is_empty() {
             let mut pipe = redis::pipe();
@@ -185,19 +179,4 @@ async fn scan_ttls(conn: &RedisConnection, limit: u64, facts: &mut Facts) -> Res
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn design_ttls_are_not_findings() {
-        assert!(expires_by_design("q:{a}:done:1"));
-        assert!(expires_by_design("q:{a}:steps:1"));
-        assert!(expires_by_design("q:{a}:tput:29000000"));
-        assert!(expires_by_design("q:{a}:fetch:6f1c0e2a-token-base"));
-        assert!(!expires_by_design("q:{a}:job:done:1"));
-        assert!(!expires_by_design("q:{a}:main"));
-    }
 }
