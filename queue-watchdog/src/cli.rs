@@ -258,8 +258,9 @@ pub struct RunArgs {
     /// Queue to watch (repeat for several).
     #[arg(long = "queue", short = 'q', required = true)]
     pub queues: Vec<String>,
-    /// Milliseconds between passes.
-    #[arg(long, default_value_t = 1000)]
+    /// Milliseconds between passes (at least 10: 0 would run passes back to
+    /// back).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..))]
     pub interval_ms: u64,
     /// Grace (ms) for ids found in processing without a lease (a worker died
     /// between BLMOVE and claim) before they are returned.
@@ -410,6 +411,15 @@ pub struct QueueFlowArgs {
     pub group: Option<String>,
 }
 
+/// Text that is not empty nor only spaces (a filter that would select all).
+fn non_blank(s: &str) -> std::result::Result<String, String> {
+    if s.trim().is_empty() {
+        Err("blank text would match every dead-lettered job; use --all for that".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
 /// Which dead-lettered jobs a replay or purge acts on: ids, a filter, or all.
 #[derive(Debug, Args, Clone)]
 #[group(required = true, multiple = false)]
@@ -417,8 +427,9 @@ pub struct DeadTarget {
     /// Job ids.
     pub ids: Vec<String>,
     /// Every dead-lettered job whose reason or type contains this text
-    /// (case-insensitive).
-    #[arg(long)]
+    /// (case-insensitive). Blank text is refused: it would match every job
+    /// (say `--all` for that), as an unset shell variable would.
+    #[arg(long, value_parser = non_blank)]
     pub filter: Option<String>,
     /// Every dead-lettered job of the queue.
     #[arg(long)]

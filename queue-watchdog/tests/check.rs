@@ -122,3 +122,21 @@ fn unreachable_redis_exits_2() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Without `--queue` the queues are discovered. On a server (or database)
+/// holding none, e.g. a wrong URL in a CI gate, nothing is checked: that is
+/// not "clean", so the exit is 1 with the reason. Named, an empty queue is
+/// checked and clean.
+#[test]
+fn finding_no_queue_to_check_is_not_clean() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let out = Command::new(BIN)
+        .args(["check", "--redis", &url])
+        .output()
+        .expect("binary runs");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing checked"));
+    let named = check(&url, &[]);
+    assert_eq!(named.status.code(), Some(0), "{named:?}");
+}

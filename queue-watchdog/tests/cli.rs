@@ -543,6 +543,28 @@ fn purge_with_yes_and_replay_needs_ids(server: &RedisServer, url: &str) {
     let (ok, _, stderr) = run(&["dead", "replay", "--redis", url, "-q", "emails"]);
     assert!(!ok);
     assert!(stderr.contains("<IDS|--filter <FILTER>|--all>"), "{stderr}");
+
+    // A blank filter (an unset shell variable) would select every dead
+    // letter: refused before anything is read, nothing changes.
+    seed_dead(server, "t3", "send", "SMTP-timeout-after-30s");
+    let before = server
+        .command(&["LLEN", &queue_core::QueueKeys::new("emails").dead])
+        .unwrap();
+    for blank in ["", "  "] {
+        for verb in [&["purge", "--yes"][..], &["replay"]] {
+            let mut args = vec!["dead"];
+            args.extend_from_slice(verb);
+            args.extend_from_slice(&["--redis", url, "-q", "emails", "--filter", blank]);
+            let (ok, _, stderr) = run(&args);
+            assert!(!ok, "{verb:?} --filter {blank:?} ran");
+            assert!(stderr.contains("use --all"), "{stderr}");
+        }
+    }
+    let after = server
+        .command(&["LLEN", &queue_core::QueueKeys::new("emails").dead])
+        .unwrap();
+    assert_eq!(before, after);
+    assert!(!after.trim().ends_with(":0"), "{after}");
 }
 
 /// Runs `dead purge <id>` on a pseudo-terminal (util-linux `script`), typing `answer`.
@@ -727,4 +749,27 @@ fn jobs_show_prints_progress_typed_results_and_expiry() {
         expired.contains("expired: not started before its deadline"),
         "{expired}"
     );
+}
+
+/// `run --interval-ms 0` would run passes back to back (a busy loop on
+/// Redis, and a flood of warnings while it fails): refused at the start.
+#[test]
+fn run_refuses_an_interval_of_zero() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--redis",
+            &url,
+            "-q",
+            "emails",
+            "--interval-ms",
+            "0",
+            "--once",
+        ])
+        .output()
+        .expect("binary runs");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--interval-ms"));
 }

@@ -332,6 +332,7 @@ fn token_search_paging_of_100k_dead_letters_bulk_actions_and_audit() {
 
     let mut stale = filter.clone();
     stale["expect"] = json!(99);
+    stale["selection"] = preview["selection"].clone();
     let (status, body) = post_json(port, "/api/queues/big/bulk-dead/replay", &bearer, stale);
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["count"], 100);
@@ -351,6 +352,7 @@ fn token_search_paging_of_100k_dead_letters_bulk_actions_and_audit() {
 
     let mut confirmed = filter.clone();
     confirmed["expect"] = json!(100);
+    confirmed["selection"] = preview["selection"].clone();
     let t = Instant::now();
     let (status, body) = post_json(port, "/api/queues/big/bulk-dead/replay", &bearer, confirmed);
     times.push(format!(
@@ -375,7 +377,7 @@ fn token_search_paging_of_100k_dead_letters_bulk_actions_and_audit() {
         port,
         "/api/queues/big/bulk-dead/purge",
         &bearer,
-        json!({"type": "render_report", "expect": 100}),
+        json!({"type": "render_report", "expect": 100, "selection": p["selection"]}),
     );
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["done"], 100);
@@ -425,6 +427,87 @@ fn token_search_paging_of_100k_dead_letters_bulk_actions_and_audit() {
         "ON-CALL FIGURES (100000 dead letters):\n  {}",
         times.join("\n  ")
     );
+}
+
+/// The action acts on the dead letters the preview showed, not on another
+/// set of the same size: between the preview and the click one of them is
+/// replayed by a colleague and another one dies of the same error. The count
+/// is still 3, yet the action is refused and the new one is kept.
+#[test]
+fn a_bulk_action_refuses_another_set_of_the_confirmed_size() {
+    let server = RedisServer::start().unwrap();
+    seed_dead(&server, "swap", 6, 2);
+    let (_dash, port) = start_with_token(&server.url(), "swap", &[]);
+    let bearer = format!("Bearer {TOKEN}");
+    let filter = json!({"contains": "timeout"});
+    let (status, preview) = post_json(
+        port,
+        "/api/queues/swap/bulk-dead/preview",
+        &bearer,
+        filter.clone(),
+    );
+    assert_eq!(status, 200, "{preview}");
+    assert_eq!(preview["count"], 3, "{preview}");
+
+    let keys = QueueKeys::new("swap");
+    let (status, _) = post_json(
+        port,
+        "/api/queues/swap/dead/dead-2/replay",
+        &bearer,
+        json!({}),
+    );
+    assert_eq!(status, 200);
+    let fresh = keys.job("dead-7");
+    redis(
+        &server,
+        &[
+            "HSET",
+            &fresh,
+            "id",
+            "dead-7",
+            "state",
+            "dead",
+            "type",
+            "render_report",
+            "dead_reason",
+            "upstream-timeout",
+            "dead_at",
+            "1",
+            "attempts",
+            "3",
+        ],
+    );
+    redis(&server, &["LPUSH", &keys.dead, "dead-7"]);
+
+    let mut act = filter.clone();
+    act["expect"] = json!(3);
+    act["selection"] = preview["selection"].clone();
+    let (status, body) = post_json(port, "/api/queues/swap/bulk-dead/purge", &bearer, act);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["count"], 3, "{body}");
+    assert_eq!(redis(&server, &["EXISTS", &fresh]).trim(), ":1");
+
+    // Without the selection, nothing is acted on either.
+    let mut bare = filter.clone();
+    bare["expect"] = json!(3);
+    let (status, _) = post_json(port, "/api/queues/swap/bulk-dead/purge", &bearer, bare);
+    assert_eq!(status, 400);
+
+    // Confirmed again, the action takes exactly the set shown.
+    let (_, again) = post_json(
+        port,
+        "/api/queues/swap/bulk-dead/preview",
+        &bearer,
+        filter.clone(),
+    );
+    let mut act = filter;
+    act["expect"] = again["count"].clone();
+    act["selection"] = again["selection"].clone();
+    let (status, body) = post_json(port, "/api/queues/swap/bulk-dead/purge", &bearer, act);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["done"], 3, "{body}");
+    assert_eq!(redis(&server, &["EXISTS", &fresh]).trim(), ":0");
+    assert_eq!(redis(&server, &["LLEN", &keys.dead]).trim(), ":3");
 }
 
 /// In Chromium: log in with the token form, find a job from the header's

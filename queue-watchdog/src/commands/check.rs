@@ -1,5 +1,8 @@
 //! `check`: the invariant checker (`Admin::check`) per queue, as text or
-//! JSON; `--repair` mends what can be mended. Exit 1 when anything was found.
+//! JSON; `--repair` mends what can be mended. Exit 1 when anything was found,
+//! and when no queue was found: a wrong URL or database checks nothing, and
+//! a gate in CI or cron must not read that as clean (name the queues with
+//! `--queue` to check queues that hold nothing yet).
 
 use std::process::ExitCode;
 
@@ -17,15 +20,20 @@ pub async fn check(url: &str, args: CheckArgs) -> Result<ExitCode> {
     if args.json {
         println!("{}", super::to_json(&reports)?);
     } else if reports.is_empty() {
-        eprintln!("no queue found (nothing enqueued yet?); name queues with --queue");
+        eprintln!(
+            "no queue found, nothing checked (wrong URL or database? nothing enqueued yet?); \
+             name queues with --queue"
+        );
     } else {
         print!("{}", text(&reports));
     }
-    Ok(if reports.iter().all(CheckReport::is_clean) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(
+        if !reports.is_empty() && reports.iter().all(CheckReport::is_clean) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        },
+    )
 }
 
 /// One block per queue: a summary line, each violation, each repair.

@@ -4,11 +4,17 @@
 //!    counts the matching dead letters (the list read in chunks, see
 //!    `dead_scan.rs`) and the page shows that count for confirmation;
 //! 2. `POST /api/queues/{q}/bulk-dead/replay` (or `/purge`) with the same
-//!    filter and `"expect": <count>` selects again and acts only when the
-//!    count is still the one confirmed (409 with the new count otherwise),
-//!    then replays (`replay.lua`) or purges (`purge.lua`, only the
-//!    dead-lettering that was selected) each job: one script per job, so a
-//!    big set never blocks Redis. The action is written to the audit log.
+//!    filter, `"expect": <count>` and `"selection": <digest>` from the
+//!    preview selects again and acts only when the selection is still the
+//!    one confirmed: the same dead-letterings, not only as many (409 with the
+//!    new count otherwise), then replays (`replay.lua`) or purges
+//!    (`purge.lua`, only the dead-lettering that was selected) each job: one
+//!    script per job, so a big set never blocks Redis. The work runs in a
+//!    task of its own: a client that goes away (a proxy's timeout, a closed
+//!    tab) does not stop it half-way, and the audit line is always written.
+//!
+//! A selection holds at most [`MAX_SELECTED`] dead letters (the newest
+//! matching ones): a bigger set is acted on in rounds, each previewed.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -27,6 +33,10 @@ use super::Shared;
 /// Ids listed in a preview.
 const SAMPLE: usize = 5;
 
+/// The most dead letters one preview selects (the newest matching ones): it
+/// bounds the dashboard's memory and the time of one action.
+pub const MAX_SELECTED: usize = 100_000;
+
 #[derive(Deserialize)]
 pub struct BulkRequest {
     #[serde(flatten)]
@@ -34,16 +44,40 @@ pub struct BulkRequest {
     /// The count the user confirmed (required by the action).
     #[serde(default)]
     expect: Option<u64>,
+    /// The preview's `selection` digest (required by the action).
+    #[serde(default)]
+    selection: Option<String>,
 }
 
 fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
     (status, Json(json!({"error": msg.to_string()}))).into_response()
 }
 
+/// The dead letters `filter` selects: the newest [`MAX_SELECTED`] matching,
+/// each dead-lettering once (a chunked scan that ran while the list moved
+/// can read an entry twice).
 async fn select(state: &Shared, queue: &str, filter: &DeadFilter) -> Result<Scan, Response> {
-    scan(state, queue, filter, 0, usize::MAX, u64::MAX)
+    let mut found = scan(state, queue, filter, 0, MAX_SELECTED, u64::MAX)
         .await
-        .map_err(|e| error(StatusCode::BAD_GATEWAY, e))
+        .map_err(|e| error(StatusCode::BAD_GATEWAY, e))?;
+    let mut seen = std::collections::HashSet::new();
+    found
+        .rows
+        .retain(|r| seen.insert((r.id.clone(), r.dead_at.clone())));
+    Ok(found)
+}
+
+/// A digest of the selected dead-letterings (id and `dead_at`, in list
+/// order): the action acts only on the set the preview showed, not on
+/// another set of the same size.
+fn digest(found: &Scan) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in &found.rows {
+        (&r.id, &r.dead_at).hash(&mut h);
+    }
+    found.rows.len().hash(&mut h);
+    format!("{:016x}", h.finish())
 }
 
 /// Step 1: how many dead letters the filter selects.
@@ -73,6 +107,9 @@ pub async fn preview(
         "count": found.rows.len(),
         "total": found.total,
         "sample": sample,
+        "selection": digest(&found),
+        // More may match beyond the newest MAX_SELECTED: act, then preview again.
+        "more": found.rows.len() == MAX_SELECTED && found.next.is_some(),
     }))
     .into_response()
 }
@@ -94,10 +131,10 @@ pub async fn act(
             format!("unknown bulk action {action:?}"),
         );
     }
-    let Some(expect) = req.expect else {
+    let (Some(expect), Some(selection)) = (req.expect, req.selection) else {
         return error(
             StatusCode::BAD_REQUEST,
-            "\"expect\" (the confirmed count from the preview) is required",
+            "\"expect\" and \"selection\" (the confirmed count and selection from the preview) are required",
         );
     };
     let filter = req.filter.normalized();
@@ -106,15 +143,34 @@ pub async fn act(
         Err(r) => return r,
     };
     let count = found.rows.len() as u64;
-    if count != expect {
+    if count != expect || digest(&found) != selection {
         return (
             StatusCode::CONFLICT,
             Json(json!({"count": count, "error": format!(
-                "the selection changed: {count} dead letters match now, not {expect}; confirm again"
+                "the selection changed: {count} dead letters match now (confirmed: {expect}), \
+                 not all of them the ones confirmed; confirm again"
             )})),
         )
             .into_response();
     }
+    // In a task of its own: dropping this request (the client went away)
+    // must not stop the action half-way nor lose its audit line.
+    let work = tokio::spawn(run(state, queue, action, who, filter, found));
+    match work.await {
+        Ok(response) => response,
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e),
+    }
+}
+
+/// Replays or purges each selected dead letter, then writes the audit line.
+async fn run(
+    state: Shared,
+    queue: String,
+    action: String,
+    who: Who,
+    filter: DeadFilter,
+    found: Scan,
+) -> Response {
     let (mut done, mut skipped) = (0u64, 0u64);
     let mut failure = None;
     for row in &found.rows {

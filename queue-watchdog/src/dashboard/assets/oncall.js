@@ -1,6 +1,7 @@
 // queue dashboard, on-call tools: bulk replay / purge of the dead letters a
 // filter selects, in two steps (preview shows the count; the action sends the
-// confirmed count back and the server refuses when the set changed).
+// confirmed count and selection back and the server refuses when the set
+// changed).
 // Server data goes in with textContent only.
 (function () {
   'use strict';
@@ -15,6 +16,7 @@
   var result = document.getElementById('bulk-result');
   var previewBtn = document.getElementById('bulk-preview');
   var count = null;
+  var selection = null;
 
   function post(path, body) {
     return fetch('/api/queues/' + q + '/bulk-dead/' + path, {
@@ -35,10 +37,13 @@
       previewBtn.disabled = false;
       if (!r.ok) { say(r.body.error || ('HTTP ' + r.status), 'bad'); return; }
       count = r.body.count;
+      selection = r.body.selection;
       state.previews++;
       say('', '');
       countText.textContent = count + ' of ' + r.body.total + ' dead letters match (' + r.body.filter + ')' +
-        (r.body.sample.length ? ', e.g. ' + r.body.sample.join(', ') : '') + '. Act on all ' + count + '?';
+        (r.body.sample.length ? ', e.g. ' + r.body.sample.join(', ') : '') +
+        (r.body.more ? ' (the newest ' + count + ' of more: preview again after acting)' : '') +
+        '. Act on all ' + count + '?';
       document.getElementById('bulk-replay').textContent = 'Replay ' + count;
       document.getElementById('bulk-purge').textContent = 'Purge ' + count + ' for good';
       confirmBox.hidden = count === 0;
@@ -54,7 +59,7 @@
     btn.addEventListener('click', function () {
       if (count === null) return;
       var action = btn.dataset.action;
-      var body = { type: filter.type, contains: filter.contains, expect: count };
+      var body = { type: filter.type, contains: filter.contains, expect: count, selection: selection };
       confirmBox.hidden = true;
       say(action + ': working on ' + count + ' jobs…', 'muted');
       post(action, body).then(function (r) {
@@ -64,7 +69,7 @@
         } else {
           say(r.body.error || ('HTTP ' + r.status), 'bad');
         }
-        count = null;
+        count = null; selection = null;
       }, function (e) { say(String(e), 'bad'); });
     });
   });
