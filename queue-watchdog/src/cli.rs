@@ -562,6 +562,12 @@ pub struct DashboardArgs {
     /// is not a loopback address.
     #[arg(long, value_name = "FILE")]
     pub auth_token_file: Option<std::path::PathBuf>,
+    /// How long a login session lasts (seconds; default 12 hours). After it,
+    /// the cookie is refused and the user logs in again: a stolen cookie
+    /// does not stay valid until the next restart.
+    #[arg(long, default_value_t = 12 * 3600, value_name = "SECS",
+          value_parser = clap::value_parser!(u64).range(1..=30 * 24 * 3600))]
+    pub session_max_age_secs: u64,
     /// Also append every action (replay, purge, pause, resume, cancel) as a
     /// JSON line to this file; it is always logged with tracing target `audit`.
     #[arg(long, value_name = "FILE")]

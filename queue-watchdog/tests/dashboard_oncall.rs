@@ -429,6 +429,46 @@ fn token_search_paging_of_100k_dead_letters_bulk_actions_and_audit() {
     );
 }
 
+/// A login session lasts `--session-max-age-secs` from its login: then its
+/// cookie is refused (a stolen cookie does not stay valid until a restart),
+/// while the bearer token still works.
+#[test]
+fn a_session_cookie_expires_after_its_max_age() {
+    let server = RedisServer::start().unwrap();
+    let (_dash, port) = start_with_token(&server.url(), "short", &["--session-max-age-secs", "1"]);
+    let form = [("Content-Type", "application/x-www-form-urlencoded")];
+    let (status, head, _) = http_full(port, "POST", "/login", &form, &format!("token={TOKEN}"));
+    let logged_in = Instant::now();
+    assert_eq!(status, 303, "{head}");
+    assert!(head.to_lowercase().contains("max-age=1"), "{head}");
+    let cookie = head
+        .lines()
+        .find_map(|l| {
+            l.to_lowercase()
+                .starts_with("set-cookie: ")
+                .then(|| l[12..].to_string())
+        })
+        .and_then(|c| c.split(';').next().map(str::to_string))
+        .expect("a session cookie");
+    let with_cookie = [("Cookie", cookie.as_str())];
+    assert_eq!(http(port, "GET", "/api/overview", &with_cookie).0, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http(port, "GET", "/api/overview", &with_cookie).0 == 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the session outlived its max age by 9 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(logged_in.elapsed() >= Duration::from_secs(1));
+    assert_eq!(http(port, "GET", "/api/overview", &with_cookie).0, 401);
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(
+        http(port, "GET", "/api/overview", &[("Authorization", &bearer)]).0,
+        200
+    );
+}
+
 /// The action acts on the dead letters the preview showed, not on another
 /// set of the same size: between the preview and the click one of them is
 /// replayed by a colleague and another one dies of the same error. The count

@@ -5,13 +5,17 @@
 //! token.
 //!
 //! Sessions are random ids kept in memory (a restart logs everyone out); the
-//! cookie never holds the token itself.
+//! cookie never holds the token itself. A session lasts
+//! `--session-max-age-secs` (12 hours by default) from its login: then its
+//! cookie is refused and forgotten, so a stolen cookie does not stay valid
+//! until the next restart and the set of sessions stays bounded.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
@@ -32,7 +36,10 @@ const MIN_TOKEN_LEN: usize = 16;
 /// The configured token and the sessions logged in with it.
 pub struct Auth {
     token: String,
-    sessions: Mutex<HashSet<String>>,
+    /// Session id → when it was made (its login).
+    sessions: Mutex<HashMap<String, Instant>>,
+    /// How long a session lasts from its login.
+    max_age: Duration,
 }
 
 /// Who made a request, as the audit log names them: how they
@@ -42,8 +49,8 @@ pub struct Auth {
 pub struct Who(pub String);
 
 impl Auth {
-    /// Reads the token from the file's first line.
-    pub fn from_file(path: &Path) -> Result<Auth, CliError> {
+    /// Reads the token from the file's first line; sessions last `max_age`.
+    pub fn from_file(path: &Path, max_age: Duration) -> Result<Auth, CliError> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             CliError::Other(format!(
                 "cannot read --auth-token-file {}: {e}",
@@ -59,8 +66,30 @@ impl Auth {
         }
         Ok(Auth {
             token,
-            sessions: Mutex::new(HashSet::new()),
+            sessions: Mutex::new(HashMap::new()),
+            max_age,
         })
+    }
+
+    /// Whether session `id` exists and is younger than the max age; an
+    /// expired one is forgotten.
+    fn session_live(&self, id: &str) -> bool {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        match sessions.get(id) {
+            Some(made) if made.elapsed() < self.max_age => true,
+            Some(_) => {
+                sessions.remove(id);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Records a new session, forgetting the expired ones.
+    fn add_session(&self, id: String) {
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        sessions.retain(|_, made| made.elapsed() < self.max_age);
+        sessions.insert(id, Instant::now());
     }
 
     /// How the request authenticated, or `None`.
@@ -73,8 +102,8 @@ impl Auth {
             return Some("token".to_string());
         }
         let session = cookie(headers, COOKIE)?;
-        let known = self.sessions.lock().unwrap().contains(session);
-        known.then(|| format!("session:{}", &session[..8.min(session.len())]))
+        self.session_live(session)
+            .then(|| format!("session:{}", &session[..8.min(session.len())]))
     }
 }
 
@@ -193,7 +222,7 @@ pub async fn login(State(state): State<Shared>, Form(form): Form<LoginForm>) -> 
                 .into_response()
         }
     };
-    auth.sessions.lock().unwrap().insert(id.clone());
+    auth.add_session(id.clone());
     tracing::info!(target: "audit", action = "login", ok = true, session = &id[..8], "dashboard login");
     (
         StatusCode::SEE_OTHER,
@@ -201,7 +230,10 @@ pub async fn login(State(state): State<Shared>, Form(form): Form<LoginForm>) -> 
             (header::LOCATION, "/".to_string()),
             (
                 header::SET_COOKIE,
-                format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict"),
+                format!(
+                    "{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+                    auth.max_age.as_secs()
+                ),
             ),
         ],
     )

@@ -94,7 +94,7 @@ pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
     let auth = args
         .auth_token_file
         .as_deref()
-        .map(auth::Auth::from_file)
+        .map(|f| auth::Auth::from_file(f, Duration::from_secs(args.session_max_age_secs)))
         .transpose()?;
     if auth.is_none() && !args.listen.ip().is_loopback() {
         return Err(CliError::Other(format!(
