@@ -227,8 +227,8 @@ async fn relay_one(
 }
 
 /// Applies the notices `idx` (all for batches on `home`) in one script; when
-/// that script fails with an error of the data (not of the connection), one
-/// by one, so that a notice that breaks the script is set aside with the
+/// that script fails with an error of the data (not a transient one, see
+/// [`is_transient`]), one by one, so that a notice that breaks the script is set aside with the
 /// error and the others still go through.
 async fn apply(
     conn: &mut RedisConnection,
@@ -245,7 +245,7 @@ async fn apply(
     .await
     {
         Ok(r) => Ok((r.outcomes.into_iter().map(Ok).collect(), r.noted)),
-        Err(e) if is_connection_failure(&e) => Err(e),
+        Err(e) if is_transient(&e) => Err(e),
         Err(_) if texts.len() > 1 => {
             let mut out = Vec::with_capacity(texts.len());
             let mut noted = false;
@@ -261,7 +261,7 @@ async fn apply(
                         noted |= r.noted;
                         out.push(Ok(r.outcomes[0]));
                     }
-                    Err(e) if is_connection_failure(&e) => return Err(e),
+                    Err(e) if is_transient(&e) => return Err(e),
                     Err(e) => out.push(Err(format!("applying failed: {e}"))),
                 }
             }
@@ -271,22 +271,16 @@ async fn apply(
     }
 }
 
-/// A failure to reach Redis (retry later), as opposed to an error of the
-/// script on this data.
-fn is_connection_failure(e: &QueueError) -> bool {
+/// Whether `e` may pass: anything but an error of the script on this data.
+/// Only an `ERR` (the script refused the notice, or failed on it) or a
+/// `WRONGTYPE` (a key of the batch holds another type) sets notices aside in
+/// `relay:dead`, from where nothing applies them again. A server that is
+/// loading, busy with a long script, out of memory, a replica, a primary
+/// gone, a cluster redirect or a connection lost is retried by the next
+/// relay run with every notice kept in the relay list.
+fn is_transient(e: &QueueError) -> bool {
     match e {
-        QueueError::Redis { source, .. } => {
-            source.is_io_error()
-                || source.is_connection_dropped()
-                || source.is_timeout()
-                || matches!(
-                    source.kind(),
-                    redis::ErrorKind::Server(redis::ServerErrorKind::TryAgain)
-                        | redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)
-                        | redis::ErrorKind::Server(redis::ServerErrorKind::Moved)
-                        | redis::ErrorKind::Server(redis::ServerErrorKind::Ask)
-                )
-        }
+        QueueError::Redis { source, .. } => !matches!(source.code(), Some("ERR" | "WRONGTYPE")),
         QueueError::ReadOnlyReplica { .. } => true,
         _ => false,
     }
@@ -407,5 +401,77 @@ impl Queue {
                 }
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_transient;
+    use crate::error::QueueError;
+
+    /// Real error replies of a real server, as the relay's script call gets
+    /// them: only the script's own refusal and a key of another type set a
+    /// notice aside; out of memory and a server busy with a long script are
+    /// retried (before, both moved every notice to `relay:dead` for good).
+    #[test]
+    fn only_errors_of_the_data_set_notices_aside() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut c = client.get_connection().unwrap();
+        let wrap = |e: redis::RedisError| QueueError::redis("q", None, e);
+        let err = |r: redis::RedisResult<redis::Value>| wrap(r.unwrap_err());
+
+        let refused = err(redis::cmd("EVAL")
+            .arg("return redis.error_reply('ERR corrupt batch field total')")
+            .arg(0)
+            .query(&mut c));
+        assert!(!is_transient(&refused), "{refused}");
+        let _: () = redis::cmd("SET").arg("k").arg("v").query(&mut c).unwrap();
+        let wrongtype = err(redis::cmd("LPUSH").arg("k").arg("x").query(&mut c));
+        assert!(!is_transient(&wrongtype), "{wrongtype}");
+
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("1")
+            .query(&mut c)
+            .unwrap();
+        let oom = err(redis::cmd("SET").arg("k2").arg("v").query(&mut c));
+        assert!(is_transient(&oom), "{oom}");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg("0")
+            .query(&mut c)
+            .unwrap();
+
+        // A script that loops past busy-reply-threshold: others get BUSY.
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("busy-reply-threshold")
+            .arg("20")
+            .query(&mut c)
+            .unwrap();
+        let mut looping = client.get_connection().unwrap();
+        let long = std::thread::spawn(move || {
+            let _ = redis::cmd("EVAL")
+                .arg("while true do end")
+                .arg(0)
+                .query::<redis::Value>(&mut looping);
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let busy = loop {
+            match redis::cmd("PING").query::<redis::Value>(&mut c) {
+                Err(e) => break wrap(e),
+                Ok(_) => assert!(std::time::Instant::now() < deadline, "never BUSY"),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        let _ = redis::cmd("SCRIPT")
+            .arg("KILL")
+            .query::<redis::Value>(&mut c);
+        long.join().unwrap();
+        assert!(busy.to_string().contains("BUSY"), "{busy}");
+        assert!(is_transient(&busy), "{busy}");
     }
 }
