@@ -214,6 +214,26 @@ impl QueueError {
         }
     }
 
+    /// Redis refused this call for its data: an `ERR` reply (a script
+    /// refused or failed on what it read) or `WRONGTYPE` (a key of another
+    /// type). Sending the same call again fails the same way. Every other
+    /// failure is the server's condition or the connection's (out of memory,
+    /// busy with a long script, loading, a replica, a primary gone, a
+    /// cluster redirect, a timeout) and may pass when sent again later.
+    ///
+    /// ```
+    /// let e = queue_core::QueueError::Config("x".into());
+    /// assert!(!e.is_data_error());
+    /// ```
+    pub fn is_data_error(&self) -> bool {
+        match self {
+            QueueError::Redis { source, .. } => {
+                matches!(source.code(), Some("ERR" | "WRONGTYPE"))
+            }
+            _ => false,
+        }
+    }
+
     /// A failure of the connection rather than an answer from Redis: worth
     /// sending again once the client has reconnected.
     pub(crate) fn is_connection_failure(&self) -> bool {

@@ -563,24 +563,15 @@ async fn send_row(
 }
 
 /// A send error that concerns this row alone: an error reply to its own
-/// call (a queue key of another type, corrupt data under its id, anything
-/// the script refused) or a reply this version does not understand. The
-/// batch goes on past it. Every other error (Redis unreachable, timed out,
-/// read-only, loading, a cluster redirection, not replicated) hits every row
-/// alike and stops the batch.
+/// call for its data ([`QueueError::is_data_error`]: a queue key of another
+/// type, corrupt data under its id, anything the script refused) or a reply
+/// this version does not understand. The batch goes on past it. Every other
+/// error (Redis unreachable, timed out, read-only, loading, busy with a long
+/// script, out of memory, a cluster redirection, not replicated) hits every
+/// row alike and stops the batch.
 fn row_only(e: &QueueError) -> bool {
-    use redis::{ErrorKind, ServerErrorKind};
     match e {
-        QueueError::Redis { source, .. } => {
-            !source.is_io_error()
-                && !source.is_timeout()
-                && !source.is_connection_dropped()
-                && !source.is_connection_refusal()
-                && matches!(
-                    source.kind(),
-                    ErrorKind::Server(ServerErrorKind::ResponseError) | ErrorKind::Extension
-                )
-        }
+        QueueError::Redis { .. } => e.is_data_error(),
         QueueError::Protocol { .. } => true,
         _ => false,
     }

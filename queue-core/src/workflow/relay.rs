@@ -280,7 +280,7 @@ async fn apply(
 /// relay run with every notice kept in the relay list.
 fn is_transient(e: &QueueError) -> bool {
     match e {
-        QueueError::Redis { source, .. } => !matches!(source.code(), Some("ERR" | "WRONGTYPE")),
+        QueueError::Redis { .. } => !e.is_data_error(),
         QueueError::ReadOnlyReplica { .. } => true,
         _ => false,
     }
