@@ -4,7 +4,8 @@
 //! that stops once the lock is lost or cannot be renewed in time, and a
 //! bounded wait on acquire. Whether the lock is held follows its TTL on the
 //! local monotonic clock (`lease_clock.rs`): measured from before the
-//! acquire (then each confirmed extend) was sent, 90 % of the TTL, with or
+//! acquire (then the most recently sent confirmed extend or renewal, whether
+//! it lengthened or shortened the TTL) was sent, 90 % of that TTL, with or
 //! without auto-renew.
 //!
 //! A single-instance Redis lock is a *efficiency* lock: after a failover or a
@@ -258,7 +259,11 @@ impl LockGuard {
         &self.token
     }
 
-    /// Extends the lease to `ttl` from now; false when the lock was lost.
+    /// Sets the lease to `ttl` from now (shorter or longer than before: the
+    /// auto-renew, if on, sets it back to the configured TTL at its next
+    /// renewal); false when the lock was lost. [`is_held`](Self::is_held)
+    /// follows the new TTL. A `ttl` below 1 ms is refused with an error and
+    /// leaves the lock as it was (Redis would delete it).
     pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
         let sent_at = tokio::time::Instant::now();
         let ok = extend(&self.conn, &self.key, &self.token, ttl)
@@ -369,5 +374,102 @@ async fn sleep_until_or_forever(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{connect, ConnectionConfig};
+
+    async fn server() -> (queue_testkit::RedisServer, RedisConnection) {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let conn = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        (server, conn)
+    }
+
+    async fn owner(conn: &RedisConnection, name: &str) -> Option<String> {
+        let mut c = conn.clone();
+        redis::cmd("GET")
+            .arg(LockKeys::new(name).lock)
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
+    /// Scenario: a holder shortens its lock with `extend`; Redis lets it go
+    /// when the short TTL ends and another client takes it. The first guard
+    /// must no longer say "held" (its local deadline used to stay at 90 % of
+    /// the original TTL, so both guards said "held" for seconds).
+    #[tokio::test]
+    async fn a_shortened_lock_taken_by_another_owner_is_not_held_by_the_first() {
+        let (_server, conn) = server().await;
+        let opts = LockOptions::default()
+            .ttl(Duration::from_secs(10))
+            .no_renew();
+        let first = Lock::acquire(conn.clone(), "short", opts.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(first.extend(Duration::from_millis(300)).await.unwrap());
+        let second = Lock::acquire(conn.clone(), "short", opts.wait(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .expect("free once the 300 ms TTL ran out in Redis");
+        assert!(second.is_held());
+        assert!(
+            !first.is_held(),
+            "the first owner's lock expired in Redis and is held by another"
+        );
+    }
+
+    /// Scenario: a user extends to 60 s, then the auto-renew sets the TTL
+    /// back to the configured 600 ms: the local deadline follows it back.
+    #[tokio::test]
+    async fn a_renewal_after_a_long_extend_brings_the_deadline_back() {
+        let (_server, conn) = server().await;
+        let ttl = Duration::from_millis(600);
+        let guard = Lock::acquire(conn.clone(), "renewed", LockOptions::default().ttl(ttl))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(guard.extend(Duration::from_secs(60)).await.unwrap());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let until = guard.held.deadline().expect("bounded");
+            if until < tokio::time::Instant::now() + Duration::from_secs(1) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the renewals to 600 ms never brought the deadline back from 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(guard.is_held(), "the renewals keep it held");
+    }
+
+    /// `extend(ZERO)` (or anything under 1 ms, sent as 0 ms) used to send
+    /// `PEXPIRE key 0`, which deletes the lock, and answer Ok(true).
+    #[tokio::test]
+    async fn an_extend_below_one_millisecond_is_refused_and_keeps_the_lock() {
+        let (_server, conn) = server().await;
+        let guard = Lock::acquire(conn.clone(), "zero", LockOptions::default().no_renew())
+            .await
+            .unwrap()
+            .expect("free");
+        for ttl in [Duration::ZERO, Duration::from_micros(500)] {
+            let refused = guard.extend(ttl).await;
+            assert!(refused.is_err(), "{ttl:?}: {refused:?}");
+            assert_eq!(
+                owner(&conn, "zero").await.as_deref(),
+                Some(guard.token()),
+                "{ttl:?} left the lock to its owner"
+            );
+            assert!(guard.is_held());
+        }
+        assert!(guard.release().await.unwrap());
     }
 }
