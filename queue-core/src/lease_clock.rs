@@ -31,7 +31,8 @@ pub(crate) fn trusted(lease: Duration) -> Duration {
 struct Granted {
     /// When the acquire, claim or extend was sent.
     sent_at: Instant,
-    /// `sent_at` + the trusted part of its lease.
+    /// `sent_at` + the trusted part of its lease; `None` when that is beyond
+    /// what the monotonic clock can represent (it never runs out by itself).
     until: Option<Instant>,
 }
 
@@ -39,7 +40,7 @@ impl Granted {
     fn new(sent_at: Instant, lease: Duration) -> Self {
         Granted {
             sent_at,
-            until: Some(sent_at + trusted(lease)),
+            until: sent_at.checked_add(trusted(lease)),
         }
     }
 }
@@ -145,6 +146,19 @@ mod tests {
         tokio::time::advance(Duration::from_millis(200)).await;
         assert!(clock.is_lost());
         assert!(!LeaseClock::unbounded().is_lost());
+    }
+
+    /// A lease too long for the monotonic clock has no deadline; building
+    /// or extending it panicked (`Instant + Duration` overflow).
+    #[test]
+    fn a_lease_beyond_the_clock_has_no_deadline() {
+        let clock = LeaseClock::new(Instant::now(), Duration::MAX);
+        assert_eq!(clock.deadline(), None);
+        assert!(!clock.is_lost());
+        let clock = LeaseClock::new(Instant::now(), Duration::from_secs(1));
+        clock.confirm(Instant::now(), Duration::MAX);
+        assert_eq!(clock.deadline(), None);
+        assert!(!clock.is_lost());
     }
 
     /// A later-sent extension to a shorter lease shortens the deadline

@@ -49,9 +49,12 @@ pub struct LockError {
 /// ```
 #[derive(Debug, Clone)]
 pub struct LockOptions {
-    /// Lease of the lock; it expires by itself if the holder dies.
+    /// Lease of the lock; it expires by itself if the holder dies. At least
+    /// 1 ms; a longer one than Redis can keep (2^53 − 1 ms, ~285,000 years)
+    /// is that longest one.
     pub ttl: Duration,
-    /// How long `acquire` keeps trying; zero: try once.
+    /// How long `acquire` keeps trying; zero: try once; `Duration::MAX`
+    /// (or any wait past what the clock holds): until it is free.
     pub wait: Duration,
     /// Pause between tries (jittered by ±50%).
     pub retry_interval: Duration,
@@ -119,7 +122,17 @@ impl Lock {
     ) -> Result<Option<LockGuard>, LockError> {
         let keys = LockKeys::new(name);
         let token = uuid::Uuid::new_v4().to_string();
-        let deadline = tokio::time::Instant::now() + options.wait;
+        // `None`: a wait longer than the clock holds, i.e. until it is free
+        // (`Instant + Duration::MAX` panicked).
+        let deadline = tokio::time::Instant::now().checked_add(options.wait);
+        // The TTL Redis keeps is the one the guard counts on: with the TTL
+        // clamped before it is sent, the lease clock (and the renewals) use
+        // the same value (`Duration::MAX` set the lock, then building the
+        // clock panicked and left it held for ages with no owner).
+        let options = LockOptions {
+            ttl: clamp_ttl(options.ttl),
+            ..options
+        };
         let mut c = conn.clone();
         loop {
             let sent_at = tokio::time::Instant::now();
@@ -142,12 +155,13 @@ impl Lock {
                 )));
             }
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let base = options.retry_interval.as_millis().max(2) as u64;
+            let base = options.retry_interval.as_millis().clamp(2, 1 << 62) as u64;
             let pause = Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2));
-            tokio::time::sleep(pause.min(deadline - now)).await;
+            let left = deadline.map_or(pause, |d| d - now);
+            tokio::time::sleep(pause.min(left)).await;
         }
     }
 }
@@ -265,6 +279,7 @@ impl LockGuard {
     /// follows the new TTL. A `ttl` below 1 ms is refused with an error and
     /// leaves the lock as it was (Redis would delete it).
     pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
+        let ttl = clamp_ttl(ttl);
         let sent_at = tokio::time::Instant::now();
         let ok = extend(&self.conn, &self.key, &self.token, ttl)
             .await
@@ -324,6 +339,11 @@ impl Drop for LockGuard {
             }
         }
     }
+}
+
+/// A TTL no longer than Redis keeps (what `scripts::ms` sends).
+fn clamp_ttl(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_millis(crate::scripts::MAX_MS))
 }
 
 async fn extend(
@@ -471,5 +491,69 @@ mod tests {
             assert!(guard.is_held());
         }
         assert!(guard.release().await.unwrap());
+    }
+
+    async fn exists(conn: &RedisConnection, name: &str) -> bool {
+        let mut c = conn.clone();
+        redis::cmd("EXISTS")
+            .arg(LockKeys::new(name).lock)
+            .query_async::<i64>(&mut c)
+            .await
+            .unwrap()
+            == 1
+    }
+
+    /// `wait(Duration::MAX)` panicked computing its deadline
+    /// (`Instant + Duration`); now it waits until the lock is free.
+    #[tokio::test]
+    async fn an_unbounded_wait_does_not_panic_and_waits_until_free() {
+        let (_server, conn) = server().await;
+        let forever = LockOptions::default().wait(Duration::MAX);
+        let first = Lock::acquire(conn.clone(), "wait", forever.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        let waiter = tokio::spawn(Lock::acquire(conn.clone(), "wait", forever));
+        tokio::time::sleep(Duration::from_millis(100)).await; // let it try while held
+        assert!(first.release().await.unwrap());
+        let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("taken once released")
+            .unwrap()
+            .unwrap()
+            .expect("free");
+        assert!(second.is_held());
+        assert!(second.release().await.unwrap());
+        assert!(!exists(&conn, "wait").await);
+    }
+
+    /// `ttl(Duration::MAX)` set the lock (PX 2^53 − 1), then building the
+    /// lease clock panicked: the lock stayed held for ages with no guard to
+    /// release it. Now the guard is returned, and release (or drop) frees it.
+    #[tokio::test]
+    async fn an_unbounded_ttl_does_not_panic_and_release_frees_the_lock() {
+        let (_server, conn) = server().await;
+        let long = LockOptions::default().ttl(Duration::MAX);
+        let guard = Lock::acquire(conn.clone(), "long", long.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(guard.is_held());
+        assert_eq!(guard.ttl(), Duration::from_millis(crate::scripts::MAX_MS));
+        assert!(guard.extend(Duration::MAX).await.unwrap());
+        assert!(guard.is_held());
+        assert!(guard.release().await.unwrap());
+        assert!(!exists(&conn, "long").await, "released");
+        // Dropped instead of released: freed in the background.
+        let dropped = Lock::acquire(conn.clone(), "long", long.no_renew())
+            .await
+            .unwrap()
+            .expect("free");
+        drop(dropped);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while exists(&conn, "long").await {
+            assert!(tokio::time::Instant::now() < deadline, "freed on drop");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
