@@ -6,6 +6,13 @@
 //! extension therefore learns it may have lost the lease before anyone else
 //! can take it over (clock rates drift far less than the margin).
 //!
+//! The deadline follows the most recently *sent* confirmed request, earlier
+//! or later than the one before: Redis applies a lock's `PEXPIRE` as it
+//! arrives, so an extend to a shorter TTL shortens the lease there, and the
+//! local deadline must shorten with it. A confirmation of a request sent
+//! before the one the deadline already follows (the reply of an older of
+//! two concurrent extends) is ignored.
+//!
 //! Once lost, a clock stays lost: a later extend does not revive it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,11 +26,30 @@ pub(crate) fn trusted(lease: Duration) -> Duration {
     lease.saturating_sub((lease / 10).max(Duration::from_millis(1)))
 }
 
+/// The request a deadline follows.
+#[derive(Debug, Clone, Copy)]
+struct Granted {
+    /// When the acquire, claim or extend was sent.
+    sent_at: Instant,
+    /// `sent_at` + the trusted part of its lease; `None` when that is beyond
+    /// what the monotonic clock can represent (it never runs out by itself).
+    until: Option<Instant>,
+}
+
+impl Granted {
+    fn new(sent_at: Instant, lease: Duration) -> Self {
+        Granted {
+            sent_at,
+            until: sent_at.checked_add(trusted(lease)),
+        }
+    }
+}
+
 /// A lease deadline on the local monotonic clock plus a sticky lost flag.
 #[derive(Debug)]
 pub(crate) struct LeaseClock {
     /// `None`: no deadline (a context built for unit tests).
-    valid_until: Mutex<Option<Instant>>,
+    granted: Mutex<Option<Granted>>,
     lost: AtomicBool,
 }
 
@@ -31,7 +57,7 @@ impl LeaseClock {
     /// A lease of `lease` whose request was sent at `sent_at`.
     pub(crate) fn new(sent_at: Instant, lease: Duration) -> Self {
         LeaseClock {
-            valid_until: Mutex::new(Some(sent_at + trusted(lease))),
+            granted: Mutex::new(Some(Granted::new(sent_at, lease))),
             lost: AtomicBool::new(false),
         }
     }
@@ -39,21 +65,24 @@ impl LeaseClock {
     /// A lease that never runs out by itself (only [`mark_lost`](Self::mark_lost) ends it).
     pub(crate) fn unbounded() -> Self {
         LeaseClock {
-            valid_until: Mutex::new(None),
+            granted: Mutex::new(None),
             lost: AtomicBool::new(false),
         }
     }
 
-    /// Redis confirmed an extension to `lease` requested at `sent_at`.
+    /// Redis confirmed an extension to `lease` requested at `sent_at`: the
+    /// deadline becomes `sent_at` + 90 % of `lease`, earlier or later than
+    /// before, unless a request sent after this one was already confirmed.
     /// Ignored when the lease was already lost locally.
     pub(crate) fn confirm(&self, sent_at: Instant, lease: Duration) {
         if self.is_lost() {
             return;
         }
-        if let Ok(mut until) = self.valid_until.lock() {
-            let next = sent_at + trusted(lease);
-            if let Some(u) = until.as_mut() {
-                *u = (*u).max(next);
+        if let Ok(mut granted) = self.granted.lock() {
+            if let Some(g) = granted.as_mut() {
+                if sent_at >= g.sent_at {
+                    *g = Granted::new(sent_at, lease);
+                }
             }
         }
     }
@@ -65,7 +94,10 @@ impl LeaseClock {
 
     /// The local deadline, `None` when there is none.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.valid_until.lock().ok().and_then(|u| *u)
+        self.granted
+            .lock()
+            .ok()
+            .and_then(|g| g.and_then(|g| g.until))
     }
 
     /// True once Redis reported the lease lost or the local deadline passed
@@ -114,5 +146,53 @@ mod tests {
         tokio::time::advance(Duration::from_millis(200)).await;
         assert!(clock.is_lost());
         assert!(!LeaseClock::unbounded().is_lost());
+    }
+
+    /// A lease too long for the monotonic clock has no deadline; building
+    /// or extending it panicked (`Instant + Duration` overflow).
+    #[test]
+    fn a_lease_beyond_the_clock_has_no_deadline() {
+        let clock = LeaseClock::new(Instant::now(), Duration::MAX);
+        assert_eq!(clock.deadline(), None);
+        assert!(!clock.is_lost());
+        let clock = LeaseClock::new(Instant::now(), Duration::from_secs(1));
+        clock.confirm(Instant::now(), Duration::MAX);
+        assert_eq!(clock.deadline(), None);
+        assert!(!clock.is_lost());
+    }
+
+    /// A later-sent extension to a shorter lease shortens the deadline
+    /// (Redis's TTL shortened too); it used to keep the later deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_later_extension_to_a_shorter_lease_shortens_the_deadline() {
+        let clock = LeaseClock::new(Instant::now(), Duration::from_secs(10));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        clock.confirm(Instant::now(), Duration::from_secs(1));
+        tokio::time::advance(Duration::from_millis(1_000)).await; // 2 s: Redis let it go
+        assert!(clock.is_lost(), "1 s + 90 % of 1 s has passed");
+    }
+
+    /// Two concurrent extends whose replies come back out of order: the
+    /// deadline follows the one sent last, whichever reply arrives last.
+    #[tokio::test(start_paused = true)]
+    async fn the_reply_of_an_older_extend_does_not_move_the_deadline() {
+        let clock = LeaseClock::new(Instant::now(), Duration::from_secs(10));
+        let older = Instant::now();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let newer = Instant::now();
+        clock.confirm(newer, Duration::from_secs(1));
+        clock.confirm(older, Duration::from_secs(60));
+        assert_eq!(
+            clock.deadline(),
+            Some(newer + trusted(Duration::from_secs(1)))
+        );
+        // Same lease each time (a heartbeat): out of order is harmless too.
+        let clock = LeaseClock::new(older, Duration::from_secs(1));
+        clock.confirm(newer, Duration::from_secs(1));
+        clock.confirm(older, Duration::from_secs(1));
+        assert_eq!(
+            clock.deadline(),
+            Some(newer + trusted(Duration::from_secs(1)))
+        );
     }
 }

@@ -101,13 +101,21 @@ impl FromStr for RateLimit {
         } else {
             num.parse().map_err(|_| bad())?
         };
-        let ms = match unit {
-            "ms" => num,
-            "s" => num * 1_000,
-            "m" => num * 60_000,
-            "h" => num * 3_600_000,
+        let unit_ms: u64 = match unit {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
             _ => return Err(bad()),
         };
+        // A window too long for a u64 of milliseconds is refused (it
+        // panicked in debug builds and wrapped around in release ones).
+        let ms = num.checked_mul(unit_ms).ok_or_else(|| {
+            format!(
+                "rate {s:?}: the window is too long (more than {} ms)",
+                u64::MAX
+            )
+        })?;
         if ms == 0 {
             return Err(bad());
         }
@@ -393,6 +401,26 @@ mod tests {
         for bad in ["100", "x/1s", "1/0s", "1/1y", "1/"] {
             assert!(bad.parse::<RateLimit>().is_err(), "{bad}");
         }
+    }
+
+    /// A window whose milliseconds overflow a u64 is a parse error; it
+    /// panicked (debug) or wrapped around to a short window (release).
+    #[test]
+    fn a_window_too_long_for_milliseconds_is_a_parse_error() {
+        for bad in [
+            "1/5124095576030432h",
+            "1/5124095576031h",
+            "1/307445734561826m",
+            "1/18446744073709552s",
+        ] {
+            let err = bad.parse::<RateLimit>().unwrap_err();
+            assert!(err.contains("too long"), "{bad}: {err}");
+        }
+        // The longest windows that fit still parse.
+        let r: RateLimit = "1/5124095576030h".parse().unwrap();
+        assert_eq!(r.per.as_millis(), 5_124_095_576_030 * 3_600_000);
+        let r: RateLimit = "1/18446744073709551615ms".parse().unwrap();
+        assert_eq!(r.per.as_millis(), u128::from(u64::MAX));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! that stops once the lock is lost or cannot be renewed in time, and a
 //! bounded wait on acquire. Whether the lock is held follows its TTL on the
 //! local monotonic clock (`lease_clock.rs`): measured from before the
-//! acquire (then each confirmed extend) was sent, 90 % of the TTL, with or
+//! acquire (then the most recently sent confirmed extend or renewal, whether
+//! it lengthened or shortened the TTL) was sent, 90 % of that TTL, with or
 //! without auto-renew.
 //!
 //! A single-instance Redis lock is a *efficiency* lock: after a failover or a
@@ -48,9 +49,12 @@ pub struct LockError {
 /// ```
 #[derive(Debug, Clone)]
 pub struct LockOptions {
-    /// Lease of the lock; it expires by itself if the holder dies.
+    /// Lease of the lock; it expires by itself if the holder dies. At least
+    /// 1 ms; a longer one than Redis can keep (2^53 − 1 ms, ~285,000 years)
+    /// is that longest one.
     pub ttl: Duration,
-    /// How long `acquire` keeps trying; zero: try once.
+    /// How long `acquire` keeps trying; zero: try once; `Duration::MAX`
+    /// (or any wait past what the clock holds): until it is free.
     pub wait: Duration,
     /// Pause between tries (jittered by ±50%).
     pub retry_interval: Duration,
@@ -118,7 +122,17 @@ impl Lock {
     ) -> Result<Option<LockGuard>, LockError> {
         let keys = LockKeys::new(name);
         let token = uuid::Uuid::new_v4().to_string();
-        let deadline = tokio::time::Instant::now() + options.wait;
+        // `None`: a wait longer than the clock holds, i.e. until it is free
+        // (`Instant + Duration::MAX` panicked).
+        let deadline = tokio::time::Instant::now().checked_add(options.wait);
+        // The TTL Redis keeps is the one the guard counts on: with the TTL
+        // clamped before it is sent, the lease clock (and the renewals) use
+        // the same value (`Duration::MAX` set the lock, then building the
+        // clock panicked and left it held for ages with no owner).
+        let options = LockOptions {
+            ttl: clamp_ttl(options.ttl),
+            ..options
+        };
         let mut c = conn.clone();
         loop {
             let sent_at = tokio::time::Instant::now();
@@ -141,12 +155,13 @@ impl Lock {
                 )));
             }
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let base = options.retry_interval.as_millis().max(2) as u64;
+            let base = options.retry_interval.as_millis().clamp(2, 1 << 62) as u64;
             let pause = Duration::from_millis(rand::rng().random_range(base / 2..=base + base / 2));
-            tokio::time::sleep(pause.min(deadline - now)).await;
+            let left = deadline.map_or(pause, |d| d - now);
+            tokio::time::sleep(pause.min(left)).await;
         }
     }
 }
@@ -258,8 +273,13 @@ impl LockGuard {
         &self.token
     }
 
-    /// Extends the lease to `ttl` from now; false when the lock was lost.
+    /// Sets the lease to `ttl` from now (shorter or longer than before: the
+    /// auto-renew, if on, sets it back to the configured TTL at its next
+    /// renewal); false when the lock was lost. [`is_held`](Self::is_held)
+    /// follows the new TTL. A `ttl` below 1 ms is refused with an error and
+    /// leaves the lock as it was (Redis would delete it).
     pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
+        let ttl = clamp_ttl(ttl);
         let sent_at = tokio::time::Instant::now();
         let ok = extend(&self.conn, &self.key, &self.token, ttl)
             .await
@@ -321,6 +341,11 @@ impl Drop for LockGuard {
     }
 }
 
+/// A TTL no longer than Redis keeps (what `scripts::ms` sends).
+fn clamp_ttl(ttl: Duration) -> Duration {
+    ttl.min(Duration::from_millis(crate::scripts::MAX_MS))
+}
+
 async fn extend(
     conn: &RedisConnection,
     key: &str,
@@ -369,5 +394,166 @@ async fn sleep_until_or_forever(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::{connect, ConnectionConfig};
+
+    async fn server() -> (queue_testkit::RedisServer, RedisConnection) {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let conn = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        (server, conn)
+    }
+
+    async fn owner(conn: &RedisConnection, name: &str) -> Option<String> {
+        let mut c = conn.clone();
+        redis::cmd("GET")
+            .arg(LockKeys::new(name).lock)
+            .query_async(&mut c)
+            .await
+            .unwrap()
+    }
+
+    /// Scenario: a holder shortens its lock with `extend`; Redis lets it go
+    /// when the short TTL ends and another client takes it. The first guard
+    /// must no longer say "held" (its local deadline used to stay at 90 % of
+    /// the original TTL, so both guards said "held" for seconds).
+    #[tokio::test]
+    async fn a_shortened_lock_taken_by_another_owner_is_not_held_by_the_first() {
+        let (_server, conn) = server().await;
+        let opts = LockOptions::default()
+            .ttl(Duration::from_secs(10))
+            .no_renew();
+        let first = Lock::acquire(conn.clone(), "short", opts.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(first.extend(Duration::from_millis(300)).await.unwrap());
+        let second = Lock::acquire(conn.clone(), "short", opts.wait(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .expect("free once the 300 ms TTL ran out in Redis");
+        assert!(second.is_held());
+        assert!(
+            !first.is_held(),
+            "the first owner's lock expired in Redis and is held by another"
+        );
+    }
+
+    /// Scenario: a user extends to 60 s, then the auto-renew sets the TTL
+    /// back to the configured 600 ms: the local deadline follows it back.
+    #[tokio::test]
+    async fn a_renewal_after_a_long_extend_brings_the_deadline_back() {
+        let (_server, conn) = server().await;
+        let ttl = Duration::from_millis(600);
+        let guard = Lock::acquire(conn.clone(), "renewed", LockOptions::default().ttl(ttl))
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(guard.extend(Duration::from_secs(60)).await.unwrap());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let until = guard.held.deadline().expect("bounded");
+            if until < tokio::time::Instant::now() + Duration::from_secs(1) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the renewals to 600 ms never brought the deadline back from 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(guard.is_held(), "the renewals keep it held");
+    }
+
+    /// `extend(ZERO)` (or anything under 1 ms, sent as 0 ms) used to send
+    /// `PEXPIRE key 0`, which deletes the lock, and answer Ok(true).
+    #[tokio::test]
+    async fn an_extend_below_one_millisecond_is_refused_and_keeps_the_lock() {
+        let (_server, conn) = server().await;
+        let guard = Lock::acquire(conn.clone(), "zero", LockOptions::default().no_renew())
+            .await
+            .unwrap()
+            .expect("free");
+        for ttl in [Duration::ZERO, Duration::from_micros(500)] {
+            let refused = guard.extend(ttl).await;
+            assert!(refused.is_err(), "{ttl:?}: {refused:?}");
+            assert_eq!(
+                owner(&conn, "zero").await.as_deref(),
+                Some(guard.token()),
+                "{ttl:?} left the lock to its owner"
+            );
+            assert!(guard.is_held());
+        }
+        assert!(guard.release().await.unwrap());
+    }
+
+    async fn exists(conn: &RedisConnection, name: &str) -> bool {
+        let mut c = conn.clone();
+        redis::cmd("EXISTS")
+            .arg(LockKeys::new(name).lock)
+            .query_async::<i64>(&mut c)
+            .await
+            .unwrap()
+            == 1
+    }
+
+    /// `wait(Duration::MAX)` panicked computing its deadline
+    /// (`Instant + Duration`); now it waits until the lock is free.
+    #[tokio::test]
+    async fn an_unbounded_wait_does_not_panic_and_waits_until_free() {
+        let (_server, conn) = server().await;
+        let forever = LockOptions::default().wait(Duration::MAX);
+        let first = Lock::acquire(conn.clone(), "wait", forever.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        let waiter = tokio::spawn(Lock::acquire(conn.clone(), "wait", forever));
+        tokio::time::sleep(Duration::from_millis(100)).await; // let it try while held
+        assert!(first.release().await.unwrap());
+        let second = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("taken once released")
+            .unwrap()
+            .unwrap()
+            .expect("free");
+        assert!(second.is_held());
+        assert!(second.release().await.unwrap());
+        assert!(!exists(&conn, "wait").await);
+    }
+
+    /// `ttl(Duration::MAX)` set the lock (PX 2^53 − 1), then building the
+    /// lease clock panicked: the lock stayed held for ages with no guard to
+    /// release it. Now the guard is returned, and release (or drop) frees it.
+    #[tokio::test]
+    async fn an_unbounded_ttl_does_not_panic_and_release_frees_the_lock() {
+        let (_server, conn) = server().await;
+        let long = LockOptions::default().ttl(Duration::MAX);
+        let guard = Lock::acquire(conn.clone(), "long", long.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(guard.is_held());
+        assert_eq!(guard.ttl(), Duration::from_millis(crate::scripts::MAX_MS));
+        assert!(guard.extend(Duration::MAX).await.unwrap());
+        assert!(guard.is_held());
+        assert!(guard.release().await.unwrap());
+        assert!(!exists(&conn, "long").await, "released");
+        // Dropped instead of released: freed in the background.
+        let dropped = Lock::acquire(conn.clone(), "long", long.no_renew())
+            .await
+            .unwrap()
+            .expect("free");
+        drop(dropped);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while exists(&conn, "long").await {
+            assert!(tokio::time::Instant::now() < deadline, "freed on drop");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }

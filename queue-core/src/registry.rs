@@ -76,8 +76,10 @@ impl Registration {
     /// The registration of a periodic job type `J`: every worker that
     /// registers it enqueues `J::Args::default()` at each time of the cron
     /// schedule `expr` (6 fields, with seconds: `"0 */5 * * * *"` = every five
-    /// minutes), and each firing runs once across all workers. The expression
-    /// is checked when the worker is built.
+    /// minutes), and each firing runs once across all workers. The schedule
+    /// is evaluated in UTC, on the Redis clock (`0 0 3 * * *` is 03:00 UTC,
+    /// whatever the workers' time zone). The expression is checked when the
+    /// worker is built.
     ///
     /// ```
     /// # use queue_core::{BoxFuture, Job, JobContext, JobError, Registration};

@@ -74,7 +74,7 @@ use proc_macro::TokenStream;
 /// | `timeout` | duration string: per-attempt time limit, `"500ms"`, `"30s"`, `"5m"`, `"1h"` or sums like `"1m30s"` | no limit |
 /// | `name` | string literal: the job type name stored with each job (unique per queue) | the function's name |
 /// | `version` | integer >= 1: payload schema version (`Job::SCHEMA_VERSION`) | 1 |
-/// | `cron` | string: a 6-field cron schedule with seconds (`"0 */5 * * * *"`); the job becomes periodic: every worker that registers it enqueues `Args::default()` at each due time, and each firing runs once across workers (`Args` must implement `Default`) | none |
+/// | `cron` | string: a 6-field cron schedule with seconds (`"0 */5 * * * *"`), evaluated in UTC on the Redis clock; the job becomes periodic: every worker that registers it enqueues `Args::default()` at each due time, and each firing runs once across workers (`Args` must implement `Default`) | none |
 /// | `rate_key` | a field of the args (`tenant`, `customer.id`; its `to_string()`): the job's rate key, to which per-key rate limits and concurrency caps apply (docs/LIMITS.md) | none |
 ///
 /// All values are checked at compile time: an unknown or duplicate option, a

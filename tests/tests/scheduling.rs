@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use queue_core::{EnqueueOptions, QueueError, Worker};
+use queue_core::{EnqueueOptions, QueueError, QueueKeys, Worker};
 use queue_tests::env::worker_on;
 use queue_tests::handles::stop_all;
 use queue_tests::{
@@ -213,5 +213,60 @@ async fn a_sooner_delayed_job_shortens_the_promoters_sleep() {
         1,
         "the later job still waits"
     );
+    worker.stop().await;
+}
+
+/// The Redis clock, in seconds.
+async fn redis_secs(env: &TestEnv) -> f64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut env.conn().await)
+        .await
+        .unwrap();
+    s as f64 + us as f64 / 1e6
+}
+
+/// Scenario: a worker starts while every enqueue of its cron job fails
+/// (here: the queue's main list is a key of another type), and the
+/// enqueues work again a few firings later. Every firing of the gap is
+/// enqueued (ids are `cron:<job>:<unix seconds>`), not only the latest: the
+/// scheduler's start-up is its first Redis clock read, not its first
+/// successful enqueue. Before, each failing tick tried only its latest
+/// firing, and the others were lost.
+#[tokio::test]
+async fn cron_firings_missed_while_enqueues_failed_at_start_up_are_all_enqueued() {
+    let env = TestEnv::start().await;
+    // Nothing runs: the firings stay in main, where the test finds them.
+    env.queue.pause("cron").await.unwrap();
+    let main = QueueKeys::new("cron").main;
+    let _: () = env.conn().await.set(&main, "not a list").await.unwrap();
+    let worker = WorkerHandle::start(worker_on(&env.url, [tick::handler()], fast_config())).await;
+    let started = redis_secs(&env).await;
+    wait_until(BOUND, "three seconds of firings refused", || async {
+        redis_secs(&env).await >= started + 3.5
+    })
+    .await;
+    let _: () = env.conn().await.del(&main).await.unwrap();
+    let repaired = redis_secs(&env).await;
+    // Firings after the worker's first clock read (allowing it 1 s after
+    // `started`) up to the repair.
+    let gap: Vec<String> = (started as u64 + 2..=repaired as u64)
+        .map(|s| format!("cron:tick:{s}"))
+        .collect();
+    assert!(gap.len() >= 2, "{gap:?}");
+    let missing = || async {
+        let mut missing = Vec::new();
+        for id in &gap {
+            if env.queue.job("cron", id.as_str()).await.unwrap().is_none() {
+                missing.push(id.clone());
+            }
+        }
+        missing
+    };
+    wait_until(
+        Duration::from_secs(15),
+        "every firing of the gap enqueued",
+        || async { missing().await.is_empty() },
+    )
+    .await;
     worker.stop().await;
 }

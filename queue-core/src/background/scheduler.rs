@@ -2,10 +2,15 @@
 //! enqueues it at each due time, under the id `cron:<job>:<unix seconds>` with
 //! a once-marker, so a firing runs once however many workers try.
 //!
+//! Schedules are evaluated in UTC (on the Redis clock, `TIME`).
+//!
 //! Every firing since the last one this scheduler handled is enqueued, in
 //! order, within the catch-up window (a schedule faster than the 500 ms tick,
-//! or a stalled tick, skips nothing). At start-up only the latest due firing
-//! is enqueued.
+//! or a stalled tick, skips nothing). Start-up is the first tick that read
+//! the Redis clock: from it only the latest due firing is enqueued, and each
+//! later tick enqueues every firing after that one, even while the enqueues
+//! fail (Redis refusing or unreachable: the firings wait, within the window,
+//! until an enqueue succeeds).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -72,6 +77,15 @@ fn due_since(
     }
 }
 
+/// Where a job's firings start at start-up (the first tick that read the
+/// Redis clock): just before the latest due firing within the catch-up
+/// window, so it is the first one due; `now` when none is.
+fn start_point(schedule: &cron::Schedule, now: DateTime<Utc>) -> DateTime<Utc> {
+    due_since(schedule, None, now)
+        .last()
+        .map_or(now, |latest| *latest - chrono::Duration::seconds(1))
+}
+
 async fn redis_now(conn: &mut RedisConnection) -> redis::RedisResult<DateTime<Utc>> {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
     Ok(DateTime::from_timestamp(secs, (micros * 1000) as u32).unwrap_or_default())
@@ -88,16 +102,23 @@ pub(crate) async fn run(
     }
     let queue = Queue::from_connection(conn.clone());
     let mut conn = conn;
-    // The latest firing handled per job.
-    let mut fired: Vec<Option<DateTime<Utc>>> = vec![None; jobs.len()];
+    // The latest firing handled per job (at start-up: the second before the
+    // first due one). Empty until the Redis clock was read once: only that
+    // read is start-up. Before, it stayed `None` until an enqueue succeeded,
+    // so each tick of a failing start-up tried only its latest firing and
+    // the earlier ones were lost when Redis recovered.
+    let mut fired: Vec<DateTime<Utc>> = Vec::new();
     loop {
         if *stop.borrow() {
             return;
         }
         match redis_now(&mut conn).await {
             Ok(now) => {
+                if fired.is_empty() {
+                    fired = jobs.iter().map(|j| start_point(&j.schedule, now)).collect();
+                }
                 for (i, job) in jobs.iter().enumerate() {
-                    for at in due_since(&job.schedule, fired[i], now) {
+                    for at in due_since(&job.schedule, Some(fired[i]), now) {
                         let id = format!("cron:{}:{}", job.reg.name, at.timestamp());
                         let opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
                         match queue
@@ -112,7 +133,7 @@ pub(crate) async fn run(
                             .await
                         {
                             Ok(e) => {
-                                fired[i] = Some(at);
+                                fired[i] = at;
                                 if e.outcome == EnqueueOutcome::Created {
                                     info!(queue = job.reg.queue, job_id = %id, job_type = job.reg.name, "periodic job fired");
                                 } else {
@@ -157,6 +178,30 @@ mod tests {
         assert!(
             due_since(&s, None, later).is_empty(),
             "older than the catch-up window"
+        );
+    }
+
+    /// The start point makes the start-up firing the first one due, and
+    /// every later firing due on later ticks (while its enqueue keeps
+    /// failing, the start point stays where it is).
+    #[test]
+    fn after_start_up_every_firing_since_the_start_point_is_due() {
+        let s = cron::Schedule::from_str("*/10 * * * * *").unwrap();
+        let start = at("2026-01-01T10:00:05Z");
+        let from = start_point(&s, start);
+        assert_eq!(times(due_since(&s, Some(from), start)), ["10:00:00"]);
+        let later = at("2026-01-01T10:00:45Z");
+        assert_eq!(
+            times(due_since(&s, Some(from), later)),
+            ["10:00:00", "10:00:10", "10:00:20", "10:00:30", "10:00:40"]
+        );
+        // Nothing due at start-up: the firings after start-up are.
+        let s = cron::Schedule::from_str("0 0 * * * *").unwrap();
+        let from = start_point(&s, at("2026-01-01T10:30:00Z"));
+        assert!(due_since(&s, Some(from), at("2026-01-01T10:30:00Z")).is_empty());
+        assert_eq!(
+            times(due_since(&s, Some(from), at("2026-01-01T11:00:30Z"))),
+            ["11:00:00"]
         );
     }
 
