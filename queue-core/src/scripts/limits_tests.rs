@@ -289,3 +289,44 @@ async fn a_booking_far_past_any_window_is_ignored() {
     let (now, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     assert!(a2 < (now as f64 + 60.0) * 1000.0, "deferred to {a2}");
 }
+
+/// A per-key override that does not parse (set by hand: `key_rate:acme =
+/// 1/0`, `key_concurrency:acme = one`) made that key unlimited: every acme
+/// job was claimed in one fetch. It is ignored and the every-key default
+/// applies (one acme job claimed, the others deferred); only `none` makes a
+/// key unlimited.
+#[tokio::test]
+async fn a_corrupt_key_override_falls_back_to_the_every_key_default() {
+    let (_server, mut conn, keys) = setup("limits-corrupt-override").await;
+    for id in ["a1", "a2", "a3"] {
+        enqueue(&mut conn, &keys, id, Some("acme")).await;
+    }
+    for id in ["f1", "f2"] {
+        enqueue(&mut conn, &keys, id, Some("free")).await;
+    }
+    set(
+        &mut conn,
+        &keys,
+        &[("key_rate", "1/60000"), ("key_concurrency", "1")],
+    )
+    .await;
+    let _: () = conn
+        .hset_multiple(
+            keys.limits(),
+            &[
+                ("key_rate:acme", "1/0"),
+                ("key_concurrency:acme", "one"),
+                ("key_rate:free", "none"),
+                ("key_concurrency:free", "none"),
+            ],
+        )
+        .await
+        .unwrap();
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["a1", "f1", "f2"]);
+    for id in ["a2", "a3"] {
+        assert_eq!(attempts(&mut conn, &keys, id).await, Some(0), "{id}");
+        let state: String = conn.hget(keys.job(id), "state").await.unwrap();
+        assert_eq!(state, "delayed", "{id}");
+    }
+}

@@ -547,9 +547,11 @@ local function limits_job_key(lim, jobkey)
   local h = redis.pcall('HMGET', jobkey, 'state', 'rate_key')
   if h['err'] or h[1] ~= 'queued' or not h[2] or h[2] == '' then return nil end
   local o = redis.call('HMGET', lim.key, 'key_rate:' .. h[2], 'key_concurrency:' .. h[2])
+  -- An override: 'none' makes the key unlimited; one that does not parse
+  -- (set by hand) is ignored and the every-key default applies.
   local rate, conc = lim.key_rate, lim.key_conc
-  if o[1] then rate = limit_rate(o[1]) end
-  if o[2] then conc = as_count(o[2]) end
+  if o[1] == 'none' then rate = nil elseif o[1] then rate = limit_rate(o[1]) or rate end
+  if o[2] == 'none' then conc = nil elseif o[2] then conc = as_count(o[2]) or conc end
   if not rate and not conc then return nil end
   -- The key's logs are written after the claim: a log of another type
   -- (corrupt data) would fail the fetch after it claimed jobs. The key's
