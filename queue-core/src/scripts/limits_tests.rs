@@ -330,3 +330,91 @@ async fn a_corrupt_key_override_falls_back_to_the_every_key_default() {
         assert_eq!(state, "delayed", "{id}");
     }
 }
+
+/// How many times `cmd` ran (scripts' calls included) and the µs of Redis
+/// time of all FCALLs, since the last `CONFIG RESETSTAT`.
+async fn command_stats(conn: &mut RedisConnection, cmd: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let field = |name: &str, what: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
+            .and_then(|l| {
+                l.split(',')
+                    .find_map(|f| f.strip_prefix(&format!("{what}=")))
+            })
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (field(cmd, "calls"), field("fcall", "usec"))
+}
+
+/// A per-key concurrency cap cost a fetch work in proportion to the cap for
+/// every waiting job of the key it looked at (the whole running set read, a
+/// ZSCORE per running id): cap 2000 with 2000 running, one fetch of 10
+/// looking at 109 waiting jobs of the key made 218,000 ZSCOREs (hundreds of
+/// ms of Redis time). Only running ids whose recorded lease has passed are
+/// looked at now, once per key per call. The count stays exact: a delivery
+/// whose lease a heartbeat extended still counts, an acked one (lease gone)
+/// or a dead worker's (lease expired) does not.
+#[tokio::test]
+async fn a_key_at_a_large_concurrency_cap_costs_a_fetch_no_work_per_running_job() {
+    let (_server, mut conn, keys) = setup("limits-big-cap").await;
+    let running: Vec<String> = (0..2000).map(|i| format!("r{i}")).collect();
+    for id in &running {
+        enqueue(&mut conn, &keys, id, Some("hot")).await;
+    }
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 2000).await).len(), 2000);
+    enqueue(&mut conn, &keys, "cold", Some("cold")).await;
+    for i in 0..200 {
+        enqueue(&mut conn, &keys, &format!("w{i}"), Some("hot")).await;
+    }
+    set(&mut conn, &keys, &[("key_concurrency", "2000")]).await;
+    // The running set the 2000 claims under the cap would have written (id
+    // -> lease at claim); r0's claimed lease has passed but a heartbeat
+    // extended its real lease.
+    let leases: Vec<(String, f64)> = conn.zrange_withscores(&keys.leases, 0, -1).await.unwrap();
+    let set_key = format!("{}:running:hot", keys.limits());
+    let members: Vec<(f64, String)> = leases.iter().map(|(id, s)| (*s, id.clone())).collect();
+    let _: () = conn.zadd_multiple(&set_key, &members).await.unwrap();
+    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = now as f64 * 1000.0;
+    let _: () = conn.zadd(&set_key, "r0", now_ms - 1000.0).await.unwrap();
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reply = fetch(&mut conn, &keys, 10).await;
+    let (zscores, usec) = command_stats(&mut conn, "zscore").await;
+    eprintln!("fetch at the cap: {zscores} ZSCOREs, {usec} µs of FCALL time");
+    assert_eq!(
+        claimed(&reply),
+        ["cold"],
+        "the heartbeat-extended r0 still counts"
+    );
+    let FetchReply::Rows(rows) = &reply else {
+        unreachable!()
+    };
+    let deferred = rows
+        .iter()
+        .filter(|r| matches!(r, ClaimRow::Skipped(_, Skip::Deferred)))
+        .count();
+    assert_eq!(deferred, 109);
+    assert!(zscores <= 10, "{zscores} ZSCOREs for one fetch");
+    let r0: f64 = conn.zscore(&set_key, "r0").await.unwrap();
+    assert!(r0 > now_ms, "re-scored to its real lease: {r0}");
+
+    // r1 acked (its lease gone), r2's worker died (its lease expired): two
+    // slots free, two waiting jobs of the key are claimed.
+    let _: () = conn.zrem(&keys.leases, "r1").await.unwrap();
+    let _: () = conn.zadd(&keys.leases, "r2", now_ms - 500.0).await.unwrap();
+    let _: () = conn.zadd(&set_key, "r2", now_ms - 500.0).await.unwrap();
+    assert_eq!(
+        claimed(&fetch(&mut conn, &keys, 10).await),
+        ["w109", "w110"]
+    );
+}

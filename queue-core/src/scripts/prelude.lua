@@ -501,7 +501,9 @@ local function limits_load(limkey, delayed)
   expect_types(limkey, 'hash', delayed, 'zset')
   local f = redis.call('HMGET', limkey, 'rate', 'concurrency', 'key_rate', 'key_concurrency')
   local lim = {key = limkey, rate = limit_rate(f[1]), conc = as_count(f[2]),
-    key_rate = limit_rate(f[3]), key_conc = as_count(f[4])}
+    key_rate = limit_rate(f[3]), key_conc = as_count(f[4]),
+    -- per call, by rate key: the running count and a found wait (limits_key_wait)
+    running = {}, waits = {}}
   for i, name in ipairs({'rate', 'concurrency', 'key_rate', 'key_concurrency'}) do
     local parsed = (i == 1 and lim.rate) or (i == 2 and lim.conc) or (i == 3 and lim.key_rate)
       or (i == 4 and lim.key_conc)
@@ -570,22 +572,49 @@ local function limits_job_key(lim, jobkey)
   return {key = h[2], rate = rate, conc = conc}
 end
 
--- Ms until key `k` may start a job (0: now). Running ids whose lease is
--- gone or expired leave the key's running set here.
+-- The ids of key `k` counted as running now: those of its running set
+-- that still hold a lease. A running id's score is the lease it was claimed
+-- (or last seen) with, so only ids whose score has passed are looked at: one
+-- whose lease a heartbeat extended is re-scored to it, one whose lease is
+-- gone or expired leaves the set. The rest are counted by one ZINTERCARD with
+-- the leases zset (an acked, failed or reclaimed delivery has no lease), not
+-- one ZSCORE per running id (which cost a fetch work in proportion to the
+-- cap, for every waiting job of the key it looked at). Once per key per call
+-- (the count is kept in `lim.running`; limits_started adds this call's
+-- claims to it).
+local function limits_key_running(lim, k, leases, now)
+  local n = lim.running[k.key]
+  if n then return n end
+  local running = lim.key .. ':running:' .. k.key
+  local now_s = int_str(now)
+  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', running, '-inf', now_s)) do
+    local until_ms = redis.call('ZSCORE', leases, rid)
+    if until_ms and tonumber(until_ms) > now then
+      redis.call('ZADD', running, 'XX', until_ms, rid)
+    else
+      redis.call('ZREM', running, rid)
+    end
+  end
+  n = redis.call('ZINTERCARD', '2', running, leases)
+  lim.running[k.key] = n
+  return n
+end
+
+-- Ms until key `k` may start a job (0: now). A key found waiting stays so
+-- for the rest of the call (a call only adds starts and running ids): its
+-- wait is kept in `lim.waits`.
 local function limits_key_wait(lim, k, leases, now)
-  local wait = 0
+  local wait = lim.waits[k.key]
+  if wait then return wait end
+  wait = 0
   if k.rate then
     local _, w = limits_window(lim.key .. ':started:' .. k.key, k.rate, now)
     wait = w
   end
-  if k.conc then
-    local running = lim.key .. ':running:' .. k.key
-    for _, rid in ipairs(redis.call('ZRANGE', running, 0, -1)) do
-      local until_ms = tonumber(redis.call('ZSCORE', leases, rid))
-      if not until_ms or until_ms <= now then redis.call('ZREM', running, rid) end
-    end
-    if redis.call('ZCARD', running) >= k.conc then wait = math.max(wait, LIMITS_BUSY_MS) end
+  if k.conc and limits_key_running(lim, k, leases, now) >= k.conc then
+    wait = math.max(wait, LIMITS_BUSY_MS)
   end
+  if wait > 0 then lim.waits[k.key] = wait end
   return wait
 end
 
@@ -623,7 +652,11 @@ local function limits_started(lim, k, id, token, lease_until, now)
     redis.call('ZADD', log, now, token)
     redis.call('PEXPIRE', log, k.rate[2])
   end
-  if k.conc then redis.call('ZADD', lim.key .. ':running:' .. k.key, lease_until, id) end
+  if k.conc then
+    redis.call('ZADD', lim.key .. ':running:' .. k.key, lease_until, id)
+    local n = lim.running[k.key]
+    if n then lim.running[k.key] = n + 1 end
+  end
 end
 
 -- claim() under the limits `lim` (nil: plain claim()): a waiting job whose
