@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
+use super::ack::{Ack, AckItem};
 use super::claim::{Claim, ClaimRow, Skip};
 use super::enqueue::Enqueue;
 use super::fetch::{Fetch, FetchReply};
+use super::reclaim::Reclaim;
 use super::set_limits::SetLimits;
 use crate::conn::RedisConnection;
 use crate::keys::QueueKeys;
@@ -417,4 +419,84 @@ async fn a_key_at_a_large_concurrency_cap_costs_a_fetch_no_work_per_running_job(
         claimed(&fetch(&mut conn, &keys, 10).await),
         ["w109", "w110"]
     );
+}
+
+/// The keys' running sets left in Redis (SCAN, any type).
+async fn running_sets(conn: &mut RedisConnection, keys: &QueueKeys) -> Vec<String> {
+    let pattern = format!("{}:running:*", keys.limits());
+    let mut iter: redis::AsyncIter<String> = conn.scan_match(&pattern).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(k) = iter.next_item().await {
+        out.push(k.unwrap());
+    }
+    out
+}
+
+/// A rate key's running set (`<limits>:running:<k>`) was never removed: it
+/// was pruned only when the same key was claimed again, so one zset stayed
+/// for every rate key ever used. 100 jobs of 100 keys (every key at most 1
+/// running), 99 acked and one reclaimed after its lease expired: once their
+/// leases have passed, the fetches of the queue sweep every set away (at
+/// most 64 ids and sets per fetch), the index of the sets too.
+#[tokio::test]
+async fn the_running_sets_of_finished_keys_are_swept() {
+    let (_server, mut conn, keys) = setup("limits-sweep").await;
+    for i in 0..100 {
+        enqueue(&mut conn, &keys, &format!("j{i}"), Some(&format!("k{i}"))).await;
+    }
+    set(&mut conn, &keys, &[("key_concurrency", "1")]).await;
+    let lease = Duration::from_millis(300);
+    let reply = Fetch {
+        keys: &keys,
+        lease,
+        token_base: "sweep",
+        count: 100,
+        first_try: false,
+    }
+    .run_or_paused(&mut conn)
+    .await
+    .unwrap();
+    let FetchReply::Rows(rows) = reply else {
+        panic!("rows expected")
+    };
+    let items: Vec<AckItem> = rows
+        .iter()
+        .filter_map(|r| match r {
+            ClaimRow::Claimed(d) if d.id.to_string() != "j0" => Some(AckItem::of(d, None)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(items.len(), 99);
+    Ack {
+        keys: &keys,
+        worker: "",
+        items: &items,
+        retention: Duration::from_secs(60),
+        compact: false,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(running_sets(&mut conn, &keys).await.len(), 100);
+    // j0's worker died: its lease expires and the watchdog returns it.
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let reclaimed = Reclaim::for_tests(&keys).run(&mut conn).await.unwrap();
+    assert_eq!(reclaimed.reclaimed, 1);
+    let mut fetches = 0;
+    while fetches < 5 && !running_sets(&mut conn, &keys).await.is_empty() {
+        assert_eq!(claimed(&fetch(&mut conn, &keys, 10).await).len(), 0);
+        fetches += 1;
+    }
+    let left = running_sets(&mut conn, &keys).await;
+    assert!(
+        left.is_empty(),
+        "{} sets left after {fetches} fetches, e.g. {:?}",
+        left.len(),
+        left.first()
+    );
+    assert!(fetches <= 4, "{fetches} fetches");
+    assert!(!conn
+        .exists::<_, bool>(format!("{}:runkeys", keys.limits()))
+        .await
+        .unwrap());
 }

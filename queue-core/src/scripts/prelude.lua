@@ -471,14 +471,19 @@ end
 -- `key_concurrency:<k>` (one key's override; "none": that key is unlimited).
 -- Starts are logged in zsets (token -> start ms) `<limits>:started` and
 -- `<limits>:started:<k>`; a key's running ids in `<limits>:running:<k>`
--- (counted against the leases zset, so finished or expired deliveries free
--- their slot with no release step); `<limits>:next:<k>` spreads a key's
--- deferred jobs over the coming windows.
+-- (id -> the lease it was claimed with; counted against the leases zset, so
+-- finished or expired deliveries free their slot with no release step);
+-- `<limits>:runkeys` indexes the running sets (rate key -> the latest lease
+-- recorded in its set) so that a set whose ids all finished is swept even if
+-- its key never runs again (limits_sweep); `<limits>:next:<k>` spreads a
+-- key's deferred jobs over the coming windows.
 
 -- How long a fetcher at a concurrency cap waits before it looks again (ms).
 local LIMITS_BUSY_MS = 100
 -- Most jobs one fetch defers for their key before it returns.
 local LIMITS_MAX_DEFERRED = 100
+-- Most running ids and sets one call's sweep looks at (limits_sweep).
+local LIMITS_SWEEP = 64
 -- A key's booked next start further ahead than this is corrupt data (a
 -- booking is a few windows ahead at most) and is ignored: 7 days.
 local LIMITS_MAX_BOOKING_MS = 604800000
@@ -525,10 +530,57 @@ local function limits_window(log, rate, now)
   return 0, math.max(tonumber(frees[2] or now) + rate[2] - now, 1)
 end
 
+-- The first `n` of `ids`, ids of running set `running` whose recorded lease
+-- has passed: one whose real lease is live (a heartbeat extended it) is
+-- re-scored to it, the others (finished, or a dead worker's) leave the set.
+local function limits_prune(running, leases, ids, n, now)
+  for i = 1, n do
+    local until_ms = redis.call('ZSCORE', leases, ids[i])
+    if until_ms and tonumber(until_ms) > now then
+      redis.call('ZADD', running, 'XX', until_ms, ids[i])
+    else
+      redis.call('ZREM', running, ids[i])
+    end
+  end
+end
+
+-- Sweeps the running sets whose latest recorded lease has passed (index
+-- `<limits>:runkeys`), at most LIMITS_SWEEP ids and sets per call: their
+-- finished ids leave, so a set whose ids all finished disappears even if its
+-- key never runs again (otherwise one set stayed for every rate key ever
+-- used). A set with live ids is re-indexed at its latest lease. A running
+-- set or index of another type (corrupt data) is skipped, never an error.
+local function limits_sweep(lim, leases, now)
+  local index = lim.key .. ':runkeys'
+  local now_s = int_str(now)
+  local due = redis.pcall('ZRANGEBYSCORE', index, '-inf', now_s, 'LIMIT', '0', int_str(LIMITS_SWEEP))
+  if due['err'] then return end
+  local budget = LIMITS_SWEEP
+  for _, k in ipairs(due) do
+    if budget <= 0 then return end
+    budget = budget - 1
+    local running = lim.key .. ':running:' .. k
+    local ids = redis.pcall('ZRANGEBYSCORE', running, '-inf', now_s, 'LIMIT', '0', int_str(budget + 1))
+    if ids['err'] then
+      redis.call('ZREM', index, k)
+    else
+      local n = math.min(#ids, budget)
+      limits_prune(running, leases, ids, n, now)
+      budget = budget - n
+      if n == #ids then
+        local last = redis.call('ZRANGE', running, '-1', '-1', 'WITHSCORES')
+        if #last == 0 then redis.call('ZREM', index, k) else redis.call('ZADD', index, last[2], k) end
+      end
+    end
+  end
+end
+
 -- How many jobs the queue-level limits let start now (count when none
--- applies) and, when 0, the ms to wait before looking again.
+-- applies) and, when 0, the ms to wait before looking again. Sweeps the
+-- keys' finished running sets first (limits_sweep).
 local function limits_room(lim, leases, count, now)
   if not lim then return count, 0 end
+  limits_sweep(lim, leases, now)
   local room, wait = count, 0
   if lim.rate then
     local left, w = limits_window(lim.key .. ':started', lim.rate, now)
@@ -586,15 +638,8 @@ local function limits_key_running(lim, k, leases, now)
   local n = lim.running[k.key]
   if n then return n end
   local running = lim.key .. ':running:' .. k.key
-  local now_s = int_str(now)
-  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', running, '-inf', now_s)) do
-    local until_ms = redis.call('ZSCORE', leases, rid)
-    if until_ms and tonumber(until_ms) > now then
-      redis.call('ZADD', running, 'XX', until_ms, rid)
-    else
-      redis.call('ZREM', running, rid)
-    end
-  end
+  local ids = redis.call('ZRANGEBYSCORE', running, '-inf', int_str(now))
+  limits_prune(running, leases, ids, #ids, now)
   n = redis.call('ZINTERCARD', '2', running, leases)
   lim.running[k.key] = n
   return n
@@ -654,6 +699,7 @@ local function limits_started(lim, k, id, token, lease_until, now)
   end
   if k.conc then
     redis.call('ZADD', lim.key .. ':running:' .. k.key, lease_until, id)
+    redis.pcall('ZADD', lim.key .. ':runkeys', 'GT', lease_until, k.key)
     local n = lim.running[k.key]
     if n then lim.running[k.key] = n + 1 end
   end
