@@ -18,7 +18,7 @@
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
-//! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids, `:limits:next:<key>` its next deferral slot |
+//! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids (indexed by the zset `:limits:runkeys`, which the fetches sweep), `:limits:next:<key>` its next deferral slot |
 //! | `q:{<queue>}:groups` | list | fair-queuing ring: `""` (main's turn) and each group with waiting jobs (docs/GROUPS.md) |
 //! | `q:{<queue>}:g:<group>` | list | ids of group `<group>` waiting to run (LPUSH in, taken from the right) |
 //! | `q:{<queue>}:gpaused` | hash | paused group → Redis time (ms) of its pause |
@@ -164,7 +164,8 @@ impl QueueKeys {
     /// The limits hash (rate limits, concurrency caps; docs/LIMITS.md). The
     /// scripts derive the keys that log starts from it: `<limits>:started`
     /// (the queue's), `<limits>:started:<key>`, `<limits>:running:<key>`
-    /// and `<limits>:next:<key>` (one rate key's).
+    /// and `<limits>:next:<key>` (one rate key's), `<limits>:runkeys` (the
+    /// index of the running sets).
     ///
     /// ```
     /// let keys = queue_core::QueueKeys::new("emails");
@@ -353,6 +354,7 @@ mod tests {
             k.stats.clone(),
             k.limits(),
             format!("{}:running:acme", k.limits()),
+            format!("{}:runkeys", k.limits()),
             k.batches(),
             k.group("g"),
             k.events(),

@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
+use super::ack::{Ack, AckItem};
 use super::claim::{Claim, ClaimRow, Skip};
 use super::enqueue::Enqueue;
 use super::fetch::{Fetch, FetchReply};
+use super::reclaim::Reclaim;
 use super::set_limits::SetLimits;
 use crate::conn::RedisConnection;
 use crate::keys::QueueKeys;
@@ -288,4 +290,213 @@ async fn a_booking_far_past_any_window_is_ignored() {
     let a2: f64 = conn.zscore(&keys.delayed, "a2").await.unwrap();
     let (now, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     assert!(a2 < (now as f64 + 60.0) * 1000.0, "deferred to {a2}");
+}
+
+/// A per-key override that does not parse (set by hand: `key_rate:acme =
+/// 1/0`, `key_concurrency:acme = one`) made that key unlimited: every acme
+/// job was claimed in one fetch. It is ignored and the every-key default
+/// applies (one acme job claimed, the others deferred); only `none` makes a
+/// key unlimited.
+#[tokio::test]
+async fn a_corrupt_key_override_falls_back_to_the_every_key_default() {
+    let (_server, mut conn, keys) = setup("limits-corrupt-override").await;
+    for id in ["a1", "a2", "a3"] {
+        enqueue(&mut conn, &keys, id, Some("acme")).await;
+    }
+    for id in ["f1", "f2"] {
+        enqueue(&mut conn, &keys, id, Some("free")).await;
+    }
+    set(
+        &mut conn,
+        &keys,
+        &[("key_rate", "1/60000"), ("key_concurrency", "1")],
+    )
+    .await;
+    let _: () = conn
+        .hset_multiple(
+            keys.limits(),
+            &[
+                ("key_rate:acme", "1/0"),
+                ("key_concurrency:acme", "one"),
+                ("key_rate:free", "none"),
+                ("key_concurrency:free", "none"),
+            ],
+        )
+        .await
+        .unwrap();
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["a1", "f1", "f2"]);
+    for id in ["a2", "a3"] {
+        assert_eq!(attempts(&mut conn, &keys, id).await, Some(0), "{id}");
+        let state: String = conn.hget(keys.job(id), "state").await.unwrap();
+        assert_eq!(state, "delayed", "{id}");
+    }
+}
+
+/// How many times `cmd` ran (scripts' calls included) and the µs of Redis
+/// time of all FCALLs, since the last `CONFIG RESETSTAT`.
+async fn command_stats(conn: &mut RedisConnection, cmd: &str) -> (u64, u64) {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let field = |name: &str, what: &str| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{name}:")))
+            .and_then(|l| {
+                l.split(',')
+                    .find_map(|f| f.strip_prefix(&format!("{what}=")))
+            })
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (field(cmd, "calls"), field("fcall", "usec"))
+}
+
+/// A per-key concurrency cap cost a fetch work in proportion to the cap for
+/// every waiting job of the key it looked at (the whole running set read, a
+/// ZSCORE per running id): cap 2000 with 2000 running, one fetch of 10
+/// looking at 109 waiting jobs of the key made 218,000 ZSCOREs (hundreds of
+/// ms of Redis time). Only running ids whose recorded lease has passed are
+/// looked at now, once per key per call. The count stays exact: a delivery
+/// whose lease a heartbeat extended still counts, an acked one (lease gone)
+/// or a dead worker's (lease expired) does not.
+#[tokio::test]
+async fn a_key_at_a_large_concurrency_cap_costs_a_fetch_no_work_per_running_job() {
+    let (_server, mut conn, keys) = setup("limits-big-cap").await;
+    let running: Vec<String> = (0..2000).map(|i| format!("r{i}")).collect();
+    for id in &running {
+        enqueue(&mut conn, &keys, id, Some("hot")).await;
+    }
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 2000).await).len(), 2000);
+    enqueue(&mut conn, &keys, "cold", Some("cold")).await;
+    for i in 0..200 {
+        enqueue(&mut conn, &keys, &format!("w{i}"), Some("hot")).await;
+    }
+    set(&mut conn, &keys, &[("key_concurrency", "2000")]).await;
+    // The running set the 2000 claims under the cap would have written (id
+    // -> lease at claim); r0's claimed lease has passed but a heartbeat
+    // extended its real lease.
+    let leases: Vec<(String, f64)> = conn.zrange_withscores(&keys.leases, 0, -1).await.unwrap();
+    let set_key = format!("{}:running:hot", keys.limits());
+    let members: Vec<(f64, String)> = leases.iter().map(|(id, s)| (*s, id.clone())).collect();
+    let _: () = conn.zadd_multiple(&set_key, &members).await.unwrap();
+    let (now, _): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = now as f64 * 1000.0;
+    let _: () = conn.zadd(&set_key, "r0", now_ms - 1000.0).await.unwrap();
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reply = fetch(&mut conn, &keys, 10).await;
+    let (zscores, usec) = command_stats(&mut conn, "zscore").await;
+    eprintln!("fetch at the cap: {zscores} ZSCOREs, {usec} µs of FCALL time");
+    assert_eq!(
+        claimed(&reply),
+        ["cold"],
+        "the heartbeat-extended r0 still counts"
+    );
+    let FetchReply::Rows(rows) = &reply else {
+        unreachable!()
+    };
+    let deferred = rows
+        .iter()
+        .filter(|r| matches!(r, ClaimRow::Skipped(_, Skip::Deferred)))
+        .count();
+    assert_eq!(deferred, 109);
+    assert!(zscores <= 10, "{zscores} ZSCOREs for one fetch");
+    let r0: f64 = conn.zscore(&set_key, "r0").await.unwrap();
+    assert!(r0 > now_ms, "re-scored to its real lease: {r0}");
+
+    // r1 acked (its lease gone), r2's worker died (its lease expired): two
+    // slots free, two waiting jobs of the key are claimed.
+    let _: () = conn.zrem(&keys.leases, "r1").await.unwrap();
+    let _: () = conn.zadd(&keys.leases, "r2", now_ms - 500.0).await.unwrap();
+    let _: () = conn.zadd(&set_key, "r2", now_ms - 500.0).await.unwrap();
+    assert_eq!(
+        claimed(&fetch(&mut conn, &keys, 10).await),
+        ["w109", "w110"]
+    );
+}
+
+/// The keys' running sets left in Redis (SCAN, any type).
+async fn running_sets(conn: &mut RedisConnection, keys: &QueueKeys) -> Vec<String> {
+    let pattern = format!("{}:running:*", keys.limits());
+    let mut iter: redis::AsyncIter<String> = conn.scan_match(&pattern).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(k) = iter.next_item().await {
+        out.push(k.unwrap());
+    }
+    out
+}
+
+/// A rate key's running set (`<limits>:running:<k>`) was never removed: it
+/// was pruned only when the same key was claimed again, so one zset stayed
+/// for every rate key ever used. 100 jobs of 100 keys (every key at most 1
+/// running), 99 acked and one reclaimed after its lease expired: once their
+/// leases have passed, the fetches of the queue sweep every set away (at
+/// most 64 ids and sets per fetch), the index of the sets too.
+#[tokio::test]
+async fn the_running_sets_of_finished_keys_are_swept() {
+    let (_server, mut conn, keys) = setup("limits-sweep").await;
+    for i in 0..100 {
+        enqueue(&mut conn, &keys, &format!("j{i}"), Some(&format!("k{i}"))).await;
+    }
+    set(&mut conn, &keys, &[("key_concurrency", "1")]).await;
+    let lease = Duration::from_millis(300);
+    let reply = Fetch {
+        keys: &keys,
+        lease,
+        token_base: "sweep",
+        count: 100,
+        first_try: false,
+    }
+    .run_or_paused(&mut conn)
+    .await
+    .unwrap();
+    let FetchReply::Rows(rows) = reply else {
+        panic!("rows expected")
+    };
+    let items: Vec<AckItem> = rows
+        .iter()
+        .filter_map(|r| match r {
+            ClaimRow::Claimed(d) if d.id.to_string() != "j0" => Some(AckItem::of(d, None)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(items.len(), 99);
+    Ack {
+        keys: &keys,
+        worker: "",
+        items: &items,
+        retention: Duration::from_secs(60),
+        compact: false,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(running_sets(&mut conn, &keys).await.len(), 100);
+    // j0's worker died: its lease expires and the watchdog returns it.
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let reclaimed = Reclaim::for_tests(&keys).run(&mut conn).await.unwrap();
+    assert_eq!(reclaimed.reclaimed, 1);
+    let mut fetches = 0;
+    while fetches < 5 && !running_sets(&mut conn, &keys).await.is_empty() {
+        assert_eq!(claimed(&fetch(&mut conn, &keys, 10).await).len(), 0);
+        fetches += 1;
+    }
+    let left = running_sets(&mut conn, &keys).await;
+    assert!(
+        left.is_empty(),
+        "{} sets left after {fetches} fetches, e.g. {:?}",
+        left.len(),
+        left.first()
+    );
+    assert!(fetches <= 4, "{fetches} fetches");
+    assert!(!conn
+        .exists::<_, bool>(format!("{}:runkeys", keys.limits()))
+        .await
+        .unwrap());
 }

@@ -471,14 +471,19 @@ end
 -- `key_concurrency:<k>` (one key's override; "none": that key is unlimited).
 -- Starts are logged in zsets (token -> start ms) `<limits>:started` and
 -- `<limits>:started:<k>`; a key's running ids in `<limits>:running:<k>`
--- (counted against the leases zset, so finished or expired deliveries free
--- their slot with no release step); `<limits>:next:<k>` spreads a key's
--- deferred jobs over the coming windows.
+-- (id -> the lease it was claimed with; counted against the leases zset, so
+-- finished or expired deliveries free their slot with no release step);
+-- `<limits>:runkeys` indexes the running sets (rate key -> the latest lease
+-- recorded in its set) so that a set whose ids all finished is swept even if
+-- its key never runs again (limits_sweep); `<limits>:next:<k>` spreads a
+-- key's deferred jobs over the coming windows.
 
 -- How long a fetcher at a concurrency cap waits before it looks again (ms).
 local LIMITS_BUSY_MS = 100
 -- Most jobs one fetch defers for their key before it returns.
 local LIMITS_MAX_DEFERRED = 100
+-- Most running ids and sets one call's sweep looks at (limits_sweep).
+local LIMITS_SWEEP = 64
 -- A key's booked next start further ahead than this is corrupt data (a
 -- booking is a few windows ahead at most) and is ignored: 7 days.
 local LIMITS_MAX_BOOKING_MS = 604800000
@@ -501,7 +506,9 @@ local function limits_load(limkey, delayed)
   expect_types(limkey, 'hash', delayed, 'zset')
   local f = redis.call('HMGET', limkey, 'rate', 'concurrency', 'key_rate', 'key_concurrency')
   local lim = {key = limkey, rate = limit_rate(f[1]), conc = as_count(f[2]),
-    key_rate = limit_rate(f[3]), key_conc = as_count(f[4])}
+    key_rate = limit_rate(f[3]), key_conc = as_count(f[4]),
+    -- per call, by rate key: the running count and a found wait (limits_key_wait)
+    running = {}, waits = {}}
   for i, name in ipairs({'rate', 'concurrency', 'key_rate', 'key_concurrency'}) do
     local parsed = (i == 1 and lim.rate) or (i == 2 and lim.conc) or (i == 3 and lim.key_rate)
       or (i == 4 and lim.key_conc)
@@ -523,10 +530,57 @@ local function limits_window(log, rate, now)
   return 0, math.max(tonumber(frees[2] or now) + rate[2] - now, 1)
 end
 
+-- The first `n` of `ids`, ids of running set `running` whose recorded lease
+-- has passed: one whose real lease is live (a heartbeat extended it) is
+-- re-scored to it, the others (finished, or a dead worker's) leave the set.
+local function limits_prune(running, leases, ids, n, now)
+  for i = 1, n do
+    local until_ms = redis.call('ZSCORE', leases, ids[i])
+    if until_ms and tonumber(until_ms) > now then
+      redis.call('ZADD', running, 'XX', until_ms, ids[i])
+    else
+      redis.call('ZREM', running, ids[i])
+    end
+  end
+end
+
+-- Sweeps the running sets whose latest recorded lease has passed (index
+-- `<limits>:runkeys`), at most LIMITS_SWEEP ids and sets per call: their
+-- finished ids leave, so a set whose ids all finished disappears even if its
+-- key never runs again (otherwise one set stayed for every rate key ever
+-- used). A set with live ids is re-indexed at its latest lease. A running
+-- set or index of another type (corrupt data) is skipped, never an error.
+local function limits_sweep(lim, leases, now)
+  local index = lim.key .. ':runkeys'
+  local now_s = int_str(now)
+  local due = redis.pcall('ZRANGEBYSCORE', index, '-inf', now_s, 'LIMIT', '0', int_str(LIMITS_SWEEP))
+  if due['err'] then return end
+  local budget = LIMITS_SWEEP
+  for _, k in ipairs(due) do
+    if budget <= 0 then return end
+    budget = budget - 1
+    local running = lim.key .. ':running:' .. k
+    local ids = redis.pcall('ZRANGEBYSCORE', running, '-inf', now_s, 'LIMIT', '0', int_str(budget + 1))
+    if ids['err'] then
+      redis.call('ZREM', index, k)
+    else
+      local n = math.min(#ids, budget)
+      limits_prune(running, leases, ids, n, now)
+      budget = budget - n
+      if n == #ids then
+        local last = redis.call('ZRANGE', running, '-1', '-1', 'WITHSCORES')
+        if #last == 0 then redis.call('ZREM', index, k) else redis.call('ZADD', index, last[2], k) end
+      end
+    end
+  end
+end
+
 -- How many jobs the queue-level limits let start now (count when none
--- applies) and, when 0, the ms to wait before looking again.
+-- applies) and, when 0, the ms to wait before looking again. Sweeps the
+-- keys' finished running sets first (limits_sweep).
 local function limits_room(lim, leases, count, now)
   if not lim then return count, 0 end
+  limits_sweep(lim, leases, now)
   local room, wait = count, 0
   if lim.rate then
     local left, w = limits_window(lim.key .. ':started', lim.rate, now)
@@ -547,9 +601,11 @@ local function limits_job_key(lim, jobkey)
   local h = redis.pcall('HMGET', jobkey, 'state', 'rate_key')
   if h['err'] or h[1] ~= 'queued' or not h[2] or h[2] == '' then return nil end
   local o = redis.call('HMGET', lim.key, 'key_rate:' .. h[2], 'key_concurrency:' .. h[2])
+  -- An override: 'none' makes the key unlimited; one that does not parse
+  -- (set by hand) is ignored and the every-key default applies.
   local rate, conc = lim.key_rate, lim.key_conc
-  if o[1] then rate = limit_rate(o[1]) end
-  if o[2] then conc = as_count(o[2]) end
+  if o[1] == 'none' then rate = nil elseif o[1] then rate = limit_rate(o[1]) or rate end
+  if o[2] == 'none' then conc = nil elseif o[2] then conc = as_count(o[2]) or conc end
   if not rate and not conc then return nil end
   -- The key's logs are written after the claim: a log of another type
   -- (corrupt data) would fail the fetch after it claimed jobs. The key's
@@ -568,22 +624,42 @@ local function limits_job_key(lim, jobkey)
   return {key = h[2], rate = rate, conc = conc}
 end
 
--- Ms until key `k` may start a job (0: now). Running ids whose lease is
--- gone or expired leave the key's running set here.
+-- The ids of key `k` counted as running now: those of its running set
+-- that still hold a lease. A running id's score is the lease it was claimed
+-- (or last seen) with, so only ids whose score has passed are looked at: one
+-- whose lease a heartbeat extended is re-scored to it, one whose lease is
+-- gone or expired leaves the set. The rest are counted by one ZINTERCARD with
+-- the leases zset (an acked, failed or reclaimed delivery has no lease), not
+-- one ZSCORE per running id (which cost a fetch work in proportion to the
+-- cap, for every waiting job of the key it looked at). Once per key per call
+-- (the count is kept in `lim.running`; limits_started adds this call's
+-- claims to it).
+local function limits_key_running(lim, k, leases, now)
+  local n = lim.running[k.key]
+  if n then return n end
+  local running = lim.key .. ':running:' .. k.key
+  local ids = redis.call('ZRANGEBYSCORE', running, '-inf', int_str(now))
+  limits_prune(running, leases, ids, #ids, now)
+  n = redis.call('ZINTERCARD', '2', running, leases)
+  lim.running[k.key] = n
+  return n
+end
+
+-- Ms until key `k` may start a job (0: now). A key found waiting stays so
+-- for the rest of the call (a call only adds starts and running ids): its
+-- wait is kept in `lim.waits`.
 local function limits_key_wait(lim, k, leases, now)
-  local wait = 0
+  local wait = lim.waits[k.key]
+  if wait then return wait end
+  wait = 0
   if k.rate then
     local _, w = limits_window(lim.key .. ':started:' .. k.key, k.rate, now)
     wait = w
   end
-  if k.conc then
-    local running = lim.key .. ':running:' .. k.key
-    for _, rid in ipairs(redis.call('ZRANGE', running, 0, -1)) do
-      local until_ms = tonumber(redis.call('ZSCORE', leases, rid))
-      if not until_ms or until_ms <= now then redis.call('ZREM', running, rid) end
-    end
-    if redis.call('ZCARD', running) >= k.conc then wait = math.max(wait, LIMITS_BUSY_MS) end
+  if k.conc and limits_key_running(lim, k, leases, now) >= k.conc then
+    wait = math.max(wait, LIMITS_BUSY_MS)
   end
+  if wait > 0 then lim.waits[k.key] = wait end
   return wait
 end
 
@@ -621,7 +697,12 @@ local function limits_started(lim, k, id, token, lease_until, now)
     redis.call('ZADD', log, now, token)
     redis.call('PEXPIRE', log, k.rate[2])
   end
-  if k.conc then redis.call('ZADD', lim.key .. ':running:' .. k.key, lease_until, id) end
+  if k.conc then
+    redis.call('ZADD', lim.key .. ':running:' .. k.key, lease_until, id)
+    redis.pcall('ZADD', lim.key .. ':runkeys', 'GT', lease_until, k.key)
+    local n = lim.running[k.key]
+    if n then lim.running[k.key] = n + 1 end
+  end
 end
 
 -- claim() under the limits `lim` (nil: plain claim()): a waiting job whose
