@@ -207,9 +207,7 @@ impl QueueError {
     /// ```
     pub fn outcome_unknown(&self) -> bool {
         match self {
-            QueueError::Redis { source, .. } => {
-                source.kind() == redis::ErrorKind::Io && !source.is_connection_refusal()
-            }
+            QueueError::Redis { source, .. } => outcome_unknown(source),
             _ => false,
         }
     }
@@ -245,6 +243,13 @@ impl QueueError {
             _ => false,
         }
     }
+}
+
+/// Whether a call that failed with `e` may have run on the server (its
+/// reply lost on a connection that broke after sending): see
+/// [`QueueError::outcome_unknown`].
+pub(crate) fn outcome_unknown(e: &redis::RedisError) -> bool {
+    e.kind() == redis::ErrorKind::Io && !e.is_connection_refusal()
 }
 
 /// Short alias used throughout the crate.

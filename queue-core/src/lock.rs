@@ -23,6 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use crate::error::outcome_unknown;
 use crate::keys::LockKeys;
 use crate::lease_clock::LeaseClock;
 use crate::scripts::lock_acquire::{LockAcquire, LockAcquireReply};
@@ -134,19 +135,35 @@ impl Lock {
             ..options
         };
         let mut c = conn.clone();
+        // A call whose reply was lost may have taken the lock: it is sent
+        // again with the same token (the script answers that acquisition),
+        // and the lease is counted from the first send.
+        let mut lost: Option<(tokio::time::Instant, u32)> = None;
         loop {
-            let sent_at = tokio::time::Instant::now();
-            let reply = LockAcquire {
+            let sent_at = lost.map_or_else(tokio::time::Instant::now, |(first, _)| first);
+            let reply = match (LockAcquire {
                 keys: &keys,
                 token: &token,
                 ttl: options.ttl,
-            }
+            })
             .run(&mut c)
             .await
-            .map_err(|source| LockError {
-                name: name.to_string(),
-                source,
-            })?;
+            {
+                Ok(reply) => reply,
+                Err(source) => {
+                    let tries = lost.map_or(0, |(_, n)| n);
+                    if tries < LOST_REPLY_RETRIES && outcome_unknown(&source) {
+                        warn!(lock = name, error = %source, "lock acquire: reply lost; sending it again with the same token");
+                        lost = Some((sent_at, tries + 1));
+                        continue;
+                    }
+                    return Err(LockError {
+                        name: name.to_string(),
+                        source,
+                    });
+                }
+            };
+            lost = None;
             if let LockAcquireReply::Acquired { fencing } = reply {
                 debug!(lock = name, fencing, "lock acquired");
                 let clock = LeaseClock::new(sent_at, options.ttl);
@@ -165,6 +182,10 @@ impl Lock {
         }
     }
 }
+
+/// How many times an acquire whose reply was lost is sent again (with the
+/// same token) before its error is returned.
+const LOST_REPLY_RETRIES: u32 = 3;
 
 /// A held lock. Dropping it stops the auto-renew and releases the lock in
 /// the background; prefer [`release`](Self::release) to know the outcome.
@@ -555,5 +576,47 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline, "freed on drop");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Scenario: the acquire reaches Redis and takes the lock, then the
+    /// connection breaks before its reply arrives. The call is sent again
+    /// with the same token and answers that acquisition (same fencing
+    /// number, the lock held by this guard). Before, the error came back at
+    /// once (and a retry would have answered "held") while the lock stayed
+    /// taken by a token nobody had for its whole TTL.
+    #[tokio::test]
+    async fn an_acquire_whose_reply_was_lost_holds_the_lock_it_took() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let proxy = queue_testkit::proxy::ReplyDropper::start(server.port()).unwrap();
+        let conn = connect(&proxy.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        // The function library is loaded by a first call, so that the reply
+        // dropped below is the acquire's own.
+        let warm = Lock::acquire(conn.clone(), "warm-up", LockOptions::default())
+            .await
+            .unwrap()
+            .expect("free");
+        warm.release().await.unwrap();
+
+        proxy.drop_next_reply();
+        let guard = Lock::acquire(conn.clone(), "report", LockOptions::default().no_renew())
+            .await
+            .expect("answered after the lost reply")
+            .expect("the lock this call took");
+        assert_eq!(proxy.dropped(), 1);
+        assert_eq!(owner(&conn, "report").await.as_deref(), Some(guard.token()));
+        assert!(guard.is_held());
+        let fence: u64 = {
+            let mut c = conn.clone();
+            redis::cmd("GET")
+                .arg(LockKeys::new("report").fence)
+                .query_async(&mut c)
+                .await
+                .unwrap()
+        };
+        assert_eq!(guard.fencing(), fence, "one acquisition, one number");
+        assert!(guard.release().await.unwrap());
+        assert_eq!(owner(&conn, "report").await, None);
     }
 }

@@ -1,6 +1,8 @@
 -- KEYS: 1 lock key, 2 fencing counter
 -- ARGV: 1 owner token, 2 ttl_ms, 3 fencing counter ttl_ms
--- Returns the fencing number (increasing per acquisition), or 0 when held by another owner.
+-- Returns the fencing number (increasing per acquisition), or 0 when held by another owner;
+-- a call with the token that holds the lock (a retry whose reply was lost) answers that
+-- acquisition's number again.
 -- The counter expires `fence_ttl_ms` after the last acquisition (so unused
 -- lock names leave nothing behind); a counter created anew starts at the
 -- Redis time in microseconds, above any number an earlier counter of this
@@ -29,5 +31,15 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
   local fence = redis.call('INCR', KEYS[2])
   redis.call('PEXPIRE', KEYS[2], fence_ttl)
   return fence
+end
+-- Held by this very token: this is the call sent again after its reply was
+-- lost (the first one took the lock). It answers that acquisition, its
+-- fencing number (the counter, read above, has not moved since: nobody else
+-- can acquire meanwhile) and its lease restarted; before, it answered
+-- "held" and the lock stayed taken for its whole ttl by a token nobody had.
+if redis.call('GET', KEYS[1]) == ARGV[1] and counter and #counter <= 18
+    and string.match(counter, '^[1-9]%d*$') then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return tonumber(counter)
 end
 return 0

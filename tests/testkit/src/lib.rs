@@ -11,6 +11,7 @@
 
 pub mod cluster;
 pub mod postgres;
+pub mod proxy;
 pub mod sentinel;
 
 use std::io::{Read, Write};

@@ -1,0 +1,91 @@
+//! `ReplyDropper`: a TCP proxy in front of a `redis-server` that can lose one
+//! reply on purpose, as a network does when a connection breaks after a
+//! request reached Redis: the request runs, its reply never arrives, and the
+//! client sees the connection close. This is the "outcome unknown" case that
+//! every retry with the same token must answer as the first call did.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+
+/// A proxy to `127.0.0.1:<upstream>` on a port of its own.
+pub struct ReplyDropper {
+    port: u16,
+    drop_next: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl ReplyDropper {
+    /// Listens on a free loopback port and forwards every connection to
+    /// `upstream`, until the process ends.
+    pub fn start(upstream: u16) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        let port = listener.local_addr()?.port();
+        let drop_next = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(AtomicU64::new(0));
+        let (flag, count) = (drop_next.clone(), dropped.clone());
+        thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (c2, s2) = match (client.try_clone(), server.try_clone()) {
+                    (Ok(c), Ok(s)) => (c, s),
+                    _ => continue,
+                };
+                thread::spawn(move || pipe(client, server, None));
+                let (flag, count) = (flag.clone(), count.clone());
+                thread::spawn(move || pipe(s2, c2, Some((flag, count))));
+            }
+        });
+        Ok(ReplyDropper {
+            port,
+            drop_next,
+            dropped,
+        })
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The next reply the server sends, on any connection, is not
+    /// delivered: that connection is closed instead.
+    pub fn drop_next_reply(&self) {
+        self.drop_next.store(true, Ordering::SeqCst);
+    }
+
+    /// How many replies were dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies `from` to `to` until either closes; on the reply side (`drop`
+/// given) a chunk read while the flag is set is swallowed and both
+/// connections are closed.
+fn pipe(mut from: TcpStream, mut to: TcpStream, drop: Option<(Arc<AtomicBool>, Arc<AtomicU64>)>) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some((flag, count)) = &drop {
+            if flag.swap(false, Ordering::SeqCst) {
+                count.fetch_add(1, Ordering::SeqCst);
+                break;
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
