@@ -25,6 +25,8 @@ if redis.call('HGET', KEYS[6], 'state') == 'dead' then
 end
 push_waiting(KEYS[1], id, group) -- main, or its group's list
 redis.call('HSET', KEYS[6], 'state', 'queued', 'repaired_at', now)
-redis.call('HDEL', KEYS[6], 'token', 'lease_until', 'run_at')
+-- A cancel asked of the lost delivery is not the next one's (extend.lua
+-- would tell the next handler to cancel, fail.lua end it cancelled).
+redis.call('HDEL', KEYS[6], 'token', 'lease_until', 'run_at', 'cancel_requested')
 redis.call('ZREM', KEYS[5], id)
 return 'main'

@@ -268,3 +268,42 @@ async fn a_repair_with_a_list_of_another_type_is_refused_before_any_write() {
     );
     assert_eq!(raw(&admin, &["LLEN", &k.main]).await, redis::Value::Int(1));
 }
+
+/// A running job whose cancel was asked, left listed nowhere (its entries
+/// lost), goes back to main without the request: the repair starts a new
+/// delivery, and the old request would make the next handler cancel and an
+/// error end the job `cancelled`.
+#[tokio::test]
+async fn a_repaired_orphan_forgets_the_cancel_asked_of_its_lost_delivery() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    enqueue(&admin, "o1", None).await;
+    raw(&admin, &["LREM", &k.main, "0", "o1"]).await;
+    let job = k.job("o1");
+    raw(
+        &admin,
+        &[
+            "HSET",
+            &job,
+            "state",
+            "active",
+            "token",
+            "t1",
+            "cancel_requested",
+            "1",
+        ],
+    )
+    .await;
+    let orphan = Violation::OrphanHash {
+        id: JobId::from("o1"),
+        state: Some("active".into()),
+    };
+    let repair = admin.repair(Q, &orphan).await.unwrap().unwrap();
+    assert_eq!(repair.action, RepairAction::RequeuedToMain);
+    assert_eq!(
+        raw(&admin, &["HEXISTS", &job, "cancel_requested"]).await,
+        redis::Value::Int(0)
+    );
+    assert_eq!(raw(&admin, &["LLEN", &k.main]).await, redis::Value::Int(1));
+}
