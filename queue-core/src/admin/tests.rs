@@ -307,3 +307,52 @@ async fn a_repaired_orphan_forgets_the_cancel_asked_of_its_lost_delivery() {
     );
     assert_eq!(raw(&admin, &["LLEN", &k.main]).await, redis::Value::Int(1));
 }
+
+/// A delayed job scheduled a week ahead, missing from the delayed set, goes
+/// back to the delayed set at its time when `check --repair` finds it.
+/// Before, the repair pushed it to main and deleted its `run_at`: it ran at
+/// once, a week early. A delayed hash whose time is past or unreadable still
+/// goes to main (it is due).
+#[tokio::test]
+async fn a_repaired_orphan_delayed_job_keeps_its_run_at() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    let week = Duration::from_secs(7 * 24 * 3600);
+    enqueue(&admin, "later", Some(week)).await;
+    enqueue(&admin, "garbled", Some(week)).await;
+    let score = |v: redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    let run_at = score(raw(&admin, &["HGET", &k.job("later"), "run_at"]).await);
+    raw(&admin, &["ZREM", &k.delayed, "later", "garbled"]).await;
+    raw(&admin, &["HSET", &k.job("garbled"), "run_at", "soon"]).await;
+
+    let report = admin.check(Q, true).await.unwrap();
+    let mut actions: Vec<_> = report
+        .repairs
+        .iter()
+        .map(|r| (r.id.as_str(), r.action))
+        .collect();
+    actions.sort();
+    assert_eq!(
+        actions,
+        [
+            ("garbled", RepairAction::RequeuedToMain),
+            ("later", RepairAction::RequeuedToDelayed)
+        ]
+    );
+    assert_eq!(
+        score(raw(&admin, &["ZSCORE", &k.delayed, "later"]).await),
+        run_at
+    );
+    let later = admin.job(Q, "later").await.unwrap().unwrap();
+    assert_eq!(later.state(), Some("delayed"));
+    assert_eq!(later.field("run_at"), Some(run_at.as_str()));
+    assert_eq!(
+        raw(&admin, &["LRANGE", &k.main, "0", "-1"]).await,
+        redis::Value::Array(vec![redis::Value::BulkString(b"garbled".to_vec())])
+    );
+    assert!(admin.check(Q, false).await.unwrap().violations.is_empty());
+}
