@@ -356,3 +356,28 @@ async fn a_repaired_orphan_delayed_job_keeps_its_run_at() {
     );
     assert!(admin.check(Q, false).await.unwrap().violations.is_empty());
 }
+
+/// An entry whose hash is gone, next to a completion record key of a third
+/// type (corrupt data: records are hashes or compact strings), is
+/// dead-lettered as missing. Before, the key's mere existence counted as
+/// "completed": the entry was removed and nothing dead-lettered, the job
+/// lost without a trace.
+#[tokio::test]
+async fn a_record_key_of_a_third_type_does_not_make_a_missing_job_completed() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    raw(&admin, &["LPUSH", &k.main, "ghost"]).await;
+    raw(&admin, &["SADD", &k.done("ghost"), "x"]).await;
+    let missing = Violation::MissingHash {
+        id: JobId::from("ghost"),
+        places: vec![],
+    };
+    let repair = admin.repair(Q, &missing).await.unwrap().unwrap();
+    assert_eq!(repair.action, RepairAction::DeadLettered);
+    let dead = admin.dead_letters(Q, None, Page::first(10)).await.unwrap();
+    assert_eq!(dead.jobs.len(), 1);
+    assert_eq!(dead.jobs[0].id.as_str(), "ghost");
+    assert_eq!(dead.jobs[0].field("dead_reason"), Some(MISSING_HASH_REASON));
+    assert_eq!(raw(&admin, &["LLEN", &k.main]).await, redis::Value::Int(0));
+}
