@@ -40,10 +40,15 @@ fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
     (status, Json(json!({"error": msg.to_string()}))).into_response()
 }
 
+/// The dead letters a bulk action counts and acts on: entries whose job key
+/// cannot be read (corrupt data, `DeadRow::unreadable`) are left out, since
+/// a replay or purge of one would be refused.
 async fn select(state: &Shared, queue: &str, filter: &DeadFilter) -> Result<Scan, Response> {
-    scan(state, queue, filter, 0, usize::MAX, u64::MAX)
+    let mut found = scan(state, queue, filter, 0, usize::MAX, u64::MAX)
         .await
-        .map_err(|e| error(StatusCode::BAD_GATEWAY, e))
+        .map_err(|e| error(StatusCode::BAD_GATEWAY, e))?;
+    found.rows.retain(|r| r.unreadable.is_none());
+    Ok(found)
 }
 
 /// Step 1: how many dead letters the filter selects.
