@@ -773,3 +773,79 @@ fn run_refuses_an_interval_of_zero() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--interval-ms"));
 }
+
+/// `n` dead letters `d0`…, then one entry `bad` (newest) whose job key is
+/// a string (corrupt data), through one pipeline.
+fn seed_dead_with_a_corrupt_entry(url: &str, n: usize) {
+    rt().block_on(async {
+        let queue = Queue::connect(url).await.unwrap();
+        let k = queue_core::QueueKeys::new("emails");
+        let mut pipe = redis::pipe();
+        for i in 0..n {
+            let id = format!("d{i}");
+            pipe.cmd("HSET")
+                .arg(k.job(&id))
+                .arg(&["id", &id, "state", "dead", "type", "send"])
+                .arg(&["dead_reason", "SMTP timeout", "dead_at", "1796000000000"])
+                .arg(&["payload", "x"])
+                .ignore();
+            pipe.cmd("LPUSH").arg(&k.dead).arg(&id).ignore();
+        }
+        pipe.cmd("SET").arg(k.job("bad")).arg("x").ignore();
+        // In the middle of the list: the chunks before and after it go on.
+        pipe.cmd("LINSERT")
+            .arg(&k.dead)
+            .arg("BEFORE")
+            .arg(format!("d{}", n / 2))
+            .arg("bad")
+            .ignore();
+        let () = pipe.query_async(&mut queue.connection()).await.unwrap();
+    });
+}
+
+/// A dead entry whose job key holds another type (corrupt data) among
+/// 2,500 good ones: `replay --all` and `purge --all` handle every good one,
+/// chunk by chunk, and report the bad one (exit 1). Before, the selection
+/// read every job with its payload first (HGETALL), and the corrupt one
+/// failed it with WRONGTYPE: nothing was replayed or purged.
+#[test]
+fn replay_and_purge_all_skip_and_report_an_unreadable_dead_entry() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    seed_dead_with_a_corrupt_entry(&url, 2_500);
+    let (ok, stdout, stderr) = run(&[
+        "dead", "replay", "--redis", &url, "-q", "emails", "--all", "--json",
+    ]);
+    assert!(!ok, "an entry was skipped: exit 1");
+    assert!(!stdout.trim().is_empty(), "the run was aborted: {stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["replayed"].as_array().unwrap().len(), 2_500, "{stderr}");
+    assert_eq!(v["unreadable"], serde_json::json!(["bad"]));
+    assert!(
+        stderr.contains("skipped bad: corrupt job key: holds a string"),
+        "{stderr}"
+    );
+    assert_eq!(lrange(&server, &k.dead).trim_end(), "*1\r\n$3\r\nbad");
+    assert!(server
+        .command(&["LLEN", &k.main])
+        .unwrap()
+        .contains(":2500"));
+
+    // Dead again (a purge picks dead jobs), then purged.
+    server.command(&["DEL", &k.main, &k.dead]).unwrap();
+    seed_dead_with_a_corrupt_entry(&url, 2_500);
+    let (ok, stdout, stderr) = run(&[
+        "dead", "purge", "--redis", &url, "-q", "emails", "--all", "--yes", "--json",
+    ]);
+    assert!(!ok, "an entry was skipped: exit 1");
+    assert!(!stdout.trim().is_empty(), "the run was aborted: {stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["purged"].as_array().unwrap().len(), 2_500, "{stderr}");
+    assert_eq!(v["unreadable"], serde_json::json!(["bad"]));
+    assert_eq!(lrange(&server, &k.dead).trim_end(), "*1\r\n$3\r\nbad");
+    assert!(server
+        .command(&["EXISTS", &k.job("d7")])
+        .unwrap()
+        .contains(":0"));
+}

@@ -137,8 +137,14 @@ pub struct BatchDetail {
     pub parent_feeds: Vec<(String, String)>,
     /// Members registered.
     pub members_total: u64,
-    /// Members, sorted by id, at most [`BATCH_MEMBER_CAP`].
+    /// Members, sorted by id, at most [`BATCH_MEMBER_CAP`]: all of them, or
+    /// (see [`members_sample`](Self::members_sample)) a sample of that many.
     pub members: Vec<BatchMember>,
+    /// True when the batch has more members than [`members`](Self::members)
+    /// lists: they are the first [`BATCH_MEMBER_CAP`] that `SSCAN` yielded
+    /// (sorted), not the first by id, so that one call never reads or sorts
+    /// a whole large member set.
+    pub members_sample: bool,
     /// The DAG's steps, when the batch belongs to one.
     pub dag_steps: Vec<DagStepInfo>,
 }
@@ -380,6 +386,7 @@ impl Admin {
             callbacks,
             parent_feeds,
             members_total: f.u64(3, "members")?,
+            members_sample: f.u64(5, "sample")? == 1,
             members,
             dag_steps: dag_steps(&get("m_steps")),
             row,

@@ -2,6 +2,7 @@
 //! paging), selecting the jobs a replay or purge acts on, replay
 //! (`replay.lua`) and purge (`purge.lua`), one script each (DESIGN rule 1).
 
+use super::dead_scan::{DeadRow, DEAD_SCAN_CHUNK};
 use super::jobs::JobInfo;
 use super::{admin_script, Admin, Page, Result};
 use crate::error::QueueError;
@@ -47,6 +48,9 @@ pub struct DeadCandidate {
     pub dead_at: Option<String>,
     /// False when an id given in [`DeadSelection::Ids`] is not dead-lettered.
     pub is_dead: bool,
+    /// Why its job key cannot be read (corrupt data: a key of another type).
+    /// Skip it and report it: a replay or purge of it would be refused.
+    pub unreadable: Option<String>,
 }
 
 impl DeadCandidate {
@@ -58,8 +62,36 @@ impl DeadCandidate {
             reason: field("dead_reason"),
             dead_at: field("dead_at"),
             id,
+            unreadable: None,
         }
     }
+
+    /// An entry of the dead-letter list as [`Admin::scan_dead`] read it.
+    fn listed(row: DeadRow) -> Self {
+        DeadCandidate {
+            id: JobId::from(row.id),
+            job_type: row.job_type,
+            reason: row.reason,
+            dead_at: row.dead_at,
+            is_dead: true,
+            unreadable: row.unreadable,
+        }
+    }
+}
+
+/// One chunk of a selection over the dead-letter list
+/// ([`Admin::select_dead_chunk`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadChunk {
+    /// The matching entries of the chunk, in list order (newest first),
+    /// and every entry whose job key cannot be read
+    /// ([`DeadCandidate::unreadable`]: its type and reason are unknown).
+    pub candidates: Vec<DeadCandidate>,
+    /// Entries read (continue at `from + read`, less the entries this chunk's
+    /// caller removed from the list since).
+    pub read: u64,
+    /// Length of the dead-letter list when the chunk was read.
+    pub total: u64,
 }
 
 /// What a replay of one id did.
@@ -194,7 +226,10 @@ impl Admin {
 
     /// The jobs `selection` names. Ids are looked up one by one (an id that
     /// is not dead-lettered comes back with `is_dead: false`); a filter or
-    /// `All` reads the whole dead-letter list.
+    /// `All` reads the dead-letter list in chunks ([`select_dead_chunk`](Self::select_dead_chunk):
+    /// no payloads). An entry whose job key cannot be read comes back with
+    /// [`unreadable`](DeadCandidate::unreadable) set instead of failing the
+    /// selection.
     pub async fn select_dead(
         &self,
         queue: &str,
@@ -204,25 +239,77 @@ impl Admin {
             DeadSelection::Ids(ids) => {
                 let mut out = Vec::with_capacity(ids.len());
                 for id in ids {
-                    let info = self.queue.job(queue, id).await?;
-                    out.push(DeadCandidate::of(id.clone(), info.as_ref()));
+                    out.push(self.dead_candidate(queue, id).await?);
                 }
                 return Ok(out);
             }
             DeadSelection::Matching(text) => Some(text.as_str()),
             DeadSelection::All => None,
         };
-        let dead = self
-            .dead_letters(queue, filter, Page::first(u64::MAX))
+        let (mut out, mut from) = (Vec::new(), 0);
+        loop {
+            let chunk = self.select_dead_chunk(queue, filter, from).await?;
+            from += chunk.read;
+            out.extend(chunk.candidates);
+            if chunk.read == 0 || from >= chunk.total {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// One chunk of at most [`DEAD_SCAN_CHUNK`] dead-letter entries from list
+    /// position `from`, read by one read-only script ([`Admin::scan_dead`]:
+    /// type, reason and `dead_at`, never payloads): the entries whose reason
+    /// or type contains `filter` (case-insensitive; `None`: all), and every
+    /// entry whose job key cannot be read. A caller that replays or purges
+    /// the chunk's entries continues at `from + read - removed`.
+    pub async fn select_dead_chunk(
+        &self,
+        queue: &str,
+        filter: Option<&str>,
+        from: u64,
+    ) -> Result<DeadChunk> {
+        let needle = filter.map(str::to_lowercase);
+        let scan = self
+            .scan_dead(queue, from, DEAD_SCAN_CHUNK, None, None, DEAD_SCAN_CHUNK)
             .await?;
-        Ok(dead
-            .jobs
-            .into_iter()
-            .map(|j| DeadCandidate {
-                is_dead: true,
-                ..DeadCandidate::of(j.id.clone(), Some(&j))
-            })
-            .collect())
+        let keep = |r: &DeadRow| {
+            r.unreadable.is_some()
+                || needle.as_deref().is_none_or(|n| {
+                    [&r.reason, &r.job_type]
+                        .iter()
+                        .any(|v| v.as_deref().is_some_and(|v| v.to_lowercase().contains(n)))
+                })
+        };
+        Ok(DeadChunk {
+            candidates: scan
+                .rows
+                .into_iter()
+                .filter(keep)
+                .map(DeadCandidate::listed)
+                .collect(),
+            read: scan.read,
+            total: scan.total,
+        })
+    }
+
+    /// Job `id` as a replay or purge by id picks it: a job key of another
+    /// type is reported (`unreadable`), not an error.
+    async fn dead_candidate(&self, queue: &str, id: &JobId) -> Result<DeadCandidate> {
+        let key = QueueKeys::new(queue).job(id.as_str());
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut self.queue.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, Some(id), e))?;
+        if kind != "hash" && kind != "none" {
+            return Ok(DeadCandidate {
+                unreadable: Some(format!("corrupt job key: holds a {kind}, not a hash")),
+                ..DeadCandidate::of(id.clone(), None)
+            });
+        }
+        let info = self.queue.job(queue, id).await?;
+        Ok(DeadCandidate::of(id.clone(), info.as_ref()))
     }
 
     /// Moves dead-lettered job `id` back to main (attempts restart at 0 with

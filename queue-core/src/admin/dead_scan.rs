@@ -28,6 +28,11 @@ pub struct DeadRow {
     pub dead_at: Option<String>,
     /// Attempts made, as stored.
     pub attempts: Option<String>,
+    /// Why the entry's job key cannot be read (corrupt data: a key of
+    /// another type), with every other field `None`. Such a row is returned
+    /// whatever the filter (its type and reason are unknown): skip it and
+    /// report it; a replay or purge of it would be refused.
+    pub unreadable: Option<String>,
 }
 
 /// One chunk of a scan.
@@ -41,13 +46,15 @@ pub struct DeadScan {
     pub rows: Vec<DeadRow>,
 }
 
-type Row = (String, String, String, String, String);
+type Row = (String, String, String, String, String, String);
 
 impl Admin {
     /// Reads at most [`DEAD_SCAN_CHUNK`] entries of the dead-letter list of
     /// `queue` from position `from` and keeps those whose type is `job_type`
     /// (exact) and whose dead reason contains `contains` (case-insensitive);
-    /// `None` means any. Stops early after `want` matches.
+    /// `None` means any. Stops early after `want` matches. An entry whose job
+    /// key cannot be read comes back as a row with
+    /// [`unreadable`](DeadRow::unreadable) set, whatever the filter.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), queue_core::admin::AdminError> {
@@ -88,12 +95,13 @@ impl Admin {
             read,
             rows: rows
                 .into_iter()
-                .map(|(id, job_type, reason, dead_at, attempts)| DeadRow {
+                .map(|(id, job_type, reason, dead_at, attempts, bad)| DeadRow {
                     id,
                     job_type: opt(job_type),
                     reason: opt(reason),
                     dead_at: opt(dead_at),
                     attempts: opt(attempts),
+                    unreadable: opt(bad),
                 })
                 .collect(),
         })
@@ -195,5 +203,48 @@ mod tests {
             .unwrap();
         let gone = admin.scan_dead("q", 0, 1, None, None, 1).await.unwrap();
         assert_eq!(gone.rows[0].job_type, None);
+    }
+
+    /// An entry whose job key holds another type (corrupt data) is a row
+    /// saying so, whatever the filter, and the chunk goes on. Before, its
+    /// `HMGET` failed the whole call with WRONGTYPE: the dashboard's page and
+    /// bulk actions, and the CLI's selection, stopped there.
+    #[tokio::test]
+    async fn an_unreadable_entry_is_a_row_not_a_failed_scan() {
+        let server = RedisServer::start().unwrap();
+        let admin = seeded(&server).await;
+        let k = QueueKeys::new("q");
+        let _: () = redis::pipe()
+            .cmd("DEL")
+            .arg(k.job("d3"))
+            .ignore()
+            .cmd("SET")
+            .arg(k.job("d3"))
+            .arg("x")
+            .ignore()
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+        let chunk = admin
+            .scan_dead("q", 0, 1000, Some("render"), None, 100)
+            .await
+            .unwrap();
+        let rows: Vec<(&str, bool)> = chunk
+            .rows
+            .iter()
+            .map(|r| (r.id.as_str(), r.unreadable.is_some()))
+            .collect();
+        assert_eq!(
+            rows,
+            [("d2", false), ("d3", true), ("d4", false), ("d6", false)]
+        );
+        let bad = chunk.rows[1].unreadable.as_deref().unwrap();
+        assert!(bad.contains("holds a string"), "{bad}");
+        let all = admin
+            .select_dead("q", &super::super::DeadSelection::All)
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 6);
+        assert!(all[2].unreadable.is_some() && all[2].id.as_str() == "d3");
     }
 }

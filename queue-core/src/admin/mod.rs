@@ -53,7 +53,7 @@ pub use batches::{
 };
 pub use check::{CheckReport, Scanned, MAX_PROBES, PAGE};
 pub use check_rules::{Place, Violation};
-pub use dead::{DeadCandidate, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome};
+pub use dead::{DeadCandidate, DeadChunk, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome};
 pub use dead_scan::{DeadRow, DeadScan, DEAD_SCAN_CHUNK};
 pub use discovery::queue_of_key;
 pub use error::{AdminError, Result};

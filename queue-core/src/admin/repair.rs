@@ -24,6 +24,9 @@ pub const MISSING_HASH_REASON: &str =
 pub enum RepairAction {
     /// A hash listed nowhere went back to main (state `queued`).
     RequeuedToMain,
+    /// A delayed hash listed nowhere whose `run_at` is still ahead went back
+    /// to the delayed set at that time (state `delayed` kept).
+    RequeuedToDelayed,
     /// A dead hash listed nowhere went back to the dead list.
     RestoredToDead,
     /// An entry whose hash was gone was dead-lettered with
@@ -65,7 +68,11 @@ impl Admin {
             ]
         };
         let (script, id, keys, args): (_, _, Vec<String>, Vec<&str>) = match violation {
-            Violation::OrphanHash { id, .. } => (&REPAIR_ORPHAN, id, listed(id), vec![]),
+            Violation::OrphanHash { id, .. } => {
+                let mut keys = listed(id);
+                keys.push(k.wake.clone());
+                (&REPAIR_ORPHAN, id, keys, vec![])
+            }
             Violation::MissingHash { id, .. } => {
                 let mut keys = listed(id);
                 keys.extend([k.done(id.as_str()), k.stats.clone()]);
@@ -93,6 +100,7 @@ impl Admin {
             .map_err(|e| QueueError::redis(queue, Some(id), e))?;
         let action = match reply.as_str() {
             "main" => RepairAction::RequeuedToMain,
+            "delayed" => RepairAction::RequeuedToDelayed,
             "dead" if matches!(violation, Violation::OrphanHash { .. }) => {
                 RepairAction::RestoredToDead
             }

@@ -1,9 +1,10 @@
 -- Repair (checker): entries whose job hash is gone. A job that completed
--- (its completion record exists) only loses its stale entries; any other is
--- dead-lettered with the reason (a minimal hash, as claim() does for a
--- missing hash), so an operator sees it. The dead entry is written before
--- the others are removed; the counter last. Every entry goes (LREM 0): with
--- no hash, each of them is stale. Only while the hash is still missing.
+-- (its completion record exists, as a hash or a compact string) only loses
+-- its stale entries; any other is dead-lettered with the reason (a minimal
+-- hash, as claim() does for a missing hash), so an operator sees it. The dead
+-- entry is written before the others are removed; the counter last. Every
+-- entry goes (LREM 0): with no hash, each of them is stale. Only while the
+-- hash is still missing.
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash, 7 completion record, 8 stats
 -- ARGV: 1 id, 2 reason
 -- Returns 'removed' | 'dead' | 'changed'
@@ -12,7 +13,10 @@ expect_types(KEYS[1], 'list', KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'list',
 if redis.call('EXISTS', KEYS[6]) == 1 then
   return 'changed'
 end
-local completed = redis.call('EXISTS', KEYS[7]) == 1
+-- Only a record key that is a record (a hash, or a compact record's string)
+-- says the job completed: a key of a third type is corrupt data, and taking
+-- it for a record would remove the entries and lose the job silently.
+local completed = redis.call('EXISTS', KEYS[7]) == 1 and not record_type_bad(KEYS[7])
 local listed_dead = redis.call('LPOS', KEYS[4], id)
 if not completed then
   redis.call('HSET', KEYS[6], 'id', id, 'state', 'dead', 'dead_reason', ARGV[2], 'dead_at', now_ms())

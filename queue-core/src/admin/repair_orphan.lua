@@ -1,10 +1,14 @@
 -- Repair (checker): a job hash that no structure lists goes back where its
--- state says: a dead job to the dead list, any other to main (state queued,
--- its old delivery forgotten, no attempt used). Only while it is still listed
--- nowhere: a job that moved meanwhile is left alone.
--- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash
+-- state says: a dead job to the dead list, a delayed job whose run_at is
+-- still ahead to the delayed set at that time (state and run_at kept), any
+-- other to main (state queued, its old delivery forgotten, no attempt used).
+-- Only while it is still listed nowhere: a job that moved meanwhile is left
+-- alone.
+-- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash,
+--       7 promoter wake list (a delayed job due before the delayed head wakes
+--         a sleeping promoter)
 -- ARGV: 1 id
--- Returns 'main' | 'dead' | 'changed'
+-- Returns 'main' | 'delayed' | 'dead' | 'changed'
 local id = ARGV[1]
 local group = redis.call('TYPE', KEYS[6])['ok'] == 'hash' and redis.call('HGET', KEYS[6], 'group')
 if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id)
@@ -15,16 +19,29 @@ if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id
 end
 -- Every list written below (the group's list and the ring included) is
 -- checked before the first write.
-expect_types(KEYS[4], 'list', KEYS[5], 'zset')
+expect_types(KEYS[3], 'zset', KEYS[4], 'list', KEYS[5], 'zset')
 expect_waiting_types(KEYS[1], group)
 local now = now_ms()
-if redis.call('HGET', KEYS[6], 'state') == 'dead' then
+local h = redis.call('HMGET', KEYS[6], 'state', 'run_at')
+if h[1] == 'dead' then
   redis.call('LPUSH', KEYS[4], id)
   redis.call('HSET', KEYS[6], 'repaired_at', now)
   return 'dead'
 end
+-- A delayed job (a retry, a delayed enqueue, a version wait) keeps its time:
+-- run now, it would run early (a week early for a job scheduled a week ahead).
+local run_at = as_count(h[2])
+if h[1] == 'delayed' and run_at and run_at > now then
+  local wake = sooner_than_head(KEYS[3], run_at)
+  redis.call('ZADD', KEYS[3], int_str(run_at), id)
+  redis.call('HSET', KEYS[6], 'repaired_at', now)
+  if wake then wake_promoter(KEYS[7]) end
+  return 'delayed'
+end
 push_waiting(KEYS[1], id, group) -- main, or its group's list
 redis.call('HSET', KEYS[6], 'state', 'queued', 'repaired_at', now)
-redis.call('HDEL', KEYS[6], 'token', 'lease_until', 'run_at')
+-- A cancel asked of the lost delivery is not the next one's (extend.lua
+-- would tell the next handler to cancel, fail.lua end it cancelled).
+redis.call('HDEL', KEYS[6], 'token', 'lease_until', 'run_at', 'cancel_requested')
 redis.call('ZREM', KEYS[5], id)
 return 'main'

@@ -1191,3 +1191,110 @@ async fn a_record_key_of_a_third_type_never_makes_a_job_done() {
         .await;
     assert!(again.is_err(), "{again:?}");
 }
+
+/// A replay starts a new life: what an operator asked of the old one
+/// (`cancel_requested`) and the version wait of the old one (`newer_since`)
+/// are dropped. Before, a job cancelled while running, whose worker then died
+/// (reclaim dead-lettered it keeping the request), was told to cancel at the
+/// first heartbeat after its replay, and any error ended it `cancelled`: the
+/// replay silently undone.
+#[tokio::test]
+async fn a_replayed_job_forgets_the_cancel_requested_of_its_earlier_life() {
+    use super::extend::{Extend, ExtendReply};
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("c1", 1).await;
+    let d = fx.fetch_one().await;
+    let cancel = super::cancel::Cancel {
+        keys: &k,
+        id: &d.id,
+        retention: Duration::from_secs(60),
+    };
+    let outcome = cancel.run(&mut fx.conn.clone()).await.unwrap();
+    assert_eq!(outcome, crate::CancelOutcome::Requested { first: true });
+    // The worker dies: its lease expires and the watchdog dead-letters it
+    // (1 attempt of 1), keeping the request on the hash.
+    fx.cmd(&["ZADD", &k.leases, "0", "c1"]).await;
+    assert_eq!(fx.reclaim().await.unwrap().dead_lettered, 1);
+    assert!(fx.job("c1").await.contains_key("cancel_requested"));
+    let replay = Replay {
+        keys: &k,
+        id: &d.id,
+        reset_attempts: true,
+    };
+    assert_eq!(
+        replay.run(&mut fx.conn.clone()).await.unwrap(),
+        ReplayReply::Replayed
+    );
+    assert!(!fx.job("c1").await.contains_key("cancel_requested"));
+    let d2 = fx.fetch_one().await;
+    let extend = Extend {
+        keys: &k,
+        id: &d2.id,
+        token: &d2.token,
+        lease: LEASE,
+    };
+    let beat = extend.run(&mut fx.conn.clone()).await.unwrap();
+    assert!(
+        matches!(
+            beat,
+            ExtendReply::Extended {
+                cancel_requested: false,
+                ..
+            }
+        ),
+        "{beat:?}"
+    );
+    let failed = fx.fail(&d2, FailKind::Permanent).await.unwrap();
+    assert!(matches!(failed, FailReply::Dead { .. }), "{failed:?}");
+}
+
+/// A job dead-lettered because no worker announced its payload version
+/// (`newer_since` long ago) and replayed once the workers are upgraded gets
+/// a fresh wait. Before, `newer_since` survived the replay: the first defer
+/// (a worker of the old version still running) dead-lettered it at once.
+#[tokio::test]
+async fn a_replayed_job_waits_afresh_for_its_payload_version() {
+    use super::defer::Defer;
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("v1", 3).await;
+    let run_defer = async |fx: &mut Fixture, d: &Delivery| {
+        Defer {
+            keys: &k,
+            id: &d.id,
+            token: &d.token,
+            field: "t:2",
+            delay: Duration::ZERO,
+            wait: Duration::from_secs(3600),
+            known: 1,
+        }
+        .run(&mut fx.conn.clone())
+        .await
+        .unwrap()
+    };
+    let d = fx.fetch_one().await;
+    assert!(matches!(
+        run_defer(&mut fx, &d).await,
+        FailReply::Retry { .. }
+    ));
+    // Two hours pass with no worker announcing t:2.
+    fx.cmd(&["HSET", &k.job("v1"), "newer_since", "1"]).await;
+    fx.promote().await.unwrap();
+    let d = fx.fetch_one().await;
+    let dead = run_defer(&mut fx, &d).await;
+    assert!(matches!(dead, FailReply::Dead { .. }), "{dead:?}");
+    let replay = Replay {
+        keys: &k,
+        id: &d.id,
+        reset_attempts: false,
+    };
+    assert_eq!(
+        replay.run(&mut fx.conn.clone()).await.unwrap(),
+        ReplayReply::Replayed
+    );
+    assert!(!fx.job("v1").await.contains_key("newer_since"));
+    let d = fx.fetch_one().await;
+    let again = run_defer(&mut fx, &d).await;
+    assert!(matches!(again, FailReply::Retry { .. }), "{again:?}");
+}

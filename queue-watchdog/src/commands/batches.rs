@@ -93,8 +93,8 @@ fn print_detail(b: &BatchDetail) {
     println!(
         "  members ({} registered{}):",
         b.members_total,
-        if (b.members.len() as u64) < b.members_total {
-            format!(", first {} shown", b.members.len())
+        if b.members_sample {
+            format!(", a sample of {} shown", b.members.len())
         } else {
             String::new()
         }

@@ -1,12 +1,19 @@
 //! `dead list | replay | purge`: one function per subcommand. Each fetches
 //! or acts through `queue_core::admin` and hands what it got to a formatting
 //! function; replay and purge report each job as it is done (an interrupted
-//! run has still said what it changed).
+//! run has still said what it changed). A replay by filter or `--all` reads
+//! and acts on the dead-letter list one chunk at a time
+//! (`Admin::select_dead_chunk`, no payloads); an entry whose job key cannot
+//! be read is skipped and reported, never the end of the run.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 
-use queue_core::admin::{Admin, DeadCandidate, DeadLetters, Page, PurgeOutcome, ReplayOutcome};
+use std::collections::HashSet;
+
+use queue_core::admin::{
+    Admin, DeadCandidate, DeadLetters, DeadSelection, Page, PurgeOutcome, ReplayOutcome,
+};
 use serde_json::json;
 
 use crate::cli::{DeadCommand, DeadListArgs, DeadPurgeArgs, DeadReplayArgs};
@@ -89,6 +96,15 @@ struct Tally {
     done: Vec<String>,
     changed: Vec<String>,
     missing: Vec<String>,
+    /// Entries whose job key cannot be read (corrupt data): skipped.
+    unreadable: Vec<String>,
+}
+
+impl Tally {
+    /// Nothing was left over (not found, changed meanwhile, unreadable).
+    fn clean(&self) -> bool {
+        self.missing.is_empty() && self.changed.is_empty() && self.unreadable.is_empty()
+    }
 }
 
 fn describe(p: &DeadCandidate) -> String {
@@ -104,48 +120,104 @@ fn not_dead(tally: &mut Tally, p: &DeadCandidate) {
     tally.missing.push(p.id.to_string());
 }
 
+/// An entry whose job key cannot be read: skipped, said why.
+fn unreadable(tally: &mut Tally, p: &DeadCandidate, why: &str) {
+    eprintln!("skipped {}: {why}", p.id);
+    tally.unreadable.push(p.id.to_string());
+}
+
 /// What a replay did (or would do) with one picked job.
+#[derive(Clone, PartialEq, Eq)]
 enum ReplayStep {
     WouldReplay,
     Replayed,
     NotDead,
+    /// Its job key cannot be read: skipped.
+    Unreadable(String),
 }
 
 async fn replay(admin: &Admin, args: DeadReplayArgs) -> Result<ExitCode> {
-    let picked = admin
-        .select_dead(&args.queue, &args.target.selection())
-        .await?;
     let mut tally = Tally::default();
-    for p in &picked {
-        let step = if !p.is_dead {
-            ReplayStep::NotDead
-        } else if args.dry_run {
-            ReplayStep::WouldReplay
-        } else {
-            match admin
-                .replay_dead(&args.queue, &p.id, args.reset_attempts)
-                .await?
-            {
-                ReplayOutcome::Replayed => ReplayStep::Replayed,
-                ReplayOutcome::NotDead => ReplayStep::NotDead,
+    let filter = match args.target.selection() {
+        DeadSelection::Ids(ids) => {
+            let picked = admin
+                .select_dead(&args.queue, &DeadSelection::Ids(ids))
+                .await?;
+            for p in &picked {
+                replay_one(admin, &args, &mut tally, p).await?;
             }
-        };
-        report_replay(&mut tally, p, step, args.json);
+            return Ok(replay_done(&args, &tally));
+        }
+        DeadSelection::Matching(text) => Some(text),
+        DeadSelection::All => None,
+    };
+    // One chunk of the list at a time: its entries replayed (each leaves
+    // the list) before the next chunk is read, from where the chunk ended
+    // less what left. An id seen twice (the list shifted under the run) is
+    // taken once.
+    let (mut from, mut seen) = (0u64, HashSet::new());
+    loop {
+        let chunk = admin
+            .select_dead_chunk(&args.queue, filter.as_deref(), from)
+            .await?;
+        let mut left = 0;
+        for p in &chunk.candidates {
+            if seen.insert(p.id.to_string())
+                && replay_one(admin, &args, &mut tally, p).await? == ReplayStep::Replayed
+            {
+                left += 1;
+            }
+        }
+        from = (from + chunk.read).saturating_sub(left);
+        if chunk.read == 0 || from >= chunk.total.saturating_sub(left) {
+            return Ok(replay_done(&args, &tally));
+        }
     }
+}
+
+/// Replays (or with `--dry-run` names) one picked job and reports it.
+async fn replay_one(
+    admin: &Admin,
+    args: &DeadReplayArgs,
+    tally: &mut Tally,
+    p: &DeadCandidate,
+) -> Result<ReplayStep> {
+    let step = if let Some(why) = &p.unreadable {
+        ReplayStep::Unreadable(why.clone())
+    } else if !p.is_dead {
+        ReplayStep::NotDead
+    } else if args.dry_run {
+        ReplayStep::WouldReplay
+    } else {
+        match admin
+            .replay_dead(&args.queue, &p.id, args.reset_attempts)
+            .await?
+        {
+            ReplayOutcome::Replayed => ReplayStep::Replayed,
+            ReplayOutcome::NotDead => ReplayStep::NotDead,
+        }
+    };
+    report_replay(tally, p, step.clone(), args.json);
+    Ok(step)
+}
+
+/// The summary of a replay run and its exit code.
+fn replay_done(args: &DeadReplayArgs, tally: &Tally) -> ExitCode {
     if args.json {
         println!(
             "{}",
             json!({"queue": args.queue, "dry_run": args.dry_run, "replayed": tally.done,
-                   "not_found": tally.missing})
+                   "not_found": tally.missing, "unreadable": tally.unreadable})
         );
     }
-    eprintln!("{}", replay_summary(&tally, args.dry_run));
-    Ok(exit_code(tally.missing.is_empty()))
+    eprintln!("{}", replay_summary(tally, args.dry_run));
+    exit_code(tally.clean())
 }
 
 fn report_replay(tally: &mut Tally, p: &DeadCandidate, step: ReplayStep, json: bool) {
     let line = match step {
         ReplayStep::NotDead => return not_dead(tally, p),
+        ReplayStep::Unreadable(why) => return unreadable(tally, p, &why),
         ReplayStep::WouldReplay => format!("would replay {} ({})", p.id, describe(p)),
         ReplayStep::Replayed => format!("replayed {}", p.id),
     };
@@ -157,15 +229,27 @@ fn report_replay(tally: &mut Tally, p: &DeadCandidate, step: ReplayStep, json: b
 
 fn replay_summary(tally: &Tally, dry_run: bool) -> String {
     format!(
-        "{} {} job(s){}",
+        "{} {} job(s){}{}",
         if dry_run { "would replay" } else { "replayed" },
         tally.done.len(),
         if tally.missing.is_empty() {
             String::new()
         } else {
             format!(", {} not found", tally.missing.len())
-        }
+        },
+        unreadable_note(tally)
     )
+}
+
+fn unreadable_note(tally: &Tally) -> String {
+    if tally.unreadable.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", {} skipped (job key unreadable: see `check`)",
+            tally.unreadable.len()
+        )
+    }
 }
 
 // ---- purge ----
@@ -177,7 +261,9 @@ async fn purge(admin: &Admin, args: DeadPurgeArgs) -> Result<ExitCode> {
     let mut tally = Tally::default();
     let mut todo = Vec::new();
     for p in &picked {
-        if p.is_dead {
+        if let Some(why) = &p.unreadable {
+            unreadable(&mut tally, p, why);
+        } else if p.is_dead {
             todo.push(p);
         } else {
             not_dead(&mut tally, p);
@@ -199,13 +285,16 @@ async fn purge(admin: &Admin, args: DeadPurgeArgs) -> Result<ExitCode> {
         println!(
             "{}",
             json!({"queue": args.queue, "dry_run": false, "purged": tally.done,
-                   "changed": tally.changed, "not_found": tally.missing})
+                   "changed": tally.changed, "not_found": tally.missing,
+                   "unreadable": tally.unreadable})
         );
     }
-    eprintln!("purged {} job(s)", tally.done.len());
-    Ok(exit_code(
-        tally.missing.is_empty() && tally.changed.is_empty(),
-    ))
+    eprintln!(
+        "purged {} job(s){}",
+        tally.done.len(),
+        unreadable_note(&tally)
+    );
+    Ok(exit_code(tally.clean()))
 }
 
 /// `--dry-run` (or nothing to purge): what would be purged.
@@ -214,15 +303,20 @@ fn purge_preview(args: &DeadPurgeArgs, todo: &[&DeadCandidate], tally: &Tally) -
         let ids: Vec<String> = todo.iter().map(|p| p.id.to_string()).collect();
         println!(
             "{}",
-            json!({"queue": args.queue, "dry_run": true, "purged": ids, "not_found": tally.missing})
+            json!({"queue": args.queue, "dry_run": true, "purged": ids, "not_found": tally.missing,
+                   "unreadable": tally.unreadable})
         );
     } else {
         for p in todo {
             println!("would purge {} ({})", p.id, describe(p));
         }
     }
-    eprintln!("would purge {} job(s)", todo.len());
-    exit_code(tally.missing.is_empty())
+    eprintln!(
+        "would purge {} job(s){}",
+        todo.len(),
+        unreadable_note(tally)
+    );
+    exit_code(tally.clean())
 }
 
 fn report_purge(tally: &mut Tally, p: &DeadCandidate, outcome: PurgeOutcome, json: bool) {

@@ -207,8 +207,8 @@ fn detail(b: &BatchDetail) -> String {
             )
         }
     };
-    let shown = if (b.members.len() as u64) < b.members_total {
-        format!(", first {} shown", b.members.len())
+    let shown = if b.members_sample {
+        format!(", a sample of {} shown", b.members.len())
     } else {
         String::new()
     };

@@ -55,7 +55,9 @@ fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
 
 /// The dead letters `filter` selects: the newest [`MAX_SELECTED`] matching,
 /// each dead-lettering once (a chunked scan that ran while the list moved
-/// can read an entry twice).
+/// can read an entry twice). Entries whose job key cannot be read (corrupt
+/// data, `DeadRow::unreadable`) are left out, since a replay or purge of one
+/// would be refused.
 async fn select(state: &Shared, queue: &str, filter: &DeadFilter) -> Result<Scan, Response> {
     let mut found = scan(state, queue, filter, 0, MAX_SELECTED, u64::MAX)
         .await
@@ -63,7 +65,7 @@ async fn select(state: &Shared, queue: &str, filter: &DeadFilter) -> Result<Scan
     let mut seen = std::collections::HashSet::new();
     found
         .rows
-        .retain(|r| seen.insert((r.id.clone(), r.dead_at.clone())));
+        .retain(|r| r.unreadable.is_none() && seen.insert((r.id.clone(), r.dead_at.clone())));
     Ok(found)
 }
 

@@ -158,7 +158,7 @@ fn render(queue: &str, filter: &DeadFilter, rows: &[DeadRow], now: i64, v: View)
             qu = url_segment(queue),
             ty = html(r.job_type.as_deref().unwrap_or("?")),
             att = html(r.attempts.as_deref().unwrap_or("")),
-            reason = html(r.reason.as_deref().unwrap_or("?")),
+            reason = html(r.reason.as_deref().or(r.unreadable.as_deref()).unwrap_or("?")),
         ));
     }
     if rows.is_empty() {
