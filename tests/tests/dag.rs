@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use queue_core::{ChildPolicy, Dag, DagError, EnqueueOutcome, JobSpec, QueueKeys, Worker};
+use queue_core::{
+    ChildPolicy, Dag, DagError, EnqueueOutcome, JobSpec, QueueKeys, Worker, DEFAULT_OPEN_TTL,
+};
 use queue_tests::dag_jobs::{dag_email_step, dag_step, DagStep};
 use queue_tests::workflow_jobs::{EMAILS, WF_QUEUE};
 use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
@@ -248,6 +250,59 @@ async fn a_batch_never_sealed_expires_and_leaves_the_index() {
     // A sealed batch keeps no TTL: it waits for its members.
     let ttl: i64 = env.conn().await.pttl(keys.batch("x2:d")).await.unwrap();
     assert_eq!(ttl, -1);
+}
+
+/// The producer died before the seal and retries after the open TTL (as
+/// docs/WORKFLOWS.md says it may): the batch is opened anew and its members
+/// count again. Before, the expired batch's `:members` set outlived its
+/// hash, the retry registered no id (`total` 0) and the seal fired the
+/// batch at once, creating `d` before any dependency ran.
+#[tokio::test]
+async fn a_batch_reopened_after_its_open_ttl_waits_for_its_members() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new(WF_QUEUE);
+    let fan_in = |ttl: Duration| {
+        Dag::new("r1")
+            .step("a", step(&env))
+            .step("b", step(&env))
+            .step("c", step(&env))
+            .step("d", step(&env))
+            .after(["a", "b", "c"])
+            .open_ttl(ttl)
+    };
+    let _: () = env.conn().await.set(&keys.main, "corrupt").await.unwrap();
+    fan_in(Duration::from_millis(300))
+        .enqueue(&env.queue)
+        .await
+        .unwrap_err();
+    let open = env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().unwrap();
+    assert_eq!((open.state.as_str(), open.total), ("open", 3));
+    let _: () = env.conn().await.del(&keys.main).await.unwrap();
+    wait_until(BOUND, "the open batch expired", || async {
+        env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().is_none()
+    })
+    .await;
+    // The retry, with no worker running: nothing may fire yet.
+    fan_in(DEFAULT_OPEN_TTL).enqueue(&env.queue).await.unwrap();
+    let d = env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().unwrap();
+    assert_eq!((d.state.as_str(), d.total, d.finished()), ("sealed", 3, 0));
+    let main = env.list(&keys.main).await;
+    assert!(
+        !main.contains(&"r1:d".to_string()),
+        "d fired early: {main:?}"
+    );
+    // A reopen of the live batch keeps it as it is.
+    fan_in(DEFAULT_OPEN_TTL).enqueue(&env.queue).await.unwrap();
+    let d = env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().unwrap();
+    assert_eq!((d.state.as_str(), d.total), ("sealed", 3));
+    let worker = spawn_worker(&env).await;
+    let runs = wait_runs(&env, &ids("r1", &["a", "b", "c", "d"])).await;
+    worker.stop().await;
+    assert!(runs.values().all(|n| n == "1"), "{runs:?}");
+    assert_eq!(
+        ledger(&env, "ledger:dag:inputs").await["r1:d"],
+        "a:ok,b:ok,c:ok"
+    );
 }
 
 /// 20 DAGs (a diamond plus `e` after `d` and `a`: `a` feeds three batches)
