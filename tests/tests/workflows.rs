@@ -16,8 +16,8 @@
 
 use queue_core::{Batch, ChildPolicy, Flow, JobSpec, QueueError, QueueKeys};
 use queue_tests::workflow_jobs::{
-    wf_bill, wf_callback, wf_email, wf_member, wf_order_close, WfCallback, WfMember, BILLING,
-    EMAILS, ORDERS, WF_QUEUE, WF_QUEUES,
+    wf_bill, wf_callback, wf_email, wf_member, wf_order_close, wf_typed_child, wf_typed_parent,
+    WfCallback, WfMember, BILLING, EMAILS, ORDERS, WF_QUEUE, WF_QUEUES,
 };
 use queue_tests::{
     fast_config, fast_watchdog, wait_until, TestEnv, WatchdogHandle, WorkerHandle, WorkerProcess,
@@ -257,6 +257,60 @@ async fn flows_run_the_parent_after_the_children() {
         .await
         .unwrap();
     assert!(reason.contains("doomed-bad"), "{reason}");
+}
+
+/// A child whose `#[job]` fn returns `Ok(7u32)` (stored with `set_output`:
+/// `0xc1` + MessagePack, no UTF-8) reaches its parent's
+/// `child_results::<u32>()`, next to a child that used `set_child_result`;
+/// the returned value wins over a `set_child_result` of the same run. And
+/// `batches show` reads the typed result. Before, `child_results` failed on
+/// every call (the results hash was read as UTF-8 text and only `mp:` was
+/// decoded) and the parent was dead-lettered.
+#[tokio::test]
+async fn a_flow_parent_reads_a_childs_returned_typed_value() {
+    let env = TestEnv::start().await;
+    let parent = WfCallback {
+        ledger: env.ledger_url.clone(),
+    };
+    Flow::new(
+        JobSpec::new::<wf_typed_parent::Job>(&parent)
+            .unwrap()
+            .id("typed-1"),
+    )
+    .child(
+        JobSpec::new::<wf_typed_child::Job>(&7u32)
+            .unwrap()
+            .id("seven"),
+    )
+    .child(member(&env, "plain"))
+    .enqueue(&env.queue)
+    .await
+    .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    wait_until(BOUND, "the parent recorded its children", || async {
+        ledger_map(&env, "ledger:wf:typed")
+            .await
+            .contains_key("typed-1")
+    })
+    .await;
+    worker.stop().await;
+    let typed = ledger_map(&env, "ledger:wf:typed").await;
+    assert_eq!(typed["typed-1"], "plain=Ok(Some(5)),seven=Ok(Some(7))");
+    let admin = queue_core::admin::Admin::new(env.queue.clone());
+    let detail = admin
+        .batch_detail(WF_QUEUE, "typed-1")
+        .await
+        .unwrap()
+        .unwrap();
+    let outcomes: Vec<(String, String)> = detail
+        .members
+        .iter()
+        .map(|m| (m.id.clone(), m.outcome.clone()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [("plain", "succeeded"), ("seven", "succeeded")].map(|(a, b)| (a.into(), b.into()))
+    );
 }
 
 /// A batch's callbacks must be on its own queue (the member that finishes
