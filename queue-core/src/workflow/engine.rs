@@ -136,14 +136,25 @@ impl BatchRef {
         Ok(out)
     }
 
-    /// Seals the batch: it fires once every member finished.
+    /// Seals the batch: it fires once every member finished. A batch that
+    /// is gone (its open TTL ran out before the seal, or it was deleted) is
+    /// an error: its members are counted nowhere and its callbacks would
+    /// never run.
     pub(crate) async fn seal(&self, conn: &mut RedisConnection) -> Result<String> {
-        BatchSeal {
+        let state = BatchSeal {
             queue: &self.queue,
             key: &self.key,
         }
         .run(conn)
-        .await
+        .await?;
+        if state == "missing" {
+            return Err(self.error(
+                "no such batch at its seal (its open TTL ran out before the seal, or it was \
+                 deleted): its members are not counted and its callbacks will not run; \
+                 enqueue the batch again",
+            ));
+        }
+        Ok(state)
     }
 }
 
@@ -158,4 +169,39 @@ pub(crate) fn parse_key(key: &str) -> Option<BatchRef> {
         id: id.to_string(),
         key: key.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A seal that finds the batch gone answers an error naming the batch
+    /// and its queue (before: `Ok("missing")`, passed on as success).
+    #[tokio::test]
+    async fn a_seal_that_finds_the_batch_gone_is_an_error() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let queue = Queue::connect(&server.url()).await.unwrap();
+        let mut conn = queue.connection();
+        let batch = BatchRef::new("sealq", "gone-1");
+        batch.open(&mut conn, "", &[]).await.unwrap();
+        batch
+            .register(&mut conn, "", &["m1".to_string()])
+            .await
+            .unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&batch.key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let e = batch.seal(&mut conn).await.unwrap_err();
+        assert!(
+            matches!(&e, QueueError::Workflow { queue, batch, .. }
+                if queue == "sealq" && batch == "gone-1"),
+            "{e}"
+        );
+        // A live batch seals as before.
+        let live = BatchRef::new("sealq", "live-1");
+        live.open(&mut conn, "", &[]).await.unwrap();
+        assert_eq!(live.seal(&mut conn).await.unwrap(), "fired");
+    }
 }
