@@ -313,6 +313,68 @@ async fn a_flow_parent_reads_a_childs_returned_typed_value() {
     );
 }
 
+/// Member ids from business keys: `photo-1` ran on its own (its completion
+/// record is kept) and `photo-3` waits on its own; a batch naming either is
+/// refused before its seal, naming the id. Before, the enqueue answered
+/// `AlreadyCompleted` / `Duplicate` and wrote nothing, so no job carried
+/// the batch: it was sealed (Ok) and never fired. The batch's own members
+/// enqueued again (waiting, then completed) are still accepted.
+#[tokio::test]
+async fn a_member_id_taken_outside_the_batch_is_refused() {
+    let env = TestEnv::start().await;
+    let plain = WfMember {
+        ledger: env.ledger_url.clone(),
+        ..WfMember::default()
+    };
+    let album = |id: &str, members: &[&str]| {
+        members.iter().fold(
+            Batch::new(&env.queue)
+                .id(id)
+                .on_complete(callback(&env, &format!("{id}-done"))),
+            |b, m| b.add(member(&env, m)),
+        )
+    };
+    let refused = |e: QueueError, id: &str, member: &str| {
+        assert!(
+            matches!(&e, QueueError::Workflow { batch, detail, .. }
+                if batch == id && detail.contains(&format!("`{member}`"))),
+            "{e}"
+        );
+    };
+    env.queue
+        .enqueue_with_id::<wf_member::Job>("photo-1", &plain)
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    env.wait_completed(WF_QUEUE, 1).await;
+    worker.stop().await;
+    let e = album("album-1", &["photo-1", "photo-2"]).enqueue().await;
+    refused(e.unwrap_err(), "album-1", "photo-1");
+    env.queue
+        .enqueue_with_id::<wf_member::Job>("photo-3", &plain)
+        .await
+        .unwrap();
+    let e = album("album-2", &["photo-3", "photo-4"]).enqueue().await;
+    refused(e.unwrap_err(), "album-2", "photo-3");
+    // A retried enqueue of the batch's own members: waiting, then completed.
+    album("album-3", &["photo-5", "photo-6"])
+        .enqueue()
+        .await
+        .unwrap();
+    album("album-3", &["photo-5", "photo-6"])
+        .enqueue()
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    let fired = wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    assert_eq!(fired.get("album-3-done").map(String::as_str), Some("1"));
+    album("album-3", &["photo-5", "photo-6"])
+        .enqueue()
+        .await
+        .unwrap();
+}
+
 /// A batch's callbacks must be on its own queue (the member that finishes
 /// the batch creates them in the same script): another queue is refused
 /// before any write. Members may be on any queue (the relay).

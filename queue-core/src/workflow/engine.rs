@@ -6,7 +6,7 @@
 //! half-way sends the whole batch again with the same ids.
 
 use crate::conn::RedisConnection;
-use crate::enqueue_options::Enqueued;
+use crate::enqueue_options::{EnqueueOutcome, Enqueued};
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 use crate::queue::Queue;
@@ -130,10 +130,83 @@ impl BatchRef {
                 let done = queue
                     .enqueue_raw_batch(&m.queue, &m.job_type, m.version, max, items)
                     .await?;
+                for e in &done {
+                    if !e.is_new() {
+                        self.check_existing_member(&mut queue.connection(), &m.queue, e)
+                            .await?;
+                    }
+                }
                 out.extend(done);
             }
         }
         Ok(out)
+    }
+
+    /// A member whose enqueue wrote nothing (`Duplicate`, `AlreadyCompleted`)
+    /// must be this batch's own job (a retried enqueue): its hash names this
+    /// batch, or the batch counted it, or a relay notice for it is on its
+    /// way. Otherwise it is a job of the same id outside the batch (e.g. an
+    /// id from a business key that ran on its own): no job carries this
+    /// batch for it, so the batch would never fire. An error names it,
+    /// before the seal. Reads only; the rare path (a non-new member).
+    async fn check_existing_member(
+        &self,
+        conn: &mut RedisConnection,
+        member_queue: &str,
+        e: &Enqueued,
+    ) -> Result<()> {
+        let id = e.id.as_str();
+        let keys = QueueKeys::new(member_queue);
+        let err = |x: redis::RedisError| QueueError::redis(member_queue, Some(&e.id), x);
+        if matches!(e.outcome, EnqueueOutcome::Duplicate { .. }) {
+            let field: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(keys.job(id))
+                .arg(MEMBER_FIELD)
+                .query_async(conn)
+                .await
+                .map_err(err)?;
+            let names_this = |f: &[u8]| f.split(|&b| b == b'\n').any(|k| k == self.key.as_bytes());
+            if field.as_deref().is_some_and(names_this) {
+                return Ok(());
+            }
+        }
+        // A member on another queue that finished: its notice is in its
+        // queue's relay list until applied (applied before it is removed, so
+        // the list is read first, then `:done`).
+        if member_queue != self.queue {
+            let notices: Vec<Vec<u8>> = redis::cmd("LRANGE")
+                .arg(keys.relay())
+                .arg(0)
+                .arg(-1)
+                .query_async(conn)
+                .await
+                .map_err(err)?;
+            let pending = notices.iter().any(|n| {
+                let mut lines = n.split(|&b| b == b'\n').skip(2);
+                lines.next() == Some(self.key.as_bytes()) && lines.next() == Some(id.as_bytes())
+            });
+            if pending {
+                return Ok(());
+            }
+        }
+        let counted: bool = redis::cmd("SISMEMBER")
+            .arg(format!("{}:done", self.key))
+            .arg(id)
+            .query_async(conn)
+            .await
+            .map_err(|x| QueueError::redis(&self.queue, Some(&e.id), x))?;
+        if counted {
+            return Ok(());
+        }
+        Err(self.error(format!(
+            "member `{id}` on queue `{member_queue}` already exists outside this batch ({}): \
+             it is not counted in the batch, which would never fire; give the batch's member \
+             an id of its own",
+            match &e.outcome {
+                EnqueueOutcome::Duplicate { state } => format!("a {state} job"),
+                _ => "completed".to_string(),
+            }
+        )))
     }
 
     /// Seals the batch: it fires once every member finished. A batch that
