@@ -13,7 +13,7 @@ use queue_core::{
     ChildPolicy, Dag, DagError, EnqueueOutcome, JobSpec, QueueKeys, Worker, DEFAULT_OPEN_TTL,
 };
 use queue_tests::dag_jobs::{dag_email_step, dag_step, DagStep};
-use queue_tests::workflow_jobs::{EMAILS, WF_QUEUE};
+use queue_tests::workflow_jobs::{wf_member, WfMember, EMAILS, WF_QUEUE};
 use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
 use redis::AsyncCommands;
 use std::collections::HashMap;
@@ -303,6 +303,49 @@ async fn a_batch_reopened_after_its_open_ttl_waits_for_its_members() {
         ledger(&env, "ledger:dag:inputs").await["r1:d"],
         "a:ok,b:ok,c:ok"
     );
+}
+
+/// A step that several steps run after is a member of each of their
+/// batches (its `batch` field holds their keys, one per line): its
+/// `ctx.batch_add` is refused for good, naming why, and the step is
+/// dead-lettered at its first attempt. Before, the two-line field was taken
+/// for one batch key, `batch_add` answered "no such batch" as a retryable
+/// error, and the step was retried until its attempts ran out.
+#[tokio::test]
+async fn batch_add_from_a_step_feeding_two_steps_is_refused_for_good() {
+    let env = TestEnv::start().await;
+    let adder = WfMember {
+        ledger: env.ledger_url.clone(),
+        add_more: true,
+        ..WfMember::default()
+    };
+    Dag::new("ba")
+        .step("a", JobSpec::new::<wf_member::Job>(&adder).unwrap())
+        .step("b", step(&env))
+        .after(["a"])
+        .step("c", step(&env))
+        .after(["a"])
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let builder = Worker::builder(&env.url)
+        .register(dag_step::handler())
+        .register(wf_member::handler())
+        .config(fast_config());
+    let worker = WorkerHandle::start(builder).await;
+    let keys = QueueKeys::new(WF_QUEUE);
+    wait_until(BOUND, "step a dead-lettered", || async {
+        env.list(&keys.dead).await.contains(&"ba:a".to_string())
+    })
+    .await;
+    worker.stop().await;
+    let reason = env
+        .ledger_field(&keys.job("ba:a"), "dead_reason")
+        .await
+        .unwrap();
+    assert!(reason.contains("member of 2 batches"), "{reason}");
+    let attempts = env.ledger_field(&keys.job("ba:a"), "attempts").await;
+    assert_eq!(attempts.as_deref(), Some("1"));
 }
 
 /// 20 DAGs (a diamond plus `e` after `d` and `a`: `a` feeds three batches)

@@ -375,6 +375,42 @@ async fn a_member_id_taken_outside_the_batch_is_refused() {
         .unwrap();
 }
 
+/// A batch id or a flow parent's id (its batch id; a nested flow's too)
+/// with a control character is refused before any write: a job's `batch`
+/// field holds batch keys one per line, so `album\n7` would be split there
+/// and counted in batches that do not exist. Before, it was accepted.
+#[tokio::test]
+async fn a_batch_id_with_a_control_character_is_refused_before_any_write() {
+    let env = TestEnv::start().await;
+    let bad = |e: QueueError, id: &str| {
+        assert!(
+            matches!(&e, QueueError::Workflow { batch, detail, .. }
+                if batch == id && detail.contains("control characters")),
+            "{e}"
+        );
+    };
+    let e = Batch::new(&env.queue)
+        .id("album\n7")
+        .on_complete(callback(&env, "album-done"))
+        .add(member(&env, "photo-1"))
+        .enqueue()
+        .await;
+    bad(e.unwrap_err(), "album\n7");
+    let e = Flow::new(callback(&env, "close\n7"))
+        .child(member(&env, "invoice-7"))
+        .enqueue(&env.queue)
+        .await;
+    bad(e.unwrap_err(), "close\n7");
+    let e = Flow::new(callback(&env, "close-8"))
+        .child(member(&env, "invoice-8"))
+        .child_flow(Flow::new(callback(&env, "ship\t8")).child(member(&env, "label-8")))
+        .enqueue(&env.queue)
+        .await;
+    bad(e.unwrap_err(), "ship\t8");
+    let keys: Vec<String> = env.conn().await.keys("q:*").await.unwrap();
+    assert!(keys.is_empty(), "a refused batch wrote {keys:?}");
+}
+
 /// A batch's callbacks must be on its own queue (the member that finishes
 /// the batch creates them in the same script): another queue is refused
 /// before any write. Members may be on any queue (the relay).

@@ -47,6 +47,16 @@ impl JobContext {
                 "batch_add: this job is not a batch member",
             ));
         };
+        if key.contains('\n') {
+            // Several batch keys, one per line: a DAG step that several
+            // steps run after. Which batch would the member join? Refused
+            // for good (a retry would fail the same way).
+            return Err(JobError::permanent(format!(
+                "batch_add: this job is a member of {} batches (a DAG step that several steps \
+                 run after), not one: a member can be added to a single batch only",
+                key.lines().count()
+            )));
+        }
         let batch = self.batch_ref(&key)?;
         let id = job.ensure_id().to_string();
         let conn = self.inner.conn.clone().expect("checked by batch_fields");

@@ -8,6 +8,7 @@
 use crate::conn::RedisConnection;
 use crate::enqueue_options::{EnqueueOutcome, Enqueued};
 use crate::error::{QueueError, Result};
+use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::queue::Queue;
 use crate::scripts::batch_add::{BatchAdd, BatchAddReply};
@@ -36,6 +37,24 @@ impl BatchRef {
             id: id.to_string(),
             key: QueueKeys::new(queue).batch(id),
         }
+    }
+
+    /// Refuses a batch id (a flow's: its parent's job id) that is empty,
+    /// longer than [`JobId::MAX_LEN`] or holds a control character: a job's
+    /// `batch` field holds batch keys one per line, and relay notices are
+    /// lines too, so a `\n` in an id would split it (as [`JobId::validate`]
+    /// refuses for job ids and `Dag` for step names). Checked before any write.
+    pub(crate) fn check_id(queue: &str, id: &str) -> Result<()> {
+        JobId::from(id)
+            .validate()
+            .map_err(|reason| QueueError::Workflow {
+                queue: queue.to_string(),
+                batch: id.to_string(),
+                detail: format!(
+                    "invalid batch id {id:?}: {} (the same rules as a job id)",
+                    reason.replacen("job id", "batch id", 1)
+                ),
+            })
     }
 
     pub(crate) fn error(&self, detail: impl Into<String>) -> QueueError {
