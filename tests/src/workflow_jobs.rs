@@ -48,6 +48,8 @@ pub fn all() -> Vec<queue_core::Registration> {
         wf_email::handler(),
         wf_bill::handler(),
         wf_order_close::handler(),
+        wf_typed_child::handler(),
+        wf_typed_parent::handler(),
     ]
 }
 
@@ -150,5 +152,30 @@ async fn callback_body(ctx: JobContext, cb: WfCallback) -> Result<(), JobError> 
         .await?;
     let _: () = c.hincr("ledger:wf:callbacks", &id, 1).await?;
     ctx.set_child_result(&id.len())?;
+    Ok(())
+}
+
+/// A flow child whose `#[job]` fn returns a typed value (`set_output`, the
+/// form docs/RESULTS.md advertises); it also sets a child result first,
+/// which the returned value replaces.
+#[job(queue = "wf", max_attempts = 5, timeout = "60s")]
+pub async fn wf_typed_child(ctx: JobContext, n: u32) -> Result<u32, JobError> {
+    ctx.set_child_result(&0u32)?;
+    Ok(n)
+}
+
+/// A flow parent that reads its children's results as `u32` and records
+/// them (`ledger:wf:typed`: `<child id>=<outcome>` sorted by id, joined by `,`).
+#[job(queue = "wf", max_attempts = 5, timeout = "60s")]
+pub async fn wf_typed_parent(ctx: JobContext, cb: WfCallback) -> Result<(), JobError> {
+    let mut c = ledger_conn(&cb.ledger).await?;
+    let children = ctx.child_results::<u32>().await?;
+    let line: Vec<String> = children
+        .iter()
+        .map(|r| format!("{}={:?}", r.id, r.outcome))
+        .collect();
+    let _: () = c
+        .hset("ledger:wf:typed", ctx.job_id().to_string(), line.join(","))
+        .await?;
     Ok(())
 }

@@ -9,9 +9,11 @@
 
 use std::time::Duration;
 
-use queue_core::{ChildPolicy, Dag, DagError, EnqueueOutcome, JobSpec, QueueKeys, Worker};
+use queue_core::{
+    ChildPolicy, Dag, DagError, EnqueueOutcome, JobSpec, QueueKeys, Worker, DEFAULT_OPEN_TTL,
+};
 use queue_tests::dag_jobs::{dag_email_step, dag_step, DagStep};
-use queue_tests::workflow_jobs::{EMAILS, WF_QUEUE};
+use queue_tests::workflow_jobs::{wf_member, WfMember, EMAILS, WF_QUEUE};
 use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
 use redis::AsyncCommands;
 use std::collections::HashMap;
@@ -248,6 +250,102 @@ async fn a_batch_never_sealed_expires_and_leaves_the_index() {
     // A sealed batch keeps no TTL: it waits for its members.
     let ttl: i64 = env.conn().await.pttl(keys.batch("x2:d")).await.unwrap();
     assert_eq!(ttl, -1);
+}
+
+/// The producer died before the seal and retries after the open TTL (as
+/// docs/WORKFLOWS.md says it may): the batch is opened anew and its members
+/// count again. Before, the expired batch's `:members` set outlived its
+/// hash, the retry registered no id (`total` 0) and the seal fired the
+/// batch at once, creating `d` before any dependency ran.
+#[tokio::test]
+async fn a_batch_reopened_after_its_open_ttl_waits_for_its_members() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new(WF_QUEUE);
+    let fan_in = |ttl: Duration| {
+        Dag::new("r1")
+            .step("a", step(&env))
+            .step("b", step(&env))
+            .step("c", step(&env))
+            .step("d", step(&env))
+            .after(["a", "b", "c"])
+            .open_ttl(ttl)
+    };
+    let _: () = env.conn().await.set(&keys.main, "corrupt").await.unwrap();
+    fan_in(Duration::from_millis(300))
+        .enqueue(&env.queue)
+        .await
+        .unwrap_err();
+    let open = env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().unwrap();
+    assert_eq!((open.state.as_str(), open.total), ("open", 3));
+    let _: () = env.conn().await.del(&keys.main).await.unwrap();
+    wait_until(BOUND, "the open batch expired", || async {
+        env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().is_none()
+    })
+    .await;
+    // The retry, with no worker running: nothing may fire yet.
+    fan_in(DEFAULT_OPEN_TTL).enqueue(&env.queue).await.unwrap();
+    let d = env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().unwrap();
+    assert_eq!((d.state.as_str(), d.total, d.finished()), ("sealed", 3, 0));
+    let main = env.list(&keys.main).await;
+    assert!(
+        !main.contains(&"r1:d".to_string()),
+        "d fired early: {main:?}"
+    );
+    // A reopen of the live batch keeps it as it is.
+    fan_in(DEFAULT_OPEN_TTL).enqueue(&env.queue).await.unwrap();
+    let d = env.queue.batch(WF_QUEUE, "r1:d").await.unwrap().unwrap();
+    assert_eq!((d.state.as_str(), d.total), ("sealed", 3));
+    let worker = spawn_worker(&env).await;
+    let runs = wait_runs(&env, &ids("r1", &["a", "b", "c", "d"])).await;
+    worker.stop().await;
+    assert!(runs.values().all(|n| n == "1"), "{runs:?}");
+    assert_eq!(
+        ledger(&env, "ledger:dag:inputs").await["r1:d"],
+        "a:ok,b:ok,c:ok"
+    );
+}
+
+/// A step that several steps run after is a member of each of their
+/// batches (its `batch` field holds their keys, one per line): its
+/// `ctx.batch_add` is refused for good, naming why, and the step is
+/// dead-lettered at its first attempt. Before, the two-line field was taken
+/// for one batch key, `batch_add` answered "no such batch" as a retryable
+/// error, and the step was retried until its attempts ran out.
+#[tokio::test]
+async fn batch_add_from_a_step_feeding_two_steps_is_refused_for_good() {
+    let env = TestEnv::start().await;
+    let adder = WfMember {
+        ledger: env.ledger_url.clone(),
+        add_more: true,
+        ..WfMember::default()
+    };
+    Dag::new("ba")
+        .step("a", JobSpec::new::<wf_member::Job>(&adder).unwrap())
+        .step("b", step(&env))
+        .after(["a"])
+        .step("c", step(&env))
+        .after(["a"])
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let builder = Worker::builder(&env.url)
+        .register(dag_step::handler())
+        .register(wf_member::handler())
+        .config(fast_config());
+    let worker = WorkerHandle::start(builder).await;
+    let keys = QueueKeys::new(WF_QUEUE);
+    wait_until(BOUND, "step a dead-lettered", || async {
+        env.list(&keys.dead).await.contains(&"ba:a".to_string())
+    })
+    .await;
+    worker.stop().await;
+    let reason = env
+        .ledger_field(&keys.job("ba:a"), "dead_reason")
+        .await
+        .unwrap();
+    assert!(reason.contains("member of 2 batches"), "{reason}");
+    let attempts = env.ledger_field(&keys.job("ba:a"), "attempts").await;
+    assert_eq!(attempts.as_deref(), Some("1"));
 }
 
 /// 20 DAGs (a diamond plus `e` after `d` and `a`: `a` feeds three batches)

@@ -16,8 +16,8 @@
 
 use queue_core::{Batch, ChildPolicy, Flow, JobSpec, QueueError, QueueKeys};
 use queue_tests::workflow_jobs::{
-    wf_bill, wf_callback, wf_email, wf_member, wf_order_close, WfCallback, WfMember, BILLING,
-    EMAILS, ORDERS, WF_QUEUE, WF_QUEUES,
+    wf_bill, wf_callback, wf_email, wf_member, wf_order_close, wf_typed_child, wf_typed_parent,
+    WfCallback, WfMember, BILLING, EMAILS, ORDERS, WF_QUEUE, WF_QUEUES,
 };
 use queue_tests::{
     fast_config, fast_watchdog, wait_until, TestEnv, WatchdogHandle, WorkerHandle, WorkerProcess,
@@ -257,6 +257,158 @@ async fn flows_run_the_parent_after_the_children() {
         .await
         .unwrap();
     assert!(reason.contains("doomed-bad"), "{reason}");
+}
+
+/// A child whose `#[job]` fn returns `Ok(7u32)` (stored with `set_output`:
+/// `0xc1` + MessagePack, no UTF-8) reaches its parent's
+/// `child_results::<u32>()`, next to a child that used `set_child_result`;
+/// the returned value wins over a `set_child_result` of the same run. And
+/// `batches show` reads the typed result. Before, `child_results` failed on
+/// every call (the results hash was read as UTF-8 text and only `mp:` was
+/// decoded) and the parent was dead-lettered.
+#[tokio::test]
+async fn a_flow_parent_reads_a_childs_returned_typed_value() {
+    let env = TestEnv::start().await;
+    let parent = WfCallback {
+        ledger: env.ledger_url.clone(),
+    };
+    Flow::new(
+        JobSpec::new::<wf_typed_parent::Job>(&parent)
+            .unwrap()
+            .id("typed-1"),
+    )
+    .child(
+        JobSpec::new::<wf_typed_child::Job>(&7u32)
+            .unwrap()
+            .id("seven"),
+    )
+    .child(member(&env, "plain"))
+    .enqueue(&env.queue)
+    .await
+    .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    wait_until(BOUND, "the parent recorded its children", || async {
+        ledger_map(&env, "ledger:wf:typed")
+            .await
+            .contains_key("typed-1")
+    })
+    .await;
+    worker.stop().await;
+    let typed = ledger_map(&env, "ledger:wf:typed").await;
+    assert_eq!(typed["typed-1"], "plain=Ok(Some(5)),seven=Ok(Some(7))");
+    let admin = queue_core::admin::Admin::new(env.queue.clone());
+    let detail = admin
+        .batch_detail(WF_QUEUE, "typed-1")
+        .await
+        .unwrap()
+        .unwrap();
+    let outcomes: Vec<(String, String)> = detail
+        .members
+        .iter()
+        .map(|m| (m.id.clone(), m.outcome.clone()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [("plain", "succeeded"), ("seven", "succeeded")].map(|(a, b)| (a.into(), b.into()))
+    );
+}
+
+/// Member ids from business keys: `photo-1` ran on its own (its completion
+/// record is kept) and `photo-3` waits on its own; a batch naming either is
+/// refused before its seal, naming the id. Before, the enqueue answered
+/// `AlreadyCompleted` / `Duplicate` and wrote nothing, so no job carried
+/// the batch: it was sealed (Ok) and never fired. The batch's own members
+/// enqueued again (waiting, then completed) are still accepted.
+#[tokio::test]
+async fn a_member_id_taken_outside_the_batch_is_refused() {
+    let env = TestEnv::start().await;
+    let plain = WfMember {
+        ledger: env.ledger_url.clone(),
+        ..WfMember::default()
+    };
+    let album = |id: &str, members: &[&str]| {
+        members.iter().fold(
+            Batch::new(&env.queue)
+                .id(id)
+                .on_complete(callback(&env, &format!("{id}-done"))),
+            |b, m| b.add(member(&env, m)),
+        )
+    };
+    let refused = |e: QueueError, id: &str, member: &str| {
+        assert!(
+            matches!(&e, QueueError::Workflow { batch, detail, .. }
+                if batch == id && detail.contains(&format!("`{member}`"))),
+            "{e}"
+        );
+    };
+    env.queue
+        .enqueue_with_id::<wf_member::Job>("photo-1", &plain)
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    env.wait_completed(WF_QUEUE, 1).await;
+    worker.stop().await;
+    let e = album("album-1", &["photo-1", "photo-2"]).enqueue().await;
+    refused(e.unwrap_err(), "album-1", "photo-1");
+    env.queue
+        .enqueue_with_id::<wf_member::Job>("photo-3", &plain)
+        .await
+        .unwrap();
+    let e = album("album-2", &["photo-3", "photo-4"]).enqueue().await;
+    refused(e.unwrap_err(), "album-2", "photo-3");
+    // A retried enqueue of the batch's own members: waiting, then completed.
+    album("album-3", &["photo-5", "photo-6"])
+        .enqueue()
+        .await
+        .unwrap();
+    album("album-3", &["photo-5", "photo-6"])
+        .enqueue()
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    let fired = wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    assert_eq!(fired.get("album-3-done").map(String::as_str), Some("1"));
+    album("album-3", &["photo-5", "photo-6"])
+        .enqueue()
+        .await
+        .unwrap();
+}
+
+/// A batch id or a flow parent's id (its batch id; a nested flow's too)
+/// with a control character is refused before any write: a job's `batch`
+/// field holds batch keys one per line, so `album\n7` would be split there
+/// and counted in batches that do not exist. Before, it was accepted.
+#[tokio::test]
+async fn a_batch_id_with_a_control_character_is_refused_before_any_write() {
+    let env = TestEnv::start().await;
+    let bad = |e: QueueError, id: &str| {
+        assert!(
+            matches!(&e, QueueError::Workflow { batch, detail, .. }
+                if batch == id && detail.contains("control characters")),
+            "{e}"
+        );
+    };
+    let e = Batch::new(&env.queue)
+        .id("album\n7")
+        .on_complete(callback(&env, "album-done"))
+        .add(member(&env, "photo-1"))
+        .enqueue()
+        .await;
+    bad(e.unwrap_err(), "album\n7");
+    let e = Flow::new(callback(&env, "close\n7"))
+        .child(member(&env, "invoice-7"))
+        .enqueue(&env.queue)
+        .await;
+    bad(e.unwrap_err(), "close\n7");
+    let e = Flow::new(callback(&env, "close-8"))
+        .child(member(&env, "invoice-8"))
+        .child_flow(Flow::new(callback(&env, "ship\t8")).child(member(&env, "label-8")))
+        .enqueue(&env.queue)
+        .await;
+    bad(e.unwrap_err(), "ship\t8");
+    let keys: Vec<String> = env.conn().await.keys("q:*").await.unwrap();
+    assert!(keys.is_empty(), "a refused batch wrote {keys:?}");
 }
 
 /// A batch's callbacks must be on its own queue (the member that finishes

@@ -353,13 +353,17 @@ impl Admin {
             let r = Fields::new(queue, None, "batch member", item)?;
             let id = r.text(0, "id")?;
             let counted = r.u64(1, "counted")? == 1;
-            let result = r.text(2, "result")?;
+            // Bytes: a child's typed value (`0xc1` + MessagePack) is no UTF-8.
+            let result = r.bytes(2, "result")?;
             let state = r.text(3, "state")?;
             let completed = r.u64(4, "done")? == 1;
-            let (outcome, reason) = if result.starts_with("ok:") {
+            let (outcome, reason) = if result.starts_with(b"ok:") {
                 ("succeeded".to_string(), None)
-            } else if let Some(reason) = result.strip_prefix("err:") {
-                ("failed".to_string(), Some(reason.to_string()))
+            } else if let Some(reason) = result.strip_prefix(b"err:") {
+                (
+                    "failed".to_string(),
+                    Some(String::from_utf8_lossy(reason).into_owned()),
+                )
             } else if !state.is_empty() {
                 (state, None)
             } else if completed {

@@ -8,6 +8,11 @@
 -- A new batch enters the queue's index (sorted set id -> created_at), and
 -- the open sweeps a few index entries from a rotating rank: an entry whose
 -- batch hash expired leaves the index, with the batch's leftover sets.
+-- A new batch starts with empty sets: the `:members` / `:done` / `:results`
+-- left by an earlier batch of this id whose hash expired (a producer that
+-- died before the seal, retrying after the open TTL) are deleted first.
+-- Kept, they made every id of the retry "already registered" (`total` 0)
+-- and the seal fired the batch before any member ran.
 -- KEYS: 1 batch hash, 2 batch index (zset), 3 sweep cursor (string)
 -- ARGV: 1 default member policy ('' none | 'fail' | 'continue' | 'ignore'),
 --       2 open TTL in ms (> 0), 3 batch id (the hash key ends with it),
@@ -47,6 +52,8 @@ for i = 4, #ARGV, 2 do
 end
 expect_types(KEYS[2], 'zset', KEYS[3], 'string')
 local now = now_ms()
+-- DEL cannot fail (any type): the stale sets go before the first HSET.
+redis.call('DEL', KEYS[1] .. ':members', KEYS[1] .. ':done', KEYS[1] .. ':results')
 redis.call('HSET', KEYS[1], 'state', 'open', 'total', 0, 'succeeded', 0, 'dead', 0,
   'cancelled', 0, 'failed', 0, 'created_at', now, 'expires_at', now + ttl)
 if policy ~= '' then redis.call('HSET', KEYS[1], 'policy', policy) end

@@ -130,6 +130,7 @@ impl Batch {
             .id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        BatchRef::check_id(&home, &id)?;
         let batch = BatchRef::new(&home, &id);
         let mut spec = Vec::new();
         if let Some(job) = &mut self.on_success {

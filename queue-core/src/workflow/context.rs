@@ -47,6 +47,16 @@ impl JobContext {
                 "batch_add: this job is not a batch member",
             ));
         };
+        if key.contains('\n') {
+            // Several batch keys, one per line: a DAG step that several
+            // steps run after. Which batch would the member join? Refused
+            // for good (a retry would fail the same way).
+            return Err(JobError::permanent(format!(
+                "batch_add: this job is a member of {} batches (a DAG step that several steps \
+                 run after), not one: a member can be added to a single batch only",
+                key.lines().count()
+            )));
+        }
         let batch = self.batch_ref(&key)?;
         let id = job.ensure_id().to_string();
         let conn = self.inner.conn.clone().expect("checked by batch_fields");
@@ -79,9 +89,14 @@ impl JobContext {
 
     /// A flow parent's children outcomes, by child id (children under
     /// [`ChildPolicy::Ignore`](crate::ChildPolicy::Ignore) that failed are
-    /// left out). A child's result is what it set with
-    /// [`set_child_result`](Self::set_child_result) or
-    /// [`set_result_ref`](Self::set_result_ref). Empty outside a flow.
+    /// left out). A child's result is the value its `#[job]` fn returned
+    /// (`Result<T, JobError>`, stored by [`set_output`](Self::set_output)),
+    /// or what it set with [`set_child_result`](Self::set_child_result) or
+    /// [`set_result_ref`](Self::set_result_ref). These share the one
+    /// `result` of the completion record: the last one set wins, and a
+    /// `#[job]` fn's returned value is stored after the handler returned, so
+    /// it wins over a `set_child_result` of the same run. Empty outside a
+    /// flow.
     pub async fn child_results<T: DeserializeOwned>(
         &self,
     ) -> Result<Vec<ChildResult<T>>, JobError> {
@@ -97,7 +112,10 @@ impl JobContext {
     }
 
     /// Sets this job's result for its flow parent (MessagePack, stored in the
-    /// completion record like [`set_result_ref`](Self::set_result_ref)).
+    /// completion record like [`set_result_ref`](Self::set_result_ref)). For
+    /// a `#[job]` fn returning `Result<T, JobError>` with `T` other than
+    /// `()`, the returned value replaces it (see
+    /// [`child_results`](Self::child_results)): return the value instead.
     ///
     /// ```
     /// let ctx = queue_core::JobContext::for_test("invoice-7", "orders", 1);
@@ -107,9 +125,10 @@ impl JobContext {
         let bytes = rmp_serde::to_vec_named(value)
             .map_err(|e| JobError::permanent(format!("child result does not encode: {e}")))?;
         let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        debug_assert!(
-            decode_result::<serde::de::IgnoredAny>(&format!("{TYPED_PREFIX}{hex}")).is_ok()
-        );
+        debug_assert!(decode_result::<serde::de::IgnoredAny>(
+            format!("{TYPED_PREFIX}{hex}").as_bytes()
+        )
+        .is_ok());
         self.set_result_ref(format!("{TYPED_PREFIX}{hex}"));
         Ok(())
     }

@@ -122,7 +122,22 @@ impl Flow {
     /// children and seals. Idempotent with stable ids: after an error,
     /// enqueue the same flow again.
     pub async fn enqueue(self, queue: &Queue) -> Result<FlowCreated> {
+        self.check_ids()?;
         self.enqueue_in(queue, None).await
+    }
+
+    /// Refuses, before any write, a flow whose parent's id (its batch id),
+    /// or a nested flow's, is not a valid batch id (see `BatchRef::check_id`).
+    fn check_ids(&self) -> Result<()> {
+        if let Some(id) = self.parent.job_id() {
+            BatchRef::check_id(&self.parent.queue, id.as_str())?;
+        }
+        for (_, child) in &self.children {
+            if let Child::Flow(f) = child {
+                f.check_ids()?;
+            }
+        }
+        Ok(())
     }
 
     fn enqueue_in<'a>(

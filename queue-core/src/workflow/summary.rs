@@ -10,6 +10,7 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 use crate::queue::Queue;
+use crate::results::{record_text, OUTPUT_MARK};
 
 use super::engine::BatchRef;
 
@@ -120,14 +121,32 @@ pub struct ChildResult<T> {
 /// Prefix of a result set with `ctx.set_child_result` (MessagePack, hex).
 pub(crate) const TYPED_PREFIX: &str = "mp:";
 
-/// Decodes one stored result: `mp:<hex>` is MessagePack; any other text
-/// (a plain `set_result_ref`) is read as a string-like `T`.
+/// Decodes one stored result (the bytes after `ok:`): a typed value a
+/// `#[job]` fn returned ([`JobContext::set_output`]: the marker byte `0xc1`,
+/// then MessagePack), `mp:<hex>` ([`JobContext::set_child_result`]:
+/// MessagePack), or any other text (a plain `set_result_ref`) read as a
+/// string-like `T`.
+///
+/// [`JobContext::set_output`]: crate::JobContext::set_output
+/// [`JobContext::set_child_result`]: crate::JobContext::set_child_result
 pub(crate) fn decode_result<T: DeserializeOwned>(
-    raw: &str,
+    raw: &[u8],
 ) -> std::result::Result<Option<T>, String> {
-    if raw.is_empty() {
-        return Ok(None);
+    match raw.split_first() {
+        None => return Ok(None),
+        Some((&OUTPUT_MARK, msgpack)) => {
+            return rmp_serde::from_slice(msgpack)
+                .map(Some)
+                .map_err(|e| format!("stored typed result does not decode: {e}"));
+        }
+        Some(_) => {}
     }
+    let raw = std::str::from_utf8(raw).map_err(|e| {
+        format!(
+            "stored result is neither a typed value nor text ({e}): {}",
+            record_text(raw)
+        )
+    })?;
     if let Some(hex) = raw.strip_prefix(TYPED_PREFIX) {
         let bytes = (0..hex.len())
             .step_by(2)
@@ -144,12 +163,13 @@ pub(crate) fn decode_result<T: DeserializeOwned>(
         .map_err(|e| format!("stored result {raw:?} does not decode: {e}"))
 }
 
-/// Reads the results hash of flow `batch`: child id → outcome.
+/// Reads the results hash of flow `batch`: child id → outcome. Read as
+/// bytes: a child's typed value ([`OUTPUT_MARK`] + MessagePack) is no UTF-8.
 pub(crate) async fn read_results<T: DeserializeOwned>(
     conn: &mut RedisConnection,
     batch: &BatchRef,
 ) -> Result<Vec<ChildResult<T>>> {
-    let map: HashMap<String, String> = redis::cmd("HGETALL")
+    let map: HashMap<String, Vec<u8>> = redis::cmd("HGETALL")
         .arg(format!("{}:results", batch.key))
         .query_async(conn)
         .await
@@ -157,12 +177,17 @@ pub(crate) async fn read_results<T: DeserializeOwned>(
     let mut out: Vec<ChildResult<T>> = map
         .into_iter()
         .map(|(id, v)| {
-            let outcome = match (v.strip_prefix("ok:"), v.strip_prefix("err:")) {
+            let outcome = match (v.strip_prefix(b"ok:"), v.strip_prefix(b"err:")) {
                 (Some(ok), _) => decode_result(ok)
                     .map_err(|e| batch.error(format!("child `{id}`: {e}")))
                     .map(Ok)?,
-                (_, Some(err)) => Err(err.to_string()),
-                _ => return Err(batch.error(format!("child `{id}`: corrupt result {v:?}"))),
+                (_, Some(err)) => Err(String::from_utf8_lossy(err).into_owned()),
+                _ => {
+                    return Err(batch.error(format!(
+                        "child `{id}`: corrupt result {:?}",
+                        record_text(&v)
+                    )))
+                }
             };
             Ok(ChildResult { id, outcome })
         })
