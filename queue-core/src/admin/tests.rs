@@ -450,10 +450,10 @@ async fn a_large_batch_lists_a_bounded_sample_of_members_with_their_flags() {
         command_stat(&admin, "smembers", "calls").await,
     );
     eprintln!("batch_detail of 50k members: {script_usec} us, {smembers_calls} SMEMBERS");
+    // The bound is asserted on what the script reads, not on its time (the
+    // machine is shared): measured about 2 ms, the old script (SMEMBERS of
+    // both sets, a sort of 50k) 95-125 ms.
     assert_eq!(smembers_calls, 0, "the member sets are never read whole");
-    // Measured: about 2 ms; the old script (SMEMBERS of both sets, a sort
-    // of 50k) 95-125 ms.
-    assert!(script_usec < 50_000, "{script_usec} us");
     let big = detail.unwrap().unwrap();
     assert_eq!(big.members_total, 50_000);
     assert!(big.members_sample);
