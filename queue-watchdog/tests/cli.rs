@@ -803,6 +803,37 @@ fn seed_dead_with_a_corrupt_entry(url: &str, n: usize) {
     });
 }
 
+/// `dead list` over a dead entry whose job key holds another type: the
+/// listing shows it with the reason instead of failing whole (WRONGTYPE,
+/// nothing listed), with and without a filter.
+#[test]
+fn dead_list_shows_an_unreadable_entry_instead_of_failing() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    seed_dead_with_a_corrupt_entry(&url, 4);
+    let (ok, stdout, stderr) = run(&["dead", "list", "--redis", &url, "-q", "emails"]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with('d')).count(),
+        4,
+        "{stdout}"
+    );
+    let bad = stdout
+        .lines()
+        .find(|l| l.starts_with("bad\t"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(bad.contains("WRONGTYPE"), "{bad}");
+    let (ok, stdout, stderr) = run(&[
+        "dead", "list", "--redis", &url, "-q", "emails", "--filter", "smtp",
+    ]);
+    assert!(ok, "{stderr}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with('d')).count(),
+        4,
+        "{stdout}"
+    );
+}
+
 /// A dead entry whose job key holds another type (corrupt data) among
 /// 2,500 good ones: `replay --all` and `purge --all` handle every good one,
 /// chunk by chunk, and report the bad one (exit 1). Before, the selection

@@ -123,7 +123,9 @@ fn matches(job: &JobInfo, needle: &str) -> bool {
 }
 
 impl Queue {
-    /// Dead-lettered jobs, newest first: `count` entries from `offset`.
+    /// Dead-lettered jobs, newest first: `count` entries from `offset`. An
+    /// entry whose job key holds another type (corrupt data) is listed with
+    /// the error in its `unreadable` field.
     pub async fn dead_letters(
         &self,
         queue: &str,
@@ -144,8 +146,17 @@ impl Queue {
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
             let id = JobId::from(id);
-            let info = self.job(queue, &id).await?;
-            out.push(info.unwrap_or_else(|| JobInfo::empty(id)));
+            match self.job(queue, &id).await {
+                Ok(info) => out.push(info.unwrap_or_else(|| JobInfo::empty(id))),
+                // A job key of another type (corrupt data) is listed with the
+                // reason in its `unreadable` field, not a failed listing.
+                Err(e) if e.is_data_error() => {
+                    let mut info = JobInfo::empty(id);
+                    info.fields.insert("unreadable".into(), e.to_string());
+                    out.push(info);
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(out)
     }

@@ -71,7 +71,9 @@ fn list_lines(dead: &DeadLetters, now: i64) -> String {
             j.field("type").unwrap_or("?"),
             j.attempts(),
             died,
-            j.field("dead_reason").unwrap_or("?")
+            j.field("dead_reason")
+                .or(j.field("unreadable"))
+                .unwrap_or("?")
         ));
     }
     out
