@@ -270,8 +270,9 @@ impl QueueKeys {
 
     /// Whether `key`, a key of some queue, is one the scripts give a TTL on
     /// purpose: completion records, step results, once-markers, throughput
-    /// minutes, fetch receipts, job histories, result wake-ups, a finished
-    /// batch's keys and the rate-limit logs. A TTL on any other queue key
+    /// minutes, fetch receipts, job histories, result wake-ups, a batch's
+    /// keys (its open TTL until sealed, its keep time once fired) and the
+    /// rate-limit logs. A TTL on any other queue key
     /// (a list, a job hash, the counters) loses jobs when it fires; the
     /// operator's `doctor` reports those and not these.
     ///

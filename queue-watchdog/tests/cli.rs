@@ -832,6 +832,9 @@ fn dead_list_shows_an_unreadable_entry_instead_of_failing() {
         4,
         "{stdout}"
     );
+    // Filtered, the unreadable entry is still shown (replay and purge with
+    // the same filter report it too).
+    assert!(stdout.lines().any(|l| l.starts_with("bad\t")), "{stdout}");
 }
 
 /// A dead entry whose job key holds another type (corrupt data) among

@@ -241,18 +241,18 @@ async fn cron_firings_missed_while_enqueues_failed_at_start_up_are_all_enqueued(
     let _: () = env.conn().await.set(&main, "not a list").await.unwrap();
     let worker = WorkerHandle::start(worker_on(&env.url, [tick::handler()], fast_config())).await;
     let started = redis_secs(&env).await;
-    wait_until(BOUND, "three seconds of firings refused", || async {
-        redis_secs(&env).await >= started + 3.5
+    wait_until(BOUND, "five seconds of firings refused", || async {
+        redis_secs(&env).await >= started + 5.5
     })
     .await;
     let _: () = env.conn().await.del(&main).await.unwrap();
     let repaired = redis_secs(&env).await;
-    // Firings after the worker's first clock read (allowing it 1 s after
-    // `started`) up to the repair.
-    let gap: Vec<String> = (started as u64 + 2..=repaired as u64)
+    // Firings after the worker's first clock read (allowing it 2 s after
+    // `started`, for a loaded machine) up to the repair: at least three.
+    let gap: Vec<String> = (started as u64 + 3..=repaired as u64)
         .map(|s| format!("cron:tick:{s}"))
         .collect();
-    assert!(gap.len() >= 2, "{gap:?}");
+    assert!(gap.len() >= 3, "{gap:?}");
     let missing = || async {
         let mut missing = Vec::new();
         for id in &gap {

@@ -375,6 +375,47 @@ async fn a_member_id_taken_outside_the_batch_is_refused() {
         .unwrap();
 }
 
+/// `ctx.batch_add` of an id that a job outside the batch already took (here
+/// `g-9-more`, completed on its own): refused *before* the id is registered
+/// and for good, so the adding member is dead-lettered at its first attempt
+/// and the sealed batch still fires (one member, failed). Before, the id was
+/// registered first (`total` 2, a member no job carries) and the error was
+/// retryable: the adder retried until dead and the batch never fired.
+#[tokio::test]
+async fn batch_add_of_an_id_taken_outside_the_batch_is_refused_before_it_counts() {
+    let env = TestEnv::start().await;
+    let plain = WfMember {
+        ledger: env.ledger_url.clone(),
+        ..WfMember::default()
+    };
+    env.queue
+        .enqueue_with_id::<wf_member::Job>("g-9-more", &plain)
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    env.wait_completed(WF_QUEUE, 1).await;
+    Batch::new(&env.queue)
+        .id("adds")
+        .on_complete(callback(&env, "adds-done"))
+        .add(member_with(&env, "g-9", |m| m.add_more = true))
+        .enqueue()
+        .await
+        .unwrap();
+    let fired = wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    assert!(fired.contains_key("adds-done"), "{fired:?}");
+    let adder = env.queue.job(WF_QUEUE, "g-9").await.unwrap().expect("dead");
+    assert_eq!(adder.field("state"), Some("dead"));
+    assert_eq!(adder.field("attempts"), Some("1"), "refused for good");
+    assert!(
+        adder
+            .field("dead_reason")
+            .is_some_and(|r| r.contains("outside this batch")),
+        "{:?}",
+        adder.field("dead_reason")
+    );
+}
+
 /// A batch id or a flow parent's id (its batch id; a nested flow's too)
 /// with a control character is refused before any write: a job's `batch`
 /// field holds batch keys one per line, so `album\n7` would be split there

@@ -115,11 +115,15 @@ pub enum PurgeOutcome {
 }
 
 /// Case-insensitive: does the job's dead reason or type contain `needle` (lowercase)?
+/// Whether a dead letter's reason or type contains `needle`. An entry whose
+/// job key cannot be read is always shown: nothing says it does not match,
+/// and a replay or purge with the same filter reports it too.
 fn matches(job: &JobInfo, needle: &str) -> bool {
-    ["dead_reason", "type"].iter().any(|f| {
-        job.field(f)
-            .is_some_and(|v| v.to_lowercase().contains(needle))
-    })
+    job.field("unreadable").is_some()
+        || ["dead_reason", "type"].iter().any(|f| {
+            job.field(f)
+                .is_some_and(|v| v.to_lowercase().contains(needle))
+        })
 }
 
 impl Queue {

@@ -51,10 +51,15 @@ if #receipt > 0 then
 end
 if optional and redis.call('EXISTS', KEYS[8]) == 1 then return 'paused' end
 local now = now_ms()
+local fair = optional and fair_state(KEYS[1]) -- groups: one id per group per round (docs/GROUPS.md)
+-- Groups and/or limits take one job at a time (below): main and processing
+-- are checked first, before limits_room's first write (its log trim and its
+-- sweep of finished running sets), and before a group's turn may claim a job
+-- ahead of main's turn touching main.
+if lim or fair then expect_types(KEYS[1], 'list', KEYS[2], 'list') end
 local room, wait = limits_room(lim, KEYS[3], count, now)
 if room == 0 and count > 0 then return 'limited:' .. wait end
 local entries = {}
-local fair = optional and fair_state(KEYS[1]) -- groups: one id per group per round (docs/GROUPS.md)
 if not lim and not fair then
   -- Move the batch first, then one EXISTS for all its completion records: a job
   -- already done is still skipped, without an EXISTS per job (issue #12).
@@ -73,9 +78,7 @@ if not lim and not fair then
 else
   -- Groups and/or limits (docs/GROUPS.md, docs/LIMITS.md): one job at a time,
   -- in ring order; a job over its rate key's limit is deferred, until `room`
-  -- jobs started. Main and processing are checked first: a group's turn may
-  -- claim a job before main's turn first touches main.
-  expect_types(KEYS[1], 'list', KEYS[2], 'list')
+  -- jobs started (main and processing were checked above).
   local i, taken = 0, 0
   while taken < room and i < room + LIMITS_MAX_DEFERRED do
     i = i + 1

@@ -500,3 +500,32 @@ async fn the_running_sets_of_finished_keys_are_swept() {
         .await
         .unwrap());
 }
+
+/// A fetch of a queue with limits whose main holds another type is refused
+/// before its first write: the sweep of finished running sets (a write)
+/// runs only after main and processing were checked. Before, the sweep
+/// pruned a set, then the type check raised: a half-applied call.
+#[tokio::test]
+async fn a_fetch_refused_for_its_main_writes_nothing_not_even_the_sweep() {
+    let (_server, mut conn, keys) = setup("limits-refused").await;
+    set(&mut conn, &keys, &[("key_concurrency", "1")]).await;
+    let running = format!("{}:running:acme", keys.limits());
+    let index = format!("{}:runkeys", keys.limits());
+    let () = conn.zadd(&running, "finished-long-ago", 1).await.unwrap();
+    let () = conn.zadd(&index, "acme", 1).await.unwrap();
+    let () = conn.set(&keys.main, "not a list").await.unwrap();
+    let refused = Fetch {
+        keys: &keys,
+        lease: LEASE,
+        token_base: "refused",
+        count: 10,
+        first_try: false,
+    }
+    .run_or_paused(&mut conn)
+    .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let left: Vec<String> = conn.zrange(&running, 0, -1).await.unwrap();
+    assert_eq!(left, vec!["finished-long-ago".to_string()]);
+    let indexed: Vec<String> = conn.zrange(&index, 0, -1).await.unwrap();
+    assert_eq!(indexed, vec!["acme".to_string()]);
+}

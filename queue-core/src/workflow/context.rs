@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::context::JobContext;
 use crate::enqueue_options::Enqueued;
+use crate::error::QueueError;
 use crate::job::JobError;
 use crate::queue::Queue;
 
@@ -60,6 +61,16 @@ impl JobContext {
         let batch = self.batch_ref(&key)?;
         let id = job.ensure_id().to_string();
         let conn = self.inner.conn.clone().expect("checked by batch_fields");
+        // Before it is registered: the batch is sealed, and an id taken by a
+        // job outside it would be counted by none, so the batch would never
+        // fire. That is refused for good (a retry finds the same job).
+        batch
+            .check_free_member(&mut conn.clone(), &job.queue, &id)
+            .await
+            .map_err(|e| match e {
+                QueueError::Workflow { .. } => JobError::permanent(e),
+                e => JobError::retryable(e),
+            })?;
         batch
             .register(&mut conn.clone(), "", &[id])
             .await

@@ -149,50 +149,61 @@ impl BatchRef {
                 let done = queue
                     .enqueue_raw_batch(&m.queue, &m.job_type, m.version, max, items)
                     .await?;
-                for e in &done {
-                    if !e.is_new() {
-                        self.check_existing_member(&mut queue.connection(), &m.queue, e)
-                            .await?;
-                    }
-                }
+                let taken: Vec<(&str, Option<&str>)> = done
+                    .iter()
+                    .filter(|e| !e.is_new())
+                    .map(|e| match &e.outcome {
+                        EnqueueOutcome::Duplicate { state } => {
+                            (e.id.as_str(), Some(state.as_str()))
+                        }
+                        _ => (e.id.as_str(), None),
+                    })
+                    .collect();
+                self.check_existing_members(&mut queue.connection(), &m.queue, &taken)
+                    .await?;
                 out.extend(done);
             }
         }
         Ok(out)
     }
 
-    /// A member whose enqueue wrote nothing (`Duplicate`, `AlreadyCompleted`)
-    /// must be this batch's own job (a retried enqueue): its hash names this
-    /// batch, or the batch counted it, or a relay notice for it is on its
-    /// way. Otherwise it is a job of the same id outside the batch (e.g. an
-    /// id from a business key that ran on its own): no job carries this
-    /// batch for it, so the batch would never fire. An error names it,
-    /// before the seal. Reads only; the rare path (a non-new member).
-    async fn check_existing_member(
+    /// Members whose enqueue wrote nothing (`Duplicate`, given with the
+    /// job's state, or `AlreadyCompleted`, `None`) must be this batch's own
+    /// jobs (a retried enqueue): a hash that names this batch, or the batch
+    /// counted them, or a relay notice for them is on its way. Otherwise a
+    /// job of the same id exists outside the batch (e.g. an id from a
+    /// business key that ran on its own): no job carries this batch for it,
+    /// so the batch would never fire. An error names the first such id,
+    /// before the seal. Reads only, three round trips for the whole run of
+    /// members at most (a retried enqueue of a big batch has many).
+    async fn check_existing_members(
         &self,
         conn: &mut RedisConnection,
         member_queue: &str,
-        e: &Enqueued,
+        members: &[(&str, Option<&str>)],
     ) -> Result<()> {
-        let id = e.id.as_str();
-        let keys = QueueKeys::new(member_queue);
-        let err = |x: redis::RedisError| QueueError::redis(member_queue, Some(&e.id), x);
-        if matches!(e.outcome, EnqueueOutcome::Duplicate { .. }) {
-            let field: Option<Vec<u8>> = redis::cmd("HGET")
-                .arg(keys.job(id))
-                .arg(MEMBER_FIELD)
-                .query_async(conn)
-                .await
-                .map_err(err)?;
-            let names_this = |f: &[u8]| f.split(|&b| b == b'\n').any(|k| k == self.key.as_bytes());
-            if field.as_deref().is_some_and(names_this) {
-                return Ok(());
-            }
+        if members.is_empty() {
+            return Ok(());
         }
-        // A member on another queue that finished: its notice is in its
+        let keys = QueueKeys::new(member_queue);
+        let err = |x: redis::RedisError| QueueError::redis(member_queue, None, x);
+        let names_this = |f: &[u8]| f.split(|&b| b == b'\n').any(|k| k == self.key.as_bytes());
+        // 1. Jobs still there whose hash names this batch.
+        let mut pipe = redis::pipe();
+        for (id, _) in members {
+            pipe.hget(keys.job(id), MEMBER_FIELD);
+        }
+        let fields: Vec<Option<Vec<u8>>> = pipe.query_async(conn).await.map_err(err)?;
+        let mut left: Vec<(&str, Option<&str>)> = members
+            .iter()
+            .zip(&fields)
+            .filter(|((_, state), f)| state.is_none() || !f.as_deref().is_some_and(names_this))
+            .map(|(m, _)| *m)
+            .collect();
+        // 2. A member on another queue that finished: its notice is in its
         // queue's relay list until applied (applied before it is removed, so
-        // the list is read first, then `:done`).
-        if member_queue != self.queue {
+        // the list is read first, then `:done`). Read once for the run.
+        if !left.is_empty() && member_queue != self.queue {
             let notices: Vec<Vec<u8>> = redis::cmd("LRANGE")
                 .arg(keys.relay())
                 .arg(0)
@@ -200,32 +211,70 @@ impl BatchRef {
                 .query_async(conn)
                 .await
                 .map_err(err)?;
-            let pending = notices.iter().any(|n| {
-                let mut lines = n.split(|&b| b == b'\n').skip(2);
-                lines.next() == Some(self.key.as_bytes()) && lines.next() == Some(id.as_bytes())
-            });
-            if pending {
-                return Ok(());
-            }
+            let pending: std::collections::HashSet<&[u8]> = notices
+                .iter()
+                .filter_map(|n| {
+                    let mut lines = n.split(|&b| b == b'\n').skip(2);
+                    (lines.next() == Some(self.key.as_bytes())).then(|| lines.next())?
+                })
+                .collect();
+            left.retain(|(id, _)| !pending.contains(id.as_bytes()));
         }
-        let counted: bool = redis::cmd("SISMEMBER")
-            .arg(format!("{}:done", self.key))
-            .arg(id)
-            .query_async(conn)
-            .await
-            .map_err(|x| QueueError::redis(&self.queue, Some(&e.id), x))?;
-        if counted {
+        // 3. Counted by the batch already.
+        if left.is_empty() {
             return Ok(());
         }
-        Err(self.error(format!(
-            "member `{id}` on queue `{member_queue}` already exists outside this batch ({}): \
-             it is not counted in the batch, which would never fire; give the batch's member \
-             an id of its own",
-            match &e.outcome {
-                EnqueueOutcome::Duplicate { state } => format!("a {state} job"),
-                _ => "completed".to_string(),
+        let counted: Vec<bool> = redis::cmd("SMISMEMBER")
+            .arg(format!("{}:done", self.key))
+            .arg(left.iter().map(|(id, _)| *id).collect::<Vec<_>>())
+            .query_async(conn)
+            .await
+            .map_err(|x| QueueError::redis(&self.queue, None, x))?;
+        match left.iter().zip(counted).find(|(_, c)| !c) {
+            None => Ok(()),
+            Some(((id, state), _)) => Err(self.error(format!(
+                "member `{id}` on queue `{member_queue}` already exists outside this batch ({}): \
+                 it is not counted in the batch, which would never fire; give the batch's member \
+                 an id of its own (a batch enqueued again after its open TTL ran out cannot \
+                 count the members that finished before: enqueue it under a new batch id)",
+                match state {
+                    Some(state) => format!("a {state} job"),
+                    None => "completed".to_string(),
+                }
+            ))),
+        }
+    }
+
+    /// Whether member `id` may be added to this batch from inside a job
+    /// ([`JobContext::batch_add`](crate::JobContext::batch_add)): checked
+    /// *before* it is registered, since the batch is sealed by then and a
+    /// registered id that no job of this batch carries would keep it from
+    /// ever firing. A job or a completion record of that id outside this
+    /// batch is an error (the same as [`check_existing_members`]'s).
+    pub(crate) async fn check_free_member(
+        &self,
+        conn: &mut RedisConnection,
+        member_queue: &str,
+        id: &str,
+    ) -> Result<()> {
+        let keys = QueueKeys::new(member_queue);
+        let (state, record): (Option<String>, bool) = redis::pipe()
+            .hget(keys.job(id), "state")
+            .exists(keys.done(id))
+            .query_async(conn)
+            .await
+            .map_err(|x| QueueError::redis(member_queue, None, x))?;
+        match (state, record) {
+            (Some(state), _) => {
+                self.check_existing_members(conn, member_queue, &[(id, Some(state.as_str()))])
+                    .await
             }
-        )))
+            (None, true) => {
+                self.check_existing_members(conn, member_queue, &[(id, None)])
+                    .await
+            }
+            (None, false) => Ok(()),
+        }
     }
 
     /// Seals the batch: it fires once every member finished. A batch that

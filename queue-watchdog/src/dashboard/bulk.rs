@@ -111,7 +111,9 @@ pub async fn preview(
         "sample": sample,
         "selection": digest(&found),
         // More may match beyond the newest MAX_SELECTED: act, then preview again.
-        "more": found.rows.len() == MAX_SELECTED && found.next.is_some(),
+        // (the scan stopped before the list's end; skipped and repeated
+        // entries are already out of `rows`, so their count cannot tell)
+        "more": found.next.is_some(),
     }))
     .into_response()
 }
