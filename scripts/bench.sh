@@ -228,7 +228,7 @@ fi
 
 if [ "$FOCUS" = 1 ]; then
   # Interleaved: every run goes through each workload with the baseline
-  # build, this build and BullMQ in turn, on the same redis-server. The
+  # build, this build and BullMQ in turn (in a rotated order), on the same redis-server. The
   # 1-minute load average before each run is part of its label.
   RUNS="${RUNS:-3}"
   focus() { # system run args...
@@ -247,8 +247,14 @@ if [ "$FOCUS" = 1 ]; then
   [ -n "$BASELINE" ] && SYSTEMS="baseline $SYSTEMS"
   [ "$COMPACT" = 1 ] && SYSTEMS="$SYSTEMS compact"
   [ "$WITH_PEERS" = 1 ] && SYSTEMS="$SYSTEMS bullmq"
+  # The order of the systems turns by one each run (run 1: baseline, new,
+  # BullMQ; run 2: new, BullMQ, baseline; ...): stop 37 measured a place in
+  # the order to be worth 10-15% on this machine, more than a change between
+  # two builds, so each system takes each place in turn.
+  read -r -a ORDER <<< "$SYSTEMS"
   for r in $(seq "$RUNS"); do
-    for sys in $SYSTEMS; do
+    k=$(( (r - 1) % ${#ORDER[@]} ))
+    for sys in "${ORDER[@]:k}" "${ORDER[@]:0:k}"; do
       log "run $r/$RUNS $sys: e2e P=16 C=16, process C=64, process C=1 (load $(cut -d' ' -f1 /proc/loadavg))"
       focus "$sys" "$r" e2e --n "$FOCUS_N" --producers 16 --concurrency 16
       focus "$sys" "$r" process --n "$FOCUS_N" --concurrency 64
