@@ -89,7 +89,8 @@ pub fn payload_json(bytes: &[u8]) -> serde_json::Value {
     }
 }
 
-/// A hash field for display: timestamps become `UTC time (ms)`.
+/// A hash field for display: timestamps become `UTC time (ms)`; control
+/// characters are escaped ([`printable`]).
 pub fn display_field(name: &str, value: &str) -> String {
     if let Some(json) = typed_result_json(value) {
         return format!("{json} (MessagePack)");
@@ -99,7 +100,29 @@ pub fn display_field(name: &str, value: &str) -> String {
             return format!("{} ({value})", fmt_ts(ms));
         }
     }
-    value.to_string()
+    printable(value).into_owned()
+}
+
+/// Text read from Redis (an error message, a job type, a worker name) made
+/// safe for a terminal: control characters (an ESC sequence that would
+/// rewrite the operator's screen, a newline that would break a line-per-job
+/// listing) are written as escapes (`\u{1b}`, `\n`). Text without any is
+/// returned as it is.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().collect()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 /// `ctx.progress(n, message)` of a running job (docs/RESULTS.md), from its
@@ -165,6 +188,11 @@ mod tests {
             "1970-01-01 00:00:01.000Z (1000)"
         );
         assert_eq!(display_field("type", "send"), "send");
+        assert_eq!(
+            display_field("dead_reason", "bad\u{1b}[2J\nline"),
+            "bad\\u{1b}[2J\\nline"
+        );
+        assert!(matches!(printable("plain"), std::borrow::Cow::Borrowed(_)));
     }
 
     #[test]

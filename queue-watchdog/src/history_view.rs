@@ -6,7 +6,7 @@ use queue_core::admin::HistoryEntry;
 use queue_core::{EventKind, QueueEvent};
 use serde_json::{json, Value};
 
-use crate::format::{fmt_dur, fmt_ts};
+use crate::format::{fmt_dur, fmt_ts, printable};
 
 /// What an entry is, in a word or two.
 pub fn entry_name(e: &HistoryEntry) -> &'static str {
@@ -67,13 +67,13 @@ pub fn event_line(e: &QueueEvent) -> String {
         s.push_str(&format!("  attempt={a}"));
     }
     if let Some(w) = &e.worker {
-        s.push_str(&format!("  worker={w}"));
+        s.push_str(&format!("  worker={}", printable(w)));
     }
     if let Some(t) = &e.job_type {
-        s.push_str(&format!("  type={t}"));
+        s.push_str(&format!("  type={}", printable(t)));
     }
     if let Some(d) = &e.detail {
-        s.push_str(&format!("  {d}"));
+        s.push_str(&format!("  {}", printable(d)));
     }
     s
 }

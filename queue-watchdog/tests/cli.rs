@@ -883,3 +883,48 @@ fn replay_and_purge_all_skip_and_report_an_unreadable_dead_entry() {
         .unwrap()
         .contains(":0"));
 }
+
+/// A dead reason (an error message, often carrying user input) with an ESC
+/// sequence and a newline: `dead list` prints them as escapes, so they can
+/// neither rewrite the operator's terminal nor split the job's line.
+#[test]
+fn dead_list_escapes_control_characters_of_a_reason() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(k.job("esc"))
+        .arg(&["id", "esc", "state", "dead", "type", "send\u{7}"])
+        .arg(&[
+            "dead_reason",
+            "bad input \u{1b}[2J\u{1b}[H\nfake line",
+            "dead_at",
+            "1796000000000",
+        ])
+        .query(&mut c)
+        .unwrap();
+    let () = redis::cmd("LPUSH")
+        .arg(&k.dead)
+        .arg("esc")
+        .query(&mut c)
+        .unwrap();
+    let (ok, stdout, stderr) = run(&["dead", "list", "--redis", &url, "-q", "emails"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
+        "{stdout:?}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("esc\t"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(line.contains("type=send\\u{7}"), "{line}");
+    assert!(
+        line.contains("bad input \\u{1b}[2J\\u{1b}[H\\nfake line"),
+        "{line}"
+    );
+}

@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::cli::{DeadCommand, DeadListArgs, DeadPurgeArgs, DeadReplayArgs};
 use crate::error::{CliError, Result};
-use crate::format::{fmt_rel, fmt_ts};
+use crate::format::{fmt_rel, fmt_ts, printable};
 use crate::views::job_json;
 
 pub async fn dead(url: &str, cmd: DeadCommand) -> Result<ExitCode> {
@@ -68,12 +68,14 @@ fn list_lines(dead: &DeadLetters, now: i64) -> String {
         out.push_str(&format!(
             "{}\ttype={}\tattempts={}\tdied={}\treason={}\n",
             j.id,
-            j.field("type").unwrap_or("?"),
+            printable(j.field("type").unwrap_or("?")),
             j.attempts(),
             died,
-            j.field("dead_reason")
-                .or(j.field("unreadable"))
-                .unwrap_or("?")
+            printable(
+                j.field("dead_reason")
+                    .or(j.field("unreadable"))
+                    .unwrap_or("?")
+            )
         ));
     }
     out
