@@ -114,16 +114,16 @@ pub enum PurgeOutcome {
     Changed,
 }
 
-/// Case-insensitive: does the job's dead reason or type contain `needle` (lowercase)?
-/// Whether a dead letter's reason or type contains `needle`. An entry whose
-/// job key cannot be read is always shown: nothing says it does not match,
-/// and a replay or purge with the same filter reports it too.
-fn matches(job: &JobInfo, needle: &str) -> bool {
-    job.field("unreadable").is_some()
-        || ["dead_reason", "type"].iter().any(|f| {
-            job.field(f)
-                .is_some_and(|v| v.to_lowercase().contains(needle))
-        })
+/// Whether a dead letter with this reason and type matches `needle`
+/// (lowercase; case-insensitive: either contains it). An entry whose job key
+/// cannot be read always matches: nothing says it does not, and a replay or
+/// purge with the same filter reports it. The one rule of `dead list
+/// --filter` and of a replay or purge's selection.
+fn matches(unreadable: bool, reason: Option<&str>, job_type: Option<&str>, needle: &str) -> bool {
+    unreadable
+        || [reason, job_type]
+            .iter()
+            .any(|v| v.is_some_and(|v| v.to_lowercase().contains(needle)))
 }
 
 impl Queue {
@@ -228,7 +228,10 @@ impl Admin {
                 break;
             }
             pos += batch.len() as u64;
-            for job in batch.into_iter().filter(|j| matches(j, &needle)) {
+            for job in batch.into_iter().filter(|j| {
+                let unreadable = j.field("unreadable").is_some();
+                matches(unreadable, j.field("dead_reason"), j.field("type"), &needle)
+            }) {
                 if skipped < page.offset {
                     skipped += 1;
                 } else if (jobs.len() as u64) < page.limit {
@@ -289,12 +292,10 @@ impl Admin {
             .scan_dead(queue, from, DEAD_SCAN_CHUNK, None, None, DEAD_SCAN_CHUNK)
             .await?;
         let keep = |r: &DeadRow| {
-            r.unreadable.is_some()
-                || needle.as_deref().is_none_or(|n| {
-                    [&r.reason, &r.job_type]
-                        .iter()
-                        .any(|v| v.as_deref().is_some_and(|v| v.to_lowercase().contains(n)))
-                })
+            needle.as_deref().is_none_or(|n| {
+                let unreadable = r.unreadable.is_some();
+                matches(unreadable, r.reason.as_deref(), r.job_type.as_deref(), n)
+            })
         };
         Ok(DeadChunk {
             candidates: scan
@@ -311,20 +312,23 @@ impl Admin {
     /// Job `id` as a replay or purge by id picks it: a job key of another
     /// type is reported (`unreadable`), not an error.
     async fn dead_candidate(&self, queue: &str, id: &JobId) -> Result<DeadCandidate> {
-        let key = QueueKeys::new(queue).job(id.as_str());
-        let kind: String = redis::cmd("TYPE")
-            .arg(&key)
-            .query_async(&mut self.queue.connection())
-            .await
-            .map_err(|e| QueueError::redis(queue, Some(id), e))?;
-        if kind != "hash" && kind != "none" {
-            return Ok(DeadCandidate {
-                unreadable: Some(format!("corrupt job key: holds a {kind}, not a hash")),
-                ..DeadCandidate::of(id.clone(), None)
-            });
+        // The job's read refuses a key of another type; only then is its
+        // type read, for the report (one round trip for a readable job).
+        match self.queue.job(queue, id).await {
+            Ok(info) => Ok(DeadCandidate::of(id.clone(), info.as_ref())),
+            Err(e) if e.is_data_error() => {
+                let kind: String = redis::cmd("TYPE")
+                    .arg(QueueKeys::new(queue).job(id.as_str()))
+                    .query_async(&mut self.queue.connection())
+                    .await
+                    .map_err(|e| QueueError::redis(queue, Some(id), e))?;
+                Ok(DeadCandidate {
+                    unreadable: Some(format!("corrupt job key: holds a {kind}, not a hash")),
+                    ..DeadCandidate::of(id.clone(), None)
+                })
+            }
+            Err(e) => Err(e.into()),
         }
-        let info = self.queue.job(queue, id).await?;
-        Ok(DeadCandidate::of(id.clone(), info.as_ref()))
     }
 
     /// Moves dead-lettered job `id` back to main (attempts restart at 0 with
