@@ -423,14 +423,6 @@ mod tests {
     use super::*;
     use crate::conn::{connect, ConnectionConfig};
 
-    async fn server() -> (queue_testkit::RedisServer, RedisConnection) {
-        let server = queue_testkit::RedisServer::start().unwrap();
-        let conn = connect(&server.url(), &ConnectionConfig::default())
-            .await
-            .unwrap();
-        (server, conn)
-    }
-
     async fn owner(conn: &RedisConnection, name: &str) -> Option<String> {
         let mut c = conn.clone();
         redis::cmd("GET")
@@ -446,7 +438,7 @@ mod tests {
     /// the original TTL, so both guards said "held" for seconds).
     #[tokio::test]
     async fn a_shortened_lock_taken_by_another_owner_is_not_held_by_the_first() {
-        let (_server, conn) = server().await;
+        let (_server, conn) = crate::scripts::test_redis().await;
         let opts = LockOptions::default()
             .ttl(Duration::from_secs(10))
             .no_renew();
@@ -470,7 +462,7 @@ mod tests {
     /// back to the configured 600 ms: the local deadline follows it back.
     #[tokio::test]
     async fn a_renewal_after_a_long_extend_brings_the_deadline_back() {
-        let (_server, conn) = server().await;
+        let (_server, conn) = crate::scripts::test_redis().await;
         let ttl = Duration::from_millis(600);
         let guard = Lock::acquire(conn.clone(), "renewed", LockOptions::default().ttl(ttl))
             .await
@@ -496,7 +488,7 @@ mod tests {
     /// `PEXPIRE key 0`, which deletes the lock, and answer Ok(true).
     #[tokio::test]
     async fn an_extend_below_one_millisecond_is_refused_and_keeps_the_lock() {
-        let (_server, conn) = server().await;
+        let (_server, conn) = crate::scripts::test_redis().await;
         let guard = Lock::acquire(conn.clone(), "zero", LockOptions::default().no_renew())
             .await
             .unwrap()
@@ -528,7 +520,7 @@ mod tests {
     /// (`Instant + Duration`); now it waits until the lock is free.
     #[tokio::test]
     async fn an_unbounded_wait_does_not_panic_and_waits_until_free() {
-        let (_server, conn) = server().await;
+        let (_server, conn) = crate::scripts::test_redis().await;
         let forever = LockOptions::default().wait(Duration::MAX);
         let first = Lock::acquire(conn.clone(), "wait", forever.clone())
             .await
@@ -553,7 +545,7 @@ mod tests {
     /// release it. Now the guard is returned, and release (or drop) frees it.
     #[tokio::test]
     async fn an_unbounded_ttl_does_not_panic_and_release_frees_the_lock() {
-        let (_server, conn) = server().await;
+        let (_server, conn) = crate::scripts::test_redis().await;
         let long = LockOptions::default().ttl(Duration::MAX);
         let guard = Lock::acquire(conn.clone(), "long", long.clone())
             .await

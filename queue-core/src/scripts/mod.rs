@@ -291,8 +291,8 @@ pub(crate) fn is_unloaded(e: &redis::RedisError) -> bool {
     })
 }
 
-/// A throwaway redis-server and a connection to it, for the script tests of
-/// this folder.
+/// A throwaway redis-server and a connection to it, for the crate's tests
+/// (the scripts of this folder, and the lock's).
 #[cfg(test)]
 pub(crate) async fn test_redis() -> (queue_testkit::RedisServer, RedisConnection) {
     let server = queue_testkit::RedisServer::start().unwrap();
