@@ -110,9 +110,9 @@ pub async fn preview(
         "total": found.total,
         "sample": sample,
         "selection": digest(&found),
-        // More may match beyond the newest MAX_SELECTED: act, then preview again.
-        // (the scan stopped before the list's end; skipped and repeated
-        // entries are already out of `rows`, so their count cannot tell)
+        // More may match beyond the newest MAX_SELECTED (act, then preview
+        // again): the scan stopped before the list's end. The count of `rows`
+        // cannot tell, since skipped and repeated entries are out of it.
         "more": found.next.is_some(),
     }))
     .into_response()
