@@ -323,7 +323,10 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.txs.iter().all(Option::is_none) {
+        // Dropped by a panic (of this call's own sending): sending the rest
+        // again would panic again, in a task of its own, for ever. The
+        // senders drop instead: each caller gets `abandoned` (outcome unknown).
+        if self.txs.iter().all(Option::is_none) || std::thread::panicking() {
             return;
         }
         // Without a runtime (it is shutting down) the senders drop and each

@@ -107,7 +107,7 @@ impl Queue {
     }
 
     /// How long an enqueue keeps resending after a connection failure
-    /// (default 5 s; zero: send once). Each attempt is bounded by
+    /// (default 5 s; zero: send once; `Duration::MAX`: no limit). Each attempt is bounded by
     /// [`ConnectionConfig::response_timeout`], so an enqueue returns within
     /// about `retry_window + response_timeout`. Retries reuse the id and the
     /// call's enqueue token, so they never create a second job.
@@ -474,7 +474,8 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let deadline = tokio::time::Instant::now() + window;
+    // `None`: a window too long for the clock (`Duration::MAX`), no deadline.
+    let deadline = tokio::time::Instant::now().checked_add(window);
     let mut delay = Duration::from_millis(50);
     let mut unknown: Option<QueueError> = None;
     loop {
@@ -482,7 +483,8 @@ where
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
-        let retry = err.is_connection_failure() && tokio::time::Instant::now() + delay < deadline;
+        let retry = err.is_connection_failure()
+            && deadline.is_none_or(|d| tokio::time::Instant::now() + delay < d);
         if !retry {
             return Err(match unknown {
                 Some(first) if !err.outcome_unknown() => first,

@@ -298,3 +298,37 @@ async fn a_leader_cancelled_mid_call_leaves_its_joined_callers_answered() {
     // Every job once: the first, the cancelled leader's and the 8 joined.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
 }
+
+/// A retry window too long for the clock (`Duration::MAX`: "keep trying")
+/// means no deadline. Before, `Instant::now() + window` panicked in every
+/// enqueue; with group commit the panic was inside the call in flight, whose
+/// drop sent the rest again in a task of its own, which panicked again: an
+/// endless chain of panicking tasks, and no caller answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unbounded_retry_window_enqueues_with_or_without_group_commit() {
+    let env = TestEnv::start().await;
+    for group in [true, false] {
+        let queue = env
+            .queue
+            .clone()
+            .with_group_commit(group)
+            .with_retry_window(Duration::MAX);
+        let t = env.task(u64::from(group));
+        let call = tokio::spawn(async move {
+            queue
+                .enqueue_with::<task::Job>(EnqueueOptions::new(), &t)
+                .await
+        });
+        let enqueued = tokio::time::timeout(BOUND, call)
+            .await
+            .unwrap_or_else(|_| panic!("group commit {group}: the caller was never answered"))
+            .unwrap_or_else(|e| panic!("group commit {group}: the enqueue task failed: {e}"))
+            .unwrap_or_else(|e| panic!("group commit {group}: {e}"));
+        assert!(
+            enqueued.is_new(),
+            "group commit {group}: {:?}",
+            enqueued.outcome
+        );
+    }
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 2);
+}
