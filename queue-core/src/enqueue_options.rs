@@ -96,6 +96,12 @@ impl EnqueueOptions {
     /// window in which a primary failover loses an acknowledged enqueue. The
     /// `WAIT` runs on the shared connection and delays the commands queued
     /// behind it until the replicas answer (at most `timeout`).
+    ///
+    /// `timeout` is clamped to at least 1 ms and at most three quarters of
+    /// the connection's [`response_timeout`](crate::ConnectionConfig::response_timeout):
+    /// a zero (or sub-millisecond) timeout does not become Redis' `WAIT n 0`,
+    /// which blocks until the replicas answer, for ever without them, and
+    /// with it every call on the `Queue`'s connection.
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.replicas = Some((replicas, timeout));
         self

@@ -341,7 +341,11 @@ impl Queue {
             ids.push(valid_id(queue, opts.id.clone())?);
             tokens.push(enqueue_token(is_generated));
         }
-        let wait = items.iter().filter_map(|(o, _)| o.replicas).max();
+        let wait = items
+            .iter()
+            .filter_map(|(o, _)| o.replicas)
+            .max()
+            .map(|(replicas, timeout)| (replicas, self.wait_ms(timeout)));
         let first_id = ids.first().cloned();
         let mut attempt = 0u32;
         let send = || {
@@ -374,7 +378,7 @@ impl Queue {
                     enqueue_many::add_to(&mut pipe, keys, Mode::All, chunk);
                 }
                 if let Some((replicas, timeout)) = wait {
-                    pipe.cmd("WAIT").arg(replicas).arg(scripts::ms(timeout));
+                    pipe.cmd("WAIT").arg(replicas).arg(timeout);
                 }
                 let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
                 if matches!(&res, Err(e) if scripts::is_unloaded(e)) {
@@ -446,6 +450,25 @@ impl Queue {
         crate::metrics::enqueued(queue, job_type, created);
         debug!(queue, job_type, jobs = out.len(), "batch enqueued");
         Ok(out)
+    }
+}
+
+impl Queue {
+    /// The `WAIT` timeout (ms) of [`EnqueueOptions::wait_for_replicas`]'s
+    /// `timeout`: at least 1 ms, at most three quarters of the connection's
+    /// response timeout (the default one for a `Queue` made
+    /// [`from_connection`](Self::from_connection)). `WAIT n 0` blocks until
+    /// `n` replicas answer, for ever without them, and holds every call
+    /// queued behind it on the shared connection; a `WAIT` as long as the
+    /// response timeout would lose its own reply (an "outcome unknown"
+    /// error instead of `NotReplicated`).
+    fn wait_ms(&self, timeout: Duration) -> u64 {
+        let response_timeout = self.origin.as_ref().map_or_else(
+            || ConnectionConfig::default().response_timeout,
+            |o| o.1.response_timeout,
+        );
+        let cap = scripts::ms(response_timeout.saturating_mul(3) / 4).max(1);
+        scripts::ms(timeout).clamp(1, cap)
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, Queue, QueueError, QueueKeys};
+use queue_core::{ConnectionConfig, EnqueueOptions, Queue, QueueError, QueueKeys};
 use queue_testkit::RedisServer;
 use queue_tests::{task, wait_until, Task, TestEnv, BOUND};
 
@@ -99,4 +99,47 @@ async fn stats_report_oldest_waiting_age_and_recent_throughput() {
     let s = env.stats("tasks").await;
     assert_eq!(s.completed_last_minute, 1);
     assert_eq!(s.oldest_waiting_ms, None);
+}
+
+/// `wait_for_replicas(n, 0)` (or less than a millisecond) is clamped to a
+/// `WAIT` of at least 1 ms and at most within the connection's response
+/// timeout. Before, it sent `WAIT 1 0` (block until a replica answers): with
+/// no replica the enqueue ran into the response timeout ("outcome unknown"
+/// instead of `NotReplicated`) and every later call on the `Queue`'s shared
+/// connection waited behind the blocked `WAIT`.
+#[tokio::test]
+async fn a_zero_replica_wait_is_bounded_and_leaves_the_connection_usable() {
+    let env = TestEnv::start().await;
+    let cfg = ConnectionConfig {
+        response_timeout: Duration::from_secs(1),
+        ..ConnectionConfig::default()
+    };
+    let queue = Queue::connect_with(&env.url, &cfg)
+        .await
+        .unwrap()
+        .with_retry_window(Duration::ZERO);
+    for (i, timeout) in [Duration::ZERO, Duration::from_micros(500), Duration::MAX]
+        .into_iter()
+        .enumerate()
+    {
+        let opts = EnqueueOptions::new()
+            .id(format!("no-replica-{i}"))
+            .wait_for_replicas(1, timeout);
+        let err = task::enqueue_with(&queue, opts, env.task(0))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                QueueError::NotReplicated {
+                    acked: 0,
+                    wanted: 1,
+                    ..
+                }
+            ),
+            "timeout {timeout:?}: expected NotReplicated, got {err}"
+        );
+        let stats = queue.stats("tasks").await;
+        assert_eq!(stats.expect("the connection is usable").main, i as u64 + 1);
+    }
 }
