@@ -149,19 +149,24 @@ impl EnqueueOptions {
     /// let opts = queue_core::EnqueueOptions::new().expires_in(Duration::from_secs(30));
     /// assert_eq!(opts.extra_fields, vec![("expires_after".to_string(), "30000".to_string())]);
     /// ```
+    ///
+    /// A `ttl` beyond what a script can count (2^53 − 1 ms, about 285,000
+    /// years; `Duration::MAX`) is stored as that count: no deadline in
+    /// practice. Before, the larger number was stored as given and the claim
+    /// dead-lettered the job as "corrupt field expires_after".
     pub fn expires_in(self, ttl: Duration) -> Self {
-        self.extra_field("expires_after", ttl.as_millis().to_string())
+        self.extra_field("expires_after", crate::scripts::ms(ttl).to_string())
     }
 
     /// Absolute start deadline: like [`expires_in`](Self::expires_in), for
     /// deliveries not started before `at` (compared with the Redis clock, as
     /// [`run_at`](Self::run_at)). Stored as the job field `expires_at` (ms
-    /// since the epoch); a time before 1970 counts as already passed. With
-    /// both, the earlier deadline applies.
+    /// since the epoch, at most 2^53 − 1, as [`expires_in`](Self::expires_in)); a time before
+    /// 1970 counts as already passed. With both, the earlier deadline applies.
     pub fn deadline(self, at: std::time::SystemTime) -> Self {
         let ms = at
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis());
+            .map_or(0, crate::scripts::ms);
         self.extra_field("expires_at", ms.to_string())
     }
 }

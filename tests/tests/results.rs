@@ -390,3 +390,26 @@ async fn typed_results_reach_the_producer_through_compact_records() {
     assert_eq!(dup.outcome, queue_core::EnqueueOutcome::AlreadyCompleted);
     worker.stop().await;
 }
+
+/// A start deadline too far to count ("never expires": `expires_in(Duration::MAX)`,
+/// `deadline` in the far future) is stored as the largest count a script takes,
+/// and the job runs. Before, the number was stored as given (above 2^53 − 1),
+/// and the claim dead-lettered the job as "corrupt field expires_after" /
+/// "expires_at": it never ran.
+#[tokio::test]
+async fn a_start_deadline_too_far_to_count_lets_the_job_run() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let far = std::time::UNIX_EPOCH + Duration::from_secs(u64::MAX / 2);
+    for opts in [
+        EnqueueOptions::new().expires_in(Duration::MAX),
+        EnqueueOptions::new().deadline(far),
+    ] {
+        queue_tests::task::enqueue_with(&env.queue, opts, env.task(0))
+            .await
+            .unwrap();
+    }
+    env.run_until_completed("tasks", 2).await;
+    let stats = env.stats("tasks").await;
+    assert_eq!((stats.dead, stats.counter("expired")), (0, 0));
+}
