@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::scripts::enqueue::EnqueueReply;
 use crate::state::JobState;
@@ -35,14 +36,117 @@ pub struct EnqueueOptions {
     /// Extra job-hash fields stored with the job (`enqueue.lua` ARGV 10..):
     /// how features such as deadlines, groups and trace context carry their
     /// enqueue options to the scripts that read them. Set them through those
-    /// features' builder methods; a core field name is refused by the script.
+    /// features' builder methods. An empty name, a name of a core job field
+    /// ([`CORE_JOB_FIELDS`]) or a name given twice is refused before anything
+    /// is sent ([`validate`](Self::validate)).
     pub extra_fields: Vec<(String, String)>,
+}
+
+/// The job hash fields the core scripts own: an extra field
+/// ([`EnqueueOptions::extra_fields`]) may not take one of these names. The
+/// scripts' own list is `CORE_JOB_FIELDS` in `prelude.lua`; a test keeps the
+/// two equal.
+pub const CORE_JOB_FIELDS: &[&str] = &[
+    "id",
+    "type",
+    "v",
+    "payload",
+    "max_attempts",
+    "attempts",
+    "enqueued_at",
+    "state",
+    "delivered_at",
+    "token",
+    "lease_until",
+    "fence",
+    "last_error",
+    "failed_at",
+    "failed_token",
+    "run_at",
+    "dead_reason",
+    "dead_at",
+    "replayed_at",
+    "enq_token",
+    "worker",
+    "cancel_requested",
+];
+
+/// Checks extra fields as the enqueue scripts do, before anything is sent:
+/// no empty name, no core job field, no name twice (a second `group` would
+/// route the job by the first and record the last).
+pub(crate) fn check_extra_fields(
+    queue: &str,
+    job_id: Option<&JobId>,
+    fields: &[(String, String)],
+) -> Result<()> {
+    let refuse = |name: &str, reason| QueueError::InvalidExtraField {
+        queue: queue.to_string(),
+        job_id: job_id.cloned(),
+        name: name.to_string(),
+        reason,
+    };
+    for (i, (name, _)) in fields.iter().enumerate() {
+        if name.is_empty() {
+            return Err(refuse(name, "an extra field name must not be empty"));
+        }
+        if CORE_JOB_FIELDS.contains(&name.as_str()) {
+            return Err(refuse(name, "the name of a core job field"));
+        }
+        if fields[..i].iter().any(|(n, _)| n == name) {
+            return Err(refuse(name, "given twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a job id before anything is sent ([`JobId::validate`]).
+pub(crate) fn check_id(queue: &str, id: &JobId) -> Result<()> {
+    id.validate().map_err(|reason| QueueError::InvalidJobId {
+        queue: queue.to_string(),
+        id: id.to_string(),
+        reason,
+    })
+}
+
+/// Checks a queue name before anything is sent ([`crate::validate_queue_name`]).
+pub(crate) fn check_queue_name(queue: &str) -> Result<()> {
+    crate::keys::validate_queue_name(queue).map_err(|reason| QueueError::InvalidQueueName {
+        queue: queue.to_string(),
+        reason,
+    })
 }
 
 impl EnqueueOptions {
     /// Defaults: random id, run now, the job type's attempt limit.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Checks these options for an enqueue to `queue` as
+    /// [`Queue`](crate::Queue)'s enqueues do before anything is sent: the
+    /// queue name ([`validate_queue_name`](crate::validate_queue_name)), the
+    /// id when one is set ([`JobId::validate`]) and the extra field names
+    /// (not empty, not a core job field of [`CORE_JOB_FIELDS`], none given
+    /// twice). For a producer that stores an enqueue to send later (the
+    /// outbox), so that a refusal comes when the enqueue is asked for.
+    ///
+    /// ```
+    /// use queue_core::{EnqueueOptions, QueueError};
+    /// assert!(EnqueueOptions::new().group("a").validate("emails").is_ok());
+    /// let twice = EnqueueOptions {
+    ///     extra_fields: vec![("group".into(), "a".into()), ("group".into(), "b".into())],
+    ///     ..EnqueueOptions::new().id("invoice-1")
+    /// };
+    /// let err = twice.validate("emails").unwrap_err();
+    /// assert!(matches!(err, QueueError::InvalidExtraField { .. }), "{err}");
+    /// assert_eq!(err.job_id().map(|id| id.as_str()), Some("invoice-1"));
+    /// ```
+    pub fn validate(&self, queue: &str) -> Result<()> {
+        check_queue_name(queue)?;
+        if let Some(id) = &self.id {
+            check_id(queue, id)?;
+        }
+        check_extra_fields(queue, self.id.as_ref(), &self.extra_fields)
     }
 
     /// Use a stable id; enqueuing it again is a no-op while the job exists or
@@ -230,5 +334,58 @@ impl EnqueueOutcome {
             }
             other => other,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EnqueueOptions, CORE_JOB_FIELDS};
+    use crate::QueueError;
+
+    /// The scripts refuse the names of `CORE_JOB_FIELDS` in `prelude.lua`;
+    /// `validate` refuses those of the Rust list: the same names.
+    #[test]
+    fn the_core_job_fields_are_those_the_scripts_refuse() {
+        let prelude = include_str!("scripts/prelude.lua");
+        let start = prelude
+            .find("local CORE_JOB_FIELDS = {")
+            .expect("the prelude's list");
+        let table = &prelude[start..];
+        let table = &table[table.find('{').unwrap() + 1..table.find('}').unwrap()];
+        let mut lua: Vec<&str> = table
+            .split(',')
+            .map(|entry| entry.split('=').next().unwrap().trim())
+            .filter(|name| !name.is_empty())
+            .collect();
+        let mut rust = CORE_JOB_FIELDS.to_vec();
+        lua.sort_unstable();
+        rust.sort_unstable();
+        assert_eq!(rust, lua);
+    }
+
+    #[test]
+    fn validate_refuses_what_the_scripts_refuse_naming_queue_and_job() {
+        let with = |fields: &[(&str, &str)]| EnqueueOptions {
+            extra_fields: fields
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            ..EnqueueOptions::new().id("j-1")
+        };
+        for bad in [
+            with(&[("", "x")]),
+            with(&[("state", "done")]),
+            with(&[("group", "a"), ("tenant", "t"), ("group", "b")]),
+        ] {
+            let err = bad.validate("emails").unwrap_err();
+            assert!(matches!(err, QueueError::InvalidExtraField { .. }), "{err}");
+            assert_eq!(err.queue(), Some("emails"));
+            assert_eq!(err.job_id().map(|id| id.as_str()), Some("j-1"));
+        }
+        assert!(with(&[("group", "a"), ("tenant", "t")])
+            .validate("emails")
+            .is_ok());
+        let err = EnqueueOptions::new().validate("a}:job:x").unwrap_err();
+        assert!(matches!(err, QueueError::InvalidQueueName { .. }), "{err}");
     }
 }

@@ -110,6 +110,53 @@ pub enum QueueError {
         reason: &'static str,
     },
 
+    /// A queue name that cannot name a queue's keys, rejected before anything
+    /// was sent ([`validate_queue_name`](crate::validate_queue_name): empty,
+    /// `{` or `}`, whitespace, control characters).
+    #[error("invalid queue name {queue:?}: a queue name {reason}")]
+    InvalidQueueName {
+        /// The rejected name.
+        queue: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// An extra job field ([`EnqueueOptions::extra_fields`](crate::EnqueueOptions::extra_fields))
+    /// the scripts would refuse, rejected before anything was sent: an empty
+    /// name, a name of a core job field ([`CORE_JOB_FIELDS`](crate::CORE_JOB_FIELDS)),
+    /// or a name given twice.
+    #[error("invalid extra field {name:?} on queue `{queue}`{}: {reason}", job_suffix(.job_id))]
+    InvalidExtraField {
+        /// Queue name.
+        queue: String,
+        /// The job (none when validated before an id was chosen).
+        job_id: Option<JobId>,
+        /// The field name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// A batch sent as several script calls (more than 256 jobs) of which
+    /// Redis refused one after others had been written: the jobs in
+    /// `written` exist (with generated ids, these are the only place their
+    /// ids are told), the others were not written. `source` is the refusal,
+    /// naming the refused call's first job; its message names the job the
+    /// script refused. [`outcome_unknown`](Self::outcome_unknown) is `true`
+    /// (the batch is not "not enqueued").
+    #[error("batch on queue `{queue}` partly written ({} of {total} jobs): {source}", written.len())]
+    PartialBatch {
+        /// Queue name.
+        queue: String,
+        /// The jobs written, in batch order.
+        written: Vec<crate::Enqueued>,
+        /// Jobs in the batch.
+        total: usize,
+        /// Why the rest was not written.
+        #[source]
+        source: Box<QueueError>,
+    },
+
     /// Invalid configuration (e.g. a worker with no registered job).
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -166,6 +213,9 @@ impl QueueError {
             | QueueError::LeaseLost { queue, .. }
             | QueueError::Protocol { queue, .. }
             | QueueError::InvalidJobId { queue, .. }
+            | QueueError::InvalidQueueName { queue, .. }
+            | QueueError::InvalidExtraField { queue, .. }
+            | QueueError::PartialBatch { queue, .. }
             | QueueError::ReadOnlyReplica { queue, .. }
             | QueueError::NotReplicated { queue, .. }
             | QueueError::Workflow { queue, .. } => Some(queue),
@@ -179,7 +229,9 @@ impl QueueError {
             QueueError::Redis { job_id, .. }
             | QueueError::Encode { job_id, .. }
             | QueueError::Protocol { job_id, .. }
-            | QueueError::ReadOnlyReplica { job_id, .. } => job_id.as_ref(),
+            | QueueError::ReadOnlyReplica { job_id, .. }
+            | QueueError::InvalidExtraField { job_id, .. } => job_id.as_ref(),
+            QueueError::PartialBatch { source, .. } => source.job_id(),
             QueueError::LeaseLost { job_id, .. } | QueueError::NotReplicated { job_id, .. } => {
                 Some(job_id)
             }
@@ -199,7 +251,8 @@ impl QueueError {
     /// `false`: the job was **not enqueued** by this call (refused connection,
     /// an error reply such as OOM, a read-only replica, an invalid id or
     /// payload), except [`QueueError::NotReplicated`], which was written on
-    /// the primary.
+    /// the primary. [`QueueError::PartialBatch`] is `true`: some of the
+    /// batch was written (listed in the error), the rest was not.
     ///
     /// ```
     /// let e = queue_core::QueueError::Config("x".into());
@@ -208,6 +261,7 @@ impl QueueError {
     pub fn outcome_unknown(&self) -> bool {
         match self {
             QueueError::Redis { source, .. } => outcome_unknown(source),
+            QueueError::PartialBatch { .. } => true,
             _ => false,
         }
     }

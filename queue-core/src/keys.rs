@@ -35,6 +35,35 @@
 //! assert_eq!(keys.job("42"), "q:{emails}:job:42");
 //! ```
 
+/// Checks that `queue` can name a queue's keys: not empty, no `{` or `}`
+/// (the name is the keys' hash tag: a brace moves the tag, so the keys of
+/// one queue land in several cluster slots, and queue `a}:job:x`'s job `y`
+/// would be queue `a`'s job `x}:job:y`), no whitespace or control
+/// characters. The `#[job(queue = …)]` attribute applies the same rule at
+/// compile time (queue-macros' `validate_queue`, a test keeps them equal);
+/// [`Queue`](crate::Queue)'s enqueues apply it before anything is sent
+/// ([`QueueError::InvalidQueueName`](crate::QueueError::InvalidQueueName)).
+/// `Err` completes "a queue name …".
+///
+/// ```
+/// assert!(queue_core::validate_queue_name("emails").is_ok());
+/// assert!(queue_core::validate_queue_name("").is_err());
+/// assert!(queue_core::validate_queue_name("a}:job:x").is_err());
+/// ```
+pub fn validate_queue_name(queue: &str) -> Result<(), &'static str> {
+    if queue.is_empty() {
+        Err("must not be empty")
+    } else if queue.contains(['{', '}']) {
+        Err("must not contain `{` or `}` (queue names become Redis hash tags)")
+    } else if queue.chars().any(char::is_whitespace) {
+        Err("must not contain whitespace")
+    } else if queue.chars().any(char::is_control) {
+        Err("must not contain control characters")
+    } else {
+        Ok(())
+    }
+}
+
 /// The Redis key names of one queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueKeys {

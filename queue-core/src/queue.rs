@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::enqueue_group::{send_alone, GroupCommit, PendingJob};
+use crate::enqueue_options::{check_extra_fields, check_id, check_queue_name};
 pub use crate::enqueue_options::{EnqueueOptions, EnqueueOutcome, Enqueued};
 use crate::error::{QueueError, Result};
 use crate::job::random_uuid;
@@ -228,7 +229,12 @@ impl Queue {
     }
 
     /// Enqueues already-encoded payload bytes. Used by the outbox relay and by
-    /// tests that need a payload no handler can decode.
+    /// tests that need a payload no handler can decode. `max_attempts` is
+    /// the job type's limit: `opts.max_attempts`, when set, overrides it (as
+    /// for every enqueue).
+    ///
+    /// The queue name, the id and the extra fields are checked before
+    /// anything is sent ([`EnqueueOptions::validate`]).
     ///
     /// Concurrent calls on one `Queue` (and its clones) share script calls:
     /// see [`with_group_commit`](Self::with_group_commit).
@@ -241,6 +247,7 @@ impl Queue {
         opts: EnqueueOptions,
         payload: &[u8],
     ) -> Result<Enqueued> {
+        check_queue_name(queue)?;
         let opts = crate::trace_context::with_current(opts);
         if opts.replicas.is_some() {
             let mut out = self
@@ -258,11 +265,12 @@ impl Queue {
         }
         let generated = opts.id.is_none();
         let id = valid_id(queue, opts.id.clone())?;
+        check_extra_fields(queue, Some(&id), &opts.extra_fields)?;
         let job = PendingJob {
             id: id.clone(),
             job_type: job_type.to_string(),
             schema_version,
-            max_attempts,
+            max_attempts: opts.max_attempts.unwrap_or(max_attempts),
             opts,
             payload: payload.to_vec(),
             token: enqueue_token(generated),
@@ -314,7 +322,12 @@ impl Queue {
     }
 
     /// Batch [`Queue::enqueue_raw`]: one `enqueue_many.lua` call per 256
-    /// jobs, all in one pipeline (one round trip).
+    /// jobs, all in one pipeline (one round trip). Every job is checked
+    /// before anything is sent ([`EnqueueOptions::validate`]); each call
+    /// validates its jobs before writing any, and its reply is read on its
+    /// own: when Redis refuses a call after others of the batch were
+    /// written, the error is [`QueueError::PartialBatch`], listing the jobs
+    /// written.
     pub async fn enqueue_raw_batch(
         &self,
         queue: &str,
@@ -323,6 +336,7 @@ impl Queue {
         max_attempts: u32,
         items: Vec<(EnqueueOptions, Vec<u8>)>,
     ) -> Result<Vec<Enqueued>> {
+        check_queue_name(queue)?;
         if items.is_empty() {
             return Ok(Vec::new());
         }
@@ -338,7 +352,9 @@ impl Queue {
         for (opts, _) in &items {
             let is_generated = opts.id.is_none();
             generated.push(is_generated);
-            ids.push(valid_id(queue, opts.id.clone())?);
+            let id = valid_id(queue, opts.id.clone())?;
+            check_extra_fields(queue, Some(&id), &opts.extra_fields)?;
+            ids.push(id);
             tokens.push(enqueue_token(is_generated));
         }
         let wait = items
@@ -373,41 +389,27 @@ impl Queue {
                         fresh: fresh && generated[i],
                     })
                     .collect();
-                let mut pipe = redis::pipe();
-                for chunk in jobs.chunks(MAX_JOBS_PER_CALL) {
-                    enqueue_many::add_to(&mut pipe, keys, Mode::All, chunk);
-                }
-                if let Some((replicas, timeout)) = wait {
-                    pipe.cmd("WAIT").arg(replicas).arg(timeout);
-                }
-                let mut res: redis::RedisResult<Vec<Value>> = pipe.query_async(&mut conn).await;
-                if matches!(&res, Err(e) if scripts::is_unloaded(e)) {
-                    // First use on this server (or after a restart): load and
-                    // resend. A resend is harmless: nothing ran, or the
-                    // call's own jobs report Created again (their tokens).
-                    enqueue_many::load(&mut conn)
-                        .await
-                        .map_err(|e| QueueError::redis(queue, first_id, e))?;
-                    res = pipe.query_async(&mut conn).await;
-                }
-                let mut replies = res.map_err(|e| QueueError::redis(queue, first_id, e))?;
-                let acked = match wait {
-                    Some(_) => replies.pop().as_ref().and_then(reply::int),
-                    None => None,
-                };
-                let calls = jobs.len().div_ceil(MAX_JOBS_PER_CALL);
-                if replies.len() != calls {
-                    return Err(QueueError::protocol(
-                        queue,
-                        first_id,
-                        format!("{} replies for {calls} enqueue_many calls", replies.len()),
-                    ));
-                }
+                let chunks: Vec<&[ManyJob<'_>]> = jobs.chunks(MAX_JOBS_PER_CALL).collect();
+                let (replies, acked) =
+                    send_chunks(&mut conn, keys, &chunks, wait, queue, first_id).await?;
+                // Each call's reply on its own: a call Redis refused leaves
+                // its jobs `None` and its error in `refused`; the calls
+                // before and after it were written.
                 let mut out = Vec::with_capacity(jobs.len());
-                for (chunk, reply) in jobs.chunks(MAX_JOBS_PER_CALL).zip(&replies) {
-                    for (m, r) in chunk.iter().zip(enqueue_many::decode(queue, chunk, reply)?) {
+                let mut refused = None;
+                for (chunk, reply) in chunks.iter().zip(replies) {
+                    if let Value::ServerError(e) = reply {
+                        let first = chunk.first().map(|m| m.job.id);
+                        refused.get_or_insert(QueueError::redis(queue, first, e.into()));
+                        out.extend(chunk.iter().map(|_| None));
+                        continue;
+                    }
+                    for (m, r) in chunk
+                        .iter()
+                        .zip(enqueue_many::decode(queue, chunk, &reply)?)
+                    {
                         match r {
-                            ManyReply::Enqueued(r) => out.push(r),
+                            ManyReply::Enqueued(r) => out.push(Some(r)),
                             ManyReply::Invalid(reason) => {
                                 return Err(QueueError::protocol(
                                     queue,
@@ -418,24 +420,42 @@ impl Queue {
                         }
                     }
                 }
-                Ok((out, acked))
+                Ok((out, acked, refused))
             }
         };
         let retry_id = first_id.clone().unwrap_or_else(|| JobId::from(""));
-        let (replies, acked) = with_retries(self.retry_window, queue, &retry_id, send)
+        let (replies, acked, refused) = with_retries(self.retry_window, queue, &retry_id, send)
             .await
             .inspect_err(
                 |e| debug!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed"),
             )?;
+        let total = ids.len();
         let out: Vec<Enqueued> = ids
             .into_iter()
             .zip(replies)
             .zip(generated)
-            .map(|((id, r), generated)| Enqueued {
-                id,
-                outcome: EnqueueOutcome::from(r).of_call(generated),
+            .filter_map(|((id, r), generated)| {
+                Some(Enqueued {
+                    id,
+                    outcome: EnqueueOutcome::from(r?).of_call(generated),
+                })
             })
             .collect();
+        let created = out.iter().filter(|e| e.is_new()).count() as u64;
+        crate::metrics::enqueued(queue, job_type, created);
+        if let Some(source) = refused {
+            debug!(queue, job_type, jobs = total, written = out.len(), error = %source,
+                "batch enqueue refused");
+            if out.is_empty() {
+                return Err(source);
+            }
+            return Err(QueueError::PartialBatch {
+                queue: queue.to_string(),
+                written: out,
+                total,
+                source: Box::new(source),
+            });
+        }
         if let (Some((wanted, _)), Some(acked)) = (wait, acked) {
             if acked < i64::from(wanted) {
                 return Err(QueueError::NotReplicated {
@@ -446,8 +466,6 @@ impl Queue {
                 });
             }
         }
-        let created = out.iter().filter(|e| e.is_new()).count() as u64;
-        crate::metrics::enqueued(queue, job_type, created);
         debug!(queue, job_type, jobs = out.len(), "batch enqueued");
         Ok(out)
     }
@@ -469,6 +487,81 @@ impl Queue {
         );
         let cap = scripts::ms(response_timeout.saturating_mul(3) / 4).max(1);
         scripts::ms(timeout).clamp(1, cap)
+    }
+}
+
+/// Sends the `enqueue_many.lua` calls of a batch (`chunks`) and `WAIT` (when
+/// asked) in one pipeline and answers each call's reply as Redis gave it, an
+/// error reply included (`ignore_errors`: before, one refused call failed the
+/// whole pipeline's result, hiding the calls written before and after it).
+/// The calls answered "function not found" (first use on this server, or
+/// after a restart or a flush) are sent again, alone, after loading the
+/// library: only those, since another client may have loaded it in between
+/// and the others ran. Returns the replies in call order and `WAIT`'s count.
+async fn send_chunks(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    chunks: &[&[ManyJob<'_>]],
+    wait: Option<(u32, u64)>,
+    queue: &str,
+    first_id: Option<&JobId>,
+) -> Result<(Vec<Value>, Option<i64>)> {
+    let mut replies: Vec<Option<Value>> = vec![None; chunks.len()];
+    let mut acked = None;
+    let mut loaded = false;
+    loop {
+        let pending: Vec<usize> = (0..chunks.len())
+            .filter(|&k| replies[k].is_none())
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &k in &pending {
+            enqueue_many::add_to(&mut pipe, keys, Mode::All, chunks[k]);
+        }
+        if let Some((replicas, timeout_ms)) = wait {
+            pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
+        }
+        let mut got: Vec<Value> = pipe
+            .query_async(conn)
+            .await
+            .map_err(|e| QueueError::redis(queue, first_id, e))?;
+        if wait.is_some() {
+            acked = got.pop().as_ref().and_then(reply::int);
+        }
+        if got.len() != pending.len() {
+            return Err(QueueError::protocol(
+                queue,
+                first_id,
+                format!(
+                    "{} replies for {} enqueue_many calls",
+                    got.len(),
+                    pending.len()
+                ),
+            ));
+        }
+        let mut unloaded = false;
+        for (k, v) in pending.into_iter().zip(got) {
+            let missing = matches!(&v, Value::ServerError(e)
+                if scripts::is_unloaded(&redis::RedisError::from(e.clone())));
+            if missing && !loaded {
+                unloaded = true;
+            } else {
+                replies[k] = Some(v);
+            }
+        }
+        if !unloaded {
+            return Ok((
+                replies
+                    .into_iter()
+                    .map(|r| r.unwrap_or(Value::Nil))
+                    .collect(),
+                acked,
+            ));
+        }
+        enqueue_many::load(conn)
+            .await
+            .map_err(|e| QueueError::redis(queue, first_id, e))?;
+        loaded = true;
     }
 }
 
@@ -527,11 +620,7 @@ where
 /// The caller's id, or a random one; checked before anything is sent.
 fn valid_id(queue: &str, id: Option<JobId>) -> Result<JobId> {
     let id = id.unwrap_or_else(JobId::random);
-    id.validate().map_err(|reason| QueueError::InvalidJobId {
-        queue: queue.to_string(),
-        id: id.to_string(),
-        reason,
-    })?;
+    check_id(queue, &id)?;
     Ok(id)
 }
 

@@ -210,7 +210,9 @@ fn positive_u32(key: &Ident, value: &Expr) -> syn::Result<u32> {
 
 /// Queue names end up inside Redis hash tags (`q:{<queue>}:main`), so braces
 /// would break the key layout; whitespace and control characters are
-/// almost certainly typos.
+/// almost certainly typos. The same rule as `queue_core::validate_queue_name`,
+/// which enqueues apply at run time (this crate cannot call it: queue-core
+/// depends on it); `the_queue_name_rule_is_queue_cores` keeps them equal.
 fn validate_queue(lit: &LitStr) -> syn::Result<String> {
     let queue = lit.value();
     let problem = if queue.is_empty() {
@@ -503,5 +505,34 @@ mod tests {
         assert_eq!(edit_distance("queu", "queue"), 1);
         assert_eq!(edit_distance("timout", "timeout"), 1);
         assert_eq!(edit_distance("", "abc"), 3);
+    }
+}
+
+#[cfg(test)]
+mod queue_name_tests {
+    use super::validate_queue;
+
+    /// The attribute refuses exactly the names (and with the same words)
+    /// that queue-core's enqueues refuse at run time.
+    #[test]
+    fn the_queue_name_rule_is_queue_cores() {
+        let names = [
+            "emails",
+            "",
+            "}x",
+            "{x",
+            "a}:job:x",
+            "a b",
+            "a\tb",
+            "a\u{7}b",
+            "é-ü_1.2:3",
+        ];
+        for name in names {
+            let lit = syn::LitStr::new(name, proc_macro2::Span::call_site());
+            let attribute = validate_queue(&lit).map(drop).map_err(|e| e.to_string());
+            let run_time = queue_core::validate_queue_name(name)
+                .map_err(|p| format!("invalid queue name {name:?}: a queue name {p}"));
+            assert_eq!(attribute, run_time, "{name:?}");
+        }
     }
 }

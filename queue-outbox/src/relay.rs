@@ -314,7 +314,11 @@ impl Relay {
                     }
                     published.push(row.row_id);
                 }
-                Err(e @ QueueError::InvalidJobId { .. }) => {
+                Err(
+                    e @ (QueueError::InvalidJobId { .. }
+                    | QueueError::InvalidQueueName { .. }
+                    | QueueError::InvalidExtraField { .. }),
+                ) => {
                     let why = "queue-core refused it";
                     reject_row(&tx, table, &row, &e.to_string(), why).await?;
                     report.rejected += 1;

@@ -332,3 +332,47 @@ async fn an_unbounded_retry_window_enqueues_with_or_without_group_commit() {
     }
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 2);
 }
+
+/// A batch of more than 256 jobs goes as several script calls in one
+/// pipeline, each call's reply read on its own: when Redis refuses a call
+/// after an earlier one was written (here the last job's key holds a string:
+/// corrupt data), the error names the refused job, does not claim "not
+/// enqueued", and lists the jobs written (with generated ids, the only place
+/// their ids are told). Before, the refusal discarded every reply: a
+/// `QueueError::Redis` with `outcome_unknown() == false`, naming the batch's
+/// first job (which was written), while 256 jobs were in main.
+#[tokio::test]
+async fn a_batch_refused_after_a_written_call_reports_the_jobs_written() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new("tasks");
+    let refused = "refused-last";
+    let mut conn = env.conn().await;
+    let _: () = conn.set(keys.job(refused), "corrupt").await.unwrap();
+    let tasks: Vec<_> = (0..300).map(|i| env.task(i)).collect();
+    let items = tasks.iter().enumerate().map(|(i, t)| match i {
+        299 => (EnqueueOptions::new().id(refused), t),
+        _ => (EnqueueOptions::new(), t),
+    });
+    let err = env
+        .queue
+        .enqueue_batch::<task::Job, _>(items)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains(refused), "{err}");
+    assert_eq!(err.queue(), Some("tasks"));
+    let main = env.stats("tasks").await.main;
+    assert!(
+        main == 0 || err.outcome_unknown(),
+        "{main} jobs written, but the error says none was: {err}"
+    );
+    let QueueError::PartialBatch { written, total, .. } = &err else {
+        panic!("expected a partial batch, got {err}");
+    };
+    assert_eq!((written.len(), *total), (256, 300));
+    assert_eq!(main, 256);
+    for e in written {
+        assert!(e.is_new(), "{e:?}");
+        let exists: bool = conn.exists(keys.job(e.id.as_str())).await.unwrap();
+        assert!(exists, "job {} reported written", e.id);
+    }
+}

@@ -354,3 +354,41 @@ async fn a_corrupt_group_list_does_not_stop_other_groups() {
     .await;
     worker.stop().await;
 }
+
+/// A job given two `group` extra fields is refused before anything is sent,
+/// alone or in a batch, naming the job. Before, the script routed it by the
+/// first pair (`extra_group`) and recorded the last (the HSET): cancel,
+/// check and repair looked for it in the other group's list.
+#[tokio::test]
+async fn a_job_given_two_groups_is_refused_and_nothing_is_written() {
+    let env = TestEnv::start().await;
+    let twice = EnqueueOptions {
+        extra_fields: vec![
+            ("group".to_string(), "a".to_string()),
+            ("group".to_string(), "b".to_string()),
+        ],
+        ..EnqueueOptions::new().id("two-groups")
+    };
+    let t = env.task(0);
+    let alone = task::enqueue_with(&env.queue, twice.clone(), t.clone())
+        .await
+        .unwrap_err();
+    let batch = env
+        .queue
+        .enqueue_batch::<task::Job, _>([(twice, &t)])
+        .await
+        .unwrap_err();
+    for err in [alone, batch] {
+        assert!(
+            matches!(err, queue_core::QueueError::InvalidExtraField { .. }),
+            "{err}"
+        );
+        assert_eq!(err.job_id().map(JobId::as_str), Some("two-groups"));
+        assert!(!err.outcome_unknown());
+    }
+    let keys: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut env.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(keys, 0, "nothing written");
+}

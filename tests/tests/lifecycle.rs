@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, EnqueueOutcome, WorkerConfig};
+use queue_core::{EnqueueOptions, EnqueueOutcome, QueueError, WorkerConfig};
 use queue_tests::{fast_config, task, Task, TestEnv};
 
 #[tokio::test]
@@ -371,4 +371,59 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
         env.stats("tasks").await.counters.get("completed"),
         Some(&10)
     );
+}
+
+/// Queue names are checked at run time by the `#[job]` attribute's rule
+/// (`validate_queue_name`), before anything is sent. Before, only the
+/// attribute checked them: `enqueue_raw` wrote under `""`, or under a name
+/// with a brace, which moves the keys' hash tag (`a}:job:x`'s job `y` is
+/// queue `a`'s job `x}:job:y`; on a cluster its keys span slots).
+#[tokio::test]
+async fn a_queue_name_that_breaks_the_key_layout_is_refused_before_redis() {
+    let env = TestEnv::start().await;
+    for queue in ["", "}x", "a}:job:x", "a b"] {
+        let opts = EnqueueOptions::new().id("y");
+        let alone = env
+            .queue
+            .enqueue_raw(queue, "t", 1, 3, opts.clone(), b"\x80")
+            .await
+            .unwrap_err();
+        let batch = env
+            .queue
+            .enqueue_raw_batch(queue, "t", 1, 3, vec![(opts, b"\x80".to_vec())])
+            .await
+            .unwrap_err();
+        for err in [alone, batch] {
+            assert!(
+                matches!(err, QueueError::InvalidQueueName { .. }),
+                "{queue:?}: {err}"
+            );
+            assert_eq!(err.queue(), Some(queue));
+        }
+    }
+    let keys: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut env.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(keys, 0, "nothing written");
+}
+
+/// `enqueue_raw` stores `opts.max_attempts` over the `max_attempts`
+/// argument (the job type's limit), with group commit on or off, as a batch
+/// and every typed enqueue do. Before, a single `enqueue_raw` ignored it
+/// (except with `wait_for_replicas`, which goes the batch way).
+#[tokio::test]
+async fn enqueue_raw_stores_the_max_attempts_of_its_options() {
+    let env = TestEnv::start().await;
+    for group in [true, false] {
+        let queue = env.queue.clone().with_group_commit(group);
+        let id = format!("attempts-{group}");
+        let opts = EnqueueOptions::new().id(id.as_str()).max_attempts(7);
+        queue
+            .enqueue_raw("tasks", "task", 1, 3, opts, b"\x80")
+            .await
+            .unwrap();
+        let job = env.queue.job("tasks", id.as_str()).await.unwrap().unwrap();
+        assert_eq!(job.field("max_attempts"), Some("7"), "group commit {group}");
+    }
 }

@@ -6,7 +6,8 @@
 --       9 enqueue token (OPTIONAL: producers that send 8 arguments keep working),
 --       10.. extra job fields as name, value pairs (OPTIONAL: features such as
 --       deadlines, groups and trace context store their enqueue options on the job
---       hash this way; a name of a core field is refused before any write)
+--       hash this way; a name of a core field, or a name given twice, is refused
+--       before any write)
 -- ARGV 6-8 are non-negative integers: anything else refuses the call before any write.
 -- Returns {'new', run_at} | {'exists', state} | {'done'}
 -- The once-marker makes an id enqueueable once per marker lifetime even after
@@ -30,11 +31,19 @@ if #ARGV > 9 then
   if (#ARGV - 9) % 2 ~= 0 then
     return redis.error_reply('ERR invalid argument extra fields: name, value pairs expected')
   end
+  -- A name given twice is refused: the job would wait in the first `group`
+  -- pair's list (extra_group) while its hash records the last one.
+  local seen = {}
   for i = 10, #ARGV, 2 do
     if CORE_JOB_FIELDS[ARGV[i]] or ARGV[i] == '' then
       return redis.error_reply('ERR invalid argument extra field name: ' .. ARGV[i]
         .. ' is empty or a core job field')
     end
+    if seen[ARGV[i]] then
+      return redis.error_reply('ERR invalid argument extra field name: ' .. ARGV[i]
+        .. ' given twice')
+    end
+    seen[ARGV[i]] = true
     extra[#extra + 1] = ARGV[i]
     extra[#extra + 1] = ARGV[i + 1]
   end

@@ -50,13 +50,20 @@ while i <= #ARGV do
   if not (as_count(ARGV[i + 4]) and as_count(ARGV[i + 5]) and as_count(ARGV[i + 6]) and as_count(ARGV[i + 7])) then
     bad = 'max_attempts, delay_ms, run_at_ms and once ttl_ms must be counts'
   end
+  -- A name given twice is refused, as enqueue.lua does (a second `group`
+  -- would route the job by the first and record the last); the names seen
+  -- are kept only for a job with more than one extra field.
+  local seen = n > 1 and {} or nil
   for k = i + 11, i + 10 + 2 * n, 2 do
     if CORE_JOB_FIELDS[ARGV[k]] or ARGV[k] == '' then
       bad = 'extra field name: ' .. ARGV[k] .. ' is empty or a core job field'
+    elseif seen and seen[ARGV[k]] then
+      bad = 'extra field name: ' .. ARGV[k] .. ' given twice'
     elseif ARGV[k] == 'group' then
       grouped = grouped or {}
       grouped[#grouped + 1] = #starts + 1
     end
+    if seen then seen[ARGV[k]] = true end
   end
   if bad and mode == 'all' then
     return redis.error_reply('ERR invalid argument job ' .. ARGV[i] .. ': ' .. bad)

@@ -723,3 +723,65 @@ async fn enqueue_refuses_a_max_attempts_that_is_not_a_count() {
         .unwrap();
     assert_eq!(written, 0);
 }
+
+/// An extra field name given twice (two `group` pairs) is refused before any
+/// write by `enqueue.lua` and by `enqueue_many.lua` (the call in mode `all`,
+/// that job in mode `each`). Before, the job waited in the first group's list
+/// (`extra_group` reads the first pair) while its hash recorded the second
+/// (the HSET keeps the last): cancel, check and repair looked in the other
+/// group's list.
+#[tokio::test]
+async fn an_extra_field_given_twice_is_refused_before_any_write() {
+    let (_s, mut conn, keys) = setup().await;
+    let twice = [pair("group", "A"), pair("tenant", "t"), pair("group", "B")];
+    let ids = job_ids(&["single", "a", "b"]);
+    let err = Enqueue {
+        extra: &twice,
+        ..Enqueue::test_job(&keys, &ids[0], 1)
+    }
+    .run(&mut conn)
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("given twice"), "{err}");
+    let jobs = |twice_at: usize| -> Vec<ManyJob<'_>> {
+        ids[1..]
+            .iter()
+            .enumerate()
+            .map(|(i, id)| ManyJob {
+                job: Enqueue {
+                    extra: if i == twice_at { &twice } else { &[] },
+                    ..Enqueue::test_job(&keys, id, 1)
+                },
+                token: "t",
+                fresh: false,
+            })
+            .collect()
+    };
+    let err = run(&mut conn, &keys, Mode::All, &jobs(0))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("given twice"), "{err}");
+    let written: i64 = conn
+        .exists(&[
+            keys.job("single"),
+            keys.job("a"),
+            keys.job("b"),
+            keys.group("A"),
+            keys.group("B"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!((written, enqueued_stat(&mut conn, &keys).await), (0, 0));
+    let replies = run(&mut conn, &keys, Mode::Each, &jobs(0)).await.unwrap();
+    assert!(
+        matches!(&replies[..], [ManyReply::Invalid(why), ManyReply::Enqueued(EnqueueReply::Created { .. })] if why.contains("given twice")),
+        "{replies:?}"
+    );
+    let groups: i64 = conn
+        .exists(&[keys.job("a"), keys.group("A"), keys.group("B")])
+        .await
+        .unwrap();
+    assert_eq!(groups, 0);
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(main, ["b"]);
+}
