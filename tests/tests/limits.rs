@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use queue_core::{EnqueueOptions, LimitScope, Queue, QueueKeys, RateLimit, WorkerConfig};
+use queue_core::{
+    Batch, EnqueueOptions, JobSpec, LimitScope, Queue, QueueKeys, RateLimit, WorkerConfig,
+};
 use queue_tests::limited::{self, limited as limited_job, Limited, Start};
 use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
 use redis::AsyncCommands;
@@ -339,5 +341,38 @@ async fn wait_count(queue: &Queue, n: i64) -> Instant {
             "timed out waiting for {n} completions"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A batch member built with `JobSpec::new` carries its job's rate key
+/// (`#[job(rate_key = tenant)]`), as a plain enqueue does; options given to
+/// the member keep it, and a rate key of their own replaces it. Before,
+/// `JobSpec::new` never asked the job for its key: batch and flow members
+/// ran outside their key's limits.
+#[tokio::test]
+async fn a_batch_member_carries_its_jobs_rate_key() {
+    let env = TestEnv::start().await;
+    let member = |tenant: &str| JobSpec::new::<limited_job::Job>(&job(&env, tenant, 0)).unwrap();
+    let delayed = EnqueueOptions::new().delay(Duration::from_secs(60));
+    Batch::new(&env.queue)
+        .add(member("acme").id("plain"))
+        .add(member("acme").id("with-options").options(delayed.clone()))
+        .add(
+            member("acme")
+                .id("own-key")
+                .options(delayed.rate_key("other")),
+        )
+        .enqueue()
+        .await
+        .unwrap();
+    let keys = QueueKeys::new("limited");
+    let mut conn = env.conn().await;
+    for (id, want) in [
+        ("plain", "acme"),
+        ("with-options", "acme"),
+        ("own-key", "other"),
+    ] {
+        let key: Option<String> = conn.hget(keys.job(id), "rate_key").await.unwrap();
+        assert_eq!(key.as_deref(), Some(want), "member {id}");
     }
 }

@@ -34,16 +34,21 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
-    /// The job `J` with `args` (encoded now: an encoding error is returned here).
+    /// The job `J` with `args` (encoded now: an encoding error is returned
+    /// here), with the rate key `J` derives from them (`#[job(rate_key = …)]`,
+    /// as [`Queue::enqueue_with`](crate::Queue::enqueue_with) sets it; before,
+    /// a batch or flow member ran outside its key's limits).
     pub fn new<J: Job>(args: &J::Args) -> Result<JobSpec> {
         let payload = crate::job::encode_args::<J>(args, None)?;
-        Ok(Self::raw(
+        let mut spec = Self::raw(
             J::QUEUE,
             J::NAME,
             J::SCHEMA_VERSION,
             J::MAX_ATTEMPTS,
             payload,
-        ))
+        );
+        spec.opts = crate::limits::with_rate_key::<J>(spec.opts, args);
+        Ok(spec)
     }
 
     /// A job from already-encoded parts (producers without the Rust type).
@@ -72,12 +77,24 @@ impl JobSpec {
     }
 
     /// Enqueue options of a member (delay, run-at, extra fields; the id set
-    /// with [`id`](Self::id) is kept unless `opts` has one).
+    /// with [`id`](Self::id) and the rate key [`new`](Self::new) derived are
+    /// kept unless `opts` has its own).
     pub fn options(mut self, opts: EnqueueOptions) -> Self {
         let id = self.opts.id.take();
+        let rate_key = self
+            .opts
+            .extra_fields
+            .iter()
+            .find(|(n, _)| n == "rate_key")
+            .cloned();
         self.opts = opts;
         if self.opts.id.is_none() {
             self.opts.id = id;
+        }
+        if let Some((_, key)) = rate_key {
+            if !self.opts.extra_fields.iter().any(|(n, _)| n == "rate_key") {
+                self.opts = self.opts.rate_key(key);
+            }
         }
         self
     }
