@@ -90,6 +90,10 @@ pub struct ReconcileRow {
     pub publish_attempts: i32,
     /// The last publish error.
     pub publish_error: Option<String>,
+    /// For an unpublished row Redis refused on its own: how long until a
+    /// relay sends it again (its `next_attempt_at`, PostgreSQL clock).
+    /// `None`: due now, or not waiting to be published.
+    pub publish_retry_in: Option<Duration>,
     /// Where the job is.
     pub status: ReconcileStatus,
     /// Deliveries so far, when the job is in Redis.
@@ -199,7 +203,9 @@ impl Outbox {
                 .await
                 .map_err(|e| OutboxError::pg(&table.name, "selecting rows to reconcile", e))?;
             for raw in &rows {
-                let row = OutboxRow::from_row(table, raw)?;
+                // A value that keeps the row from being published does not
+                // keep it from being listed (the relay rejects it).
+                let (row, _) = OutboxRow::from_row(table, raw)?;
                 after = row.row_id;
                 if let Some(listed) = check(queue, row, now).await? {
                     out.push(listed);
@@ -247,6 +253,11 @@ async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<
         published_at: row.published_at,
         publish_attempts: row.attempts,
         publish_error: row.last_error,
+        publish_retry_in: row
+            .next_attempt_at
+            .filter(|_| status == ReconcileStatus::Unpublished)
+            .and_then(|at| at.duration_since(now).ok())
+            .filter(|d| !d.is_zero()),
         status,
         job_attempts,
         job_error,
