@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use queue_core::{JobId, Queue};
 use tokio_postgres::GenericClient;
+use tracing::warn;
 
 use crate::error::{OutboxError, Result};
 use crate::outbox::{pg_now, Outbox, OutboxRow};
@@ -35,10 +36,14 @@ pub enum ReconcileStatus {
     Missing,
     /// Published; the job hash has a state this version does not know.
     Other(String),
+    /// Published, but Redis refused to read the job's data (its job key or
+    /// completion record holds another type: corrupt data; see `job_error`).
+    Unreadable,
 }
 
 impl ReconcileStatus {
-    /// `unpublished`, `rejected`, `queued`, `delayed`, `active`, `dead`, `missing`, or the unknown state.
+    /// `unpublished`, `rejected`, `queued`, `delayed`, `active`, `dead`,
+    /// `missing`, `unreadable`, or the unknown state.
     pub fn as_str(&self) -> &str {
         match self {
             ReconcileStatus::Unpublished => "unpublished",
@@ -48,6 +53,7 @@ impl ReconcileStatus {
             ReconcileStatus::Active => "active",
             ReconcileStatus::Dead => "dead",
             ReconcileStatus::Missing => "missing",
+            ReconcileStatus::Unreadable => "unreadable",
             ReconcileStatus::Other(s) => s,
         }
     }
@@ -222,26 +228,51 @@ impl Outbox {
     }
 }
 
-/// The row's job status, or `None` when it completed.
-async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<ReconcileRow>> {
-    let mut job_attempts = None;
-    let mut job_error = None;
-    let status = if row.rejected_at.is_some() {
-        ReconcileStatus::Rejected
-    } else if row.published_at.is_none() {
-        ReconcileStatus::Unpublished
-    } else if let Some(info) = queue.job(&row.queue, &row.job_id).await? {
-        job_attempts = Some(info.attempts());
-        job_error = info
+/// Where a published row's job is in Redis: its status, attempts and error,
+/// or `None` when it completed.
+type JobStatus = Option<(ReconcileStatus, Option<u32>, Option<String>)>;
+
+async fn job_status(queue: &Queue, row: &OutboxRow) -> queue_core::Result<JobStatus> {
+    if let Some(info) = queue.job(&row.queue, &row.job_id).await? {
+        let error = info
             .field("dead_reason")
             .or_else(|| info.field("last_error"))
             .filter(|s| !s.is_empty())
             .map(str::to_string);
-        ReconcileStatus::from_state(info.state().unwrap_or(""))
-    } else if queue.completion(&row.queue, &row.job_id).await?.is_some() {
+        let status = ReconcileStatus::from_state(info.state().unwrap_or(""));
+        return Ok(Some((status, Some(info.attempts()), error)));
+    }
+    if queue.completion(&row.queue, &row.job_id).await?.is_some() {
         return Ok(None);
+    }
+    Ok(Some((ReconcileStatus::Missing, None, None)))
+}
+
+/// The row's job status, or `None` when it completed. A Redis refusal to
+/// read this job's data (a key of another type) lists the row as
+/// `unreadable` instead of failing the whole reconciliation; a failure of
+/// Redis itself is an error.
+async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<ReconcileRow>> {
+    let (status, job_attempts, job_error) = if row.rejected_at.is_some() {
+        (ReconcileStatus::Rejected, None, None)
+    } else if row.published_at.is_none() {
+        (ReconcileStatus::Unpublished, None, None)
     } else {
-        ReconcileStatus::Missing
+        match job_status(queue, &row).await {
+            Ok(Some(found)) => found,
+            Ok(None) => return Ok(None),
+            Err(e) if e.is_data_error() => {
+                warn!(
+                    queue = %row.queue,
+                    job_id = %row.job_id,
+                    row_id = row.row_id,
+                    error = %e,
+                    "outbox reconcile: the job's data in redis cannot be read"
+                );
+                (ReconcileStatus::Unreadable, None, Some(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
+        }
     };
     Ok(Some(ReconcileRow {
         row_id: row.row_id,

@@ -16,8 +16,8 @@ use queue_core::{
 };
 use queue_outbox::tokio_postgres::Client;
 use queue_outbox::{
-    connect_postgres, Outbox, OutboxError, OutboxOutcome, ReconcileOptions, ReconcileStatus, Relay,
-    RelayReport, RelayStep,
+    connect_postgres, Outbox, OutboxError, OutboxOutcome, ReconcileOptions, ReconcileRow,
+    ReconcileStatus, Relay, RelayReport, RelayStep,
 };
 use queue_testkit::postgres::{self, DropTable};
 use queue_testkit::RedisServer;
@@ -123,6 +123,14 @@ impl Env {
         .await;
     }
 
+    /// Every row reconciliation lists now (no age bound); it must not fail.
+    async fn reconcile_all(&self) -> Vec<ReconcileRow> {
+        self.outbox
+            .reconcile(&self.client, &self.queue, Duration::ZERO)
+            .await
+            .expect("reconcile succeeds")
+    }
+
     async fn scalar(&self, sql_with_t: &str) -> i64 {
         let sql = sql_with_t.replace("$T", &format!("\"{}\"", self.table()));
         self.client.query_one(&sql, &[]).await.unwrap().get(0)
@@ -172,6 +180,11 @@ async fn setup() -> Option<Env> {
         redis,
         _table: guard,
     })
+}
+
+/// The statuses of reconciled rows, in order.
+fn statuses(rows: &[ReconcileRow]) -> Vec<&str> {
+    rows.iter().map(|r| r.status.as_str()).collect()
 }
 
 fn break_at(name: &'static str) -> impl FnMut(&RelayStep<'_>) -> ControlFlow<()> {
@@ -801,6 +814,26 @@ async fn reconcile_lists_unfinished_jobs_but_not_completed_ones() {
     assert_eq!(env.unpublished().await, 2);
 }
 
+/// A published row whose job key later holds another type (corrupt data in
+/// Redis) is listed as `unreadable` with the error, and the rows after it
+/// are still listed. Before, that one row's Redis error failed the whole
+/// reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_lists_a_row_whose_job_cannot_be_read() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("broken-1", &mail(1)).await;
+    env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
+    let report = env.relay().await.publish_batch(100).await.unwrap();
+    assert_eq!(report.published, 2, "{report:?}");
+    let key = QueueKeys::new(MAIL_Q).job("broken-1");
+    env.redis.command(&["DEL", &key]).unwrap();
+    env.redis.command(&["SET", &key, "corrupt"]).unwrap();
+    let rows = env.reconcile_all().await;
+    assert_eq!(statuses(&rows), ["unreadable", "queued"]);
+    let error = rows[0].job_error.as_deref().unwrap_or_default();
+    assert!(error.contains("WRONGTYPE"), "{error}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
     let Some(mut env) = setup().await else { return };
@@ -842,13 +875,8 @@ async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
         "not picked again"
     );
 
-    let rows = env
-        .outbox
-        .reconcile(&env.client, &env.queue, Duration::ZERO)
-        .await
-        .unwrap();
-    let statuses: Vec<_> = rows.iter().map(|r| r.status.as_str()).collect();
-    assert_eq!(statuses, vec!["rejected", "queued"]);
+    let rows = env.reconcile_all().await;
+    assert_eq!(statuses(&rows), ["rejected", "queued"]);
     let stats = env.outbox.stats(&env.client).await.unwrap();
     assert_eq!(
         (stats.unpublished, stats.rejected, stats.published),
@@ -972,13 +1000,11 @@ async fn a_row_whose_extra_cannot_be_read_is_rejected_and_the_others_published()
         let last_error = last_error.unwrap_or_default();
         assert!(last_error.contains(why), "{id}: {last_error}");
     }
-    let rows = env
-        .outbox
-        .reconcile(&env.client, &env.queue, Duration::ZERO)
-        .await
-        .expect("reconcile reads the row");
-    let statuses: Vec<_> = rows.iter().map(|r| r.status.as_str()).collect();
-    assert_eq!(statuses, ["rejected", "rejected", "rejected", "queued"]);
+    let rows = env.reconcile_all().await;
+    assert_eq!(
+        statuses(&rows),
+        ["rejected", "rejected", "rejected", "queued"]
+    );
 }
 
 /// A row whose extra field has a name the enqueue script refuses (a core
