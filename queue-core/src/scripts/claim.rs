@@ -34,7 +34,9 @@ pub(crate) struct Claim<'a> {
 impl Claim<'_> {
     /// Runs the script. A Redis failure is a [`QueueError::Redis`] naming the
     /// job (the caller may retry it with the same token: the retry answers
-    /// the same row); a bad reply a [`QueueError::Protocol`].
+    /// the same row); a reply that does not decode is
+    /// [`ClaimRow::Unreadable`], as a fetch's row is: the job may be leased
+    /// to us already, and the caller dead-letters it with the reason.
     /// No worker name is written (see [`run_as`](Self::run_as)).
     #[cfg(any(test, feature = "failpoints"))]
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ClaimRow> {
@@ -50,7 +52,7 @@ impl Claim<'_> {
     ) -> Result<ClaimRow> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
-        let mut reply = SCRIPT
+        let reply = SCRIPT
             .call([
                 &k.processing,
                 &k.leases,
@@ -75,7 +77,7 @@ impl Claim<'_> {
                 let id = JobId::from(lossy(self.id));
                 QueueError::redis(&k.queue, Some(&id), e)
             })?;
-        ClaimRow::decode_owned(&k.queue, &mut reply).map(|row| row.sent_at(sent_at))
+        Ok(ClaimRow::take_or_unreadable(&k.queue, reply).sent_at(sent_at))
     }
 }
 

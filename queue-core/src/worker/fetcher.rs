@@ -36,8 +36,9 @@ use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::scripts::claim::{Claim, ClaimRow, Skip, Unreadable};
-use crate::scripts::fail::{Fail, FailKind};
+use crate::scripts::fail::{Fail, FailKind, FailReply};
 use crate::scripts::fetch::{Fetch, FetchReply};
+use crate::scripts::finish_cancel::FinishCancel;
 
 /// Most `fetch.lua` calls one fetcher keeps in flight while its queue has a
 /// backlog: one landing (its jobs starting) while the next is on its way.
@@ -486,7 +487,22 @@ impl Fetcher {
                 message: &message,
                 delay: Duration::ZERO,
             };
-            if let Err(e) = fail.run(&mut inner.conn.clone()).await {
+            let ended = match fail.run(&mut inner.conn.clone()).await {
+                // An operator asked to cancel it: fail.lua wrote nothing, the
+                // job ends cancelled (as a runner's would), not leased.
+                Ok(FailReply::CancelRequested) => FinishCancel {
+                    keys: &keys,
+                    id: &id,
+                    token: &token,
+                    retention: inner.config.completion_retention,
+                    message: &message,
+                }
+                .run(&mut inner.conn.clone())
+                .await
+                .map(|_| ()),
+                other => other.map(|_| ()),
+            };
+            if let Err(e) = ended {
                 warn!(queue = %keys.queue, job_id = %id, error = %e,
                     "cannot dead-letter an unreadable job; the watchdog returns it when its lease expires");
             }
