@@ -76,6 +76,11 @@ impl Fetcher {
         &self.inner.queues[self.me]
     }
 
+    /// Whether a shutdown was requested: no new fetch may start.
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
     /// Fetches and dispatches until the stop flag turns true.
     pub(super) async fn run(mut self) {
         let queue = self.queue().keys.queue.clone();
@@ -89,7 +94,7 @@ impl Fetcher {
         let mut backlog = false;
         let mut in_flight: InFlight = FuturesUnordered::new();
         loop {
-            if *self.stop.borrow() {
+            if self.stopping() {
                 break;
             }
             if backlog || !in_flight.is_empty() {
@@ -109,6 +114,9 @@ impl Fetcher {
             let Some(first) = self.serve_higher_priority(first).await else {
                 continue;
             };
+            if self.stopping() {
+                break; // requested while a slot was awaited
+            }
             let mut slots = vec![first];
             self.fill(&mut slots);
             let asked = slots.len();
@@ -149,7 +157,8 @@ impl Fetcher {
     /// slots is free: fetches stay full. It ends (`backlog` false) when a
     /// fetch comes back short, paused, limited or failed, and once the last
     /// fetch in flight landed the serial loop (BLMOVE when empty, priority,
-    /// pause and limit waits) takes over. False: stop.
+    /// pause and limit waits) takes over. False: stop (no fetch is launched
+    /// once it is requested).
     async fn run_pipelined(
         &mut self,
         in_flight: &mut InFlight,
@@ -159,6 +168,11 @@ impl Fetcher {
         let batch = self.queue().fetch_batch;
         let mut slots = Vec::new();
         while *backlog && in_flight.len() < PIPELINE_DEPTH {
+            // Checked before each launch: `select!` below may have taken a
+            // landed fetch or a slot while the stop request came.
+            if self.stopping() {
+                return false;
+            }
             self.fill(&mut slots);
             if slots.len() >= batch || (in_flight.is_empty() && !slots.is_empty()) {
                 self.launch(std::mem::take(&mut slots), in_flight);
@@ -441,6 +455,11 @@ impl Fetcher {
             .map_err(|e| QueueError::redis(&k.queue, None, e))?;
         let Some(id) = moved else { return Ok(None) };
         crate::failpoint::hit("after_blmove");
+        // A shutdown requested while BLMOVE waited: stop fetching (DESIGN
+        // rule 10). The claim script then puts the id back at the head of
+        // main unclaimed, atomically (no attempt, no lease), instead of
+        // claiming a job the stopping worker may never run.
+        let stopping = self.stopping();
         // The window of DESIGN rule 4 is here: until the claim lands, the id
         // sits in processing with no lease. Retry the claim briefly; if it
         // never lands, the watchdog adopts the id and returns it.
@@ -457,7 +476,7 @@ impl Fetcher {
             let mut conn = self.inner.conn.clone();
             let claim = &claim;
             let me = &self.inner.identity.name;
-            async move { claim.run_as(&mut conn, me).await }
+            async move { claim.run_as(&mut conn, me, stopping).await }
         })
         .await
         .map(|row| Some(row.sent_at(first_sent)))
