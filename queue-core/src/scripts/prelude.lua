@@ -266,9 +266,15 @@ end
 -- Writes the completion record of a cancelled job (status `cancelled`, kept
 -- for `retention` ms like any record, step results expire with it). The
 -- caller then removes the id from where it was, drops the hash and counts.
-local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, from, retention, now)
+-- `token` (optional): the delivery that ended it (finish_cancel.lua), kept so
+-- that its retry after a lost reply answers cancelled, not lost.
+local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, from, retention, now, token)
   local rec = {'status', 'cancelled', 'finished_at', now, 'attempts', attempts or '0',
     'type', jobtype or '', 'enqueued_at', enqueued_at or '0', 'cancelled_from', from}
+  if token then
+    rec[#rec + 1] = 'token'
+    rec[#rec + 1] = token
+  end
   local r = redis.pcall('HSET', donekey, unpack(rec))
   if type(r) == 'table' then record_replace(donekey, rec, retention) else redis.call('PEXPIRE', donekey, retention) end
   redis.call('PEXPIRE', stepskey, retention)

@@ -38,7 +38,6 @@ use crate::keys::QueueKeys;
 use crate::scripts::claim::{Claim, ClaimRow, Skip, Unreadable};
 use crate::scripts::fail::{Fail, FailKind, FailReply};
 use crate::scripts::fetch::{Fetch, FetchReply};
-use crate::scripts::finish_cancel::FinishCancel;
 
 /// Most `fetch.lua` calls one fetcher keeps in flight while its queue has a
 /// backlog: one landing (its jobs starting) while the next is on its way.
@@ -509,16 +508,11 @@ impl Fetcher {
             let ended = match fail.run(&mut inner.conn.clone()).await {
                 // An operator asked to cancel it: fail.lua wrote nothing, the
                 // job ends cancelled (as a runner's would), not leased.
-                Ok(FailReply::CancelRequested) => FinishCancel {
-                    keys: &keys,
-                    id: &id,
-                    token: &token,
-                    retention: inner.config.completion_retention,
-                    message: &message,
+                Ok(FailReply::CancelRequested) => {
+                    super::cancel::finish_cancel(&inner, &keys, &id, &token, &message)
+                        .await
+                        .map(|_| ())
                 }
-                .run(&mut inner.conn.clone())
-                .await
-                .map(|_| ()),
                 other => other.map(|_| ()),
             };
             if let Err(e) = ended {
@@ -558,16 +552,17 @@ async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<Fe
     })
 }
 
-/// Runs `op`, a fetch or claim with one fixed token, retrying Redis
-/// failures (not bad replies) with a doubling pause for at most a third
-/// of a lease. Both scripts answer a retry with the same token with the
-/// same rows (claim: the hash holds the token; fetch: its receipt lives
-/// half a lease), so a first try that ran but whose reply was lost is not
-/// claimed twice, not answered `busy`, and its jobs run. Such a row carries
+/// Runs `op`, a fetch, claim or cancelled end (`finish_cancel.lua`) with one
+/// fixed token, retrying Redis failures (not bad replies) with a doubling
+/// pause for at most a third of a lease. These scripts answer a retry with
+/// the same token as they answered the first try (claim: the hash holds the
+/// token; fetch: its receipt lives half a lease; finish_cancel: the record
+/// keeps it), so a first try that ran but whose reply was lost is not
+/// claimed twice, not answered `busy` or "lease lost", and its jobs run. A row carries
 /// the lease its first try took: the callers stamp it with the first try's
 /// send time, where the local lease clock starts (a retry's send time let
 /// a worker trust its lease up to the retry window beyond the Redis one).
-async fn same_token_retries<T, F, Fut>(
+pub(super) async fn same_token_retries<T, F, Fut>(
     inner: &Inner,
     keys: &QueueKeys,
     job_id: Option<&JobId>,
