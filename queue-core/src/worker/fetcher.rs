@@ -75,9 +75,10 @@ impl Fetcher {
         &self.inner.queues[self.me]
     }
 
-    /// Whether a shutdown was requested: no new fetch may start.
+    /// Whether a shutdown was requested (or the worker dropped): no new
+    /// fetch may start.
     fn stopping(&self) -> bool {
-        *self.stop.borrow()
+        crate::background::stop_requested(&self.stop)
     }
 
     /// Fetches and dispatches until the stop flag turns true.
