@@ -1,7 +1,9 @@
 //! Reliability regressions of issue #11 at the worker and watchdog level,
 //! against a real redis-server: a fetch whose reply was lost still runs its
 //! job (once, without burning an attempt); one unreadable job does not stall
-//! its batch; one broken queue does not stop the watchdog for the others; a
+//! its batch, and one taken by a blocked fetch (`BLMOVE` + `claim.lua`) is
+//! dead-lettered with its reason (or ends cancelled when a cancel was
+//! requested); one broken queue does not stop the watchdog for the others; a
 //! worker that cannot make every blocking connection leaves nothing running.
 
 use std::time::Duration;

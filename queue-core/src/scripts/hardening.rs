@@ -1,6 +1,6 @@
 //! Regression tests of the script layer against a real redis-server (issue
-//! #11): a claim, fetch or fail retried with its token after a lost reply
-//! gets the same answer; corrupt job data is dead-lettered naming the field; a
+//! #11): a claim, fetch, fail or cancelled end (finish_cancel) retried with
+//! its token after a lost reply gets the same answer; corrupt job data is dead-lettered naming the field; a
 //! queue key of the wrong type is refused before any write; a corrupt counter
 //! never blocks a move; replay and purge touch only dead jobs; one bad claim
 //! row is reported alone; a deferred newer-version delivery gives its attempt
