@@ -41,6 +41,9 @@ pub enum Claimed {
     Gone(JobId),
     /// The queue is paused: the id went back to main, unclaimed (claim only).
     Paused(JobId),
+    /// The worker was shutting down: the id went back to main, unclaimed
+    /// (claim only).
+    Stopping(JobId),
     /// A queue limit held it: the id went back to main, unclaimed (claim only).
     Limited(JobId),
     /// Its rate key was over its limit: delayed, unclaimed (docs/LIMITS.md).
@@ -67,6 +70,7 @@ impl From<ClaimRow> for Claimed {
             ClaimRow::Skipped(id, Skip::Busy) => Claimed::Busy(id),
             ClaimRow::Skipped(id, Skip::Gone) => Claimed::Gone(id),
             ClaimRow::Skipped(id, Skip::Paused) => Claimed::Paused(id),
+            ClaimRow::Skipped(id, Skip::Stopping) => Claimed::Stopping(id),
             ClaimRow::Skipped(id, Skip::Limited(_)) => Claimed::Limited(id),
             ClaimRow::Skipped(id, Skip::Deferred) => Claimed::Deferred(id),
             ClaimRow::Skipped(id, Skip::Expired) => Claimed::Expired(id),

@@ -286,6 +286,23 @@ impl TestEnv {
         .await;
     }
 
+    /// Calls of Redis command `command` (lower case: `fcall`, `hexists`)
+    /// since the server started or the last `CONFIG RESETSTAT`
+    /// (`INFO commandstats`; a command run inside a script counts under its
+    /// own name too).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Waits until a fetcher other than `except` is blocked in BLMOVE on an
     /// empty queue; returns its client id. Each
     /// fetcher blocks on a connection of its own, so passing the id returned

@@ -372,3 +372,33 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
         Some(&10)
     );
 }
+
+/// A worker whose `run_until` future the caller drops (a `select!` or a
+/// `timeout` around it, no shutdown handle) stops: no fetcher, promoter or
+/// cron scheduler runs on, and none reads the closed stop channel as "not
+/// yet" (which would loop without pause). Before, its loops ran on detached
+/// (the signal task kept the stop channel open): ~60 `FCALL` and `TIME`
+/// calls a second here, with no way left to stop them. Counts calls, not
+/// time: two readings a second apart.
+#[tokio::test]
+async fn a_dropped_worker_stops_and_leaves_no_loop_running() {
+    let env = TestEnv::start().await;
+    queue_tests::TICK_LEDGER.get_or_init(|| env.url.clone());
+    let worker = env
+        .worker("tasks", fast_config())
+        .register(queue_tests::tick::handler())
+        .build()
+        .await
+        .unwrap();
+    let ran = tokio::time::timeout(
+        Duration::from_millis(300),
+        worker.run_until(std::future::pending()),
+    )
+    .await;
+    assert!(ran.is_err(), "dropped while running");
+    let calls = || async { env.command_calls("fcall").await + env.command_calls("time").await };
+    let before = calls().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let delta = calls().await - before;
+    assert!(delta <= 10, "{delta} script and TIME calls in a second");
+}

@@ -1,7 +1,9 @@
 //! Reliability regressions of issue #11 at the worker and watchdog level,
 //! against a real redis-server: a fetch whose reply was lost still runs its
 //! job (once, without burning an attempt); one unreadable job does not stall
-//! its batch; one broken queue does not stop the watchdog for the others; a
+//! its batch, and one taken by a blocked fetch (`BLMOVE` + `claim.lua`) is
+//! dead-lettered with its reason (or ends cancelled when a cancel was
+//! requested); one broken queue does not stop the watchdog for the others; a
 //! worker that cannot make every blocking connection leaves nothing running.
 
 use std::time::Duration;
@@ -9,7 +11,7 @@ use std::time::Duration;
 use queue_core::{EnqueueOptions, Queue, QueueKeys, Watchdog, Worker};
 use queue_tests::{
     fast_config, fast_watchdog, redis_and_queue, redis_conn, routine, spawn_worker, task, urgent,
-    wait_until, Ledger, Task,
+    wait_until, Ledger, Task, TestEnv,
 };
 use redis::AsyncCommands;
 
@@ -118,6 +120,77 @@ async fn one_unreadable_job_is_dead_lettered_and_the_rest_of_its_batch_runs() {
     for good in [&ids[0], &ids[2]] {
         assert_eq!(ledger.effects.get(good.as_str()), Some(&1));
     }
+}
+
+/// Hands an idle worker (blocked in `BLMOVE`, so the job goes through
+/// `claim.lua`) job `id` with `extra` fields and a claim row that does not
+/// decode: a schema version that is not a number, as a producer in another
+/// language may write. Waits until `queue`'s statistics satisfy `done`.
+async fn unreadable_through_blocked_fetch(
+    env: &TestEnv,
+    id: &str,
+    extra: &[(&str, &str)],
+    done: impl Fn(&queue_core::QueueStats) -> bool,
+) {
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_blocked_client(None).await;
+    let mut fields = vec![
+        ("id", id),
+        ("state", "queued"),
+        ("type", "task"),
+        ("v", "x"),
+        ("attempts", "0"),
+        ("max_attempts", "5"),
+    ];
+    fields.extend_from_slice(extra);
+    env.seed_job("tasks", id, &fields).await;
+    env.wait_stats("tasks", "the unreadable job ended", done)
+        .await;
+    worker.stop().await;
+}
+
+/// An unreadable job taken by a blocked fetch is dead-lettered at once with
+/// the reason, after one attempt: before, the claim's decoding error was
+/// only logged, the job stayed leased and each watchdog return burned
+/// another attempt until "attempts exhausted" (DESIGN rule 9). No watchdog
+/// runs here.
+#[tokio::test]
+async fn an_unreadable_job_taken_by_a_blocked_fetch_is_dead_lettered_with_its_reason() {
+    let env = TestEnv::start().await;
+    unreadable_through_blocked_fetch(&env, "odd-1", &[], |s| s.counter("dead") == 1).await;
+    let dead = env
+        .queue
+        .job("tasks", "odd-1")
+        .await
+        .unwrap()
+        .expect("kept");
+    assert_eq!(dead.state(), Some("dead"));
+    let reason = dead.field("dead_reason").unwrap_or_default();
+    assert!(
+        reason.contains("schema version"),
+        "the reason names the field: {reason}"
+    );
+    assert_eq!(
+        dead.field("attempts"),
+        Some("1"),
+        "one attempt, not all five"
+    );
+}
+
+/// An unreadable job an operator asked to cancel ends cancelled: `fail.lua`
+/// answers `cancel_requested` and writes nothing, so the worker ends it
+/// with `finish_cancel.lua` (before, that answer counted as done and the
+/// job stayed leased).
+#[tokio::test]
+async fn an_unreadable_job_with_a_cancel_request_ends_cancelled() {
+    let env = TestEnv::start().await;
+    let extra = [("cancel_requested", "1")];
+    unreadable_through_blocked_fetch(&env, "odd-2", &extra, |s| s.counter("cancelled") == 1).await;
+    let s = env.stats("tasks").await;
+    assert_eq!((s.processing, s.counter("dead")), (0, 0));
+    let rec = env.queue.completion("tasks", "odd-2").await.unwrap();
+    let status = rec.as_ref().and_then(|r| r.get("status").cloned());
+    assert_eq!(status.as_deref(), Some("cancelled"));
 }
 
 /// Item 4: a queue whose pass fails (its leases key has the wrong type) is

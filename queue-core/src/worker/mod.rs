@@ -163,6 +163,13 @@ impl Worker {
             signal.await;
             signal_tx.send_replace(true);
         });
+        // Dropped before it returns (a `select!` or `timeout` around it): the
+        // worker stops fetching as if asked to, instead of running on
+        // detached (its signal task kept the stop channel open for ever).
+        let _stop_on_drop = StopOnDrop {
+            stop: stop_tx.clone(),
+            signal: signal_task.abort_handle(),
+        };
 
         info!(
             queues = ?inner.queues.iter().map(|q| &q.keys.queue).collect::<Vec<_>>(),
@@ -221,6 +228,20 @@ impl Worker {
         }
         signal_task.abort();
         Ok(())
+    }
+}
+
+/// Requests the stop and ends the signal task when `run_until` ends or is
+/// dropped (after a normal return the stop was requested already).
+struct StopOnDrop {
+    stop: watch::Sender<bool>,
+    signal: tokio::task::AbortHandle,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        self.signal.abort();
     }
 }
 
