@@ -405,6 +405,42 @@ mod tests {
         }
     }
 
+    /// The `EVAL` form of a call (a full Redis that lacks the library:
+    /// `Call::invoke`) answers as its `FCALL` does, for a plain script and a
+    /// prelude one, sent as `EVAL` (not cached yet) and as `EVALSHA`.
+    #[tokio::test]
+    async fn a_call_sent_as_eval_answers_as_its_function() {
+        let (_server, mut conn) = super::test_redis().await;
+        let keys = crate::keys::QueueKeys::new("same");
+        let lock = crate::keys::LockKeys::new("held").lock;
+        let _: () = redis::cmd("SET")
+            .arg(&lock)
+            .arg("token-1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let calls = [
+            super::lock_release::SCRIPT
+                .call(["lock:held"])
+                .arg("token-2"),
+            super::promote::SCRIPT
+                .call([
+                    &keys.delayed,
+                    &keys.main,
+                    &keys.dead,
+                    &keys.stats,
+                    &keys.guard,
+                ])
+                .arg(&keys.job_prefix)
+                .arg(10),
+        ];
+        for call in calls {
+            let by_function = call.invoke(&mut conn).await.unwrap();
+            assert_eq!(call.eval(&mut conn).await.unwrap(), by_function, "EVAL");
+            assert_eq!(call.eval(&mut conn).await.unwrap(), by_function, "EVALSHA");
+        }
+    }
+
     #[tokio::test]
     async fn a_missing_function_is_told_apart_alone_and_in_a_pipeline() {
         let (_server, mut conn) = super::test_redis().await;
