@@ -102,13 +102,36 @@ pub async fn fetch(
     token_base: &str,
     count: usize,
 ) -> Result<Vec<Claimed>> {
+    fetch_as(conn, queue, lease, token_base, count, false).await
+}
+
+/// [`fetch`] as a worker sends the first try of a freshly drawn token base
+/// (the script may skip reading the receipt where the connection allows it).
+pub async fn fetch_first_try(
+    conn: &mut RedisConnection,
+    queue: &str,
+    lease: Duration,
+    token_base: &str,
+    count: usize,
+) -> Result<Vec<Claimed>> {
+    fetch_as(conn, queue, lease, token_base, count, true).await
+}
+
+async fn fetch_as(
+    conn: &mut RedisConnection,
+    queue: &str,
+    lease: Duration,
+    token_base: &str,
+    count: usize,
+    first_try: bool,
+) -> Result<Vec<Claimed>> {
     let keys = QueueKeys::new(queue);
     let rows = Fetch {
         keys: &keys,
         lease,
         token_base,
         count,
-        first_try: false,
+        first_try,
     }
     .run(conn)
     .await?;
