@@ -122,6 +122,11 @@ impl TestEnv {
         WorkerHandle::start(self.worker("tasks", config)).await
     }
 
+    /// Starts a worker for one job type of the test's own.
+    pub async fn spawn_worker_for(&self, job: Registration, config: WorkerConfig) -> WorkerHandle {
+        WorkerHandle::start(Worker::builder(&self.url).register(job).config(config)).await
+    }
+
     /// Starts a worker for the `bill` job.
     pub async fn spawn_billing_worker(&self, config: WorkerConfig) -> WorkerHandle {
         WorkerHandle::start(self.worker("billing", config)).await

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, EnqueueOutcome, WorkerConfig};
+use queue_core::{EnqueueOptions, EnqueueOutcome, QueueError, WorkerConfig};
 use queue_tests::{fast_config, task, Task, TestEnv};
 
 #[tokio::test]
@@ -401,4 +401,83 @@ async fn a_dropped_worker_stops_and_leaves_no_loop_running() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let delta = calls().await - before;
     assert!(delta <= 10, "{delta} script and TIME calls in a second");
+}
+
+/// Settings that passed validation and then panicked while the worker ran
+/// are refused at build: an `ack_window` beyond the clock killed the acker
+/// (every later success "acker gone: job left leased", reclaimed and run
+/// again until dead-lettered), a window near the lease let the lease expire
+/// before the ack; a `block_timeout` or `promote_interval` beyond the clock
+/// overflowed at start; a concurrency above what a semaphore holds
+/// panicked, one above `u32::MAX` was truncated at shutdown; a huge
+/// `ack_batch` aborted the process reserving its room.
+#[tokio::test]
+async fn settings_that_panicked_at_run_time_are_refused_at_build() {
+    let env = TestEnv::start().await;
+    let lease = fast_config().lease;
+    let day = Duration::from_secs(24 * 3600);
+    let with = |f: &dyn Fn(&mut WorkerConfig)| {
+        let mut cfg = fast_config();
+        f(&mut cfg);
+        cfg
+    };
+    let refused = [
+        (with(&|c| c.ack_window = Duration::MAX), "ack_window"),
+        (
+            with(&|c| c.ack_window = lease / 3 + Duration::from_millis(1)),
+            "ack_window",
+        ),
+        (with(&|c| c.block_timeout = Duration::MAX), "block_timeout"),
+        (
+            with(&|c| c.block_timeout = day + Duration::from_secs(1)),
+            "block_timeout",
+        ),
+        (
+            with(&|c| c.promote_interval = Duration::MAX),
+            "promote_interval",
+        ),
+        (with(&|c| c.concurrency = usize::MAX), "concurrency"),
+        (
+            with(&|c| c.concurrency = u32::MAX as usize + 1),
+            "concurrency",
+        ),
+        (with(&|c| c.ack_batch = usize::MAX), "ack_batch"),
+        (with(&|c| c.ack_batch = 10_001), "ack_batch"),
+    ];
+    for (cfg, what) in refused {
+        let err = env.worker("tasks", cfg).build().await.unwrap_err();
+        assert!(
+            matches!(&err, QueueError::Config(m) if m.contains(what)),
+            "{what}: {err}"
+        );
+    }
+    let err = env
+        .worker("tasks", fast_config())
+        .queue_concurrency("tasks", usize::MAX)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, QueueError::Config(m) if m.contains("concurrency limit")));
+}
+
+/// At the largest accepted values (an ack window of a third of the lease,
+/// 10,000 acks per call, concurrency `u32::MAX`) a job runs once, is acked
+/// before its lease runs out, and the worker stops.
+#[tokio::test]
+async fn a_job_is_acked_at_the_largest_accepted_ack_window() {
+    let env = TestEnv::start().await;
+    let cfg = WorkerConfig {
+        ack_window: fast_config().lease / 3,
+        ack_batch: 10_000,
+        concurrency: u32::MAX as usize,
+        ..fast_config()
+    };
+    let id = env.enqueue(env.task(0)).await;
+    let worker = env.spawn_worker(cfg).await;
+    let watchdog = env.spawn_watchdog("tasks").await;
+    env.wait_completed("tasks", 1).await;
+    let report = watchdog.stop().await;
+    worker.stop().await;
+    assert_eq!(env.completion_attempts("tasks", &id).await, 1);
+    assert_eq!(report.reclaimed, 0);
 }

@@ -8,7 +8,11 @@
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, Queue, QueueKeys, Watchdog, Worker};
+use queue_core::{
+    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueKeys, Registration, Watchdog,
+    Worker,
+};
+use queue_tests::env::{TestEnv, BOUND};
 use queue_tests::{
     fast_config, fast_watchdog, redis_and_queue, redis_conn, routine, spawn_worker, task, urgent,
     wait_until, Ledger, Task, TestEnv,
@@ -269,4 +273,75 @@ async fn a_worker_that_cannot_connect_every_fetcher_leaves_none_running() {
         let waiting: u64 = admin.llen(QueueKeys::new(q).main).await.unwrap();
         assert_eq!(waiting, 1, "queue {q}: no fetcher is running");
     }
+}
+
+/// A hand-written `Job` whose `run` panics before it returns its future.
+struct PanicsBeforeItsFuture;
+impl Job for PanicsBeforeItsFuture {
+    type Args = ();
+    const NAME: &'static str = "panics_before_its_future";
+    const QUEUE: &'static str = "early_panics";
+    const MAX_ATTEMPTS: u32 = 3;
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        panic!("no future today")
+    }
+}
+
+/// A panic in a hand-written `Job::run` (or in the payload's decode), before
+/// the handler's future exists, is the handler's panic: a retry with the
+/// reason recorded, then dead-lettered. It used to unwind the runner outside
+/// its `catch_unwind`: the job stayed active and leased with no reason, and
+/// every delivery repeated that (here, with no watchdog, for ever).
+#[tokio::test]
+async fn a_job_whose_run_panics_before_its_future_records_the_panic() {
+    let env = TestEnv::start().await;
+    let id = env
+        .queue
+        .enqueue::<PanicsBeforeItsFuture>(&())
+        .await
+        .unwrap();
+    let worker = env
+        .spawn_worker_for(Registration::of::<PanicsBeforeItsFuture>(), fast_config())
+        .await;
+    let queue = PanicsBeforeItsFuture::QUEUE;
+    wait_until(
+        BOUND,
+        "the panic recorded as the job's last error",
+        || async {
+            let job = env.queue.job(queue, &id).await.unwrap();
+            job.and_then(|j| j.field("last_error").map(str::to_owned))
+                .is_some_and(|e| e.contains("panicked: no future today"))
+        },
+    )
+    .await;
+    env.wait_stats(queue, "dead-lettered after 3 attempts", |s| s.dead == 1)
+        .await;
+    worker.stop().await;
+}
+
+/// A job type whose deadline is "for ever".
+struct ForEver;
+impl Job for ForEver {
+    type Args = ();
+    const NAME: &'static str = "for_ever";
+    const QUEUE: &'static str = "for_ever";
+    const DEADLINE: Option<Duration> = Some(Duration::MAX);
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// `DEADLINE = Some(Duration::MAX)` is no budget to enforce: the job runs
+/// and completes. Its budget (claim time + the deadline) overflowed the
+/// clock and panicked every delivery of the type, leaving it leased.
+#[tokio::test]
+async fn a_deadline_of_for_ever_runs_the_job() {
+    let env = TestEnv::start().await;
+    let id = env.queue.enqueue::<ForEver>(&()).await.unwrap();
+    let worker = env
+        .spawn_worker_for(Registration::of::<ForEver>(), fast_config())
+        .await;
+    env.wait_completed(ForEver::QUEUE, 1).await;
+    worker.stop().await;
+    assert_eq!(env.completion_attempts(ForEver::QUEUE, &id).await, 1);
 }
