@@ -12,7 +12,7 @@ use queue_core::{
     BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueKeys, Registration, Watchdog,
     Worker,
 };
-use queue_tests::env::{TestEnv, BOUND};
+use queue_tests::env::BOUND;
 use queue_tests::{
     fast_config, fast_watchdog, redis_and_queue, redis_conn, routine, spawn_worker, task, urgent,
     wait_until, Ledger, Task, TestEnv,
