@@ -388,7 +388,7 @@ async fn send_call(
         .unwrap_or_else(|| JobId::from(""));
     let mut attempt = 0u32;
     with_retries(window, &keys.queue, &first, || {
-        let fresh = fresh && attempt == 0;
+        let fresh = fresh && attempt == 0 && !conn.may_resend();
         attempt += 1;
         let mut conn = conn.clone();
         async move {

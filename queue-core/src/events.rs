@@ -276,12 +276,20 @@ impl Queue {
             EventsFrom::Start => "0-0".to_string(),
             EventsFrom::After(id) => id,
             EventsFrom::Now => {
-                // Resolved now, so nothing added between two reads is missed.
-                let newest = self.last_events(queue, 1).await?;
-                newest
-                    .into_iter()
-                    .next()
-                    .map_or_else(|| "0-0".to_string(), |e| e.stream_id)
+                // Resolved now, so nothing added between two reads is missed:
+                // the newest entry's id, whether or not it is an event this
+                // version decodes (from an undecodable one, the whole history
+                // was read again).
+                let newest: Value = redis::cmd("XREVRANGE")
+                    .arg(QueueKeys::new(queue).events())
+                    .arg("+")
+                    .arg("-")
+                    .arg("COUNT")
+                    .arg(1)
+                    .query_async(&mut self.connection())
+                    .await
+                    .map_err(|e| QueueError::redis(queue, None, e))?;
+                last_id(&newest).unwrap_or_else(|| "0-0".to_string())
             }
         };
         let state = Follow {
@@ -339,10 +347,14 @@ impl Follow {
                 }
                 Ok(v) => {
                     for entries_of_key in stream_replies(&v) {
-                        for e in entries(entries_of_key) {
-                            self.last = e.stream_id.clone();
-                            self.buffer.push_back(e);
+                        // Past every entry read, decoded or not: from the last
+                        // decoded one, entries that do not decode (another
+                        // writer's, a newer version's) were read again and
+                        // again, and a page of them never moved on.
+                        if let Some(id) = last_id(entries_of_key) {
+                            self.last = id;
                         }
+                        self.buffer.extend(entries(entries_of_key));
                     }
                 }
             }
@@ -392,6 +404,17 @@ fn entries(v: &Value) -> Vec<QueueEvent> {
             QueueEvent::decode(id, &fields)
         })
         .collect()
+}
+
+/// The id of the last entry of an `XRANGE`-shaped reply, decodable or not.
+fn last_id(v: &Value) -> Option<String> {
+    match v {
+        Value::Array(items) => match items.last()? {
+            Value::Array(pair) => text(pair.first()?),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 fn text(v: &Value) -> Option<String> {

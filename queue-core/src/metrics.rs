@@ -6,6 +6,10 @@
 //! On the worker side `job_type` is one of the registered types of the queue,
 //! or `unknown` (a type read from Redis that no handler knows), so the label
 //! set stays bounded; the labels are built once per worker ([`LabelCache`]).
+//! On the producer side the queue and type are whatever the caller names
+//! (`Queue::enqueue_raw`, e.g. a queue per tenant): the first
+//! [`ENQUEUED_LABELS_MAX`] pairs a process enqueues to get their own labels,
+//! later ones are counted as `queue="other", job_type="other"`.
 //!
 //! | metric | type | labels |
 //! |---|---|---|
@@ -22,16 +26,66 @@
 //! | `queue_completed_last_minute` | gauge | queue |
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use metrics::{Key, Label, Level, Metadata};
 
 use crate::admin::QueueStats;
 
+/// The most `(queue, job type)` label pairs of `queue_jobs_enqueued_total`
+/// in one process; the counts of later pairs go to `other`/`other`.
+pub(crate) const ENQUEUED_LABELS_MAX: usize = 1_024;
+
+/// The `queue_jobs_enqueued_total` key of each pair seen, built once.
+#[derive(Default)]
+struct EnqueuedKeys {
+    by_queue: Map<String, Map<String, Arc<Key>>>,
+    pairs: usize,
+}
+
+static ENQUEUED: LazyLock<RwLock<EnqueuedKeys>> = LazyLock::new(Default::default);
+static ENQUEUED_OTHER: LazyLock<Arc<Key>> =
+    LazyLock::new(|| Arc::new(enqueued_key("other", "other")));
+
+fn enqueued_key(queue: &str, job_type: &str) -> Key {
+    let labels = vec![
+        Label::new("queue", queue.to_string()),
+        Label::new("job_type", job_type.to_string()),
+    ];
+    Key::from_parts("queue_jobs_enqueued_total", labels)
+}
+
+/// The key of `(queue, job_type)`: its own among the first
+/// [`ENQUEUED_LABELS_MAX`] pairs, else `other`/`other`.
+fn enqueued_labels(queue: &str, job_type: &str) -> Arc<Key> {
+    let seen = |keys: &EnqueuedKeys| {
+        keys.by_queue
+            .get(queue)
+            .and_then(|types| types.get(job_type))
+            .cloned()
+    };
+    if let Some(key) = seen(&ENQUEUED.read().unwrap_or_else(PoisonError::into_inner)) {
+        return key;
+    }
+    let mut keys = ENQUEUED.write().unwrap_or_else(PoisonError::into_inner);
+    if let Some(key) = seen(&keys) {
+        return key;
+    }
+    if keys.pairs >= ENQUEUED_LABELS_MAX {
+        return ENQUEUED_OTHER.clone();
+    }
+    keys.pairs += 1;
+    let key = Arc::new(enqueued_key(queue, job_type));
+    keys.by_queue
+        .entry(queue.to_string())
+        .or_default()
+        .insert(job_type.to_string(), key.clone());
+    key
+}
+
 pub(crate) fn enqueued(queue: &str, job_type: &str, n: u64) {
-    metrics::counter!("queue_jobs_enqueued_total", "queue" => queue.to_string(), "job_type" => job_type.to_string())
-        .increment(n);
+    count(&enqueued_labels(queue, job_type), n);
 }
 
 /// The metric keys of one job type on one queue (name plus its `queue` and
@@ -292,6 +346,36 @@ mod tests {
             .labels()
             .map(|l| (l.key().to_string(), l.value().to_string()))
             .collect()
+    }
+
+    /// Scenario: a producer enqueues to 2,000 queues (one per tenant). The
+    /// enqueue counter keeps at most 1,024 label pairs and one `other`, and
+    /// counts every job. Before, each queue got its own series: the label
+    /// set grew without bound in a long-lived producer.
+    #[test]
+    fn enqueue_counts_of_many_queues_keep_a_bounded_label_set() {
+        let totals = Totals::default();
+        metrics::with_local_recorder(&totals, || {
+            for i in 0..2_000 {
+                super::enqueued(&format!("tenant-{i}"), "send", 1);
+            }
+        });
+        let all = totals.0.lock().unwrap();
+        let series: Vec<&String> = all
+            .iter()
+            .map(|(name, _)| name)
+            .filter(|n| n.starts_with("queue_jobs_enqueued_total"))
+            .collect();
+        assert!(
+            series.len() <= super::ENQUEUED_LABELS_MAX + 1,
+            "{} series",
+            series.len()
+        );
+        let counted: u64 = all.iter().map(|(_, t)| t.0.load(Ordering::Relaxed)).sum();
+        assert_eq!(counted, 2_000, "every job counted");
+        assert!(series
+            .iter()
+            .any(|n| *n == "queue_jobs_enqueued_total{queue=other, job_type=other}"));
     }
 
     /// A job type read from Redis that no handler registered is labelled

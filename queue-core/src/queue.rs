@@ -366,8 +366,9 @@ impl Queue {
         let mut attempt = 0u32;
         let send = || {
             // Only the first attempt may skip the dedupe reads of generated
-            // ids: a retry's first attempt may have written them.
-            let fresh = attempt == 0;
+            // ids: a retry's first attempt may have written them (and so may
+            // a resend by the connection itself: `may_resend`).
+            let fresh = attempt == 0 && !self.conn.may_resend();
             attempt += 1;
             let (mut conn, first_id) = (self.conn.clone(), first_id.as_ref());
             let (keys, items, ids, generated, tokens) = (&keys, &items, &ids, &generated, &tokens);

@@ -41,6 +41,9 @@ pub enum Claimed {
     Gone(JobId),
     /// The queue is paused: the id went back to main, unclaimed (claim only).
     Paused(JobId),
+    /// The worker was shutting down: the id went back to main, unclaimed
+    /// (claim only).
+    Stopping(JobId),
     /// A queue limit held it: the id went back to main, unclaimed (claim only).
     Limited(JobId),
     /// Its rate key was over its limit: delayed, unclaimed (docs/LIMITS.md).
@@ -67,6 +70,7 @@ impl From<ClaimRow> for Claimed {
             ClaimRow::Skipped(id, Skip::Busy) => Claimed::Busy(id),
             ClaimRow::Skipped(id, Skip::Gone) => Claimed::Gone(id),
             ClaimRow::Skipped(id, Skip::Paused) => Claimed::Paused(id),
+            ClaimRow::Skipped(id, Skip::Stopping) => Claimed::Stopping(id),
             ClaimRow::Skipped(id, Skip::Limited(_)) => Claimed::Limited(id),
             ClaimRow::Skipped(id, Skip::Deferred) => Claimed::Deferred(id),
             ClaimRow::Skipped(id, Skip::Expired) => Claimed::Expired(id),
@@ -98,13 +102,36 @@ pub async fn fetch(
     token_base: &str,
     count: usize,
 ) -> Result<Vec<Claimed>> {
+    fetch_as(conn, queue, lease, token_base, count, false).await
+}
+
+/// [`fetch`] as a worker sends the first try of a freshly drawn token base
+/// (the script may skip reading the receipt where the connection allows it).
+pub async fn fetch_first_try(
+    conn: &mut RedisConnection,
+    queue: &str,
+    lease: Duration,
+    token_base: &str,
+    count: usize,
+) -> Result<Vec<Claimed>> {
+    fetch_as(conn, queue, lease, token_base, count, true).await
+}
+
+async fn fetch_as(
+    conn: &mut RedisConnection,
+    queue: &str,
+    lease: Duration,
+    token_base: &str,
+    count: usize,
+    first_try: bool,
+) -> Result<Vec<Claimed>> {
     let keys = QueueKeys::new(queue);
     let rows = Fetch {
         keys: &keys,
         lease,
         token_base,
         count,
-        first_try: false,
+        first_try,
     }
     .run(conn)
     .await?;

@@ -68,7 +68,7 @@
 //!
 //! | column | type | |
 //! |---|---|---|
-//! | `id` | bigserial primary key | insertion order; the relay publishes oldest first |
+//! | `id` | bigserial primary key | insertion order; the relay publishes oldest first (a row waiting for its `next_attempt_at` is passed by the rows behind it) |
 //! | `job_id`, `queue` | text, `UNIQUE (queue, job_id)` | the job's identity in Redis |
 //! | `job_type`, `schema_version`, `max_attempts`, `payload` | text, int, int, bytea | what the relay enqueues (MessagePack payload) |
 //! | `created_at` | timestamptz default now() | |
@@ -77,6 +77,7 @@
 //! | `attempts`, `last_error` | int, text | committed publish attempts and the last Redis error (kept after success) |
 //! | `run_at` | timestamptz | from [`EnqueueOptions::delay`](queue_core::EnqueueOptions::delay) or `run_at` |
 //! | `extra` | text[] (name, value, …) | the job's extra fields: rate key, group, start deadline ([`OutboxRow::extra_fields`]); added to an older table by [`Outbox::migrate`] |
+//! | `next_attempt_at` | timestamptz | after Redis refused the row on its own: not sent again before this (1 s doubling to 10 min by `attempts`; NULL: at once); added to an older table by [`Outbox::migrate`] |
 //!
 //! plus a partial index on unpublished rows and an index on `created_at`.
 //! Published rows stay until [`Outbox::prune`].

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use queue_core::{EnqueueOptions, Job, JobId};
+use queue_core::{EnqueueOptions, Job, JobId, QueueError};
 use tokio_postgres::{GenericClient, Row, Transaction};
 use tracing::debug;
 
@@ -98,12 +98,21 @@ pub struct OutboxRow {
     /// type's `#[job(rate_key = ..)]`), a group, a start deadline. The relay
     /// enqueues the job with them. Column `extra` (`text[]`: name, value, …).
     pub extra_fields: Vec<(String, String)>,
+    /// Not sent again before this time: set when Redis refused the row on
+    /// its own (its data or a corrupt key of its job), doubling from 1 s to
+    /// 10 min with its `attempts`. `None` (or past): due now. Set it to NULL
+    /// to have the next batch send it at once.
+    pub next_attempt_at: Option<SystemTime>,
 }
 
 impl OutboxRow {
     /// Reads a row selected with [`TableName::COLUMNS`]. A column of an
-    /// unexpected type is an error, never a panic.
-    pub(crate) fn from_row(table: &TableName, row: &Row) -> Result<Self> {
+    /// unexpected type is an error (a table problem), never a panic. A value
+    /// that only this row holds and that cannot be sent (an `extra` with a
+    /// NULL element, more than one dimension or an odd length, which only a
+    /// hand-written row can hold) is not: the row is read with no extra
+    /// fields and the second value says why it can never be published.
+    pub(crate) fn from_row(table: &TableName, row: &Row) -> Result<(Self, Option<String>)> {
         let row_id: i64 = row.try_get(0).map_err(|e| OutboxError::InvalidRow {
             table: table.name.clone(),
             row_id: -1,
@@ -118,7 +127,20 @@ impl OutboxRow {
             job_id: row.try_get::<_, String>(1).ok().map(JobId::from),
             reason: format!("column `{column}`: {e}"),
         };
-        Ok(OutboxRow {
+        let (extra_fields, unpublishable) = match row.try_get(13) {
+            Ok(flat) => match pairs(Option::unwrap_or_default(flat)) {
+                Ok(fields) => (fields, None),
+                Err(why) => (Vec::new(), Some(why)),
+            },
+            Err(e) if is_wrong_type(&e) => return Err(bad("extra", e)),
+            Err(e) => {
+                // The driver's own message says "error deserializing column
+                // 13"; its source says what was wrong (e.g. too many dimensions).
+                let why = std::error::Error::source(&e).map_or(e.to_string(), |s| s.to_string());
+                (Vec::new(), Some(format!("column `extra`: {why}")))
+            }
+        };
+        let decoded = OutboxRow {
             row_id,
             job_id: JobId::from(row.try_get::<_, String>(1).map_err(|e| bad("job_id", e))?),
             queue: row.try_get(2).map_err(|e| bad("queue", e))?,
@@ -132,24 +154,40 @@ impl OutboxRow {
             attempts: row.try_get(10).map_err(|e| bad("attempts", e))?,
             last_error: row.try_get(11).map_err(|e| bad("last_error", e))?,
             run_at: row.try_get(12).map_err(|e| bad("run_at", e))?,
-            extra_fields: pairs(
-                row.try_get::<_, Option<Vec<String>>>(13)
-                    .map_err(|e| bad("extra", e))?
-                    .unwrap_or_default(),
-            ),
-        })
+            extra_fields,
+            next_attempt_at: row.try_get(14).map_err(|e| bad("next_attempt_at", e))?,
+        };
+        Ok((decoded, unpublishable))
     }
 }
 
-/// The (name, value) pairs of an `extra` column (a trailing odd value, which
-/// only a hand-written row can hold, is left out).
-fn pairs(flat: Vec<String>) -> Vec<(String, String)> {
-    let mut it = flat.into_iter();
+/// Whether a column read failed because the column's type is not the one
+/// this version reads (a table problem), not because of this row's value.
+fn is_wrong_type(e: &tokio_postgres::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.is::<tokio_postgres::types::WrongType>())
+}
+
+/// The (name, value) pairs of an `extra` column, or why it holds none that
+/// can be sent: a NULL element or an odd length (a name without its value).
+fn pairs(flat: Vec<Option<String>>) -> std::result::Result<Vec<(String, String)>, String> {
+    if let Some(i) = flat.iter().position(Option::is_none) {
+        return Err(format!(
+            "column `extra`: element {} is NULL (name, value pairs of text expected)",
+            i + 1
+        ));
+    }
+    if !flat.len().is_multiple_of(2) {
+        return Err(format!(
+            "column `extra`: {} elements, a name without its value (name, value pairs expected)",
+            flat.len()
+        ));
+    }
+    let mut it = flat.into_iter().flatten();
     let mut out = Vec::new();
     while let (Some(name), Some(value)) = (it.next(), it.next()) {
         out.push((name, value));
     }
-    out
+    Ok(out)
 }
 
 /// Row counts of an outbox table (see [`Outbox::stats`]).
@@ -181,14 +219,10 @@ pub(crate) fn check_job_id(id: &JobId) -> std::result::Result<(), &'static str> 
     Ok(())
 }
 
-pub(crate) fn check_queue(queue: &str) -> std::result::Result<(), &'static str> {
-    if queue.is_empty() {
-        return Err("queue name must not be empty");
-    }
-    if queue.chars().any(char::is_control) {
-        return Err("queue name must not contain control characters");
-    }
-    Ok(())
+pub(crate) fn check_queue(queue: &str) -> std::result::Result<(), String> {
+    // queue-core's own rule (the one `Queue` applies before sending), so a
+    // row staged here is never one the relay's enqueue refuses.
+    queue_core::validate_queue_name(queue).map_err(|reason| format!("queue name {reason}"))
 }
 
 impl Outbox {
@@ -219,9 +253,9 @@ impl Outbox {
     }
 
     /// Creates the table and its indexes if absent, and adds the columns a
-    /// newer version needs to an existing table (the `extra` column, for a
-    /// table made before stop 36: run it after upgrading, before the new
-    /// version writes or relays). Idempotent, and safe to run from several
+    /// newer version needs to an existing table (`extra` for a table made
+    /// before stop 36, `next_attempt_at` before stop 38: run it after
+    /// upgrading, before the new version writes or relays). Idempotent, and safe to run from several
     /// processes at once (serialised by an advisory lock).
     ///
     /// Works on a [`Client`](tokio_postgres::Client) or inside a
@@ -305,6 +339,14 @@ impl Outbox {
         args: &J::Args,
     ) -> Result<OutboxEnqueued> {
         let queue = J::QUEUE;
+        // The extra field names the enqueue scripts refuse (empty, a core
+        // field, a name given twice): such a row could never be published.
+        let extra_names = match opts.validate(queue) {
+            Err(QueueError::InvalidExtraField { name, reason, .. }) => {
+                Err(format!("extra field `{name}`: {reason}"))
+            }
+            _ => Ok(()),
+        };
         let id = opts.id.unwrap_or_else(JobId::random);
         let invalid = |reason: &str| OutboxError::InvalidJob {
             queue: queue.to_string(),
@@ -312,7 +354,8 @@ impl Outbox {
             reason: reason.to_string(),
         };
         check_job_id(&id).map_err(invalid)?;
-        check_queue(queue).map_err(invalid)?;
+        check_queue(queue).map_err(|reason| invalid(&reason))?;
+        extra_names.map_err(|reason| invalid(&reason))?;
         let schema_version =
             i32::try_from(J::SCHEMA_VERSION).map_err(|_| invalid("schema version above 2^31-1"))?;
         let max_attempts = i32::try_from(opts.max_attempts.unwrap_or(J::MAX_ATTEMPTS).max(1))

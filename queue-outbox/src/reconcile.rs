@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use queue_core::{JobId, Queue};
 use tokio_postgres::GenericClient;
+use tracing::warn;
 
 use crate::error::{OutboxError, Result};
 use crate::outbox::{pg_now, Outbox, OutboxRow};
@@ -35,10 +36,14 @@ pub enum ReconcileStatus {
     Missing,
     /// Published; the job hash has a state this version does not know.
     Other(String),
+    /// Published, but Redis refused to read the job's data (its job key or
+    /// completion record holds another type: corrupt data; see `job_error`).
+    Unreadable,
 }
 
 impl ReconcileStatus {
-    /// `unpublished`, `rejected`, `queued`, `delayed`, `active`, `dead`, `missing`, or the unknown state.
+    /// `unpublished`, `rejected`, `queued`, `delayed`, `active`, `dead`,
+    /// `missing`, `unreadable`, or the unknown state.
     pub fn as_str(&self) -> &str {
         match self {
             ReconcileStatus::Unpublished => "unpublished",
@@ -48,6 +53,7 @@ impl ReconcileStatus {
             ReconcileStatus::Active => "active",
             ReconcileStatus::Dead => "dead",
             ReconcileStatus::Missing => "missing",
+            ReconcileStatus::Unreadable => "unreadable",
             ReconcileStatus::Other(s) => s,
         }
     }
@@ -90,6 +96,10 @@ pub struct ReconcileRow {
     pub publish_attempts: i32,
     /// The last publish error.
     pub publish_error: Option<String>,
+    /// For an unpublished row Redis refused on its own: how long until a
+    /// relay sends it again (its `next_attempt_at`, PostgreSQL clock).
+    /// `None`: due now, or not waiting to be published.
+    pub publish_retry_in: Option<Duration>,
     /// Where the job is.
     pub status: ReconcileStatus,
     /// Deliveries so far, when the job is in Redis.
@@ -199,7 +209,9 @@ impl Outbox {
                 .await
                 .map_err(|e| OutboxError::pg(&table.name, "selecting rows to reconcile", e))?;
             for raw in &rows {
-                let row = OutboxRow::from_row(table, raw)?;
+                // A value that keeps the row from being published does not
+                // keep it from being listed (the relay rejects it).
+                let (row, _) = OutboxRow::from_row(table, raw)?;
                 after = row.row_id;
                 if let Some(listed) = check(queue, row, now).await? {
                     out.push(listed);
@@ -216,26 +228,51 @@ impl Outbox {
     }
 }
 
-/// The row's job status, or `None` when it completed.
-async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<ReconcileRow>> {
-    let mut job_attempts = None;
-    let mut job_error = None;
-    let status = if row.rejected_at.is_some() {
-        ReconcileStatus::Rejected
-    } else if row.published_at.is_none() {
-        ReconcileStatus::Unpublished
-    } else if let Some(info) = queue.job(&row.queue, &row.job_id).await? {
-        job_attempts = Some(info.attempts());
-        job_error = info
+/// Where a published row's job is in Redis: its status, attempts and error,
+/// or `None` when it completed.
+type JobStatus = Option<(ReconcileStatus, Option<u32>, Option<String>)>;
+
+async fn job_status(queue: &Queue, row: &OutboxRow) -> queue_core::Result<JobStatus> {
+    if let Some(info) = queue.job(&row.queue, &row.job_id).await? {
+        let error = info
             .field("dead_reason")
             .or_else(|| info.field("last_error"))
             .filter(|s| !s.is_empty())
             .map(str::to_string);
-        ReconcileStatus::from_state(info.state().unwrap_or(""))
-    } else if queue.completion(&row.queue, &row.job_id).await?.is_some() {
+        let status = ReconcileStatus::from_state(info.state().unwrap_or(""));
+        return Ok(Some((status, Some(info.attempts()), error)));
+    }
+    if queue.completion(&row.queue, &row.job_id).await?.is_some() {
         return Ok(None);
+    }
+    Ok(Some((ReconcileStatus::Missing, None, None)))
+}
+
+/// The row's job status, or `None` when it completed. A Redis refusal to
+/// read this job's data (a key of another type) lists the row as
+/// `unreadable` instead of failing the whole reconciliation; a failure of
+/// Redis itself is an error.
+async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<ReconcileRow>> {
+    let (status, job_attempts, job_error) = if row.rejected_at.is_some() {
+        (ReconcileStatus::Rejected, None, None)
+    } else if row.published_at.is_none() {
+        (ReconcileStatus::Unpublished, None, None)
     } else {
-        ReconcileStatus::Missing
+        match job_status(queue, &row).await {
+            Ok(Some(found)) => found,
+            Ok(None) => return Ok(None),
+            Err(e) if e.is_data_error() => {
+                warn!(
+                    queue = %row.queue,
+                    job_id = %row.job_id,
+                    row_id = row.row_id,
+                    error = %e,
+                    "outbox reconcile: the job's data in redis cannot be read"
+                );
+                (ReconcileStatus::Unreadable, None, Some(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
+        }
     };
     Ok(Some(ReconcileRow {
         row_id: row.row_id,
@@ -247,6 +284,11 @@ async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<
         published_at: row.published_at,
         publish_attempts: row.attempts,
         publish_error: row.last_error,
+        publish_retry_in: row
+            .next_attempt_at
+            .filter(|_| status == ReconcileStatus::Unpublished)
+            .and_then(|at| at.duration_since(now).ok())
+            .filter(|d| !d.is_zero()),
         status,
         job_attempts,
         job_error,

@@ -2,9 +2,11 @@
 //!
 //! One batch is one PostgreSQL transaction:
 //!
-//! 1. `SELECT .. WHERE published_at IS NULL AND rejected_at IS NULL ORDER BY id
-//!    LIMIT n FOR UPDATE SKIP LOCKED` — rows another relay is publishing are
-//!    skipped, so several relays can run at once and each row is sent by one;
+//! 1. `SELECT .. WHERE published_at IS NULL AND rejected_at IS NULL AND
+//!    (next_attempt_at IS NULL OR next_attempt_at <= now()) ORDER BY id LIMIT n
+//!    FOR UPDATE SKIP LOCKED` — rows another relay is publishing are skipped,
+//!    so several relays can run at once and each row is sent by one, and a row
+//!    Redis refused on its own waits for its retry time (`next_attempt_at`);
 //! 2. each row is enqueued to Redis with its stable job id
 //!    ([`Queue::enqueue_raw`]); `Created`, `Duplicate` and `AlreadyCompleted`
 //!    all mean "Redis has (or had) this job";
@@ -18,7 +20,7 @@ use std::future::Future;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue, QueueError};
+use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, JobId, Queue, QueueError};
 use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
 use tracing::{debug, error, info, warn};
 
@@ -42,14 +44,19 @@ pub struct RelayReport {
     /// Rows left unpublished after a Redis error; the row's `attempts` and
     /// `last_error` are updated. A failure of Redis itself (unreachable,
     /// timed out, read-only, not replicated) stops the batch at the first
-    /// one; a refusal of one row (an error reply for its job) does not, so
-    /// one row can never hold back the others.
+    /// one (see `stopped`); a refusal of one row (an error reply for its job:
+    /// a corrupt key of its job, say) does not, and the row is not selected
+    /// again before its `next_attempt_at` (1 s, 2 s, 4 s, … up to 10 min by
+    /// its attempts), so one row can never hold back the others.
     pub failed: usize,
     /// Rows marked rejected: they can never be published (e.g. an invalid job
     /// id written by hand). See [`ReconcileStatus::Rejected`](crate::ReconcileStatus::Rejected).
     pub rejected: usize,
     /// The last Redis error of the batch, if any.
     pub error: Option<String>,
+    /// The batch stopped at a failure of Redis itself (not at a refusal of
+    /// one row): [`Relay::run_until`] backs off before the next batch.
+    pub stopped: bool,
 }
 
 /// Totals of a [`Relay::run_until`] loop.
@@ -63,6 +70,8 @@ pub struct RelaySummary {
     pub duplicates: u64,
     /// Rows left unpublished after a Redis error (sent again later).
     pub failed: u64,
+    /// Batches stopped by a failure of Redis itself (each followed by a backoff).
+    pub stopped: u64,
     /// Rows marked rejected.
     pub rejected: u64,
     /// Batches that failed as a whole (PostgreSQL errors).
@@ -76,6 +85,7 @@ impl RelaySummary {
         self.duplicates += r.duplicates as u64;
         self.failed += r.failed as u64;
         self.rejected += r.rejected as u64;
+        self.stopped += u64::from(r.stopped);
     }
 }
 
@@ -218,8 +228,12 @@ impl Relay {
     /// Publishes up to `limit` unpublished rows (oldest first) in one transaction.
     ///
     /// A Redis error is not an `Err`: the row that met it gets `attempts + 1`
-    /// and `last_error`, the batch stops there, what was published before it
-    /// is committed, and the report says `failed: 1`. `Err` means PostgreSQL
+    /// and `last_error`, and the report counts it in `failed`. A failure of
+    /// Redis itself stops the batch there (`stopped`; what was published
+    /// before it is committed); a refusal of that row alone does not, and the
+    /// row waits for its `next_attempt_at`. A row that can never be published
+    /// (an invalid job id, a malformed `extra`, arguments the enqueue script
+    /// refuses) is marked rejected with the reason. `Err` means PostgreSQL
     /// failed and nothing of this batch was committed (so it is sent again).
     pub async fn publish_batch(&mut self, limit: usize) -> Result<RelayReport> {
         self.publish_batch_with_hook(limit, |_| ControlFlow::Continue(()))
@@ -295,10 +309,11 @@ impl Relay {
         let mut published: Vec<i64> = Vec::with_capacity(rows.len());
         for raw in &rows {
             // A column of the wrong type is a table problem, not a row problem:
-            // fail the batch (rolled back) rather than reject every row.
-            let (row, delay_ms, finite) = decode_row(table, raw)?;
+            // fail the batch (rolled back) rather than reject every row. A
+            // value of this row alone that cannot be sent rejects the row.
+            let (row, problem, delay_ms, finite) = decode_row(table, raw)?;
 
-            if let Err(reason) = unpublishable(&row, finite) {
+            if let Err(reason) = problem.map_or(Ok(()), Err).and(unpublishable(&row, finite)) {
                 let why = "it can never be published";
                 reject_row(&tx, table, &row, &reason, why).await?;
                 report.rejected += 1;
@@ -314,12 +329,8 @@ impl Relay {
                     }
                     published.push(row.row_id);
                 }
-                Err(
-                    e @ (QueueError::InvalidJobId { .. }
-                    | QueueError::InvalidQueueName { .. }
-                    | QueueError::InvalidExtraField { .. }),
-                ) => {
-                    let why = "queue-core refused it";
+                Err(e) if refused_for_good(&e, &row.job_id) => {
+                    let why = "its arguments are refused";
                     reject_row(&tx, table, &row, &e.to_string(), why).await?;
                     report.rejected += 1;
                 }
@@ -327,8 +338,10 @@ impl Relay {
                     // Redis down, timed out, read-only, not replicated in
                     // time, or refused this row. The write may or may not have
                     // landed: leave the row unpublished (a re-send is a
-                    // no-op). A failure of Redis itself stops the batch; a
-                    // refusal of this row alone does not (`row_only`).
+                    // no-op). A failure of Redis itself stops the batch (the
+                    // row stays first for when Redis is back); a refusal of
+                    // this row alone does not, and defers the row
+                    // (`row_only`: an operator may repair its data meanwhile).
                     let reason = e.to_string();
                     let stop = !row_only(&e);
                     warn!(
@@ -338,13 +351,20 @@ impl Relay {
                         job_id = %row.job_id,
                         attempts = row.attempts + 1,
                         error = %reason,
+                        stopped = stop,
                         "outbox row not published; will retry"
                     );
                     let what = "recording a publish error";
-                    mark_row(&tx, &table.mark_failed_sql(), tname, what, &row, &reason).await?;
+                    let sql = if stop {
+                        table.mark_failed_sql()
+                    } else {
+                        table.mark_deferred_sql()
+                    };
+                    mark_row(&tx, &sql, tname, what, &row, &reason).await?;
                     report.failed += 1;
                     report.error = Some(reason);
                     if stop {
+                        report.stopped = true;
                         break;
                     }
                 }
@@ -355,9 +375,11 @@ impl Relay {
     }
 
     /// Publishes batches until `stop` completes: at once again while batches
-    /// come back full, otherwise every `interval`; after errors it backs off
-    /// (doubling up to 30 s). A batch in progress when `stop` completes is
-    /// finished first. Returns the totals.
+    /// come back full, otherwise every `interval`; after a batch that failed
+    /// (PostgreSQL) or stopped at a failure of Redis itself it backs off
+    /// (doubling up to 30 s). Rows Redis refused on their own do not slow it
+    /// down: each waits for its own retry time. A batch in progress when
+    /// `stop` completes is finished first. Returns the totals.
     ///
     /// PostgreSQL and Redis errors are logged and retried (a relay from
     /// [`Relay::connect`] reconnects). It returns `Err` only when the
@@ -384,7 +406,7 @@ impl Relay {
             let wait = match self.publish_batch(self.batch_size).await {
                 Ok(report) => {
                     summary.add(&report);
-                    if report.failed > 0 {
+                    if report.stopped {
                         errors_in_a_row += 1;
                         backoff(interval, errors_in_a_row)
                     } else {
@@ -431,6 +453,7 @@ impl Relay {
             duplicates = summary.duplicates,
             failed = summary.failed,
             rejected = summary.rejected,
+            stopped = summary.stopped,
             errors = summary.errors,
             "outbox relay stopped"
         );
@@ -506,12 +529,14 @@ where
     }
 }
 
-/// One selected row and its computed delay (column 13 of the batch select).
-/// A selected row, its delay in ms (none: due now) and whether its `run_at`
-/// is a finite time (`infinity` is a valid `timestamptz`; the delay is then
-/// not computed, since `infinity - now()` fails the whole `SELECT`).
-fn decode_row(table: &TableName, raw: &Row) -> Result<(OutboxRow, Option<i64>, bool)> {
-    let row = OutboxRow::from_row(table, raw)?;
+/// A selected row, why it can never be published if a value of it says so
+/// ([`OutboxRow::from_row`]), its delay in ms (none: due now) and whether its
+/// `run_at` is a finite time (`infinity` is a valid `timestamptz`; the delay
+/// is then not computed, since `infinity - now()` fails the whole `SELECT`).
+type Decoded = (OutboxRow, Option<String>, Option<i64>, bool);
+
+fn decode_row(table: &TableName, raw: &Row) -> Result<Decoded> {
+    let (row, problem) = OutboxRow::from_row(table, raw)?;
     let bad = |what: &str, e: tokio_postgres::Error| OutboxError::InvalidRow {
         table: table.name.clone(),
         row_id: row.row_id,
@@ -519,9 +544,9 @@ fn decode_row(table: &TableName, raw: &Row) -> Result<(OutboxRow, Option<i64>, b
         job_id: Some(row.job_id.clone()),
         reason: format!("{what}: {e}"),
     };
-    let delay_ms: Option<i64> = raw.try_get(14).map_err(|e| bad("computed delay", e))?;
-    let finite: bool = raw.try_get(15).map_err(|e| bad("run_at finiteness", e))?;
-    Ok((row, delay_ms, finite))
+    let delay_ms: Option<i64> = raw.try_get(15).map_err(|e| bad("computed delay", e))?;
+    let finite: bool = raw.try_get(16).map_err(|e| bad("run_at finiteness", e))?;
+    Ok((row, problem, delay_ms, finite))
 }
 
 /// Enqueues one row to Redis under its stable job id.
@@ -577,6 +602,37 @@ fn row_only(e: &QueueError) -> bool {
     match e {
         QueueError::Redis { .. } => e.is_data_error(),
         QueueError::Protocol { .. } => true,
+        _ => false,
+    }
+}
+
+/// A send error that no retry can fix: queue-core refused the job id, or the
+/// enqueue script refused the call for the job's own arguments — a name of a
+/// core job field (`state`, `token`, …) or an empty name among its extra
+/// fields, numbers that are not counts, an empty id. Such a refusal answers
+/// the same arguments the same way every time, so the row is rejected with
+/// it. The script's other `invalid argument` refusals are about data in
+/// Redis (a corrupt key of the job or of its group) that an operator can
+/// repair: they stay failures, retried after a backoff.
+fn refused_for_good(e: &QueueError, id: &JobId) -> bool {
+    /// What follows `ERR invalid argument job <id>: ` in enqueue_many.lua's
+    /// refusals of a job's arguments (its parse, before anything is read).
+    const ARGUMENT_REFUSALS: [&str; 3] = [
+        "extra field name: ",
+        "max_attempts, delay_ms, run_at_ms and once ttl_ms must be counts",
+        "empty id",
+    ];
+    match e {
+        QueueError::InvalidJobId { .. }
+        | QueueError::InvalidQueueName { .. }
+        | QueueError::InvalidExtraField { .. } => true,
+        QueueError::Redis { source, .. } if source.code() == Some("ERR") => {
+            let text = source.to_string();
+            let prefix = format!("invalid argument job {id}: ");
+            ARGUMENT_REFUSALS
+                .iter()
+                .any(|r| text.contains(&format!("{prefix}{r}")))
+        }
         _ => false,
     }
 }
@@ -660,7 +716,7 @@ fn unpublishable(row: &OutboxRow, finite_run_at: bool) -> std::result::Result<()
         return Err("run_at is not a finite time (infinity)".into());
     }
     check_job_id(&row.job_id).map_err(str::to_string)?;
-    check_queue(&row.queue).map_err(str::to_string)?;
+    check_queue(&row.queue)?;
     if row.job_type.is_empty() {
         return Err("job type must not be empty".into());
     }
@@ -693,5 +749,21 @@ mod tests {
         assert_eq!(backoff(i, 40), Duration::from_secs(30));
         assert_eq!(backoff(Duration::from_secs(60), 5), Duration::from_secs(60));
         assert_eq!(backoff(Duration::ZERO, 1), Duration::from_millis(100));
+    }
+
+    /// The refusals `refused_for_good` recognises are still the texts the
+    /// enqueue script answers: a change there fails here, not in production
+    /// (where such rows would be retried forever instead of rejected).
+    #[test]
+    fn argument_refusals_match_the_enqueue_script() {
+        let script = include_str!("../../queue-core/src/scripts/enqueue_many.lua");
+        assert!(script.contains("'ERR invalid argument job ' .. ARGV[i] .. ': ' .. bad"));
+        for text in [
+            "bad = 'extra field name: '",
+            "bad = 'max_attempts, delay_ms, run_at_ms and once ttl_ms must be counts'",
+            "bad = 'empty id'",
+        ] {
+            assert!(script.contains(text), "{text}");
+        }
     }
 }

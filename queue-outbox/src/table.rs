@@ -11,6 +11,10 @@ use crate::error::{OutboxError, Result};
 /// index names (`<table>_unpublished_idx`) within PostgreSQL's 63-byte limit.
 pub const MAX_IDENT_LEN: usize = 40;
 
+/// Longest wait, in seconds, before a row Redis refused on its own is sent
+/// again (the backoff doubles from 1 s up to this).
+pub(crate) const MAX_RETRY_SECS: u32 = 600;
+
 /// A validated table name: a plain lower-case identifier
 /// (`[a-z_][a-z0-9_]*`, at most [`MAX_IDENT_LEN`] bytes), optionally
 /// schema-qualified, with its double-quoted SQL form.
@@ -95,7 +99,8 @@ impl TableName {
     /// Columns read by the relay and by reconciliation, in this order.
     pub(crate) const COLUMNS: &'static str =
         "id, job_id, queue, job_type, schema_version, max_attempts, payload, \
-         created_at, published_at, rejected_at, attempts, last_error, run_at, extra";
+         created_at, published_at, rejected_at, attempts, last_error, run_at, extra, \
+         next_attempt_at";
 
     pub(crate) fn migrate_sql(&self) -> String {
         let t = &self.quoted;
@@ -120,9 +125,11 @@ CREATE TABLE IF NOT EXISTS {t} (
     last_error     text,
     run_at         timestamptz,
     extra          text[],
+    next_attempt_at timestamptz,
     UNIQUE (queue, job_id)
 );
 ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extra text[];
+ALTER TABLE {t} ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz;
 CREATE INDEX IF NOT EXISTS \"{b}_unpublished_idx\" ON {t} (id)
     WHERE published_at IS NULL AND rejected_at IS NULL;
 CREATE INDEX IF NOT EXISTS \"{b}_created_idx\" ON {t} (created_at);",
@@ -147,6 +154,7 @@ CREATE INDEX IF NOT EXISTS \"{b}_created_idx\" ON {t} (created_at);",
                          THEN GREATEST(0, ceil(extract(epoch FROM run_at - now()) * 1000))::bigint END, \
                     run_at IS NULL OR isfinite(run_at) \
              FROM {} WHERE published_at IS NULL AND rejected_at IS NULL \
+                       AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
              ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED",
             Self::COLUMNS,
             self.quoted
@@ -160,9 +168,24 @@ CREATE INDEX IF NOT EXISTS \"{b}_created_idx\" ON {t} (created_at);",
         )
     }
 
+    /// A row that met a failure of Redis itself: the whole relay backs off,
+    /// and the row is first again when Redis is back (per-queue order kept).
     pub(crate) fn mark_failed_sql(&self) -> String {
         format!(
             "UPDATE {} SET attempts = attempts + 1, last_error = $2 WHERE id = $1",
+            self.quoted
+        )
+    }
+
+    /// A row Redis refused on its own: not selected again before
+    /// `next_attempt_at`, 2^attempts seconds on (1 s, 2 s, 4 s, …; `attempts`
+    /// is the count before this one), at most [`MAX_RETRY_SECS`].
+    pub(crate) fn mark_deferred_sql(&self) -> String {
+        format!(
+            "UPDATE {} SET attempts = attempts + 1, last_error = $2, \
+                 next_attempt_at = now() + least({MAX_RETRY_SECS}, \
+                     power(2, least(greatest(attempts, 0), 30))) * interval '1 second' \
+             WHERE id = $1",
             self.quoted
         )
     }

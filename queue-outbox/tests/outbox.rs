@@ -16,8 +16,8 @@ use queue_core::{
 };
 use queue_outbox::tokio_postgres::Client;
 use queue_outbox::{
-    connect_postgres, Outbox, OutboxError, OutboxOutcome, ReconcileOptions, ReconcileStatus, Relay,
-    RelayReport, RelayStep,
+    connect_postgres, Outbox, OutboxError, OutboxOutcome, ReconcileOptions, ReconcileRow,
+    ReconcileStatus, Relay, RelayReport, RelayStep,
 };
 use queue_testkit::postgres::{self, DropTable};
 use queue_testkit::RedisServer;
@@ -104,6 +104,33 @@ impl Env {
         tx.commit().await.unwrap();
     }
 
+    /// Stages rows Redis refuses on their own: the job key of each holds a
+    /// string, so the enqueue script refuses the call before any write.
+    async fn stage_refused(&mut self, ids: &[&str]) {
+        for (n, id) in (0u32..).zip(ids) {
+            self.stage::<send_mail::Job>(id, &mail(n)).await;
+            let key = QueueKeys::new(MAIL_Q).job(id);
+            self.redis.command(&["SET", &key, "corrupt"]).unwrap();
+        }
+    }
+
+    /// Stages `id` and then gives its `extra` column `array_sql` by hand.
+    async fn stage_with_extra(&mut self, id: &str, array_sql: &str) {
+        self.stage::<send_mail::Job>(id, &mail(0)).await;
+        self.execute(&format!(
+            "UPDATE $T SET extra = {array_sql} WHERE job_id = '{id}'"
+        ))
+        .await;
+    }
+
+    /// Every row reconciliation lists now (no age bound); it must not fail.
+    async fn reconcile_all(&self) -> Vec<ReconcileRow> {
+        self.outbox
+            .reconcile(&self.client, &self.queue, Duration::ZERO)
+            .await
+            .expect("reconcile succeeds")
+    }
+
     async fn scalar(&self, sql_with_t: &str) -> i64 {
         let sql = sql_with_t.replace("$T", &format!("\"{}\"", self.table()));
         self.client.query_one(&sql, &[]).await.unwrap().get(0)
@@ -153,6 +180,11 @@ async fn setup() -> Option<Env> {
         redis,
         _table: guard,
     })
+}
+
+/// The statuses of reconciled rows, in order.
+fn statuses(rows: &[ReconcileRow]) -> Vec<&str> {
+    rows.iter().map(|r| r.status.as_str()).collect()
 }
 
 fn break_at(name: &'static str) -> impl FnMut(&RelayStep<'_>) -> ControlFlow<()> {
@@ -337,6 +369,38 @@ async fn invalid_job_ids_are_refused_before_anything_is_written() {
         .unwrap();
     tx.commit().await.unwrap();
     assert_eq!(env.scalar("SELECT count(*) FROM $T").await, 1);
+}
+
+/// Extra field names the enqueue scripts refuse (a core field such as
+/// `state`, an empty name, a name given twice) are refused when staged, like
+/// a bad id: before, the row was inserted and the relay could never publish
+/// it (it was retried for ever, then rejected only by its error text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_field_names_the_scripts_refuse_are_refused_when_staged() {
+    let Some(mut env) = setup().await else { return };
+    let tx = env.client.transaction().await.unwrap();
+    let twice = EnqueueOptions {
+        extra_fields: vec![
+            ("group".to_string(), "a".to_string()),
+            ("group".to_string(), "b".to_string()),
+        ],
+        ..EnqueueOptions::new()
+    };
+    for opts in [
+        EnqueueOptions::new().extra_field("state", "x"),
+        EnqueueOptions::new().extra_field("", "x"),
+        twice,
+    ] {
+        let err = env
+            .outbox
+            .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, &mail(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OutboxError::InvalidJob { .. }), "{err}");
+        assert_eq!(err.queue(), Some(MAIL_Q));
+    }
+    tx.commit().await.unwrap();
+    assert_eq!(env.scalar("SELECT count(*) FROM $T").await, 0);
 }
 
 /// Crash point (a): the job reached Redis, the relay died before its commit.
@@ -549,7 +613,7 @@ async fn redis_down_keeps_the_row_unpublished_with_its_error_then_publishes() {
         (3, 0, 1),
         "{report:?}"
     );
-    assert!(report.error.is_some());
+    assert!(report.stopped && report.error.is_some(), "{report:?}");
     let (published, attempts, last_error) = env.row("c-0").await;
     assert!(!published);
     assert_eq!(attempts, 1);
@@ -782,6 +846,26 @@ async fn reconcile_lists_unfinished_jobs_but_not_completed_ones() {
     assert_eq!(env.unpublished().await, 2);
 }
 
+/// A published row whose job key later holds another type (corrupt data in
+/// Redis) is listed as `unreadable` with the error, and the rows after it
+/// are still listed. Before, that one row's Redis error failed the whole
+/// reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_lists_a_row_whose_job_cannot_be_read() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("broken-1", &mail(1)).await;
+    env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
+    let report = env.relay().await.publish_batch(100).await.unwrap();
+    assert_eq!(report.published, 2, "{report:?}");
+    let key = QueueKeys::new(MAIL_Q).job("broken-1");
+    env.redis.command(&["DEL", &key]).unwrap();
+    env.redis.command(&["SET", &key, "corrupt"]).unwrap();
+    let rows = env.reconcile_all().await;
+    assert_eq!(statuses(&rows), ["unreadable", "queued"]);
+    let error = rows[0].job_error.as_deref().unwrap_or_default();
+    assert!(error.contains("WRONGTYPE"), "{error}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
     let Some(mut env) = setup().await else { return };
@@ -823,13 +907,8 @@ async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
         "not picked again"
     );
 
-    let rows = env
-        .outbox
-        .reconcile(&env.client, &env.queue, Duration::ZERO)
-        .await
-        .unwrap();
-    let statuses: Vec<_> = rows.iter().map(|r| r.status.as_str()).collect();
-    assert_eq!(statuses, vec!["rejected", "queued"]);
+    let rows = env.reconcile_all().await;
+    assert_eq!(statuses(&rows), ["rejected", "queued"]);
     let stats = env.outbox.stats(&env.client).await.unwrap();
     assert_eq!(
         (stats.unpublished, stats.rejected, stats.published),
@@ -844,20 +923,148 @@ async fn a_row_that_can_never_be_published_is_rejected_not_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_redis_refuses_holds_back_no_other_row() {
     let Some(mut env) = setup().await else { return };
-    env.stage::<send_mail::Job>("poison-1", &mail(1)).await;
+    env.stage_refused(&["poison-1"]).await;
     env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
-    let key = QueueKeys::new(MAIL_Q).job("poison-1");
-    env.redis.command(&["SET", &key, "corrupt"]).unwrap();
     let mut relay = env.relay().await;
     let report = relay.publish_batch(100).await.unwrap();
-    assert_eq!((report.published, report.failed), (1, 1), "{report:?}");
+    assert_eq!(
+        (report.published, report.failed, report.stopped),
+        (1, 1, false),
+        "{report:?}"
+    );
     assert!(env.row("fine-2").await.0, "the row behind it is published");
     let (published, attempts, last_error) = env.row("poison-1").await;
     assert!(!published && attempts == 1, "{last_error:?}");
-    // Repaired, it goes out with the next batch.
+    // Repaired, it goes out once its retry time has come.
+    let key = QueueKeys::new(MAIL_Q).job("poison-1");
     env.redis.command(&["DEL", &key]).unwrap();
+    let start = Instant::now();
+    while relay.publish_batch(100).await.unwrap().published == 0 {
+        assert!(start.elapsed() < T, "the repaired row is not published");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(env.row("poison-1").await.1, 2, "sent once more");
+}
+
+/// Rows Redis keeps refusing wait for their own retry time instead of
+/// being selected first again by every batch. Before, two of them filled
+/// every batch of two (each batch marked them failed and selected them
+/// again), so the row behind them was never published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_redis_keeps_refusing_do_not_starve_the_rows_behind_them() {
+    let Some(mut env) = setup().await else { return };
+    env.stage_refused(&["poison-1", "poison-2"]).await;
+    env.stage::<send_mail::Job>("fine-3", &mail(3)).await;
+    let mut relay = env.relay().await;
+    let mut published = 0;
+    for _ in 0..3 {
+        published += relay.publish_batch(2).await.unwrap().published;
+    }
+    assert_eq!(published, 1);
+    assert!(
+        env.row("fine-3").await.0,
+        "the row behind them is published"
+    );
+    for id in ["poison-1", "poison-2"] {
+        let (published, attempts, last_error) = env.row(id).await;
+        assert!(!published && attempts >= 1, "{id}: {last_error:?}");
+    }
+}
+
+/// A relay loop behind rows Redis keeps refusing still publishes at its
+/// pace: a refused row is not a failure of Redis, so it neither backs the
+/// loop off nor stops the "batch was full, go again" path. Before, every
+/// batch held a refused row, each one doubled the wait (up to 30 s), and
+/// 20 rows took minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_rows_do_not_slow_the_relay_loop_down() {
+    let Some(mut env) = setup().await else { return };
+    env.stage_refused(&["poison-1", "poison-2"]).await;
+    for n in 0..20 {
+        env.stage::<send_mail::Job>(&format!("fine-{n}"), &mail(n))
+            .await;
+    }
+    let relay = env.relay().await.batch_size(3);
+    let (tx_stop, run) = spawn_relay_loop(relay);
+    wait_for(T, "20 fine rows in redis", || async {
+        env.enqueued(MAIL_Q).await == 20
+    })
+    .await;
+    tx_stop.send(()).unwrap();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(
+        (summary.published, summary.stopped, summary.errors),
+        (20, 0, 0),
+        "{summary:?}"
+    );
+    assert!(summary.failed >= 2, "{summary:?}");
+}
+
+/// A row whose `extra` cannot be sent (written by hand: a NULL element, two
+/// dimensions, a name without its value) is rejected with the reason, and
+/// the others are published; reconciliation lists it. Before, reading it
+/// failed the whole batch (rolled back, the same row first again: the
+/// relay stopped for good) and reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_whose_extra_cannot_be_read_is_rejected_and_the_others_published() {
+    let Some(mut env) = setup().await else { return };
+    env.stage_with_extra("odd-1", "ARRAY['group', NULL]::text[]")
+        .await;
+    env.stage_with_extra("square-2", "ARRAY[['group', 'g'], ['rate_key', 'k']]")
+        .await;
+    env.stage_with_extra("half-3", "ARRAY['group']").await;
+    env.stage::<send_mail::Job>("fine-4", &mail(4)).await;
+    let mut relay = env.relay().await;
     let report = relay.publish_batch(100).await.unwrap();
-    assert_eq!((report.published, report.failed), (1, 0), "{report:?}");
+    assert_eq!(
+        (report.published, report.rejected, report.failed),
+        (1, 3, 0),
+        "{report:?}"
+    );
+    assert!(env.row("fine-4").await.0);
+    for (id, why) in [
+        ("odd-1", "NULL"),
+        ("square-2", "dimensions"),
+        ("half-3", "without its value"),
+    ] {
+        let (published, _, last_error) = env.row(id).await;
+        assert!(!published);
+        let last_error = last_error.unwrap_or_default();
+        assert!(last_error.contains(why), "{id}: {last_error}");
+    }
+    let rows = env.reconcile_all().await;
+    assert_eq!(
+        statuses(&rows),
+        ["rejected", "rejected", "rejected", "queued"]
+    );
+}
+
+/// A row whose extra field has a name the enqueue script refuses (a core
+/// job field such as `token`, written by hand) is rejected: the same
+/// arguments are refused every time. Before, the refusal counted as an
+/// error of that row's data, and the row was retried forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_with_a_core_field_as_extra_name_is_rejected_not_retried() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("fine-1", &mail(1)).await;
+    env.stage_with_extra("bad-2", "ARRAY['token', 'x']").await;
+    let mut relay = env.relay().await;
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!(
+        (report.published, report.rejected, report.failed),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    let (published, _, last_error) = env.row("bad-2").await;
+    assert!(!published);
+    let last_error = last_error.unwrap_or_default();
+    assert!(last_error.contains("extra field name"), "{last_error}");
+    assert!(env.queue.job(MAIL_Q, "bad-2").await.unwrap().is_none());
+    assert_eq!(
+        env.outbox.stats(&env.client).await.unwrap().rejected,
+        1,
+        "rejected, not waiting for a retry"
+    );
 }
 
 /// A row whose `run_at` is `infinity` (written by hand, say to park it) is
@@ -928,7 +1135,7 @@ async fn a_table_of_the_wrong_shape_is_an_error_not_a_panic() {
         "CREATE TABLE \"{table}\" (id bigserial primary key, job_id text, queue text, job_type text,
             schema_version text, max_attempts int, payload bytea, created_at timestamptz default now(),
             published_at timestamptz, rejected_at timestamptz, attempts int default 0, last_error text,
-            run_at timestamptz, extra text[]);
+            run_at timestamptz, extra text[], next_attempt_at timestamptz);
          INSERT INTO \"{table}\" (job_id, queue, job_type, schema_version, max_attempts, payload)
             VALUES ('x', 'outbox_mail', 'send_mail', 'one', 3, '\\x80'::bytea);"
     );
@@ -955,13 +1162,7 @@ async fn a_table_of_the_wrong_shape_is_an_error_not_a_panic() {
 async fn run_until_publishes_rows_as_they_commit_and_stops() {
     let Some(mut env) = setup().await else { return };
     let relay = env.relay().await.batch_size(7);
-    let (tx_stop, rx_stop) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(relay.run_until(
-        async move {
-            let _ = rx_stop.await;
-        },
-        Duration::from_millis(50),
-    ));
+    let (tx_stop, run) = spawn_relay_loop(relay);
     for n in 0..30 {
         env.stage::<send_mail::Job>(&format!("live-{n}"), &mail(n))
             .await;
@@ -1103,8 +1304,15 @@ async fn stats_and_prune() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
-    let Some(env) = setup().await else { return };
+    let Some(mut env) = setup().await else { return };
     env.outbox.migrate(&env.client).await.unwrap();
+    // A table made before `next_attempt_at` gets it, and relays again.
+    env.execute("ALTER TABLE $T DROP COLUMN next_attempt_at")
+        .await;
+    env.stage::<send_mail::Job>("old-1", &mail(1)).await;
+    env.outbox.migrate(&env.client).await.unwrap();
+    let report = env.relay().await.publish_batch(10).await.unwrap();
+    assert_eq!(report.published, 1, "{report:?}");
 
     let table = postgres::unique_name("concur");
     let _guard = DropTable::new(&env.db_url, &table);
@@ -1213,6 +1421,23 @@ async fn a_row_whose_job_ran_is_published_without_its_replicas() {
     assert_eq!((report.published, report.duplicates), (1, 1), "{report:?}");
     assert!(env.row("w-1").await.0);
     assert_eq!(env.enqueued(MAIL_Q).await, 1);
+}
+
+/// Runs `relay.run_until` (interval 50 ms) on a task until the sender fires.
+fn spawn_relay_loop(
+    relay: Relay,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<queue_outbox::Result<queue_outbox::RelaySummary>>,
+) {
+    let (tx_stop, rx_stop) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run_until(
+        async move {
+            let _ = rx_stop.await;
+        },
+        Duration::from_millis(50),
+    ));
+    (tx_stop, run)
 }
 
 async fn spawn_worker(

@@ -122,6 +122,11 @@ impl TestEnv {
         WorkerHandle::start(self.worker("tasks", config)).await
     }
 
+    /// Starts a worker for one job type of the test's own.
+    pub async fn spawn_worker_for(&self, job: Registration, config: WorkerConfig) -> WorkerHandle {
+        WorkerHandle::start(Worker::builder(&self.url).register(job).config(config)).await
+    }
+
     /// Starts a worker for the `bill` job.
     pub async fn spawn_billing_worker(&self, config: WorkerConfig) -> WorkerHandle {
         WorkerHandle::start(self.worker("billing", config)).await
@@ -284,6 +289,23 @@ impl TestEnv {
             live == 0
         })
         .await;
+    }
+
+    /// Calls of Redis command `command` (lower case: `fcall`, `hexists`)
+    /// since the server started or the last `CONFIG RESETSTAT`
+    /// (`INFO commandstats`; a command run inside a script counts under its
+    /// own name too).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("INFO commandstats");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
     }
 
     /// Waits until a fetcher other than `except` is blocked in BLMOVE on an

@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queue_core::{
-    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueError, QueueKeys,
-    Registration, Watchdog,
+    testing, BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueError, QueueKeys,
+    RedisConnection, Registration, Watchdog,
 };
 use queue_testkit::cluster::{ClusterOptions, RedisCluster};
+use queue_testkit::proxy::ReplyDropper;
 use queue_testkit::RedisServer;
 use queue_tests::env::{completed, task_for as job, wait_completed, wait_ledger, worker_on};
 use queue_tests::handles::stop_all;
@@ -28,6 +29,7 @@ use queue_tests::{
     fast_config, fast_watchdog, init_tracing, task, wait_until, Ledger, Task, WatchdogHandle,
     WorkerHandle, WorkerProcess,
 };
+use redis::cmd;
 
 const T: Duration = Duration::from_secs(60);
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
@@ -909,4 +911,72 @@ async fn a_cross_queue_flow_is_relayed_between_primaries() {
         assert_eq!(stats.counter("relayed"), 1, "{q}");
         assert_eq!(stats.counter("relay_dead"), 0, "{q}");
     }
+}
+
+/// Scenario: the reply of a script call is lost on its way back from the
+/// primary of `{tasks}` (a proxy in front of it, announced as its address,
+/// closes the connection instead). The cluster client reconnects and sends
+/// the same call again by itself, so the call runs twice. A first-try fetch
+/// of one of two jobs must still deliver one job (before: the resend skipped
+/// the receipt, moved and claimed the second job with the same tokens, and
+/// the first stayed active under a lease nobody held), and an enqueue with
+/// a generated id must still queue its id once (before: the resend skipped
+/// the dedupe reads and pushed the id a second time, DESIGN rule 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_cluster_client_resends_after_a_lost_reply_runs_once() {
+    let env = ClusterEnv::three().await;
+    let primary = env.cluster.master_of_queue("tasks").expect("slot owner");
+    let proxy = ReplyDropper::start(env.cluster.node(primary).port()).unwrap();
+    env.cluster
+        .announce_port(primary, proxy.port(), T)
+        .expect("the proxy is the primary's address");
+    let other = (primary + 1) % env.cluster.len();
+    let mut conn = RedisConnection::connect(&env.cluster.url_via(other), &Default::default())
+        .await
+        .unwrap();
+    let queue = Queue::from_connection(conn.clone());
+    let keys = QueueKeys::new("tasks");
+    let payload = rmp_serde::to_vec_named(&job(&env.lurl, 1)).unwrap();
+    for id in ["first", "second"] {
+        let opts = EnqueueOptions::new().id(id);
+        queue
+            .enqueue_raw("tasks", "task", 1, 1, opts, &payload)
+            .await
+            .unwrap();
+    }
+
+    proxy.drop_next_reply();
+    let rows = testing::fetch_first_try(&mut conn, "tasks", T, "base-1", 1)
+        .await
+        .expect("answered after the lost reply");
+    assert_eq!(proxy.dropped(), 1, "the fetch's reply was lost");
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let leased: u64 = cmd("ZCARD")
+        .arg(&keys.leases)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(leased, 1, "one fetch of one job leases one job");
+    let queued: u64 = cmd("LLEN")
+        .arg(&keys.main)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(queued, 1, "the other job still waits");
+
+    proxy.drop_next_reply();
+    let e = queue
+        .enqueue_raw("tasks", "task", 1, 1, EnqueueOptions::new(), &payload)
+        .await
+        .expect("answered after the lost reply");
+    assert_eq!(proxy.dropped(), 2, "the enqueue's reply was lost");
+    let at: Vec<u64> = cmd("LPOS")
+        .arg(&keys.main)
+        .arg(e.id.as_str())
+        .arg("COUNT")
+        .arg(0)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(at.len(), 1, "the generated id is queued once: {at:?}");
 }

@@ -257,3 +257,62 @@ async fn history_and_stream_keys_of_another_type_never_block_a_job() {
     let kept: String = c.get(k.events()).await.unwrap();
     assert_eq!(kept, "not a stream");
 }
+
+/// Adds `n` entries another writer made to `QUEUE`'s stream: no `event` or
+/// `id` field, so this version decodes none of them.
+async fn add_foreign_entries(env: &TestEnv, n: usize) {
+    let mut c = env.conn().await;
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("XADD")
+            .arg(QueueKeys::new(QUEUE).events())
+            .arg("*")
+            .arg("other")
+            .arg(i)
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut c).await.unwrap();
+}
+
+/// The next event of `stream`, within the bound.
+async fn next_event(
+    stream: &mut futures::stream::BoxStream<'static, queue_core::Result<QueueEvent>>,
+) -> QueueEvent {
+    tokio::time::timeout(BOUND, stream.next())
+        .await
+        .expect("an event within the bound")
+        .expect("the stream goes on")
+        .expect("event")
+}
+
+/// Scenario: more entries than one read takes (300) that this version does
+/// not decode, then a real event. The stream moves past them and yields the
+/// event. Before, it stayed before the first of them: every `XREAD` answered
+/// the same 256 entries at once, nothing was yielded, and the reader spun on
+/// Redis for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_entries_that_do_not_decode_never_stalls_the_stream() {
+    let env = TestEnv::start().await;
+    env.queue.set_events(QUEUE, true).await.unwrap();
+    let mut stream = env.queue.events(QUEUE, EventsFrom::Start).await.unwrap();
+    add_foreign_entries(&env, 300).await;
+    let id = env.enqueue(env.task(1)).await;
+    let e = next_event(&mut stream).await;
+    assert_eq!((e.kind, e.job_id), (EventKind::Enqueued, id));
+}
+
+/// Scenario: the newest entry of the stream is one this version does not
+/// decode when a reader starts from `Now`. It gets only what is added after,
+/// not the history. Before, `Now` resolved to the newest *decoded* entry (or
+/// the start when none): the history was replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_from_now_after_a_foreign_newest_entry_are_only_new_ones() {
+    let env = TestEnv::start().await;
+    env.queue.set_events(QUEUE, true).await.unwrap();
+    env.enqueue(env.task(1)).await;
+    add_foreign_entries(&env, 1).await;
+    let mut stream = env.queue.events(QUEUE, EventsFrom::Now).await.unwrap();
+    let new = env.enqueue(env.task(2)).await;
+    let e = next_event(&mut stream).await;
+    assert_eq!((e.kind, e.job_id), (EventKind::Enqueued, new));
+}

@@ -768,6 +768,47 @@ async fn maxmemory_noeviction_workers_still_drain_the_queue() {
     assert_eq!(env.ledger().await.effects.len() as u64, acked);
 }
 
+/// Fills the queue's server with 8 KB strings (`fill:<n>`, beside the
+/// queue's keys) until it refuses a write for memory (after [`fill_limit`]).
+async fn fill_to_oom(env: &TestEnv) {
+    let mut conn = env.conn().await;
+    let pad = "x".repeat(8 * 1024);
+    for n in 0..5000 {
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("fill:{n}"))
+            .arg(&pad)
+            .query_async(&mut conn)
+            .await;
+        if let Err(e) = set {
+            assert!(e.to_string().contains("OOM"), "{e}");
+            return;
+        }
+    }
+    panic!("maxmemory was never reached");
+}
+
+/// Scenario: a new version deploys into a full Redis (or the function
+/// library was flushed): `FUNCTION LOAD` is refused for memory. The worker
+/// still drains the queue: its draining scripts run as `EVAL` of their own
+/// text, flagged `allow-oom`, until a load fits. (Before, every call
+/// answered "Function not found" after the refused load: nothing completed.)
+#[tokio::test]
+async fn maxmemory_noeviction_workers_drain_without_the_function_library() {
+    let env = TestEnv::start().await.with_separate_ledger();
+    env.enqueue_tasks(100, |t| t).await;
+    assert!(env
+        .server
+        .command(&["FUNCTION", "FLUSH"])
+        .unwrap()
+        .contains("OK"));
+    fill_limit(&env);
+    fill_to_oom(&env).await;
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_completed("tasks", 100).await;
+    worker.stop().await;
+    assert_eq!(env.ledger().await.effects.len(), 100);
+}
+
 // ---------------------------------------------------------------------------
 // Deploys and watchdogs
 // ---------------------------------------------------------------------------

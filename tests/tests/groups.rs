@@ -392,3 +392,66 @@ async fn a_job_given_two_groups_is_refused_and_nothing_is_written() {
         .unwrap();
     assert_eq!(keys, 0, "nothing written");
 }
+
+/// Pauses (`pause`) or resumes every group of `groups`.
+async fn set_paused(env: &TestEnv, groups: &[String], pause: bool) {
+    for g in groups {
+        let change = match pause {
+            true => env.queue.pause_group(QUEUE, g).await,
+            false => env.queue.resume_group(QUEUE, g).await,
+        };
+        change.expect("group pause");
+    }
+}
+
+/// Paused groups cost a fetch nothing per job: a paused group leaves the
+/// ring when a fetch meets it (and one paused before its enqueue never
+/// joins it), and its resume puts it back. Before, each job taken rotated
+/// past every paused group's entry (an `LMOVE` and an `HEXISTS` each):
+/// 200 ungrouped jobs behind 1,000 paused groups cost ~200,000 `HEXISTS`.
+/// Out of the ring, their jobs are still counted by `stats` and listed by
+/// `groups()`. After the resume every paused group's job runs; the ring is
+/// gone at the end.
+#[tokio::test]
+async fn paused_groups_cost_a_fetch_nothing_per_job() {
+    let env = TestEnv::start().await;
+    let groups: Vec<String> = (0..1000).map(|i| format!("tenant-{i}")).collect();
+    let (before, after) = groups.split_at(500);
+    set_paused(&env, before, true).await;
+    let tasks: Vec<Task> = (0..1000).map(|s| env.task(s)).collect();
+    let items = groups
+        .iter()
+        .zip(&tasks)
+        .map(|(g, t)| (EnqueueOptions::new().group(g.as_str()), t));
+    env.queue
+        .enqueue_batch::<task::Job, _>(items)
+        .await
+        .expect("enqueue batch");
+    set_paused(&env, after, true).await;
+    enqueue_group(&env, "", 5000, 200, |t| t).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut env.conn().await)
+        .await
+        .unwrap();
+
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_completed(QUEUE, 200).await;
+    let hexists = env.command_calls("hexists").await;
+    assert!(hexists < 20_000, "{hexists} HEXISTS for 200 jobs");
+    // Out of the ring, still waiting, listed and counted.
+    assert_eq!(env.stats(QUEUE).await.grouped, 1000);
+    assert_eq!(env.queue.groups(QUEUE).await.unwrap().len(), 1000);
+
+    set_paused(&env, &groups, false).await;
+    env.wait_completed(QUEUE, 1200).await;
+    worker.stop().await;
+    let ring: bool = env
+        .conn()
+        .await
+        .exists(QueueKeys::new(QUEUE).groups())
+        .await
+        .unwrap();
+    assert!(!ring, "the ring is gone once every group ran");
+    assert!(env.queue.groups(QUEUE).await.unwrap().is_empty());
+}

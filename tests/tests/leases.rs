@@ -1,8 +1,11 @@
 //! Leases, heartbeats and the watchdog, with worker processes killed by SIGKILL.
 
+use std::sync::Mutex;
 use std::time::Duration;
 
-use queue_core::JobId;
+use queue_core::{
+    BoxFuture, Job, JobContext, JobError, JobId, QueueError, Registration, WorkerConfig,
+};
 use queue_tests::WorkerHandle;
 use queue_tests::{
     fast_config, fast_watchdog, lease_config, wait_until, Task, TestEnv, WorkerProcess, BOUND,
@@ -196,4 +199,164 @@ async fn concurrent_watchdogs_do_not_duplicate_jobs() {
         "no side effect twice: {:?}",
         ledger.duplicates()
     );
+}
+
+/// A heartbeat of half the trusted lease or more is refused at build: one
+/// failed extend then lost the lease, and a beat near the whole lease was
+/// never sent (the local deadline had passed), so a long job was reclaimed
+/// and ran twice at once.
+#[tokio::test]
+async fn a_heartbeat_one_failed_extend_would_undo_is_refused() {
+    let env = TestEnv::start().await;
+    let lease = Duration::from_secs(1);
+    for refused_ms in [950, 450] {
+        let cfg = lease_config(lease, Some(Duration::from_millis(refused_ms)));
+        let err = env.worker("tasks", cfg).build().await.unwrap_err();
+        assert!(
+            matches!(&err, QueueError::Config(m) if m.contains("heartbeat")),
+            "{refused_ms} ms: {err}"
+        );
+    }
+    // Under half of the 900 ms trusted, and the default (a third), build.
+    for cfg in [
+        lease_config(lease, Some(Duration::from_millis(440))),
+        WorkerConfig {
+            lease,
+            ..fast_config()
+        },
+    ] {
+        env.worker("tasks", cfg).build().await.expect("accepted");
+    }
+}
+
+/// Starts of [`SlowToDecode`] handlers: (key, attempt).
+static SLOW_STARTS: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
+/// Keys [`SlowArgs`] decoded at least once.
+static SLOW_DECODED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Arguments whose decode blocks for `decode_ms` (a large payload), on the
+/// first decode of `key` only or on every one: the handler starts that long
+/// after its claim.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(from = "SlowWire")]
+struct SlowArgs {
+    key: String,
+    decode_ms: u64,
+    every_time: bool,
+    run_ms: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct SlowWire {
+    key: String,
+    decode_ms: u64,
+    every_time: bool,
+    run_ms: u64,
+}
+
+impl From<SlowWire> for SlowArgs {
+    fn from(w: SlowWire) -> Self {
+        let first = {
+            let mut seen = SLOW_DECODED.lock().unwrap();
+            let first = !seen.contains(&w.key);
+            seen.push(w.key.clone());
+            first
+        };
+        if first || w.every_time {
+            std::thread::sleep(Duration::from_millis(w.decode_ms));
+        }
+        SlowArgs {
+            key: w.key,
+            decode_ms: w.decode_ms,
+            every_time: w.every_time,
+            run_ms: w.run_ms,
+        }
+    }
+}
+
+/// Records its start, then runs `run_ms`. Two attempts at most.
+struct SlowToDecode;
+impl Job for SlowToDecode {
+    type Args = SlowArgs;
+    const NAME: &'static str = "slow_to_decode";
+    const QUEUE: &'static str = "slow";
+    const MAX_ATTEMPTS: u32 = 2;
+    fn run(ctx: JobContext, args: SlowArgs) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async move {
+            let start = (args.key.clone(), ctx.attempt());
+            SLOW_STARTS.lock().unwrap().push(start);
+            tokio::time::sleep(Duration::from_millis(args.run_ms)).await;
+            Ok(())
+        })
+    }
+}
+
+/// Runs `args` on a worker with `cfg` and a watchdog until it completed or
+/// was dead-lettered; the attempts of its handler's starts, its completion's
+/// attempt and the watchdog's reclaims.
+async fn run_slow_to_decode(args: SlowArgs, cfg: WorkerConfig) -> (Vec<u32>, u32, u64) {
+    let env = TestEnv::start().await;
+    let key = args.key.clone();
+    let id = env.queue.enqueue::<SlowToDecode>(&args).await.unwrap();
+    let worker = env
+        .spawn_worker_for(Registration::of::<SlowToDecode>(), cfg)
+        .await;
+    let watchdog = env.spawn_watchdog(SlowToDecode::QUEUE).await;
+    env.wait_stats(SlowToDecode::QUEUE, "completed or dead", |s| {
+        s.counter("completed") + s.dead as i64 >= 1
+    })
+    .await;
+    let report = watchdog.stop().await;
+    worker.stop().await;
+    let starts = SLOW_STARTS.lock().unwrap().clone();
+    let starts = starts
+        .into_iter()
+        .filter(|(k, _)| *k == key)
+        .map(|(_, a)| a);
+    let attempts = match env.stats(SlowToDecode::QUEUE).await.dead {
+        0 => env.completion_attempts(SlowToDecode::QUEUE, &id).await,
+        _ => 0,
+    };
+    (starts.collect(), attempts, report.reclaimed)
+}
+
+/// A handler that starts 1.1 s after its claim (a slow decode), on a 2 s
+/// lease with a beat every 850 ms: the first beat is due 850 ms after the
+/// claim, so it goes out as the handler starts, and the 3 s job runs once.
+/// Timed from the handler's start (1.95 s after the claim, past the 1.8 s
+/// deadline) the beat was never sent: every delivery was reclaimed while it
+/// ran, and a second one ran at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_start_still_heartbeats_from_the_claim() {
+    let args = SlowArgs {
+        key: "late-start".into(),
+        decode_ms: 1100,
+        every_time: true,
+        run_ms: 3000,
+    };
+    let cfg = lease_config(Duration::from_secs(2), Some(Duration::from_millis(850)));
+    let (starts, attempts, reclaimed) = run_slow_to_decode(args, cfg).await;
+    assert_eq!(starts, [1], "one start, no second delivery");
+    assert_eq!((attempts, reclaimed), (1, 0));
+}
+
+/// A delivery whose decode outlasted the trusted part of its lease (1.3 s
+/// of 1 s) may already be another worker's: its handler is not started,
+/// the watchdog returns the job, and only the second delivery runs it.
+/// Before, the first delivery's handler started anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_whose_lease_ran_out_before_its_start_is_not_run() {
+    let args = SlowArgs {
+        key: "lost-before-start".into(),
+        decode_ms: 1300,
+        every_time: false,
+        run_ms: 0,
+    };
+    let cfg = WorkerConfig {
+        lease: Duration::from_secs(1),
+        ..fast_config()
+    };
+    let (starts, attempts, reclaimed) = run_slow_to_decode(args, cfg).await;
+    assert_eq!(starts, [2], "only the second delivery started");
+    assert_eq!((attempts, reclaimed), (2, 1));
 }

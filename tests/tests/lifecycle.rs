@@ -427,3 +427,112 @@ async fn enqueue_raw_stores_the_max_attempts_of_its_options() {
         assert_eq!(job.field("max_attempts"), Some("7"), "group commit {group}");
     }
 }
+
+/// A worker whose `run_until` future the caller drops (a `select!` or a
+/// `timeout` around it, no shutdown handle) stops: no fetcher, promoter or
+/// cron scheduler runs on, and none reads the closed stop channel as "not
+/// yet" (which would loop without pause). Before, its loops ran on detached
+/// (the signal task kept the stop channel open): ~60 `FCALL` and `TIME`
+/// calls a second here, with no way left to stop them. Counts calls, not
+/// time: two readings a second apart.
+#[tokio::test]
+async fn a_dropped_worker_stops_and_leaves_no_loop_running() {
+    let env = TestEnv::start().await;
+    queue_tests::TICK_LEDGER.get_or_init(|| env.url.clone());
+    let worker = env
+        .worker("tasks", fast_config())
+        .register(queue_tests::tick::handler())
+        .build()
+        .await
+        .unwrap();
+    let ran = tokio::time::timeout(
+        Duration::from_millis(300),
+        worker.run_until(std::future::pending()),
+    )
+    .await;
+    assert!(ran.is_err(), "dropped while running");
+    let calls = || async { env.command_calls("fcall").await + env.command_calls("time").await };
+    let before = calls().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let delta = calls().await - before;
+    assert!(delta <= 10, "{delta} script and TIME calls in a second");
+}
+
+/// Settings that passed validation and then panicked while the worker ran
+/// are refused at build: an `ack_window` beyond the clock killed the acker
+/// (every later success "acker gone: job left leased", reclaimed and run
+/// again until dead-lettered), a window near the lease let the lease expire
+/// before the ack; a `block_timeout` or `promote_interval` beyond the clock
+/// overflowed at start; a concurrency above what a semaphore holds
+/// panicked, one above `u32::MAX` was truncated at shutdown; a huge
+/// `ack_batch` aborted the process reserving its room.
+#[tokio::test]
+async fn settings_that_panicked_at_run_time_are_refused_at_build() {
+    let env = TestEnv::start().await;
+    let lease = fast_config().lease;
+    let day = Duration::from_secs(24 * 3600);
+    let with = |f: &dyn Fn(&mut WorkerConfig)| {
+        let mut cfg = fast_config();
+        f(&mut cfg);
+        cfg
+    };
+    let refused = [
+        (with(&|c| c.ack_window = Duration::MAX), "ack_window"),
+        (
+            with(&|c| c.ack_window = lease / 3 + Duration::from_millis(1)),
+            "ack_window",
+        ),
+        (with(&|c| c.block_timeout = Duration::MAX), "block_timeout"),
+        (
+            with(&|c| c.block_timeout = day + Duration::from_secs(1)),
+            "block_timeout",
+        ),
+        (
+            with(&|c| c.promote_interval = Duration::MAX),
+            "promote_interval",
+        ),
+        (with(&|c| c.concurrency = usize::MAX), "concurrency"),
+        (
+            with(&|c| c.concurrency = u32::MAX as usize + 1),
+            "concurrency",
+        ),
+        (with(&|c| c.ack_batch = usize::MAX), "ack_batch"),
+        (with(&|c| c.ack_batch = 10_001), "ack_batch"),
+    ];
+    for (cfg, what) in refused {
+        let err = env.worker("tasks", cfg).build().await.unwrap_err();
+        assert!(
+            matches!(&err, QueueError::Config(m) if m.contains(what)),
+            "{what}: {err}"
+        );
+    }
+    let err = env
+        .worker("tasks", fast_config())
+        .queue_concurrency("tasks", usize::MAX)
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, QueueError::Config(m) if m.contains("concurrency limit")));
+}
+
+/// At the largest accepted values (an ack window of a third of the lease,
+/// 10,000 acks per call, concurrency `u32::MAX`) a job runs once, is acked
+/// before its lease runs out, and the worker stops.
+#[tokio::test]
+async fn a_job_is_acked_at_the_largest_accepted_ack_window() {
+    let env = TestEnv::start().await;
+    let cfg = WorkerConfig {
+        ack_window: fast_config().lease / 3,
+        ack_batch: 10_000,
+        concurrency: u32::MAX as usize,
+        ..fast_config()
+    };
+    let id = env.enqueue(env.task(0)).await;
+    let worker = env.spawn_worker(cfg).await;
+    let watchdog = env.spawn_watchdog("tasks").await;
+    env.wait_completed("tasks", 1).await;
+    let report = watchdog.stop().await;
+    worker.stop().await;
+    assert_eq!(env.completion_attempts("tasks", &id).await, 1);
+    assert_eq!(report.reclaimed, 0);
+}

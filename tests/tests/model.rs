@@ -155,6 +155,7 @@ fn row_id(row: &Claimed) -> &str {
         | Claimed::Busy(id)
         | Claimed::Gone(id)
         | Claimed::Paused(id)
+        | Claimed::Stopping(id)
         | Claimed::Limited(id)
         | Claimed::Deferred(id)
         | Claimed::Corrupt(id, _)

@@ -1,15 +1,21 @@
 //! Reliability regressions of issue #11 at the worker and watchdog level,
 //! against a real redis-server: a fetch whose reply was lost still runs its
 //! job (once, without burning an attempt); one unreadable job does not stall
-//! its batch; one broken queue does not stop the watchdog for the others; a
+//! its batch, and one taken by a blocked fetch (`BLMOVE` + `claim.lua`) is
+//! dead-lettered with its reason (or ends cancelled when a cancel was
+//! requested); one broken queue does not stop the watchdog for the others; a
 //! worker that cannot make every blocking connection leaves nothing running.
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, Queue, QueueKeys, Watchdog, Worker};
+use queue_core::{
+    BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueKeys, Registration, Watchdog,
+    Worker,
+};
+use queue_tests::env::BOUND;
 use queue_tests::{
     fast_config, fast_watchdog, redis_and_queue, redis_conn, routine, spawn_worker, task, urgent,
-    wait_until, Ledger, Task,
+    wait_until, Ledger, Task, TestEnv,
 };
 use redis::AsyncCommands;
 
@@ -120,6 +126,77 @@ async fn one_unreadable_job_is_dead_lettered_and_the_rest_of_its_batch_runs() {
     }
 }
 
+/// Hands an idle worker (blocked in `BLMOVE`, so the job goes through
+/// `claim.lua`) job `id` with `extra` fields and a claim row that does not
+/// decode: a schema version that is not a number, as a producer in another
+/// language may write. Waits until `queue`'s statistics satisfy `done`.
+async fn unreadable_through_blocked_fetch(
+    env: &TestEnv,
+    id: &str,
+    extra: &[(&str, &str)],
+    done: impl Fn(&queue_core::QueueStats) -> bool,
+) {
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_blocked_client(None).await;
+    let mut fields = vec![
+        ("id", id),
+        ("state", "queued"),
+        ("type", "task"),
+        ("v", "x"),
+        ("attempts", "0"),
+        ("max_attempts", "5"),
+    ];
+    fields.extend_from_slice(extra);
+    env.seed_job("tasks", id, &fields).await;
+    env.wait_stats("tasks", "the unreadable job ended", done)
+        .await;
+    worker.stop().await;
+}
+
+/// An unreadable job taken by a blocked fetch is dead-lettered at once with
+/// the reason, after one attempt: before, the claim's decoding error was
+/// only logged, the job stayed leased and each watchdog return burned
+/// another attempt until "attempts exhausted" (DESIGN rule 9). No watchdog
+/// runs here.
+#[tokio::test]
+async fn an_unreadable_job_taken_by_a_blocked_fetch_is_dead_lettered_with_its_reason() {
+    let env = TestEnv::start().await;
+    unreadable_through_blocked_fetch(&env, "odd-1", &[], |s| s.counter("dead") == 1).await;
+    let dead = env
+        .queue
+        .job("tasks", "odd-1")
+        .await
+        .unwrap()
+        .expect("kept");
+    assert_eq!(dead.state(), Some("dead"));
+    let reason = dead.field("dead_reason").unwrap_or_default();
+    assert!(
+        reason.contains("schema version"),
+        "the reason names the field: {reason}"
+    );
+    assert_eq!(
+        dead.field("attempts"),
+        Some("1"),
+        "one attempt, not all five"
+    );
+}
+
+/// An unreadable job an operator asked to cancel ends cancelled: `fail.lua`
+/// answers `cancel_requested` and writes nothing, so the worker ends it
+/// with `finish_cancel.lua` (before, that answer counted as done and the
+/// job stayed leased).
+#[tokio::test]
+async fn an_unreadable_job_with_a_cancel_request_ends_cancelled() {
+    let env = TestEnv::start().await;
+    let extra = [("cancel_requested", "1")];
+    unreadable_through_blocked_fetch(&env, "odd-2", &extra, |s| s.counter("cancelled") == 1).await;
+    let s = env.stats("tasks").await;
+    assert_eq!((s.processing, s.counter("dead")), (0, 0));
+    let rec = env.queue.completion("tasks", "odd-2").await.unwrap();
+    let status = rec.as_ref().and_then(|r| r.get("status").cloned());
+    assert_eq!(status.as_deref(), Some("cancelled"));
+}
+
 /// Item 4: a queue whose pass fails (its leases key has the wrong type) is
 /// counted and logged; the queue after it still gets its pass.
 #[tokio::test]
@@ -196,4 +273,75 @@ async fn a_worker_that_cannot_connect_every_fetcher_leaves_none_running() {
         let waiting: u64 = admin.llen(QueueKeys::new(q).main).await.unwrap();
         assert_eq!(waiting, 1, "queue {q}: no fetcher is running");
     }
+}
+
+/// A hand-written `Job` whose `run` panics before it returns its future.
+struct PanicsBeforeItsFuture;
+impl Job for PanicsBeforeItsFuture {
+    type Args = ();
+    const NAME: &'static str = "panics_before_its_future";
+    const QUEUE: &'static str = "early_panics";
+    const MAX_ATTEMPTS: u32 = 3;
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        panic!("no future today")
+    }
+}
+
+/// A panic in a hand-written `Job::run` (or in the payload's decode), before
+/// the handler's future exists, is the handler's panic: a retry with the
+/// reason recorded, then dead-lettered. It used to unwind the runner outside
+/// its `catch_unwind`: the job stayed active and leased with no reason, and
+/// every delivery repeated that (here, with no watchdog, for ever).
+#[tokio::test]
+async fn a_job_whose_run_panics_before_its_future_records_the_panic() {
+    let env = TestEnv::start().await;
+    let id = env
+        .queue
+        .enqueue::<PanicsBeforeItsFuture>(&())
+        .await
+        .unwrap();
+    let worker = env
+        .spawn_worker_for(Registration::of::<PanicsBeforeItsFuture>(), fast_config())
+        .await;
+    let queue = PanicsBeforeItsFuture::QUEUE;
+    wait_until(
+        BOUND,
+        "the panic recorded as the job's last error",
+        || async {
+            let job = env.queue.job(queue, &id).await.unwrap();
+            job.and_then(|j| j.field("last_error").map(str::to_owned))
+                .is_some_and(|e| e.contains("panicked: no future today"))
+        },
+    )
+    .await;
+    env.wait_stats(queue, "dead-lettered after 3 attempts", |s| s.dead == 1)
+        .await;
+    worker.stop().await;
+}
+
+/// A job type whose deadline is "for ever".
+struct ForEver;
+impl Job for ForEver {
+    type Args = ();
+    const NAME: &'static str = "for_ever";
+    const QUEUE: &'static str = "for_ever";
+    const DEADLINE: Option<Duration> = Some(Duration::MAX);
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// `DEADLINE = Some(Duration::MAX)` is no budget to enforce: the job runs
+/// and completes. Its budget (claim time + the deadline) overflowed the
+/// clock and panicked every delivery of the type, leaving it leased.
+#[tokio::test]
+async fn a_deadline_of_for_ever_runs_the_job() {
+    let env = TestEnv::start().await;
+    let id = env.queue.enqueue::<ForEver>(&()).await.unwrap();
+    let worker = env
+        .spawn_worker_for(Registration::of::<ForEver>(), fast_config())
+        .await;
+    env.wait_completed(ForEver::QUEUE, 1).await;
+    worker.stop().await;
+    assert_eq!(env.completion_attempts(ForEver::QUEUE, &id).await, 1);
 }

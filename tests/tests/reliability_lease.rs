@@ -560,6 +560,46 @@ async fn the_watchdog_trims_dead_letters_by_length_and_age_a_bounded_number_per_
     assert_eq!(trimmed, 2);
 }
 
+/// Scenario: a queue whose earliest delayed job is due at +inf (another
+/// producer, a hand edit) and whose dead list is over its cap. The pass
+/// takes the job as far away and goes on to trim. Before, the promote step
+/// failed ("negative wait") and so did the whole pass, every time: no trim,
+/// relay or gauges for that queue.
+#[tokio::test]
+async fn a_delayed_job_due_at_infinity_does_not_stop_the_watchdogs_pass() {
+    let (_server, url, _queue) = setup().await;
+    let keys = QueueKeys::new("trim");
+    let mut c = redis_conn(&url).await;
+    for i in 0..2 {
+        dead_letter(&mut c, &keys, &format!("d{i}"), now_ms()).await;
+    }
+    let _: () = c.hset(keys.job("far"), "state", "delayed").await.unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(&keys.delayed)
+        .arg("+inf")
+        .arg("far")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let dog = Watchdog::connect(
+        &url,
+        ["trim"],
+        WatchdogConfig {
+            dead_max_len: 1,
+            dead_retention: Duration::ZERO,
+            ..WatchdogConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let report = dog.run_once().await.unwrap();
+    assert_eq!((report.failed_queue_passes, report.trimmed), (0, 1));
+    let left: Vec<String> = c.lrange(&keys.dead, 0, -1).await.unwrap();
+    assert_eq!(left, ["d1"]);
+    let far: Option<f64> = c.zscore(&keys.delayed, "far").await.unwrap();
+    assert_eq!(far, Some(f64::INFINITY), "left where it was");
+}
+
 /// The fencing counter of a lock expires, and a recreated one starts above
 /// every number the old one handed out.
 #[tokio::test]

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use queue_core::{Queue, QueueError};
+use queue_core::{Queue, QueueError, QueueKeys};
 use queue_tests::{fast_config, task, wait_until, Task, TestEnv, WorkerProcess, BOUND};
 
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
@@ -149,4 +149,36 @@ async fn shutdown_requested_before_run_is_not_lost() {
     .await
     .expect("run returns promptly after an earlier shutdown request")
     .unwrap();
+}
+
+/// DESIGN rule 10, stop fetching: a job Redis hands to a fetcher blocked in
+/// `BLMOVE` after the shutdown request goes back to the head of main
+/// unclaimed (no attempt, no lease) instead of being claimed and then left
+/// leased by the stopping worker (grace 0: a hard stop at once), which with
+/// `max_attempts = 1` dead-lettered it as "attempts exhausted" unrun. The
+/// next worker runs it once.
+#[tokio::test]
+async fn a_job_handed_over_after_the_shutdown_request_goes_back_unclaimed() {
+    let env = TestEnv::start().await;
+    let mut cfg = fast_config();
+    cfg.grace = Duration::ZERO;
+    cfg.block_timeout = Duration::from_secs(2);
+    let worker = env.spawn_worker(cfg).await;
+    env.wait_blocked_client(None).await;
+    worker.shutdown();
+    let id = env.enqueue(env.task(0)).await;
+    worker.join().await;
+
+    let job = env.queue.job("tasks", &id).await.unwrap().expect("kept");
+    assert_eq!(
+        (job.state(), job.field("attempts")),
+        (Some("queued"), Some("0")),
+        "no attempt used"
+    );
+    assert_eq!(env.lease_of("tasks", id.as_str()).await, None, "no lease");
+    let main = env.list(&QueueKeys::new("tasks").main).await;
+    assert_eq!(main, vec![id.to_string()], "waiting in main");
+
+    env.run_until_completed("tasks", 1).await;
+    assert_eq!(env.ledger().await.started.get(id.as_str()), Some(&1));
 }

@@ -106,7 +106,7 @@ pub(crate) async fn run(
     let max_sleep = max_sleep.min(refresh_every.max(Duration::from_millis(1)));
     let mut announced: Option<tokio::time::Instant> = None;
     loop {
-        if *stop.borrow() {
+        if super::stop_requested(&stop) {
             return;
         }
         if announced.is_none_or(|at| at.elapsed() >= refresh_every) {

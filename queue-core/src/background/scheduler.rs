@@ -109,7 +109,7 @@ pub(crate) async fn run(
     // the earlier ones were lost when Redis recovered.
     let mut fired: Vec<DateTime<Utc>> = Vec::new();
     loop {
-        if *stop.borrow() {
+        if super::stop_requested(&stop) {
             return;
         }
         match redis_now(&mut conn).await {

@@ -191,6 +191,17 @@ impl RedisConnection {
         matches!(self.kind, Kind::Cluster(_))
     }
 
+    /// True when the client may send a command again by itself after the
+    /// command's reply was lost: the cluster client reconnects and resends
+    /// (up to its `retries`), so a command may run twice without its caller
+    /// knowing. A script call must then not skip a read on the promise that
+    /// this is its first run (fetch's receipt, the dedupe reads of a
+    /// generated enqueue id): a resend would move a second batch or push an
+    /// id twice. One read more per call, on clusters only.
+    pub(crate) fn may_resend(&self) -> bool {
+        self.is_cluster()
+    }
+
     /// True for a Sentinel-managed primary (`redis-sentinel://`).
     pub fn is_sentinel(&self) -> bool {
         matches!(self.kind, Kind::Sentinel(_))

@@ -19,7 +19,7 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<10> =
-    lua_script!("claim.lua", keys = 10, args = 6, prelude(super::DRAIN));
+    lua_script!("claim.lua", keys = 10, args = 7, prelude(super::DRAIN));
 
 /// Claims `id`, which a `BLMOVE` just moved to processing.
 pub(crate) struct Claim<'a> {
@@ -34,23 +34,28 @@ pub(crate) struct Claim<'a> {
 impl Claim<'_> {
     /// Runs the script. A Redis failure is a [`QueueError::Redis`] naming the
     /// job (the caller may retry it with the same token: the retry answers
-    /// the same row); a bad reply a [`QueueError::Protocol`].
+    /// the same row); a reply that does not decode is
+    /// [`ClaimRow::Unreadable`], as a fetch's row is: the job may be leased
+    /// to us already, and the caller dead-letters it with the reason.
     /// No worker name is written (see [`run_as`](Self::run_as)).
     #[cfg(any(test, feature = "failpoints"))]
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ClaimRow> {
-        self.run_as(conn, "").await
+        self.run_as(conn, "", false).await
     }
 
     /// [`run`](Self::run) by the worker named `worker`: the job's hash keeps
-    /// it in its `worker` field for this delivery ("": none).
+    /// it in its `worker` field for this delivery ("": none). `stopping`: the
+    /// worker is shutting down, so a job nobody claimed goes back to the head
+    /// of main unclaimed ([`Skip::Stopping`]).
     pub(crate) async fn run_as(
         &self,
         conn: &mut RedisConnection,
         worker: &str,
+        stopping: bool,
     ) -> Result<ClaimRow> {
         let k = self.keys;
         let sent_at = tokio::time::Instant::now();
-        let mut reply = SCRIPT
+        let reply = SCRIPT
             .call([
                 &k.processing,
                 &k.leases,
@@ -69,13 +74,14 @@ impl Claim<'_> {
             .arg(super::ms(self.lease))
             .arg(self.token)
             .arg(worker)
+            .arg(if stopping { "1" } else { "0" })
             .invoke(conn)
             .await
             .map_err(|e| {
                 let id = JobId::from(lossy(self.id));
                 QueueError::redis(&k.queue, Some(&id), e)
             })?;
-        ClaimRow::decode_owned(&k.queue, &mut reply).map(|row| row.sent_at(sent_at))
+        Ok(ClaimRow::take_or_unreadable(&k.queue, reply).sent_at(sent_at))
     }
 }
 
@@ -287,6 +293,9 @@ pub(crate) enum Skip {
     /// `paused`: the queue is paused; the id went back to main unclaimed
     /// (claim.lua only).
     Paused,
+    /// `stopping`: the worker is shutting down; the id went back to the head
+    /// of main unclaimed (claim.lua only, DESIGN rule 10).
+    Stopping,
     /// `limited`: a queue limit lets no job start for this many ms; the id
     /// went back to main unclaimed (claim.lua only, docs/LIMITS.md).
     Limited(u64),
@@ -307,6 +316,7 @@ impl Skip {
             Skip::Busy => "another delivery owns this job",
             Skip::Gone => "already returned by the watchdog before the claim",
             Skip::Paused => "queue paused: returned to the queue unclaimed",
+            Skip::Stopping => "worker shutting down: returned to the queue unclaimed",
             Skip::Limited(_) => "queue limit reached: returned to the queue unclaimed",
             Skip::Deferred => "rate key over its limit: delayed until it has room, unclaimed",
             Skip::Expired => "not started before its deadline: dead-lettered as expired",
@@ -381,7 +391,7 @@ impl ClaimRow {
     /// A row: a claimed delivery is one string (`claimed_row` in
     /// prelude.lua, see [`Packed`]); any other outcome is an array
     /// `{'corrupt', id, reason}`, `{'limited', id, ms}` or `{tag, id}` with
-    /// tag `done`, `missing`, `busy`, `gone`, `paused`, `deferred` or
+    /// tag `done`, `missing`, `busy`, `gone`, `paused`, `stopping`, `deferred` or
     /// `expired`.
     #[cfg(test)]
     pub(crate) fn decode(queue: &str, reply: &Value) -> Result<Self> {
@@ -419,6 +429,7 @@ impl ClaimRow {
             "busy" => Skip::Busy,
             "gone" => Skip::Gone,
             "paused" => Skip::Paused,
+            "stopping" => Skip::Stopping,
             "limited" => Skip::Limited(f.u64(2, "limit wait")?),
             "deferred" => Skip::Deferred,
             "expired" => Skip::Expired,

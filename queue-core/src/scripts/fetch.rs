@@ -29,7 +29,8 @@ pub(crate) struct Fetch<'a> {
     pub(crate) count: usize,
     /// The first try of a fresh `token_base`: no receipt can exist yet, so
     /// the script does not read it (one call less). False for a retry, and
-    /// whenever the base may have been used before.
+    /// whenever the base may have been used before. Not sent on a connection
+    /// that may resend a call by itself (a cluster: `may_resend`).
     pub(crate) first_try: bool,
 }
 
@@ -104,7 +105,11 @@ impl Fetch<'_> {
             .arg(self.count)
             .arg((super::ms(self.lease) / 2).max(1))
             .arg(worker)
-            .arg(if self.first_try { "1" } else { "0" })
+            .arg(if self.first_try && !conn.may_resend() {
+                "1"
+            } else {
+                "0"
+            })
             .run(conn, &k.queue, None)
             .await
     }

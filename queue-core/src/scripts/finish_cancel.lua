@@ -2,18 +2,23 @@
 -- returned an error: never retried, never dead-lettered. Only while the token matches.
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results
 -- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error
--- Returns 1, or 0 when the lease was lost.
+-- Returns 1, or 0 when the lease was lost. Idempotent for its token: the record
+-- keeps it, so a retry whose first reply was lost answers 1 again.
 -- At least 1 ms: PEXPIRE 0 would delete the record, and a write after it
 -- would leave one without a TTL (a cancelled id answering done for ever).
 local retention = math.max(arg_count(ARGV[3], 'retention_ms'), 1)
 expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at', 'batch')
 if h[2] ~= 'active' or h[1] ~= ARGV[2] then
+  if not h[2] and record_field(KEYS[4], 'token') == ARGV[2]
+    and record_field(KEYS[4], 'status') == 'cancelled' then
+    return 1
+  end
   return 0
 end
 local now = now_ms()
 ev_hist(KEYS[5], ARGV[1], KEYS[3], 'cancelled', ARGV[4], now, retention)
-cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', retention, now)
+cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', retention, now, ARGV[2])
 redis.call('HSET', KEYS[4], 'last_error', ARGV[4])
 -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
 redis.call('LREM', KEYS[1], -1, ARGV[1])

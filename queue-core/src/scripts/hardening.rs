@@ -1,6 +1,6 @@
 //! Regression tests of the script layer against a real redis-server (issue
-//! #11): a claim, fetch or fail retried with its token after a lost reply
-//! gets the same answer; corrupt job data is dead-lettered naming the field; a
+//! #11): a claim, fetch, fail or cancelled end (finish_cancel) retried with
+//! its token after a lost reply gets the same answer; corrupt job data is dead-lettered naming the field; a
 //! queue key of the wrong type is refused before any write; a corrupt counter
 //! never blocks a move; replay and purge touch only dead jobs; one bad claim
 //! row is reported alone; a deferred newer-version delivery gives its attempt
@@ -394,6 +394,50 @@ async fn a_fail_retried_after_its_reply_was_lost_gets_the_same_outcome() {
     };
     let reply = stale.run(&mut fx.conn.clone()).await.unwrap();
     assert_eq!(reply, FailReply::LeaseLost);
+}
+
+/// A cancelled delivery's end (`finish_cancel.lua`) whose reply was lost is
+/// retried with the same token and answers that the job ended cancelled:
+/// the record keeps the token. Before, the hash was gone and the retry
+/// answered "lease lost", so the runner logged a cancelled job as a lost
+/// lease. Another token still gets "lease lost".
+#[tokio::test]
+async fn a_finish_cancel_retried_after_its_reply_was_lost_answers_cancelled() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 3).await;
+    let d = fx.fetch_one().await;
+    let k = fx.keys.clone();
+    fx.cmd(&["HSET", &k.job("j1"), "cancel_requested", "1"])
+        .await;
+    let cancelled = fx.fail(&d, FailKind::Retry).await.unwrap();
+    assert_eq!(cancelled, FailReply::CancelRequested);
+    super::finish_cancel::SCRIPT
+        .load(&mut fx.conn)
+        .await
+        .unwrap();
+    let finish = super::finish_cancel::FinishCancel {
+        keys: &k,
+        id: &d.id,
+        token: &d.token,
+        retention: Duration::from_secs(60),
+        message: "cancelled",
+    };
+    fx.lose_reply(async |c| finish.run(c).await).await;
+    let start = Instant::now();
+    while !fx.job("j1").await.is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the lost call ran"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = finish.run(&mut fx.conn.clone()).await.unwrap();
+    assert!(again, "the retry answers cancelled, not lease lost");
+    let stale = super::finish_cancel::FinishCancel {
+        token: "another delivery",
+        ..finish
+    };
+    assert!(!stale.run(&mut fx.conn.clone()).await.unwrap());
 }
 
 /// A fail retried after an operator replayed the job it dead-lettered (and

@@ -99,9 +99,14 @@ pub(crate) fn ms(d: std::time::Duration) -> u64 {
 /// Builds a queue script: an optional Redis 7 shebang line with flags, the
 /// prelude, then the body.
 pub(crate) fn with_prelude(flags: Option<&str>, body: &str) -> Script {
+    Script::new(&with_prelude_text(flags, body))
+}
+
+/// The text of [`with_prelude`].
+fn with_prelude_text(flags: Option<&str>, body: &str) -> String {
     match flags {
-        Some(flags) => Script::new(&format!("#!lua flags={flags}\n{PRELUDE}\n{body}")),
-        None => Script::new(&format!("{PRELUDE}\n{body}")),
+        Some(flags) => format!("#!lua flags={flags}\n{PRELUDE}\n{body}"),
+        None => format!("{PRELUDE}\n{body}"),
     }
 }
 
@@ -128,8 +133,7 @@ pub(crate) struct ScriptDef {
     pub(crate) flags: Option<&'static str>,
     /// Whether it was written against the prelude (`false`: a plain script;
     /// in the library it still sees the prelude, and uses none of it).
-    /// Read by [`ScriptDef::eval_script`] only.
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Read by [`ScriptDef::eval_text`] only.
     pub(crate) prelude: bool,
     /// Number of `KEYS`: the `LuaScript`'s type parameter, here for the
     /// header test, which reads every script from the library's list.
@@ -145,10 +149,27 @@ impl ScriptDef {
     /// (docs/PROTOCOL.md, sections 3 and 3a; checked by a test).
     #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn eval_script(&self) -> Script {
-        match self.prelude {
-            true => with_prelude(self.flags, self.body),
-            false => Script::new(self.body),
+        Script::new(&self.eval_text())
+    }
+
+    /// The text of [`eval_script`](Self::eval_script): a plain script's
+    /// flags as its shebang line too, so that it runs as the library's
+    /// function does (e.g. at OOM: [`Call::invoke`]).
+    pub(crate) fn eval_text(&self) -> String {
+        match (self.prelude, self.flags) {
+            (true, flags) => with_prelude_text(flags, self.body),
+            (false, Some(flags)) => format!("#!lua flags={flags}\n{}", self.body),
+            (false, None) => self.body.to_string(),
         }
+    }
+
+    /// Whether Redis runs it at `maxmemory` (`allow-oom`, or `no-writes`
+    /// which a full Redis also allows).
+    fn runs_at_oom(&self) -> bool {
+        self.flags
+            .unwrap_or_default()
+            .split(',')
+            .any(|f| f == "allow-oom" || f == "no-writes")
     }
 }
 
@@ -200,8 +221,7 @@ impl<const KEYS: usize> LuaScript<KEYS> {
             cmd.arg(key);
         }
         Call {
-            file: self.def.file,
-            expected_args: self.def.args,
+            def: &self.def,
             args: 0,
             cmd,
         }
@@ -210,8 +230,7 @@ impl<const KEYS: usize> LuaScript<KEYS> {
 
 /// One invocation of a script: `FCALL <function> <KEYS> keys... args...`.
 pub(crate) struct Call {
-    file: &'static str,
-    expected_args: usize,
+    def: &'static ScriptDef,
     args: usize,
     cmd: Cmd,
 }
@@ -234,9 +253,9 @@ impl Call {
 
     fn check_args(&self) {
         debug_assert_eq!(
-            self.args, self.expected_args,
+            self.args, self.def.args,
             "{}: wrong number of arguments",
-            self.file
+            self.def.file
         );
     }
 
@@ -244,12 +263,47 @@ impl Call {
     /// (first use on this server, after a restart without persistence, a
     /// `FUNCTION FLUSH`, a new primary that never had it) loads it and sends
     /// the call again. Nothing ran the first time, so the resend is safe.
+    ///
+    /// A full Redis (`maxmemory`, `noeviction`) refuses `FUNCTION LOAD`
+    /// (OOM): a script that runs at OOM (`allow-oom`, `no-writes`: the ones
+    /// that drain a queue) is then sent as an `EVAL` of its own text with the
+    /// same flags, keys and arguments (the same reply), until memory allows a
+    /// load. Without it, a process whose library was not loaded (a new
+    /// version deployed into a full Redis, a `FUNCTION FLUSH`) could never
+    /// drain the queue that would free the memory.
     pub(crate) async fn invoke(&self, conn: &mut RedisConnection) -> RedisResult<Value> {
         self.check_args();
         match self.cmd.query_async(conn).await {
-            Err(e) if is_unloaded(&e) => {
-                library::load(conn).await?;
-                self.cmd.query_async(conn).await
+            Err(e) if is_unloaded(&e) => match library::load(conn).await {
+                Ok(()) => self.cmd.query_async(conn).await,
+                Err(load) if load.code() == Some("OOM") && self.def.runs_at_oom() => {
+                    self.eval(conn).await
+                }
+                Err(load) => Err(load),
+            },
+            other => other,
+        }
+    }
+
+    /// The call as `EVALSHA` of the script's `EVAL` text (`EVAL` when the
+    /// server does not have it cached): the `FCALL`'s key count, keys and
+    /// arguments after the script.
+    async fn eval(&self, conn: &mut RedisConnection) -> RedisResult<Value> {
+        let text = self.def.eval_text();
+        let with = |command: &str, script: &str| {
+            let mut cmd = redis::cmd(command);
+            cmd.arg(script);
+            for arg in self.cmd.args_iter().skip(2) {
+                if let redis::Arg::Simple(bytes) = arg {
+                    cmd.arg(bytes);
+                }
+            }
+            cmd
+        };
+        let sha = Script::new(&text).get_hash().to_string();
+        match with("EVALSHA", &sha).query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                with("EVAL", &text).query_async(conn).await
             }
             other => other,
         }
@@ -348,6 +402,42 @@ mod tests {
                 (1..=args).collect::<Vec<_>>(),
                 "{file}: the `-- ARGV:` header does not match the wrapper's {args} arguments"
             );
+        }
+    }
+
+    /// The `EVAL` form of a call (a full Redis that lacks the library:
+    /// `Call::invoke`) answers as its `FCALL` does, for a plain script and a
+    /// prelude one, sent as `EVAL` (not cached yet) and as `EVALSHA`.
+    #[tokio::test]
+    async fn a_call_sent_as_eval_answers_as_its_function() {
+        let (_server, mut conn) = super::test_redis().await;
+        let keys = crate::keys::QueueKeys::new("same");
+        let lock = crate::keys::LockKeys::new("held").lock;
+        let _: () = redis::cmd("SET")
+            .arg(&lock)
+            .arg("token-1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let calls = [
+            super::lock_release::SCRIPT
+                .call(["lock:held"])
+                .arg("token-2"),
+            super::promote::SCRIPT
+                .call([
+                    &keys.delayed,
+                    &keys.main,
+                    &keys.dead,
+                    &keys.stats,
+                    &keys.guard,
+                ])
+                .arg(&keys.job_prefix)
+                .arg(10),
+        ];
+        for call in calls {
+            let by_function = call.invoke(&mut conn).await.unwrap();
+            assert_eq!(call.eval(&mut conn).await.unwrap(), by_function, "EVAL");
+            assert_eq!(call.eval(&mut conn).await.unwrap(), by_function, "EVALSHA");
         }
     }
 

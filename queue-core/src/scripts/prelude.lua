@@ -266,9 +266,15 @@ end
 -- Writes the completion record of a cancelled job (status `cancelled`, kept
 -- for `retention` ms like any record, step results expire with it). The
 -- caller then removes the id from where it was, drops the hash and counts.
-local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, from, retention, now)
+-- `token` (optional): the delivery that ended it (finish_cancel.lua), kept so
+-- that its retry after a lost reply answers cancelled, not lost.
+local function cancel_record(donekey, stepskey, attempts, jobtype, enqueued_at, from, retention, now, token)
   local rec = {'status', 'cancelled', 'finished_at', now, 'attempts', attempts or '0',
     'type', jobtype or '', 'enqueued_at', enqueued_at or '0', 'cancelled_from', from}
+  if token then
+    rec[#rec + 1] = 'token'
+    rec[#rec + 1] = token
+  end
   local r = redis.pcall('HSET', donekey, unpack(rec))
   if type(r) == 'table' then record_replace(donekey, rec, retention) else redis.call('PEXPIRE', donekey, retention) end
   redis.call('PEXPIRE', stepskey, retention)
@@ -726,10 +732,12 @@ end
 -- ==== groups (fair queuing between groups, docs/GROUPS.md) ====
 -- A job enqueued with a group (job field `group`) waits in its group's list
 -- `q:{Q}:g:<group>` instead of main. The ring `q:{Q}:groups` holds '' (main's
--- turn) and every group with waiting jobs (a non-empty group list is always in
--- it); the ring exists only while some group has (or just had) jobs, so a queue
--- without groups pays one EXISTS per fetch batch. `q:{Q}:gpaused` is the hash
--- group -> Redis time of its pause. All derive from main's name (same hash tag).
+-- turn) and every group with waiting jobs that is not paused (a non-empty list
+-- of a group not paused is always in it; a paused group leaves it when a fetch
+-- meets it and is put back by its resume, group_pause.lua); the ring exists
+-- only while some group has (or just had) jobs, so a queue without groups pays
+-- one EXISTS per fetch batch. `q:{Q}:gpaused` is the hash group -> Redis time
+-- of its pause. All derive from main's name (same hash tag).
 
 -- Ring, group list prefix and group pause hash of the queue whose main is `main`.
 local function group_keys(main)
@@ -769,19 +777,28 @@ local function expect_waiting_types(main, group)
   if bad then error({err = wrongtype_refusal(bad)}) end
 end
 
+-- Adds `group` to the ring's tail (served within one round), creating the
+-- ring with main's turn '' first, unless it is there already.
+local function ring_add(ring, group)
+  if redis.call('LPOS', ring, group) then return end
+  if redis.call('EXISTS', ring) == 0 then redis.call('RPUSH', ring, '') end
+  redis.call('RPUSH', ring, group)
+end
+
 -- Puts waiting job `id` where it waits: main when it has no group, else its
 -- group list (LPUSH: FIFO like main), adding the group to the ring when its
--- list was empty. Used by every script that makes a job waiting again.
+-- list was empty, unless the group is paused (its resume adds it). Used by
+-- every script that makes a job waiting again. A pause hash of another type
+-- (corrupt) reads as not paused: the call comes after the push, a write.
 local function push_waiting(main, id, group)
   group = group_of(group)
   if not group then
     redis.call('LPUSH', main, id)
     return
   end
-  local ring, prefix = group_keys(main)
-  if redis.call('LPUSH', prefix .. group, id) == 1 and not redis.call('LPOS', ring, group) then
-    if redis.call('EXISTS', ring) == 0 then redis.call('RPUSH', ring, '') end
-    redis.call('RPUSH', ring, group)
+  local ring, prefix, paused = group_keys(main)
+  if redis.call('LPUSH', prefix .. group, id) == 1 and redis.pcall('HEXISTS', paused, group) ~= 1 then
+    ring_add(ring, group)
   end
 end
 
@@ -794,12 +811,20 @@ local function fair_state(main)
   return {ring = ring, prefix = prefix, paused = paused}
 end
 
+-- Takes group `g` out of the ring (just rotated to its tail), and the ring
+-- away when only main's turn is left.
+local function ring_remove(ring, g)
+  redis.call('LREM', ring, -1, g)
+  if redis.call('LLEN', ring) <= 1 then redis.call('DEL', ring) end
+end
+
 -- Moves the next waiting id to `processing` and returns it (nil: none).
 -- Without groups: the tail of main. With groups: one id per ring entry in
 -- ring order ('' is main's turn), rotating the ring, so each group (and main)
--- gets one job per round whatever the others' backlogs; paused groups are
--- skipped; a group whose list ran empty leaves the ring, and the ring goes
--- when only main's turn is left.
+-- gets one job per round whatever the others' backlogs; a paused group, and a
+-- group whose list ran empty, leave the ring (a paused group's resume puts it
+-- back: passed over but kept, each paused group cost two calls per job
+-- taken), and the ring goes when only main's turn is left.
 local function next_waiting(main, processing, fair)
   if fair then
     local left = redis.call('LLEN', fair.ring)
@@ -810,7 +835,9 @@ local function next_waiting(main, processing, fair)
       if g == '' then
         local id = redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
         if id then return id end
-      elseif redis.call('HEXISTS', fair.paused, g) == 0 then
+      elseif redis.call('HEXISTS', fair.paused, g) == 1 then
+        ring_remove(fair.ring, g)
+      else
         local list = fair.prefix .. g
         -- A group key of another type (corrupt data) must not abort a fetch
         -- that already claimed jobs (no rollback): it is skipped, and left
@@ -819,8 +846,7 @@ local function next_waiting(main, processing, fair)
         if type(id) == 'table' and id['err'] then
           id = false
         elseif redis.call('LLEN', list) == 0 then
-          redis.call('LREM', fair.ring, -1, g)
-          if redis.call('LLEN', fair.ring) <= 1 then redis.call('DEL', fair.ring) end
+          ring_remove(fair.ring, g)
         end
         if id then return id end
       end
@@ -830,13 +856,21 @@ local function next_waiting(main, processing, fair)
   return redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
 end
 
--- Jobs waiting in the group lists of the ring (stats): O(groups).
+-- Jobs waiting in the group lists of the ring and of the paused groups (a
+-- paused group may be out of the ring), each group once (stats): O(groups).
 local function grouped_waiting(main)
-  local ring, prefix = group_keys(main)
-  if redis.call('TYPE', ring)['ok'] ~= 'list' then return 0 end
-  local n = 0
-  for _, g in ipairs(redis.call('LRANGE', ring, 0, -1)) do
-    if g ~= '' then n = n + redis.call('LLEN', prefix .. g) end
+  local ring, prefix, paused = group_keys(main)
+  local groups = {}
+  if redis.call('TYPE', ring)['ok'] == 'list' then groups = redis.call('LRANGE', ring, 0, -1) end
+  if redis.call('TYPE', paused)['ok'] == 'hash' then
+    for _, g in ipairs(redis.call('HKEYS', paused)) do groups[#groups + 1] = g end
+  end
+  local n, seen = 0, {['']= true}
+  for _, g in ipairs(groups) do
+    if not seen[g] then
+      seen[g] = true
+      n = n + redis.call('LLEN', prefix .. g)
+    end
   end
   return n
 end

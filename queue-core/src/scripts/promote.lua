@@ -33,5 +33,10 @@ for _, id in ipairs(ids) do
 end
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local wait = -1
-if head[2] then wait = math.max(math.floor(tonumber(head[2]) - now), 0) end
+-- At most 2^53 - 1 ms (scripts::MAX_MS): a run_at of +inf or past 2^63 ms
+-- (another producer, a hand edit) made an infinite wait, which Redis sends
+-- as the most negative integer, and the caller refused the whole pass.
+if head[2] then
+  wait = math.min(math.max(math.floor(tonumber(head[2]) - now), 0), 9007199254740991)
+end
 return {#ids, wait}

@@ -52,3 +52,52 @@ impl Promote<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::Promote;
+    use crate::keys::QueueKeys;
+    use crate::scripts::{test_redis, MAX_MS};
+
+    /// Scenario: the earliest delayed job is due at +inf or beyond 2^63 ms
+    /// (another producer, a hand edit). It is far away: the script answers
+    /// the longest wait a script gives. Before, the infinite wait reached
+    /// Rust as the most negative integer and the call failed ("negative
+    /// wait"), and with it every watchdog pass of the queue.
+    #[tokio::test]
+    async fn a_run_at_of_infinity_is_a_far_away_job_not_an_error() {
+        let (_server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("far");
+        for score in ["+inf", "1e19"] {
+            let _: () = redis::cmd("HSET")
+                .arg(keys.job("far"))
+                .arg("state")
+                .arg("delayed")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let _: () = redis::cmd("ZADD")
+                .arg(&keys.delayed)
+                .arg(score)
+                .arg("far")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let reply = Promote {
+                keys: &keys,
+                limit: 10,
+            }
+            .run(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("run_at {score}: {e}"));
+            assert_eq!(reply.promoted, 0, "{score}");
+            assert_eq!(
+                reply.next_due_in,
+                Some(Duration::from_millis(MAX_MS)),
+                "{score}"
+            );
+        }
+    }
+}

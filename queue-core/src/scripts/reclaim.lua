@@ -23,7 +23,9 @@ local wake = false
 local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, limit)
 for _, id in ipairs(expired) do
   local member, member_reason
-  if redis.call('LPOS', KEYS[1], id) then
+  -- From the tail (ids are unique, DESIGN rule 5): an expired delivery is
+  -- old, near the tail; from the head this walked the whole list per id.
+  if redis.call('LPOS', KEYS[1], id, 'RANK', -1) then
     local jobkey = ARGV[1] .. id
     local h, bad = read_job(jobkey, 'state', 'attempts', 'max_attempts')
     local attempts, max

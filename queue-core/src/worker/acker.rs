@@ -120,7 +120,11 @@ impl Drop for WakeOnDrop {
 /// dropped and the last batch is flushed.
 pub(super) fn spawn(inner: Arc<Inner>, keys: Arc<QueueKeys>) -> (AckSender, JoinHandle<()>) {
     let batch = inner.config.ack_batch.max(1);
-    let (tx, rx) = mpsc::channel(4 * batch.max(inner.config.concurrency));
+    let room = batch
+        .max(inner.config.concurrency)
+        .saturating_mul(4)
+        .min(tokio::sync::Semaphore::MAX_PERMITS);
+    let (tx, rx) = mpsc::channel(room);
     let fill = Arc::new(Notify::new());
     let unflushed = Arc::new(AtomicIsize::new(0));
     let task = tokio::spawn(run(inner, keys, rx, fill.clone(), unflushed.clone()));
@@ -147,8 +151,13 @@ async fn run(
         if rx.recv_many(&mut batch, max).await == 0 {
             return; // every sender dropped and nothing left
         }
-        if !window.is_zero() {
-            let until = Instant::now() + window;
+        // `ack_window` is at most a third of the lease (validated at build);
+        // a window beyond the clock, should one get here, flushes at once
+        // instead of panicking (a dead acker left every later ack unsent).
+        if let Some(until) = Instant::now()
+            .checked_add(window)
+            .filter(|_| !window.is_zero())
+        {
             // Take what is queued; then sleep until the window ends or the
             // sender that completes the batch wakes us, never woken per ack.
             loop {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use super::slots::WorkerQueue;
 use super::{Inner, Worker, WorkerIdentity};
@@ -19,6 +19,28 @@ use crate::registry::Registration;
 /// The longest lease a worker takes ([`WorkerConfig::lease`]): 7 days.
 const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The longest [`WorkerConfig::block_timeout`] and
+/// [`WorkerConfig::promote_interval`]: a day. Longer ones overflowed the
+/// blocking connections' response timeout (`block + response_timeout`) and
+/// the announcement TTL (`promote_interval * 4`) and panicked at start.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+/// The most acks per `ack.lua` call ([`WorkerConfig::ack_batch`]): the acker
+/// reserves room for a whole batch up front (a huge value aborted the
+/// process), and a batch far above the fetch sizes (at most 64 by default)
+/// only makes one script call longer.
+const MAX_ACK_BATCH: usize = 10_000;
+
+/// The most jobs a worker (or one queue of it) runs at once: what a
+/// semaphore holds and what shutdown counts in a `u32`. Above it
+/// `Semaphore::new` panicked, or shutdown waited for fewer slots than there
+/// are (`concurrency as u32` truncated).
+const MAX_CONCURRENCY: usize = if (u32::MAX as usize) < Semaphore::MAX_PERMITS {
+    u32::MAX as usize
+} else {
+    Semaphore::MAX_PERMITS
+};
+
 /// Worker settings. The defaults suit most queues; see each field.
 ///
 /// ```
@@ -28,19 +50,24 @@ const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// ```
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// Jobs run at once, across all queues of the worker.
+    /// Jobs run at once, across all queues of the worker. 1 to `u32::MAX`.
     pub concurrency: usize,
     /// Lease per delivery. A job whose worker stops heartbeating is returned
     /// by the watchdog once its lease expires. 100 ms to 7 days.
     pub lease: Duration,
-    /// Heartbeat period; `None`: a third of the lease.
+    /// Heartbeat period; `None`: a third of the lease. Less than half of
+    /// the part of the lease the worker trusts (90 %, see `lease_clock.rs`),
+    /// i.e. under 45 % of the lease, so that one failed extend still leaves
+    /// time for the next before the lease could be taken over; beats are
+    /// timed from the claim (the first one interval after the claim was
+    /// sent, each next one interval after the previous was sent).
     pub heartbeat: Option<Duration>,
     /// Extend leases while handlers run (default true). Turning it off makes
     /// any handler slower than the lease get reclaimed and redelivered.
     pub heartbeat_enabled: bool,
     /// How long one BLMOVE waits on an empty queue. Also bounds how long
     /// shutdown waits for the fetchers; an idle worker makes one call per period.
-    /// More than zero (zero would block for ever on the server).
+    /// More than zero (zero would block for ever on the server), at most a day.
     pub block_timeout: Duration,
     /// Jobs moved and claimed per round trip when the queue is deep.
     ///
@@ -72,16 +99,19 @@ pub struct WorkerConfig {
     /// It otherwise sleeps until the next delayed job is due, and a job
     /// scheduled sooner (enqueue, retry, watchdog return) wakes it through
     /// the queue's wake list, so this only bounds a lost wake-up (see
-    /// `background/promoter.rs`).
+    /// `background/promoter.rs`). At most a day.
     pub promote_interval: Duration,
-    /// Most acks sent in one `ack.lua` call (default 64). A finished job's
+    /// Most acks sent in one `ack.lua` call (default 64, at most 10,000). A finished job's
     /// ack joins its queue's batch, which is flushed when this many wait or
     /// [`ack_window`](Self::ack_window) after the first.
     pub ack_batch: usize,
     /// How long the first ack of a batch may wait for more (default 2 ms;
     /// zero: flush at once with whatever is already waiting). A longer
     /// window means fewer calls per job, but a worker that crashes loses
-    /// the acks still waiting: those jobs run again (at-least-once).
+    /// the acks still waiting: those jobs run again (at-least-once). At most
+    /// a third of the lease: the heartbeat stops when the handler returns,
+    /// so a window near the lease let the lease expire before the ack was
+    /// sent and the finished job ran again.
     pub ack_window: Duration,
     /// Rolling deploys: how long a payload whose schema version is newer
     /// than this worker's handler is left for an upgraded worker while no
@@ -124,7 +154,7 @@ impl WorkerConfig {
     /// lasts (refreshed every `promote_interval`): four intervals, at least
     /// 2 s.
     pub fn announce_ttl(&self) -> Duration {
-        (self.promote_interval * 4).max(Duration::from_secs(2))
+        (self.promote_interval.saturating_mul(4)).max(Duration::from_secs(2))
     }
 
     /// Jobs per fetch for a queue that may run `slots` jobs at once (its
@@ -364,6 +394,18 @@ impl WorkerBuilder {
                 "concurrency and ack_batch must be at least 1".into(),
             ));
         }
+        if cfg.concurrency > MAX_CONCURRENCY {
+            return Err(QueueError::Config(format!(
+                "concurrency {} is more than {MAX_CONCURRENCY}, the most jobs a worker can count",
+                cfg.concurrency
+            )));
+        }
+        if cfg.ack_batch > MAX_ACK_BATCH {
+            return Err(QueueError::Config(format!(
+                "ack_batch {} is more than {MAX_ACK_BATCH} acks per call",
+                cfg.ack_batch
+            )));
+        }
         if cfg.lease < Duration::from_millis(100) {
             return Err(QueueError::Config("lease must be at least 100ms".into()));
         }
@@ -383,10 +425,34 @@ impl WorkerBuilder {
                 "block_timeout must be more than zero".into(),
             ));
         }
-        if cfg.heartbeat_interval() >= cfg.lease {
-            return Err(QueueError::Config(
-                "heartbeat must be shorter than the lease".into(),
-            ));
+        if cfg.block_timeout > MAX_WAIT || cfg.promote_interval > MAX_WAIT {
+            return Err(QueueError::Config(format!(
+                "block_timeout ({:?}) and promote_interval ({:?}) must be at most a day",
+                cfg.block_timeout, cfg.promote_interval
+            )));
+        }
+        // The worker counts on 90 % of the lease from each request's send
+        // time (lease_clock.rs). A beat every half of that or more could not
+        // survive one failed extend; one near the whole of it was refused
+        // locally (the deadline had passed) and never sent, so the job was
+        // reclaimed and ran twice at once.
+        let trusted = crate::lease_clock::trusted(cfg.lease);
+        if cfg.heartbeat_interval() >= trusted / 2 {
+            return Err(QueueError::Config(format!(
+                "heartbeat ({:?}) must be shorter than {:?}, half of the 90 % of the lease ({:?}) \
+                 the worker counts on, so that one failed extend is survived (default: a third of the lease)",
+                cfg.heartbeat_interval(),
+                trusted / 2,
+                cfg.lease
+            )));
+        }
+        // The heartbeat stops when the handler returns: an ack that waits
+        // most of a lease for its batch finds the lease expired.
+        if cfg.ack_window > cfg.lease / 3 {
+            return Err(QueueError::Config(format!(
+                "ack_window ({:?}) must be at most a third of the lease ({:?})",
+                cfg.ack_window, cfg.lease
+            )));
         }
         Ok(())
     }
@@ -437,9 +503,9 @@ impl WorkerBuilder {
         queues.sort();
         queues.dedup();
         for (q, limit) in &self.limits {
-            if *limit == 0 {
+            if *limit == 0 || *limit > MAX_CONCURRENCY {
                 return Err(QueueError::Config(format!(
-                    "queue `{q}`: concurrency limit must be at least 1"
+                    "queue `{q}`: concurrency limit must be from 1 to {MAX_CONCURRENCY}"
                 )));
             }
         }

@@ -1,32 +1,54 @@
 //! Ending a delivery an operator cancelled: when the handler returned an
-//! error and `fail.lua` answered that a cancel was requested, the job ends
-//! with `finish_cancel.lua` (completion record `cancelled`), never retried
-//! nor dead-lettered (docs/FLOW-CONTROL.md).
+//! error (or a claimed row did not decode) and `fail.lua` answered that a
+//! cancel was requested, the job ends with `finish_cancel.lua` (completion
+//! record `cancelled`), never retried nor dead-lettered
+//! (docs/FLOW-CONTROL.md). The script is idempotent for its token, so a call
+//! whose reply was lost is sent again as it was, never as a new `fail.lua`
+//! (which would find the job gone and answer "lease lost").
 
 use tracing::info;
 
+use super::fetcher::same_token_retries;
 use super::runner::JobRunner;
+use super::Inner;
 use crate::error::Result;
+use crate::job::JobId;
+use crate::keys::QueueKeys;
 use crate::scripts::claim::Delivery;
 use crate::scripts::finish_cancel::FinishCancel;
 
 impl JobRunner {
-    /// Runs `finish_cancel.lua`; the metrics label on success.
+    /// Ends the delivery cancelled; the metrics label on success.
     pub(super) async fn end_cancelled(&self, d: &Delivery, message: &str) -> Result<&'static str> {
-        let mut conn = self.inner.conn.clone();
-        let ended = FinishCancel {
-            keys: &self.keys,
-            id: &d.id,
-            token: &d.token,
-            retention: self.inner.config.completion_retention,
-            message,
-        }
-        .run(&mut conn)
-        .await?;
-        if !ended {
+        if !finish_cancel(&self.inner, &self.keys, &d.id, &d.token, message).await? {
             return Err(self.lease_lost(d));
         }
         info!(error = message, "cancelled");
         Ok("cancelled")
     }
+}
+
+/// Runs `finish_cancel.lua` for delivery `token` of job `id`, retrying Redis
+/// failures with the same token (see [`same_token_retries`]): true when the
+/// job ended cancelled, false when the lease was lost.
+pub(super) async fn finish_cancel(
+    inner: &Inner,
+    keys: &QueueKeys,
+    id: &JobId,
+    token: &str,
+    message: &str,
+) -> Result<bool> {
+    let finish = FinishCancel {
+        keys,
+        id,
+        token,
+        retention: inner.config.completion_retention,
+        message,
+    };
+    same_token_retries(inner, keys, Some(id), "cancel", || {
+        let mut conn = inner.conn.clone();
+        let finish = &finish;
+        async move { finish.run(&mut conn).await }
+    })
+    .await
 }

@@ -36,7 +36,7 @@ use crate::error::{QueueError, Result};
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::scripts::claim::{Claim, ClaimRow, Skip, Unreadable};
-use crate::scripts::fail::{Fail, FailKind};
+use crate::scripts::fail::{Fail, FailKind, FailReply};
 use crate::scripts::fetch::{Fetch, FetchReply};
 
 /// Most `fetch.lua` calls one fetcher keeps in flight while its queue has a
@@ -75,6 +75,12 @@ impl Fetcher {
         &self.inner.queues[self.me]
     }
 
+    /// Whether a shutdown was requested (or the worker dropped): no new
+    /// fetch may start.
+    fn stopping(&self) -> bool {
+        crate::background::stop_requested(&self.stop)
+    }
+
     /// Fetches and dispatches until the stop flag turns true.
     pub(super) async fn run(mut self) {
         let queue = self.queue().keys.queue.clone();
@@ -88,7 +94,7 @@ impl Fetcher {
         let mut backlog = false;
         let mut in_flight: InFlight = FuturesUnordered::new();
         loop {
-            if *self.stop.borrow() {
+            if self.stopping() {
                 break;
             }
             if backlog || !in_flight.is_empty() {
@@ -108,6 +114,9 @@ impl Fetcher {
             let Some(first) = self.serve_higher_priority(first).await else {
                 continue;
             };
+            if self.stopping() {
+                break; // requested while a slot was awaited
+            }
             let mut slots = vec![first];
             self.fill(&mut slots);
             let asked = slots.len();
@@ -148,7 +157,8 @@ impl Fetcher {
     /// slots is free: fetches stay full. It ends (`backlog` false) when a
     /// fetch comes back short, paused, limited or failed, and once the last
     /// fetch in flight landed the serial loop (BLMOVE when empty, priority,
-    /// pause and limit waits) takes over. False: stop.
+    /// pause and limit waits) takes over. False: stop (no fetch is launched
+    /// once it is requested).
     async fn run_pipelined(
         &mut self,
         in_flight: &mut InFlight,
@@ -158,6 +168,11 @@ impl Fetcher {
         let batch = self.queue().fetch_batch;
         let mut slots = Vec::new();
         while *backlog && in_flight.len() < PIPELINE_DEPTH {
+            // Checked before each launch: `select!` below may have taken a
+            // landed fetch or a slot while the stop request came.
+            if self.stopping() {
+                return false;
+            }
             self.fill(&mut slots);
             if slots.len() >= batch || (in_flight.is_empty() && !slots.is_empty()) {
                 self.launch(std::mem::take(&mut slots), in_flight);
@@ -440,6 +455,11 @@ impl Fetcher {
             .map_err(|e| QueueError::redis(&k.queue, None, e))?;
         let Some(id) = moved else { return Ok(None) };
         crate::failpoint::hit("after_blmove");
+        // A shutdown requested while BLMOVE waited: stop fetching (DESIGN
+        // rule 10). The claim script then puts the id back at the head of
+        // main unclaimed, atomically (no attempt, no lease), instead of
+        // claiming a job the stopping worker may never run.
+        let stopping = self.stopping();
         // The window of DESIGN rule 4 is here: until the claim lands, the id
         // sits in processing with no lease. Retry the claim briefly; if it
         // never lands, the watchdog adopts the id and returns it.
@@ -456,7 +476,7 @@ impl Fetcher {
             let mut conn = self.inner.conn.clone();
             let claim = &claim;
             let me = &self.inner.identity.name;
-            async move { claim.run_as(&mut conn, me).await }
+            async move { claim.run_as(&mut conn, me, stopping).await }
         })
         .await
         .map(|row| Some(row.sent_at(first_sent)))
@@ -486,7 +506,17 @@ impl Fetcher {
                 message: &message,
                 delay: Duration::ZERO,
             };
-            if let Err(e) = fail.run(&mut inner.conn.clone()).await {
+            let ended = match fail.run(&mut inner.conn.clone()).await {
+                // An operator asked to cancel it: fail.lua wrote nothing, the
+                // job ends cancelled (as a runner's would), not leased.
+                Ok(FailReply::CancelRequested) => {
+                    super::cancel::finish_cancel(&inner, &keys, &id, &token, &message)
+                        .await
+                        .map(|_| ())
+                }
+                other => other.map(|_| ()),
+            };
+            if let Err(e) = ended {
                 warn!(queue = %keys.queue, job_id = %id, error = %e,
                     "cannot dead-letter an unreadable job; the watchdog returns it when its lease expires");
             }
@@ -523,16 +553,17 @@ async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<Fe
     })
 }
 
-/// Runs `op`, a fetch or claim with one fixed token, retrying Redis
-/// failures (not bad replies) with a doubling pause for at most a third
-/// of a lease. Both scripts answer a retry with the same token with the
-/// same rows (claim: the hash holds the token; fetch: its receipt lives
-/// half a lease), so a first try that ran but whose reply was lost is not
-/// claimed twice, not answered `busy`, and its jobs run. Such a row carries
+/// Runs `op`, a fetch, claim or cancelled end (`finish_cancel.lua`) with one
+/// fixed token, retrying Redis failures (not bad replies) with a doubling
+/// pause for at most a third of a lease. These scripts answer a retry with
+/// the same token as they answered the first try (claim: the hash holds the
+/// token; fetch: its receipt lives half a lease; finish_cancel: the record
+/// keeps it), so a first try that ran but whose reply was lost is not
+/// claimed twice, not answered `busy` or "lease lost", and its jobs run. A row carries
 /// the lease its first try took: the callers stamp it with the first try's
 /// send time, where the local lease clock starts (a retry's send time let
 /// a worker trust its lease up to the retry window beyond the Redis one).
-async fn same_token_retries<T, F, Fut>(
+pub(super) async fn same_token_retries<T, F, Fut>(
     inner: &Inner,
     keys: &QueueKeys,
     job_id: Option<&JobId>,

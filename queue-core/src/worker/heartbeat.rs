@@ -4,24 +4,44 @@
 //! (`lease_clock.rs`), and marks the context lease-lost when an extend finds
 //! another token or the deadline passed without a confirmed extend.
 //!
+//! Beats are timed from send times, like the lease clock: the first one
+//! interval after the claim was sent ([`next_beat`] of the claim, waited out
+//! by the runner), each next one interval after the previous extend was
+//! sent. Timed from the handler's start and from each reply, a beat came
+//! after the local deadline when the handler started late or a reply was
+//! slow, was never sent, and the job was reclaimed while it still ran.
+//!
 //! The runner waits out the first interval itself (a timer in its own task)
 //! and spawns this task only for a job still running then: most jobs end
 //! within one interval, and a task spawned and aborted per job was a wake-up
 //! of another runtime thread per job (issue #12, concurrency 1).
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::Inner;
+use crate::context::CancelFlag;
+use crate::error::Result;
 use crate::job::{JobContext, JobId};
 use crate::keys::QueueKeys;
+use crate::lease_clock::LeaseClock;
 use crate::scripts::extend::{Extend, ExtendReply};
+
+/// When the beat after a request (the claim, or an extend) sent at
+/// `sent_at` is due; `None` beyond what the clock can represent.
+pub(super) fn next_beat(sent_at: Instant, every: Duration) -> Option<Instant> {
+    sent_at.checked_add(every)
+}
 
 /// Extends the lease now and then every heartbeat interval while the token
 /// matches; marks the context lease-lost and stops when it no longer does or
 /// when the local deadline passed (Redis unreachable). Started by the runner
-/// once the job has run for one interval; runs until aborted by the runner.
+/// once one interval has passed since the claim; runs until aborted by the
+/// runner.
 pub(super) async fn heartbeat_after_first_interval(
     inner: Arc<Inner>,
     keys: Arc<QueueKeys>,
@@ -32,28 +52,48 @@ pub(super) async fn heartbeat_after_first_interval(
     if !inner.config.heartbeat_enabled {
         return;
     }
-    let every = inner.config.heartbeat_interval();
-    let mut conn = inner.conn.clone();
+    let conn = inner.conn.clone();
     let extend = Extend {
         keys: &keys,
         id: &id,
         token: &token,
         lease: inner.config.lease,
     };
-    let mut first = true;
+    let extend = &extend;
+    beat(
+        &ctx.inner.lease,
+        &ctx.inner.cancel,
+        inner.config.lease,
+        inner.config.heartbeat_interval(),
+        || {
+            let mut conn = conn.clone();
+            async move { extend.run(&mut conn).await }
+        },
+    )
+    .await;
+}
+
+/// The beat loop over `extend` (one `extend.lua` call): the first at once,
+/// each next `every` after the previous one was sent.
+async fn beat<F, Fut>(
+    lease: &LeaseClock,
+    cancel: &CancelFlag,
+    lease_len: Duration,
+    every: Duration,
+    mut extend: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<ExtendReply>>,
+{
     loop {
-        if !first {
-            tokio::time::sleep(every).await;
-        }
-        first = false;
-        if ctx.inner.lease.is_lost() {
+        if lease.is_lost() {
             warn!("lease lost: no extend confirmed before the local lease deadline; another worker may run this job");
             return;
         }
-        let sent_at = tokio::time::Instant::now();
-        match extend.run(&mut conn).await {
+        let sent_at = Instant::now();
+        match extend().await {
             Ok(ExtendReply::LeaseLost) => {
-                ctx.inner.lease.mark_lost();
+                lease.mark_lost();
                 warn!("lease lost: the job was reclaimed; its result will be discarded");
                 return;
             }
@@ -61,13 +101,86 @@ pub(super) async fn heartbeat_after_first_interval(
                 lease_until_ms,
                 cancel_requested,
             }) => {
-                ctx.inner.lease.confirm(sent_at, inner.config.lease);
+                lease.confirm(sent_at, lease_len);
                 debug!(lease_until_ms, "lease extended");
-                if cancel_requested && !ctx.inner.cancel.set() {
+                if cancel_requested && !cancel.set() {
                     info!("cancel requested by an operator");
                 }
             }
             Err(e) => warn!(error = %e, "heartbeat failed; retrying at the next interval"),
         }
+        // Due already when the reply took longer than an interval: sent at
+        // once, still within the lease of the extend before.
+        match next_beat(sent_at, every) {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => tokio::time::sleep(every).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(1);
+    /// The longest heartbeat `build()` accepts for a 1 s lease: under half
+    /// of its trusted 900 ms.
+    const EVERY: Duration = Duration::from_millis(440);
+
+    /// Runs the runner's first wait and the beat loop over a fake Redis
+    /// whose every extend takes `rtt` and succeeds, for `beats` extends.
+    /// Returns each extend's send time after the claim, and whether the
+    /// local lease was still held when it was sent.
+    async fn beat_with_replies_taking(rtt: Duration, beats: usize) -> Vec<(Duration, bool)> {
+        let claim = Instant::now();
+        let lease = LeaseClock::new(claim, LEASE);
+        let cancel = CancelFlag::default();
+        let sends = Mutex::new(Vec::new());
+        tokio::time::sleep_until(next_beat(claim, EVERY).unwrap()).await;
+        let run = beat(&lease, &cancel, LEASE, EVERY, || {
+            let mut sends = sends.lock().unwrap();
+            sends.push((claim.elapsed(), !lease.is_lost()));
+            let last = sends.len() >= beats;
+            async move {
+                tokio::time::sleep(rtt).await;
+                Ok(match last {
+                    true => ExtendReply::LeaseLost, // ends the loop
+                    false => ExtendReply::Extended {
+                        lease_until_ms: 0,
+                        cancel_requested: false,
+                    },
+                })
+            }
+        });
+        run.await;
+        sends.into_inner().unwrap()
+    }
+
+    /// Beats come at claim + k·interval, not an interval after each reply.
+    #[tokio::test(start_paused = true)]
+    async fn beats_are_timed_from_the_claim_and_each_send() {
+        let sends = beat_with_replies_taking(Duration::from_millis(100), 5).await;
+        let at: Vec<Duration> = sends.iter().map(|(at, _)| *at).collect();
+        let expected: Vec<Duration> = (1..=5).map(|k| EVERY * k).collect();
+        assert_eq!(at, expected);
+        assert!(sends.iter().all(|(_, held)| *held));
+    }
+
+    /// Replies of 300 ms (each well within the 900 ms the lease is trusted
+    /// for): every beat goes out and is confirmed before the deadline of
+    /// the one before. Timed from each reply, the second beat went out at
+    /// 440 + 300 + 440 ms and its reply came at 1480 ms, after the first
+    /// beat's deadline (440 + 900 ms): the lease was lost locally, the
+    /// heartbeat stopped and the job was reclaimed while it still ran.
+    #[tokio::test(start_paused = true)]
+    async fn slow_replies_do_not_push_a_beat_past_the_deadline() {
+        let sends = beat_with_replies_taking(Duration::from_millis(300), 6).await;
+        assert_eq!(sends.len(), 6, "every beat was sent: {sends:?}");
+        assert!(
+            sends.iter().all(|(_, held)| *held),
+            "a beat found the local lease lost: {sends:?}"
+        );
     }
 }

@@ -163,6 +163,13 @@ impl Worker {
             signal.await;
             signal_tx.send_replace(true);
         });
+        // Dropped before it returns (a `select!` or `timeout` around it): the
+        // worker stops fetching as if asked to, instead of running on
+        // detached (its signal task kept the stop channel open for ever).
+        let _stop_on_drop = StopOnDrop {
+            stop: stop_tx.clone(),
+            signal: signal_task.abort_handle(),
+        };
 
         info!(
             queues = ?inner.queues.iter().map(|q| &q.keys.queue).collect::<Vec<_>>(),
@@ -196,7 +203,8 @@ impl Worker {
         // The grace period covers the tasks' end too: a fetcher of a worker
         // that runs one job at a time runs that job itself (fetcher.rs) and
         // ends with it.
-        let all = cfg.concurrency as u32;
+        // `concurrency` is at most `u32::MAX` (validated at build).
+        let all = u32::try_from(cfg.concurrency).unwrap_or(u32::MAX);
         let drained = drain(&mut tasks, &sem, all);
         match tokio::time::timeout(cfg.grace, drained).await {
             Ok(()) => info!("worker stopped: all in-flight jobs finished"),
@@ -208,8 +216,17 @@ impl Worker {
                     "grace period over: leaving running jobs leased; the watchdog returns them when their lease expires"
                 );
                 hard_tx.send_replace(true);
-                let _ = tokio::time::timeout(Duration::from_secs(5), drain(&mut tasks, &sem, all))
-                    .await;
+                if tokio::time::timeout(HARD_STOP_WAIT, drain(&mut tasks, &sem, all))
+                    .await
+                    .is_err()
+                {
+                    warn!(
+                        tasks = tasks.len(),
+                        running = cfg.concurrency - sem.available_permits(),
+                        wait_ms = HARD_STOP_WAIT.as_millis() as u64,
+                        "worker tasks still running after the hard stop: leaving them; their jobs stay leased for the watchdog"
+                    );
+                }
             }
         }
         // Every runner has handed over its ack (the fetchers and runners
@@ -223,6 +240,24 @@ impl Worker {
         Ok(())
     }
 }
+
+/// Requests the stop and ends the signal task when `run_until` ends or is
+/// dropped (after a normal return the stop was requested already).
+struct StopOnDrop {
+    stop: watch::Sender<bool>,
+    signal: tokio::task::AbortHandle,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        self.signal.abort();
+    }
+}
+
+/// How long the worker waits for its tasks after the grace period, once
+/// told to leave running jobs leased.
+const HARD_STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// Waits for the worker's tasks to end (each handle is awaited until it
 /// completes, then dropped: safe to call again after a timeout) and for every
@@ -248,7 +283,9 @@ async fn spawn_tasks(
 ) -> Result<Vec<JoinHandle<()>>> {
     let cfg = &inner.config;
     let blocking_for = |block: Duration| ConnectionConfig {
-        response_timeout: block + cfg.connection.response_timeout,
+        // Saturating: `block` is validated (at most a day), the response
+        // timeout is the user's; `Duration::MAX` means no timeout.
+        response_timeout: block.saturating_add(cfg.connection.response_timeout),
         connection_timeout: cfg.connection.connection_timeout,
     };
     let mut blocking = Vec::with_capacity(inner.queues.len());

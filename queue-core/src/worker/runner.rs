@@ -3,8 +3,10 @@
 //! (a success goes to the queue's acker, which batches `ack.lua` calls; a
 //! failure is `fail.lua`, here). An unknown type or older schema version, or a
 //! payload that does not decode, is dead-lettered with the reason, never retried
-//! (DESIGN rule 9); a newer schema version is deferred (`defer.rs`); a panic is
-//! a retryable error.
+//! (DESIGN rule 9); a newer schema version is deferred (`defer.rs`); a panic
+//! (in the decode, a hand-written `Job::run` or the handler's future) is a
+//! retryable error. A delivery whose lease is already lost locally when it
+//! would start is not run: the watchdog returns it.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use tokio::sync::watch;
 use tracing::{debug, error, warn, Instrument};
 
 use super::acker::{AckRequest, AckSender, AckedJob};
-use super::heartbeat::heartbeat_after_first_interval;
+use super::heartbeat::{heartbeat_after_first_interval, next_beat};
 use super::{wait_true, Inner};
 use crate::error::{QueueError, Result};
 use crate::job::{ContextInner, JobContext, JobError};
@@ -67,23 +69,46 @@ impl JobRunner {
             }
         };
         let ctx = self.context(&d);
-        let fut = match (reg.runner)(ctx.clone(), &d.payload) {
-            Ok(f) => f,
-            Err(msg) => {
+        // The decode (the Args' `Deserialize`) and a hand-written
+        // `Job::run` run here, before the handler's future: a panic in them
+        // is the handler's panic too (it unwound the runner and left the job
+        // leased, with no reason recorded, on every delivery).
+        let made =
+            std::panic::catch_unwind(AssertUnwindSafe(|| (reg.runner)(ctx.clone(), &d.payload)));
+        let fut = match made {
+            Ok(Ok(f)) => f,
+            Ok(Err(msg)) => {
                 let reason = format!("payload does not decode as `{}`: {msg}", d.job_type);
                 return Box::pin(self.finish(&d, &labels, Outcome::Dead(reason), None)).await;
             }
+            Err(panic) => {
+                let outcome = Outcome::Retry(panicked(&*panic));
+                return Box::pin(self.finish(&d, &labels, outcome, None)).await;
+            }
         };
+        // Decoded this late (a slow decode, a long wait since the claim), the
+        // job may already be another worker's: leave it to the watchdog.
+        if ctx.inner.lease.is_lost() {
+            warn!(
+                queue = %self.keys.queue,
+                job_id = %d.id,
+                "lease lost before the handler started: not running it; the watchdog returns the job"
+            );
+            return;
+        }
         crate::failpoint::hit("after_claim");
         crate::metrics::started(&labels);
         debug!("started");
         let started = std::time::Instant::now();
-        // The heartbeat task starts only for a job still running after one
-        // interval (heartbeat.rs); until then this timer stands in for it.
-        let first_beat = async {
-            match self.inner.config.heartbeat_enabled {
-                true => tokio::time::sleep(self.inner.config.heartbeat_interval()).await,
-                false => std::future::pending().await,
+        // The heartbeat task starts only for a job still running one
+        // interval after its claim was sent (heartbeat.rs); until then this
+        // timer stands in for it.
+        let first_at = next_beat(d.claim_sent_at, self.inner.config.heartbeat_interval())
+            .filter(|_| self.inner.config.heartbeat_enabled);
+        let first_beat = async move {
+            match first_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
         };
         let mut heartbeat: Option<tokio::task::JoinHandle<()>> = None;
@@ -153,14 +178,7 @@ impl JobRunner {
             }
             Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
             Ok(Err(e)) => Outcome::Dead(format!("permanent error: {}", e.message())),
-            Err(panic) => {
-                let msg = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".into());
-                Outcome::Retry(format!("handler panicked: {msg}"))
-            }
+            Err(panic) => Outcome::Retry(panicked(&*panic)),
         };
         Box::pin(self.finish(&d, &labels, outcome, Some(elapsed))).await;
     }
@@ -353,9 +371,21 @@ fn execution_budget(
             .max(0) as u64,
     );
     match limit.checked_sub(spent) {
-        Some(left) if !left.is_zero() => Ok(Some(d.claim_sent_at + left)),
+        // Beyond the clock (`Some(Duration::MAX)`): no budget to enforce.
+        Some(left) if !left.is_zero() => Ok(d.claim_sent_at.checked_add(left)),
         _ => Err(deadline_reason(Some(limit), "this attempt was not started")),
     }
+}
+
+/// The retry reason of a handler that panicked (in its future, or before:
+/// the decode or a hand-written `Job::run`).
+fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
+    let msg = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into());
+    format!("handler panicked: {msg}")
 }
 
 /// The dead-letter reason of a job past its execution deadline.

@@ -65,8 +65,8 @@ async fn relay(redis_url: &str, args: RelayArgs) -> Result<ExitCode> {
         )
         .await?;
     println!(
-        "batches={} published={} duplicates={} failed={} rejected={} errors={}",
-        s.batches, s.published, s.duplicates, s.failed, s.rejected, s.errors
+        "batches={} published={} duplicates={} failed={} rejected={} stopped={} errors={}",
+        s.batches, s.published, s.duplicates, s.failed, s.rejected, s.stopped, s.errors
     );
     Ok(ExitCode::SUCCESS)
 }
@@ -102,6 +102,7 @@ fn row_json(r: &ReconcileRow) -> serde_json::Value {
         "job_type": r.job_type, "status": r.status.as_str(),
         "age_secs": r.age.as_secs(), "published": r.published_at.is_some(),
         "publish_attempts": r.publish_attempts, "publish_error": r.publish_error,
+        "publish_retry_in_secs": r.publish_retry_in.map(|d| d.as_secs()),
         "job_attempts": r.job_attempts, "job_error": r.job_error,
     })
 }

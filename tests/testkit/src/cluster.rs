@@ -242,6 +242,49 @@ impl RedisCluster {
             .collect()
     }
 
+    /// Makes node `i` announce `port` as its client port (`CONFIG SET
+    /// cluster-announce-port`, e.g. a [`crate::proxy::ReplyDropper`] in front
+    /// of it), so that clients which learn the layout from `CLUSTER SLOTS`
+    /// reach it there; waits until every running node shows it. Look up
+    /// nodes by their own port ([`Self::master_of_slot`]) before: the
+    /// layout then names the announced port.
+    pub fn announce_port(&self, i: usize, port: u16, limit: Duration) -> io::Result<()> {
+        let (p, bus) = (port.to_string(), self.bus_port(i)?.to_string());
+        self.cli(i, &["CONFIG", "SET", "cluster-announce-bus-port", &bus])?;
+        self.cli(i, &["CONFIG", "SET", "cluster-announce-port", &p])?;
+        let id = self.node_id(i)?;
+        let start = Instant::now();
+        loop {
+            let seen = (0..self.nodes.len())
+                .filter(|&j| self.nodes[j].pid().is_some())
+                .all(|j| {
+                    let nodes = self.cli(j, &["CLUSTER", "NODES"]).unwrap_or_default();
+                    nodes
+                        .lines()
+                        .any(|l| l.starts_with(&id) && l.contains(&format!("127.0.0.1:{port}@")))
+                });
+            if seen {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("node {i}'s announced port {port} not seen by every node"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Node `i`'s cluster bus port (`CONFIG GET cluster-port`).
+    fn bus_port(&self, i: usize) -> io::Result<u16> {
+        let out = self.cli(i, &["CONFIG", "GET", "cluster-port"])?;
+        out.lines()
+            .nth(1)
+            .and_then(|p| p.trim().parse().ok())
+            .ok_or_else(|| io::Error::other(format!("node {i}: no cluster-port in {out:?}")))
+    }
+
     /// Waits until every running node reports `cluster_state:ok`, all agree on
     /// the slot layout (`redis-cli --cluster check`) and every replica's
     /// replication link is up.
