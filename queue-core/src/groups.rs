@@ -56,8 +56,10 @@ impl Queue {
         self.group_pause(queue, group, true).await
     }
 
-    /// Resumes group `group` of `queue` (a no-op, `was_paused: false`, if it
-    /// was not paused).
+    /// Resumes group `group` of `queue`: puts it back in the ring while its
+    /// list has jobs. A group that was not paused answers `was_paused: false`
+    /// and is only put back in the ring if its jobs wait outside it (an older
+    /// version's resume during a rolling deploy leaves that: docs/GROUPS.md).
     pub async fn resume_group(&self, queue: &str, group: &str) -> Result<PauseChange> {
         self.group_pause(queue, group, false).await
     }
@@ -81,9 +83,16 @@ impl Queue {
         Ok(change)
     }
 
-    /// The groups of `queue` that have waiting jobs or are paused, in the
-    /// order workers serve them next (paused groups without jobs last).
-    /// Two reads, not one snapshot: a listing for operators.
+    /// The groups of `queue` that have waiting jobs or are paused: the ring's
+    /// groups in the order workers serve them next, then the paused groups
+    /// out of the ring (a fetch takes a paused group out, with or without
+    /// jobs). Two reads, not one snapshot: a listing for operators.
+    ///
+    /// A group with jobs that is neither in the ring nor paused (left by an
+    /// older version's resume) is not listed, nor counted by `stats().grouped`:
+    /// finding it takes a `SCAN` of the group lists, too costly here.
+    /// [`Admin::check`](crate::admin::Admin::check) reports it
+    /// (`group_out_of_ring`) and its repair puts it back in the ring.
     pub async fn groups(&self, queue: &str) -> Result<Vec<GroupInfo>> {
         let keys = QueueKeys::new(queue);
         let mut conn = self.connection();

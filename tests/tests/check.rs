@@ -41,6 +41,7 @@ fn found(violations: &[Violation]) -> BTreeSet<(String, String)> {
             let what = match v {
                 Violation::WrongKeyType { key, .. } => key.clone(),
                 Violation::BadCounter { field, .. } => field.clone(),
+                Violation::GroupOutOfRing { group, .. } => group.clone(),
                 other => other.job_id().map(|i| i.to_string()).unwrap_or_default(),
             };
             (v.kind().to_string(), what)
@@ -160,6 +161,20 @@ async fn seed_violations(server: &RedisServer, admin: &Admin) {
     raw(server, &["ZADD", &k.leases, "1", "ok2"]);
     // A counter that is not a non-negative integer.
     raw(server, &["HSET", &k.stats, "completed", "-3"]);
+    // A group with a job waiting, neither in the ring nor paused.
+    admin
+        .queue()
+        .enqueue_raw(
+            Q,
+            "task",
+            1,
+            3,
+            EnqueueOptions::new().group("lost"),
+            b"\x80",
+        )
+        .await
+        .expect("grouped enqueue");
+    raw(server, &["DEL", &k.groups()]);
 }
 
 #[tokio::test]
@@ -174,6 +189,7 @@ async fn every_seeded_violation_is_found() {
             ("bad_counter", "completed"),
             ("corrupt_field", "corrupt"),
             ("duplicate", "dup"),
+            ("group_out_of_ring", "lost"),
             ("missing_hash", "evicted"),
             ("missing_hash", "finished"),
             ("orphan_hash", "orphan"),
@@ -222,7 +238,10 @@ async fn repair_mends_the_repairable_violations_without_losing_a_job() {
     let repairs: BTreeSet<(String, RepairAction)> = report
         .repairs
         .iter()
-        .map(|r| (r.id.to_string(), r.action))
+        .map(|r| {
+            let what = r.id.as_ref().map(ToString::to_string).or(r.group.clone());
+            (what.unwrap_or_default(), r.action)
+        })
         .collect();
     let want: BTreeSet<(String, RepairAction)> = [
         ("orphan", RepairAction::RequeuedToMain),
@@ -230,6 +249,7 @@ async fn repair_mends_the_repairable_violations_without_losing_a_job() {
         ("evicted", RepairAction::DeadLettered),
         ("finished", RepairAction::RemovedCompleted),
         ("ok2", RepairAction::LeaseDropped),
+        ("lost", RepairAction::AddedToRing),
     ]
     .into_iter()
     .map(|(i, a)| (i.to_string(), a))

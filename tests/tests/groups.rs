@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use queue_core::admin::Admin;
+use queue_core::admin::{Admin, RepairAction, Violation};
 use queue_core::{CancelOutcome, EnqueueOptions, JobId, JobState, QueueKeys, WorkerConfig};
 use queue_tests::{fast_config, task, wait_until, Ledger, Task, TestEnv, WorkerProcess};
 use redis::AsyncCommands;
@@ -43,6 +43,23 @@ async fn enqueue_group(
         ids.extend(out.into_iter().map(|e| e.id));
     }
     ids
+}
+
+/// `check` finds nothing wrong in the queue.
+async fn assert_check_clean(env: &TestEnv) {
+    let report = Admin::new(env.queue.clone())
+        .check(QUEUE, false)
+        .await
+        .unwrap();
+    assert!(report.is_clean(), "{:?}", report.violations);
+}
+
+/// Waits until every job of `ids` ran (its effect is in the ledger).
+async fn wait_ran(env: &TestEnv, what: &str, ids: &[JobId]) {
+    env.wait_ledger(what, |l| {
+        ids.iter().all(|id| l.effects.contains_key(id.as_str()))
+    })
+    .await;
 }
 
 /// Start order of the tasks (`ledger:order`, one seq per start).
@@ -139,11 +156,7 @@ async fn no_grouped_job_is_lost_across_a_retry_and_a_worker_crash() {
         0,
         "ring gone once all ran"
     );
-    let report = Admin::new(env.queue.clone())
-        .check(QUEUE, false)
-        .await
-        .unwrap();
-    assert!(report.is_clean(), "{:?}", report.violations);
+    assert_check_clean(&env).await;
 }
 
 /// A paused group's jobs stay waiting while other groups run; after resume
@@ -454,4 +467,77 @@ async fn paused_groups_cost_a_fetch_nothing_per_job() {
         .unwrap();
     assert!(!ring, "the ring is gone once every group ran");
     assert!(env.queue.groups(QUEUE).await.unwrap().is_empty());
+}
+
+/// The state an older version's resume leaves during a rolling deploy
+/// (docs/OPERATIONS.md, "Rolling deploys"): group `g` paused with 3 jobs, a
+/// fetch takes it out of the ring (a worker runs group `q`'s jobs), then the
+/// old `group_pause.lua` resumes it by deleting its pause entry only. Its
+/// list is not empty, so no enqueue re-adds it, and no fetch visits it.
+/// Returns g's jobs and the running worker.
+async fn group_left_out_of_the_ring(env: &TestEnv) -> (Vec<JobId>, queue_tests::WorkerHandle) {
+    let keys = QueueKeys::new(QUEUE);
+    let g = enqueue_group(env, "g", 0, 3, |t| t).await;
+    env.queue.pause_group(QUEUE, "g").await.unwrap();
+    enqueue_group(env, "q", 100, 3, |t| t).await;
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_completed(QUEUE, 3).await;
+    assert!(
+        !env.list(&keys.groups()).await.contains(&"g".to_string()),
+        "a fetch took the paused group out of the ring"
+    );
+    let mut c = env.conn().await;
+    let deleted: u64 = c.hdel(keys.groups_paused(), "g").await.unwrap();
+    assert_eq!(deleted, 1, "the old resume: HDEL only");
+    assert_eq!(env.list(&keys.group("g")).await.len(), 3);
+    (g, worker)
+}
+
+/// A group left out of the ring by an older version's resume: this
+/// version's resume puts it back (it was not paused any more) and its jobs
+/// run. Before, the resume returned early for a group not paused: the jobs
+/// stayed waiting for ever.
+#[tokio::test]
+async fn a_resume_puts_back_a_group_an_older_resume_left_out_of_the_ring() {
+    let env = TestEnv::start().await;
+    let (g, worker) = group_left_out_of_the_ring(&env).await;
+    let change = env.queue.resume_group(QUEUE, "g").await.unwrap();
+    assert!(!change.was_paused, "the old resume had unpaused it");
+    assert!(
+        env.list(&QueueKeys::new(QUEUE).groups())
+            .await
+            .contains(&"g".to_string()),
+        "back in the ring"
+    );
+    wait_ran(&env, "g's jobs ran after the resume", &g).await;
+    worker.stop().await;
+    assert_check_clean(&env).await;
+}
+
+/// The same state found by the checker: `group_out_of_ring` with g's 3
+/// jobs, and `--repair` puts g back in the ring, so its jobs run. Before,
+/// the check was clean (it only paged the group lists) and the jobs stayed
+/// waiting unseen.
+#[tokio::test]
+async fn check_reports_and_repairs_a_group_with_jobs_out_of_the_ring() {
+    let env = TestEnv::start().await;
+    let (g, worker) = group_left_out_of_the_ring(&env).await;
+    let admin = Admin::new(env.queue.clone());
+    let report = admin.check(QUEUE, true).await.unwrap();
+    assert_eq!(
+        report.violations,
+        [Violation::GroupOutOfRing {
+            group: "g".into(),
+            waiting: 3
+        }]
+    );
+    let repairs: Vec<_> = report
+        .repairs
+        .iter()
+        .map(|r| (r.group.as_deref(), r.action))
+        .collect();
+    assert_eq!(repairs, [(Some("g"), RepairAction::AddedToRing)]);
+    wait_ran(&env, "g's jobs ran after the repair", &g).await;
+    worker.stop().await;
+    assert_check_clean(&env).await;
 }

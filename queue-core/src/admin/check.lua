@@ -1,12 +1,14 @@
 -- Read-only reads of the invariant checker (admin/check.rs), one consistent
 -- snapshot per call: the key types and counters, one page of a structure, the
--- job hashes a SCAN found, or everything about one id (the probe that
--- confirms a suspicion, so a job moving between two pages is never reported).
+-- job hashes a SCAN found, everything about one id (the probe that
+-- confirms a suspicion, so a job moving between two pages is never reported),
+-- or one group's list length, ring membership and pause.
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 stats, 7 guard (never written)
--- ARGV: 1 mode ('types' | 'page' | 'hashes' | 'probe'), 2 job prefix, 3 done prefix,
+-- ARGV: 1 mode ('types' | 'page' | 'hashes' | 'probe' | 'group'), 2 job prefix, 3 done prefix,
 --       4 structure ('main' | 'processing' | 'delayed' | 'dead' | 'leases' | 'g:<group>', a
 --       group's waiting list), 5 offset, 6 limit
---       (mode 'hashes': ARGV 4.. are job keys; mode 'probe': ARGV 4 is the id)
+--       (mode 'hashes': ARGV 4.. are job keys; mode 'probe': ARGV 4 is the id;
+--        mode 'group': ARGV 4 is the group)
 -- A row is {key type, state, attempts, max_attempts, token} (false: field missing).
 -- Returns, by mode:
 --   types:  {now, {type of KEYS 1..6}, stats fields and values (when a hash)}
@@ -14,6 +16,8 @@
 --   hashes: {now, {{key, row}, ...}}
 --   probe:  {now, main count (its group's list included), processing count, dead count, delayed score or false,
 --            lease expiry or false, row, completion record exists (1/0)}
+--   group:  {now, jobs in the group's list, in the ring (1/0), paused (1/0)}, each
+--            false when its key holds another type
 local mode, prefix = ARGV[1], ARGV[2]
 local now = now_ms()
 
@@ -72,5 +76,18 @@ elseif mode == 'probe' then
     redis.call('ZSCORE', KEYS[5], id),
     row(prefix .. id),
     redis.call('EXISTS', ARGV[3] .. id)}
+elseif mode == 'group' then
+  local g = ARGV[4]
+  local ring, gprefix, paused = group_keys(KEYS[1])
+  local function typed(key, want, read)
+    local t = redis.call('TYPE', key)['ok']
+    if t == 'none' then return 0 end
+    if t ~= want then return false end
+    return read()
+  end
+  return {now,
+    typed(gprefix .. g, 'list', function() return redis.call('LLEN', gprefix .. g) end),
+    typed(ring, 'list', function() return redis.call('LPOS', ring, g) and 1 or 0 end),
+    typed(paused, 'hash', function() return redis.call('HEXISTS', paused, g) end)}
 end
 return redis.error_reply('check.lua: unknown mode ' .. tostring(mode))

@@ -23,7 +23,8 @@ use redis::Value;
 use serde::Serialize;
 
 use super::check_rules::{
-    field_problems, is_count, probe_violations, row_suspicious, JobRow, Place, Probe, Violation,
+    field_problems, group_violation, is_count, probe_violations, row_suspicious, GroupProbe,
+    JobRow, Place, Probe, Violation,
 };
 use super::repair::Repair;
 use super::{admin_script, Admin, AdminError, Result, READ_ONLY};
@@ -236,7 +237,9 @@ impl Walk<'_> {
     }
 
     /// The waiting lists of the groups (docs/GROUPS.md), found by `SCAN`:
-    /// each is paged like main (an id in it is waiting).
+    /// each is paged like main (an id in it is waiting), then its group is
+    /// read atomically ([`Self::group`]): jobs waiting while the group is
+    /// neither in the ring nor paused are reported.
     async fn group_lists(&mut self) -> Result<()> {
         let prefix = self.keys.group_prefix();
         let pattern = glob_prefix(&prefix);
@@ -247,17 +250,41 @@ impl Walk<'_> {
             names.extend(
                 keys.iter()
                     .filter_map(|k| k.strip_prefix(&prefix))
-                    .map(|g| format!("g:{g}")),
+                    .map(str::to_string),
             );
             cursor = next;
             if cursor == 0 {
                 break;
             }
         }
-        for name in names {
-            self.structure_named(Some(Place::Main), &name).await?;
+        for group in names {
+            self.structure_named(Some(Place::Main), &format!("g:{group}"))
+                .await?;
+            let probe = self.group(&group).await?;
+            self.report
+                .violations
+                .extend(group_violation(&group, &probe));
         }
         Ok(())
+    }
+
+    /// One atomic read of group `group`: its list's length, whether it is in
+    /// the ring, whether it is paused.
+    async fn group(&self, group: &str) -> Result<GroupProbe> {
+        let reply = self.call("group", &[group]).await?;
+        let f = items(&reply).ok_or_else(|| self.protocol("group", &reply))?;
+        let read = |i: usize| match f.get(i) {
+            Some(Value::Nil) => Ok(None),
+            v => v
+                .and_then(int)
+                .map(|n| Some(n.max(0) as u64))
+                .ok_or_else(|| self.protocol("group", &reply)),
+        };
+        Ok(GroupProbe {
+            waiting: read(1)?,
+            in_ring: read(2)?.map(|n| n == 1),
+            paused: read(3)?.map(|n| n == 1),
+        })
     }
 
     /// One `SCAN` step of [`PAGE`] keys matching `pattern`.
@@ -396,7 +423,8 @@ impl Admin {
     /// Checks the invariants of `queue` (every id listed once, in the
     /// structure its state names; no hash listed nowhere; no entry without
     /// a hash; every claimed job leased; no stray lease; sane job fields,
-    /// key types and counters) and, with `repair`, mends what can be mended
+    /// key types and counters; every group with waiting jobs in the ring or
+    /// paused) and, with `repair`, mends what can be mended
     /// without losing a job. Read-only without `repair`; safe on a live queue.
     /// Needs a single Redis server or a Sentinel primary (it SCANs for job
     /// hashes).

@@ -126,6 +126,16 @@ pub enum Violation {
         /// Its value.
         value: String,
     },
+    /// A group whose waiting list has jobs but that is neither in the ring
+    /// (`q:{Q}:groups`) nor paused: no fetch ever visits it, so its jobs wait
+    /// forever, and `stats` / `groups()` do not see them (docs/GROUPS.md).
+    /// An older version's resume during a rolling deploy leaves this.
+    GroupOutOfRing {
+        /// Group name.
+        group: String,
+        /// Jobs waiting in its list.
+        waiting: u64,
+    },
 }
 
 impl Violation {
@@ -139,7 +149,9 @@ impl Violation {
             | Violation::ActiveWithoutLease { id }
             | Violation::StrayLease { id }
             | Violation::CorruptField { id, .. } => Some(id),
-            Violation::WrongKeyType { .. } | Violation::BadCounter { .. } => None,
+            Violation::WrongKeyType { .. }
+            | Violation::BadCounter { .. }
+            | Violation::GroupOutOfRing { .. } => None,
         }
     }
 
@@ -155,6 +167,7 @@ impl Violation {
             Violation::CorruptField { .. } => "corrupt_field",
             Violation::WrongKeyType { .. } => "wrong_key_type",
             Violation::BadCounter { .. } => "bad_counter",
+            Violation::GroupOutOfRing { .. } => "group_out_of_ring",
         }
     }
 }
@@ -195,6 +208,10 @@ impl std::fmt::Display for Violation {
                     "counter {field} is not a non-negative integer: {value:?}"
                 )
             }
+            Violation::GroupOutOfRing { group, waiting } => write!(
+                f,
+                "group {group}: {waiting} job(s) waiting, but neither in the ring nor paused: no fetch serves them"
+            ),
         }
     }
 }
@@ -245,6 +262,33 @@ impl Probe {
         }
         out.extend(std::iter::repeat_n(Place::Dead, self.in_dead as usize));
         out
+    }
+}
+
+/// One group as `check.lua`'s `group` mode read it, atomically. `None`: the
+/// key holds another type (its list: the fetch skips it; the ring or the pause
+/// hash: the fetch refuses the queue), so membership cannot be judged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct GroupProbe {
+    /// Jobs in the group's list (0 when it does not exist).
+    pub(crate) waiting: Option<u64>,
+    /// The group is in the ring.
+    pub(crate) in_ring: Option<bool>,
+    /// The group is paused.
+    pub(crate) paused: Option<bool>,
+}
+
+/// The violation of group `group` (non-empty name) from its probe: jobs
+/// waiting while the group is neither in the ring nor paused.
+pub(crate) fn group_violation(group: &str, p: &GroupProbe) -> Option<Violation> {
+    match (p.waiting, p.in_ring, p.paused) {
+        (Some(waiting), Some(false), Some(false)) if waiting > 0 && !group.is_empty() => {
+            Some(Violation::GroupOutOfRing {
+                group: group.to_string(),
+                waiting,
+            })
+        }
+        _ => None,
     }
 }
 
@@ -414,6 +458,31 @@ mod tests {
         assert!(field_problems(&id, &minimal).is_empty());
         assert!(field_problems(&id, &row("dead", "nan", "x", None)).is_empty());
         assert!(field_problems(&id, &row("paused", "1", "3", None)).len() == 1);
+    }
+
+    #[test]
+    fn only_a_group_with_jobs_out_of_the_ring_and_not_paused_is_reported() {
+        let probe = |waiting, in_ring, paused| GroupProbe {
+            waiting,
+            in_ring,
+            paused,
+        };
+        let out = probe(Some(2), Some(false), Some(false));
+        assert_eq!(
+            group_violation("g", &out).map(|v| v.kind()),
+            Some("group_out_of_ring")
+        );
+        for fine in [
+            probe(Some(0), Some(false), Some(false)),
+            probe(Some(2), Some(true), Some(false)),
+            probe(Some(2), Some(false), Some(true)),
+            probe(None, Some(false), Some(false)),
+            probe(Some(2), None, Some(false)),
+            probe(Some(2), Some(false), None),
+        ] {
+            assert_eq!(group_violation("g", &fine), None, "{fine:?}");
+        }
+        assert_eq!(group_violation("", &out), None, "main's turn is no group");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Repairs of what the checker found, never losing a job: one small script
-//! each (`repair_orphan.lua`, `repair_missing.lua`, `repair_lease.lua`) that
-//! checks again, atomically, that the violation still holds before it writes.
+//! each (`repair_orphan.lua`, `repair_missing.lua`, `repair_lease.lua`,
+//! `repair_group.lua`) that checks again, atomically, that the violation
+//! still holds before it writes.
 
 use serde::Serialize;
 
@@ -13,6 +14,7 @@ use crate::keys::QueueKeys;
 admin_script!(REPAIR_ORPHAN, "repair_orphan.lua", None);
 admin_script!(REPAIR_MISSING, "repair_missing.lua", None);
 admin_script!(REPAIR_LEASE, "repair_lease.lua", None);
+admin_script!(REPAIR_GROUP, "repair_group.lua", None);
 
 /// The dead-letter reason of an entry whose hash was gone.
 pub const MISSING_HASH_REASON: &str =
@@ -36,6 +38,9 @@ pub enum RepairAction {
     RemovedCompleted,
     /// A lease without a processing entry was dropped.
     LeaseDropped,
+    /// A group with waiting jobs, neither in the ring nor paused, was put
+    /// back at the ring's tail: its jobs are served again.
+    AddedToRing,
     /// The violation no longer held when the repair ran (a live move): nothing changed.
     Changed,
 }
@@ -43,8 +48,12 @@ pub enum RepairAction {
 /// One repair attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Repair {
-    /// The job repaired.
-    pub id: JobId,
+    /// The job repaired (`None` for a group's repair).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<JobId>,
+    /// The group repaired ([`Violation::GroupOutOfRing`]), else `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// What was done.
     pub action: RepairAction,
 }
@@ -52,8 +61,12 @@ pub struct Repair {
 impl Admin {
     /// Repairs `violation` when it is one a script can mend without losing a
     /// job (a hash listed nowhere, an entry whose hash is gone, a stray
-    /// lease); `None` for the others, which need an operator.
+    /// lease, a group with jobs out of the ring); `None` for the others,
+    /// which need an operator.
     pub async fn repair(&self, queue: &str, violation: &Violation) -> Result<Option<Repair>> {
+        if let Violation::GroupOutOfRing { group, .. } = violation {
+            return self.repair_group(queue, group).await.map(Some);
+        }
         let k = QueueKeys::new(queue);
         // Every place an id can be listed, then its hash (both repairs of a
         // job take these first).
@@ -119,8 +132,41 @@ impl Admin {
         };
         tracing::info!(queue, job_id = %id, ?action, "check: repaired {}", violation.kind());
         Ok(Some(Repair {
-            id: id.clone(),
+            id: Some(id.clone()),
+            group: None,
             action,
         }))
+    }
+
+    /// Puts group `group` back in the ring while its list has jobs and it is
+    /// neither there nor paused (`repair_group.lua` checks that again).
+    async fn repair_group(&self, queue: &str, group: &str) -> Result<Repair> {
+        let k = QueueKeys::new(queue);
+        let reply: String = REPAIR_GROUP
+            .key(k.groups())
+            .key(k.groups_paused())
+            .key(k.group(group))
+            .arg(group)
+            .invoke_async(&mut self.queue.connection())
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let action = match reply.as_str() {
+            "ring" => RepairAction::AddedToRing,
+            "changed" => RepairAction::Changed,
+            other => {
+                return Err(QueueError::protocol(
+                    queue,
+                    None,
+                    format!("group {group}: repair reply {other:?}"),
+                )
+                .into())
+            }
+        };
+        tracing::info!(queue, group, ?action, "check: repaired group_out_of_ring");
+        Ok(Repair {
+            id: None,
+            group: Some(group.to_string()),
+            action,
+        })
     }
 }

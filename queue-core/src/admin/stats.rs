@@ -37,7 +37,9 @@ pub struct QueueStats {
     pub paused_since_ms: Option<i64>,
     /// Jobs waiting in the groups' lists (enqueued with
     /// [`EnqueueOptions::group`](crate::EnqueueOptions::group),
-    /// docs/GROUPS.md); not counted in `main`.
+    /// docs/GROUPS.md) of the ring's groups and the paused ones; not counted
+    /// in `main`. A group with jobs that is neither in the ring nor paused is
+    /// not counted (finding it needs a `SCAN`): `check` reports it.
     pub grouped: u64,
 }
 

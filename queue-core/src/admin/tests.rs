@@ -333,7 +333,7 @@ async fn a_repaired_orphan_delayed_job_keeps_its_run_at() {
     let mut actions: Vec<_> = report
         .repairs
         .iter()
-        .map(|r| (r.id.as_str(), r.action))
+        .map(|r| (r.id.as_ref().map_or("", JobId::as_str), r.action))
         .collect();
     actions.sort();
     assert_eq!(

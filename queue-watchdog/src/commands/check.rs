@@ -64,10 +64,12 @@ fn text(reports: &[CheckReport]) -> String {
             ));
         }
         for rep in &r.repairs {
-            out.push_str(&format!(
-                "{}: repaired {}: {:?}\n",
-                r.queue, rep.id, rep.action
-            ));
+            let what = match (&rep.id, &rep.group) {
+                (Some(id), _) => id.to_string(),
+                (None, Some(group)) => format!("group {group}"),
+                (None, None) => String::new(),
+            };
+            out.push_str(&format!("{}: repaired {what}: {:?}\n", r.queue, rep.action));
         }
     }
     out
