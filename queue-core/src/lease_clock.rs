@@ -13,7 +13,11 @@
 //! before the one the deadline already follows (the reply of an older of
 //! two concurrent extends) is ignored.
 //!
-//! Once lost, a clock stays lost: a later extend does not revive it.
+//! Once lost, a clock stays lost: a later extend does not revive it. The one
+//! exception is [`LeaseClock::regain`], for a holder that has not relied on
+//! the lease yet (a delivery whose handler would start after the deadline):
+//! an extend sent then and confirmed by Redis (which checks the token) holds
+//! the lease again, unless Redis had already reported it another's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -51,6 +55,9 @@ pub(crate) struct LeaseClock {
     /// `None`: no deadline (a context built for unit tests).
     granted: Mutex<Option<Granted>>,
     lost: AtomicBool,
+    /// Redis said the lease is another's ([`mark_lost`](Self::mark_lost)),
+    /// not only the local deadline passed: [`regain`](Self::regain) refuses.
+    taken: AtomicBool,
 }
 
 impl LeaseClock {
@@ -59,6 +66,7 @@ impl LeaseClock {
         LeaseClock {
             granted: Mutex::new(Some(Granted::new(sent_at, lease))),
             lost: AtomicBool::new(false),
+            taken: AtomicBool::new(false),
         }
     }
 
@@ -67,6 +75,7 @@ impl LeaseClock {
         LeaseClock {
             granted: Mutex::new(None),
             lost: AtomicBool::new(false),
+            taken: AtomicBool::new(false),
         }
     }
 
@@ -89,7 +98,27 @@ impl LeaseClock {
 
     /// Redis said the lease belongs to someone else (or is gone).
     pub(crate) fn mark_lost(&self) {
+        self.taken.store(true, Ordering::SeqCst);
         self.lost.store(true, Ordering::SeqCst);
+    }
+
+    /// Redis confirmed an extension to `lease` requested at `sent_at` after
+    /// the local deadline had passed, before the holder relied on the lease
+    /// (the runner's one extend of a delivery that starts late): the
+    /// deadline follows it and the lease is held again. True when it is;
+    /// false when Redis had reported the lease lost, or when this extend's
+    /// own trusted part has passed too (its reply was that slow).
+    pub(crate) fn regain(&self, sent_at: Instant, lease: Duration) -> bool {
+        if self.taken.load(Ordering::SeqCst) {
+            return false;
+        }
+        if let Ok(mut granted) = self.granted.lock() {
+            if let Some(g) = granted.as_mut() {
+                *g = Granted::new(sent_at, lease);
+            }
+        }
+        self.lost.store(false, Ordering::SeqCst);
+        !self.is_lost()
     }
 
     /// The local deadline, `None` when there is none.
@@ -108,7 +137,7 @@ impl LeaseClock {
         }
         match self.deadline() {
             Some(until) if Instant::now() >= until => {
-                self.mark_lost();
+                self.lost.store(true, Ordering::SeqCst);
                 true
             }
             _ => false,
@@ -170,6 +199,37 @@ mod tests {
         clock.confirm(Instant::now(), Duration::from_secs(1));
         tokio::time::advance(Duration::from_millis(1_000)).await; // 2 s: Redis let it go
         assert!(clock.is_lost(), "1 s + 90 % of 1 s has passed");
+    }
+
+    /// A lease whose local deadline passed is held again by an extend
+    /// confirmed afterwards ([`LeaseClock::regain`], a late start), from
+    /// that extend's send; not once Redis reported it lost, and not when
+    /// the extend's own trusted part has passed too.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_passed_is_regained_by_an_extend_unless_redis_said_lost() {
+        let lease = Duration::from_secs(1);
+        let clock = LeaseClock::new(Instant::now(), lease);
+        tokio::time::advance(Duration::from_millis(950)).await;
+        assert!(clock.is_lost());
+        let sent = Instant::now();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        assert!(clock.regain(sent, lease));
+        assert_eq!(clock.deadline(), Some(sent + trusted(lease)));
+        tokio::time::advance(Duration::from_millis(700)).await; // 800 ms < 900
+        assert!(!clock.is_lost());
+
+        let slow = LeaseClock::new(Instant::now(), lease);
+        let sent = Instant::now() + Duration::from_millis(950);
+        tokio::time::advance(Duration::from_millis(1_900)).await;
+        assert!(
+            !slow.regain(sent, lease),
+            "the reply came after 950 + 900 ms"
+        );
+
+        let taken = LeaseClock::new(Instant::now(), lease);
+        taken.mark_lost();
+        assert!(!taken.regain(Instant::now(), lease));
+        assert!(taken.is_lost());
     }
 
     /// Two concurrent extends whose replies come back out of order: the

@@ -273,16 +273,54 @@ impl TestEnv {
         let _: () = c.lpush(&keys.main, id).await.expect("LPUSH");
     }
 
+    /// The delivery token and lease expiry (ms, Redis clock) of job `id`'s
+    /// current delivery, once it has both (a claim wrote them).
+    pub async fn delivery_of(&self, queue: &str, id: &str) -> Option<(String, f64)> {
+        let job = QueueKeys::new(queue).job(id);
+        let token: Option<String> = self.conn().await.hget(job, "token").await.expect("HGET");
+        Some((token?, self.lease_of(queue, id).await?))
+    }
+
+    /// Waits for job `id`'s first delivery: its token and lease expiry.
+    pub async fn wait_delivery(&self, queue: &str, id: &str) -> (String, f64) {
+        let found = Arc::new(Mutex::new(None));
+        wait_until(BOUND, "a delivery of the job", || async {
+            let d = self.delivery_of(queue, id).await;
+            let seen = d.is_some();
+            *found.lock().expect("delivery") = d;
+            seen
+        })
+        .await;
+        let d = found.lock().expect("delivery").take();
+        d.expect("a delivery")
+    }
+
+    /// The Redis clock (`TIME`), in ms.
+    pub async fn redis_now_ms(&self) -> u64 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("TIME");
+        secs * 1000 + micros / 1000
+    }
+
+    /// Waits until the Redis clock reads `at_ms` or later.
+    pub async fn wait_redis_clock(&self, at_ms: u64) {
+        wait_until(BOUND, "the Redis clock", || async {
+            self.redis_now_ms().await >= at_ms
+        })
+        .await;
+    }
+
     /// Waits until no lease of `queue` lies in the future of the Redis clock
     /// (every delivery's lease has expired: a watchdog pass reclaims them all).
     pub async fn wait_leases_expired(&self, queue: &str) {
         let leases = QueueKeys::new(queue).leases;
         wait_until(BOUND, "leases expired by the Redis clock", || async {
-            let mut c = self.conn().await;
-            let (secs, micros): (u64, u64) =
-                redis::cmd("TIME").query_async(&mut c).await.expect("TIME");
-            let now_ms = secs * 1000 + micros / 1000;
-            let live: u64 = c
+            let now_ms = self.redis_now_ms().await;
+            let live: u64 = self
+                .conn()
+                .await
                 .zcount(&leases, format!("({now_ms}"), "+inf")
                 .await
                 .expect("ZCOUNT");

@@ -1,6 +1,6 @@
 //! Leases, heartbeats and the watchdog, with worker processes killed by SIGKILL.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use queue_core::{
@@ -233,25 +233,34 @@ async fn a_heartbeat_one_failed_extend_would_undo_is_refused() {
 static SLOW_STARTS: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
 /// Keys [`SlowArgs`] decoded at least once.
 static SLOW_DECODED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Gates the test opened ([`open_gate`]): `"{key}/decode"`, `"{key}/run"`.
+static OPEN_GATES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Arguments whose decode blocks for `decode_ms` (a large payload), on the
-/// first decode of `key` only or on every one: the handler starts that long
-/// after its claim.
+/// Lets the decode or the handler waiting at `gate` go on.
+fn open_gate(gate: String) {
+    OPEN_GATES.lock().unwrap().push(gate);
+}
+
+fn gate_is_open(gate: &str) -> bool {
+    OPEN_GATES.lock().unwrap().iter().any(|g| g == gate)
+}
+
+/// Arguments whose first decode of `key` blocks until the test opens
+/// `"{key}/decode"` (a large payload, a starved runtime): the handler
+/// starts when the test lets it, at a point of the lease it observed in
+/// Redis. Later decodes of `key` do not wait. With `gated_run`, the
+/// handler waits for `"{key}/run"` after recording its start.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(from = "SlowWire")]
 struct SlowArgs {
     key: String,
-    decode_ms: u64,
-    every_time: bool,
-    run_ms: u64,
+    gated_run: bool,
 }
 
 #[derive(serde::Deserialize)]
 struct SlowWire {
     key: String,
-    decode_ms: u64,
-    every_time: bool,
-    run_ms: u64,
+    gated_run: bool,
 }
 
 impl From<SlowWire> for SlowArgs {
@@ -262,19 +271,21 @@ impl From<SlowWire> for SlowArgs {
             seen.push(w.key.clone());
             first
         };
-        if first || w.every_time {
-            std::thread::sleep(Duration::from_millis(w.decode_ms));
+        let gate = format!("{}/decode", w.key);
+        let since = std::time::Instant::now();
+        // Bounded: a test that failed before opening it must still end.
+        while first && !gate_is_open(&gate) && since.elapsed() < BOUND {
+            std::thread::sleep(Duration::from_millis(5));
         }
         SlowArgs {
             key: w.key,
-            decode_ms: w.decode_ms,
-            every_time: w.every_time,
-            run_ms: w.run_ms,
+            gated_run: w.gated_run,
         }
     }
 }
 
-/// Records its start, then runs `run_ms`. Two attempts at most.
+/// Records its start, then waits for its run gate if it has one. Two
+/// attempts at most.
 struct SlowToDecode;
 impl Job for SlowToDecode {
     type Args = SlowArgs;
@@ -285,78 +296,156 @@ impl Job for SlowToDecode {
         Box::pin(async move {
             let start = (args.key.clone(), ctx.attempt());
             SLOW_STARTS.lock().unwrap().push(start);
-            tokio::time::sleep(Duration::from_millis(args.run_ms)).await;
+            let gate = format!("{}/run", args.key);
+            if args.gated_run {
+                wait_until(BOUND, "the run gate", || async { gate_is_open(&gate) }).await;
+            }
             Ok(())
         })
     }
 }
 
-/// Runs `args` on a worker with `cfg` and a watchdog until it completed or
-/// was dead-lettered; the attempts of its handler's starts, its completion's
-/// attempt and the watchdog's reclaims.
-async fn run_slow_to_decode(args: SlowArgs, cfg: WorkerConfig) -> (Vec<u32>, u32, u64) {
-    let env = TestEnv::start().await;
-    let key = args.key.clone();
-    let id = env.queue.enqueue::<SlowToDecode>(&args).await.unwrap();
-    let worker = env
-        .spawn_worker_for(Registration::of::<SlowToDecode>(), cfg)
-        .await;
-    let watchdog = env.spawn_watchdog(SlowToDecode::QUEUE).await;
-    env.wait_stats(SlowToDecode::QUEUE, "completed or dead", |s| {
-        s.counter("completed") + s.dead as i64 >= 1
-    })
-    .await;
-    let report = watchdog.stop().await;
-    worker.stop().await;
-    let starts = SLOW_STARTS.lock().unwrap().clone();
-    let starts = starts
-        .into_iter()
-        .filter(|(k, _)| *k == key)
-        .map(|(_, a)| a);
-    let attempts = match env.stats(SlowToDecode::QUEUE).await.dead {
-        0 => env.completion_attempts(SlowToDecode::QUEUE, &id).await,
-        _ => 0,
-    };
-    (starts.collect(), attempts, report.reclaimed)
+/// A [`SlowToDecode`] job of `key` whose first decode waits for the test,
+/// on a worker with `cfg`.
+struct SlowRun {
+    env: TestEnv,
+    key: String,
+    id: JobId,
+    worker: WorkerHandle,
+    /// The first delivery's token.
+    token: String,
+    /// When the first delivery was claimed (ms, Redis clock): its lease
+    /// expiry less the lease.
+    claimed_ms: u64,
 }
 
-/// A handler that starts 1.1 s after its claim (a slow decode), on a 2 s
-/// lease with a beat every 850 ms: the first beat is due 850 ms after the
-/// claim, so it goes out as the handler starts, and the 3 s job runs once.
-/// Timed from the handler's start (1.95 s after the claim, past the 1.8 s
-/// deadline) the beat was never sent: every delivery was reclaimed while it
-/// ran, and a second one ran at the same time.
+impl SlowRun {
+    async fn start(key: &str, gated_run: bool, cfg: WorkerConfig) -> SlowRun {
+        let env = TestEnv::start().await;
+        let args = SlowArgs {
+            key: key.into(),
+            gated_run,
+        };
+        let id = env.queue.enqueue::<SlowToDecode>(&args).await.unwrap();
+        let lease_ms = cfg.lease.as_millis() as u64;
+        let worker = env
+            .spawn_worker_for(Registration::of::<SlowToDecode>(), cfg)
+            .await;
+        let (token, lease_until) = env.wait_delivery(SlowToDecode::QUEUE, id.as_str()).await;
+        SlowRun {
+            env,
+            key: key.into(),
+            id,
+            worker,
+            token,
+            claimed_ms: lease_until as u64 - lease_ms,
+        }
+    }
+
+    /// Lets the first decode end `after_ms` after the claim (Redis clock):
+    /// the handler starts after that, however slow the machine.
+    async fn decode_ends(&self, after_ms: u64) {
+        self.env.wait_redis_clock(self.claimed_ms + after_ms).await;
+        open_gate(format!("{}/decode", self.key));
+    }
+
+    /// Stops the worker (its in-flight deliveries end first); the attempts
+    /// of the handler's starts and of the completion (0: none).
+    async fn stop(self) -> (Vec<u32>, u32) {
+        self.worker.stop().await;
+        let starts = SLOW_STARTS.lock().unwrap().clone();
+        let starts = starts
+            .into_iter()
+            .filter(|(k, _)| *k == self.key)
+            .map(|(_, a)| a);
+        let done = self
+            .env
+            .stats(SlowToDecode::QUEUE)
+            .await
+            .counter("completed");
+        let attempts = match done {
+            0 => 0,
+            _ => {
+                let q = SlowToDecode::QUEUE;
+                self.env.completion_attempts(q, &self.id).await
+            }
+        };
+        (starts.collect(), attempts)
+    }
+}
+
+/// A handler that starts late (its decode held until 2.85 s after the
+/// claim, by the Redis clock) on a 6 s lease with a beat every 2.6 s: the
+/// first beat was due at 2.6 s, so it goes out as the handler starts and
+/// extends the first delivery's lease, which is never reclaimed; the job
+/// runs once. Timed from the handler's start (at 5.45 s or later, past the
+/// 5.4 s deadline) the beat was never sent: the watchdog reclaimed the
+/// delivery while it ran, and a second one ran it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_start_still_heartbeats_from_the_claim() {
-    let args = SlowArgs {
-        key: "late-start".into(),
-        decode_ms: 1100,
-        every_time: true,
-        run_ms: 3000,
-    };
-    let cfg = lease_config(Duration::from_secs(2), Some(Duration::from_millis(850)));
-    let (starts, attempts, reclaimed) = run_slow_to_decode(args, cfg).await;
+    let cfg = lease_config(Duration::from_secs(6), Some(Duration::from_millis(2600)));
+    let run = SlowRun::start("late-start", true, cfg).await;
+    let watchdog = run.env.spawn_watchdog(SlowToDecode::QUEUE).await;
+    run.decode_ends(2850).await;
+    let (q, id) = (SlowToDecode::QUEUE, run.id.as_str());
+    let first_lease = run.claimed_ms as f64 + 6000.0;
+    let seen = Arc::new(Mutex::new(None));
+    wait_until(BOUND, "the lease extended or the job reclaimed", || async {
+        let d = run.env.delivery_of(q, id).await;
+        let moved = d
+            .as_ref()
+            .is_none_or(|(t, l)| *t != run.token || *l > first_lease);
+        *seen.lock().unwrap() = Some(d);
+        moved
+    })
+    .await;
+    let seen = seen.lock().unwrap().take().flatten();
+    assert!(
+        matches!(&seen, Some((t, l)) if *t == run.token && *l > first_lease),
+        "the first delivery's lease was not extended: {seen:?}"
+    );
+    open_gate(format!("{}/run", run.key));
+    run.env.wait_completed(q, 1).await;
+    let reclaimed = watchdog.stop().await.reclaimed;
+    let (starts, attempts) = run.stop().await;
     assert_eq!(starts, [1], "one start, no second delivery");
     assert_eq!((attempts, reclaimed), (1, 0));
 }
 
-/// A delivery whose decode outlasted the trusted part of its lease (1.3 s
-/// of 1 s) may already be another worker's: its handler is not started,
-/// the watchdog returns the job, and only the second delivery runs it.
-/// Before, the first delivery's handler started anyway.
+/// A delivery decoded after the trusted part of its lease (its decode held
+/// until 1.85 s after the claim on a 2 s lease), whose lease is still its
+/// own in Redis (no watchdog runs): one extend keeps it and the handler
+/// runs, once, before the worker's graceful stop ends. Before, the handler
+/// was skipped, the claim's attempt spent: the job waited for the
+/// watchdog, which with one attempt dead-lettered a job that never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_start_whose_lease_is_still_its_own_runs() {
+    let cfg = WorkerConfig {
+        lease: Duration::from_secs(2),
+        ..fast_config()
+    };
+    let run = SlowRun::start("late-but-kept", false, cfg).await;
+    run.decode_ends(1850).await;
+    let (starts, attempts) = run.stop().await;
+    assert_eq!((starts, attempts), (vec![1], 1));
+}
+
+/// A delivery decoded only after the watchdog returned its job, which a
+/// second delivery then ran: its one extend finds another token, so its
+/// handler is not started and the job ran once, on delivery 2. Before,
+/// the first delivery's handler started anyway.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_delivery_whose_lease_ran_out_before_its_start_is_not_run() {
-    let args = SlowArgs {
-        key: "lost-before-start".into(),
-        decode_ms: 1300,
-        every_time: false,
-        run_ms: 0,
-    };
     let cfg = WorkerConfig {
         lease: Duration::from_secs(1),
         ..fast_config()
     };
-    let (starts, attempts, reclaimed) = run_slow_to_decode(args, cfg).await;
+    let run = SlowRun::start("lost-before-start", false, cfg).await;
+    let q = SlowToDecode::QUEUE;
+    let reclaimed = run.env.reclaim(q, 1).await.reclaimed;
+    run.env.wait_completed(q, 1).await;
+    open_gate(format!("{}/decode", run.key));
+    let (starts, attempts) = run.stop().await;
     assert_eq!(starts, [2], "only the second delivery started");
     assert_eq!((attempts, reclaimed), (2, 1));
 }

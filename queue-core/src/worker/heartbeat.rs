@@ -15,6 +15,13 @@
 //! and spawns this task only for a job still running then: most jobs end
 //! within one interval, and a task spawned and aborted per job was a wake-up
 //! of another runtime thread per job (issue #12, concurrency 1).
+//!
+//! A delivery whose local deadline passed before its handler started gets
+//! one extend first ([`keep_lease_at_late_start`]): confirmed, the lease is
+//! held again and the beats count from that extend; otherwise the handler
+//! is not run. Skipping it outright burned the claim's attempt on a job
+//! whose Redis lease was usually still this delivery's (with one attempt,
+//! the watchdog dead-lettered a job that never ran).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -35,6 +42,59 @@ use crate::scripts::extend::{Extend, ExtendReply};
 /// `sent_at` is due; `None` beyond what the clock can represent.
 pub(super) fn next_beat(sent_at: Instant, every: Duration) -> Option<Instant> {
     sent_at.checked_add(every)
+}
+
+/// One extend of a delivery whose local lease deadline passed before its
+/// handler started: the heartbeat's call, with the delivery's token. The
+/// send time when Redis confirmed it and the clock holds the lease again
+/// (the beats then count from it); `None`, logged, when the job was
+/// reclaimed, the extend failed or its reply came too late: the handler is
+/// not run and the watchdog returns the job.
+pub(super) async fn keep_lease_at_late_start(
+    inner: &Inner,
+    keys: &QueueKeys,
+    id: &JobId,
+    token: &str,
+    ctx: &JobContext,
+) -> Option<Instant> {
+    let lease = inner.config.lease;
+    let extend = Extend {
+        keys,
+        id,
+        token,
+        lease,
+    };
+    let sent_at = Instant::now();
+    let (queue, job_id) = (&keys.queue, id);
+    match extend.run(&mut inner.conn.clone()).await {
+        Ok(ExtendReply::Extended {
+            lease_until_ms,
+            cancel_requested,
+        }) if ctx.inner.lease.regain(sent_at, lease) => {
+            info!(%queue, %job_id, lease_until_ms, "lease extended after a late start: running the job");
+            note_cancel(&ctx.inner.cancel, cancel_requested);
+            Some(sent_at)
+        }
+        Ok(ExtendReply::Extended { .. }) => {
+            warn!(%queue, %job_id, "lease extended after a late start, but the reply came after its own local deadline: not running the job; the watchdog returns it");
+            None
+        }
+        Ok(ExtendReply::LeaseLost) => {
+            warn!(%queue, %job_id, "lease lost before the handler started (the job was reclaimed): not running it");
+            None
+        }
+        Err(e) => {
+            warn!(%queue, %job_id, error = %e, "lease deadline passed before the handler started and the extend failed: not running it; the watchdog returns the job");
+            None
+        }
+    }
+}
+
+/// An operator's cancel request reported by an extend.
+fn note_cancel(cancel: &CancelFlag, cancel_requested: bool) {
+    if cancel_requested && !cancel.set() {
+        info!("cancel requested by an operator");
+    }
 }
 
 /// Extends the lease now and then every heartbeat interval while the token
@@ -103,9 +163,7 @@ async fn beat<F, Fut>(
             }) => {
                 lease.confirm(sent_at, lease_len);
                 debug!(lease_until_ms, "lease extended");
-                if cancel_requested && !cancel.set() {
-                    info!("cancel requested by an operator");
-                }
+                note_cancel(cancel, cancel_requested);
             }
             Err(e) => warn!(error = %e, "heartbeat failed; retrying at the next interval"),
         }

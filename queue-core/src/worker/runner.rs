@@ -6,7 +6,8 @@
 //! (DESIGN rule 9); a newer schema version is deferred (`defer.rs`); a panic
 //! (in the decode, a hand-written `Job::run` or the handler's future) is a
 //! retryable error. A delivery whose lease is already lost locally when it
-//! would start is not run: the watchdog returns it.
+//! would start gets one extend (heartbeat.rs): run when Redis confirms the
+//! lease is still its own, else not run (the watchdog returns it).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use tokio::sync::watch;
 use tracing::{debug, error, warn, Instrument};
 
 use super::acker::{AckRequest, AckSender, AckedJob};
-use super::heartbeat::{heartbeat_after_first_interval, next_beat};
+use super::heartbeat::{heartbeat_after_first_interval, keep_lease_at_late_start, next_beat};
 use super::{wait_true, Inner};
 use crate::error::{QueueError, Result};
 use crate::job::{ContextInner, JobContext, JobError};
@@ -87,23 +88,25 @@ impl JobRunner {
             }
         };
         // Decoded this late (a slow decode, a long wait since the claim), the
-        // job may already be another worker's: leave it to the watchdog.
-        if ctx.inner.lease.is_lost() {
-            warn!(
-                queue = %self.keys.queue,
-                job_id = %d.id,
-                "lease lost before the handler started: not running it; the watchdog returns the job"
-            );
-            return;
-        }
+        // job may already be another worker's: one extend (extend.lua checks
+        // the token) tells. Lost: leave it to the watchdog.
+        let lease_sent_at = if ctx.inner.lease.is_lost() {
+            let kept = keep_lease_at_late_start(&self.inner, &self.keys, &d.id, &d.token, &ctx);
+            match Box::pin(kept).await {
+                Some(sent_at) => sent_at,
+                None => return,
+            }
+        } else {
+            d.claim_sent_at
+        };
         crate::failpoint::hit("after_claim");
         crate::metrics::started(&labels);
         debug!("started");
         let started = std::time::Instant::now();
         // The heartbeat task starts only for a job still running one
-        // interval after its claim was sent (heartbeat.rs); until then this
-        // timer stands in for it.
-        let first_at = next_beat(d.claim_sent_at, self.inner.config.heartbeat_interval())
+        // interval after its claim (or its late-start extend) was sent
+        // (heartbeat.rs); until then this timer stands in for it.
+        let first_at = next_beat(lease_sent_at, self.inner.config.heartbeat_interval())
             .filter(|_| self.inner.config.heartbeat_enabled);
         let first_beat = async move {
             match first_at {
