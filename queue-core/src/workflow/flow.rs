@@ -122,19 +122,23 @@ impl Flow {
     /// children and seals. Idempotent with stable ids: after an error,
     /// enqueue the same flow again.
     pub async fn enqueue(self, queue: &Queue) -> Result<FlowCreated> {
-        self.check_ids()?;
+        self.check()?;
         self.enqueue_in(queue, None).await
     }
 
     /// Refuses, before any write, a flow whose parent's id (its batch id),
-    /// or a nested flow's, is not a valid batch id (see `BatchRef::check_id`).
-    fn check_ids(&self) -> Result<()> {
+    /// or a nested flow's, is not a valid batch id (see `BatchRef::check_id`),
+    /// or whose parents or leaf children would be refused by their enqueue
+    /// (queue name, id, extra field names: `JobSpec::check`).
+    fn check(&self) -> Result<()> {
         if let Some(id) = self.parent.job_id() {
             BatchRef::check_id(&self.parent.queue, id.as_str())?;
         }
+        self.parent.check(false)?;
         for (_, child) in &self.children {
-            if let Child::Flow(f) = child {
-                f.check_ids()?;
+            match child {
+                Child::Job(j) => j.check(true)?,
+                Child::Flow(f) => f.check()?,
             }
         }
         Ok(())

@@ -114,6 +114,23 @@ impl JobSpec {
         self.opts.id.get_or_insert_with(JobId::random).clone()
     }
 
+    /// Checks this job as a workflow will send it, before the workflow
+    /// writes anything: its queue name, its id (when set) and its extra
+    /// field names ([`EnqueueOptions::validate`]), with the batch field a
+    /// member (`member`) is given. Before, these were refused by the
+    /// members' enqueue, after the batch was opened and its members
+    /// registered: the batch stayed open and never fired.
+    pub(crate) fn check(&self, member: bool) -> Result<()> {
+        if !member {
+            return self.opts.validate(&self.queue);
+        }
+        let batch = super::engine::MEMBER_FIELD;
+        self.opts
+            .clone()
+            .extra_field(batch, "")
+            .validate(&self.queue)
+    }
+
     /// The spec fields a batch hash keeps for a callback (`prefix`: `s_` or
     /// `c_`), read by `wf_spawn` in prelude.lua; `member_of`: the batch key
     /// the spawned job is itself a member of (a nested flow's parent).
