@@ -117,10 +117,10 @@ impl Batch {
     /// A crash before the seal leaves the batch open (it never fires): call
     /// again with the same batch and member ids.
     ///
-    /// The home queue's name and every member and callback (queue name, id,
-    /// extra field names: [`EnqueueOptions::validate`](crate::EnqueueOptions::validate))
-    /// are checked before anything is written: a refused batch leaves
-    /// nothing in Redis.
+    /// The home queue's name, every member (queue name, id, extra field
+    /// names: [`EnqueueOptions::validate`](crate::EnqueueOptions::validate))
+    /// and every callback (queue name, id) are checked before anything is
+    /// written: a refused batch leaves nothing in Redis.
     pub async fn enqueue(mut self) -> Result<BatchCreated> {
         let home = self
             .home
@@ -138,10 +138,10 @@ impl Batch {
         BatchRef::check_id(&home, &id)?;
         crate::enqueue_options::check_queue_name(&home)?;
         for job in self.on_success.iter().chain(&self.on_complete) {
-            job.check(false)?;
+            job.check_callback()?;
         }
         for m in &self.members {
-            m.check(true)?;
+            m.check_member(true)?;
         }
         let batch = BatchRef::new(&home, &id);
         let mut spec = Vec::new();

@@ -306,18 +306,22 @@ impl Dag {
         // No queue rule between steps: a dependency may be on any queue (the
         // relay carries its outcome to its dependents' batches), and each
         // step with dependencies is spawned by its own batch, on its own
-        // queue. Each step's own job is checked as it will be sent (queue
-        // name, id, extra field names; a dependency carries the batch field),
-        // so that a refusal comes before any batch is opened.
+        // queue. Each step's own job is checked as it will be sent, so that a
+        // refusal comes before any batch is opened: a root as a member (queue
+        // name, id, extra field names, the batch field of a dependency), a
+        // step with dependencies as its batch's callback (queue name, id).
         let depended_on: HashSet<usize> = edges.iter().flatten().copied().collect();
         for (i, s) in self.steps.iter().enumerate() {
             let spec = s.spec.clone().id(Self::step_id(&self.id, &s.name));
-            spec.check(depended_on.contains(&i))
-                .map_err(|source| DagError::Queue {
-                    dag: dag(),
-                    step: s.name.clone(),
-                    source: Box::new(source),
-                })?;
+            let checked = match s.deps.is_empty() {
+                true => spec.check_member(depended_on.contains(&i)),
+                false => spec.check_callback(),
+            };
+            checked.map_err(|source| DagError::Queue {
+                dag: dag(),
+                step: s.name.clone(),
+                source: Box::new(source),
+            })?;
         }
         Ok(order)
     }

@@ -128,16 +128,17 @@ impl Flow {
 
     /// Refuses, before any write, a flow whose parent's id (its batch id),
     /// or a nested flow's, is not a valid batch id (see `BatchRef::check_id`),
-    /// or whose parents or leaf children would be refused by their enqueue
-    /// (queue name, id, extra field names: `JobSpec::check`).
+    /// or whose parents (queue name, id) or leaf children (queue name, id,
+    /// extra field names) would be refused: `JobSpec::check_callback`,
+    /// `JobSpec::check_member`.
     fn check(&self) -> Result<()> {
         if let Some(id) = self.parent.job_id() {
             BatchRef::check_id(&self.parent.queue, id.as_str())?;
         }
-        self.parent.check(false)?;
+        self.parent.check_callback()?;
         for (_, child) in &self.children {
             match child {
-                Child::Job(j) => j.check(true)?,
+                Child::Job(j) => j.check_member(true)?,
                 Child::Flow(f) => f.check()?,
             }
         }
