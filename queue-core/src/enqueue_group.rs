@@ -29,11 +29,13 @@
 //! job's own enqueue token, and never skip the dedupe reads.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::sync::oneshot;
-use tracing::debug;
+use tracing::{debug, error};
 
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
@@ -284,9 +286,54 @@ impl InFlight {
     }
 
     /// Sends the call (`fresh`: its first try, which may skip the dedupe
-    /// reads of generated ids) and answers each caller.
+    /// reads of generated ids) and answers each caller. A panic of the
+    /// sending itself is caught here and answers the callers not answered
+    /// yet with an "outcome unknown" error: sending them again (`drop`) would
+    /// panic again, in a task of its own, for ever. Every other end of this
+    /// future before its callers are answered (its task cancelled, or
+    /// panicking for a reason of its own, e.g. a sibling `join!` branch of
+    /// the leader's caller) drops it, and `drop` sends the rest again.
     async fn answer(mut self, fresh: bool) {
+        let sent = AssertUnwindSafe(self.send_and_answer(fresh))
+            .catch_unwind()
+            .await;
+        let queue = &self.keys.queue;
+        if let Err(panic) = &sent {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("non-string payload");
+            error!(queue = %queue, jobs = self.jobs.len(), panic = msg,
+                "group commit call panicked; its callers are answered with an error");
+        }
+        // Every caller has its answer by now (the reply's length is checked
+        // against the call's), unless the sending panicked; one without is
+        // answered here rather than sent again by `drop`, so that nothing
+        // can loop.
+        for (job, tx) in self.jobs.iter().zip(&mut self.txs) {
+            if let Some(tx) = tx.take() {
+                let e = match sent {
+                    Ok(()) => QueueError::protocol(queue, Some(&job.id), "no reply for this job"),
+                    Err(_) => interrupted(
+                        queue,
+                        &job.id,
+                        "the group commit carrying this enqueue panicked",
+                    ),
+                };
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+
+    /// [`answer`](Self::answer)'s call and the answer of each caller it
+    /// reaches.
+    async fn send_and_answer(&mut self, fresh: bool) {
         let keys = &*self.keys;
+        #[cfg(test)]
+        if self.jobs.iter().any(|j| j.job_type == tests::PANICS) {
+            panic!("a bug in the call's sending");
+        }
         match send_call(&self.conn, keys, Mode::Each, &self.jobs, fresh).await {
             Ok(replies) => {
                 for (i, reply) in replies.into_iter().enumerate() {
@@ -309,24 +356,15 @@ impl InFlight {
                 }
             }
         }
-        // Every caller has its answer by now (the reply's length is checked
-        // against the call's); one without would be answered here rather
-        // than sent again by `drop`, so that nothing can loop.
-        for (job, tx) in self.jobs.iter().zip(&mut self.txs) {
-            if let Some(tx) = tx.take() {
-                let e = QueueError::protocol(&keys.queue, Some(&job.id), "no reply for this job");
-                let _ = tx.send(Err(e));
-            }
-        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        // Dropped by a panic (of this call's own sending): sending the rest
-        // again would panic again, in a task of its own, for ever. The
-        // senders drop instead: each caller gets `abandoned` (outcome unknown).
-        if self.txs.iter().all(Option::is_none) || std::thread::panicking() {
+        // Also when dropped by a panic of its task: `answer` catches a panic
+        // of the sending itself (which would repeat here), so this one is
+        // another's, and the callers it left are sent again and answered.
+        if self.txs.iter().all(Option::is_none) {
             return;
         }
         // Without a runtime (it is shutting down) the senders drop and each
@@ -441,12 +479,71 @@ fn for_job(e: &QueueError, queue: &str, id: &JobId) -> QueueError {
 /// The error of a waiter whose call was never answered (its task ended with
 /// the runtime): the job may or may not have been written.
 fn abandoned(queue: &str, id: &JobId) -> QueueError {
+    interrupted(
+        queue,
+        id,
+        "the group commit carrying this enqueue ended without a reply",
+    )
+}
+
+/// An "outcome unknown" error (`Interrupted`): the call carrying the job
+/// ended without its reply, for the reason `why`.
+fn interrupted(queue: &str, id: &JobId, why: &str) -> QueueError {
     QueueError::redis(
         queue,
         Some(id),
-        redis::RedisError::from(std::io::Error::new(
-            std::io::ErrorKind::Interrupted,
-            "the group commit carrying this enqueue ended without a reply",
-        )),
+        redis::RedisError::from(std::io::Error::new(std::io::ErrorKind::Interrupted, why)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The job type whose call panics in its sending (`send_and_answer`).
+    pub(super) const PANICS: &str = "panics-in-send";
+
+    fn pending(id: &str) -> PendingJob {
+        PendingJob {
+            id: JobId::from(id),
+            job_type: PANICS.to_string(),
+            schema_version: 1,
+            max_attempts: 3,
+            opts: EnqueueOptions::new(),
+            payload: Vec::new(),
+            token: String::new(),
+            generated: false,
+            retry_window: Duration::ZERO,
+        }
+    }
+
+    /// A panic of a group call's own sending answers each of its callers
+    /// with an "outcome unknown" error and ends there: the call's task does
+    /// not panic, and nothing is sent again (a resend would panic again, in
+    /// a task of its own, for ever). Before, the panic escaped the task and
+    /// the callers learnt only that their senders were dropped.
+    #[tokio::test]
+    async fn a_panic_in_the_sending_answers_every_caller_and_ends() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        let keys = Arc::new(QueueKeys::new("tasks"));
+        let mut rxs = Vec::new();
+        let batch = ["a", "b"]
+            .into_iter()
+            .map(|id| {
+                let (tx, rx) = oneshot::channel();
+                rxs.push(rx);
+                Waiter {
+                    job: pending(id),
+                    tx,
+                }
+            })
+            .collect();
+        let call = tokio::spawn(InFlight::new(conn, keys, batch).answer(true));
+        call.await.expect("the panic is caught in the call");
+        for rx in rxs {
+            let err = rx.await.expect("answered").unwrap_err();
+            assert!(err.outcome_unknown(), "{err}");
+            assert!(err.to_string().contains("panicked"), "{err}");
+        }
+    }
 }

@@ -85,18 +85,25 @@ pub enum QueueError {
     },
 
     /// The job was written on the primary, but fewer replicas than requested
-    /// confirmed it within the timeout (see `EnqueueOptions::wait_for_replicas`).
+    /// confirmed it within the timeout (see `EnqueueOptions::wait_for_replicas`),
+    /// or Redis refused the `WAIT` itself (`wait_refused`: an ACL user without
+    /// `+wait` is answered `NOPERM`), so no replica confirmed it.
     /// It may be lost if the primary fails before replicating it.
-    #[error("job `{job_id}` on queue `{queue}` was written on the primary but only {acked} of {wanted} replicas confirmed it in time")]
+    #[error("job `{job_id}` on queue `{queue}` was written on the primary but {}", not_replicated(*.acked, *.wanted, .wait_refused))]
     NotReplicated {
         /// Queue name.
         queue: String,
         /// The job (the first of a batch).
         job_id: JobId,
-        /// Replicas that confirmed.
+        /// Replicas that confirmed (0 when `WAIT` was refused).
         acked: u32,
         /// Replicas requested.
         wanted: u32,
+        /// Redis' error reply to `WAIT` when it refused it (e.g. `NOPERM`
+        /// for an ACL user without `+wait`); `None` when `WAIT` answered a
+        /// count. A refusal answers every enqueue that asks for replicas the
+        /// same way until the server's configuration changes.
+        wait_refused: Option<String>,
     },
 
     /// A job id was rejected before anything was sent to Redis.
@@ -173,6 +180,16 @@ pub enum QueueError {
         /// What was wrong.
         detail: String,
     },
+}
+
+/// The tail of [`QueueError::NotReplicated`]'s message.
+fn not_replicated(acked: u32, wanted: u32, wait_refused: &Option<String>) -> String {
+    match wait_refused {
+        Some(reply) => {
+            format!("Redis refused WAIT ({reply}): no replica confirmed it ({wanted} requested)")
+        }
+        None => format!("only {acked} of {wanted} replicas confirmed it in time"),
+    }
 }
 
 fn job_suffix(job_id: &Option<JobId>) -> String {

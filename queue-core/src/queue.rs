@@ -457,13 +457,31 @@ impl Queue {
                 source: Box::new(source),
             });
         }
-        if let (Some((wanted, _)), Some(acked)) = (wait, acked) {
-            if acked < i64::from(wanted) {
+        if let Some((wanted, _)) = wait {
+            // Read strictly: a `WAIT` Redis refused (an ACL user without
+            // `+wait`, `BUSY`) confirmed no replica, so the batch — written
+            // on the primary — is `NotReplicated`, never `Ok`.
+            let (acked, wait_refused) = match acked {
+                Some(Ok(n)) => (n.clamp(0, i64::from(u32::MAX)) as u32, None),
+                Some(Err(reply)) => (0, Some(reply)),
+                None => (0, Some("no reply".to_string())),
+            };
+            if acked < wanted || wait_refused.is_some() {
+                debug!(
+                    queue,
+                    job_type,
+                    jobs = out.len(),
+                    acked,
+                    wanted,
+                    wait_refused = wait_refused.as_deref(),
+                    "batch enqueued but not replicated"
+                );
                 return Err(QueueError::NotReplicated {
                     queue: queue.to_string(),
                     job_id: out[0].id.clone(),
-                    acked: acked.max(0) as u32,
+                    acked,
                     wanted,
+                    wait_refused,
                 });
             }
         }
@@ -498,7 +516,10 @@ impl Queue {
 /// The calls answered "function not found" (first use on this server, or
 /// after a restart or a flush) are sent again, alone, after loading the
 /// library: only those, since another client may have loaded it in between
-/// and the others ran. Returns the replies in call order and `WAIT`'s count.
+/// and the others ran. Returns the replies in call order and `WAIT`'s answer
+/// (when asked): its count, or the text of a reply that is not one (an error
+/// reply such as `NOPERM`), so that a refused `WAIT` is never read as
+/// "confirmed".
 async fn send_chunks(
     conn: &mut RedisConnection,
     keys: &QueueKeys,
@@ -506,7 +527,7 @@ async fn send_chunks(
     wait: Option<(u32, u64)>,
     queue: &str,
     first_id: Option<&JobId>,
-) -> Result<(Vec<Value>, Option<i64>)> {
+) -> Result<(Vec<Value>, Option<WaitReply>)> {
     let mut replies: Vec<Option<Value>> = vec![None; chunks.len()];
     let mut acked = None;
     let mut loaded = false;
@@ -527,7 +548,13 @@ async fn send_chunks(
             .await
             .map_err(|e| QueueError::redis(queue, first_id, e))?;
         if wait.is_some() {
-            acked = got.pop().as_ref().and_then(reply::int);
+            acked = got.pop().map(|v| match (reply::int(&v), v) {
+                (Some(n), _) => Ok(n),
+                (None, Value::ServerError(e)) => {
+                    Err(format!("{} {}", e.code(), e.details().unwrap_or_default()))
+                }
+                (None, other) => Err(format!("unexpected reply {other:?}")),
+            });
         }
         if got.len() != pending.len() {
             return Err(QueueError::protocol(
@@ -565,6 +592,10 @@ async fn send_chunks(
         loaded = true;
     }
 }
+
+/// `WAIT`'s answer to a batch: the replicas that confirmed it, or the text of
+/// a reply that is not a count (Redis refused the command).
+type WaitReply = std::result::Result<i64, String>;
 
 /// The enqueue token of a call (kept across its retries): none for an id the
 /// `Queue` generated, which only this call can have written (see

@@ -7,9 +7,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, QueueError, QueueKeys};
+use queue_core::{EnqueueOptions, EnqueueOutcome, Enqueued, JobId, QueueError, QueueKeys};
 use queue_tests::{task, TestEnv, BOUND};
 use redis::AsyncCommands;
+use tokio::task::JoinHandle;
 
 /// Script calls the server ran so far (`INFO commandstats`): `FCALL` of
 /// the queue-core library, and any `EVALSHA`.
@@ -261,6 +262,33 @@ async fn a_cancelled_leader_leaves_the_callers_behind_it_answered() {
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
 }
 
+/// Eight callers (tasks 2 to 9) that join the lane of a leader admitted
+/// but not yet sending, each in a task of its own; returned once they wait
+/// in the lane.
+async fn join_the_lane(env: &TestEnv) -> Vec<JoinHandle<Result<JobId, QueueError>>> {
+    let joined = (2..10)
+        .map(|i| {
+            let queue = env.queue.clone();
+            let t = env.task(i);
+            tokio::spawn(async move { queue.enqueue::<task::Job>(&t).await })
+        })
+        .collect();
+    // The joiners wait in the lane.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    joined
+}
+
+/// Awaits each of `joined` (within the bound) and expects its enqueue `Ok`.
+async fn expect_enqueued(joined: Vec<JoinHandle<Result<JobId, QueueError>>>, who: &str) {
+    for j in joined {
+        let r = tokio::time::timeout(BOUND, j)
+            .await
+            .expect("answered")
+            .expect("the task ran");
+        r.unwrap_or_else(|e| panic!("{who} is enqueued: {e}"));
+    }
+}
+
 /// A leader cancelled by its caller while its call is in flight (the batch
 /// taken from the lane, the request sent or about to be) still answers the
 /// callers that joined it: the call is finished in a task of its own, sent
@@ -275,27 +303,47 @@ async fn a_leader_cancelled_mid_call_leaves_its_joined_callers_answered() {
     let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
     // First poll: the leader is admitted and yields its scheduler turn.
     assert!(futures::poll!(&mut leader).is_pending());
-    let joined: Vec<_> = (2..10)
-        .map(|i| {
-            let queue = env.queue.clone();
-            let t = env.task(i);
-            tokio::spawn(async move { queue.enqueue::<task::Job>(&t).await })
-        })
-        .collect();
-    // The joiners wait in the lane.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let joined = join_the_lane(&env).await;
     // Second poll: the leader takes the lane's jobs and sends the call; its
     // reply cannot have come back within this poll. Then it is cancelled.
     assert!(futures::poll!(&mut leader).is_pending());
     drop(leader);
-    for j in joined {
-        let r = tokio::time::timeout(BOUND, j)
-            .await
-            .expect("answered")
-            .expect("the task ran");
-        r.expect("a caller behind a leader cancelled mid-call is enqueued");
-    }
+    expect_enqueued(joined, "a caller behind a leader cancelled mid-call").await;
     // Every job once: the first, the cancelled leader's and the 8 joined.
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
+}
+
+/// A leader whose task panics for a reason of its own (a sibling `join!` or
+/// `select!` branch of a web handler) while its call is in flight still
+/// leaves its joined callers answered: the call is finished in a task of its
+/// own, as for a cancel. Before, the drop during the unwinding saw
+/// `thread::panicking()` and dropped their senders: each got "abandoned /
+/// outcome unknown" for a panic that was not theirs.
+#[tokio::test]
+async fn a_leader_whose_task_panics_mid_call_leaves_its_joined_callers_answered() {
+    use tokio::sync::oneshot;
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let (admitted_tx, admitted_rx) = oneshot::channel();
+    let (joined_tx, joined_rx) = oneshot::channel::<()>();
+    let (queue, first) = (env.queue.clone(), env.task(1));
+    let leader = tokio::spawn(async move {
+        let mut enqueue = Box::pin(queue.enqueue::<task::Job>(&first));
+        // Admitted as the lane's leader; it yields its scheduler turn.
+        assert!(futures::poll!(&mut enqueue).is_pending());
+        let _ = admitted_tx.send(());
+        let _ = joined_rx.await;
+        // It takes the lane's jobs and sends the call; then its task panics.
+        assert!(futures::poll!(&mut enqueue).is_pending());
+        panic!("a sibling branch of the leader's task panicked");
+    });
+    admitted_rx.await.expect("the leader was admitted");
+    let joined = join_the_lane(&env).await;
+    joined_tx.send(()).unwrap();
+    let panicked = tokio::time::timeout(BOUND, leader).await.expect("ended");
+    assert!(panicked.is_err_and(|e| e.is_panic()));
+    expect_enqueued(joined, "a caller behind a leader whose task panicked").await;
+    // Every job once: the first, the panicked leader's and the 8 joined.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
 }
 

@@ -408,6 +408,45 @@ async fn a_queue_name_that_breaks_the_key_layout_is_refused_before_redis() {
     assert_eq!(keys, 0, "nothing written");
 }
 
+/// A job type of a hand-written `impl Job` on a queue no enqueue accepts.
+struct OnSpacedQueue;
+
+impl queue_core::Job for OnSpacedQueue {
+    type Args = u32;
+    const NAME: &'static str = "on_spaced_queue";
+    const QUEUE: &'static str = "emails high";
+    fn run(
+        _: queue_core::JobContext,
+        _: u32,
+    ) -> queue_core::BoxFuture<'static, Result<(), queue_core::JobError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A worker is refused at build when a queue it consumes (`queues`) or a
+/// job type it registers (`Job::QUEUE`, where that type's enqueues go) is a
+/// name every enqueue refuses. Before, a hand-written `QUEUE = "emails high"`
+/// (or `queues(["{t}x"])`) built a worker consuming a queue no enqueue
+/// could reach.
+#[tokio::test]
+async fn a_worker_on_a_queue_name_enqueues_refuse_is_refused_at_build() {
+    let env = TestEnv::start().await;
+    let registered = queue_tests::env::worker_on(
+        &env.url,
+        [queue_core::Registration::of::<OnSpacedQueue>()],
+        fast_config(),
+    );
+    let consumed = env.worker("tasks", fast_config()).queues(["tasks", "{t}x"]);
+    for (builder, queue) in [(registered, "emails high"), (consumed, "{t}x")] {
+        let err = builder.build().await.unwrap_err();
+        assert!(
+            matches!(&err, QueueError::InvalidQueueName { .. }),
+            "{queue}: {err}"
+        );
+        assert_eq!(err.queue(), Some(queue));
+    }
+}
+
 /// `enqueue_raw` stores `opts.max_attempts` over the `max_attempts`
 /// argument (the job type's limit), with group commit on or off, as a batch
 /// and every typed enqueue do. Before, a single `enqueue_raw` ignored it

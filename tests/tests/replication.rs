@@ -38,8 +38,10 @@ async fn wait_for_replicas_reports_an_unreplicated_write() {
             wanted,
             job_id,
             queue,
+            wait_refused,
         } => {
             assert_eq!((*acked, *wanted), (0, 1));
+            assert_eq!(wait_refused, &None);
             assert_eq!(job_id.as_str(), "needs-replica");
             assert_eq!(queue, "tasks");
         }
@@ -67,6 +69,41 @@ async fn wait_for_replicas_reports_an_unreplicated_write() {
             .unwrap_or(false)
     })
     .await;
+}
+
+/// A `WAIT` Redis refuses (here an ACL user without `+wait`: `NOPERM`)
+/// confirmed no replica: the enqueue is `NotReplicated` with the refusal,
+/// never `Ok`. Before, the pipeline's ignored error reply to `WAIT` read as
+/// "no count" and skipped the check, so `wait_for_replicas(0, ..)` returned
+/// `Ok` (and the outbox relay marked such rows published).
+#[tokio::test]
+async fn a_refused_wait_is_not_replicated_rather_than_ok() {
+    let env = TestEnv::start().await;
+    let acl = "ACL SETUSER producer on >secret ~* &* +@all -wait";
+    assert!(env.server.command(&[acl]).unwrap().contains("OK"));
+    let url = format!("redis://producer:secret@127.0.0.1:{}/", env.server.port());
+    let queue = Queue::connect(&url).await.unwrap();
+    for (i, wanted) in [0u32, 1].into_iter().enumerate() {
+        let opts = EnqueueOptions::new()
+            .id(format!("refused-wait-{i}"))
+            .wait_for_replicas(wanted, Duration::from_secs(1));
+        let err = task::enqueue_with(&queue, opts, env.task(0))
+            .await
+            .unwrap_err();
+        match &err {
+            QueueError::NotReplicated {
+                acked: 0,
+                wanted: w,
+                wait_refused: Some(reply),
+                ..
+            } if *w == wanted => assert!(reply.contains("NOPERM"), "{reply}"),
+            other => panic!("wanted {wanted}: expected a refused WAIT, got {other}"),
+        }
+        assert!(err.to_string().contains("refused WAIT"), "{err}");
+        assert!(!err.outcome_unknown());
+        // The job itself was written on the primary.
+        assert_eq!(env.stats("tasks").await.main, i as u64 + 1);
+    }
 }
 
 #[tokio::test]

@@ -71,6 +71,13 @@ fn callback(env: &TestEnv, id: &str) -> JobSpec {
     JobSpec::new::<wf_callback::Job>(&cb).unwrap().id(id)
 }
 
+/// Asserts that nothing was written under any queue's keys (`what`: the
+/// refused workflow).
+async fn assert_nothing_written(env: &TestEnv, what: &str) {
+    let keys: Vec<String> = env.conn().await.keys("q:*").await.unwrap();
+    assert!(keys.is_empty(), "{what} wrote {keys:?}");
+}
+
 async fn spawn_wf_worker(env: &TestEnv) -> WorkerHandle {
     let builder = queue_tests::workflow_jobs::all()
         .into_iter()
@@ -448,8 +455,77 @@ async fn a_batch_id_with_a_control_character_is_refused_before_any_write() {
         .enqueue(&env.queue)
         .await;
     bad(e.unwrap_err(), "ship\t8");
-    let keys: Vec<String> = env.conn().await.keys("q:*").await.unwrap();
-    assert!(keys.is_empty(), "a refused batch wrote {keys:?}");
+    assert_nothing_written(&env, "a refused batch").await;
+}
+
+/// A workflow whose member, child, step or home queue its enqueue would
+/// refuse (a member with two `group` fields, a queue name with a space or a
+/// brace) is refused before any write. Before, the members' enqueue refused
+/// it after the batch was opened and its members registered: the batch
+/// stayed open and never fired; a home queue with no callback was never
+/// checked at all.
+#[tokio::test]
+async fn a_workflow_with_a_refused_member_is_refused_before_any_write() {
+    use queue_core::{Dag, DagError, EnqueueOptions};
+    let env = TestEnv::start().await;
+    let twice = EnqueueOptions {
+        extra_fields: vec![("group".into(), "a".into()), ("group".into(), "b".into())],
+        ..EnqueueOptions::new()
+    };
+    let e = Batch::new(&env.queue)
+        .id("album-9")
+        .on_complete(callback(&env, "album-done"))
+        .add(member(&env, "photo-1"))
+        .add(member(&env, "photo-2").options(twice))
+        .enqueue()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, QueueError::InvalidExtraField { name, job_id: Some(id), .. }
+            if name == "group" && id.as_str() == "photo-2"),
+        "{e}"
+    );
+    assert_nothing_written(&env, "a batch with a member of two groups").await;
+    let spaced = JobSpec::raw("emails high", "t", 1, 1, vec![]).id("mail-1");
+    let e = Batch::new(&env.queue)
+        .id("album-10")
+        .add(member(&env, "photo-3"))
+        .add(spaced.clone())
+        .enqueue()
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, QueueError::InvalidQueueName { queue, .. } if queue == "emails high"));
+    assert_nothing_written(&env, "a batch with a member on `emails high`").await;
+    let e = Batch::new(&env.queue)
+        .id("album-11")
+        .home("{t}x")
+        .add(member(&env, "photo-4"))
+        .enqueue()
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, QueueError::InvalidQueueName { queue, .. } if queue == "{t}x"));
+    assert_nothing_written(&env, "a batch with home `{t}x`").await;
+    let e = Flow::new(callback(&env, "close-9"))
+        .child(member(&env, "invoice-9"))
+        .child(spaced.clone())
+        .enqueue(&env.queue)
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, QueueError::InvalidQueueName { .. }), "{e}");
+    assert_nothing_written(&env, "a flow with a child on `emails high`").await;
+    let e = Dag::new("ship-9")
+        .step("pack", member(&env, "pack"))
+        .step("mail", spaced)
+        .after(["pack"])
+        .enqueue(&env.queue)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, DagError::Queue { step, source, .. }
+            if step == "mail" && matches!(**source, QueueError::InvalidQueueName { .. })),
+        "{e}"
+    );
+    assert_nothing_written(&env, "a dag with a step on `emails high`").await;
 }
 
 /// A batch's callbacks must be on its own queue (the member that finishes

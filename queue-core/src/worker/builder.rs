@@ -492,14 +492,24 @@ impl WorkerBuilder {
         Ok(handlers)
     }
 
-    /// The consumed queues, highest priority first (then by name).
+    /// The consumed queues, highest priority first (then by name). Every
+    /// queue name, consumed (`queues`) or registered (a job type's `QUEUE`,
+    /// where its enqueues go), must be one an enqueue accepts
+    /// ([`validate_queue_name`](crate::validate_queue_name)): before, a
+    /// hand-written `QUEUE = "emails high"` built a worker that consumed a
+    /// queue no enqueue could reach.
     fn worker_queues(&self) -> Result<Vec<WorkerQueue>> {
-        let mut queues = self.queues.clone().unwrap_or_else(|| {
-            self.registrations
-                .iter()
-                .map(|r| r.queue.to_string())
-                .collect()
-        });
+        let registered = self.registrations.iter().map(|r| r.queue);
+        for q in registered
+            .clone()
+            .chain(self.queues.iter().flatten().map(String::as_str))
+        {
+            crate::enqueue_options::check_queue_name(q)?;
+        }
+        let mut queues = self
+            .queues
+            .clone()
+            .unwrap_or_else(|| registered.map(str::to_string).collect());
         queues.sort();
         queues.dedup();
         for (q, limit) in &self.limits {

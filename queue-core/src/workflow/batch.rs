@@ -116,6 +116,11 @@ impl Batch {
     /// Opens the batch, registers and enqueues the members, then seals it.
     /// A crash before the seal leaves the batch open (it never fires): call
     /// again with the same batch and member ids.
+    ///
+    /// The home queue's name, every member (queue name, id, extra field
+    /// names: [`EnqueueOptions::validate`](crate::EnqueueOptions::validate))
+    /// and every callback (queue name, id) are checked before anything is
+    /// written: a refused batch leaves nothing in Redis.
     pub async fn enqueue(mut self) -> Result<BatchCreated> {
         let home = self
             .home
@@ -131,6 +136,13 @@ impl Batch {
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
         BatchRef::check_id(&home, &id)?;
+        crate::enqueue_options::check_queue_name(&home)?;
+        for job in self.on_success.iter().chain(&self.on_complete) {
+            job.check_callback()?;
+        }
+        for m in &self.members {
+            m.check_member(true)?;
+        }
         let batch = BatchRef::new(&home, &id);
         let mut spec = Vec::new();
         if let Some(job) = &mut self.on_success {

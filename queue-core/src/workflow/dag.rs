@@ -243,7 +243,8 @@ impl Dag {
     }
 
     /// Checks the DAG without writing: names, duplicates, unknown
-    /// dependencies, cycles, queues. Returns the step indexes in a
+    /// dependencies, cycles, and each step's job as its enqueue would
+    /// (queue name, id, extra field names: `DagError::Queue`). Returns the step indexes in a
     /// topological order (dependencies first).
     pub fn validate(&self) -> Result<Vec<usize>, DagError> {
         let dag = || self.id.clone();
@@ -302,9 +303,26 @@ impl Dag {
             edges.push(out);
         }
         let order = self.topo_order(&edges)?;
-        // No queue rule to check: a dependency may be on any queue (the relay
-        // carries its outcome to its dependents' batches), and each step with
-        // dependencies is spawned by its own batch, on its own queue.
+        // No queue rule between steps: a dependency may be on any queue (the
+        // relay carries its outcome to its dependents' batches), and each
+        // step with dependencies is spawned by its own batch, on its own
+        // queue. Each step's own job is checked as it will be sent, so that a
+        // refusal comes before any batch is opened: a root as a member (queue
+        // name, id, extra field names, the batch field of a dependency), a
+        // step with dependencies as its batch's callback (queue name, id).
+        let depended_on: HashSet<usize> = edges.iter().flatten().copied().collect();
+        for (i, s) in self.steps.iter().enumerate() {
+            let spec = s.spec.clone().id(Self::step_id(&self.id, &s.name));
+            let checked = match s.deps.is_empty() {
+                true => spec.check_member(depended_on.contains(&i)),
+                false => spec.check_callback(),
+            };
+            checked.map_err(|source| DagError::Queue {
+                dag: dag(),
+                step: s.name.clone(),
+                source: Box::new(source),
+            })?;
+        }
         Ok(order)
     }
 

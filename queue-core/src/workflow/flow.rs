@@ -122,19 +122,24 @@ impl Flow {
     /// children and seals. Idempotent with stable ids: after an error,
     /// enqueue the same flow again.
     pub async fn enqueue(self, queue: &Queue) -> Result<FlowCreated> {
-        self.check_ids()?;
+        self.check()?;
         self.enqueue_in(queue, None).await
     }
 
     /// Refuses, before any write, a flow whose parent's id (its batch id),
-    /// or a nested flow's, is not a valid batch id (see `BatchRef::check_id`).
-    fn check_ids(&self) -> Result<()> {
+    /// or a nested flow's, is not a valid batch id (see `BatchRef::check_id`),
+    /// or whose parents (queue name, id) or leaf children (queue name, id,
+    /// extra field names) would be refused: `JobSpec::check_callback`,
+    /// `JobSpec::check_member`.
+    fn check(&self) -> Result<()> {
         if let Some(id) = self.parent.job_id() {
             BatchRef::check_id(&self.parent.queue, id.as_str())?;
         }
+        self.parent.check_callback()?;
         for (_, child) in &self.children {
-            if let Child::Flow(f) = child {
-                f.check_ids()?;
+            match child {
+                Child::Job(j) => j.check_member(true)?,
+                Child::Flow(f) => f.check()?,
             }
         }
         Ok(())

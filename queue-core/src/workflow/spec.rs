@@ -114,6 +114,34 @@ impl JobSpec {
         self.opts.id.get_or_insert_with(JobId::random).clone()
     }
 
+    /// Checks a member as its enqueue will send it, before the workflow
+    /// writes anything: its queue name, its id (when set) and its extra
+    /// field names ([`EnqueueOptions::validate`]), with the `batch` field
+    /// its enqueue adds (`batch_field`). Before, these were refused by the
+    /// members' enqueue, after the batch was opened and its members
+    /// registered: the batch stayed open and never fired.
+    pub(crate) fn check_member(&self, batch_field: bool) -> Result<()> {
+        if !batch_field {
+            return self.opts.validate(&self.queue);
+        }
+        let batch = super::engine::MEMBER_FIELD;
+        self.opts
+            .clone()
+            .extra_field(batch, "")
+            .validate(&self.queue)
+    }
+
+    /// Checks a callback or a flow's parent before the workflow writes
+    /// anything: its queue name and its id (when set). Its other options
+    /// are not used (docs/WORKFLOWS.md), so they are not checked.
+    pub(crate) fn check_callback(&self) -> Result<()> {
+        let id = EnqueueOptions {
+            id: self.opts.id.clone(),
+            ..EnqueueOptions::new()
+        };
+        id.validate(&self.queue)
+    }
+
     /// The spec fields a batch hash keeps for a callback (`prefix`: `s_` or
     /// `c_`), read by `wf_spawn` in prelude.lua; `member_of`: the batch key
     /// the spawned job is itself a member of (a nested flow's parent).
