@@ -16,7 +16,14 @@ use crate::job::{JobError, JobId};
 ///
 /// Use [`idempotency_key`](Self::idempotency_key) for external APIs (payment
 /// providers accept one) and [`attempt`](Self::attempt) to tell a first run
-/// from a retry.
+/// from a retry. A worker makes one per delivery; tests make one with
+/// [`for_test`](Self::for_test) and call the handler directly:
+///
+/// ```
+/// use queue_core::JobContext;
+/// let ctx = JobContext::for_test("order-7", "billing", 2); // second delivery
+/// assert_eq!((ctx.job_id().as_str(), ctx.queue(), ctx.attempt()), ("order-7", "billing", 2));
+/// ```
 #[derive(Clone)]
 pub struct JobContext {
     pub(crate) inner: Arc<ContextInner>,
@@ -213,7 +220,17 @@ impl JobContext {
     }
 
     /// A key that is the same on every delivery of this job: pass it to external
-    /// APIs that deduplicate requests (`Idempotency-Key` headers).
+    /// APIs that deduplicate requests (`Idempotency-Key` headers). Its form
+    /// is `<queue>:<job id>`, so a stable job id (a business key, see
+    /// `enqueue_with_id`) gives a stable key across re-enqueues too.
+    ///
+    /// ```
+    /// use queue_core::JobContext;
+    /// let first = JobContext::for_test("order-7", "billing", 1);
+    /// let retry = JobContext::for_test("order-7", "billing", 2);
+    /// assert_eq!(first.idempotency_key(), "billing:order-7");
+    /// assert_eq!(retry.idempotency_key(), first.idempotency_key());
+    /// ```
     pub fn idempotency_key(&self) -> String {
         format!("{}:{}", self.inner.keys.queue, self.inner.job_id)
     }

@@ -8,6 +8,7 @@
 //! [`Queue`] and run them with a [`Worker`]:
 //!
 //! ```
+//! use std::time::Duration;
 //! use queue_core::{job, JobContext, JobError, Queue, Worker};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -20,9 +21,10 @@
 //!     Ok(())
 //! }
 //!
-//! # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let server = queue_testkit::RedisServer::start().unwrap();
 //! # let url = server.url();
+//! // One `Queue` per process, shared (it is cheap to clone), e.g. as axum state:
 //! let queue = Queue::connect(&url).await?;
 //! let id = send_welcome::enqueue(&queue, Welcome { email: "a@example.com".into() }).await?;
 //!
@@ -32,13 +34,23 @@
 //!     .build()
 //!     .await?;
 //! let handle = worker.shutdown_handle();
-//! let run = tokio::spawn(worker.run_until(async move {
-//!     // in production: `worker.run()` stops on SIGTERM / ctrl-c
-//!     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-//! }));
-//! run.await.unwrap()?;
-//! # let _ = (id, handle); Ok(()) }
+//! // In production `worker.run().await?` in main: it stops on SIGTERM / ctrl-c.
+//! let running = tokio::spawn(worker.run());
+//!
+//! // Wait for the job to complete (no polling), then stop the worker.
+//! queue.wait_completion("emails", &id, Duration::from_secs(10)).await?;
+//! handle.shutdown();
+//! running.await??;
+//! # Ok(()) }
 //! ```
+//!
+//! **Run a watchdog too.** Workers never take back a job whose lease expired:
+//! if a worker process dies (crash, SIGKILL, OOM, lost machine) its in-flight
+//! jobs stay in the processing list until a watchdog returns them. Run
+//! `queue-watchdog run --redis <url> --queue <name>` next to the workers (as
+//! many as you like), or embed a [`Watchdog`] and call
+//! [`run_until`](Watchdog::run_until) in one of your processes. Without
+//! either, a crashed worker's jobs are never retried.
 
 #![warn(missing_docs)]
 

@@ -36,7 +36,10 @@ const MAX_KEY_LEN: usize = JobId::MAX_LEN;
 ///     }
 ///     tx.execute("INSERT INTO charges (customer, month) VALUES ($1, $2)",
 ///                &[&args.customer, &args.month]).await.map_err(JobError::retryable)?;
-///     inbox.complete(format!("charge-{}", args.customer)).await?;
+///     inbox
+///         .complete(format!("charge-{}", args.customer))
+///         .await
+///         .map_err(InboxError::into_job_error)?; // not a bare `?`: keeps `Fenced` permanent
 ///     tx.commit().await.map_err(JobError::retryable)?; // the charge and "done", or neither
 ///     Ok(())
 /// }

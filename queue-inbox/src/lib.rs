@@ -34,7 +34,11 @@
 //! made by the handler is outside the transaction and still needs
 //! `ctx.idempotency_key()` (see `docs/IDEMPOTENCY.md`).
 //!
-//! ```no_run
+//! A runnable example (needs PostgreSQL, `DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`; the hidden lines give it a
+//! throwaway schema with the `ledger` and `queue_inbox` tables):
+//!
+//! ```
 //! use queue_core::{job, JobContext, JobError};
 //! use queue_inbox::{InboxError, InboxExt};
 //! use serde::{Deserialize, Serialize};
@@ -47,7 +51,7 @@
 //!     let mut db = connect().await?;
 //!     let tx = db.transaction().await.map_err(JobError::retryable)?;
 //!     if ctx.inbox(&tx).already_done().await.map_err(InboxError::into_job_error)? {
-//!         return Ok(());
+//!         return Ok(()); // committed by an earlier delivery: ack, change nothing
 //!     }
 //!     let row = tx
 //!         .query_one("INSERT INTO ledger (invoice, cents) VALUES ($1, $2) RETURNING id",
@@ -55,12 +59,40 @@
 //!         .await
 //!         .map_err(JobError::retryable)?;
 //!     let entry: i64 = row.get(0);
-//!     ctx.inbox(&tx).complete(format!("ledger-{entry}")).await?;
-//!     tx.commit().await.map_err(JobError::retryable)?;
+//!     // Not a bare `?`: that would make every InboxError retryable.
+//!     ctx.inbox(&tx)
+//!         .complete(format!("ledger-{entry}"))
+//!         .await
+//!         .map_err(InboxError::into_job_error)?;
+//!     tx.commit().await.map_err(JobError::retryable)?; // the entry and "done", or neither
 //!     Ok(())
 //! }
-//! # async fn connect() -> Result<tokio_postgres::Client, JobError> { unimplemented!() }
-//! # fn main() {}
+//! # static DB: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+//! # async fn connect() -> Result<tokio_postgres::Client, JobError> {
+//! #     let (client, conn) = tokio_postgres::connect(DB.get().unwrap(), tokio_postgres::NoTls)
+//! #         .await
+//! #         .map_err(JobError::retryable)?;
+//! #     tokio::spawn(conn);
+//! #     Ok(client)
+//! # }
+//!
+//! # #[tokio::main] async fn main() -> Result<(), JobError> {
+//! # // Skipped without PostgreSQL, like the test suite (QUEUE_TEST_SKIP_POSTGRES).
+//! # let Some(pg) = queue_testkit::postgres::require() else { return Ok(()) };
+//! # let schema = queue_testkit::postgres::TempSchema::create(&pg)?;
+//! # DB.set(schema.url().to_string()).unwrap();
+//! # let db = connect().await?;
+//! # db.batch_execute("CREATE TABLE ledger (id bigserial PRIMARY KEY, invoice bigint, cents bigint)").await?;
+//! queue_inbox::Inbox::new().migrate(&db).await?; // once, at deploy time
+//!
+//! // Two deliveries of one job (the worker was killed after the commit, before
+//! // the Redis ack): the second finds the inbox row done and books nothing.
+//! let charge = || Charge { invoice: 7, cents: 1250 };
+//! book_charge(JobContext::for_test("invoice-7", "billing", 1), charge()).await?;
+//! book_charge(JobContext::for_test("invoice-7", "billing", 2), charge()).await?;
+//! let entries: i64 = db.query_one("SELECT count(*) FROM ledger", &[]).await?.get(0);
+//! assert_eq!(entries, 1);
+//! # Ok(()) }
 //! ```
 //!
 //! ## The table

@@ -54,12 +54,18 @@ use proc_macro::TokenStream;
 /// # The function
 ///
 /// It must have the shape
-/// `async fn name(ctx: JobContext, args: Args) -> Result<(), JobError>`:
+/// `async fn name(ctx: JobContext, args: Args) -> Result<(), JobError>`,
+/// or `-> Result<T, JobError>` to return a value:
 ///
 /// - `async`, not generic, not a method, exactly two arguments;
 /// - the first argument is a `JobContext` taken by value;
 /// - the second is the job's payload: an owned, `'static` type implementing
 ///   `Serialize + DeserializeOwned + Send` (no references, no `impl Trait`);
+/// - the return type is `Result<(), JobError>`, or `Result<T, JobError>` with
+///   `T: Serialize + DeserializeOwned + Send + 'static`: on success the value
+///   is stored in the job's completion record, where
+///   `Queue::wait_result::<name::Job>(id, timeout)` and `jobs show` read it
+///   (docs/RESULTS.md);
 /// - the returned future must be `Send`.
 ///
 /// The function itself is kept unchanged, so tests can call it directly with
@@ -69,16 +75,17 @@ use proc_macro::TokenStream;
 ///
 /// | option | value | default |
 /// |---|---|---|
-/// | `queue` | string literal: the queue name; not empty, no whitespace, no `{` or `}` | `"default"` |
+/// | `queue` | string literal: the queue name; not empty, no whitespace, control characters, `{` or `}` | `"default"` |
 /// | `max_attempts` | integer >= 1: deliveries before a failing job is dead-lettered | `Job::MAX_ATTEMPTS` (25) |
 /// | `timeout` | duration string: per-attempt time limit, `"500ms"`, `"30s"`, `"5m"`, `"1h"` or sums like `"1m30s"` | no limit |
+/// | `deadline` | duration string (as `timeout`): execution budget across all attempts, counted from the job's first start (Redis clock); a delivery still running at the deadline is stopped and the job dead-lettered with `deadline exceeded`, and no retry starts after it (`Job::DEADLINE`, docs/RESULTS.md) | no limit |
 /// | `name` | string literal: the job type name stored with each job (unique per queue) | the function's name |
 /// | `version` | integer >= 1: payload schema version (`Job::SCHEMA_VERSION`) | 1 |
 /// | `cron` | string: a 6-field cron schedule with seconds (`"0 */5 * * * *"`), evaluated in UTC on the Redis clock; the job becomes periodic: every worker that registers it enqueues `Args::default()` at each due time, and each firing runs once across workers (`Args` must implement `Default`) | none |
 /// | `rate_key` | a field of the args (`tenant`, `customer.id`; its `to_string()`): the job's rate key, to which per-key rate limits and concurrency caps apply (docs/LIMITS.md) | none |
 ///
 /// All values are checked at compile time: an unknown or duplicate option, a
-/// value of the wrong type, `timeout = "0s"` or `max_attempts = 0` is an error
+/// value of the wrong type, `timeout = "0s"`, `deadline = "0s"` or `max_attempts = 0` is an error
 /// pointing at the offending token.
 ///
 /// # What is generated
@@ -88,8 +95,13 @@ use proc_macro::TokenStream;
 ///
 /// - `struct Job` (a unit struct) implementing `queue_core::Job` with
 ///   `Args` = the second argument's type and the constants from the options;
-///   its `run` calls the function;
+///   its `run` calls the function (and stores a returned value);
+/// - `impl queue_core::JobOutput for Job` with `Output` = the `T` of
+///   `Result<T, JobError>` (`()` when nothing is returned), for
+///   `Queue::wait_result` and `Queue::enqueue_and_wait`;
 /// - `async fn enqueue(queue: &Queue, args: Args) -> Result<JobId, QueueError>`;
+/// - `async fn enqueue_many(queue: &Queue, args: &[Args]) -> Result<Vec<JobId>, QueueError>`:
+///   many jobs with random ids in one round trip, ids in order;
 /// - `async fn enqueue_with_id(queue: &Queue, id: impl Into<JobId>, args: Args) -> Result<Enqueued, QueueError>`
 ///   for a stable, deduplicated id (a business key);
 /// - `async fn enqueue_with(queue: &Queue, opts: EnqueueOptions, args: Args) -> Result<Enqueued, QueueError>`;

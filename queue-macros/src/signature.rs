@@ -1,5 +1,6 @@
 //! Validation of the handler's signature:
-//! `async fn name(ctx: JobContext, args: Args) -> Result<(), JobError>`.
+//! `async fn name(ctx: JobContext, args: Args) -> Result<(), JobError>` (or
+//! `Result<T, JobError>`: the value is stored for the completion record).
 
 use proc_macro2::Span;
 use quote::ToTokens;
@@ -112,7 +113,7 @@ pub(crate) fn validate(sig: &Signature, errors: &mut Errors) -> Option<JobSignat
         ReturnType::Default => {
             problems.push(syn::Error::new(
                 sig.ident.span(),
-                "#[job] functions must return `Result<(), JobError>`",
+                "#[job] functions must return `Result<(), JobError>` (or `Result<T, JobError>` to store a value)",
             ));
             None
         }
@@ -347,7 +348,7 @@ mod tests {
         assert!(sig.is_none());
         assert_eq!(
             errors,
-            ["#[job] functions must return `Result<(), JobError>`"]
+            ["#[job] functions must return `Result<(), JobError>` (or `Result<T, JobError>` to store a value)"]
         );
     }
 

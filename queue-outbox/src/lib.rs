@@ -23,9 +23,13 @@
 //! - **Reconciliation** ([`Outbox::reconcile`]) lists rows whose job has not
 //!   completed after a given age, with where the job is.
 //!
-//! ```no_run
+//! A runnable example (needs PostgreSQL, `DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`; the hidden lines give it a
+//! throwaway schema and redis-server):
+//!
+//! ```
 //! use std::time::Duration;
-//! use queue_core::{job, JobContext, JobError, Queue};
+//! use queue_core::{job, JobContext, JobError, Queue, Worker};
 //! use queue_outbox::{Outbox, Relay};
 //! use serde::{Deserialize, Serialize};
 //!
@@ -35,30 +39,46 @@
 //! #[job(queue = "billing", max_attempts = 10)]
 //! async fn send_invoice(_ctx: JobContext, args: Invoice) -> Result<(), JobError> { Ok(()) }
 //!
-//! # fn main() {}
-//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-//! let db = "postgres://app@127.0.0.1/app";
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # // Skipped without PostgreSQL, like the test suite (QUEUE_TEST_SKIP_POSTGRES).
+//! # let Some(pg) = queue_testkit::postgres::require() else { return Ok(()) };
+//! # let schema = queue_testkit::postgres::TempSchema::create(&pg)?;
+//! # let redis = queue_testkit::RedisServer::start()?;
+//! # let (db, redis_url) = (schema.url(), redis.url());
+//! // e.g. db = "postgres://app@127.0.0.1/app", redis_url = "redis://127.0.0.1:6379/"
 //! let outbox = Outbox::new();
 //! let mut client = queue_outbox::connect_postgres(db).await?;
 //! outbox.migrate(&client).await?;
+//! # client.batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, state text);
+//! #                       INSERT INTO orders VALUES (7, 'new')").await?;
 //!
 //! // In the request handler: business write and job, one transaction.
 //! let tx = client.transaction().await?;
 //! tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&7_i64]).await?;
-//! outbox
+//! let staged = outbox
 //!     .enqueue_in_tx::<send_invoice::Job>(&tx, &Invoice { order: 7 }, Some("invoice-7".into()))
 //!     .await?;
 //! tx.commit().await?;
 //!
 //! // In a background task (or `queue-watchdog outbox relay`):
-//! let queue = Queue::connect("redis://127.0.0.1:6379/").await?;
-//! let relay = Relay::connect(outbox.clone(), db, queue.clone()).await?;
-//! tokio::spawn(relay.run_until(std::future::pending(), Duration::from_millis(500)));
+//! let queue = Queue::connect(&redis_url).await?;
+//! let mut relay = Relay::connect(outbox.clone(), db, queue.clone()).await?;
+//! // One batch here; `relay.run_until(stop, Duration::from_millis(500))` loops until `stop`.
+//! let report = relay.publish_batch(100).await?;
+//! assert_eq!(report.published, 1);
+//!
+//! // Workers run the published job like any other.
+//! let worker = Worker::builder(&redis_url).register(send_invoice::handler()).build().await?;
+//! let stop_worker = worker.shutdown_handle();
+//! let working = tokio::spawn(worker.run());
+//! queue.wait_completion("billing", &staged.id, Duration::from_secs(10)).await?;
 //!
 //! // From an operator's cron: what has not completed after an hour?
 //! for row in outbox.reconcile(&client, &queue, Duration::from_secs(3600)).await? {
 //!     eprintln!("{} {} {}", row.queue, row.job_id, row.status);
 //! }
+//! # stop_worker.shutdown();
+//! # working.await??;
 //! # Ok(()) }
 //! ```
 //!
@@ -106,10 +126,13 @@ pub use tokio_postgres;
 /// For TLS, connect with `tokio_postgres::connect(url, your_tls_connector)`
 /// yourself and hand the client to [`Relay::new`].
 ///
-/// ```no_run
-/// # async fn f() -> Result<(), queue_outbox::OutboxError> {
-/// let client = queue_outbox::connect_postgres("postgres://postgres@127.0.0.1:5432/test").await?;
-/// # let _ = client; Ok(()) }
+/// ```
+/// # #[tokio::main] async fn main() -> Result<(), queue_outbox::OutboxError> {
+/// # let Some(url) = queue_testkit::postgres::require() else { return Ok(()) };
+/// // e.g. url = "postgres://postgres@127.0.0.1:5432/test"
+/// let client = queue_outbox::connect_postgres(&url).await?;
+/// assert!(!client.is_closed());
+/// # Ok(()) }
 /// ```
 pub async fn connect_postgres(database_url: &str) -> Result<tokio_postgres::Client> {
     let (client, connection) = tokio_postgres::connect(database_url, tokio_postgres::NoTls)

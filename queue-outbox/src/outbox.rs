@@ -261,9 +261,15 @@ impl Outbox {
     /// Works on a [`Client`](tokio_postgres::Client) or inside a
     /// [`Transaction`] (then it commits with it).
     ///
-    /// ```no_run
-    /// # async fn f(client: &tokio_postgres::Client) -> Result<(), queue_outbox::OutboxError> {
-    /// queue_outbox::Outbox::new().migrate(client).await?;
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Some(pg) = queue_testkit::postgres::require() else { return Ok(()) };
+    /// # let schema = queue_testkit::postgres::TempSchema::create(&pg)?;
+    /// # let client = queue_outbox::connect_postgres(schema.url()).await?;
+    /// let outbox = queue_outbox::Outbox::new();
+    /// outbox.migrate(&client).await?;
+    /// outbox.migrate(&client).await?; // idempotent
+    /// assert_eq!(outbox.stats(&client).await?.unpublished, 0);
     /// # Ok(()) }
     /// ```
     pub async fn migrate(&self, client: &impl GenericClient) -> Result<()> {
@@ -282,7 +288,7 @@ impl Outbox {
     /// queue and id (a business key) is not written: the result says
     /// [`OutboxOutcome::Duplicate`].
     ///
-    /// ```no_run
+    /// ```
     /// use queue_core::{job, JobContext, JobError};
     /// use serde::{Deserialize, Serialize};
     ///
@@ -292,9 +298,13 @@ impl Outbox {
     /// #[job(queue = "emails")]
     /// async fn send_receipt(_ctx: JobContext, args: Receipt) -> Result<(), JobError> { Ok(()) }
     ///
-    /// # fn main() {}
-    /// # async fn f(client: &mut tokio_postgres::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let Some(pg) = queue_testkit::postgres::require() else { return Ok(()) };
+    /// # let schema = queue_testkit::postgres::TempSchema::create(&pg)?;
+    /// # let mut client = queue_outbox::connect_postgres(schema.url()).await?;
+    /// # client.batch_execute("CREATE TABLE orders (id bigint PRIMARY KEY, state text)").await?;
     /// let outbox = queue_outbox::Outbox::new();
+    /// # outbox.migrate(&client).await?;
     /// let tx = client.transaction().await?;
     /// tx.execute("UPDATE orders SET state = 'paid' WHERE id = $1", &[&42_i64]).await?;
     /// let staged = outbox
@@ -302,6 +312,7 @@ impl Outbox {
     ///     .await?;
     /// tx.commit().await?; // the order update and the job, or neither
     /// assert_eq!(staged.id.as_str(), "receipt-42");
+    /// assert_eq!(outbox.stats(&client).await?.unpublished, 1);
     /// # Ok(()) }
     /// ```
     pub async fn enqueue_in_tx<J: Job>(

@@ -126,6 +126,9 @@ impl RelayStep<'_> {
 /// Publishes outbox rows to Redis. Run one or several (on as many machines as
 /// you like): `FOR UPDATE SKIP LOCKED` gives each row to one relay at a time.
 ///
+/// Running until ctrl-c (the [crate example](crate) runs a relay end to end
+/// against a throwaway database and redis-server):
+///
 /// ```no_run
 /// use std::time::Duration;
 /// use queue_outbox::{Outbox, Relay};

@@ -73,6 +73,13 @@ struct Inner {
 
 /// Runs registered jobs from one or more queues.
 ///
+/// A worker does not reclaim expired leases: the jobs a worker was running
+/// when its process died stay in the processing list until a **watchdog**
+/// returns them (`queue-watchdog run --queue <name>`, or an embedded
+/// [`Watchdog`](crate::Watchdog) with [`run_until`](crate::Watchdog::run_until)).
+/// Run one wherever workers run; without it a crashed worker's jobs are
+/// never retried.
+///
 /// ```
 /// # use queue_core::{job, JobContext, JobError, Worker};
 /// # #[job(queue = "reports")]

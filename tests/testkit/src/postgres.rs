@@ -1,5 +1,5 @@
 //! PostgreSQL for tests: which server to use, whether it answers, throwaway
-//! table names, and cleanup through `psql`.
+//! table names and schemas, and cleanup through `psql`.
 //!
 //! Unlike Redis, PostgreSQL is not started per test: tests share one server
 //! (`DATABASE_URL`, default [`DEFAULT_URL`]) and isolate themselves by using
@@ -177,6 +177,77 @@ impl Drop for DropTable {
         ) {
             eprintln!("warning: could not drop test table {}: {e}", self.table);
         }
+    }
+}
+
+/// A schema no other test uses, dropped with everything in it when the guard
+/// is dropped (also when the test panics). Its [`url`](Self::url) connects
+/// with `search_path` set to the schema, so code that uses plain table names
+/// (a default `queue_outbox` or `queue_inbox` table, an `orders` table) runs
+/// unchanged against throwaway tables: what runnable doc examples need.
+///
+/// ```
+/// use queue_testkit::postgres::with_search_path;
+/// assert_eq!(
+///     with_search_path("postgres://u@h/db?sslmode=disable", "s1"),
+///     "postgres://u@h/db?sslmode=disable&options=-csearch_path%3Ds1"
+/// );
+/// assert_eq!(with_search_path("host=h dbname=db", "s1"), "host=h dbname=db options=-csearch_path=s1");
+/// ```
+#[derive(Debug)]
+pub struct TempSchema {
+    base_url: String,
+    name: String,
+    url: String,
+}
+
+impl TempSchema {
+    /// Creates a schema named by [`unique_name`] on the server at `base_url`
+    /// (through `psql`).
+    pub fn create(base_url: &str) -> std::io::Result<Self> {
+        let name = unique_name("scratch");
+        psql(base_url, &format!("CREATE SCHEMA \"{name}\""))?;
+        Ok(TempSchema {
+            url: with_search_path(base_url, &name),
+            base_url: base_url.to_string(),
+            name,
+        })
+    }
+
+    /// The database URL with `search_path` set to this schema.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The schema's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for TempSchema {
+    fn drop(&mut self) {
+        if let Err(e) = psql(
+            &self.base_url,
+            &format!(
+                "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                self.name
+            ),
+        ) {
+            eprintln!("warning: could not drop test schema {}: {e}", self.name);
+        }
+    }
+}
+
+/// `url` with the server option `search_path=<schema>` added (`schema` a
+/// plain identifier): a query parameter for a `postgres://` URL, a
+/// `key=value` pair for the other form.
+pub fn with_search_path(url: &str, schema: &str) -> String {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}options=-csearch_path%3D{schema}")
+    } else {
+        format!("{url} options=-csearch_path={schema}")
     }
 }
 
