@@ -207,11 +207,20 @@ impl Queue {
         timeout: Duration,
     ) -> Result<BTreeMap<String, Vec<u8>>, WaitError> {
         let keys = QueueKeys::new(queue);
-        let until = tokio::time::Instant::now() + timeout;
+        // None: a timeout too long to add to the clock (`Duration::MAX`),
+        // which is no deadline at all.
+        let until = tokio::time::Instant::now().checked_add(timeout);
         let mut conn = self.connection();
         let mut blocking: Option<RedisConnection> = None;
+        let mut woken = false;
         loop {
-            let state = ResultWait { keys: &keys, id }.run(&mut conn).await?;
+            let state = ResultWait {
+                keys: &keys,
+                id,
+                woken,
+            }
+            .run(&mut conn)
+            .await?;
             let (queue, id) = (queue.to_string(), id.clone());
             match state {
                 WaitState::Finished(record) => {
@@ -224,7 +233,10 @@ impl Queue {
                 WaitState::Unknown => return Err(WaitError::NotFound { queue, id }),
                 WaitState::Waiting => {}
             }
-            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            let left = match until {
+                Some(until) => until.saturating_duration_since(tokio::time::Instant::now()),
+                None => MAX_BLOCK,
+            };
             if left.is_zero() {
                 return Err(WaitError::Timeout {
                     queue,
@@ -232,18 +244,21 @@ impl Queue {
                     waited: timeout,
                 });
             }
+            // Each BLPOP blocks at most MAX_BLOCK; a longer wait loops.
+            let block = left.min(MAX_BLOCK);
             let conn = match &mut blocking {
                 Some(conn) => conn,
-                None => blocking.insert(self.blocking_connection(&queue, left).await?),
+                None => blocking.insert(self.blocking_connection(&queue, block).await?),
             };
-            let secs = left.max(Duration::from_millis(1)).as_secs_f64();
-            let _woken: Option<(String, String)> = redis::cmd("BLPOP")
+            let secs = block.max(Duration::from_millis(1)).as_secs_f64();
+            let popped: Option<(String, String)> = redis::cmd("BLPOP")
                 .arg(keys.notify(id.as_str()))
                 .arg(format!("{secs:.3}"))
                 .query_async(conn)
                 .await
                 .map_err(|e| QueueError::redis(&queue, Some(&id), e))?;
-            tracing::debug!(queue = %queue, job_id = %id, woken = _woken.is_some(), "result wait: re-checking the job");
+            woken = popped.is_some();
+            tracing::debug!(queue = %queue, job_id = %id, woken, "result wait: re-checking the job");
         }
     }
 
@@ -261,12 +276,18 @@ impl Queue {
         };
         let (url, cfg) = &**origin;
         let cfg = ConnectionConfig {
-            response_timeout: cfg.response_timeout + wait,
+            response_timeout: cfg.response_timeout.saturating_add(wait),
             ..cfg.clone()
         };
         RedisConnection::connect(url, &cfg).await
     }
 }
+
+/// The longest one `BLPOP` of [`Queue::wait_completion`] blocks (a longer
+/// wait, up to `Duration::MAX`, blocks again): its seconds stay a number
+/// Redis takes, and the blocking connection's response timeout one the
+/// clock can add.
+const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
 
 /// The `T` of a completion record: its `result` field as MessagePack; a
 /// `()` output ignores the field (it may hold a `set_result_ref` text).

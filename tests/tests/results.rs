@@ -4,10 +4,11 @@
 //! runs; start deadlines (`expires_in`) of waiting and delayed jobs; the
 //! execution deadline (`#[job(deadline = "1s")]`) across attempts.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use queue_core::admin::Admin;
-use queue_core::{Backoff, EnqueueOptions, QueueKeys, WaitError, WorkerConfig};
+use queue_core::{Backoff, EnqueueOptions, JobId, QueueKeys, WaitError, WorkerConfig};
 use queue_tests::results_jobs::{self, budgeted, square, Budgeted, Square, Squared};
 use queue_tests::{fast_config, init_tracing, wait_until, TestEnv, WorkerHandle, WorkerProcess};
 use redis::AsyncCommands;
@@ -412,4 +413,109 @@ async fn a_start_deadline_too_far_to_count_lets_the_job_run() {
     env.run_until_completed("tasks", 2).await;
     let stats = env.stats("tasks").await;
     assert_eq!((stats.dead, stats.counter("expired")), (0, 0));
+}
+
+/// Spawns `n` producers waiting for job `id` of the `tasks` queue (`timeout`
+/// each), and waits until the job's `notify` field counts all of them.
+async fn registered_waiters(
+    env: &TestEnv,
+    id: &JobId,
+    n: usize,
+    timeout: Duration,
+) -> Vec<tokio::task::JoinHandle<Result<BTreeMap<String, Vec<u8>>, WaitError>>> {
+    let waiters = (0..n)
+        .map(|_| {
+            let (queue, id) = (env.queue.clone(), id.clone());
+            tokio::spawn(async move { queue.wait_completion("tasks", &id, timeout).await })
+        })
+        .collect();
+    let want = n.to_string();
+    wait_until(T, &format!("{n} waiters registered"), || async {
+        let job = env.queue.job("tasks", id.clone()).await.unwrap();
+        job.is_some_and(|j| j.field("notify") == Some(want.as_str()))
+    })
+    .await;
+    waiters
+}
+
+/// The outcomes of `waiters`, each within `bound` (an outcome bound far
+/// below the waiters' own timeout: a waiter nobody wakes would sit to it).
+async fn outcomes<T>(waiters: Vec<tokio::task::JoinHandle<T>>, bound: Duration) -> Vec<T> {
+    let mut out = Vec::new();
+    for (i, w) in waiters.into_iter().enumerate() {
+        let got = tokio::time::timeout(bound, w)
+            .await
+            .unwrap_or_else(|_| panic!("waiter {i} not woken within {bound:?}"));
+        out.push(got.expect("the waiter's task"));
+    }
+    out
+}
+
+/// `Duration::MAX` is "no deadline": before, `Instant::now() + timeout`
+/// panicked in every call, and the BLPOP seconds and the blocking
+/// connection's response timeout would have overflowed next.
+#[tokio::test]
+async fn waiting_without_a_deadline_answers_instead_of_panicking() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let err = env
+        .queue
+        .wait_completion("tasks", &JobId::from("never-enqueued"), Duration::MAX)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, WaitError::NotFound { .. }), "{err}");
+
+    let id = env.enqueue(env.task(0)).await;
+    let waiters = registered_waiters(&env, &id, 1, Duration::MAX).await;
+    let worker = env.spawn_worker(fast_config()).await;
+    for got in outcomes(waiters, T).await {
+        let rec = got.unwrap();
+        assert_eq!(rec.get("status").map(Vec::as_slice), Some(&b"done"[..]));
+    }
+    worker.stop().await;
+}
+
+/// More waiters than the finishing script pushes wakes (100): each woken
+/// waiter passes its wake on, so all of them return. Before, waiter 101
+/// slept until its own timeout.
+#[tokio::test]
+async fn every_one_of_more_than_a_hundred_waiters_is_woken() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new("tasks");
+    let id = env.enqueue(env.task(0)).await;
+    let waiters = registered_waiters(&env, &id, 101, T).await;
+    let worker = env.spawn_worker(fast_config()).await;
+    for got in outcomes(waiters, Duration::from_secs(10)).await {
+        let rec = got.unwrap();
+        assert_eq!(rec.get("status").map(Vec::as_slice), Some(&b"done"[..]));
+    }
+    // The relayed wakes stay bounded: at most the 100 the ack pushed.
+    let mut conn = env.conn().await;
+    let left: usize = conn.llen(keys.notify(id.as_str())).await.unwrap();
+    assert!(left <= 100, "{left} wakes left on the notification list");
+    worker.stop().await;
+}
+
+/// With `completion_retention` zero the ack writes no record, but it still
+/// wakes the waiters, who find nothing: NotFound (docs/RESULTS.md). Before,
+/// the wake sat inside the record branch and the waiter slept to its timeout.
+#[tokio::test]
+async fn an_ack_without_a_record_still_wakes_the_waiters() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let id = env.enqueue(env.task(0)).await;
+    let waiters = registered_waiters(&env, &id, 2, T).await;
+    let worker = env
+        .spawn_worker(WorkerConfig {
+            completion_retention: Duration::ZERO,
+            ..fast_config()
+        })
+        .await;
+    for got in outcomes(waiters, Duration::from_secs(10)).await {
+        let err = got.unwrap_err();
+        assert!(matches!(err, WaitError::NotFound { .. }), "{err}");
+    }
+    env.wait_completed("tasks", 1).await;
+    worker.stop().await;
 }

@@ -118,8 +118,11 @@ for n, h in ipairs(fields) do
       elseif written then
         redis.call('PEXPIRE', done, retention_str)
       end
-      if h[5] then results_wake(done) end
     end
+    -- With or without a record (retention 0): a waiter re-checks and finds
+    -- the record, or nothing (NotFound). The job hash, whose `notify`
+    -- results_wake reads, is deleted after this loop.
+    if h[5] then results_wake(ARGV[2] .. id) end
     -- Acks come for old deliveries, near the tail (fetches push at the head):
     -- LREM from the tail (-1) is O(1) for them instead of O(jobs in flight).
     redis.call('LREM', KEYS[1], '-1', id)

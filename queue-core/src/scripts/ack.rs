@@ -771,6 +771,7 @@ mod tests {
             let state = ResultWait {
                 keys: &keys,
                 id: &JobId::from(id),
+                woken: false,
             }
             .run(&mut c)
             .await
@@ -907,6 +908,7 @@ mod tests {
             let state = ResultWait {
                 keys: &keys,
                 id: &d.id,
+                woken: false,
             }
             .run(&mut c)
             .await

@@ -14,13 +14,17 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<2> =
-    lua_script!("result_wait.lua", keys = 2, args = 0, prelude(None));
+pub(crate) static SCRIPT: LuaScript<3> =
+    lua_script!("result_wait.lua", keys = 3, args = 1, prelude(None));
 
 /// Checks job `id` and registers a waiter when it has not finished.
 pub(crate) struct ResultWait<'a> {
     pub(crate) keys: &'a QueueKeys,
     pub(crate) id: &'a JobId,
+    /// This check follows a wake taken from `q:{Q}:notify:<id>`: on an
+    /// outcome, the script pushes one wake back for the next waiter (the
+    /// finishing script pushes at most 100).
+    pub(crate) woken: bool,
 }
 
 /// Where the job stands.
@@ -41,7 +45,8 @@ impl ResultWait<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<WaitState> {
         let (k, id) = (self.keys, self.id.as_str());
         let reply = SCRIPT
-            .call([k.job(id), k.done(id)])
+            .call([k.job(id), k.done(id), k.notify(id)])
+            .arg(if self.woken { "1" } else { "0" })
             .run(conn, &k.queue, Some(self.id))
             .await?;
         let f = Fields::new(&k.queue, Some(self.id), "result_wait reply", &reply)?;
