@@ -4,11 +4,18 @@
 -- worker can run it. The job hash keeps `newer_since`: the Redis time since
 -- which no live worker has announced the version (reset while one has). Once
 -- that is wait_ms ago, the job is dead-lettered with a reason saying so.
+-- While a live worker has announced the version the job is always given back,
+-- whatever wait_ms (0 too). The handler never ran, so the delivery is not a
+-- start: a `first_started_at` this delivery's claim wrote is dropped (the
+-- execution deadline counts from the first delivery that runs), and its
+-- rate-limit starts (`<limits>:started`, `:started:<rate_key>`) are released.
 -- Validates first; destination before source, counters last. Idempotent for
 -- its token (`failed_token`): a retry whose reply was lost gets the same answer.
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 versions hash,
---       8 promoter wake list (a give-back due sooner than the delayed head wakes a
---         sleeping promoter, as a retry's does)
+--       8 promoter wake list, 9 limits hash (optional: an older caller's 8 keys
+--         release no rate start)
+-- (A give-back due sooner than the delayed head wakes a sleeping promoter, as a
+-- retry's does.)
 -- ARGV: 1 id, 2 token, 3 versions field (`type:version`), 4 delay_ms, 5 wait_ms,
 --       6 the handler's version (for the reason)
 -- Returns, like fail.lua, {'retry', run_at} (given back) | {'dead', reason} | {'lost'}
@@ -16,8 +23,33 @@
 local delay = arg_count(ARGV[4], 'delay_ms')
 local wait = arg_count(ARGV[5], 'wait_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list', KEYS[7], 'hash')
-local early, h, bad = failing_delivery(KEYS[3], KEYS[1], ARGV[1], ARGV[2], 'newer_since')
+local early, h, bad = failing_delivery(KEYS[3], KEYS[1], ARGV[1], ARGV[2], 'newer_since',
+  'first_started_at', 'delivered_at', 'rate_key')
 if early then return early end
+-- The start logs this delivery's claim wrote to (limits_started). A log of
+-- another type (corrupt data) is skipped with a warning, as fetches skip a
+-- key's limits then: checked here, before the first write.
+local logs = {}
+if KEYS[9] then
+  local candidates = {KEYS[9] .. ':started'}
+  if h and h[11] and h[11] ~= '' then candidates[2] = KEYS[9] .. ':started:' .. h[11] end
+  for _, log in ipairs(candidates) do
+    local wrong = key_type_bad(log, 'zset')
+    if wrong then
+      redis.log(redis.LOG_WARNING, 'defer: ' .. wrong .. ' (corrupt data): the start of job '
+        .. ARGV[1] .. ' is left in it')
+    else
+      logs[#logs + 1] = log
+    end
+  end
+end
+-- This delivery's claim started the job's clock (no earlier delivery did):
+-- it is dropped with the delivery, so the next claim starts it.
+local unstart = h and h[9] and h[9] == h[10]
+-- Releases this delivery's rate-limit starts, last.
+local function release_starts()
+  for _, log in ipairs(logs) do redis.call('ZREM', log, ARGV[2]) end
+end
 local attempts, _max
 if not bad then attempts, _max, bad = job_counts(h[3], nil) end
 local now = now_ms()
@@ -28,8 +60,10 @@ if not bad then
   local announced = as_count(redis.call('HGET', KEYS[7], ARGV[3]))
   -- A corrupt `newer_since` (our own bookkeeping) restarts the wait.
   local since = as_count(h[8]) or now
-  if announced and announced > now then since = now end
-  if now - since < wait then
+  -- An announcement live now: given back whatever the wait (0 too).
+  local live = announced and announced > now
+  if live then since = now end
+  if live or now - since < wait then
     local run_at = now + delay
     ev_hist(KEYS[6], ARGV[1], KEYS[3], 'deferred', 'payload version ' .. ARGV[3] .. ' newer than the handler', now)
     local wake = sooner_than_head(KEYS[4], run_at)
@@ -37,9 +71,11 @@ if not bad then
     redis.call('HSET', KEYS[3], 'state', 'delayed', 'run_at', run_at, 'attempts', attempts,
       'newer_since', since, 'failed_token', ARGV[2])
     redis.call('HDEL', KEYS[3], 'token', 'lease_until')
+    if unstart then redis.call('HDEL', KEYS[3], 'first_started_at') end
     redis.call('LREM', KEYS[1], 1, ARGV[1])
     redis.call('ZREM', KEYS[2], ARGV[1])
     bump(KEYS[6], 'deferred', 1)
+    release_starts()
     if wake then wake_promoter(KEYS[8]) end
     return {'retry', run_at}
   end
@@ -50,8 +86,10 @@ end
 local member = dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
 if attempts then redis.call('HSET', KEYS[3], 'attempts', attempts) end
 redis.call('HSET', KEYS[3], 'failed_at', now, 'failed_token', ARGV[2])
+if unstart then redis.call('HDEL', KEYS[3], 'first_started_at') end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
+release_starts()
 if dead_member(member, ARGV[1], reason, now, KEYS[6]) then
   return {'dead', reason, 'relay'}
 end

@@ -2,7 +2,8 @@
 //! worker's handler is given back without using an attempt (delayed for a
 //! short time, lease dropped, only while the token matches), or dead-lettered
 //! once no live worker has announced that version for the configured wait
-//! (docs/RELIABILITY.md, "Rolling deploys").
+//! (docs/RELIABILITY.md, "Rolling deploys"). The given-back delivery is not
+//! a start: its claim's `first_started_at` and rate-limit starts are dropped.
 
 use std::time::Duration;
 
@@ -13,8 +14,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<8> =
-    lua_script!("defer.lua", keys = 8, args = 6, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<9> =
+    lua_script!("defer.lua", keys = 9, args = 6, prelude(super::DRAIN));
 
 /// Gives back one delivery of a newer payload version.
 pub(crate) struct Defer<'a> {
@@ -32,7 +33,23 @@ pub(crate) struct Defer<'a> {
     pub(crate) known: u32,
 }
 
-impl Defer<'_> {
+impl<'a> Defer<'a> {
+    /// For script tests: `d`'s version-2 payload (`t:2`) given back by a
+    /// worker whose handler knows version 1, for a minute, waiting at most a
+    /// minute for a worker that announces it (override with `..`).
+    #[cfg(test)]
+    pub(crate) fn test_v2(keys: &'a QueueKeys, d: &'a super::claim::Delivery) -> Self {
+        Defer {
+            keys,
+            id: &d.id,
+            token: &d.token,
+            field: "t:2",
+            delay: Duration::from_secs(60),
+            wait: Duration::from_secs(60),
+            known: 1,
+        }
+    }
+
     /// Runs the script. It answers like `fail.lua`: [`FailReply::Retry`]
     /// means back in the delayed set (here with the attempt given back),
     /// and `Dead`, `LeaseLost` and `CancelRequested` mean the same as there.
@@ -48,6 +65,7 @@ impl Defer<'_> {
                 k.stats.clone(),
                 k.versions(),
                 k.wake.clone(),
+                k.limits(),
             ])
             .arg(id)
             .arg(self.token)

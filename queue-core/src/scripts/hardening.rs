@@ -4,7 +4,8 @@
 //! queue key of the wrong type is refused before any write; a corrupt counter
 //! never blocks a move; replay and purge touch only dead jobs; one bad claim
 //! row is reported alone; a deferred newer-version delivery gives its attempt
-//! back once.
+//! back once, does not start the execution deadline, and is given back while
+//! its version is announced even with a zero wait.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -164,6 +165,42 @@ impl Fixture {
         }
         .run(&mut self.conn)
         .await
+    }
+
+    /// Gives `d` back as a worker whose handler knows version 1 of a
+    /// version-2 payload (`t:2`), due at once, waiting at most `wait` for a
+    /// worker that announces `t:2`.
+    async fn defer(&mut self, d: &Delivery, wait: Duration) -> FailReply {
+        super::defer::Defer {
+            delay: Duration::ZERO,
+            wait,
+            ..super::defer::Defer::test_v2(&self.keys, d)
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap()
+    }
+
+    /// The Redis clock in ms (the clock of every job timestamp).
+    async fn redis_now_ms(&mut self) -> i64 {
+        let (s, us): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.conn)
+            .await
+            .unwrap();
+        s * 1000 + us / 1000
+    }
+
+    /// The next delivery of a job given back or retried at once: promoted
+    /// to main, then fetched, after the Redis clock moved on from `after`
+    /// (a delivery time) so that the two deliveries' times differ.
+    async fn redeliver_after(&mut self, after: &Delivery) -> Delivery {
+        let start = Instant::now();
+        while self.redis_now_ms().await <= after.delivered_at_ms {
+            assert!(start.elapsed() < Duration::from_secs(10), "Redis clock");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.promote().await.unwrap();
+        self.fetch_one().await
     }
 
     async fn reclaim(&mut self) -> Result<super::reclaim::ReclaimReply> {
@@ -803,15 +840,7 @@ async fn a_defer_retried_after_its_reply_was_lost_gets_the_same_outcome() {
     assert_eq!(d.attempt, 1);
     super::defer::SCRIPT.load(&mut fx.conn).await.unwrap();
     let keys = fx.keys.clone();
-    let defer = Defer {
-        keys: &keys,
-        id: &d.id,
-        token: &d.token,
-        field: "t:2",
-        delay: Duration::from_secs(60),
-        wait: Duration::from_secs(60),
-        known: 1,
-    };
+    let defer = Defer::test_v2(&keys, &d);
     fx.lose_reply(async |c| defer.run(c).await).await;
     fx.wait_state("j1", "delayed").await;
     let again = defer.run(&mut fx.conn.clone()).await.unwrap();
@@ -1299,24 +1328,11 @@ async fn a_replayed_job_forgets_the_cancel_requested_of_its_earlier_life() {
 /// (a worker of the old version still running) dead-lettered it at once.
 #[tokio::test]
 async fn a_replayed_job_waits_afresh_for_its_payload_version() {
-    use super::defer::Defer;
     let mut fx = Fixture::start().await;
     let k = fx.keys.clone();
     fx.enqueue("v1", 3).await;
-    let run_defer = async |fx: &mut Fixture, d: &Delivery| {
-        Defer {
-            keys: &k,
-            id: &d.id,
-            token: &d.token,
-            field: "t:2",
-            delay: Duration::ZERO,
-            wait: Duration::from_secs(3600),
-            known: 1,
-        }
-        .run(&mut fx.conn.clone())
-        .await
-        .unwrap()
-    };
+    let run_defer =
+        async |fx: &mut Fixture, d: &Delivery| fx.defer(d, Duration::from_secs(3600)).await;
     let d = fx.fetch_one().await;
     assert!(matches!(
         run_defer(&mut fx, &d).await,
@@ -1341,4 +1357,75 @@ async fn a_replayed_job_waits_afresh_for_its_payload_version() {
     let d = fx.fetch_one().await;
     let again = run_defer(&mut fx, &d).await;
     assert!(matches!(again, FailReply::Retry { .. }), "{again:?}");
+}
+
+/// A delivery given back for a newer payload version never ran its handler,
+/// so it does not start the job's execution deadline: the next delivery that
+/// runs is the first start. A job that already ran once (a retried failure)
+/// keeps its first start through a later give-back. Before, the deferred
+/// delivery's time stayed `first_started_at`: in a rolling deploy a
+/// `#[job(deadline = 1m)]` job given back for two minutes was dead-lettered
+/// "deadline exceeded" by the upgraded worker without ever running.
+#[tokio::test]
+async fn a_deferred_delivery_does_not_start_the_execution_deadline() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 3).await;
+    let deferred = fx.fetch_one().await;
+    assert_eq!(deferred.first_started_at_ms, deferred.delivered_at_ms);
+    let wait = Duration::from_secs(60);
+    assert!(matches!(
+        fx.defer(&deferred, wait).await,
+        FailReply::Retry { .. }
+    ));
+    assert!(!fx.job("j1").await.contains_key("first_started_at"));
+    let ran = fx.redeliver_after(&deferred).await;
+    assert_eq!(ran.attempt, 1);
+    assert_eq!(
+        ran.first_started_at_ms, ran.delivered_at_ms,
+        "the first start is the delivery that runs, not the deferred one ({})",
+        deferred.delivered_at_ms
+    );
+
+    // It ran and failed; a later give-back keeps that first start.
+    assert!(matches!(
+        fx.fail(&ran, FailKind::Retry).await.unwrap(),
+        FailReply::Retry { .. }
+    ));
+    let deferred = fx.redeliver_after(&ran).await;
+    assert!(matches!(
+        fx.defer(&deferred, wait).await,
+        FailReply::Retry { .. }
+    ));
+    let again = fx.redeliver_after(&deferred).await;
+    assert_eq!(again.attempt, 2);
+    assert_eq!(again.first_started_at_ms, ran.delivered_at_ms);
+}
+
+/// With `newer_version_wait = 0` a job whose version a live worker has
+/// announced is still given back (for that worker), never dead-lettered.
+/// Before, the announcement reset the wait to 0 ms and `0 < 0` was false:
+/// dead-lettered while an upgraded worker was running.
+#[tokio::test]
+async fn a_zero_wait_gives_the_job_back_while_its_version_is_announced() {
+    let mut fx = Fixture::start().await;
+    let keys = fx.keys.clone();
+    super::announce::Announce {
+        keys: &keys,
+        fields: &["t:2".to_string()],
+        ttl: Duration::from_secs(60),
+    }
+    .run(&mut fx.conn)
+    .await
+    .unwrap();
+    fx.enqueue("j1", 1).await;
+    let d = fx.fetch_one().await;
+    let reply = fx.defer(&d, Duration::ZERO).await;
+    assert!(matches!(reply, FailReply::Retry { .. }), "{reply:?}");
+    assert_eq!(fx.places("j1").await, Places::delayed_only());
+    // No live announcement: a zero wait dead-letters at once, as before.
+    let versions = fx.keys.versions();
+    fx.cmd(&["DEL", &versions]).await;
+    let d = fx.redeliver_after(&d).await;
+    let reply = fx.defer(&d, Duration::ZERO).await;
+    assert!(matches!(reply, FailReply::Dead { .. }), "{reply:?}");
 }

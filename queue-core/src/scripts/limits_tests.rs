@@ -1,6 +1,7 @@
 //! Script-level tests of the limits (docs/LIMITS.md): `fetch.lua` and
 //! `claim.lua` under a queue rate limit, a queue concurrency cap and per-key
-//! limits, and `set_limits.lua`'s validation.
+//! limits, `set_limits.lua`'s validation, and a deferred delivery's release
+//! of its start (`defer.lua`).
 
 use std::time::Duration;
 
@@ -8,7 +9,9 @@ use redis::AsyncCommands;
 
 use super::ack::{Ack, AckItem};
 use super::claim::{Claim, ClaimRow, Skip};
+use super::defer::Defer;
 use super::enqueue::Enqueue;
+use super::fail::FailReply;
 use super::fetch::{Fetch, FetchReply};
 use super::reclaim::Reclaim;
 use super::set_limits::SetLimits;
@@ -528,4 +531,74 @@ async fn a_fetch_refused_for_its_main_writes_nothing_not_even_the_sweep() {
     assert_eq!(left, vec!["finished-long-ago".to_string()]);
     let indexed: Vec<String> = conn.zrange(&index, 0, -1).await.unwrap();
     assert_eq!(indexed, vec!["acme".to_string()]);
+}
+
+/// Enqueues "newer" then "runnable" (with `rate_key`) under `limits`,
+/// fetches one ("newer"), and gives it back as a worker that knows only
+/// version 1 of its version-2 payload (`defer.lua`), for a minute.
+async fn defer_the_first_of_two(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    limits: &[(&str, &str)],
+    rate_key: Option<&str>,
+) {
+    let queue = &keys.queue;
+    for id in ["newer", "runnable"] {
+        enqueue(conn, keys, id, rate_key).await;
+    }
+    set(conn, keys, limits).await;
+    let reply = fetch(conn, keys, 1).await;
+    let FetchReply::Rows(rows) = &reply else {
+        panic!("{queue}: rows expected, got {reply:?}")
+    };
+    let [ClaimRow::Claimed(newer)] = rows.as_slice() else {
+        panic!("{queue}: one claim expected, got {rows:?}")
+    };
+    assert_eq!(newer.id.as_str(), "newer", "{queue}");
+    let back = Defer::test_v2(keys, newer).run(conn).await.unwrap();
+    assert!(matches!(back, FailReply::Retry { .. }), "{queue}: {back:?}");
+}
+
+/// A delivery given back for a newer payload version (`defer.lua`) never ran
+/// its handler, so it uses no start of a rate limit and holds no concurrency
+/// slot: the next waiting job starts at once. One queue per limit: the
+/// queue's rate, a key's rate, the queue's concurrency and a key's
+/// concurrency. Before, the given-back delivery's start stayed in the rate
+/// logs for the whole window: in a rolling deploy the bounces used up the
+/// rate and runnable jobs were `Limited` (the queue's rate) or deferred (a
+/// key's). The concurrency slots were already freed with the lease.
+#[tokio::test]
+async fn a_deferred_delivery_uses_no_start_of_the_limits() {
+    let (_server, mut conn, _) = setup("limits-defer").await;
+    let cases = [
+        ("defer-rate", &[("rate", "1/60000")][..], None),
+        ("defer-key-rate", &[("key_rate", "1/60000")], Some("tenant")),
+        ("defer-conc", &[("concurrency", "1")], None),
+        (
+            "defer-key-conc",
+            &[("key_concurrency", "1")],
+            Some("tenant"),
+        ),
+    ];
+    for (queue, limits, rate_key) in cases {
+        let keys = QueueKeys::new(queue);
+        defer_the_first_of_two(&mut conn, &keys, limits, rate_key).await;
+        let next = claimed(&fetch(&mut conn, &keys, 1).await);
+        assert_eq!(next, ["runnable"], "{queue}");
+    }
+}
+
+/// A key's start log of another type (corrupt data; fetches skip that key's
+/// limits) does not fail the give-back: `defer.lua` checks the logs before
+/// its first write, leaves that one as it is, and still releases the start
+/// in the queue's log.
+#[tokio::test]
+async fn a_deferred_delivery_skips_a_start_log_of_another_type() {
+    let (_server, mut conn, keys) = setup("limits-defer-corrupt").await;
+    let bad_log = format!("{}:started:B", keys.limits());
+    let _: () = conn.set(&bad_log, "x").await.unwrap();
+    let limits = [("rate", "1/60000"), ("key_rate", "1/60000")];
+    defer_the_first_of_two(&mut conn, &keys, &limits, Some("B")).await;
+    assert_eq!(conn.get::<_, String>(&bad_log).await.unwrap(), "x");
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 1).await), ["runnable"]);
 }

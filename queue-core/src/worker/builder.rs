@@ -117,7 +117,8 @@ pub struct WorkerConfig {
     /// than this worker's handler is left for an upgraded worker while no
     /// live worker has announced that version (default 5 minutes). Within
     /// it the job is given back without using an attempt; after it, it is
-    /// dead-lettered with a reason saying so.
+    /// dead-lettered with a reason saying so. While a live worker has
+    /// announced the version the job is always given back, even with 0.
     pub newer_version_wait: Duration,
     /// How long such a job waits in the delayed set before it is offered
     /// again (default 1 s).
@@ -337,7 +338,9 @@ impl WorkerBuilder {
     /// Rolling deploys: how long a job whose payload schema version is newer
     /// than this worker's handler may wait for a worker that announces that
     /// version (default 5 minutes). Until then this worker gives it back
-    /// without using an attempt; after it, the job is dead-lettered.
+    /// without using an attempt; after it, the job is dead-lettered. While a
+    /// live worker has announced the version the job is always given back
+    /// (for it), even with a wait of 0.
     ///
     /// ```
     /// # use std::time::Duration;
