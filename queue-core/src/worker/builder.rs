@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Semaphore};
+use tracing::warn;
 
 use super::slots::WorkerQueue;
 use super::{Inner, Worker, WorkerIdentity};
@@ -493,25 +494,49 @@ impl WorkerBuilder {
     }
 
     /// The consumed queues, highest priority first (then by name). Every
-    /// queue name, consumed (`queues`) or registered (a job type's `QUEUE`,
-    /// where its enqueues go), must be one an enqueue accepts
-    /// ([`validate_queue_name`](crate::validate_queue_name)): before, a
-    /// hand-written `QUEUE = "emails high"` built a worker that consumed a
-    /// queue no enqueue could reach.
+    /// queue name, consumed (`queues`), registered (a job type's `QUEUE`,
+    /// where its enqueues go) or given a priority or limit, must be one an
+    /// enqueue accepts ([`validate_queue_name`](crate::validate_queue_name)):
+    /// before, a hand-written `QUEUE = "emails high"` built a worker that
+    /// consumed a queue no enqueue could reach.
+    ///
+    /// A consumed queue no registered type uses is refused: handlers are
+    /// looked up by `(queue, type)`, so every job taken from it was
+    /// dead-lettered at once as an unknown type. A registered type whose
+    /// queue is left out of `queues` is logged: this worker never runs it
+    /// (legitimate when other workers consume that queue).
     fn worker_queues(&self) -> Result<Vec<WorkerQueue>> {
         let registered = self.registrations.iter().map(|r| r.queue);
         for q in registered
             .clone()
             .chain(self.queues.iter().flatten().map(String::as_str))
+            .chain(self.priorities.keys().map(String::as_str))
+            .chain(self.limits.keys().map(String::as_str))
         {
             crate::enqueue_options::check_queue_name(q)?;
         }
         let mut queues = self
             .queues
             .clone()
-            .unwrap_or_else(|| registered.map(str::to_string).collect());
+            .unwrap_or_else(|| registered.clone().map(str::to_string).collect());
         queues.sort();
         queues.dedup();
+        if let Some(q) = queues.iter().find(|q| !registered.clone().any(|r| r == *q)) {
+            return Err(QueueError::Config(format!(
+                "queue `{q}` is in queues(..) but no job type registered on this worker is on it: \
+                 every job taken from it would be dead-lettered as an unknown type; register its \
+                 job types on this worker or leave it out of queues(..)"
+            )));
+        }
+        for reg in &self.registrations {
+            if !queues.iter().any(|q| q == reg.queue) {
+                warn!(
+                    queue = reg.queue,
+                    job_type = reg.name,
+                    "job type registered but its queue is not in queues(..): this worker never runs it"
+                );
+            }
+        }
         for (q, limit) in &self.limits {
             if *limit == 0 || *limit > MAX_CONCURRENCY {
                 return Err(QueueError::Config(format!(
