@@ -433,7 +433,9 @@ impl queue_core::Job for OnSpacedQueue {
 
 /// A worker is refused at build when a queue it consumes (`queues`) or a
 /// job type it registers (`Job::QUEUE`, where that type's enqueues go) is a
-/// name every enqueue refuses. Before, a hand-written `QUEUE = "emails high"`
+/// name every enqueue refuses; so is a `queue_priority` / `queue_concurrency`
+/// name (before, refused only as "not consumed", not as a bad name). Before,
+/// a hand-written `QUEUE = "emails high"`
 /// (or `queues(["{t}x"])`) built a worker consuming a queue no enqueue
 /// could reach.
 #[tokio::test]
@@ -445,7 +447,14 @@ async fn a_worker_on_a_queue_name_enqueues_refuse_is_refused_at_build() {
         fast_config(),
     );
     let consumed = env.worker("tasks", fast_config()).queues(["tasks", "{t}x"]);
-    for (builder, queue) in [(registered, "emails high"), (consumed, "{t}x")] {
+    let prioritised = env.worker("tasks", fast_config()).queue_priority("tasks ", 1);
+    let limited = env.worker("tasks", fast_config()).queue_concurrency("{tasks}", 1);
+    for (builder, queue) in [
+        (registered, "emails high"),
+        (consumed, "{t}x"),
+        (prioritised, "tasks "),
+        (limited, "{tasks}"),
+    ] {
         let err = builder.build().await.unwrap_err();
         assert!(
             matches!(&err, QueueError::InvalidQueueName { .. }),
