@@ -52,7 +52,10 @@ fn billing_example_charges_each_invoice_once() {
 #[test]
 fn billing_without_postgres_says_what_it_needs() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_billing"))
-        .env("DATABASE_URL", "postgres://billing:s3cret@127.0.0.1:1/ledger")
+        .env(
+            "DATABASE_URL",
+            "postgres://billing:s3cret@127.0.0.1:1/ledger",
+        )
         .env_remove("REDIS_URL")
         .output()
         .expect("billing example runs");

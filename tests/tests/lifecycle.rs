@@ -447,8 +447,12 @@ async fn a_worker_on_a_queue_name_enqueues_refuse_is_refused_at_build() {
         fast_config(),
     );
     let consumed = env.worker("tasks", fast_config()).queues(["tasks", "{t}x"]);
-    let prioritised = env.worker("tasks", fast_config()).queue_priority("tasks ", 1);
-    let limited = env.worker("tasks", fast_config()).queue_concurrency("{tasks}", 1);
+    let prioritised = env
+        .worker("tasks", fast_config())
+        .queue_priority("tasks ", 1);
+    let limited = env
+        .worker("tasks", fast_config())
+        .queue_concurrency("{tasks}", 1);
     for (builder, queue) in [
         (registered, "emails high"),
         (consumed, "{t}x"),

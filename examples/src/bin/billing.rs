@@ -471,7 +471,10 @@ mod tests {
     /// A reply without a charge id is retried, not stored as `""` for good.
     #[test]
     fn a_reply_without_a_charge_id_is_a_retryable_error() {
-        assert_eq!(charge_id(&json!({"charge_id": "ch_0001"})).unwrap(), "ch_0001");
+        assert_eq!(
+            charge_id(&json!({"charge_id": "ch_0001"})).unwrap(),
+            "ch_0001"
+        );
         for reply in [json!({}), json!({"charge_id": ""}), json!({"charge_id": 7})] {
             let err = charge_id(&reply).unwrap_err();
             assert!(err.is_retryable(), "{reply}");
