@@ -44,3 +44,28 @@ fn billing_example_charges_each_invoice_once() {
         "the redelivery logs that it found the work done:\n{stderr}"
     );
 }
+
+/// Without PostgreSQL the example says what it needs and where it looked,
+/// without the password, before starting anything else. Before, it ended
+/// with the bare driver error ("error connecting to server: Connection
+/// refused") after starting Redis and the payment API.
+#[test]
+fn billing_without_postgres_says_what_it_needs() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_billing"))
+        .env(
+            "DATABASE_URL",
+            "postgres://billing:s3cret@127.0.0.1:1/ledger",
+        )
+        .env_remove("REDIS_URL")
+        .output()
+        .expect("billing example runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "billing needs PostgreSQL at postgres://billing@127.0.0.1:1/ledger (set DATABASE_URL): "
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}

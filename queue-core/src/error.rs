@@ -1,5 +1,5 @@
-//! Typed errors. Every error names the queue and, where there is one, the job
-//! id. Any failure of an enqueue is an error to the caller, never a log line
+//! Typed errors. Every error names the queue where one is concerned (a failed
+//! connect names the Redis URL) and, where there is one, the job id. Any failure of an enqueue is an error to the caller, never a log line
 //! (DESIGN rule 8, docs/DESIGN.md).
 
 use crate::JobId;
@@ -7,8 +7,10 @@ use crate::JobId;
 /// Errors returned by [`Queue`](crate::Queue), [`Worker`](crate::Worker) and
 /// [`Watchdog`](crate::Watchdog).
 ///
-/// Every variant carries the queue name and, when one job is concerned, its id,
-/// so a log line or an error returned to a web handler says what was affected.
+/// Every variant carries the queue name where one is concerned (a failed
+/// connect names the Redis URL; [`Config`](Self::Config) says which setting)
+/// and, when one job is concerned, its id, so a log line or an error returned
+/// to a web handler says what was affected.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum QueueError {

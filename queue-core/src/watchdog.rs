@@ -140,7 +140,11 @@ impl std::fmt::Debug for Watchdog {
 }
 
 impl Watchdog {
-    /// Connects to `url` and watches `queues`.
+    /// Connects to `url` and watches `queues`. A queue name an enqueue
+    /// refuses ([`validate_queue_name`](crate::validate_queue_name), e.g.
+    /// `"emails "` or `"{emails}"`) is [`QueueError::InvalidQueueName`]:
+    /// it would watch keys no enqueue creates, so the jobs of dead workers
+    /// on the intended queue were never returned.
     pub async fn connect<I, S>(url: &str, queues: I, config: WatchdogConfig) -> Result<Self>
     where
         I: IntoIterator<Item = S>,
@@ -148,8 +152,11 @@ impl Watchdog {
     {
         let queues: Vec<QueueKeys> = queues
             .into_iter()
-            .map(|q| QueueKeys::new(q.as_ref()))
-            .collect();
+            .map(|q| {
+                crate::enqueue_options::check_queue_name(q.as_ref())?;
+                Ok(QueueKeys::new(q.as_ref()))
+            })
+            .collect::<Result<_>>()?;
         if queues.is_empty() {
             return Err(QueueError::Config(
                 "the watchdog needs at least one queue".into(),

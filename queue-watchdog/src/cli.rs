@@ -105,7 +105,7 @@ pub enum BatchesCommand {
         /// Batch id (a flow's: its parent job's id).
         id: String,
         /// The queue the batch lives on.
-        #[arg(long = "queue", short = 'q')]
+        #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
         queue: String,
         /// Print JSON.
         #[arg(long)]
@@ -115,7 +115,7 @@ pub enum BatchesCommand {
     /// their state and counts; an open batch shows when it expires.
     List {
         /// The queue the batches live on.
-        #[arg(long = "queue", short = 'q')]
+        #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
         queue: String,
         /// Batches to skip (the previous page's `next offset`).
         #[arg(long, default_value_t = 0)]
@@ -132,7 +132,7 @@ pub enum BatchesCommand {
 #[derive(Debug, Args)]
 pub struct EventsArgs {
     /// Queue.
-    #[arg(long = "queue", short = 'q')]
+    #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     /// How many of the latest events to print first.
     #[arg(long, default_value_t = 20)]
@@ -148,7 +148,7 @@ pub struct EventsArgs {
 #[derive(Debug, Args)]
 pub struct EnqueueArgs {
     /// Queue.
-    #[arg(long, short = 'q')]
+    #[arg(long, short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     /// Job type (the handler's name, `Job::NAME`).
     #[arg(long = "type", value_name = "TYPE")]
@@ -249,14 +249,14 @@ pub struct ReconcileArgs {
 pub struct QueueSelection {
     /// Queue (repeat for several). Without it, queues are discovered by
     /// scanning for `q:{*}:*` keys (not on a Redis Cluster).
-    #[arg(long = "queue", short = 'q')]
+    #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queues: Vec<String>,
 }
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Queue to watch (repeat for several).
-    #[arg(long = "queue", short = 'q', required = true)]
+    #[arg(long = "queue", short = 'q', required = true, value_parser = crate::cli::queue_name)]
     pub queues: Vec<String>,
     /// Milliseconds between passes (at least 10: 0 would run passes back to
     /// back).
@@ -362,7 +362,7 @@ pub enum QueueCommand {
 #[derive(Debug, Args)]
 pub struct QueueLimitArgs {
     /// Queue name.
-    #[arg(long = "queue", short = 'q')]
+    #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     /// At most N starts per window: `100/1s`, `5/250ms`, `600/1m`.
     #[arg(long)]
@@ -387,7 +387,7 @@ pub struct QueueLimitArgs {
 #[derive(Debug, Args)]
 pub struct QueueEventsArgs {
     /// Queue name.
-    #[arg(long = "queue", short = 'q')]
+    #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     /// `on` or `off`; without it, prints the current setting.
     #[arg(value_parser = ["on", "off"])]
@@ -400,7 +400,7 @@ pub struct QueueEventsArgs {
 #[derive(Debug, Args)]
 pub struct QueueFlowArgs {
     /// Queue name.
-    #[arg(long = "queue", short = 'q')]
+    #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     /// Print JSON.
     #[arg(long)]
@@ -412,6 +412,16 @@ pub struct QueueFlowArgs {
 }
 
 /// Text that is not empty nor only spaces (a filter that would select all).
+/// A `--queue` value: a name an enqueue accepts ([`queue_core::validate_queue_name`]).
+/// Anything else (`"emails "`, `{emails}`) names keys no enqueue creates: a
+/// `run` for it never returned the jobs of dead workers, and the other
+/// commands found nothing. Refused by clap: exit 2 with the reason.
+pub fn queue_name(s: &str) -> std::result::Result<String, String> {
+    queue_core::validate_queue_name(s)
+        .map(|()| s.to_string())
+        .map_err(|reason| format!("{s:?} is not a queue name: a queue name {reason}"))
+}
+
 fn non_blank(s: &str) -> std::result::Result<String, String> {
     if s.trim().is_empty() {
         Err("blank text would match every dead-lettered job; use --all for that".into())
@@ -468,7 +478,7 @@ pub enum DeadCommand {
 #[derive(Debug, Args)]
 pub struct DeadListArgs {
     /// Queue.
-    #[arg(long, short = 'q')]
+    #[arg(long, short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     /// How many to show.
     #[arg(long, default_value_t = 50)]
@@ -487,7 +497,7 @@ pub struct DeadListArgs {
 #[derive(Debug, Args)]
 pub struct DeadReplayArgs {
     /// Queue.
-    #[arg(long, short = 'q')]
+    #[arg(long, short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     #[command(flatten)]
     pub target: DeadTarget,
@@ -505,7 +515,7 @@ pub struct DeadReplayArgs {
 #[derive(Debug, Args)]
 pub struct DeadPurgeArgs {
     /// Queue.
-    #[arg(long, short = 'q')]
+    #[arg(long, short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
     #[command(flatten)]
     pub target: DeadTarget,

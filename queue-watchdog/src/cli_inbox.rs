@@ -60,7 +60,7 @@ pub struct InboxReconcileArgs {
     #[arg(long)]
     pub max_age_secs: Option<u64>,
     /// Only this queue (repeat for several): the queues whose handlers use the inbox.
-    #[arg(long = "queue", short = 'q')]
+    #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queues: Vec<String>,
     /// At most this many rows.
     #[arg(long, default_value_t = 1000)]

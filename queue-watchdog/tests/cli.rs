@@ -928,3 +928,36 @@ fn dead_list_escapes_control_characters_of_a_reason() {
         "{line}"
     );
 }
+
+/// A `--queue` an enqueue would refuse (`"emails "`, `{emails}`) is refused
+/// by every command that takes one: exit 2, the reason on stderr, nothing
+/// written. Before, `run -q "emails "` watched keys no enqueue creates (the
+/// jobs of dead workers on `emails` were never returned) and `queue pause`
+/// paused a queue nobody uses.
+#[test]
+fn a_queue_name_enqueues_refuse_is_refused_by_every_command() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    for bad in ["emails ", "{emails}"] {
+        for cmd in [
+            &["run", "--once", "-q", "emails", "-q", bad][..],
+            &["stats", "-q", bad],
+            &["dead", "list", "-q", bad],
+            &["queue", "pause", "-q", bad],
+            &["jobs", "show", "-q", bad, "j1"],
+        ] {
+            let out = Command::new(BIN)
+                .args(cmd)
+                .args(["--redis", &url])
+                .output()
+                .expect("binary runs");
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{cmd:?}: {stderr}");
+            assert!(
+                stderr.contains(&format!("{bad:?} is not a queue name")),
+                "{cmd:?}: {stderr}"
+            );
+        }
+    }
+    assert_eq!(server.command(&["DBSIZE"]).unwrap().trim(), ":0");
+}

@@ -449,3 +449,22 @@ async fn a_delivery_whose_lease_ran_out_before_its_start_is_not_run() {
     assert_eq!(starts, [2], "only the second delivery started");
     assert_eq!((attempts, reclaimed), (2, 1));
 }
+
+/// A watchdog is refused a queue name an enqueue refuses (a trailing space,
+/// braces): it would watch keys no enqueue creates, so the jobs of dead
+/// workers on the queue meant were never returned. Before, `connect`
+/// accepted any name.
+#[tokio::test]
+async fn a_watchdog_for_a_queue_name_enqueues_refuse_is_refused() {
+    let env = TestEnv::start().await;
+    for bad in ["tasks ", "{tasks}"] {
+        let err = queue_core::Watchdog::connect(&env.url, ["tasks", bad], fast_watchdog())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, QueueError::InvalidQueueName { .. }),
+            "{bad:?}: {err}"
+        );
+        assert_eq!(err.queue(), Some(bad));
+    }
+}

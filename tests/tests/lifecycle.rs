@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use queue_core::{EnqueueOptions, EnqueueOutcome, QueueError, WorkerConfig};
-use queue_tests::{fast_config, task, Task, TestEnv};
+use queue_tests::{bill, fast_config, task, Task, TestEnv};
 
 #[tokio::test]
 async fn enqueue_fetch_ack_completes_every_job_once() {
@@ -234,8 +234,16 @@ async fn bad_payloads_are_dead_lettered_and_the_worker_keeps_going() {
     );
     let r = reason("past-version").await;
     assert!(r.contains("unknown schema version 0"), "{r}");
+    // The reason says what is missing and what to do about it.
     let r = reason("unknown-type").await;
-    assert!(r.contains("unknown job type `nope`"), "{r}");
+    for part in [
+        "unknown job type `nope` on queue `tasks`",
+        "no handler for it is registered on this worker (it handles only `task` on this queue)",
+        "register it on every worker that consumes `tasks`",
+        "then `queue-watchdog dead replay -q tasks unknown-type`",
+    ] {
+        assert!(r.contains(part), "{part:?} missing from: {r}");
+    }
     assert_eq!(
         env.stats("tasks").await.counter("retried"),
         0,
@@ -425,7 +433,9 @@ impl queue_core::Job for OnSpacedQueue {
 
 /// A worker is refused at build when a queue it consumes (`queues`) or a
 /// job type it registers (`Job::QUEUE`, where that type's enqueues go) is a
-/// name every enqueue refuses. Before, a hand-written `QUEUE = "emails high"`
+/// name every enqueue refuses; so is a `queue_priority` / `queue_concurrency`
+/// name (before, refused only as "not consumed", not as a bad name). Before,
+/// a hand-written `QUEUE = "emails high"`
 /// (or `queues(["{t}x"])`) built a worker consuming a queue no enqueue
 /// could reach.
 #[tokio::test]
@@ -437,7 +447,18 @@ async fn a_worker_on_a_queue_name_enqueues_refuse_is_refused_at_build() {
         fast_config(),
     );
     let consumed = env.worker("tasks", fast_config()).queues(["tasks", "{t}x"]);
-    for (builder, queue) in [(registered, "emails high"), (consumed, "{t}x")] {
+    let prioritised = env
+        .worker("tasks", fast_config())
+        .queue_priority("tasks ", 1);
+    let limited = env
+        .worker("tasks", fast_config())
+        .queue_concurrency("{tasks}", 1);
+    for (builder, queue) in [
+        (registered, "emails high"),
+        (consumed, "{t}x"),
+        (prioritised, "tasks "),
+        (limited, "{tasks}"),
+    ] {
         let err = builder.build().await.unwrap_err();
         assert!(
             matches!(&err, QueueError::InvalidQueueName { .. }),
@@ -445,6 +466,35 @@ async fn a_worker_on_a_queue_name_enqueues_refuse_is_refused_at_build() {
         );
         assert_eq!(err.queue(), Some(queue));
     }
+}
+
+/// A worker is refused at build when `queues(..)` lists a queue no job type
+/// registered on it is on: handlers are found by `(queue, type)`, so every
+/// job it took from there was dead-lettered at once as an unknown type (the
+/// reason listing no handled type). A registered type whose queue is left
+/// out of `queues(..)` still builds (other workers may consume that queue);
+/// it is only logged.
+#[tokio::test]
+async fn a_worker_consuming_a_queue_it_has_no_job_type_for_is_refused_at_build() {
+    let env = TestEnv::start().await;
+    let err = env
+        .worker("tasks", fast_config())
+        .queues(["tasks", "reports"])
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(&err, QueueError::Config(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("queue `reports` is in queues(..) but no job type registered"),
+        "{msg}"
+    );
+    let off_queue = env.worker("tasks", fast_config()).register(bill::handler());
+    off_queue
+        .queues(["tasks"])
+        .build()
+        .await
+        .expect("a registered type whose queue is not consumed is only logged");
 }
 
 /// `enqueue_raw` stores `opts.max_attempts` over the `max_attempts`

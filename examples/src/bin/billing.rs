@@ -67,8 +67,49 @@ async fn postgres() -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     Ok(client)
 }
 
+/// Where `url` points, without its password, for the "needs PostgreSQL"
+/// message: `postgres://user@host:port/db`, rebuilt from the parsed URL.
+fn database_display(url: &str) -> String {
+    let Ok(cfg) = url.parse::<tokio_postgres::Config>() else {
+        return "an unparsable DATABASE_URL".into();
+    };
+    let hosts: Vec<String> = cfg
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let host = match host {
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+            };
+            match cfg.get_ports().get(i).or(cfg.get_ports().first()) {
+                Some(port) => format!("{host}:{port}"),
+                None => host,
+            }
+        })
+        .collect();
+    format!(
+        "postgres://{}@{}/{}",
+        cfg.get_user().unwrap_or(""),
+        hosts.join(","),
+        cfg.get_dbname().unwrap_or("")
+    )
+}
+
+/// The charge id of the payment API's reply. A reply without one is a
+/// retryable error: the step's result is stored and reused by every retry,
+/// so storing an empty id (as `unwrap_or_default` did) recorded it for good.
+fn charge_id(reply: &serde_json::Value) -> Result<String, JobError> {
+    reply["charge_id"]
+        .as_str()
+        .filter(|id| !id.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| JobError::retryable("payment API reply has no charge_id"))
+}
+
 /// Books the charge in the ledger, once per invoice: the entry and the
-/// invoice's inbox row commit together. Returns the ledger entry reference.
+/// invoice's inbox row commit together, the row keeping the entry's
+/// reference (`ledger-<id>`, its `result_ref`, printed at the end).
 async fn book(ctx: &JobContext, invoice: &Invoice, charge_id: &str) -> Result<(), JobError> {
     let mut db = postgres().await?;
     let tx = db.transaction().await?;
@@ -123,10 +164,7 @@ async fn charge_invoice(ctx: JobContext, invoice: Invoice) -> Result<(), JobErro
                     reply.status
                 )));
             }
-            Ok(reply.body["charge_id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string())
+            charge_id(&reply.body)
         })
         .await?;
     tracing::info!(
@@ -320,6 +358,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return worker_main(url).await;
     }
 
+    // PostgreSQL first: without it nothing can be booked, and the bare
+    // driver error ("Connection refused") did not say what was wanted.
+    let db = postgres().await.map_err(|e| {
+        format!(
+            "billing needs PostgreSQL at {} (set DATABASE_URL): {e}",
+            database_display(&database_url())
+        )
+    })?;
+
     // Redis: REDIS_URL or a throwaway server.
     let (_server, url) = match std::env::var("REDIS_URL") {
         Ok(url) => (None, url),
@@ -331,9 +378,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (api, api_addr) = start_payment_api().await?;
 
-    // PostgreSQL: the ledger and the inbox. Job ids carry a run id, so runs
-    // against the same Redis and database do not see each other's work.
-    let db = postgres().await?;
+    // The ledger and the inbox. Job ids carry a run id, so runs against the
+    // same Redis and database do not see each other's work.
     db.batch_execute(LEDGER_DDL).await?;
     Inbox::new().migrate(&db).await?;
     let run = run_id()?;
@@ -416,4 +462,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("OK: no invoice was charged twice");
     println!("OK: no invoice was booked twice");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply without a charge id is retried, not stored as `""` for good.
+    #[test]
+    fn a_reply_without_a_charge_id_is_a_retryable_error() {
+        assert_eq!(
+            charge_id(&json!({"charge_id": "ch_0001"})).unwrap(),
+            "ch_0001"
+        );
+        for reply in [json!({}), json!({"charge_id": ""}), json!({"charge_id": 7})] {
+            let err = charge_id(&reply).unwrap_err();
+            assert!(err.is_retryable(), "{reply}");
+            assert_eq!(err.message(), "payment API reply has no charge_id");
+        }
+    }
+
+    #[test]
+    fn the_database_url_is_shown_without_its_password() {
+        assert_eq!(
+            database_display("postgres://billing:s3cret@db.internal:6432/ledger"),
+            "postgres://billing@db.internal:6432/ledger"
+        );
+        assert_eq!(
+            database_display("host=db user=billing password=s3cret dbname=ledger"),
+            "postgres://billing@db/ledger"
+        );
+    }
 }

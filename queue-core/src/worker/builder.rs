@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Semaphore};
+use tracing::warn;
 
 use super::slots::WorkerQueue;
 use super::{Inner, Worker, WorkerIdentity};
@@ -187,7 +188,46 @@ impl WorkerConfig {
     }
 }
 
-/// Builds a [`Worker`]. Start with [`Worker::builder`].
+/// Builds a [`Worker`]. Start with [`Worker::builder`]. The setters only
+/// record; [`build`](Self::build) checks everything at once and refuses
+/// (with [`QueueError::Config`] or [`QueueError::InvalidQueueName`]) what
+/// would fail while the worker runs.
+///
+/// A worker serving two queues, `emails` before `reports`, with at most two
+/// reports at once; a queue in `queues(..)` that none of its job types is on
+/// is refused (every job taken from it would be dead-lettered):
+///
+/// ```
+/// # use queue_core::{job, JobContext, JobError, QueueError, Worker};
+/// #[job(queue = "emails")]
+/// async fn send_receipt(_ctx: JobContext, order: u64) -> Result<(), JobError> {
+///     Ok(())
+/// }
+/// #[job(queue = "reports")]
+/// async fn build_report(_ctx: JobContext, day: u32) -> Result<(), JobError> {
+///     Ok(())
+/// }
+/// # #[tokio::main] async fn main() -> Result<(), QueueError> {
+/// # let server = queue_testkit::RedisServer::start().unwrap();
+/// # let url = server.url();
+/// let worker = Worker::builder(&url)
+///     .register(send_receipt::handler())
+///     .register(build_report::handler())
+///     .queues(["emails", "reports"]) // the default: every registered type's queue
+///     .queue_priority("emails", 10) // free slots go to waiting emails first
+///     .queue_concurrency("reports", 2) // within the worker's 16
+///     .build()
+///     .await?;
+/// # drop(worker);
+///
+/// let refused = Worker::builder(&url)
+///     .register(send_receipt::handler())
+///     .queues(["emails", "audit"]) // no registered type is on `audit`
+///     .build()
+///     .await;
+/// assert!(matches!(refused, Err(QueueError::Config(m)) if m.contains("`audit`")));
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct WorkerBuilder {
     url: String,
@@ -222,13 +262,22 @@ impl WorkerBuilder {
         self
     }
 
-    /// Jobs run at once (default 16).
+    /// Jobs run at once, across all queues (default 16; 1 to `u32::MAX`,
+    /// checked by [`build`](Self::build)).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.config.concurrency = n;
         self
     }
 
     /// Queues to fetch from. Default: every queue a registered job type uses.
+    ///
+    /// [`build`](Self::build) refuses a listed queue that no job type
+    /// registered on this worker is on (handlers are found by queue and
+    /// type: every job taken from it would be dead-lettered as an unknown
+    /// type), and a name an enqueue refuses
+    /// ([`validate_queue_name`](crate::validate_queue_name)). A registered
+    /// type whose queue is left out is logged as a warning: this worker
+    /// never runs it (fine when other workers consume that queue).
     pub fn queues<I, S>(mut self, queues: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -240,13 +289,15 @@ impl WorkerBuilder {
 
     /// Strict priority of `queue` among this worker's queues (default 0):
     /// while a higher-priority queue has jobs, free slots go to it first.
+    /// `queue` must be one the worker consumes (checked by [`build`](Self::build)).
     pub fn queue_priority(mut self, queue: impl Into<String>, priority: i32) -> Self {
         self.priorities.insert(queue.into(), priority);
         self
     }
 
     /// At most `limit` jobs of `queue` run at once on this worker (within the
-    /// worker-wide concurrency).
+    /// worker-wide concurrency). `limit` from 1 to `u32::MAX`, and `queue` one
+    /// the worker consumes (checked by [`build`](Self::build)).
     pub fn queue_concurrency(mut self, queue: impl Into<String>, limit: usize) -> Self {
         self.limits.insert(queue.into(), limit);
         self
@@ -282,7 +333,10 @@ impl WorkerBuilder {
         self
     }
 
-    /// Lease per delivery (default 30 s).
+    /// Lease per delivery (default 30 s; 100 ms to 7 days, checked by
+    /// [`build`](Self::build)). The heartbeat ([`WorkerConfig::heartbeat`],
+    /// default a third of the lease) must stay under 45 % of it, and
+    /// [`ack_window`](Self::ack_window) at most a third of it.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config.lease = lease;
         self
@@ -300,16 +354,18 @@ impl WorkerBuilder {
         self
     }
 
-    /// Most acks per `ack.lua` call (default 64).
+    /// Most acks per `ack.lua` call (default 64; 1 to 10,000, checked by
+    /// [`build`](Self::build)).
     pub fn ack_batch(mut self, n: usize) -> Self {
         self.config.ack_batch = n;
         self
     }
 
     /// How long a finished job's ack may wait for others to share one
-    /// `ack.lua` call (default 2 ms; zero: send at once). The job's
-    /// concurrency slot is free as soon as the handler returns, whatever the
-    /// window.
+    /// `ack.lua` call (default 2 ms; zero: send at once; at most a third of
+    /// the lease, checked by [`build`](Self::build): the heartbeat stops when
+    /// the handler returns). The job's concurrency slot is free as soon as
+    /// the handler returns, whatever the window.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -353,7 +409,11 @@ impl WorkerBuilder {
         self
     }
 
-    /// Replaces the whole configuration.
+    /// Replaces the whole configuration, including what earlier setters
+    /// (`concurrency`, `lease`, `grace`, `backoff`, `ack_batch`, `ack_window`,
+    /// `compact_records`, `newer_version_wait`) set: call it first, then
+    /// those setters. [`build`](Self::build) checks the limits of each field
+    /// ([`WorkerConfig`]).
     pub fn config(mut self, config: WorkerConfig) -> Self {
         self.config = config;
         self
@@ -496,25 +556,49 @@ impl WorkerBuilder {
     }
 
     /// The consumed queues, highest priority first (then by name). Every
-    /// queue name, consumed (`queues`) or registered (a job type's `QUEUE`,
-    /// where its enqueues go), must be one an enqueue accepts
-    /// ([`validate_queue_name`](crate::validate_queue_name)): before, a
-    /// hand-written `QUEUE = "emails high"` built a worker that consumed a
-    /// queue no enqueue could reach.
+    /// queue name, consumed (`queues`), registered (a job type's `QUEUE`,
+    /// where its enqueues go) or given a priority or limit, must be one an
+    /// enqueue accepts ([`validate_queue_name`](crate::validate_queue_name)):
+    /// before, a hand-written `QUEUE = "emails high"` built a worker that
+    /// consumed a queue no enqueue could reach.
+    ///
+    /// A consumed queue no registered type uses is refused: handlers are
+    /// looked up by `(queue, type)`, so every job taken from it was
+    /// dead-lettered at once as an unknown type. A registered type whose
+    /// queue is left out of `queues` is logged: this worker never runs it
+    /// (legitimate when other workers consume that queue).
     fn worker_queues(&self) -> Result<Vec<WorkerQueue>> {
         let registered = self.registrations.iter().map(|r| r.queue);
         for q in registered
             .clone()
             .chain(self.queues.iter().flatten().map(String::as_str))
+            .chain(self.priorities.keys().map(String::as_str))
+            .chain(self.limits.keys().map(String::as_str))
         {
             crate::enqueue_options::check_queue_name(q)?;
         }
         let mut queues = self
             .queues
             .clone()
-            .unwrap_or_else(|| registered.map(str::to_string).collect());
+            .unwrap_or_else(|| registered.clone().map(str::to_string).collect());
         queues.sort();
         queues.dedup();
+        if let Some(q) = queues.iter().find(|q| !registered.clone().any(|r| r == *q)) {
+            return Err(QueueError::Config(format!(
+                "queue `{q}` is in queues(..) but no job type registered on this worker is on it: \
+                 every job taken from it would be dead-lettered as an unknown type; register its \
+                 job types on this worker or leave it out of queues(..)"
+            )));
+        }
+        for reg in &self.registrations {
+            if !queues.iter().any(|q| q == reg.queue) {
+                warn!(
+                    queue = reg.queue,
+                    job_type = reg.name,
+                    "job type registered but its queue is not in queues(..): this worker never runs it"
+                );
+            }
+        }
         for (q, limit) in &self.limits {
             if *limit == 0 || *limit > MAX_CONCURRENCY {
                 return Err(QueueError::Config(format!(

@@ -203,18 +203,24 @@ impl JobRunner {
     ) -> std::result::Result<Registration, String> {
         let queue = &self.keys.queue;
         let Some(reg) = found.cloned() else {
-            let known: Vec<_> = self
+            let mut known: Vec<_> = self
                 .inner
                 .handlers
                 .keys()
                 .filter(|(q, _)| *q == queue.as_str())
-                .map(|(_, n)| *n)
+                .map(|(_, n)| format!("`{n}`"))
                 .collect();
+            known.sort();
+            let handled = if known.is_empty() {
+                "nothing on this queue".to_string()
+            } else {
+                format!("only {} on this queue", known.join(", "))
+            };
             return Err(format!(
-                "unknown job type `{}` on queue `{}` (this worker handles: {})",
-                d.job_type,
-                queue,
-                known.join(", ")
+                "unknown job type `{}` on queue `{queue}`: no handler for it is registered on \
+                 this worker (it handles {handled}); register it on every worker that consumes \
+                 `{queue}`, then `queue-watchdog dead replay -q {queue} {}`",
+                d.job_type, d.id
             ));
         };
         if d.version != reg.version {
