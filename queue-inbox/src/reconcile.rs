@@ -82,6 +82,10 @@ pub struct InboxReconcileRow {
     pub age: Duration,
     /// Whether a relay published it to Redis.
     pub published: bool,
+    /// Whether the relay rejected it for good (`rejected_at` set: a row it
+    /// can never publish, with the reason in the outbox's `last_error`): no
+    /// job will ever run for it, unlike a row not yet published.
+    pub rejected: bool,
     /// Whether a `running` inbox row exists (claimed, committed, never completed).
     pub inbox_running: bool,
 }
@@ -141,6 +145,7 @@ impl Inbox {
                         .unwrap_or_default(),
                     published: published.is_some(),
                     inbox_running: r.try_get(7).map_err(err)?,
+                    rejected: r.try_get(8).map_err(err)?,
                 })
             })
             .collect()

@@ -106,7 +106,8 @@ pub(crate) fn reconcile_sql(inbox: &TableName, outbox: &TableName) -> String {
         "SELECT o.id, o.queue, o.job_id, o.job_type, o.created_at, o.published_at, \
                 (extract(epoch FROM now() - o.created_at))::float8, \
                 EXISTS (SELECT 1 FROM {i} r WHERE r.queue = o.queue \
-                        AND (r.key = o.job_id OR r.job_id = o.job_id)) \
+                        AND (r.key = o.job_id OR r.job_id = o.job_id)), \
+                o.rejected_at IS NOT NULL \
          FROM {o} o \
          WHERE o.created_at < now() - $1::bigint * interval '1 second' \
            AND ($2::bigint IS NULL OR o.created_at >= now() - $2::bigint * interval '1 second') \

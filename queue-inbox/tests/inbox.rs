@@ -527,6 +527,26 @@ async fn stats_prune_and_reconcile() {
         .collect();
     assert_eq!(listed, vec![("ev-running", true), ("ev-never", false)]);
     assert!(rows.iter().all(|r| !r.published && r.job_type == "charge"));
+    assert!(rows.iter().all(|r| !r.rejected));
+    // A row the relay rejected for good is told apart from one not yet
+    // published: no job will ever run for it.
+    env.client
+        .execute(
+            &format!("UPDATE \"{outbox_table}\" SET rejected_at = now() WHERE job_id = 'ev-never'"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let rows = env
+        .inbox
+        .reconcile(&env.client, &outbox, &opts)
+        .await
+        .unwrap();
+    let rejected: Vec<(&str, bool)> = rows
+        .iter()
+        .map(|r| (r.job_id.as_str(), r.rejected))
+        .collect();
+    assert_eq!(rejected, vec![("ev-running", false), ("ev-never", true)]);
     let other = InboxReconcileOptions::new(Duration::ZERO).queue("another_queue");
     assert!(env
         .inbox

@@ -110,7 +110,7 @@ fn row_json(r: &InboxReconcileRow) -> serde_json::Value {
     json!({
         "outbox_row_id": r.outbox_row_id, "queue": r.queue, "job_id": r.job_id.as_str(),
         "job_type": r.job_type, "age_secs": r.age.as_secs(), "published": r.published,
-        "inbox_running": r.inbox_running,
+        "rejected": r.rejected, "inbox_running": r.inbox_running,
     })
 }
 
@@ -127,7 +127,11 @@ fn rows_table(rows: &[InboxReconcileRow]) -> String {
             r.job_id.as_str(),
             r.job_type,
             r.age.as_secs(),
-            if r.published { "yes" } else { "no" },
+            match (r.published, r.rejected) {
+                (true, _) => "yes",
+                (false, true) => "rejected",
+                (false, false) => "no",
+            },
             if r.inbox_running { "running" } else { "none" }
         ));
     }
