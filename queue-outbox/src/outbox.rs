@@ -203,25 +203,11 @@ pub struct OutboxStats {
     pub oldest_unpublished: Option<Duration>,
 }
 
-/// The rules `queue-core` applies to job ids, checked before a row is written
-/// so that no row the relay must reject gets in through this API.
-pub(crate) fn check_job_id(id: &JobId) -> std::result::Result<(), &'static str> {
-    let s = id.as_str();
-    if s.is_empty() {
-        return Err("job id must not be empty");
-    }
-    if s.len() > JobId::MAX_LEN {
-        return Err("job id is longer than 512 bytes");
-    }
-    if s.chars().any(char::is_control) {
-        return Err("job id must not contain control characters");
-    }
-    Ok(())
-}
-
+/// queue-core's rule for queue names (the one `Queue` applies before
+/// sending), checked before a row is written so that no row the relay must
+/// reject gets in through this API; job ids are checked the same way, with
+/// [`JobId::validate`].
 pub(crate) fn check_queue(queue: &str) -> std::result::Result<(), String> {
-    // queue-core's own rule (the one `Queue` applies before sending), so a
-    // row staged here is never one the relay's enqueue refuses.
     queue_core::validate_queue_name(queue).map_err(|reason| format!("queue name {reason}"))
 }
 
@@ -364,7 +350,7 @@ impl Outbox {
             id: id.to_string(),
             reason: reason.to_string(),
         };
-        check_job_id(&id).map_err(invalid)?;
+        id.validate().map_err(invalid)?;
         check_queue(queue).map_err(|reason| invalid(&reason))?;
         extra_names.map_err(|reason| invalid(&reason))?;
         let schema_version =

@@ -25,7 +25,7 @@ use tokio_postgres::{Client, IsolationLevel, Row, Transaction};
 use tracing::{debug, error, info, warn};
 
 use crate::error::{OutboxError, Result};
-use crate::outbox::{check_job_id, check_queue, Outbox, OutboxRow};
+use crate::outbox::{check_queue, Outbox, OutboxRow};
 use crate::table::TableName;
 
 /// Default rows per batch.
@@ -718,7 +718,7 @@ fn unpublishable(row: &OutboxRow, finite_run_at: bool) -> std::result::Result<()
     if !finite_run_at {
         return Err("run_at is not a finite time (infinity)".into());
     }
-    check_job_id(&row.job_id).map_err(str::to_string)?;
+    row.job_id.validate().map_err(str::to_string)?;
     check_queue(&row.queue)?;
     if row.job_type.is_empty() {
         return Err("job type must not be empty".into());
