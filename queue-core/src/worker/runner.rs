@@ -211,15 +211,12 @@ impl JobRunner {
                 .map(|(_, n)| format!("`{n}`"))
                 .collect();
             known.sort();
-            let handled = if known.is_empty() {
-                "nothing on this queue".to_string()
-            } else {
-                format!("only {} on this queue", known.join(", "))
-            };
+            // Never empty: build() refuses a consumed queue with no type on it.
+            let handled = known.join(", ");
             return Err(format!(
                 "unknown job type `{}` on queue `{queue}`: no handler for it is registered on \
-                 this worker (it handles {handled}); register it on every worker that consumes \
-                 `{queue}`, then `queue-watchdog dead replay -q {queue} {}`",
+                 this worker (it handles only {handled} on this queue); register it on every \
+                 worker that consumes `{queue}`, then `queue-watchdog dead replay -q {queue} {}`",
                 d.job_type, d.id
             ));
         };
