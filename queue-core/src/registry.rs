@@ -8,8 +8,17 @@ use crate::job::{BoxFuture, Job, JobContext, JobError};
 
 type HandlerFuture = BoxFuture<'static, Result<(), JobError>>;
 type Runner = Arc<dyn Fn(JobContext, &[u8]) -> Result<HandlerFuture, String> + Send + Sync>;
-/// A cron expression and the function producing the payload of each firing.
-type CronSpec = (&'static str, fn() -> Vec<u8>);
+/// A cron expression and the function producing what each firing enqueues.
+type CronSpec = (&'static str, fn() -> Result<CronFiring, String>);
+
+/// What each firing of a periodic job enqueues: the payload of
+/// `J::Args::default()` and the rate key `J` derives from those args
+/// (`#[job(rate_key = ..)]`), so that a firing runs inside its key's limits
+/// like any other enqueue of the type.
+pub(crate) struct CronFiring {
+    pub(crate) payload: Vec<u8>,
+    pub(crate) rate_key: Option<String>,
+}
 
 /// A job type's handler, ready to be given to a [`WorkerBuilder`](crate::WorkerBuilder).
 ///
@@ -97,14 +106,20 @@ impl Registration {
     where
         J::Args: Default,
     {
-        fn default_payload<J: Job>() -> Vec<u8>
+        fn firing<J: Job>() -> Result<CronFiring, String>
         where
             J::Args: Default,
         {
-            rmp_serde::to_vec_named(&J::Args::default()).unwrap_or_default()
+            let args = J::Args::default();
+            let payload = rmp_serde::to_vec_named(&args)
+                .map_err(|e| format!("its default args do not serialize: {e}"))?;
+            Ok(CronFiring {
+                payload,
+                rate_key: J::rate_key(&args),
+            })
         }
         let mut reg = Self::of::<J>();
-        reg.cron = Some((expr, default_payload::<J>));
+        reg.cron = Some((expr, firing::<J>));
         reg
     }
 

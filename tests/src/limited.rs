@@ -68,3 +68,25 @@ pub async fn starts(ledger_url: &str) -> Vec<Start> {
         })
         .collect()
 }
+
+/// The payload of the periodic `tenant_sweep` job: its default tenant is the
+/// rate key of every firing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sweep {
+    /// The rate key.
+    pub tenant: String,
+}
+
+impl Default for Sweep {
+    fn default() -> Self {
+        Sweep {
+            tenant: "nightly".to_string(),
+        }
+    }
+}
+
+/// A periodic job (every second) whose rate key is its args' `tenant`.
+#[job(queue = "limited-cron", cron = "*/1 * * * * *", rate_key = tenant)]
+pub async fn tenant_sweep(_ctx: JobContext, _s: Sweep) -> Result<(), JobError> {
+    Ok(())
+}

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use queue_core::{
     Batch, EnqueueOptions, JobSpec, LimitScope, Queue, QueueKeys, RateLimit, WorkerConfig,
 };
-use queue_tests::limited::{self, limited as limited_job, Limited, Start};
+use queue_tests::env::worker_on;
+use queue_tests::limited::{self, limited as limited_job, tenant_sweep, Limited, Start};
 use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
 use redis::AsyncCommands;
 
@@ -375,4 +376,39 @@ async fn a_batch_member_carries_its_jobs_rate_key() {
         let key: Option<String> = conn.hget(keys.job(id), "rate_key").await.unwrap();
         assert_eq!(key.as_deref(), Some(want), "member {id}");
     }
+}
+
+/// A periodic job's firings carry the rate key its default args give
+/// (`#[job(cron = .., rate_key = tenant)]`), as every other enqueue of the
+/// type does. Before, the scheduler enqueued firings with no `rate_key`
+/// field: they ran outside their key's limits.
+#[tokio::test]
+async fn a_periodic_firing_carries_its_jobs_rate_key() {
+    let env = TestEnv::start().await;
+    // Nothing runs: the firings stay waiting, where the test reads them.
+    env.queue.pause("limited-cron").await.unwrap();
+    let worker = WorkerHandle::start(worker_on(
+        &env.url,
+        [tenant_sweep::handler()],
+        fast_config(),
+    ))
+    .await;
+    let keys = QueueKeys::new("limited-cron");
+    let firing = || async {
+        let ids: Vec<String> = env.conn().await.lrange(&keys.main, 0, -1).await.unwrap();
+        ids.into_iter().next()
+    };
+    wait_until(BOUND, "a firing enqueued", || async {
+        firing().await.is_some()
+    })
+    .await;
+    worker.stop().await;
+    let id = firing().await.unwrap();
+    let key: Option<String> = env
+        .conn()
+        .await
+        .hget(keys.job(&id), "rate_key")
+        .await
+        .unwrap();
+    assert_eq!(key.as_deref(), Some("nightly"), "firing {id}");
 }

@@ -23,7 +23,7 @@ use tracing::{debug, info, warn};
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::queue::{EnqueueOptions, EnqueueOutcome, Queue};
-use crate::registry::Registration;
+use crate::registry::{CronFiring, Registration};
 
 /// A missed firing is still enqueued if a scheduler sees it within this long.
 pub(crate) const CATCH_UP: Duration = Duration::from_secs(60);
@@ -33,24 +33,30 @@ const ONCE_FOR: Duration = Duration::from_secs(600);
 pub(crate) struct Periodic {
     reg: Registration,
     schedule: cron::Schedule,
-    payload: Vec<u8>,
+    firing: CronFiring,
 }
 
 /// Parses the cron schedules of the registrations that have one.
 pub(crate) fn parse(regs: &[Registration]) -> Result<Vec<Periodic>> {
     regs.iter()
         .filter_map(|reg| reg.cron.map(|c| (reg, c)))
-        .map(|(reg, (expr, payload))| {
+        .map(|(reg, (expr, firing))| {
             let schedule = cron::Schedule::from_str(expr).map_err(|e| {
                 QueueError::Config(format!(
                     "job type `{}` on queue `{}`: invalid cron expression {expr:?} (6 fields, with seconds): {e}",
                     reg.name, reg.queue
                 ))
             })?;
+            let firing = firing().map_err(|e| {
+                QueueError::Config(format!(
+                    "periodic job type `{}` on queue `{}`: {e}",
+                    reg.name, reg.queue
+                ))
+            })?;
             Ok(Periodic {
                 reg: reg.clone(),
                 schedule,
-                payload: payload(),
+                firing,
             })
         })
         .collect()
@@ -86,6 +92,24 @@ fn start_point(schedule: &cron::Schedule, now: DateTime<Utc>) -> DateTime<Utc> {
         .map_or(now, |latest| *latest - chrono::Duration::seconds(1))
 }
 
+/// The firings due on a tick at `now` after `last` (the latest firing
+/// handled). A `last` later than `now` means the Redis clock stepped back (an
+/// NTP step, a failover to a server whose clock is behind): the schedule
+/// restarts from `now` as at start-up, instead of waiting until the clock
+/// catches up with `last` and skipping every firing until then. A firing
+/// handled before the step is not enqueued twice: its id is refused while
+/// its once-marker lives.
+fn due_on_tick(
+    schedule: &cron::Schedule,
+    last: &mut DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Vec<DateTime<Utc>> {
+    if *last > now {
+        *last = start_point(schedule, now);
+    }
+    due_since(schedule, Some(*last), now)
+}
+
 async fn redis_now(conn: &mut RedisConnection) -> redis::RedisResult<DateTime<Utc>> {
     let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(conn).await?;
     Ok(DateTime::from_timestamp(secs, (micros * 1000) as u32).unwrap_or_default())
@@ -118,9 +142,12 @@ pub(crate) async fn run(
                     fired = jobs.iter().map(|j| start_point(&j.schedule, now)).collect();
                 }
                 for (i, job) in jobs.iter().enumerate() {
-                    for at in due_since(&job.schedule, Some(fired[i]), now) {
+                    for at in due_on_tick(&job.schedule, &mut fired[i], now) {
                         let id = format!("cron:{}:{}", job.reg.name, at.timestamp());
-                        let opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
+                        let mut opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
+                        if let Some(key) = &job.firing.rate_key {
+                            opts = opts.rate_key(key.as_str());
+                        }
                         match queue
                             .enqueue_raw(
                                 job.reg.queue,
@@ -128,7 +155,7 @@ pub(crate) async fn run(
                                 job.reg.version,
                                 job.reg.max_attempts,
                                 opts,
-                                &job.payload,
+                                &job.firing.payload,
                             )
                             .await
                         {
@@ -169,6 +196,43 @@ mod tests {
         v.iter().map(|t| t.format("%H:%M:%S").to_string()).collect()
     }
 
+    /// Args whose `Default` does not serialize.
+    #[derive(Default, serde::Deserialize)]
+    struct Unserializable;
+
+    impl serde::Serialize for Unserializable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> std::result::Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("no"))
+        }
+    }
+
+    struct Broken;
+
+    impl crate::Job for Broken {
+        type Args = Unserializable;
+        const NAME: &'static str = "broken";
+        const QUEUE: &'static str = "cron";
+        fn run(
+            _: crate::JobContext,
+            _: Unserializable,
+        ) -> crate::BoxFuture<'static, std::result::Result<(), crate::JobError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A periodic job whose default args do not serialize is refused when
+    /// the worker is built. Before, each firing was enqueued with an empty
+    /// payload, which no handler could decode.
+    #[test]
+    fn default_args_that_do_not_serialize_are_refused_at_build() {
+        let regs = [Registration::periodic::<Broken>("* * * * * *")];
+        let err = parse(&regs).err().expect("refused");
+        assert!(
+            matches!(&err, QueueError::Config(m) if m.contains("`broken`") && m.contains("do not serialize")),
+            "{err}"
+        );
+    }
+
     #[test]
     fn at_start_up_only_the_latest_firing_within_the_window_is_due() {
         let s = cron::Schedule::from_str("0 */5 * * * *").unwrap();
@@ -203,6 +267,30 @@ mod tests {
             times(due_since(&s, Some(from), at("2026-01-01T11:00:30Z"))),
             ["11:00:00"]
         );
+    }
+
+    /// A Redis clock that steps back half an hour after a firing was
+    /// handled: the next tick fires what is due at the new time. Before, the
+    /// scheduler waited until the clock caught up with its last firing and
+    /// skipped every firing of that half hour.
+    #[test]
+    fn a_clock_stepped_back_fires_what_is_due_at_its_new_time() {
+        let s = cron::Schedule::from_str("0 * * * * *").unwrap();
+        let mut last = at("2026-01-01T10:30:00Z");
+        assert_eq!(
+            times(due_on_tick(&s, &mut last, at("2026-01-01T10:00:30Z"))),
+            ["10:00:00"]
+        );
+        // Later ticks go on from there, one firing a minute.
+        last = at("2026-01-01T10:00:00Z");
+        assert_eq!(
+            times(due_on_tick(&s, &mut last, at("2026-01-01T10:01:10Z"))),
+            ["10:01:00"]
+        );
+        // A clock that did not step back: as before.
+        let mut last = at("2026-01-01T10:30:00Z");
+        assert!(due_on_tick(&s, &mut last, at("2026-01-01T10:30:40Z")).is_empty());
+        assert_eq!(last, at("2026-01-01T10:30:00Z"));
     }
 
     /// A schedule faster than the tick (or a tick that stalled) used to fire
