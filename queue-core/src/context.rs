@@ -149,12 +149,15 @@ impl JobContext {
         &self.inner.job_type
     }
 
-    /// 1 on the first delivery, 2 on the first retry, ...
+    /// 1 on the first delivery, 2 on the first retry, ... (at most
+    /// `u32::MAX`).
     pub fn attempt(&self) -> u32 {
         self.inner.attempt
     }
 
-    /// The job's attempt limit.
+    /// The job's attempt limit. A larger stored limit (a producer in another
+    /// language may store any non-negative integer) reads as `u32::MAX`; the
+    /// retry decision uses the stored value.
     pub fn max_attempts(&self) -> u32 {
         self.inner.max_attempts
     }

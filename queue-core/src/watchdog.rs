@@ -33,7 +33,8 @@ pub struct WatchdogConfig {
     /// An id found in processing without a lease is treated as leased for this
     /// long from the moment the watchdog first sees it (DESIGN rule 4).
     pub orphan_grace: Duration,
-    /// How many of the oldest processing entries each pass checks for a lease.
+    /// How many of the oldest processing entries each pass checks for a lease;
+    /// at least 1 ([`Watchdog::connect`] refuses 0 with [`QueueError::Config`]).
     pub orphan_scan: usize,
     /// Backoff before a reclaimed job runs again (jittered, by attempts).
     pub backoff: Backoff,
@@ -165,6 +166,13 @@ impl Watchdog {
         if config.batch == 0 {
             return Err(QueueError::Config(
                 "watchdog batch must be at least 1".into(),
+            ));
+        }
+        // reclaim.lua refuses a scan of 0 (it would fail every pass of
+        // every queue, so no orphan was ever adopted).
+        if config.orphan_scan == 0 {
+            return Err(QueueError::Config(
+                "watchdog orphan_scan must be at least 1".into(),
             ));
         }
         let conn = connect(url, &config.connection).await?;

@@ -468,3 +468,24 @@ async fn a_watchdog_for_a_queue_name_enqueues_refuse_is_refused() {
         assert_eq!(err.queue(), Some(bad));
     }
 }
+
+/// A watchdog configured to scan no processing entries for orphans is
+/// refused: `reclaim.lua` would fail every pass of every queue after its
+/// moves (`LRANGE processing -0 -1`), so no orphan was ever adopted and the
+/// promotion and dead-letter trim of each queue never ran. Before, `connect`
+/// accepted it.
+#[tokio::test]
+async fn a_watchdog_with_an_orphan_scan_of_zero_is_refused() {
+    let env = TestEnv::start().await;
+    let config = queue_core::WatchdogConfig {
+        orphan_scan: 0,
+        ..fast_watchdog()
+    };
+    let err = queue_core::Watchdog::connect(&env.url, ["tasks"], config)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, QueueError::Config(m) if m.contains("orphan_scan")),
+        "{err}"
+    );
+}

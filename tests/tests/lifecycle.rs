@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use queue_core::{EnqueueOptions, EnqueueOutcome, QueueError, WorkerConfig};
+use queue_core::{EnqueueOptions, EnqueueOutcome, QueueError, QueueKeys, WorkerConfig};
 use queue_tests::{bill, fast_config, task, Task, TestEnv};
 
 #[tokio::test]
@@ -624,4 +624,53 @@ async fn a_job_is_acked_at_the_largest_accepted_ack_window() {
     worker.stop().await;
     assert_eq!(env.completion_attempts("tasks", &id).await, 1);
     assert_eq!(report.reclaimed, 0);
+}
+
+/// A producer in another language may store any non-negative integer as
+/// max attempts (docs/PROTOCOL.md, section 3): a job enqueued through the
+/// documented script with "4294967296" (one above `u32::MAX`) runs and
+/// completes once. Before, the worker could not read its claim row
+/// ("claim row unreadable: field 5 (max_attempts)") and dead-lettered it
+/// at its first delivery, unrun.
+#[tokio::test]
+async fn a_job_stored_with_max_attempts_above_u32_runs_to_completion() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new("tasks");
+    let id = "foreign-huge-max";
+    let script = redis::Script::new(&format!(
+        "{}\n{}",
+        include_str!("../../queue-core/src/scripts/prelude.lua"),
+        include_str!("../../queue-core/src/scripts/enqueue.lua")
+    ));
+    let payload = rmp_serde::to_vec_named(&env.task(0)).expect("payload");
+    let reply: Vec<redis::Value> = script
+        .key(&keys.main)
+        .key(keys.job(id))
+        .key(keys.done(id))
+        .key(&keys.delayed)
+        .key(&keys.stats)
+        .key(keys.once(id))
+        .arg(id)
+        .arg("task")
+        .arg(1)
+        .arg(payload)
+        .arg("4294967296")
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .invoke_async(&mut env.conn().await)
+        .await
+        .expect("enqueue");
+    assert_eq!(reply[0], redis::Value::BulkString(b"new".to_vec()));
+
+    let worker = env.spawn_worker(fast_config()).await;
+    env.wait_stats("tasks", "the job completed or dead-lettered", |s| {
+        s.counter("completed") + s.counter("dead") >= 1
+    })
+    .await;
+    worker.stop().await;
+    let stats = env.stats("tasks").await;
+    assert_eq!(stats.dead, 0, "not dead-lettered");
+    assert_eq!(env.completion_attempts("tasks", id).await, 1);
+    assert_eq!(env.ledger().await.effects.get(id), Some(&1), "ran once");
 }

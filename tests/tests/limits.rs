@@ -97,6 +97,41 @@ async fn a_queue_rate_limit_holds_across_workers_and_burns_no_attempt() {
     assert_eq!((stats.counter("retried"), stats.counter("failed")), (0, 0));
 }
 
+/// A worker held by a queue rate of 1 per hour sees the limit cleared
+/// within a block timeout: a job enqueued after the clear completes (and
+/// the one that waited). Before, the fetcher slept the whole wait the
+/// script computed (up to a day with 1/24h), so nothing on the queue ran
+/// for the rest of the hour.
+#[tokio::test]
+async fn a_worker_held_by_a_long_rate_window_sees_the_limit_cleared() {
+    let env = TestEnv::start().await;
+    env.queue
+        .set_rate_limit(
+            "limited",
+            LimitScope::Queue,
+            RateLimit::new(1, Duration::from_secs(3600)),
+        )
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        limited_job::enqueue(&env.queue, job(&env, "t", 0))
+            .await
+            .unwrap();
+    }
+    let workers = spawn_limited_workers(&env, 1, fast_config()).await;
+    // The first job uses the hour's one start; the worker's next fetch is
+    // limited (the second job waits in main).
+    env.wait_completed("limited", 1).await;
+    assert_eq!(env.stats("limited").await.main, 1);
+    env.queue.clear_limits("limited").await.unwrap();
+    limited_job::enqueue(&env.queue, job(&env, "t", 0))
+        .await
+        .unwrap();
+    env.wait_completed("limited", 3).await;
+    stop(workers).await;
+    assert_eq!(limited::starts(&env.ledger_url).await.len(), 3);
+}
+
 /// Per-key rate 2/s (the default of every key, `#[job(rate_key = tenant)]`):
 /// with 20 jobs of a noisy tenant queued first, the 5 quiet tenants' jobs
 /// still start in the first second, the noisy one starts at most 2 per

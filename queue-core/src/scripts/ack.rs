@@ -52,7 +52,10 @@ impl AckItem {
     /// taking the delivery's strings instead of copying them (a delivery is
     /// acked once).
     pub(crate) fn taking(d: Delivery, result_ref: Option<Vec<u8>>) -> AckItem {
-        let times = claimed_times(&d);
+        // An attempt of u32::MAX may be a larger stored count the claim
+        // row's decode clamped: the script reads the record's fields from
+        // the job instead (the record keeps the stored count).
+        let times = claimed_times(&d).filter(|_| d.attempt != u32::MAX);
         AckItem {
             id: d.id,
             token: d.token,
@@ -239,6 +242,20 @@ mod tests {
             claim_sent_at: tokio::time::Instant::now(),
             traceparent: None,
         }
+    }
+
+    /// A delivery whose attempt reads u32::MAX (maybe a larger stored count,
+    /// clamped by the claim row's decode) sends no claimed fields: the
+    /// script reads the record's from the job. Others send theirs.
+    #[test]
+    fn a_clamped_attempt_is_not_sent_for_the_record() {
+        let clamped = Delivery {
+            attempt: u32::MAX,
+            ..delivery("a")
+        };
+        assert!(AckItem::of(&clamped, None).claimed.is_none());
+        let sent = AckItem::of(&delivery("b"), None).claimed.unwrap();
+        assert_eq!(sent.attempt, 1);
     }
 
     /// The reply is one digit per delivery, in order; a reply of another

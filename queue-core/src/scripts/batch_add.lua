@@ -25,7 +25,8 @@ end
 -- The count this call raises, checked before the first write: a `total`
 -- that is not an integer (corrupt) would make the HINCRBY after the SADDs
 -- fail, and a retry would find the members added and count none of them.
-if b[2] and not as_count(b[2]) then
+-- wf_bad_count: only the text HINCRBY reads as an integer ("00" is not).
+if wf_bad_count('total', b[2]) then
   return redis.error_reply('ERR batch ' .. KEYS[1] .. " field total '" .. string.sub(b[2], 1, 64)
     .. "' is not a non-negative integer (corrupt): refused before any write")
 end

@@ -241,6 +241,11 @@ impl Delivery {
         let num = |i: usize| decimal(&buf[ranges[i].clone()]);
         let unsigned = |i: usize| num(i).and_then(|n| u64::try_from(n).ok());
         let small = |i: usize| unsigned(i).and_then(|n| u32::try_from(n).ok());
+        // A count the worker only shows and compares (attempt, max_attempts):
+        // above u32::MAX, u32::MAX. A producer may store any non-negative
+        // integer as max_attempts (docs/PROTOCOL.md); the decisions that use
+        // it (retry or dead-letter) are taken in Lua from the stored value.
+        let count = |i: usize| unsigned(i).map(|n| u32::try_from(n).unwrap_or(u32::MAX));
         // Field `i`, or its index for the error.
         fn need<T>(v: Option<T>, i: usize) -> std::result::Result<T, usize> {
             v.ok_or(i)
@@ -253,8 +258,8 @@ impl Delivery {
                 job_type: need(text(2), 2)?.to_string(),
                 version: need(small(3), 3)?,
                 payload: Vec::new(),
-                attempt: need(small(4), 4)?,
-                max_attempts: need(small(5), 5)?.max(1),
+                attempt: need(count(4), 4)?,
+                max_attempts: need(count(5), 5)?.max(1),
                 enqueued_at_ms: need(num(6), 6)?,
                 delivered_at_ms,
                 fence: need(unsigned(8), 8)?,
@@ -529,6 +534,28 @@ mod tests {
         assert_eq!(d.first_started_at_ms, 150);
         assert_eq!(d.payload, vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9]);
         assert_eq!((d.token.as_str(), d.fence), ("tok", 4));
+    }
+
+    /// An attempt or max_attempts above u32::MAX (a producer may store any
+    /// non-negative integer as max_attempts) reads as u32::MAX. Before, the
+    /// row was unreadable and the job dead-lettered at its first delivery.
+    #[test]
+    fn counts_above_u32_read_as_u32_max() {
+        for (attempt, max) in [("1", "4294967296"), ("4294967296", "9007199254740991")] {
+            let mut f = claimed_fields();
+            f[4] = attempt.as_bytes().to_vec();
+            f[5] = max.as_bytes().to_vec();
+            let d = delivery(&f);
+            let want = |t: &str| u32::try_from(t.parse::<u64>().unwrap()).unwrap_or(u32::MAX);
+            assert_eq!(
+                (d.attempt, d.max_attempts),
+                (want(attempt), u32::MAX),
+                "{attempt}/{max}"
+            );
+        }
+        let mut f = claimed_fields();
+        f[5] = b"4294967295".to_vec();
+        assert_eq!(delivery(&f).max_attempts, u32::MAX);
     }
 
     /// `decimal` reads what `str::parse::<i64>` reads, and refuses what it

@@ -58,7 +58,9 @@ local fair = optional and fair_state(KEYS[1]) -- groups: one id per group per ro
 -- ahead of main's turn touching main.
 if lim or fair then expect_types(KEYS[1], 'list', KEYS[2], 'list') end
 local room, wait = limits_room(lim, KEYS[3], count, now)
-if room == 0 and count > 0 then return 'limited:' .. wait end
+-- int_str: `..` formats a Lua number with '%.14g', so a wait of 1e14 ms or
+-- more (a window that long is accepted) read 'limited:1e+14'.
+if room == 0 and count > 0 then return 'limited:' .. int_str(wait) end
 local entries = {}
 if not lim and not fair then
   -- Move the batch first, then one EXISTS for all its completion records: a job

@@ -9,5 +9,8 @@ local fields = redis.call('HGETALL', KEYS[1])
 local running = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 local started = 0
 local rate = limit_rate(redis.call('HGET', KEYS[1], 'rate'))
-if rate then started = redis.call('ZCOUNT', KEYS[1] .. ':started', now - rate[2] + 1, '+inf') end
+if rate then
+  expect_types(KEYS[1] .. ':started', 'zset')
+  started = redis.call('ZCOUNT', KEYS[1] .. ':started', now - rate[2] + 1, '+inf')
+end
 return {fields, running, started}

@@ -129,6 +129,27 @@ async fn a_queue_rate_limit_claims_up_to_the_limit_then_answers_the_wait() {
     assert_eq!(claimed(&fetch(&mut conn, &keys, 5).await), ["j4", "j5"]);
 }
 
+/// A rate window of 10^14 ms or more (accepted: up to 2^53 - 1) answers a
+/// wait the worker reads. Before, the reply was `limited:2e+14` (Lua's
+/// number formatting), a protocol error: the fetcher retried for ever.
+#[tokio::test]
+async fn a_huge_rate_window_answers_a_readable_wait() {
+    let (_server, mut conn, keys) = setup("limits-huge-window").await;
+    for id in ["j1", "j2"] {
+        enqueue(&mut conn, &keys, id, None).await;
+    }
+    set(&mut conn, &keys, &[("rate", "1/200000000000000")]).await;
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 2).await), ["j1"]);
+    let FetchReply::Limited(wait) = fetch(&mut conn, &keys, 2).await else {
+        panic!("limited expected")
+    };
+    assert!(
+        wait > Duration::from_millis(199_999_000_000_000)
+            && wait <= Duration::from_millis(200_000_000_000_000),
+        "{wait:?}"
+    );
+}
+
 /// A queue concurrency cap of 2 counts live leases: a third job starts only
 /// once a lease is gone (acked) or expired (a dead worker's).
 #[tokio::test]
@@ -531,6 +552,73 @@ async fn a_fetch_refused_for_its_main_writes_nothing_not_even_the_sweep() {
     assert_eq!(left, vec!["finished-long-ago".to_string()]);
     let indexed: Vec<String> = conn.zrange(&index, 0, -1).await.unwrap();
     assert_eq!(indexed, vec!["acme".to_string()]);
+}
+
+/// A queue's start log (`<limits>:started`) of another type, under a
+/// queue rate: the fetch, the claim after a BLMOVE and the limits read are
+/// refused before any write, naming the key. Before, the sweep of finished
+/// running sets wrote first, then the window read raised a bare WRONGTYPE
+/// naming no key.
+#[tokio::test]
+async fn a_fetch_refused_for_its_start_log_writes_nothing_not_even_the_sweep() {
+    let (_server, mut conn, keys) = setup("limits-started-refused").await;
+    enqueue(&mut conn, &keys, "j1", None).await;
+    set(
+        &mut conn,
+        &keys,
+        &[("rate", "5/60000"), ("key_concurrency", "1")],
+    )
+    .await;
+    let started = format!("{}:started", keys.limits());
+    let running = format!("{}:running:acme", keys.limits());
+    let index = format!("{}:runkeys", keys.limits());
+    let () = conn.zadd(&running, "finished-long-ago", 1).await.unwrap();
+    let () = conn.zadd(&index, "acme", 1).await.unwrap();
+    let () = conn.set(&started, "not a zset").await.unwrap();
+    let refused = Fetch {
+        keys: &keys,
+        lease: LEASE,
+        token_base: "refused",
+        count: 10,
+        first_try: false,
+    }
+    .run_or_paused(&mut conn)
+    .await
+    .unwrap_err();
+    assert!(refused.to_string().contains(&started), "{refused}");
+    let left: Vec<String> = conn.zrange(&running, 0, -1).await.unwrap();
+    assert_eq!(left, vec!["finished-long-ago".to_string()]);
+    let indexed: Vec<String> = conn.zrange(&index, 0, -1).await.unwrap();
+    assert_eq!(indexed, vec!["acme".to_string()]);
+
+    let moved: String = conn
+        .lmove(
+            &keys.main,
+            &keys.processing,
+            redis::Direction::Right,
+            redis::Direction::Left,
+        )
+        .await
+        .unwrap();
+    let claim = Claim {
+        keys: &keys,
+        id: moved.as_bytes(),
+        lease: LEASE,
+        token: "tok",
+    }
+    .run(&mut conn)
+    .await
+    .unwrap_err();
+    assert!(claim.to_string().contains(&started), "{claim}");
+    let left: Vec<String> = conn.zrange(&running, 0, -1).await.unwrap();
+    assert_eq!(left, vec!["finished-long-ago".to_string()]);
+    assert_eq!(attempts(&mut conn, &keys, "j1").await, Some(0));
+
+    let read = crate::scripts::limits_read::read(&keys, &mut conn)
+        .await
+        .err()
+        .expect("the limits read is refused");
+    assert!(read.to_string().contains(&started), "{read}");
 }
 
 /// Enqueues "newer" then "runnable" (with `rate_key`) under `limits`,

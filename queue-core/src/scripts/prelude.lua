@@ -523,6 +523,10 @@ local function limits_load(limkey, delayed)
         .. "' (want N/W_ms or N): refused before any write"})
     end
   end
+  -- The queue's start log: limits_room reads it after limits_sweep's writes,
+  -- limits_started writes it after a claim. Of another type, the call is
+  -- refused here, naming it, before any write.
+  if lim.rate then expect_types(limkey .. ':started', 'zset') end
   return lim
 end
 
@@ -1072,9 +1076,15 @@ local function wf_count_error(bkey, id, what)
 end
 
 -- The problem with stored count `v` (field `name`) that a script would
--- HINCRBY (corrupt_field's text), or nil (missing counts from 0).
+-- HINCRBY (corrupt_field's text), or nil (missing counts from 0). Only the
+-- text HINCRBY itself reads as an integer passes: digits without a leading
+-- zero (or "0"), within as_count's range. as_count alone (tonumber) also
+-- takes "00", "0.0", " 0", "+0", "-0", "0e0", "0x0", which HINCRBY refuses
+-- ("hash value is not an integer") after the caller's writes.
 local function wf_bad_count(name, v)
-  if v and not as_count(v) then return corrupt_field(name, v) end
+  if v and not ((v == '0' or string.find(v, '^[1-9]%d*$')) and as_count(v)) then
+    return corrupt_field(name, v)
+  end
   return nil
 end
 

@@ -15,6 +15,9 @@ local base = arg_count(ARGV[4], 'backoff base')
 local cap = arg_count(ARGV[5], 'backoff cap')
 local seed = arg_count(ARGV[6], 'seed')
 local scan = arg_count(ARGV[7], 'orphan scan')
+-- LRANGE of the last 0 entries would be `LRANGE processing -0 -1`, which
+-- Redis refuses ("-0" is not an integer) after the pass's moves.
+if scan < 1 then error({err = 'ERR invalid argument orphan scan: must be at least 1, got ' .. ARGV[7]}) end
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'list')
 local now = now_ms()
 math.randomseed(seed)

@@ -202,4 +202,66 @@ mod tests {
             from_head.first()
         );
     }
+
+    /// An orphan scan of 0 is refused before any write. Before, the pass
+    /// moved the expired deliveries first, then `LRANGE processing -0 -1`
+    /// raised: every pass failed half-way, so no orphan was ever adopted
+    /// (and the watchdog skipped the rest of that queue's pass).
+    #[tokio::test]
+    async fn a_reclaim_scanning_no_orphans_is_refused_before_any_write() {
+        let (_server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("scan0");
+        let _: () = redis::pipe()
+            .cmd("RPUSH")
+            .arg(&keys.processing)
+            .arg("expired")
+            .ignore()
+            .cmd("HSET")
+            .arg(keys.job("expired"))
+            .arg(&[
+                ("state", "active"),
+                ("attempts", "1"),
+                ("max_attempts", "3"),
+            ])
+            .ignore()
+            .cmd("ZADD")
+            .arg(&keys.leases)
+            .arg(1)
+            .arg("expired")
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+
+        let err = Reclaim {
+            orphan_scan: 0,
+            ..Reclaim::for_tests(&keys)
+        }
+        .run(&mut conn)
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains("orphan scan"), "{err}");
+        let processing: Vec<String> = redis::cmd("LRANGE")
+            .arg(&keys.processing)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(processing, ["expired"], "still in processing");
+        let lease: Option<i64> = redis::cmd("ZSCORE")
+            .arg(&keys.leases)
+            .arg("expired")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(lease, Some(1), "still leased");
+        let state: Option<String> = redis::cmd("HGET")
+            .arg(keys.job("expired"))
+            .arg("state")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(state.as_deref(), Some("active"));
+    }
 }

@@ -13,8 +13,9 @@ use redis::Value;
 
 use super::ack::{Ack, AckItem, AckReply};
 use super::batch_add::BatchAdd;
-use super::claim::{ClaimRow, Delivery};
+use super::claim::{ClaimRow, Delivery, Skip};
 use super::enqueue::Enqueue;
+use super::fail::{Fail, FailKind, FailReply};
 use super::fetch::Fetch;
 use super::reclaim::Reclaim;
 use super::relay_apply::{Applied, RelayApply};
@@ -386,28 +387,121 @@ async fn a_replay_of_a_member_whose_batch_count_is_corrupt_replays_it() {
 /// found them added and counted none).
 #[tokio::test]
 async fn batch_add_refuses_a_corrupt_total_before_any_write() {
+    // "00": read as 0 by Lua's tonumber, refused by HINCRBY.
+    for total in ["x", "00"] {
+        let mut fx = Fx::start().await;
+        let bkey = fx.batch(Q, &["m"], 3).await;
+        // Sealed, not fired: it still takes members (a running member adds more).
+        fx.cmd(&["HSET", &bkey, "total", total]).await;
+        let ids = ["late".to_string()];
+        let err = BatchAdd {
+            queue: Q,
+            key: &bkey,
+            policy: "",
+            ids: &ids,
+        }
+        .run(&mut fx.conn)
+        .await
+        .unwrap_err();
+        assert_eq!(
+            fx.int(&["SISMEMBER", &format!("{bkey}:members"), "late"])
+                .await,
+            0,
+            "{total}: nothing written: {err}"
+        );
+        assert!(
+            err.to_string().contains("refused before any write"),
+            "{total}: {err}"
+        );
+    }
+}
+
+/// A batch count Lua's `tonumber` reads as an integer but HINCRBY refuses
+/// ("hash value is not an integer"): "00" here. A fetch claims an ordinary
+/// job, then finds the batch's members past their deadline and
+/// dead-letters them. The fetch answers (before, the member's batch count
+/// raised after the first job's claim: the script failed before that job's
+/// lease and the fetch receipt, leaving it active with no lease, dead-lettered
+/// unrun by the watchdog later); the ordinary job is claimed and leased,
+/// the members are dead, uncounted, and the batch says why.
+#[tokio::test]
+async fn a_fetch_dead_lettering_a_member_whose_batch_count_is_not_canonical_claims_the_rest() {
     let mut fx = Fx::start().await;
-    let bkey = fx.batch(Q, &["m"], 3).await;
-    // Sealed, not fired: it still takes members (a running member adds more).
-    fx.cmd(&["HSET", &bkey, "total", "x"]).await;
-    let ids = ["late".to_string()];
-    let err = BatchAdd {
-        queue: Q,
-        key: &bkey,
-        policy: "",
-        ids: &ids,
+    let keys = fx.keys.clone();
+    Enqueue::test_job(&keys, &JobId::from("a"), 1)
+        .run(&mut fx.conn)
+        .await
+        .unwrap();
+    let bkey = fx.batch(Q, &["m", "n"], 1).await;
+    fx.cmd(&["HSET", &bkey, "dead", "00"]).await;
+    for member in ["m", "n"] {
+        fx.cmd(&["HSET", &keys.job(member), "expires_at", "1"])
+            .await;
+    }
+
+    let rows = Fetch {
+        keys: &keys,
+        lease: Duration::from_secs(30),
+        token_base: "tb",
+        count: 3,
+        first_try: true,
     }
     .run(&mut fx.conn)
     .await
-    .unwrap_err();
-    assert_eq!(
-        fx.int(&["SISMEMBER", &format!("{bkey}:members"), "late"])
-            .await,
-        0,
-        "nothing written: {err}"
-    );
+    .expect("the fetch answers");
+    assert_eq!(rows.len(), 3, "{rows:?}");
     assert!(
-        err.to_string().contains("refused before any write"),
-        "{err}"
+        matches!(&rows[0], ClaimRow::Claimed(d) if d.id.as_str() == "a"),
+        "{rows:?}"
     );
+    assert!(fx.in_zset(&keys.leases, "a").await, "a is leased");
+    for row in &rows[1..] {
+        assert!(
+            matches!(row, ClaimRow::Skipped(_, Skip::Expired)),
+            "{rows:?}"
+        );
+    }
+    for member in ["m", "n"] {
+        assert!(fx.in_list(&keys.dead, member).await, "{member} dead");
+        assert!(!fx.in_list(&keys.processing, member).await);
+        assert!(!fx.counted(&bkey, member).await);
+    }
+    let err = fx.count_error(&bkey).await;
+    assert!(err.contains("not counted") && err.contains("dead"), "{err}");
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "dead"]).await.as_deref(),
+        Some("00")
+    );
+}
+
+/// A permanent failure of a batch member whose batch's `dead` count is
+/// "0.0" (not an integer HINCRBY reads) answers Dead (before, the script
+/// raised after its writes), and the batch says why.
+#[tokio::test]
+async fn a_permanent_fail_of_a_member_whose_batch_count_is_not_canonical_answers_dead() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch(Q, &["m", "n"], 3).await;
+    fx.cmd(&["HSET", &bkey, "dead", "0.0"]).await;
+    let keys = fx.keys.clone();
+    let d = fx.fetch(&keys, 1, Duration::from_secs(30)).await;
+    let member = d[0].id.clone();
+
+    let reply = Fail {
+        keys: &keys,
+        id: &member,
+        token: &d[0].token,
+        kind: FailKind::Permanent,
+        message: "bad input",
+        delay: Duration::ZERO,
+    }
+    .run(&mut fx.conn)
+    .await
+    .expect("the fail answers");
+    assert!(matches!(reply, FailReply::Dead { .. }), "{reply:?}");
+    assert!(fx.in_list(&keys.dead, member.as_str()).await);
+    assert!(!fx.in_list(&keys.processing, member.as_str()).await);
+    assert!(!fx.in_zset(&keys.leases, member.as_str()).await);
+    assert!(!fx.counted(&bkey, member.as_str()).await);
+    let err = fx.count_error(&bkey).await;
+    assert!(err.contains("not counted") && err.contains("dead"), "{err}");
 }
