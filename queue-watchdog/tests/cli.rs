@@ -884,6 +884,76 @@ fn replay_and_purge_all_skip_and_report_an_unreadable_dead_entry() {
         .contains(":0"));
 }
 
+/// A dead job whose type is not UTF-8 (the worker dead-letters such a job
+/// on purpose: its claim row does not decode) next to a normal one:
+/// `dead replay --all` replays both (exit 0), `dead list` shows the type
+/// lossily. Before, the selection's scan decoded the rows as strings and
+/// failed whole: nothing was replayed (exit 2).
+#[test]
+fn replay_all_takes_a_dead_job_whose_type_is_not_utf8() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    seed_dead(&server, "plain", "send", "refused");
+    seed_dead(&server, "odd", "send", "claim-row-unreadable");
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(k.job("odd"))
+        .arg("type")
+        .arg(b"\xff\xfe".as_slice())
+        .query(&mut c)
+        .unwrap();
+    let (ok, stdout, stderr) = run(&["dead", "list", "--redis", &url, "-q", "emails"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("odd\ttype=\u{FFFD}\u{FFFD}"), "{stdout}");
+
+    let (ok, stdout, stderr) = run(&[
+        "dead", "replay", "--redis", &url, "-q", "emails", "--all", "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["replayed"], serde_json::json!(["odd", "plain"]), "{v}");
+    assert_eq!(v["unreadable"], serde_json::json!([]));
+    let main = lrange(&server, &k.main);
+    assert!(main.contains("odd") && main.contains("plain"), "{main}");
+    assert!(server.command(&["LLEN", &k.dead]).unwrap().contains(":0"));
+}
+
+/// One lifetime counter that is not a number (`HSET q:{emails}:stats dead
+/// x`): `stats` still shows every queue (exit 0), the bad counter left out
+/// (`check` reports it). Before, the snapshot failed whole, and `stats`
+/// failed for all queues.
+#[test]
+fn stats_leaves_out_a_counter_that_is_not_a_number() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    seed_job(
+        &server,
+        "emails",
+        "w1",
+        &[("state", "queued"), ("type", "ping")],
+    );
+    server.command(&["LPUSH", &k.main, "w1"]).unwrap();
+    server
+        .command(&["HSET", &k.stats, "enqueued", "1", "dead", "x"])
+        .unwrap();
+    let (ok, stdout, stderr) = run(&["stats", "--redis", &url]);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.lines().nth(1).unwrap().starts_with("emails"),
+        "{stdout}"
+    );
+    let (ok, stdout, stderr) = run(&["stats", "--redis", &url, "-q", "emails", "--json"]);
+    assert!(ok, "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v[0]["main"], 1);
+    assert_eq!(v[0]["counters"], serde_json::json!({"enqueued": 1}));
+}
+
 /// A dead reason (an error message, often carrying user input) with an ESC
 /// sequence and a newline: `dead list` prints them as escapes, so they can
 /// neither rewrite the operator's terminal nor split the job's line.

@@ -2,7 +2,7 @@
 //! paging), selecting the jobs a replay or purge acts on, replay
 //! (`replay.lua`) and purge (`purge.lua`), one script each (DESIGN rule 1).
 
-use super::dead_scan::{DeadRow, DEAD_SCAN_CHUNK};
+use super::dead_scan::{DeadRow, DEAD_SCAN_CHUNK, ID_NOT_UTF8};
 use super::jobs::JobInfo;
 use super::{admin_script, Admin, Page, Result};
 use crate::error::QueueError;
@@ -140,7 +140,7 @@ impl Queue {
         if count == 0 {
             return Ok(Vec::new());
         }
-        let ids: Vec<String> = redis::cmd("LRANGE")
+        let ids: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(&k.dead)
             .arg(offset)
             .arg(offset.saturating_add(count - 1).min(i64::MAX as u64))
@@ -149,7 +149,18 @@ impl Queue {
             .map_err(|e| QueueError::redis(queue, None, e))?;
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            let id = JobId::from(id);
+            // An id that is not UTF-8 (no JobId names it) is listed under
+            // its lossy form as unreadable, not a failed listing.
+            let id = match String::from_utf8(id) {
+                Ok(id) => JobId::from(id),
+                Err(e) => {
+                    let shown = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                    let mut info = JobInfo::empty(JobId::from(shown));
+                    info.fields.insert("unreadable".into(), ID_NOT_UTF8.into());
+                    out.push(info);
+                    continue;
+                }
+            };
             match self.job(queue, &id).await {
                 Ok(info) => out.push(info.unwrap_or_else(|| JobInfo::empty(id))),
                 // A job key of another type (corrupt data) is listed with the

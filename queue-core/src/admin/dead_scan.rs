@@ -19,7 +19,8 @@ pub const DEAD_SCAN_CHUNK: u64 = 1000;
 pub struct DeadRow {
     /// Job id.
     pub id: String,
-    /// Job type (`None` when the hash or field is gone).
+    /// Job type (`None` when the hash or field is gone). Here and in the
+    /// other text fields, bytes that are not UTF-8 are shown as U+FFFD.
     pub job_type: Option<String>,
     /// Why it was dead-lettered.
     pub reason: Option<String>,
@@ -31,7 +32,10 @@ pub struct DeadRow {
     /// Why the entry's job key cannot be read (corrupt data: a key of
     /// another type), with every other field `None`. Such a row is returned
     /// whatever the filter (its type and reason are unknown): skip it and
-    /// report it; a replay or purge of it would be refused.
+    /// report it; a replay or purge of it would be refused. Also set (to
+    /// `job id is not UTF-8`, every other field `None`, [`id`](Self::id) in
+    /// its lossy form) for a matching entry whose id is not UTF-8: no
+    /// [`JobId`](crate::JobId) names it.
     pub unreadable: Option<String>,
 }
 
@@ -46,7 +50,48 @@ pub struct DeadScan {
     pub rows: Vec<DeadRow>,
 }
 
-type Row = (String, String, String, String, String, String);
+/// A row as the script returns it, every field as bytes: a dead job's type
+/// or reason need not be UTF-8 (the worker dead-letters a job whose claim
+/// row does not decode on purpose), and one such row must not fail the
+/// chunk (a `String` decode of the tuple fails the whole reply).
+type Row = (Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>, Vec<u8>);
+
+/// Why a row whose id is not UTF-8 is unreadable: no [`JobId`](crate::JobId)
+/// names it, so a replay or purge of it would not find it.
+pub(super) const ID_NOT_UTF8: &str = "job id is not UTF-8";
+
+impl DeadRow {
+    /// The row of one script row: text fields decoded lossily (U+FFFD for
+    /// bytes that are not UTF-8), `""` as none; an id that is not UTF-8 is
+    /// an [`unreadable`](DeadRow::unreadable) row under its lossy form.
+    fn from_script(row: Row) -> Self {
+        let (id, job_type, reason, dead_at, attempts, bad) = row;
+        let opt = |b: Vec<u8>| (!b.is_empty()).then(|| lossy(b));
+        match String::from_utf8(id) {
+            Ok(id) => DeadRow {
+                id,
+                job_type: opt(job_type),
+                reason: opt(reason),
+                dead_at: opt(dead_at),
+                attempts: opt(attempts),
+                unreadable: opt(bad),
+            },
+            Err(e) => DeadRow {
+                id: lossy(e.into_bytes()),
+                job_type: None,
+                reason: None,
+                dead_at: None,
+                attempts: None,
+                unreadable: Some(ID_NOT_UTF8.to_string()),
+            },
+        }
+    }
+}
+
+/// `bytes` as text, each sequence that is not UTF-8 replaced by U+FFFD.
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
 
 impl Admin {
     /// Reads at most [`DEAD_SCAN_CHUNK`] entries of the dead-letter list of
@@ -89,21 +134,10 @@ impl Admin {
             .invoke_async(&mut self.queue.connection())
             .await
             .map_err(|e| QueueError::redis(queue, None, e))?;
-        let opt = |s: String| (!s.is_empty()).then_some(s);
         Ok(DeadScan {
             total,
             read,
-            rows: rows
-                .into_iter()
-                .map(|(id, job_type, reason, dead_at, attempts, bad)| DeadRow {
-                    id,
-                    job_type: opt(job_type),
-                    reason: opt(reason),
-                    dead_at: opt(dead_at),
-                    attempts: opt(attempts),
-                    unreadable: opt(bad),
-                })
-                .collect(),
+            rows: rows.into_iter().map(DeadRow::from_script).collect(),
         })
     }
 }
@@ -246,5 +280,67 @@ mod tests {
             .unwrap();
         assert_eq!(all.len(), 6);
         assert!(all[2].unreadable.is_some() && all[2].id.as_str() == "d3");
+    }
+
+    /// A dead job whose type is not UTF-8 (the worker dead-letters such a
+    /// job on purpose: its claim row does not decode) is a row like any
+    /// other, its type shown lossily, and the chunk goes on; an entry whose
+    /// id is not UTF-8 is a row marked unreadable. Before, the rows were
+    /// decoded as `String`s: one such row failed the whole scan, and with it
+    /// `dead replay/purge --all/--filter` and the dashboard's dead pages.
+    #[tokio::test]
+    async fn a_dead_job_whose_type_is_not_utf8_is_a_row_not_a_failed_scan() {
+        let server = RedisServer::start().unwrap();
+        let admin = seeded(&server).await;
+        let k = QueueKeys::new("q");
+        let odd_id = b"odd-\xff".as_slice();
+        let mut odd_key = k.job("").into_bytes();
+        odd_key.extend_from_slice(odd_id);
+        let _: () = redis::pipe()
+            .cmd("HSET")
+            .arg(k.job("d2"))
+            .arg("type")
+            .arg(b"\xff\xfe".as_slice())
+            .ignore()
+            .cmd("HSET")
+            .arg(odd_key)
+            .arg(&["state", "dead", "type", "send", "dead_reason", "refused"])
+            .ignore()
+            .cmd("RPUSH")
+            .arg(&k.dead)
+            .arg(odd_id)
+            .ignore()
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+        let all = admin
+            .scan_dead("q", 0, 1000, None, None, 100)
+            .await
+            .unwrap();
+        assert_eq!((all.total, all.read, all.rows.len()), (7, 7, 7));
+        let d2 = &all.rows[1];
+        assert_eq!(d2.id, "d2");
+        assert_eq!(d2.job_type.as_deref(), Some("\u{FFFD}\u{FFFD}"));
+        assert_eq!(d2.reason.as_deref(), Some("Upstream TIMEOUT after 30s"));
+        assert_eq!(d2.unreadable, None);
+        let odd = &all.rows[6];
+        assert_eq!(odd.id, "odd-\u{FFFD}");
+        assert_eq!(odd.unreadable.as_deref(), Some(ID_NOT_UTF8));
+        assert_eq!(odd.job_type, None);
+
+        let timeouts = admin
+            .scan_dead("q", 0, 1000, None, Some("timeout"), 100)
+            .await
+            .unwrap();
+        let ids: Vec<&str> = timeouts.rows.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["d2", "d4", "d6"]);
+        // The list of `dead list` and the dashboard's queue page too.
+        let listed = admin
+            .dead_letters("q", None, super::super::Page::first(10))
+            .await
+            .unwrap();
+        assert_eq!(listed.jobs.len(), 7);
+        assert_eq!(listed.jobs[1].field("type"), Some("\u{FFFD}\u{FFFD}"));
+        assert_eq!(listed.jobs[6].field("unreadable"), Some(ID_NOT_UTF8));
     }
 }

@@ -115,19 +115,34 @@ pub struct WaitingJob {
     pub last_error: Option<String>,
 }
 
-type Row = Vec<String>;
+/// A script row, each field as bytes: a job's type or error need not be
+/// UTF-8 (a producer in another language, a job the worker is about to
+/// dead-letter as unreadable), and one such row must not fail the page.
+type Row = Vec<Vec<u8>>;
 
-/// Field `i` of a script row; `""` (missing) is none.
+/// Field `i` of a script row as text (bytes that are not UTF-8 shown as
+/// U+FFFD); `""` (missing) is none.
 fn text(row: &Row, i: usize) -> Option<String> {
-    row.get(i).filter(|s| !s.is_empty()).cloned()
+    let b = row.get(i).filter(|b| !b.is_empty())?;
+    Some(String::from_utf8_lossy(b).into_owned())
+}
+
+/// Field `i` as strict UTF-8 (numbers: anything else is none).
+fn utf8(row: &Row, i: usize) -> Option<&str> {
+    std::str::from_utf8(row.get(i)?).ok()
 }
 
 fn number<T: std::str::FromStr>(row: &Row, i: usize) -> Option<T> {
-    row.get(i)?.trim().parse().ok()
+    utf8(row, i)?.trim().parse().ok()
 }
 
 fn ms(row: &Row, i: usize) -> Option<i64> {
-    parse_ms(row.get(i)?)
+    parse_ms(utf8(row, i)?)
+}
+
+/// The row's id (field 0), in its lossy form when it is not UTF-8.
+fn id(row: &Row) -> JobId {
+    JobId::from(text(row, 0).unwrap_or_default())
 }
 
 impl Admin {
@@ -139,7 +154,7 @@ impl Admin {
         self.page(queue, &PROCESSING, &keys, page, |r, now| {
             let lease_until = ms(r, 1);
             ProcessingJob {
-                id: JobId::from(r.first().cloned().unwrap_or_default()),
+                id: id(r),
                 state: text(r, 2),
                 job_type: text(r, 3),
                 attempts: number(r, 4),
@@ -199,7 +214,7 @@ impl Admin {
 
 fn waiting_job(r: &Row, _now: i64) -> WaitingJob {
     WaitingJob {
-        id: JobId::from(r.first().cloned().unwrap_or_default()),
+        id: id(r),
         at: ms(r, 1),
         job_type: text(r, 2),
         attempts: number(r, 3),

@@ -29,6 +29,12 @@ pub enum RepairAction {
     /// A delayed hash listed nowhere whose `run_at` is still ahead went back
     /// to the delayed set at that time (state `delayed` kept).
     RequeuedToDelayed,
+    /// An active hash listed nowhere whose lease (in the leases set) had not
+    /// expired went back to processing, token and lease kept: its worker is
+    /// still running it, and its ack completes it (requeued, a second worker
+    /// would run it at the same time). The watchdog returns it if the lease
+    /// expires.
+    RestoredToProcessing,
     /// A dead hash listed nowhere went back to the dead list.
     RestoredToDead,
     /// An entry whose hash was gone was dead-lettered with
@@ -114,6 +120,7 @@ impl Admin {
         let action = match reply.as_str() {
             "main" => RepairAction::RequeuedToMain,
             "delayed" => RepairAction::RequeuedToDelayed,
+            "processing" => RepairAction::RestoredToProcessing,
             "dead" if matches!(violation, Violation::OrphanHash { .. }) => {
                 RepairAction::RestoredToDead
             }

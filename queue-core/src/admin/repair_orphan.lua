@@ -1,14 +1,16 @@
 -- Repair (checker): a job hash that no structure lists goes back where its
 -- state says: a dead job to the dead list, a delayed job whose run_at is
--- still ahead to the delayed set at that time (state and run_at kept), any
--- other to main (state queued, its old delivery forgotten, no attempt used).
--- Only while it is still listed nowhere: a job that moved meanwhile is left
--- alone.
+-- still ahead to the delayed set at that time (state and run_at kept), an
+-- active job whose lease (in the leases zset) is still ahead back to
+-- processing (token and lease kept: its worker is running it and acks it),
+-- any other to main (state queued, its old delivery forgotten, no attempt
+-- used). Only while it is still listed nowhere: a job that moved meanwhile is
+-- left alone.
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash,
 --       7 promoter wake list (a delayed job due before the delayed head wakes
 --         a sleeping promoter)
 -- ARGV: 1 id
--- Returns 'main' | 'delayed' | 'dead' | 'changed'
+-- Returns 'main' | 'delayed' | 'processing' | 'dead' | 'changed'
 local id = ARGV[1]
 local group = redis.call('TYPE', KEYS[6])['ok'] == 'hash' and redis.call('HGET', KEYS[6], 'group')
 if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id)
@@ -19,7 +21,7 @@ if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id
 end
 -- Every list written below (the group's list and the ring included) is
 -- checked before the first write.
-expect_types(KEYS[3], 'zset', KEYS[4], 'list', KEYS[5], 'zset')
+expect_types(KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'list', KEYS[5], 'zset')
 expect_waiting_types(KEYS[1], group)
 local now = now_ms()
 local h = redis.call('HMGET', KEYS[6], 'state', 'run_at')
@@ -37,6 +39,17 @@ if h[1] == 'delayed' and run_at and run_at > now then
   redis.call('HSET', KEYS[6], 'repaired_at', now)
   if wake then wake_promoter(KEYS[7]) end
   return 'delayed'
+end
+-- An active job whose lease runs is being run by a live worker (only its
+-- processing entry was lost: an operator's DEL, an eviction): it goes back to
+-- processing as it was. Requeued, a second worker would run it at the same
+-- time and the first one's ack would answer lease lost. When the lease
+-- expires the watchdog returns it as any lost delivery.
+local lease = tonumber(redis.call('ZSCORE', KEYS[5], id))
+if h[1] == 'active' and lease and lease > now then
+  redis.call('LPUSH', KEYS[2], id)
+  redis.call('HSET', KEYS[6], 'repaired_at', now)
+  return 'processing'
 end
 push_waiting(KEYS[1], id, group) -- main, or its group's list
 redis.call('HSET', KEYS[6], 'state', 'queued', 'repaired_at', now)

@@ -120,6 +120,79 @@ async fn listings_page_in_the_order_jobs_run() {
     assert_eq!((health.stats.main, health.stats.delayed), (4, 3));
 }
 
+/// A job whose type and last error are not UTF-8 (a producer in another
+/// language; the worker dead-letters it once it claims it) is listed in
+/// main, delayed and processing with those fields shown lossily, next to
+/// the others. Before, the rows were decoded as `String`s: one such job
+/// failed the whole page, and the dashboard's queue page errored while it
+/// waited.
+#[tokio::test]
+async fn a_job_whose_type_is_not_utf8_is_listed_not_a_failed_page() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    for id in ["ok", "odd"] {
+        enqueue(&admin, id, None).await;
+    }
+    enqueue(&admin, "later", Some(Duration::from_secs(60))).await;
+    let odd_fields = |id: &str| {
+        let mut c = redis::cmd("HSET");
+        c.arg(k.job(id))
+            .arg("type")
+            .arg(b"\xff\xfe".as_slice())
+            .arg("last_error")
+            .arg(b"bad \xc3".as_slice());
+        c
+    };
+    let mut conn = admin.queue().connection();
+    for id in ["odd", "later"] {
+        let () = odd_fields(id).exec_async(&mut conn).await.unwrap();
+    }
+    let odd_type = Some("\u{FFFD}\u{FFFD}".to_string());
+
+    let waiting = admin.waiting(Q, Page::first(10)).await.unwrap();
+    assert_eq!(ids(&waiting, |j| &j.id), ["ok", "odd"]);
+    assert_eq!(waiting.jobs[0].job_type.as_deref(), Some("send"));
+    assert_eq!(waiting.jobs[1].job_type, odd_type);
+    assert_eq!(waiting.jobs[1].last_error.as_deref(), Some("bad \u{FFFD}"));
+    assert!(waiting.jobs[1].at.is_some());
+    let delayed = admin.delayed(Q, Page::first(10)).await.unwrap();
+    assert_eq!(delayed.jobs[0].job_type, odd_type);
+
+    raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
+    raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
+    let processing = admin.processing(Q, Page::first(10)).await.unwrap();
+    assert_eq!(ids(&processing, |j| &j.id), ["ok", "odd"]);
+    assert_eq!(processing.jobs[1].job_type, odd_type);
+    assert_eq!(processing.jobs[1].attempts, Some(0));
+}
+
+/// One counter of `q:{Q}:stats` that is not an integer (`HSET … dead x`) is
+/// left out of the stats (`check` reports it as `bad_counter`); the rest
+/// are read. Before, it failed the whole snapshot: `stats`, `health`, the
+/// dashboard's overview and a watchdog's gauges failed, for every queue.
+#[tokio::test]
+async fn a_counter_that_is_not_a_number_does_not_fail_the_stats() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    enqueue(&admin, "j1", None).await;
+    raw(&admin, &["HSET", &k.stats, "dead", "x"]).await;
+
+    let health = admin.health(Q).await.unwrap();
+    assert_eq!(health.stats.main, 1);
+    assert_eq!(health.stats.counter("enqueued"), 1);
+    assert_eq!(health.stats.counters.get("dead"), None);
+    let report = admin.check(Q, false).await.unwrap();
+    assert_eq!(
+        report.violations,
+        [Violation::BadCounter {
+            field: "dead".into(),
+            value: "x".into()
+        }]
+    );
+}
+
 #[tokio::test]
 async fn a_job_is_located_through_its_life() {
     let server = RedisServer::start().unwrap();
@@ -355,6 +428,71 @@ async fn a_repaired_orphan_delayed_job_keeps_its_run_at() {
         redis::Value::Array(vec![redis::Value::BulkString(b"garbled".to_vec())])
     );
     assert!(admin.check(Q, false).await.unwrap().violations.is_empty());
+}
+
+/// A running delivery whose processing entry was lost (an operator's `DEL`
+/// of processing, an eviction) while its lease runs: `check --repair` puts
+/// it back in processing with its token and lease, and its worker's ack
+/// completes it, once. Before, the repair pushed it to main as queued and
+/// dropped its token and lease: a second worker ran it at the same time and
+/// the first one's ack answered lease lost.
+#[tokio::test]
+async fn a_repaired_orphan_with_a_live_lease_stays_with_its_worker() {
+    use crate::scripts::ack::{Ack, AckItem, AckReply};
+    use crate::scripts::claim::{Claim, ClaimRow};
+
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    enqueue(&admin, "j1", None).await;
+    raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
+    let mut conn = admin.queue().connection();
+    let claim = Claim {
+        keys: &k,
+        id: b"j1",
+        lease: Duration::from_secs(60),
+        token: "t",
+    };
+    let row = claim.run(&mut conn).await.unwrap();
+    assert!(matches!(row, ClaimRow::Claimed(_)), "{row:?}");
+    raw(&admin, &["DEL", &k.processing]).await;
+
+    let report = admin.check(Q, true).await.unwrap();
+    let kinds: Vec<_> = report.violations.iter().map(Violation::kind).collect();
+    assert_eq!(kinds, ["orphan_hash", "stray_lease"]);
+    let actions: Vec<_> = report.repairs.iter().map(|r| r.action).collect();
+    assert_eq!(
+        actions,
+        [RepairAction::RestoredToProcessing, RepairAction::Changed],
+        "the lease is kept: it belongs to the restored entry"
+    );
+    assert_eq!(raw(&admin, &["LLEN", &k.main]).await, redis::Value::Int(0));
+    assert!(admin.check(Q, false).await.unwrap().violations.is_empty());
+
+    let items = [AckItem {
+        id: JobId::from("j1"),
+        token: "t".into(),
+        result_ref: None,
+        claimed: None,
+    }];
+    let acked = Ack {
+        keys: &k,
+        worker: "",
+        items: &items,
+        retention: Duration::from_secs(60),
+        compact: false,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(acked, [AckReply::Completed]);
+    let record = admin.queue().completion(Q, "j1").await.unwrap();
+    assert_eq!(record.unwrap().get("token").map(String::as_str), Some("t"));
+    assert_eq!(admin.job(Q, "j1").await.unwrap(), None);
+    assert_eq!(
+        raw(&admin, &["EXISTS", &k.main, &k.processing, &k.leases]).await,
+        redis::Value::Int(0)
+    );
 }
 
 /// An entry whose hash is gone, next to a completion record key of a third

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::reply::Fields;
+use redis::Value;
+
+use super::reply::{array, int, text, Fields};
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::Result;
@@ -57,7 +59,7 @@ impl Stats<'_> {
             .run(conn, &k.queue, None)
             .await?;
         let f = Fields::new(&k.queue, None, "stats reply", &reply)?;
-        let counters = f.field(4, "counters", |v| redis::from_redis_value_ref(v).ok())?;
+        let counters = f.field(4, "counters", counters)?;
         Ok(StatsReply {
             main: f.u64(0, "main")?,
             processing: f.u64(1, "processing")?,
@@ -72,6 +74,23 @@ impl Stats<'_> {
             grouped: f.u64(10, "grouped")?,
         })
     }
+}
+
+/// The counters of the stats hash (`HGETALL`: field, value, ...), leniently:
+/// a field whose value is not an integer (corrupt data: `HSET q:{Q}:stats
+/// dead x`) is left out, as a field name that is not UTF-8 is, instead of
+/// failing the whole snapshot (and with it `stats`, the dashboard's overview
+/// and a watchdog's gauges, for every queue). `check` reports it
+/// (`bad_counter`). A reply that is neither an array nor a map is malformed (`None`).
+fn counters(reply: &Value) -> Option<BTreeMap<String, i64>> {
+    let counter = |field: &Value, value: &Value| Some((text(field)?, int(value)?));
+    Some(match reply {
+        Value::Map(pairs) => pairs.iter().filter_map(|(f, v)| counter(f, v)).collect(),
+        other => array(other)?
+            .chunks_exact(2)
+            .filter_map(|pair| counter(&pair[0], &pair[1]))
+            .collect(),
+    })
 }
 
 #[cfg(test)]
