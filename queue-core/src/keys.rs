@@ -18,7 +18,7 @@
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
-//! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids (indexed by the zset `:limits:runkeys`, which the fetches sweep), `:limits:next:<key>` its next deferral slot |
+//! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids (indexed by the zset `:limits:runkeys`, which the fetches sweep), `:limits:next:<key>` its next deferral slot, `:limits:deferred:<key>` its deferred jobs (indexed by `:limits:deferkeys`; `:limits:releasing` the keys whose deferred jobs a change of limits releases) |
 //! | `q:{<queue>}:groups` | list | fair-queuing ring: `""` (main's turn) and each group with waiting jobs (docs/GROUPS.md) |
 //! | `q:{<queue>}:g:<group>` | list | ids of group `<group>` waiting to run (LPUSH in, taken from the right) |
 //! | `q:{<queue>}:gpaused` | hash | paused group → Redis time (ms) of its pause |
@@ -193,8 +193,9 @@ impl QueueKeys {
     /// The limits hash (rate limits, concurrency caps; docs/LIMITS.md). The
     /// scripts derive the keys that log starts from it: `<limits>:started`
     /// (the queue's), `<limits>:started:<key>`, `<limits>:running:<key>`
-    /// and `<limits>:next:<key>` (one rate key's), `<limits>:runkeys` (the
-    /// index of the running sets).
+    /// `<limits>:next:<key>` and `<limits>:deferred:<key>` (one rate key's),
+    /// `<limits>:runkeys` (the index of the running sets), `<limits>:deferkeys`
+    /// (of the deferred sets) and `<limits>:releasing`.
     ///
     /// ```
     /// let keys = queue_core::QueueKeys::new("emails");
@@ -323,11 +324,13 @@ impl QueueKeys {
             "done:", "steps:", "once:", "tput:", "fetch:", "hist:", "notify:", "batch:",
         ];
         // `limits:started` (the queue's log) and `limits:started:<key>`,
-        // `limits:next:<key>`; not `limits` itself nor `limits:running:<key>`.
+        // `limits:next:<key>`, `limits:deferred:<key>`; not `limits` itself
+        // nor `limits:running:<key>`, `limits:deferkeys`, `limits:releasing`.
         PER_ID.iter().any(|p| rest.starts_with(p))
             || rest == "limits:started"
             || rest.starts_with("limits:started:")
             || rest.starts_with("limits:next:")
+            || rest.starts_with("limits:deferred:")
     }
 }
 
@@ -371,6 +374,7 @@ mod tests {
             format!("{}:started", k.limits()),
             format!("{}:started:acme", k.limits()),
             format!("{}:next:acme", k.limits()),
+            format!("{}:deferred:acme", k.limits()),
         ] {
             assert!(QueueKeys::expires_by_design(&key), "{key}");
         }
@@ -385,6 +389,8 @@ mod tests {
             k.limits(),
             format!("{}:running:acme", k.limits()),
             format!("{}:runkeys", k.limits()),
+            format!("{}:deferkeys", k.limits()),
+            format!("{}:releasing", k.limits()),
             k.batches(),
             k.group("g"),
             k.events(),

@@ -279,7 +279,11 @@ impl Queue {
     /// Limits how many jobs of `queue` start per window, across all
     /// workers: for the whole queue, or per rate key
     /// ([`EnqueueOptions::rate_key`](crate::EnqueueOptions::rate_key)).
-    /// Replaces the scope's previous rate. See docs/LIMITS.md.
+    /// Replaces the scope's previous rate. A change of a rate key's limits
+    /// (its own, or the every-key default) makes the jobs deferred under
+    /// the old ones due at once, to be booked again under the new ones
+    /// ([`release_deferred`](Self::release_deferred)); setting the rate a
+    /// scope has already changes nothing. See docs/LIMITS.md.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
@@ -331,14 +335,37 @@ impl Queue {
             .await
     }
 
-    /// Clears every limit of `queue`.
+    /// Clears every limit of `queue`; the jobs deferred for their rate keys
+    /// are due again at once.
     pub async fn clear_limits(&self, queue: &str) -> Result<()> {
         let keys = QueueKeys::new(queue);
-        SetLimits::ClearAll
-            .run(&keys, &mut self.connection())
+        let reply = SetLimits::ClearAll
+            .run_to_end(&keys, &mut self.connection())
             .await?;
-        tracing::info!(queue, "limits cleared");
+        tracing::info!(queue, released = reply.released, "limits cleared");
         Ok(())
+    }
+
+    /// Makes the jobs of `queue` deferred for rate key `key` (`None`: for
+    /// every key) due now, and drops the key's booking of its next starts:
+    /// they are claimed, or deferred again under the key's limits as they
+    /// are now, booked from now. A change of a key's limits
+    /// ([`set_rate_limit`](Self::set_rate_limit), [`clear_limit`](Self::clear_limit),
+    /// ...) does this already; this is the operator's way to finish one that
+    /// was interrupted, or to re-spread a key's backlog. Returns how many
+    /// jobs were made due. See docs/LIMITS.md.
+    pub async fn release_deferred(&self, queue: &str, key: Option<&str>) -> Result<u64> {
+        let keys = QueueKeys::new(queue);
+        let reply = SetLimits::ReleaseDeferred(key)
+            .run_to_end(&keys, &mut self.connection())
+            .await?;
+        tracing::info!(
+            queue,
+            key,
+            released = reply.released,
+            "deferred jobs released"
+        );
+        Ok(reply.released)
     }
 
     /// The limits of `queue` and their current use.
@@ -354,10 +381,10 @@ impl Queue {
     async fn write_limit(&self, queue: &str, field: String, value: String) -> Result<()> {
         let keys = QueueKeys::new(queue);
         let fields = [(field, value)];
-        SetLimits::Fields(&fields)
-            .run(&keys, &mut self.connection())
+        let reply = SetLimits::Fields(&fields)
+            .run_to_end(&keys, &mut self.connection())
             .await?;
-        tracing::info!(queue, field = %fields[0].0, value = %fields[0].1, "limit set");
+        tracing::info!(queue, field = %fields[0].0, value = %fields[0].1, released = reply.released, "limit set");
         Ok(())
     }
 }

@@ -379,6 +379,11 @@ pub struct QueueLimitArgs {
     /// Clear the scope's limits (without --key / --every-key: every limit of the queue).
     #[arg(long, conflicts_with_all = ["rate", "concurrency"])]
     pub clear: bool,
+    /// Make the jobs deferred for their rate key (--key K: that key's only)
+    /// due now, booked again under the limits as they are (a change of a
+    /// key's limits does this already).
+    #[arg(long, conflicts_with_all = ["rate", "concurrency", "clear"])]
+    pub release: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

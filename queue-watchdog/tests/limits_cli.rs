@@ -82,3 +82,51 @@ fn queue_limit_sets_shows_and_clears_limits_and_stats_shows_them() {
     let (_, out, _) = run(&["stats", "-q", "emails"], &url);
     assert!(!out.contains("LIMITED"), "{out}");
 }
+
+/// `queue limit --key K --release` makes the jobs deferred for key K due
+/// now (here the layout a deferral writes: the job's booked start in
+/// `limit_slot`, the delayed set, the key's index of deferred jobs).
+#[test]
+fn queue_limit_release_makes_a_keys_deferred_jobs_due() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    let far = "99999999999999";
+    let job = k.job("j1");
+    let index = format!("{}:deferred:acme", k.limits());
+    for cmd in [
+        vec![
+            "HSET",
+            &job,
+            "state",
+            "delayed",
+            "run_at",
+            far,
+            "limit_slot",
+            far,
+            "rate_key",
+            "acme",
+        ],
+        vec!["ZADD", &k.delayed, far, "j1"],
+        vec!["ZADD", &index, "1", "j1"],
+    ] {
+        server.command(&cmd).unwrap();
+    }
+    let (ok, out, err) = run(
+        &[
+            "queue",
+            "limit",
+            "-q",
+            "emails",
+            "--key",
+            "acme",
+            "--release",
+        ],
+        &url,
+    );
+    assert!(ok && out.contains("1 deferred jobs made due"), "{out}{err}");
+    let score = server.command(&["ZSCORE", &k.delayed, "j1"]).unwrap();
+    assert!(!score.contains(far), "{score}");
+    let slot = server.command(&["HEXISTS", &job, "limit_slot"]).unwrap();
+    assert!(slot.contains('0'), "{slot}");
+}

@@ -1,7 +1,8 @@
 //! Script-level tests of the limits (docs/LIMITS.md): `fetch.lua` and
 //! `claim.lua` under a queue rate limit, a queue concurrency cap and per-key
-//! limits, `set_limits.lua`'s validation, and a deferred delivery's release
-//! of its start (`defer.lua`).
+//! limits, `set_limits.lua`'s validation and its release of the jobs
+//! deferred under changed limits, a deferred job back from its booking, and
+//! a deferred delivery's release of its start (`defer.lua`).
 
 use std::time::Duration;
 
@@ -13,8 +14,9 @@ use super::defer::Defer;
 use super::enqueue::Enqueue;
 use super::fail::FailReply;
 use super::fetch::{Fetch, FetchReply};
+use super::promote::Promote;
 use super::reclaim::Reclaim;
-use super::set_limits::SetLimits;
+use super::set_limits::{SetLimits, SetLimitsReply};
 use crate::conn::RedisConnection;
 use crate::keys::QueueKeys;
 
@@ -38,12 +40,19 @@ async fn enqueue(conn: &mut RedisConnection, keys: &QueueKeys, id: &str, rate_ke
     .unwrap();
 }
 
-async fn set(conn: &mut RedisConnection, keys: &QueueKeys, fields: &[(&str, &str)]) {
+async fn set(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    fields: &[(&str, &str)],
+) -> SetLimitsReply {
     let fields: Vec<(String, String)> = fields
         .iter()
         .map(|(n, v)| (n.to_string(), v.to_string()))
         .collect();
-    SetLimits::Fields(&fields).run(keys, conn).await.unwrap();
+    SetLimits::Fields(&fields)
+        .run_to_end(keys, conn)
+        .await
+        .unwrap()
 }
 
 async fn fetch(conn: &mut RedisConnection, keys: &QueueKeys, count: usize) -> FetchReply {
@@ -689,4 +698,230 @@ async fn a_deferred_delivery_skips_a_start_log_of_another_type() {
     defer_the_first_of_two(&mut conn, &keys, &limits, Some("B")).await;
     assert_eq!(conn.get::<_, String>(&bad_log).await.unwrap(), "x");
     assert_eq!(claimed(&fetch(&mut conn, &keys, 1).await), ["runnable"]);
+}
+
+/// The Redis clock, ms.
+async fn redis_now(conn: &mut RedisConnection) -> u64 {
+    let (s, us): (u64, u64) = redis::cmd("TIME").query_async(conn).await.unwrap();
+    s * 1000 + us / 1000
+}
+
+/// Where `id` waits in the delayed set (its run_at).
+async fn run_at(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) -> u64 {
+    let score: f64 = conn.zscore(&keys.delayed, id).await.unwrap();
+    score as u64
+}
+
+/// The ids of a fetch's deferred rows.
+fn deferred(reply: &FetchReply) -> Vec<String> {
+    let FetchReply::Rows(rows) = reply else {
+        panic!("rows expected, got {reply:?}")
+    };
+    rows.iter()
+        .filter_map(|r| match r {
+            ClaimRow::Skipped(id, Skip::Deferred) => Some(id.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Makes delayed job `id` due now (`ZADD delayed <TIME> id`) and promotes it.
+async fn make_due(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) {
+    let now = redis_now(conn).await;
+    let _: () = conn.zadd(&keys.delayed, id, now).await.unwrap();
+    let promoted = Promote { keys, limit: 10 }.run(conn).await.unwrap();
+    assert_eq!(promoted.promoted, 1, "{id}");
+}
+
+/// Key 1/60000, jobs A B C D: A starts, B C D are booked one window apart
+/// (A's start + 60, 120, 180 s). B comes back while A's start is still in
+/// the window (its claim came a few ms sooner after its booking than A's
+/// did: here made due at once) and is deferred again. It was sent behind
+/// the key's whole backlog (A's start + 240 s, after D), its slot left
+/// empty; it now waits for the window's own wait (A's start + 60 s) and the
+/// booking is not extended. Once claimed, it carries no mark any more.
+#[tokio::test]
+async fn a_deferred_job_back_early_keeps_its_place_instead_of_going_behind_the_backlog() {
+    let (_server, mut conn, keys) = setup("limits-back-early").await;
+    for id in ["A", "B", "C", "D"] {
+        enqueue(&mut conn, &keys, id, Some("k")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["A"]);
+    assert_eq!(deferred(&reply), ["B", "C", "D"]);
+    let a_start: u64 = conn.hget(keys.job("A"), "delivered_at").await.unwrap();
+    for (id, at) in [("B", 60_000), ("C", 120_000), ("D", 180_000)] {
+        assert_eq!(run_at(&mut conn, &keys, id).await, a_start + at, "{id}");
+    }
+    let booking = format!("{}:next:k", keys.limits());
+    let booked: u64 = conn.get(&booking).await.unwrap();
+
+    make_due(&mut conn, &keys, "B").await;
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(deferred(&reply), ["B"]);
+    let b = run_at(&mut conn, &keys, "B").await;
+    assert!(
+        b <= a_start + 60_000,
+        "B deferred again to A's start + {} ms",
+        b - a_start
+    );
+    assert_eq!(conn.get::<_, u64>(&booking).await.unwrap(), booked);
+    for (id, at) in [("C", 120_000), ("D", 180_000)] {
+        assert_eq!(run_at(&mut conn, &keys, id).await, a_start + at, "{id}");
+    }
+
+    // A's start leaves the window: B is claimed, and unmarked.
+    let _: () = conn
+        .del(format!("{}:started:k", keys.limits()))
+        .await
+        .unwrap();
+    make_due(&mut conn, &keys, "B").await;
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 10).await), ["B"]);
+    assert!(!conn
+        .hexists::<_, _, bool>(keys.job("B"), "limit_slot")
+        .await
+        .unwrap());
+    let index: Vec<String> = conn
+        .zrange(format!("{}:deferred:k", keys.limits()), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(index, ["C", "D"]);
+}
+
+/// 50 jobs of key `noisy` at 1/60000: 49 deferred up to +49 min. Clearing
+/// the key's limit left them there (a promote moved 0) and kept the
+/// booking: with 2/1000 set next, a new job was deferred behind the old
+/// chain (+49 min). The change releases them (due now, all promoted) and
+/// drops the booking: a new job over 2/1000 waits at most one window.
+#[tokio::test]
+async fn clearing_a_keys_limit_releases_its_deferred_jobs_and_its_booking() {
+    let (_server, mut conn, keys) = setup("limits-release").await;
+    for i in 0..50 {
+        enqueue(&mut conn, &keys, &format!("j{i}"), Some("noisy")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate:noisy", "1/60000")]).await;
+    let reply = fetch(&mut conn, &keys, 100).await;
+    assert_eq!(claimed(&reply), ["j0"]);
+    assert_eq!(deferred(&reply).len(), 49);
+    // The same value again changes nothing.
+    let same = set(&mut conn, &keys, &[("key_rate:noisy", "1/60000")]).await;
+    assert_eq!(same.released, 0);
+    assert_eq!(
+        Promote {
+            keys: &keys,
+            limit: 100
+        }
+        .run(&mut conn)
+        .await
+        .unwrap()
+        .promoted,
+        0
+    );
+
+    let cleared = set(&mut conn, &keys, &[("key_rate:noisy", "")]).await;
+    assert_eq!(cleared.released, 49);
+    let promoted = Promote {
+        keys: &keys,
+        limit: 100,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(promoted.promoted, 49);
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 100).await).len(), 49);
+
+    set(&mut conn, &keys, &[("key_rate:noisy", "2/1000")]).await;
+    // j0's start leaves the window.
+    let _: () = conn
+        .del(format!("{}:started:noisy", keys.limits()))
+        .await
+        .unwrap();
+    for id in ["n1", "n2", "n3"] {
+        enqueue(&mut conn, &keys, id, Some("noisy")).await;
+    }
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["n1", "n2"]);
+    assert_eq!(deferred(&reply), ["n3"]);
+    let now = redis_now(&mut conn).await;
+    let n3 = run_at(&mut conn, &keys, "n3").await;
+    assert!(n3 <= now + 1000, "n3 deferred {} ms ahead", n3 - now);
+}
+
+/// A change of the every-key default (1/60000 to 2/1000) releases every
+/// key's deferred jobs, and they are booked again as first deferrals under
+/// the new rate: one step (500 ms) apart from now, not all at once. A job
+/// deferred after the change is not released by a later call.
+#[tokio::test]
+async fn a_new_every_key_rate_books_the_deferred_jobs_again_under_it() {
+    let (_server, mut conn, keys) = setup("limits-rebook").await;
+    let ids: Vec<String> = (0..6).map(|i| format!("j{i}")).collect();
+    for id in &ids {
+        enqueue(&mut conn, &keys, id, Some("t")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 10).await).len(), 5);
+
+    let changed = set(&mut conn, &keys, &[("key_rate", "2/1000")]).await;
+    assert_eq!((changed.released, changed.pending), (5, 0));
+    let promoted = Promote {
+        keys: &keys,
+        limit: 100,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(promoted.promoted, 5);
+    // j0's start leaves the window.
+    let _: () = conn
+        .del(format!("{}:started:t", keys.limits()))
+        .await
+        .unwrap();
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["j1", "j2"]);
+    let again = deferred(&reply);
+    assert_eq!(again, ["j3", "j4", "j5"]);
+    let mut at = Vec::new();
+    for id in &again {
+        at.push(run_at(&mut conn, &keys, id).await);
+    }
+    let now = redis_now(&mut conn).await;
+    assert!(at[0] <= now + 1000, "{at:?} (now {now})");
+    assert_eq!([at[1] - at[0], at[2] - at[1]], [500, 500], "{at:?}");
+    // Deferred under the new rate: a continued release leaves them.
+    let more = SetLimits::Release.run(&keys, &mut conn).await.unwrap();
+    assert_eq!((more.released, more.pending), (0, 0));
+    assert_eq!(run_at(&mut conn, &keys, "j5").await, at[2]);
+}
+
+/// The operator's release of one key (`Queue::release_deferred`): more
+/// deferred jobs than one call releases (500) are released over several
+/// calls, the first answering the rest as pending; another key's deferred
+/// jobs stay where they are.
+#[tokio::test]
+async fn releasing_a_keys_deferred_jobs_takes_several_calls_and_only_that_key() {
+    let (_server, mut conn, keys) = setup("limits-release-chunks").await;
+    for i in 0..601 {
+        enqueue(&mut conn, &keys, &format!("a{i}"), Some("a")).await;
+    }
+    for id in ["b0", "b1"] {
+        enqueue(&mut conn, &keys, id, Some("b")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    let reply = fetch(&mut conn, &keys, 700).await;
+    assert_eq!(claimed(&reply), ["a0", "b0"]);
+    assert_eq!(deferred(&reply).len(), 601);
+    let b1 = run_at(&mut conn, &keys, "b1").await;
+
+    let first = SetLimits::ReleaseDeferred(Some("a"))
+        .run(&keys, &mut conn)
+        .await
+        .unwrap();
+    assert_eq!((first.released, first.pending), (500, 1));
+    let rest = SetLimits::Release.run(&keys, &mut conn).await.unwrap();
+    assert_eq!((rest.released, rest.pending), (100, 0));
+    let now = redis_now(&mut conn).await;
+    let due: u64 = conn.zcount(&keys.delayed, "-inf", now).await.unwrap();
+    assert_eq!(due, 600);
+    assert_eq!(run_at(&mut conn, &keys, "b1").await, b1);
 }

@@ -482,7 +482,13 @@ end
 -- `<limits>:runkeys` indexes the running sets (rate key -> the latest lease
 -- recorded in its set) so that a set whose ids all finished is swept even if
 -- its key never runs again (limits_sweep); `<limits>:next:<k>` spreads a
--- key's deferred jobs over the coming windows.
+-- key's deferred jobs over the coming windows. A deferred job carries its
+-- booked start in its `limit_slot` field (until claimed) and is indexed in
+-- `<limits>:deferred:<k>` (id -> the time it was deferred; a TTL past its
+-- last booking), the keys with such an index in `<limits>:deferkeys` (key ->
+-- the index's expiry), so that a change of a key's limits can release the
+-- jobs deferred under the old ones: `<limits>:releasing` (key -> release
+-- the jobs deferred up to this time) is drained by limits_release.
 
 -- How long a fetcher at a concurrency cap waits before it looks again (ms).
 local LIMITS_BUSY_MS = 100
@@ -493,6 +499,8 @@ local LIMITS_SWEEP = 64
 -- A key's booked next start further ahead than this is corrupt data (a
 -- booking is a few windows ahead at most) and is ignored: 7 days.
 local LIMITS_MAX_BOOKING_MS = 604800000
+-- Most deferred jobs one call of set_limits.lua re-schedules (limits_release).
+local LIMITS_RELEASE = 500
 
 -- A rate "N/W" as {N, W}; nil for nil, 'none' or a value that does not parse.
 local function limit_rate(v)
@@ -605,18 +613,23 @@ local function limits_room(lim, leases, count, now)
 end
 
 -- The rate key of job `jobkey` when it is waiting ('queued') and limits
--- exist, with its limits {key, rate, conc}; nil otherwise.
+-- exist, with its limits {key, rate, conc, slot}; nil otherwise. `slot`: the
+-- job carries `limit_slot` (it was deferred for its key and is back from
+-- that booking). Second answer: the job's rate key when it carries
+-- `limit_slot`, whose claim must clear it (limits_unmark), whether or not a
+-- limit still applies to the key.
 local function limits_job_key(lim, jobkey)
   if not lim then return nil end
-  local h = redis.pcall('HMGET', jobkey, 'state', 'rate_key')
+  local h = redis.pcall('HMGET', jobkey, 'state', 'rate_key', 'limit_slot')
   if h['err'] or h[1] ~= 'queued' or not h[2] or h[2] == '' then return nil end
+  local marked = h[3] and h[2] or nil
   local o = redis.call('HMGET', lim.key, 'key_rate:' .. h[2], 'key_concurrency:' .. h[2])
   -- An override: 'none' makes the key unlimited; one that does not parse
   -- (set by hand) is ignored and the every-key default applies.
   local rate, conc = lim.key_rate, lim.key_conc
   if o[1] == 'none' then rate = nil elseif o[1] then rate = limit_rate(o[1]) or rate end
   if o[2] == 'none' then conc = nil elseif o[2] then conc = as_count(o[2]) or conc end
-  if not rate and not conc then return nil end
+  if not rate and not conc then return nil, marked end
   -- The key's logs are written after the claim: a log of another type
   -- (corrupt data) would fail the fetch after it claimed jobs. The key's
   -- limits are skipped for this job instead, and the Redis log says so.
@@ -628,10 +641,10 @@ local function limits_job_key(lim, jobkey)
     if bad then
       redis.log(redis.LOG_WARNING, 'limits: ' .. bad .. ' (corrupt data): the limits of rate key '
         .. h[2] .. ' are skipped for ' .. jobkey)
-      return nil
+      return nil, marked
     end
   end
-  return {key = h[2], rate = rate, conc = conc}
+  return {key = h[2], rate = rate, conc = conc, slot = marked ~= nil}, marked
 end
 
 -- The ids of key `k` counted as running now: those of its running set
@@ -673,22 +686,63 @@ local function limits_key_wait(lim, k, leases, now)
   return wait
 end
 
--- Defers waiting job `id` (in `processing`) whose key `k` is over its limit:
--- to the delayed set at the key's next free start, spread one step apart
--- from its other deferred jobs. No attempt is used. Returns the row.
-local function limits_defer(lim, k, id, jobkey, processing, leases, delayed, wake, wait, now)
+-- Indexes job `id`, deferred now for rate key `key` until `until_ms` (its
+-- run_at plus one window), for limits_release: `<limits>:deferred:<key>` (id
+-- -> now, the time it was deferred) lives a booking's longest reach
+-- (LIMITS_MAX_BOOKING_MS) past that, so it outlives every run_at it holds
+-- under the same limits; `<limits>:deferkeys` keeps its expiry, and drops the
+-- keys whose index expired once per call. Only hints (a lost index loses no
+-- job, it only cannot release it early): every write is a pcall.
+local function limits_index(lim, key, id, until_ms, now)
+  local index, keys = lim.key .. ':deferred:' .. key, lim.key .. ':deferkeys'
+  local ttl = until_ms - now + LIMITS_MAX_BOOKING_MS
+  if not lim.deferkeys_swept then
+    lim.deferkeys_swept = true
+    redis.pcall('ZREMRANGEBYSCORE', keys, '-inf', int_str(now))
+  end
+  redis.pcall('ZADD', index, int_str(now), id)
+  redis.pcall('PEXPIRE', index, int_str(ttl))
+  redis.pcall('ZADD', keys, 'GT', int_str(now + ttl), key)
+end
+
+-- Clears the mark of job `id` (key `jobkey`) of rate key `key`, claimed
+-- now: its `limit_slot` and its entry in the key's index.
+local function limits_unmark(lim, key, id, jobkey)
+  redis.call('HDEL', jobkey, 'limit_slot')
+  redis.pcall('ZREM', lim.key .. ':deferred:' .. key, id)
+end
+
+-- Defers waiting job `id` (in `processing`) whose key `k` is over its limit
+-- for `wait` ms. A first deferral goes to the key's next free start, one step
+-- after the key's other deferred jobs: the booking `<limits>:next:<k>`,
+-- which it extends. A job `returning` from its own booking (it was booked
+-- at a start of its own, and the key's rate window is still full when it is
+-- claimed: its claim came a few ms sooner after its booking than the start
+-- it follows) goes to now + wait, the window's own wait: behind the key's
+-- whole backlog (the end of the booking) it ran last, and its slot stayed
+-- empty. Only a first deferral extends the booking. No attempt is used. The
+-- job carries its booked start in `limit_slot` and is indexed
+-- (limits_index). Returns the row.
+local function limits_defer(lim, k, id, jobkey, processing, leases, delayed, wake, wait, now,
+                            returning)
   local nextkey = lim.key .. ':next:' .. k.key
+  local window = k.rate and k.rate[2] or LIMITS_BUSY_MS
   local step = (k.rate and math.ceil(k.rate[2] / math.max(k.rate[1], 1)))
     or math.ceil(LIMITS_BUSY_MS / math.max(k.conc or 1, 1))
   local run_at = now + wait
-  local booked = redis.pcall('GET', nextkey)
-  booked = type(booked) == 'string' and as_count(booked)
-  if booked and booked > run_at and booked - now <= LIMITS_MAX_BOOKING_MS then run_at = booked end
+  if not returning then
+    local booked = redis.pcall('GET', nextkey)
+    booked = type(booked) == 'string' and as_count(booked)
+    if booked and booked > run_at and booked - now <= LIMITS_MAX_BOOKING_MS then run_at = booked end
+  end
   local wake_it = sooner_than_head(delayed, run_at)
   redis.call('ZADD', delayed, run_at, id)
-  redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at)
+  redis.call('HSET', jobkey, 'state', 'delayed', 'run_at', run_at, 'limit_slot', run_at)
   drop_delivery(processing, leases, id)
-  redis.pcall('SET', nextkey, run_at + step, 'PX', run_at + step - now + (k.rate and k.rate[2] or LIMITS_BUSY_MS))
+  if not returning then
+    redis.pcall('SET', nextkey, run_at + step, 'PX', run_at + step - now + window)
+  end
+  limits_index(lim, k.key, id, run_at + window, now)
   if wake_it then wake_promoter(wake) end
   return {'deferred', id, run_at}
 end
@@ -720,17 +774,78 @@ end
 -- Queue-level room is the caller's (limits_room).
 local function limits_claim(lim, delayed, wake, id, processing, leases, dead, stats, jobprefix,
                             doneprefix, lease_ms, token, now, worker)
-  local k = limits_job_key(lim, jobprefix .. id)
+  local k, marked = limits_job_key(lim, jobprefix .. id)
   if k then
     local wait = limits_key_wait(lim, k, leases, now)
     if wait > 0 then
-      return limits_defer(lim, k, id, jobprefix .. id, processing, leases, delayed, wake, wait, now)
+      -- Back from its own booking and held by the key's rate window only
+      -- (a key at its concurrency cap books on: its jobs come back one step
+      -- apart instead of all together every LIMITS_BUSY_MS).
+      local returning = k.slot and not (k.conc and (lim.running[k.key] or 0) >= k.conc)
+      return limits_defer(lim, k, id, jobprefix .. id, processing, leases, delayed, wake, wait, now,
+        returning)
     end
   end
   local row = claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token,
     now, worker)
-  if lim and row_tag(row) == 'claimed' then limits_started(lim, k, id, token, now + lease_ms, now) end
+  if lim and row_tag(row) == 'claimed' then
+    limits_started(lim, k, id, token, now + lease_ms, now)
+    if marked then limits_unmark(lim, marked, id, jobprefix .. id) end
+  end
   return row
+end
+
+-- Marks the jobs of rate key `key` deferred up to now for release (its
+-- limits changed: set_limits.lua) and drops its booking, so that its next
+-- deferrals are booked from now under the new limits.
+local function limits_release_key(limkey, key, now)
+  redis.call('ZADD', limkey .. ':releasing', 'GT', int_str(now), key)
+  redis.call('DEL', limkey .. ':next:' .. key)
+end
+
+-- Releases jobs deferred under limits that changed since: for each key of
+-- `<limits>:releasing` (key -> the time up to which its deferred jobs are
+-- released), each job of its index deferred at or before that time that is
+-- still delayed at its booked start is made due now (run_at now, the
+-- promoter woken); every job looked at loses its `limit_slot` (its next
+-- deferral is a first one, booked on the key's new chain) and leaves the
+-- index. A job deferred after that time, under the new limits, is not
+-- touched. At most LIMITS_RELEASE jobs per call; a key leaves `releasing`
+-- once none is left up to its time (and `deferkeys` once its index is
+-- empty). The caller checked `releasing`, `deferkeys` and `delayed`
+-- (zsets); a job or an index of another type (corrupt data) is skipped.
+-- Returns the jobs made due and the keys left to release.
+local function limits_release(limkey, delayed, wake, jobprefix, now)
+  local releasing, deferkeys = limkey .. ':releasing', limkey .. ':deferkeys'
+  local budget, released, now_s = LIMITS_RELEASE, 0, int_str(now)
+  local todo = redis.call('ZRANGE', releasing, '0', int_str(LIMITS_RELEASE - 1), 'WITHSCORES')
+  for i = 1, #todo, 2 do
+    if budget <= 0 then break end
+    local key, upto = todo[i], todo[i + 1]
+    local index = limkey .. ':deferred:' .. key
+    local ids = redis.pcall('ZRANGEBYSCORE', index, '-inf', upto, 'LIMIT', '0', int_str(budget))
+    if ids['err'] then ids = {} end
+    for _, id in ipairs(ids) do
+      local jobkey = jobprefix .. id
+      local h = redis.pcall('HMGET', jobkey, 'state', 'run_at', 'limit_slot')
+      if not h['err'] then
+        if h[1] == 'delayed' and h[3] and h[2] == h[3] and (as_count(h[2]) or 0) > now then
+          redis.call('ZADD', delayed, 'XX', now_s, id)
+          redis.call('HSET', jobkey, 'run_at', now_s)
+          released = released + 1
+        end
+        if h[3] then redis.call('HDEL', jobkey, 'limit_slot') end
+      end
+      redis.call('ZREM', index, id)
+    end
+    budget = budget - #ids
+    if budget > 0 then
+      redis.call('ZREM', releasing, key)
+      if redis.call('EXISTS', index) == 0 then redis.call('ZREM', deferkeys, key) end
+    end
+  end
+  if released > 0 then wake_promoter(wake) end
+  return released, redis.call('ZCARD', releasing)
 end
 
 -- ==== groups (fair queuing between groups, docs/GROUPS.md) ====

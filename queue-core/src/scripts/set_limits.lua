@@ -1,31 +1,75 @@
 -- Sets or clears a queue's limits (docs/LIMITS.md): fields of the limits hash.
--- KEYS: 1 limits hash
--- ARGV: 1 mode ('set': name/value pairs follow, value '' clears the field; 'clear_all'),
---       2.. field name, value, ... (rate fields "N/W" with W >= 1 ms, concurrency fields N)
--- Returns the number of fields left in the limits hash.
-expect_types(KEYS[1], 'hash')
-if ARGV[1] == 'clear_all' then
+-- A change of a rate key's limits (its override `key_rate:<k>` or
+-- `key_concurrency:<k>`; for every key, the defaults `key_rate` and
+-- `key_concurrency`, and clear_all) drops the key's booking
+-- `<limits>:next:<k>` and releases the jobs deferred under the old limits
+-- (limits_release: due again now, at most LIMITS_RELEASE per call; mode
+-- 'release' goes on with the rest). Setting a field to the value it holds
+-- changes nothing and releases nothing.
+-- KEYS: 1 limits hash, 2 delayed, 3 promoter wake
+-- ARGV: 1 mode (below), 2 job prefix,
+--       3.. field name, value, ... (rate fields "N/W" with W >= 1 ms, concurrency fields N)
+-- Modes: 'set' (name/value pairs follow, value '' clears the field), 'clear_all',
+-- 'release' (goes on with the releases pending), 'release_key' (ARGV 3: a rate key),
+-- 'release_all' (every key's deferred jobs).
+-- Returns {fields left in the limits hash, deferred jobs made due, rate keys
+-- left to release (call again with 'release' while not 0)}.
+local mode, jobprefix = ARGV[1], ARGV[2]
+if not jobprefix or jobprefix == '' then
+  error({err = 'ERR invalid argument job prefix: missing'})
+end
+local releasing, deferkeys = KEYS[1] .. ':releasing', KEYS[1] .. ':deferkeys'
+expect_types(KEYS[1], 'hash', KEYS[2], 'zset', releasing, 'zset', deferkeys, 'zset')
+local now = now_ms()
+local release_keys = {}
+local every = false
+if mode == 'set' then
+  if #ARGV % 2 ~= 0 then
+    error({err = 'ERR invalid argument mode: set with ' .. (#ARGV - 2) .. ' values'})
+  end
+  for i = 3, #ARGV, 2 do
+    local name, v = ARGV[i], ARGV[i + 1]
+    local kind = string.match(name, '^key_rate:.') and 'rate' or string.match(name, '^key_concurrency:.')
+      and 'concurrency' or ((name == 'rate' or name == 'key_rate') and 'rate')
+      or ((name == 'concurrency' or name == 'key_concurrency') and 'concurrency')
+    if not kind then error({err = 'ERR invalid argument limit field: ' .. name}) end
+    if v ~= '' and v ~= 'none' and not (kind == 'rate' and limit_rate(v) or kind == 'concurrency' and as_count(v)) then
+      error({err = 'ERR invalid argument ' .. name .. ': ' .. v})
+    end
+  end
+  for i = 3, #ARGV, 2 do
+    local name, v = ARGV[i], ARGV[i + 1]
+    if (redis.call('HGET', KEYS[1], name) or '') ~= v then
+      if name == 'key_rate' or name == 'key_concurrency' then
+        every = true
+      else
+        local key = string.match(name, '^key_rate:(.+)$') or string.match(name, '^key_concurrency:(.+)$')
+        if key then release_keys[#release_keys + 1] = key end
+      end
+    end
+    if v == '' then
+      redis.call('HDEL', KEYS[1], name)
+    else
+      redis.call('HSET', KEYS[1], name, v)
+    end
+  end
+elseif mode == 'clear_all' then
   redis.call('DEL', KEYS[1])
-  return 0
+  every = true
+elseif mode == 'release_all' then
+  every = true
+elseif mode == 'release_key' then
+  if not ARGV[3] or ARGV[3] == '' then error({err = 'ERR invalid argument rate key: missing'}) end
+  release_keys[1] = ARGV[3]
+elseif mode ~= 'release' then
+  error({err = 'ERR invalid argument mode: ' .. tostring(mode)})
 end
-if ARGV[1] ~= 'set' or #ARGV % 2 ~= 1 then
-  error({err = 'ERR invalid argument mode: ' .. tostring(ARGV[1]) .. ' with ' .. (#ARGV - 1) .. ' values'})
-end
-for i = 2, #ARGV, 2 do
-  local name, v = ARGV[i], ARGV[i + 1]
-  local kind = string.match(name, '^key_rate:.') and 'rate' or string.match(name, '^key_concurrency:.')
-    and 'concurrency' or ((name == 'rate' or name == 'key_rate') and 'rate')
-    or ((name == 'concurrency' or name == 'key_concurrency') and 'concurrency')
-  if not kind then error({err = 'ERR invalid argument limit field: ' .. name}) end
-  if v ~= '' and v ~= 'none' and not (kind == 'rate' and limit_rate(v) or kind == 'concurrency' and as_count(v)) then
-    error({err = 'ERR invalid argument ' .. name .. ': ' .. v})
+if every then
+  -- Every key with deferred jobs (or a booking) is in `deferkeys`.
+  for _, key in ipairs(redis.call('ZRANGE', deferkeys, '0', '-1')) do
+    limits_release_key(KEYS[1], key, now)
   end
 end
-for i = 2, #ARGV, 2 do
-  if ARGV[i + 1] == '' then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-  else
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  end
-end
-return redis.call('HLEN', KEYS[1])
+for _, key in ipairs(release_keys) do limits_release_key(KEYS[1], key, now) end
+local released, left = limits_release(KEYS[1], KEYS[2], KEYS[3], jobprefix, now)
+return {redis.call('HLEN', KEYS[1]), released, left}

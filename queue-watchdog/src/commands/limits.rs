@@ -1,5 +1,6 @@
 //! `queue limit`: shows, sets or clears a queue's rate limit and concurrency
-//! cap (docs/LIMITS.md), as text or JSON; and the limits line of `stats`.
+//! cap (docs/LIMITS.md), as text or JSON, or releases its deferred jobs; and
+//! the limits line of `stats`.
 
 use std::process::ExitCode;
 
@@ -27,6 +28,12 @@ pub async fn limit(url: &str, args: QueueLimitArgs) -> Result<ExitCode> {
                     queue.clear_limit(q, scope.clone(), kind).await?;
                 }
             }
+        }
+    }
+    if args.release {
+        let released = queue.release_deferred(q, args.key.as_deref()).await?;
+        if !args.json {
+            println!("queue {q}: {released} deferred jobs made due");
         }
     }
     let scope = scope.unwrap_or(LimitScope::Queue);
