@@ -107,7 +107,7 @@ pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};
 pub use workflow::{
     Batch, BatchCreated, BatchSummary, ChildPolicy, ChildResult, Dag, DagCreated, DagError,
-    DeadNotice, Flow, FlowCreated, JobSpec, RelayReport, DEFAULT_OPEN_TTL,
+    DeadNotice, Flow, FlowCreated, JobSpec, RelayReport, RelayRetryReport, DEFAULT_OPEN_TTL,
 };
 
 /// The `#[job]` attribute macro. See the crate docs for an example.

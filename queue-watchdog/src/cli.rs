@@ -90,6 +90,11 @@ pub enum Command {
     /// Batches and flows (docs/WORKFLOWS.md): state and counts.
     #[command(subcommand)]
     Batches(BatchesCommand),
+    /// Cross-queue batch relay notices (docs/WORKFLOWS.md, "Relay"): list
+    /// the ones that could not be applied, move them back to be applied
+    /// once their cause is repaired.
+    #[command(subcommand)]
+    Relay(RelayCommand),
     /// Print a queue's events (enqueued, started, completed, retried,
     /// dead-lettered, cancelled, ...), one line each: the last `--last`, then
     /// with `--follow` each new one as it happens. Turn them on first with
@@ -123,6 +128,35 @@ pub enum BatchesCommand {
         /// Batches per page.
         #[arg(long, default_value_t = 50)]
         limit: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RelayCommand {
+    /// The relay notices of a queue's batch members that could not be
+    /// applied to their batch (on another queue: gone, or corrupt), newest
+    /// first, with the reason (`q:{Q}:relay:dead`; `check` counts them).
+    Dead {
+        /// The members' queue (the one whose relay list held the notices).
+        #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
+        queue: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Moves the queue's dead relay notices back to its relay list (without
+    /// their reason line) and relays the queue now. Run it once the cause is
+    /// repaired, e.g. a batch count that is not an integer (`batches show`
+    /// prints the batch's `count_error`). Applying a notice again counts
+    /// nothing twice. Exit 1 when a notice could not be applied again (it is
+    /// set aside again, with its reason).
+    RetryDead {
+        /// The members' queue (the one whose relay list held the notices).
+        #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
+        queue: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,

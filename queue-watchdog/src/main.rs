@@ -11,6 +11,8 @@
 //! - `doctor`: the Redis settings that lose queue data, with fixes.
 //! - `dashboard` (cargo feature `dashboard`, on by default): the web UI.
 //! - `enqueue`: one job from JSON (producers without Rust, scripts).
+//! - `relay dead` / `relay retry-dead`: cross-queue batch notices that could
+//!   not be applied; moving them back once the cause is repaired.
 //! - `outbox …` (cargo feature `outbox`, on by default): the PostgreSQL outbox.
 //! - `inbox …` (cargo feature `inbox`, on by default): the PostgreSQL inbox.
 //!

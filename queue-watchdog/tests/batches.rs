@@ -137,3 +137,74 @@ fn batches_list_pages_newest_first_and_show_names_the_dag() {
         "{out}"
     );
 }
+
+/// `relay dead` / `relay retry-dead`: a cancelled member on `emails` of a
+/// batch on `orders` whose `cancelled` count is corrupt: its notice is set
+/// aside (listed by `relay dead`); `retry-dead` before the repair sets it
+/// aside again (exit 1); after the repair it is applied, the batch fires
+/// and its callback waits in `orders`' main. Before, nothing moved a dead
+/// notice back.
+#[test]
+fn relay_retry_dead_applies_a_set_aside_notice_once_its_batch_is_repaired() {
+    use queue_core::QueueKeys;
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let batch_key = QueueKeys::new("orders").batch("b-r");
+    rt.block_on(async {
+        let queue = Queue::connect(&url).await.unwrap();
+        Batch::new(&queue)
+            .id("b-r")
+            .on_complete(JobSpec::raw("orders", "close", 1, 3, vec![0xc0]).id("b-r-done"))
+            .add(JobSpec::raw("emails", "send", 1, 3, vec![0xc0]).id("m-r"))
+            .enqueue()
+            .await
+            .unwrap();
+        server
+            .command(&["HSET", &batch_key, "cancelled", "x"])
+            .unwrap();
+        queue.cancel("emails", "m-r").await.unwrap();
+        assert_eq!(queue.relay("emails").await.unwrap().dead, 1);
+    });
+    let (ok, out, err) = run(&["relay", "dead", "--redis", &url, "-q", "emails"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.contains("m-r\tq:{orders}:batch:b-r\tfinished\tthe batch is corrupt"),
+        "{out}"
+    );
+    let (ok, out, _) = run(&["relay", "retry-dead", "--redis", &url, "-q", "emails"]);
+    assert!(!ok, "set aside again: exit 1\n{out}");
+    assert!(
+        out.contains("moved 1") && out.contains("set aside again 1"),
+        "{out}"
+    );
+    server
+        .command(&["HSET", &batch_key, "cancelled", "0"])
+        .unwrap();
+    let (ok, out, err) = run(&[
+        "relay",
+        "retry-dead",
+        "--redis",
+        &url,
+        "-q",
+        "emails",
+        "--json",
+    ]);
+    assert!(ok, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        (v["moved"].as_u64(), v["applied"].as_u64()),
+        (Some(1), Some(1)),
+        "{out}"
+    );
+    let main = QueueKeys::new("orders").main;
+    assert!(
+        server
+            .command(&["LRANGE", &main, "0", "-1"])
+            .unwrap()
+            .contains("b-r-done"),
+        "the callback"
+    );
+    let (ok, out, _) = run(&["relay", "dead", "--redis", &url, "-q", "emails", "--json"]);
+    assert!(ok && out.contains("\"notices\":[]"), "{out}");
+}

@@ -423,6 +423,58 @@ async fn batch_add_of_an_id_taken_outside_the_batch_is_refused_before_it_counts(
     );
 }
 
+/// `ctx.batch_add` of a member its enqueue refuses: the adder's id is 510
+/// bytes, so the id it derives (`<id>-more`) is 515, past
+/// `JobId::MAX_LEN`. Checked as `Batch::enqueue` checks its members, before
+/// the id is registered, and refused for good: `total` stays 1, the adder is
+/// dead-lettered at its first attempt and the batch fires (one member,
+/// dead). Before, the id was registered first (`total` 2), its enqueue was
+/// refused after that as a retryable error, the adder retried until dead
+/// and the batch never fired.
+#[tokio::test]
+async fn batch_add_of_a_member_its_enqueue_refuses_is_refused_before_it_counts() {
+    let env = TestEnv::start().await;
+    let adder = "a".repeat(510);
+    Batch::new(&env.queue)
+        .id("adds-long")
+        .on_complete(callback(&env, "adds-long-done"))
+        .add(member_with(&env, &adder, |m| m.add_more = true))
+        .enqueue()
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    let fired = wait_callbacks(&env, 1).await;
+    worker.stop().await;
+    assert!(fired.contains_key("adds-long-done"), "{fired:?}");
+    let summary = ledger_map(&env, "ledger:wf:summary").await;
+    assert_eq!(summary["adds-long-done"], "1/0/1/0", "total stays 1");
+    let b = env
+        .queue
+        .batch(WF_QUEUE, "adds-long")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (b.state.as_str(), b.total, b.dead),
+        ("fired", 1, 1),
+        "{b:?}"
+    );
+    let job = env
+        .queue
+        .job(WF_QUEUE, adder.as_str())
+        .await
+        .unwrap()
+        .expect("dead");
+    assert_eq!(job.field("state"), Some("dead"));
+    assert_eq!(job.field("attempts"), Some("1"), "refused for good");
+    assert!(
+        job.field("dead_reason")
+            .is_some_and(|r| r.contains("longer than 512 bytes")),
+        "{:?}",
+        job.field("dead_reason")
+    );
+}
+
 /// A batch id or a flow parent's id (its batch id; a nested flow's too)
 /// with a control character is refused before any write: a job's `batch`
 /// field holds batch keys one per line, so `album\n7` would be split there
@@ -923,6 +975,61 @@ async fn a_notice_for_a_corrupt_batch_is_kept_visible_and_blocks_nothing() {
     let check = admin.check(EMAILS, false).await.unwrap();
     assert_eq!(check.relay_dead_notices, 1, "{check:?}");
     assert!(!check.is_clean());
+}
+
+/// A notice set aside because its batch's count was corrupt is applied
+/// once the count is repaired: `Queue::relay_retry_dead` moves it back to
+/// the relay list without its reason line, and the next relay run counts
+/// the member and fires the batch (the callback waits in `orders`' main).
+/// Before, nothing moved a dead notice back, and one pushed back by hand
+/// (with its reason line) was set aside again as unreadable: the batch
+/// never fired.
+#[tokio::test]
+async fn a_notice_set_aside_for_a_corrupt_count_applies_once_the_count_is_repaired() {
+    let env = TestEnv::start().await;
+    Batch::new(&env.queue)
+        .id("repaired")
+        .on_complete(order_callback(&env, "repaired-done"))
+        .add(member_on(&env, EMAILS, "repaired-a", |_| {}))
+        .enqueue()
+        .await
+        .unwrap();
+    let batch_key = QueueKeys::new(ORDERS).batch("repaired");
+    let mut c = env.conn().await;
+    let _: () = c.hset(&batch_key, "succeeded", "x").await.unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    wait_until(BOUND, "the notice set aside", || async {
+        env.queue.relay_dead(EMAILS).await.unwrap().len() == 1
+    })
+    .await;
+    worker.stop().await;
+    assert!(env.queue.relay_dead(EMAILS).await.unwrap()[0]
+        .reason
+        .contains("corrupt"));
+    assert_eq!(
+        env.queue.relay(EMAILS).await.unwrap(),
+        queue_core::RelayReport::default(),
+        "nothing to relay until it is moved back"
+    );
+    let _: () = c.hset(&batch_key, "succeeded", 0).await.unwrap();
+    let moved = env.queue.relay_retry_dead(EMAILS).await.unwrap();
+    assert_eq!(
+        (moved.moved, moved.kept, moved.left),
+        (1, 0, 0),
+        "{moved:?}"
+    );
+    assert!(env.queue.relay_dead(EMAILS).await.unwrap().is_empty());
+    let r = env.queue.relay(EMAILS).await.unwrap();
+    assert_eq!((r.applied, r.already, r.dead), (1, 0, 0), "{r:?}");
+    let b = env.queue.batch(ORDERS, "repaired").await.unwrap().unwrap();
+    assert_eq!(
+        (b.state.as_str(), b.total, b.succeeded),
+        ("fired", 1, 1),
+        "{b:?}"
+    );
+    let main = env.list(&QueueKeys::new(ORDERS).main).await;
+    assert_eq!(main, ["repaired-done"], "the callback, once");
+    assert_eq!(relay_len(&env, EMAILS).await, 0);
 }
 
 /// Three worker processes run 20 cross-queue batches (members on `emails`

@@ -50,7 +50,7 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(build);
 /// Every script of the library. A test checks that each `.lua` file of this
 /// folder (but the prelude) is here; the header test of `mod.rs` reads them
 /// from here too.
-pub(super) fn defs() -> [&'static ScriptDef; 32] {
+pub(super) fn defs() -> [&'static ScriptDef; 33] {
     use super::*;
     [
         &ack::SCRIPT.def,
@@ -79,6 +79,7 @@ pub(super) fn defs() -> [&'static ScriptDef; 32] {
         &reclaim::SCRIPT.def,
         &relay_apply::SCRIPT.def,
         &relay_done::SCRIPT.def,
+        &relay_retry::SCRIPT.def,
         &replay::SCRIPT.def,
         &result_wait::SCRIPT.def,
         &resume::SCRIPT.def,

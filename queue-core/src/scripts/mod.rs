@@ -53,6 +53,7 @@ pub(crate) mod promote;
 pub(crate) mod reclaim;
 pub(crate) mod relay_apply;
 pub(crate) mod relay_done;
+pub(crate) mod relay_retry;
 pub(crate) mod replay;
 pub(crate) mod result_wait;
 pub(crate) mod resume;

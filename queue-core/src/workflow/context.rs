@@ -41,6 +41,12 @@ impl JobContext {
     /// job: registered before this job's own ack, so the batch cannot fire
     /// in between. Give `job` a stable id (e.g. derived from this job's id):
     /// a re-run of this job then adds nothing twice.
+    ///
+    /// `job` is checked before it is registered, as
+    /// [`Batch::enqueue`](crate::Batch::enqueue) checks its members (queue
+    /// name, id — e.g. at most [`JobId::MAX_LEN`](crate::JobId::MAX_LEN)
+    /// bytes —, extra field names): a refusal is a permanent [`JobError`]
+    /// and the batch does not count it.
     pub async fn batch_add(&self, mut job: JobSpec) -> Result<Enqueued, JobError> {
         let (member, _) = self.batch_fields().await?;
         let Some(key) = member else {
@@ -60,6 +66,18 @@ impl JobContext {
         }
         let batch = self.batch_ref(&key)?;
         let id = job.ensure_id().to_string();
+        // Before it is registered: the member as its enqueue will send it
+        // (queue name, id, extra field names with the `batch` field), as
+        // `Batch::enqueue` checks its members. Registered first, a member
+        // its enqueue then refuses (a derived id past 512 bytes) was counted
+        // in `total` with no job to finish it: the batch never fired. The
+        // same spec is refused again on a retry, so for good.
+        job.check_member(true).map_err(|e| {
+            JobError::permanent(format!(
+                "batch_add to batch `{}` on queue `{}`: {e}",
+                batch.id, batch.queue
+            ))
+        })?;
         let conn = self.inner.conn.clone().expect("checked by batch_fields");
         // Before it is registered: the batch is sealed, and an id taken by a
         // job outside it would be counted by none, so the batch would never

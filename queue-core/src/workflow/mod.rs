@@ -19,6 +19,6 @@ pub use batch::{Batch, BatchCreated};
 pub use dag::{Dag, DagCreated, DagError, DEFAULT_OPEN_TTL};
 pub(crate) use engine::parse_key;
 pub use flow::{ChildPolicy, Flow, FlowCreated};
-pub use relay::{DeadNotice, RelayReport};
+pub use relay::{DeadNotice, RelayReport, RelayRetryReport};
 pub use spec::JobSpec;
 pub use summary::{BatchSummary, ChildResult};

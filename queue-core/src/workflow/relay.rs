@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::{watch, Notify};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
@@ -26,6 +26,7 @@ use crate::keys::QueueKeys;
 use crate::queue::Queue;
 use crate::scripts::relay_apply::{Applied, RelayApply};
 use crate::scripts::relay_done::RelayDone;
+use crate::scripts::relay_retry::RelayRetry;
 
 use super::engine::parse_key;
 
@@ -54,6 +55,21 @@ impl RelayReport {
         self.already += other.already;
         self.dead += other.dead;
     }
+}
+
+/// What [`Queue::relay_retry_dead`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RelayRetryReport {
+    /// Notices moved back to the relay list, without their reason: the next
+    /// relay run applies them (one that still cannot be applied is set
+    /// aside again, with its reason).
+    pub moved: u64,
+    /// Entries left in the dead-notice list: no readable notice after their
+    /// reason line (written by hand).
+    pub kept: u64,
+    /// Entries not examined: set aside after the call began (a notice moved
+    /// back and set aside again by a relay run meanwhile among them).
+    pub left: u64,
 }
 
 /// A relay notice that could not be applied, kept in its queue's
@@ -401,6 +417,79 @@ impl Queue {
                 }
             })
             .collect())
+    }
+
+    /// Moves `queue`'s relay notices that could not be applied
+    /// ([`relay_dead`](Self::relay_dead)) back to its relay list, oldest
+    /// first and without the reason line, for the next relay run (a worker
+    /// of `queue` in this process is woken; else the watchdog's next pass,
+    /// or [`relay`](Self::relay)) to apply them again: the way to re-apply a
+    /// notice once its cause is repaired (a batch count that was not an
+    /// integer, see the batch's `count_error`). Applying again is idempotent:
+    /// a notice applied before counts nothing twice (the member's last seq,
+    /// the batch's `:done` set); one that still cannot be applied is set
+    /// aside again. Works on the entries there when called, in script calls
+    /// of at most 100 entries (`relay_retry.lua`: each notice is pushed to the
+    /// relay list before its entry is removed).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> queue_core::Result<()> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use queue_core::{Queue, QueueKeys};
+    ///
+    /// let queue = Queue::connect(&server.url()).await?;
+    /// // A notice of member `m-1` on `emails` for batch `b-1` on `orders`,
+    /// // set aside with its reason (here by hand).
+    /// let notice = "1\nf\nq:{orders}:batch:b-1\nm-1\nsucceeded\n";
+    /// let _: () = redis::cmd("LPUSH")
+    ///     .arg(QueueKeys::new("emails").relay_dead())
+    ///     .arg(format!("no such batch (expired or deleted)\n{notice}"))
+    ///     .query_async(&mut queue.connection())
+    ///     .await
+    ///     .expect("seeded");
+    /// assert_eq!(queue.relay_dead("emails").await?[0].member, "m-1");
+    ///
+    /// let retried = queue.relay_retry_dead("emails").await?;
+    /// assert_eq!((retried.moved, retried.kept, retried.left), (1, 0, 0));
+    /// assert!(queue.relay_dead("emails").await?.is_empty());
+    /// // Batch `b-1` does not exist: the relay sets the notice aside again.
+    /// assert_eq!(queue.relay("emails").await?.dead, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn relay_retry_dead(&self, queue: &str) -> Result<RelayRetryReport> {
+        crate::enqueue_options::check_queue_name(queue)?;
+        let keys = QueueKeys::new(queue);
+        let mut conn = self.connection();
+        // Only the entries there now: a notice moved back and set aside
+        // again meanwhile (pushed at the head) is not moved twice.
+        let budget: u64 = redis::cmd("LLEN")
+            .arg(keys.relay_dead())
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| QueueError::redis(queue, None, e))?;
+        let mut report = RelayRetryReport::default();
+        while report.moved + report.kept < budget {
+            let examined = report.moved + report.kept;
+            let r = RelayRetry {
+                keys: &keys,
+                limit: (CHUNK as u64).min(budget - examined),
+                skip: report.kept,
+            }
+            .run(&mut conn)
+            .await?;
+            report.moved += r.moved;
+            report.kept += r.kept;
+            report.left = r.left;
+            if r.moved + r.kept == 0 {
+                break;
+            }
+        }
+        if report.moved > 0 {
+            info!(queue = %queue, moved = report.moved, kept = report.kept,
+                "relay notices moved back from the dead-notice list");
+            hint(queue);
+        }
+        Ok(report)
     }
 }
 

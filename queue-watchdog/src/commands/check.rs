@@ -59,8 +59,8 @@ fn text(reports: &[CheckReport]) -> String {
         }
         if r.relay_dead_notices > 0 {
             out.push_str(&format!(
-                "{}: relay_dead: {} cross-queue batch notice(s) could not be applied (q:{{{}}}:relay:dead; docs/WORKFLOWS.md, \"Relay\")\n",
-                r.queue, r.relay_dead_notices, r.queue
+                "{}: relay_dead: {} cross-queue batch notice(s) could not be applied (q:{{{}}}:relay:dead; list: queue-watchdog relay dead -q {}; once repaired: relay retry-dead; docs/WORKFLOWS.md, \"Relay\")\n",
+                r.queue, r.relay_dead_notices, r.queue, r.queue
             ));
         }
         for rep in &r.repairs {

@@ -14,6 +14,7 @@ mod jobs;
 mod limits;
 #[cfg(feature = "outbox")]
 mod outbox;
+mod relay;
 mod run;
 mod stats;
 
@@ -23,7 +24,7 @@ use std::process::ExitCode;
 
 pub use enqueue::{parse_delay, parse_run_at};
 
-use crate::cli::{BatchesCommand, Cli, Command, JobsCommand, QueueCommand};
+use crate::cli::{BatchesCommand, Cli, Command, JobsCommand, QueueCommand, RelayCommand};
 use crate::error::{CliError, Result};
 
 pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
@@ -61,6 +62,12 @@ pub async fn dispatch(cli: Cli) -> Result<ExitCode> {
             limit,
             json,
         }) => batches::list(&cli.redis, &queue, offset, limit, json).await,
+        Command::Relay(RelayCommand::Dead { queue, json }) => {
+            relay::dead(&cli.redis, &queue, json).await
+        }
+        Command::Relay(RelayCommand::RetryDead { queue, json }) => {
+            relay::retry_dead(&cli.redis, &queue, json).await
+        }
     }
 }
 
