@@ -179,6 +179,17 @@ impl QueueKeys {
         format!("q:{{{}}}:relay", self.queue)
     }
 
+    /// The last seq given to a relay notice of this queue (a string, INCR):
+    /// the relay applies a member's notices once each by it.
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.relay_seq(), "q:{emails}:relay:seq");
+    /// ```
+    pub fn relay_seq(&self) -> String {
+        format!("q:{{{}}}:relay:seq", self.queue)
+    }
+
     /// Relay notices that could not be applied (the batch is gone or
     /// corrupt), newest first, each `<reason>\n<notice>`.
     pub fn relay_dead(&self) -> String {

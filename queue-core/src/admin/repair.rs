@@ -33,7 +33,10 @@ pub enum RepairAction {
     /// expired went back to processing, token and lease kept: its worker is
     /// still running it, and its ack completes it (requeued, a second worker
     /// would run it at the same time). The watchdog returns it if the lease
-    /// expires.
+    /// expires. Only a lease that is its delivery's: a token, the leases
+    /// set's score equal to the hash's `lease_until`, and no further ahead
+    /// than the longest lease a worker takes (7 days); any other (infinite,
+    /// hand-written, another delivery's) is requeued to main.
     RestoredToProcessing,
     /// A dead hash listed nowhere went back to the dead list.
     RestoredToDead,
@@ -86,11 +89,12 @@ impl Admin {
                 k.job(id.as_str()),
             ]
         };
+        let max_lease = crate::worker::MAX_LEASE.as_millis().to_string();
         let (script, id, keys, args): (_, _, Vec<String>, Vec<&str>) = match violation {
             Violation::OrphanHash { id, .. } => {
                 let mut keys = listed(id);
                 keys.push(k.wake.clone());
-                (&REPAIR_ORPHAN, id, keys, vec![])
+                (&REPAIR_ORPHAN, id, keys, vec![max_lease.as_str()])
             }
             Violation::MissingHash { id, .. } => {
                 let mut keys = listed(id);

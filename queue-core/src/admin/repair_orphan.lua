@@ -1,17 +1,18 @@
 -- Repair (checker): a job hash that no structure lists goes back where its
 -- state says: a dead job to the dead list, a delayed job whose run_at is
 -- still ahead to the delayed set at that time (state and run_at kept), an
--- active job whose lease (in the leases zset) is still ahead back to
--- processing (token and lease kept: its worker is running it and acks it),
--- any other to main (state queued, its old delivery forgotten, no attempt
--- used). Only while it is still listed nowhere: a job that moved meanwhile is
--- left alone.
+-- active job whose lease (in the leases zset) is its delivery's and still
+-- ahead back to processing (token and lease kept: its worker is running it
+-- and acks it), any other to main (state queued, its old delivery forgotten,
+-- no attempt used). Only while it is still listed nowhere: a job that moved
+-- meanwhile is left alone.
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash,
 --       7 promoter wake list (a delayed job due before the delayed head wakes
 --         a sleeping promoter)
--- ARGV: 1 id
+-- ARGV: 1 id, 2 the longest lease a worker takes (ms)
 -- Returns 'main' | 'delayed' | 'processing' | 'dead' | 'changed'
 local id = ARGV[1]
+local max_lease = arg_count(ARGV[2], 'max_lease')
 local group = redis.call('TYPE', KEYS[6])['ok'] == 'hash' and redis.call('HGET', KEYS[6], 'group')
 if redis.call('TYPE', KEYS[6])['ok'] ~= 'hash' or redis.call('LPOS', KEYS[1], id)
     or waiting_group_list(KEYS[1], id, group)
@@ -24,7 +25,7 @@ end
 expect_types(KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'list', KEYS[5], 'zset')
 expect_waiting_types(KEYS[1], group)
 local now = now_ms()
-local h = redis.call('HMGET', KEYS[6], 'state', 'run_at')
+local h = redis.call('HMGET', KEYS[6], 'state', 'run_at', 'token', 'lease_until')
 if h[1] == 'dead' then
   redis.call('LPUSH', KEYS[4], id)
   redis.call('HSET', KEYS[6], 'repaired_at', now)
@@ -44,9 +45,17 @@ end
 -- processing entry was lost: an operator's DEL, an eviction): it goes back to
 -- processing as it was. Requeued, a second worker would run it at the same
 -- time and the first one's ack would answer lease lost. When the lease
--- expires the watchdog returns it as any lost delivery.
+-- expires the watchdog returns it as any lost delivery. Only a lease that is
+-- the delivery's (claim and extend write the same time to both): a token, a
+-- leases-set score equal to the hash's `lease_until`, and no further ahead
+-- than the longest lease a worker takes. Restored with a score of inf,
+-- 1e300 or months ahead (corrupt, hand-written), the job would stay in
+-- processing for ever or for months: the watchdog returns expired leases
+-- only.
 local lease = tonumber(redis.call('ZSCORE', KEYS[5], id))
-if h[1] == 'active' and lease and lease > now then
+local lease_until = as_count(h[4])
+if h[1] == 'active' and h[3] and h[3] ~= '' and lease_until and lease == lease_until
+    and lease_until > now and lease_until <= now + max_lease then
   redis.call('LPUSH', KEYS[2], id)
   redis.call('HSET', KEYS[6], 'repaired_at', now)
   return 'processing'

@@ -495,6 +495,99 @@ async fn a_repaired_orphan_with_a_live_lease_stays_with_its_worker() {
     );
 }
 
+/// An active orphan whose score in the leases set is not its delivery's
+/// lease: infinite, 30 days ahead (past the longest lease a worker takes,
+/// 7 days, even with the hash's `lease_until` saying the same), or another
+/// time than the hash's `lease_until`. `check --repair` requeues it to main
+/// and drops that lease; only the delivery's own lease (`live`) is restored
+/// to processing. Before, each was restored to processing with its lease,
+/// where it stayed for ever (or for a month): the watchdog returns expired
+/// leases only.
+#[tokio::test]
+async fn a_repaired_orphan_whose_lease_is_not_its_deliverys_is_requeued() {
+    use crate::scripts::claim::{Claim, ClaimRow};
+
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    let mut conn = admin.queue().connection();
+    let ids = ["live", "inf", "far", "other"];
+    for id in ids {
+        enqueue(&admin, id, None).await;
+        raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
+        let claim = Claim {
+            keys: &k,
+            id: id.as_bytes(),
+            lease: Duration::from_secs(60),
+            token: "t",
+        };
+        let row = claim.run(&mut conn).await.unwrap();
+        assert!(matches!(row, ClaimRow::Claimed(_)), "{id}: {row:?}");
+    }
+    raw(&admin, &["DEL", &k.processing]).await;
+    let lease_until = |id: &'static str| {
+        let admin = &admin;
+        let k = &k;
+        async move {
+            match raw(admin, &["HGET", &k.job(id), "lease_until"]).await {
+                redis::Value::BulkString(b) => {
+                    String::from_utf8(b).unwrap().parse::<u64>().unwrap()
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    raw(&admin, &["ZADD", &k.leases, "inf", "inf"]).await;
+    let far = (lease_until("far").await + 30 * 24 * 3600 * 1000).to_string();
+    raw(&admin, &["HSET", &k.job("far"), "lease_until", &far]).await;
+    raw(&admin, &["ZADD", &k.leases, &far, "far"]).await;
+    let other = (lease_until("other").await + 1000).to_string();
+    raw(&admin, &["ZADD", &k.leases, &other, "other"]).await;
+
+    let mut actions = Vec::new();
+    for id in ids {
+        let orphan = Violation::OrphanHash {
+            id: JobId::from(id),
+            state: Some("active".into()),
+        };
+        let repair = admin.repair(Q, &orphan).await.unwrap().unwrap();
+        actions.push((id, repair.action));
+    }
+    assert_eq!(
+        actions,
+        [
+            ("live", RepairAction::RestoredToProcessing),
+            ("inf", RepairAction::RequeuedToMain),
+            ("far", RepairAction::RequeuedToMain),
+            ("other", RepairAction::RequeuedToMain),
+        ]
+    );
+    let list = |v: redis::Value| match v {
+        redis::Value::Array(items) => items
+            .into_iter()
+            .map(|i| match i {
+                redis::Value::BulkString(b) => String::from_utf8(b).unwrap(),
+                other => panic!("{other:?}"),
+            })
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        list(raw(&admin, &["LRANGE", &k.main, "0", "-1"]).await),
+        ["other", "far", "inf"]
+    );
+    assert_eq!(
+        list(raw(&admin, &["LRANGE", &k.processing, "0", "-1"]).await),
+        ["live"]
+    );
+    assert_eq!(
+        list(raw(&admin, &["ZRANGE", &k.leases, "0", "-1"]).await),
+        ["live"],
+        "the requeued jobs' leases are dropped"
+    );
+    assert!(admin.check(Q, false).await.unwrap().violations.is_empty());
+}
+
 /// An entry whose hash is gone, next to a completion record key of a third
 /// type (corrupt data: records are hashes or compact strings), is
 /// dead-lettered as missing. Before, the key's mere existence counted as

@@ -1060,18 +1060,27 @@ local function wf_base(key)
 end
 
 -- Appends a relay notice to the relay list of the queue with base `base`.
--- A relay list of another type (corrupt data) cannot take it: the notice
--- goes to the dead-notice list, counted in stats (`relay_dead`), and is
--- logged, never dropped silently.
+-- A relay list of another type, or a `relay:seq` that INCR refuses (another
+-- type, not an integer: corrupt data), cannot take it: the notice goes to
+-- the dead-notice list, counted in stats (`relay_dead`), and is logged,
+-- never dropped silently. A notice without a seq (seq 0) goes there only,
+-- never to the relay list: it could not be told from one already applied
+-- (relay_apply.lua sets a seq-0 notice aside; relay_retry.lua numbers it
+-- once `relay:seq` is repaired).
 local function wf_notice(base, kind, bkey, id, outcome, detail)
   local seq = redis.pcall('INCR', base .. 'relay:seq')
-  if type(seq) ~= 'number' then seq = 0 end
+  if type(seq) ~= 'number' or seq < 1 then seq = 0 end
   local n = seq .. '\n' .. kind .. '\n' .. bkey .. '\n' .. id .. '\n' .. outcome .. '\n' .. (detail or '')
-  local ok = redis.pcall('RPUSH', base .. 'relay', n)
-  if type(ok) ~= 'number' or seq == 0 then
+  local why
+  if seq == 0 then
+    why = 'no seq: ' .. base .. 'relay:seq is corrupt (another type, or not a count)'
+  elseif type(redis.pcall('RPUSH', base .. 'relay', n)) ~= 'number' then
+    why = 'relay list unwritable'
+  end
+  if why then
     redis.log(redis.LOG_WARNING, 'relay notice for batch ' .. bkey .. ' member ' .. id ..
-      ' could not be queued (relay key of another type): kept in ' .. base .. 'relay:dead')
-    redis.pcall('LPUSH', base .. 'relay:dead', 'relay list unwritable\n' .. n)
+      ' could not be queued (' .. why .. '): kept in ' .. base .. 'relay:dead')
+    redis.pcall('LPUSH', base .. 'relay:dead', why .. '\n' .. n)
     redis.pcall('HINCRBY', base .. 'stats', 'relay_dead', 1)
   end
 end

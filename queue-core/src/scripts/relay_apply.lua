@@ -11,9 +11,12 @@
 -- 2 already applied (nothing written); 0 no such batch (expired or deleted);
 -- 3 the batch is corrupt (a key of another type, or a count the notice
 -- changes is not an integer: not counted, not marked applied); 4 the notice is
--- unreadable or names a batch of another queue. The flag is 1 when applying
--- wrote notices into P's own relay list (a nested flow's parent on P,
--- dead-lettered, whose own batch is on a third queue).
+-- unreadable or names a batch of another queue; 5 the notice has no seq (0:
+-- wf_notice found `relay:seq` corrupt; relay_retry.lua numbers it once
+-- repaired). A seq-0 notice is never "already applied": the member's last
+-- seq reads 0 before any notice, so it would be dropped uncounted. The flag
+-- is 1 when applying wrote notices into P's own relay list (a nested flow's
+-- parent on P, dead-lettered, whose own batch is on a third queue).
 local base = string.match(KEYS[1], '^(q:{[^}]*}:)stats$')
 if not base then
   return redis.error_reply('relay_apply: KEYS[1] must be a queue stats key, got ' .. KEYS[1])
@@ -24,6 +27,8 @@ for i, n in ipairs(ARGV) do
   local seq, kind, bkey, id, outcome, detail = wf_parse_notice(n)
   if not seq or wf_base(bkey) ~= base then
     out[i] = 4
+  elseif seq == 0 then
+    out[i] = 5
   else
     local t = redis.call('TYPE', bkey)['ok']
     local d = redis.call('TYPE', bkey .. ':done')['ok']

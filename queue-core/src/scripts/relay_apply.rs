@@ -34,6 +34,10 @@ pub(crate) enum Applied {
     Corrupt,
     /// The notice is unreadable or names another queue's batch.
     Unreadable,
+    /// The notice has no seq (0: its queue's `relay:seq` was corrupt when it
+    /// was written). Never taken for "already applied": it is set aside,
+    /// and `relay_retry.lua` gives it a seq once `relay:seq` is repaired.
+    NoSeq,
 }
 
 /// The reply: one outcome per notice, and whether applying wrote notices
@@ -76,6 +80,7 @@ impl RelayApply<'_> {
                     0 => Applied::NoBatch,
                     3 => Applied::Corrupt,
                     4 => Applied::Unreadable,
+                    5 => Applied::NoSeq,
                     n => return Err(bad(format!("relay_apply reply: unknown code {n}"))),
                 },
             );

@@ -505,3 +505,191 @@ async fn a_permanent_fail_of_a_member_whose_batch_count_is_not_canonical_answers
     let err = fx.count_error(&bkey).await;
     assert!(err.contains("not counted") && err.contains("dead"), "{err}");
 }
+
+/// The entries of `member_queue`'s dead-notice list, newest first, as text.
+async fn dead_entries(fx: &mut Fx, member_queue: &str) -> Vec<String> {
+    let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        .arg(QueueKeys::new(member_queue).relay_dead())
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut fx.conn)
+        .await
+        .unwrap();
+    raw.iter()
+        .map(|e| String::from_utf8_lossy(e).into_owned())
+        .collect()
+}
+
+/// A member on another queue acked while that queue's `relay:seq` is not an
+/// integer: `wf_notice` cannot number its notice (seq 0) and sets it aside,
+/// only there (before, a copy also went to the relay list, where the relay
+/// took seq 0 for "already applied" and dropped it). `relay retry-dead`
+/// keeps it while `relay:seq` is still corrupt, and once it is repaired
+/// gives it a fresh seq: the relay counts the member and the batch fires.
+#[tokio::test]
+async fn a_notice_written_while_relay_seq_was_corrupt_counts_once_it_is_repaired() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch("wfh-c", &["m"], 3).await;
+    let members = QueueKeys::new("wfh-c");
+    fx.cmd(&["SET", &members.relay_seq(), "x"]).await;
+    let ds = fx.fetch(&members, 1, Duration::from_secs(30)).await;
+    assert_eq!(fx.ack(&members, &ds).await.unwrap(), [AckReply::Completed]);
+
+    let dead = dead_entries(&mut fx, "wfh-c").await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert!(
+        dead[0].contains("relay:seq is corrupt") && dead[0].contains("\n0\nf\n"),
+        "{dead:?}"
+    );
+    assert!(
+        fx.relay_notices("wfh-c").await.is_empty(),
+        "a notice without a seq is not queued for the relay"
+    );
+    assert_eq!(
+        fx.queue.relay("wfh-c").await.unwrap(),
+        crate::RelayReport::default()
+    );
+
+    let kept = fx.queue.relay_retry_dead("wfh-c").await.unwrap();
+    assert_eq!(
+        (kept.moved, kept.kept, kept.left),
+        (0, 1, 0),
+        "relay:seq still corrupt: {kept:?}"
+    );
+    assert_eq!(dead_entries(&mut fx, "wfh-c").await, dead);
+    assert_eq!(
+        fx.text(&["GET", &members.relay_seq()]).await.as_deref(),
+        Some("x")
+    );
+
+    fx.cmd(&["DEL", &members.relay_seq()]).await;
+    let moved = fx.queue.relay_retry_dead("wfh-c").await.unwrap();
+    assert_eq!(
+        (moved.moved, moved.kept, moved.left),
+        (1, 0, 0),
+        "{moved:?}"
+    );
+    let relayed = fx.queue.relay("wfh-c").await.unwrap();
+    assert_eq!(
+        (relayed.applied, relayed.already, relayed.dead),
+        (1, 0, 0),
+        "{relayed:?}"
+    );
+    assert!(fx.counted(&bkey, "m").await);
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+        Some("fired")
+    );
+    assert!(dead_entries(&mut fx, "wfh-c").await.is_empty());
+    let main = fx.keys.main.clone();
+    assert!(fx.in_list(&main, "cb").await);
+}
+
+/// The reviewer's case: a dead entry whose notice has seq 0 (as `wf_notice`
+/// wrote it when `relay:seq` was corrupt), `relay:seq` since repaired. Before,
+/// `relay retry-dead` moved it back with seq 0, the relay answered "already
+/// applied" (the member's last seq reads 0) and removed it: the member was
+/// never counted, the batch never fired, and the only trace was gone. Now
+/// it gets a fresh seq and applies; and a seq-0 notice reaching the relay
+/// (hand-written, or left by the old script) is set aside, never "already".
+#[tokio::test]
+async fn a_dead_notice_without_a_seq_is_renumbered_not_taken_for_applied() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch("wfh-c", &["m"], 3).await;
+    let members = QueueKeys::new("wfh-c");
+    let notice = format!("0\nf\n{bkey}\nm\nsucceeded\n");
+    assert_eq!(
+        fx.relay_apply(&[notice.clone().into_bytes()])
+            .await
+            .unwrap(),
+        [Applied::NoSeq]
+    );
+    assert_eq!(fx.text(&["HGET", &bkey, "relay:m"]).await, None);
+    fx.cmd(&["RPUSH", &members.relay(), &notice]).await;
+    let set_aside = fx.queue.relay("wfh-c").await.unwrap();
+    assert_eq!(
+        (set_aside.applied, set_aside.already, set_aside.dead),
+        (0, 0, 1),
+        "{set_aside:?}"
+    );
+    assert!(!fx.counted(&bkey, "m").await);
+    let dead = fx.queue.relay_dead("wfh-c").await.unwrap();
+    assert!(dead[0].reason.starts_with("no seq"), "{dead:?}");
+    fx.cmd(&["DEL", &members.relay_dead()]).await;
+
+    fx.cmd(&["SET", &members.relay_seq(), "41"]).await;
+    fx.cmd(&[
+        "LPUSH",
+        &members.relay_dead(),
+        &format!("relay list unwritable\n{notice}"),
+    ])
+    .await;
+    let moved = fx.queue.relay_retry_dead("wfh-c").await.unwrap();
+    assert_eq!(
+        (moved.moved, moved.kept, moved.left),
+        (1, 0, 0),
+        "{moved:?}"
+    );
+    assert_eq!(
+        fx.relay_notices("wfh-c").await,
+        [format!("42\nf\n{bkey}\nm\nsucceeded\n").into_bytes()],
+        "renumbered from relay:seq"
+    );
+    let relayed = fx.queue.relay("wfh-c").await.unwrap();
+    assert_eq!(
+        (relayed.applied, relayed.already, relayed.dead),
+        (1, 0, 0),
+        "{relayed:?}"
+    );
+    assert!(fx.counted(&bkey, "m").await);
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+        Some("fired")
+    );
+    assert!(fx.queue.relay_dead("wfh-c").await.unwrap().is_empty());
+}
+
+/// `relay retry-dead` reads an entry's notice after its first line break
+/// only (relay_done writes a reason without line breaks): an entry whose
+/// "reason" spans two lines is kept, even though a notice parses after its
+/// second line break. Before, every line break was tried in turn, copying
+/// the rest of the entry at each: this entry was moved, and an entry of
+/// 1 MB of line breaks held the server for minutes (the next test).
+#[tokio::test]
+async fn a_dead_entry_is_read_at_its_first_line_break_only() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch("wfh-c", &["m1", "m2"], 3).await;
+    let dead_key = QueueKeys::new("wfh-c").relay_dead();
+    let two_lines = format!("a reason\non two lines\n1\nf\n{bkey}\nm1\nsucceeded\n");
+    let real = format!("2\nf\n{bkey}\nm2\nsucceeded\n");
+    let entry = format!("no such batch (expired or deleted)\n{real}");
+    fx.cmd(&["LPUSH", &dead_key, &two_lines, &entry]).await;
+
+    let r = fx.queue.relay_retry_dead("wfh-c").await.unwrap();
+    assert_eq!((r.moved, r.kept, r.left), (1, 1, 0), "{r:?}");
+    assert_eq!(fx.relay_notices("wfh-c").await, [real.into_bytes()]);
+    assert_eq!(dead_entries(&mut fx, "wfh-c").await, [two_lines]);
+}
+
+/// An entry of 1 MB of line breaks only (no notice), oldest, and a real dead
+/// notice: the retry keeps the one and moves the other, in one short script
+/// call (one search for the first line break). Before, it copied the rest of
+/// the entry at each of its million line breaks: the server was busy for
+/// about 170 s, and the call failed at the client's response timeout.
+#[tokio::test]
+async fn a_dead_entry_of_a_megabyte_of_line_breaks_is_kept_at_once() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch("wfh-c", &["m"], 3).await;
+    let dead_key = QueueKeys::new("wfh-c").relay_dead();
+    let breaks = "\n".repeat(1 << 20);
+    let real = format!("1\nf\n{bkey}\nm\nsucceeded\n");
+    let entry = format!("no such batch (expired or deleted)\n{real}");
+    fx.cmd(&["LPUSH", &dead_key, &breaks, &entry]).await;
+
+    let r = fx.queue.relay_retry_dead("wfh-c").await.unwrap();
+    assert_eq!((r.moved, r.kept, r.left), (1, 1, 0), "{r:?}");
+    assert_eq!(fx.relay_notices("wfh-c").await, [real.into_bytes()]);
+    assert_eq!(fx.int(&["LLEN", &dead_key]).await, 1);
+    let kept = fx.text(&["LINDEX", &dead_key, "0"]).await.unwrap();
+    assert_eq!(kept.len(), 1 << 20, "the entry of line breaks is kept");
+}

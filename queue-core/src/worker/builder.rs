@@ -17,8 +17,10 @@ use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 use crate::registry::Registration;
 
-/// The longest lease a worker takes ([`WorkerConfig::lease`]): 7 days.
-const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest lease a worker takes ([`WorkerConfig::lease`]): 7 days. The
+/// checker's repair of an orphan trusts no lease further ahead
+/// (`admin/repair_orphan.lua`).
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// The longest [`WorkerConfig::block_timeout`] and
 /// [`WorkerConfig::promote_interval`]: a day. Longer ones overflowed the

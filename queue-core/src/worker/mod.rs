@@ -38,6 +38,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+pub(crate) use builder::MAX_LEASE;
 pub use builder::{WorkerBuilder, WorkerConfig};
 pub use identity::WorkerIdentity;
 

@@ -65,7 +65,9 @@ pub struct RelayRetryReport {
     /// aside again, with its reason).
     pub moved: u64,
     /// Entries left in the dead-notice list: no readable notice after their
-    /// reason line (written by hand).
+    /// reason line (written by hand), or a notice without a seq (written
+    /// while the queue's `relay:seq` was corrupt) while `relay:seq` is still
+    /// corrupt.
     pub kept: u64,
     /// Entries not examined: set aside after the call began (a notice moved
     /// back and set aside again by a relay run meanwhile among them).
@@ -208,7 +210,14 @@ async fn relay_one(
                         .to_string(),
                 ),
                 Some(Ok(Applied::Unreadable)) => Some("unreadable notice".to_string()),
-                Some(Err(reason)) => Some(reason),
+                Some(Ok(Applied::NoSeq)) => Some(
+                    "no seq (the queue's relay:seq was corrupt when it was written): \
+                     repair relay:seq, then relay retry-dead numbers it"
+                        .to_string(),
+                ),
+                // One line: the reason line is everything before the entry's
+                // first line break (relay_retry.lua, `Queue::relay_dead`).
+                Some(Err(reason)) => Some(reason.replace(['\n', '\r'], " ")),
                 None => Some("not applied".to_string()),
             };
             ends.push((n.raw.clone(), reason));
@@ -428,9 +437,12 @@ impl Queue {
     /// integer, see the batch's `count_error`). Applying again is idempotent:
     /// a notice applied before counts nothing twice (the member's last seq,
     /// the batch's `:done` set); one that still cannot be applied is set
-    /// aside again. Works on the entries there when called, in script calls
-    /// of at most 100 entries (`relay_retry.lua`: each notice is pushed to the
-    /// relay list before its entry is removed).
+    /// aside again. A notice without a seq (written while `queue`'s
+    /// `relay:seq` was corrupt) gets a fresh one from `relay:seq` as it moves
+    /// back, once `relay:seq` is repaired (until then it is kept). Works on
+    /// the entries there when called, in script calls of at most 100 entries
+    /// (`relay_retry.lua`: each notice is pushed to the relay list before its
+    /// entry is removed).
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> queue_core::Result<()> {
