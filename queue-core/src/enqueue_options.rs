@@ -69,6 +69,7 @@ pub const CORE_JOB_FIELDS: &[&str] = &[
     "enq_token",
     "worker",
     "cancel_requested",
+    "limit_slot",
 ];
 
 /// Checks extra fields as the enqueue scripts do, before anything is sent:
@@ -375,6 +376,7 @@ mod tests {
         for bad in [
             with(&[("", "x")]),
             with(&[("state", "done")]),
+            with(&[("limit_slot", "0")]),
             with(&[("group", "a"), ("tenant", "t"), ("group", "b")]),
         ] {
             let err = bad.validate("emails").unwrap_err();

@@ -18,7 +18,7 @@
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
-//! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids (indexed by the zset `:limits:runkeys`, which the fetches sweep), `:limits:next:<key>` its next deferral slot, `:limits:deferred:<key>` its deferred jobs (indexed by `:limits:deferkeys`; `:limits:releasing` the keys whose deferred jobs a change of limits releases) |
+//! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids (indexed by the zset `:limits:runkeys`, which the fetches sweep), `:limits:next:<key>` its next deferral slot, `:limits:deferred:<key>` its deferred jobs (indexed by `:limits:deferkeys`; `:limits:releasing` the keys whose deferred jobs a change of limits releases, `:limits:walk` the cursor of an every-key change's walk of `deferkeys`) |
 //! | `q:{<queue>}:groups` | list | fair-queuing ring: `""` (main's turn) and each group with waiting jobs (docs/GROUPS.md) |
 //! | `q:{<queue>}:g:<group>` | list | ids of group `<group>` waiting to run (LPUSH in, taken from the right) |
 //! | `q:{<queue>}:gpaused` | hash | paused group → Redis time (ms) of its pause |
@@ -206,7 +206,7 @@ impl QueueKeys {
     /// (the queue's), `<limits>:started:<key>`, `<limits>:running:<key>`
     /// `<limits>:next:<key>` and `<limits>:deferred:<key>` (one rate key's),
     /// `<limits>:runkeys` (the index of the running sets), `<limits>:deferkeys`
-    /// (of the deferred sets) and `<limits>:releasing`.
+    /// (of the deferred sets), `<limits>:releasing` and `<limits>:walk`.
     ///
     /// ```
     /// let keys = queue_core::QueueKeys::new("emails");
@@ -336,7 +336,8 @@ impl QueueKeys {
         ];
         // `limits:started` (the queue's log) and `limits:started:<key>`,
         // `limits:next:<key>`, `limits:deferred:<key>`; not `limits` itself
-        // nor `limits:running:<key>`, `limits:deferkeys`, `limits:releasing`.
+        // nor `limits:running:<key>`, `limits:deferkeys`, `limits:releasing`,
+        // `limits:walk`.
         PER_ID.iter().any(|p| rest.starts_with(p))
             || rest == "limits:started"
             || rest.starts_with("limits:started:")
@@ -402,6 +403,7 @@ mod tests {
             format!("{}:runkeys", k.limits()),
             format!("{}:deferkeys", k.limits()),
             format!("{}:releasing", k.limits()),
+            format!("{}:walk", k.limits()),
             k.batches(),
             k.group("g"),
             k.events(),

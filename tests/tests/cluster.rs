@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queue_core::{
-    testing, BoxFuture, EnqueueOptions, Job, JobContext, JobError, Queue, QueueError, QueueKeys,
-    RedisConnection, Registration, Watchdog,
+    testing, BoxFuture, EnqueueOptions, Job, JobContext, JobError, LimitScope, Queue, QueueError,
+    QueueKeys, RateLimit, RedisConnection, Registration, Watchdog,
 };
 use queue_testkit::cluster::{ClusterOptions, RedisCluster};
 use queue_testkit::proxy::ReplyDropper;
@@ -614,7 +614,10 @@ fn tryagain_count(cluster: &RedisCluster, i: usize) -> u64 {
 /// undeclared key (a job hash) that has already moved makes Redis abort the
 /// script at that command, after its earlier writes. Here the promote script
 /// would `ZREM` a due job from the delayed set and then fail on its moved
-/// hash, leaving the job in no list at all.
+/// hash, leaving the job in no list at all. `set_limits.lua` (a change of a
+/// key's limits), with all its declared keys present, wrote the new limit
+/// and stopped at the key's booking (undeclared, missing): the limit
+/// changed, its release not made; it is refused whole now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_never_half_run_on_a_migrating_slot() {
     let env = ClusterEnv::three().await;
@@ -672,9 +675,42 @@ async fn scripts_never_half_run_on_a_migrating_slot() {
     .await
     .unwrap();
 
+    // A per-key limit, and a release left pending by a caller that died
+    // (its key's index gone): the keys `set_limits.lua` declares, and those
+    // it reads before its first write, are all on the source.
+    let keys = QueueKeys::new("tasks");
+    let per_hour = |n| RateLimit {
+        max: n,
+        per: Duration::from_secs(3600),
+    };
+    let acme = || LimitScope::Key("acme".into());
+    queue
+        .set_rate_limit("tasks", acme(), per_hour(1))
+        .await
+        .unwrap();
+    let (releasing, deferkeys) = (
+        format!("{}:releasing", keys.limits()),
+        format!("{}:deferkeys", keys.limits()),
+    );
+    for (key, member) in [(&releasing, "gone"), (&deferkeys, "gone")] {
+        cluster.cli(from, &["ZADD", key, "1", member]).unwrap();
+    }
+    cluster.cli(from, &["LPUSH", &keys.wake, "1"]).unwrap();
+
     // Start migrating the slot and move only the victim's hash.
     let refused_before = tryagain_count(cluster, from);
-    env.half_migrate(slot, from, to, &QueueKeys::new("tasks").job("victim2"));
+    env.half_migrate(slot, from, to, &keys.job("victim2"));
+
+    // A change of the key's limit is refused whole (TRYAGAIN until the
+    // client gives up): the limit is as it was.
+    let field = "key_rate:acme";
+    let refused = queue.set_rate_limit("tasks", acme(), per_hour(2)).await;
+    assert!(
+        refused.is_err(),
+        "refused on the migrating slot: {refused:?}"
+    );
+    let kept = cluster.cli(from, &["HGET", &keys.limits(), field]).unwrap();
+    assert_eq!(kept.trim(), "1/3600000", "the limit is unchanged");
 
     // A worker's promoter runs meanwhile: wait until the source primary has
     // refused the worker's scripts on the migrating slot a few times
@@ -689,6 +725,13 @@ async fn scripts_never_half_run_on_a_migrating_slot() {
         .expect("migration completes");
     wait_ledger(lurl, "victim2 runs", |l| l.effects.contains_key("victim2")).await;
     w.stop().await;
+    // After the migration the change goes through, and ends the release.
+    queue
+        .set_rate_limit("tasks", acme(), per_hour(2))
+        .await
+        .unwrap();
+    let limits = queue.limits("tasks").await.unwrap();
+    assert_eq!(limits.keys["acme"].rate, Some(per_hour(2)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,6 +16,7 @@ use super::fail::FailReply;
 use super::fetch::{Fetch, FetchReply};
 use super::promote::Promote;
 use super::reclaim::Reclaim;
+use super::replay::{Replay, ReplayReply};
 use super::set_limits::{SetLimits, SetLimitsReply};
 use crate::conn::RedisConnection;
 use crate::keys::QueueKeys;
@@ -850,8 +851,7 @@ async fn clearing_a_keys_limit_releases_its_deferred_jobs_and_its_booking() {
 
 /// A change of the every-key default (1/60000 to 2/1000) releases every
 /// key's deferred jobs, and they are booked again as first deferrals under
-/// the new rate: one step (500 ms) apart from now, not all at once. A job
-/// deferred after the change is not released by a later call.
+/// the new rate: one step (500 ms) apart from now, not all at once.
 #[tokio::test]
 async fn a_new_every_key_rate_books_the_deferred_jobs_again_under_it() {
     let (_server, mut conn, keys) = setup("limits-rebook").await;
@@ -888,10 +888,113 @@ async fn a_new_every_key_rate_books_the_deferred_jobs_again_under_it() {
     let now = redis_now(&mut conn).await;
     assert!(at[0] <= now + 1000, "{at:?} (now {now})");
     assert_eq!([at[1] - at[0], at[2] - at[1]], [500, 500], "{at:?}");
-    // Deferred under the new rate: a continued release leaves them.
-    let more = SetLimits::Release.run(&keys, &mut conn).await.unwrap();
-    assert_eq!((more.released, more.pending), (0, 0));
-    assert_eq!(run_at(&mut conn, &keys, "j5").await, at[2]);
+}
+
+/// A release left pending (more deferred jobs than one call releases) takes
+/// only the jobs deferred before the change: 600 jobs of key `t` deferred at
+/// 1/60000, the every-key rate changed to 2/1000 by one call (500 released,
+/// the key still pending), the released jobs promoted and fetched (some
+/// deferred again, under the new rate). The next call releases the 100 left
+/// from before the change; the jobs deferred after it keep their run_at.
+#[tokio::test]
+async fn a_pending_release_leaves_the_jobs_deferred_after_the_change() {
+    let (_server, mut conn, keys) = setup("limits-release-pending").await;
+    for i in 0..601 {
+        enqueue(&mut conn, &keys, &format!("j{i}"), Some("t")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 700).await).len(), 600);
+
+    let change = fields(&[("key_rate", "2/1000")]);
+    let first = SetLimits::Fields(&change)
+        .run(&keys, &mut conn)
+        .await
+        .unwrap();
+    assert_eq!((first.released, first.pending), (500, 1));
+    let releasing = format!("{}:releasing", keys.limits());
+    let marked: f64 = conn.zscore(&releasing, "t").await.unwrap();
+    // Deferrals after the change come at a later Redis ms than its mark.
+    while redis_now(&mut conn).await <= marked as u64 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let promoted = Promote {
+        keys: &keys,
+        limit: 1000,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(promoted.promoted, 500);
+    let again = deferred(&fetch(&mut conn, &keys, 10).await);
+    assert!(again.len() >= 50, "{again:?}");
+    let mut booked = Vec::new();
+    for id in &again {
+        booked.push(run_at(&mut conn, &keys, id).await);
+    }
+
+    let rest = SetLimits::Release.run(&keys, &mut conn).await.unwrap();
+    assert_eq!((rest.released, rest.pending), (100, 0));
+    for (id, at) in again.iter().zip(booked) {
+        assert_eq!(run_at(&mut conn, &keys, id).await, at, "{id}");
+        let slot: Option<u64> = conn.hget(keys.job(id), "limit_slot").await.unwrap();
+        assert_eq!(slot, Some(at), "{id}");
+    }
+}
+
+/// `fields` as `SetLimits::Fields` takes them.
+fn fields(fields: &[(&str, &str)]) -> Vec<(String, String)> {
+    fields
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A change of the every-key rate with 600 keys, each with one deferred
+/// job. Before, one call marked all 600 keys (two writes each: 301,500
+/// keys blocked Redis for a second); now a call marks one chunk of
+/// `deferkeys` (at most 500 keys) and answers the rest pending, and the
+/// calls that follow release every key's job.
+#[tokio::test]
+async fn an_every_key_change_marks_the_keys_a_chunk_per_call() {
+    let (_server, mut conn, keys) = setup("limits-release-every").await;
+    for k in 0..600 {
+        let key = format!("k{k}");
+        for job in ["a", "b"] {
+            enqueue(&mut conn, &keys, &format!("{key}-{job}"), Some(&key)).await;
+        }
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 1300).await).len(), 600);
+
+    let change = fields(&[("key_rate", "2/1000")]);
+    let first = SetLimits::Fields(&change)
+        .run(&keys, &mut conn)
+        .await
+        .unwrap();
+    assert!(first.pending > 0, "{first:?}");
+    // Marked: the keys released, and those marked and still to release.
+    let releasing = format!("{}:releasing", keys.limits());
+    let still: Vec<String> = conn.zrange(&releasing, 0, -1).await.unwrap();
+    let marked = first.released as usize + still.iter().filter(|k| !k.is_empty()).count();
+    assert!(
+        marked > 0 && marked <= 500,
+        "{marked} keys marked by one call"
+    );
+
+    let rest = SetLimits::Release
+        .run_to_end(&keys, &mut conn)
+        .await
+        .unwrap();
+    assert_eq!(first.released + rest.released, 600);
+    assert_eq!(rest.pending, 0);
+    let now = redis_now(&mut conn).await;
+    let due: u64 = conn.zcount(&keys.delayed, "-inf", now).await.unwrap();
+    assert_eq!(due, 600);
+    let left: u64 = conn
+        .zcard(format!("{}:deferkeys", keys.limits()))
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the keys' indexes are empty: they leave deferkeys");
 }
 
 /// The operator's release of one key (`Queue::release_deferred`): more
@@ -924,4 +1027,157 @@ async fn releasing_a_keys_deferred_jobs_takes_several_calls_and_only_that_key() 
     let due: u64 = conn.zcount(&keys.delayed, "-inf", now).await.unwrap();
     assert_eq!(due, 600);
     assert_eq!(run_at(&mut conn, &keys, "b1").await, b1);
+}
+
+/// Key 1/60000, A to E: A starts, B to E are booked one window apart. They
+/// all come back late at once (their booking ten minutes past, as after a
+/// pause or an outage) while A's start is in the window. Each was taken for
+/// a job back early and deferred to A's start + 60 s, the same time for all
+/// four (none extending the booking: they bounced together again, smallest
+/// id first, and under sustained overload the last never ran). Now they
+/// book on the key's chain, one window apart. Then all four come back on
+/// time in one fetch (within a step of their bookings): only the first is
+/// deferred to the window's own wait, the others book on.
+#[tokio::test]
+async fn deferred_jobs_back_late_book_on_the_chain_instead_of_bouncing_together() {
+    let (_server, mut conn, keys) = setup("limits-back-late").await;
+    let ids = ["A", "B", "C", "D", "E"];
+    for id in ids {
+        enqueue(&mut conn, &keys, id, Some("k")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["A"]);
+    assert_eq!(deferred(&reply), ["B", "C", "D", "E"]);
+
+    for back in [600_000, 0] {
+        let now = redis_now(&mut conn).await;
+        let booked = (now - back).to_string();
+        for id in &ids[1..] {
+            let () = conn
+                .hset_multiple(
+                    keys.job(id),
+                    &[("limit_slot", &booked), ("run_at", &booked)],
+                )
+                .await
+                .unwrap();
+            let () = conn.zadd(&keys.delayed, id, now).await.unwrap();
+        }
+        let promoted = Promote {
+            keys: &keys,
+            limit: 10,
+        }
+        .run(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(promoted.promoted, 4);
+        assert_eq!(deferred(&fetch(&mut conn, &keys, 10).await), ids[1..]);
+        let mut at = Vec::new();
+        for id in &ids[1..] {
+            at.push(run_at(&mut conn, &keys, id).await);
+        }
+        at.sort_unstable();
+        for pair in at.windows(2) {
+            assert!(
+                pair[1] >= pair[0] + 60_000,
+                "back {back} ms late: run_at {at:?}"
+            );
+        }
+    }
+}
+
+/// A deferred job that expires at its claim (dead-lettered `expired`) leaves
+/// its key's index, and the key leaves `deferkeys` with its last entry;
+/// before, its entry stayed (every deferral of the key pushed the index's
+/// TTL on: on a key always over its limit the index grew without bound),
+/// and so did its `limit_slot`. An entry older than any booking (a job
+/// purged long ago) is trimmed by the key's next deferral. A replayed job
+/// loses a `limit_slot` left on it.
+#[tokio::test]
+async fn a_deferred_job_that_expires_at_its_claim_leaves_its_keys_index() {
+    let (_server, mut conn, keys) = setup("limits-index-exits").await;
+    for id in ["A", "B"] {
+        enqueue(&mut conn, &keys, id, Some("k")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(deferred(&reply), ["B"]);
+    let index = format!("{}:deferred:k", keys.limits());
+    let deferkeys = format!("{}:deferkeys", keys.limits());
+    let now = redis_now(&mut conn).await;
+    let () = conn
+        .hset(keys.job("B"), "expires_at", now - 1)
+        .await
+        .unwrap();
+    // A's start leaves the window; B comes back and expires at its claim.
+    let _: () = conn
+        .del(format!("{}:started:k", keys.limits()))
+        .await
+        .unwrap();
+    make_due(&mut conn, &keys, "B").await;
+    let FetchReply::Rows(rows) = fetch(&mut conn, &keys, 10).await else {
+        panic!("rows expected")
+    };
+    assert!(
+        matches!(rows.as_slice(), [ClaimRow::Skipped(id, Skip::Expired)] if id.as_str() == "B"),
+        "{rows:?}"
+    );
+    let entry: Option<f64> = conn.zscore(&index, "B").await.unwrap();
+    assert_eq!(entry, None, "B left the index");
+    let slot: Option<String> = conn.hget(keys.job("B"), "limit_slot").await.unwrap();
+    assert_eq!(slot, None);
+    let key: Option<f64> = conn.zscore(&deferkeys, "k").await.unwrap();
+    assert_eq!(key, None, "k's index is empty: k left deferkeys");
+
+    // An entry deferred longer ago than any booking reaches is trimmed.
+    let long_ago = redis_now(&mut conn).await - 604_800_000 - 60_000 - 1_000;
+    let () = conn.zadd(&index, "purged", long_ago).await.unwrap();
+    for id in ["C", "D"] {
+        enqueue(&mut conn, &keys, id, Some("k")).await;
+    }
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 10).await), ["D"]);
+    let indexed: Vec<String> = conn.zrange(&index, 0, -1).await.unwrap();
+    assert_eq!(indexed, ["D"]);
+
+    // A dead job's `limit_slot` (left by an older version) goes at replay.
+    let () = conn.hset(keys.job("B"), "limit_slot", now).await.unwrap();
+    let replayed = Replay {
+        keys: &keys,
+        id: &"B".into(),
+        reset_attempts: false,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(replayed, ReplayReply::Replayed);
+    let slot: Option<String> = conn.hget(keys.job("B"), "limit_slot").await.unwrap();
+    assert_eq!(slot, None);
+}
+
+/// `limit_slot` is the limits' own job field: an enqueue may not set it as
+/// an extra field (`validate` and `enqueue.lua` refuse it before any
+/// write); before, a job enqueued with it was taken for one back from its
+/// booking.
+#[tokio::test]
+async fn an_enqueue_may_not_set_limit_slot() {
+    let (_server, mut conn, keys) = setup("limits-core-field").await;
+    let extra = fields(&[("limit_slot", "0")]);
+    let opts = crate::EnqueueOptions {
+        extra_fields: extra.clone(),
+        ..crate::EnqueueOptions::new().id("j")
+    };
+    let err = opts.validate(&keys.queue).unwrap_err();
+    assert!(
+        matches!(err, crate::QueueError::InvalidExtraField { .. }),
+        "{err}"
+    );
+    let err = Enqueue {
+        extra: &extra,
+        ..Enqueue::test_job(&keys, &"j".into(), 3)
+    }
+    .run(&mut conn)
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("core job field"), "{err}");
+    assert!(!conn.exists::<_, bool>(keys.job("j")).await.unwrap());
 }

@@ -38,7 +38,8 @@ end
 local CORE_JOB_FIELDS = {id = true, type = true, v = true, payload = true, max_attempts = true,
   attempts = true, enqueued_at = true, state = true, delivered_at = true, token = true, lease_until = true,
   fence = true, last_error = true, failed_at = true, failed_token = true, run_at = true, dead_reason = true,
-  dead_at = true, replayed_at = true, enq_token = true, worker = true, cancel_requested = true}
+  dead_at = true, replayed_at = true, enq_token = true, worker = true, cancel_requested = true,
+  limit_slot = true}
 
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
@@ -488,7 +489,10 @@ end
 -- last booking), the keys with such an index in `<limits>:deferkeys` (key ->
 -- the index's expiry), so that a change of a key's limits can release the
 -- jobs deferred under the old ones: `<limits>:releasing` (key -> release
--- the jobs deferred up to this time) is drained by limits_release.
+-- the jobs deferred up to this time) is drained by limits_release. Its
+-- entry '' (no rate key is empty) stands for every key of `deferkeys` (a
+-- change of the every-key defaults): limits_walk marks them a chunk per
+-- call, resuming at the ZSCAN cursor kept in `<limits>:walk`.
 
 -- How long a fetcher at a concurrency cap waits before it looks again (ms).
 local LIMITS_BUSY_MS = 100
@@ -501,6 +505,9 @@ local LIMITS_SWEEP = 64
 local LIMITS_MAX_BOOKING_MS = 604800000
 -- Most deferred jobs one call of set_limits.lua re-schedules (limits_release).
 local LIMITS_RELEASE = 500
+-- The ZSCAN COUNT of one call's walk of `<limits>:deferkeys` (limits_walk):
+-- about that many keys (a few more when a hash bucket holds several).
+local LIMITS_WALK = 250
 
 -- A rate "N/W" as {N, W}; nil for nil, 'none' or a value that does not parse.
 local function limit_rate(v)
@@ -521,8 +528,10 @@ local function limits_load(limkey, delayed)
   local f = redis.call('HMGET', limkey, 'rate', 'concurrency', 'key_rate', 'key_concurrency')
   local lim = {key = limkey, rate = limit_rate(f[1]), conc = as_count(f[2]),
     key_rate = limit_rate(f[3]), key_conc = as_count(f[4]),
-    -- per call, by rate key: the running count and a found wait (limits_key_wait)
-    running = {}, waits = {}}
+    -- per call, by rate key: the running count and a found wait
+    -- (limits_key_wait), a returner deferred again (limits_claim), the
+    -- index trimmed (limits_index)
+    running = {}, waits = {}, returned = {}, trimmed = {}}
   for i, name in ipairs({'rate', 'concurrency', 'key_rate', 'key_concurrency'}) do
     local parsed = (i == 1 and lim.rate) or (i == 2 and lim.conc) or (i == 3 and lim.key_rate)
       or (i == 4 and lim.key_conc)
@@ -614,10 +623,11 @@ end
 
 -- The rate key of job `jobkey` when it is waiting ('queued') and limits
 -- exist, with its limits {key, rate, conc, slot}; nil otherwise. `slot`: the
--- job carries `limit_slot` (it was deferred for its key and is back from
--- that booking). Second answer: the job's rate key when it carries
--- `limit_slot`, whose claim must clear it (limits_unmark), whether or not a
--- limit still applies to the key.
+-- booked start the job carries in `limit_slot` (it was deferred for its key),
+-- nil when it has none or one that is not a count. Second answer: the job's
+-- rate key when it carries `limit_slot` (any value), whose claim (or other
+-- exit) must clear it (limits_unmark), whether or not a limit still applies
+-- to the key.
 local function limits_job_key(lim, jobkey)
   if not lim then return nil end
   local h = redis.pcall('HMGET', jobkey, 'state', 'rate_key', 'limit_slot')
@@ -644,7 +654,7 @@ local function limits_job_key(lim, jobkey)
       return nil, marked
     end
   end
-  return {key = h[2], rate = rate, conc = conc, slot = marked ~= nil}, marked
+  return {key = h[2], rate = rate, conc = conc, slot = h[3] and as_count(h[3])}, marked
 end
 
 -- The ids of key `k` counted as running now: those of its running set
@@ -691,14 +701,24 @@ end
 -- -> now, the time it was deferred) lives a booking's longest reach
 -- (LIMITS_MAX_BOOKING_MS) past that, so it outlives every run_at it holds
 -- under the same limits; `<limits>:deferkeys` keeps its expiry, and drops the
--- keys whose index expired once per call. Only hints (a lost index loses no
--- job, it only cannot release it early): every write is a pcall.
-local function limits_index(lim, key, id, until_ms, now)
+-- keys whose index expired once per call. Once per call and key, the index
+-- drops the entries deferred more than LIMITS_MAX_BOOKING_MS + `window`
+-- ago: a run_at is at most that far after its deferral, so their jobs are
+-- due already (or left without a claim: cancelled, purged); each deferral
+-- pushes the index's TTL on, so on a key always over its limit they would
+-- pile up. Only hints (a lost index loses no job, it only cannot release it
+-- early): every write is a pcall.
+local function limits_index(lim, key, id, until_ms, window, now)
   local index, keys = lim.key .. ':deferred:' .. key, lim.key .. ':deferkeys'
   local ttl = until_ms - now + LIMITS_MAX_BOOKING_MS
   if not lim.deferkeys_swept then
     lim.deferkeys_swept = true
     redis.pcall('ZREMRANGEBYSCORE', keys, '-inf', int_str(now))
+  end
+  if not lim.trimmed[key] then
+    lim.trimmed[key] = true
+    redis.pcall('ZREMRANGEBYSCORE', index, '-inf',
+      '(' .. int_str(now - LIMITS_MAX_BOOKING_MS - math.max(window, LIMITS_BUSY_MS)))
   end
   redis.pcall('ZADD', index, int_str(now), id)
   redis.pcall('PEXPIRE', index, int_str(ttl))
@@ -706,29 +726,41 @@ local function limits_index(lim, key, id, until_ms, now)
 end
 
 -- Clears the mark of job `id` (key `jobkey`) of rate key `key`, claimed
--- now: its `limit_slot` and its entry in the key's index.
+-- now or gone (dead-lettered at its claim, already done): its `limit_slot`
+-- (when the hash is left) and its entry in the key's index; the key leaves
+-- `deferkeys` with its index's last entry. Every write is a pcall (the
+-- claim has written already).
 local function limits_unmark(lim, key, id, jobkey)
-  redis.call('HDEL', jobkey, 'limit_slot')
-  redis.pcall('ZREM', lim.key .. ':deferred:' .. key, id)
+  redis.pcall('HDEL', jobkey, 'limit_slot')
+  local index = lim.key .. ':deferred:' .. key
+  if redis.pcall('ZREM', index, id) == 1 and redis.call('EXISTS', index) == 0 then
+    redis.pcall('ZREM', lim.key .. ':deferkeys', key)
+  end
+end
+
+-- A rate step of key `k`'s limits (k: limits_job_key's answer): W/N, or for
+-- a key at a concurrency cap only, LIMITS_BUSY_MS / cap.
+local function limits_step(k)
+  if k.rate then return math.ceil(k.rate[2] / math.max(k.rate[1], 1)) end
+  return math.ceil(LIMITS_BUSY_MS / math.max(k.conc or 1, 1))
 end
 
 -- Defers waiting job `id` (in `processing`) whose key `k` is over its limit
 -- for `wait` ms. A first deferral goes to the key's next free start, one step
 -- after the key's other deferred jobs: the booking `<limits>:next:<k>`,
--- which it extends. A job `returning` from its own booking (it was booked
--- at a start of its own, and the key's rate window is still full when it is
--- claimed: its claim came a few ms sooner after its booking than the start
--- it follows) goes to now + wait, the window's own wait: behind the key's
--- whole backlog (the end of the booking) it ran last, and its slot stayed
--- empty. Only a first deferral extends the booking. No attempt is used. The
--- job carries its booked start in `limit_slot` and is indexed
+-- which it extends. A job `returning` from its own booking (limits_claim:
+-- back within one step of it, and the key's rate window is still full when
+-- it is claimed: its claim came a few ms sooner after its booking than the
+-- start it follows) goes to now + wait, the window's own wait: behind the
+-- key's whole backlog (the end of the booking) it ran last, and its slot
+-- stayed empty. Only a first deferral extends the booking. No attempt is
+-- used. The job carries its booked start in `limit_slot` and is indexed
 -- (limits_index). Returns the row.
 local function limits_defer(lim, k, id, jobkey, processing, leases, delayed, wake, wait, now,
                             returning)
   local nextkey = lim.key .. ':next:' .. k.key
   local window = k.rate and k.rate[2] or LIMITS_BUSY_MS
-  local step = (k.rate and math.ceil(k.rate[2] / math.max(k.rate[1], 1)))
-    or math.ceil(LIMITS_BUSY_MS / math.max(k.conc or 1, 1))
+  local step = limits_step(k)
   local run_at = now + wait
   if not returning then
     local booked = redis.pcall('GET', nextkey)
@@ -742,7 +774,7 @@ local function limits_defer(lim, k, id, jobkey, processing, leases, delayed, wak
   if not returning then
     redis.pcall('SET', nextkey, run_at + step, 'PX', run_at + step - now + window)
   end
-  limits_index(lim, k.key, id, run_at + window, now)
+  limits_index(lim, k.key, id, run_at + window, window, now)
   if wake_it then wake_promoter(wake) end
   return {'deferred', id, run_at}
 end
@@ -778,20 +810,28 @@ local function limits_claim(lim, delayed, wake, id, processing, leases, dead, st
   if k then
     local wait = limits_key_wait(lim, k, leases, now)
     if wait > 0 then
-      -- Back from its own booking and held by the key's rate window only
-      -- (a key at its concurrency cap books on: its jobs come back one step
-      -- apart instead of all together every LIMITS_BUSY_MS).
-      local returning = k.slot and not (k.conc and (lim.running[k.key] or 0) >= k.conc)
+      -- Back from its own booking: claimed less than one step after the
+      -- start it booked (a job back late, after an outage, a pause or a
+      -- backlog, books on the chain: the returners' now + wait depends on
+      -- the key's start log only, so all the key's overdue jobs would get
+      -- the same time, none extending the booking, and bounce together
+      -- again); the first of its key in this call (the others book on); and
+      -- held by the key's rate window only (a key at its concurrency cap
+      -- books on: its jobs come back one step apart instead of all together
+      -- every LIMITS_BUSY_MS).
+      local returning = k.slot and now < k.slot + limits_step(k) and not lim.returned[k.key]
+        and not (k.conc and (lim.running[k.key] or 0) >= k.conc)
+      if returning then lim.returned[k.key] = true end
       return limits_defer(lim, k, id, jobprefix .. id, processing, leases, delayed, wake, wait, now,
         returning)
     end
   end
   local row = claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token,
     now, worker)
-  if lim and row_tag(row) == 'claimed' then
-    limits_started(lim, k, id, token, now + lease_ms, now)
-    if marked then limits_unmark(lim, marked, id, jobprefix .. id) end
-  end
+  if lim and row_tag(row) == 'claimed' then limits_started(lim, k, id, token, now + lease_ms, now) end
+  -- Claimed, or gone without a delivery (dead-lettered expired or corrupt,
+  -- already done: the other rows leave `marked` nil): the mark goes.
+  if marked then limits_unmark(lim, marked, id, jobprefix .. id) end
   return row
 end
 
@@ -803,14 +843,53 @@ local function limits_release_key(limkey, key, now)
   redis.call('DEL', limkey .. ':next:' .. key)
 end
 
+-- Marks every key of `<limits>:deferkeys` for release (a change of the
+-- every-key defaults, clear_all, release_all): the entry '' of `releasing`
+-- (set_limits.lua, with the walk's cursor `<limits>:walk` dropped). A
+-- whole-set pass was one call of two writes per key (301,500 keys blocked
+-- Redis a second; ~1.5 M reached the busy-script limit): each call walks
+-- one ZSCAN step of LIMITS_WALK (about that many keys), keeps the cursor
+-- and leaves '' in `releasing` (counted as pending) until the scan ends. A
+-- key is marked when the walk reaches it, with its booking dropped then:
+-- its jobs deferred up to that time are released, those deferred meanwhile
+-- on its old booking too. A key whose index is gone (its jobs claimed,
+-- released or expired) leaves `deferkeys` instead. ZSCAN returns every key
+-- present for the whole walk (a key that leaves meanwhile has no deferred
+-- job left; one that comes in was deferred after the change); a key seen
+-- twice is marked again, to no harm. The caller checked `releasing` and
+-- `deferkeys` (zsets); a cursor that does not read restarts the walk.
+local function limits_walk(limkey, now)
+  local releasing, deferkeys, walk = limkey .. ':releasing', limkey .. ':deferkeys', limkey .. ':walk'
+  if not redis.call('ZSCORE', releasing, '') then return end
+  local cursor = redis.pcall('GET', walk)
+  if type(cursor) ~= 'string' or not as_count(cursor) then cursor = '0' end
+  local r = redis.call('ZSCAN', deferkeys, cursor, 'COUNT', int_str(LIMITS_WALK))
+  local now_s, found = int_str(now), r[2]
+  for i = 1, #found, 2 do
+    local key = found[i]
+    redis.call('DEL', limkey .. ':next:' .. key)
+    if redis.call('EXISTS', limkey .. ':deferred:' .. key) == 1 then
+      redis.call('ZADD', releasing, 'GT', now_s, key)
+    else
+      redis.call('ZREM', deferkeys, key)
+    end
+  end
+  if r[1] == '0' then
+    redis.call('ZREM', releasing, '')
+    redis.call('DEL', walk)
+  else
+    redis.call('SET', walk, r[1])
+  end
+end
+
 -- Releases jobs deferred under limits that changed since: for each key of
 -- `<limits>:releasing` (key -> the time up to which its deferred jobs are
--- released), each job of its index deferred at or before that time that is
--- still delayed at its booked start is made due now (run_at now, the
--- promoter woken); every job looked at loses its `limit_slot` (its next
--- deferral is a first one, booked on the key's new chain) and leaves the
--- index. A job deferred after that time, under the new limits, is not
--- touched. At most LIMITS_RELEASE jobs per call; a key leaves `releasing`
+-- released; the entry '' is limits_walk's), each job of its index deferred
+-- at or before that time that is still delayed at its booked start is made
+-- due now (run_at now, the promoter woken); every job looked at loses its
+-- `limit_slot` (its next deferral is a first one, booked on the key's new
+-- chain) and leaves the index. A job deferred after that time, under the
+-- new limits, is not touched. At most LIMITS_RELEASE jobs per call; a key leaves `releasing`
 -- once none is left up to its time (and `deferkeys` once its index is
 -- empty). The caller checked `releasing`, `deferkeys` and `delayed`
 -- (zsets); a job or an index of another type (corrupt data) is skipped.
@@ -822,26 +901,28 @@ local function limits_release(limkey, delayed, wake, jobprefix, now)
   for i = 1, #todo, 2 do
     if budget <= 0 then break end
     local key, upto = todo[i], todo[i + 1]
-    local index = limkey .. ':deferred:' .. key
-    local ids = redis.pcall('ZRANGEBYSCORE', index, '-inf', upto, 'LIMIT', '0', int_str(budget))
-    if ids['err'] then ids = {} end
-    for _, id in ipairs(ids) do
-      local jobkey = jobprefix .. id
-      local h = redis.pcall('HMGET', jobkey, 'state', 'run_at', 'limit_slot')
-      if not h['err'] then
-        if h[1] == 'delayed' and h[3] and h[2] == h[3] and (as_count(h[2]) or 0) > now then
-          redis.call('ZADD', delayed, 'XX', now_s, id)
-          redis.call('HSET', jobkey, 'run_at', now_s)
-          released = released + 1
+    if key ~= '' then
+      local index = limkey .. ':deferred:' .. key
+      local ids = redis.pcall('ZRANGEBYSCORE', index, '-inf', upto, 'LIMIT', '0', int_str(budget))
+      if ids['err'] then ids = {} end
+      for _, id in ipairs(ids) do
+        local jobkey = jobprefix .. id
+        local h = redis.pcall('HMGET', jobkey, 'state', 'run_at', 'limit_slot')
+        if not h['err'] then
+          if h[1] == 'delayed' and h[3] and h[2] == h[3] and (as_count(h[2]) or 0) > now then
+            redis.call('ZADD', delayed, 'XX', now_s, id)
+            redis.call('HSET', jobkey, 'run_at', now_s)
+            released = released + 1
+          end
+          if h[3] then redis.call('HDEL', jobkey, 'limit_slot') end
         end
-        if h[3] then redis.call('HDEL', jobkey, 'limit_slot') end
+        redis.call('ZREM', index, id)
       end
-      redis.call('ZREM', index, id)
-    end
-    budget = budget - #ids
-    if budget > 0 then
-      redis.call('ZREM', releasing, key)
-      if redis.call('EXISTS', index) == 0 then redis.call('ZREM', deferkeys, key) end
+      budget = budget - #ids
+      if budget > 0 then
+        redis.call('ZREM', releasing, key)
+        if redis.call('EXISTS', index) == 0 then redis.call('ZREM', deferkeys, key) end
+      end
     end
   end
   if released > 0 then wake_promoter(wake) end

@@ -17,10 +17,12 @@ if h[2] then redis.call('HSET', KEYS[3], 'previous_dead_reason', h[2]) end
 redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now)
 -- A new life: the fail that dead-lettered it is no longer its outcome, so a
 -- late retry of that fail (its token in `failed_token`) answers 'lost'; a
--- cancel asked of the old life (`cancel_requested`) and the old wait for its
--- payload version (`newer_since`) are not the new life's.
+-- cancel asked of the old life (`cancel_requested`), the old wait for its
+-- payload version (`newer_since`) and a booked start of its rate key
+-- (`limit_slot`, docs/LIMITS.md: kept, its next deferral was taken for a job
+-- back from its booking) are not the new life's.
 redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at', 'expires_at', 'expires_after', 'first_started_at',
-  'failed_token', 'cancel_requested', 'newer_since')
+  'failed_token', 'cancel_requested', 'newer_since', 'limit_slot')
 if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'attempts', 0) end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 bump(KEYS[4], 'replayed', 1)

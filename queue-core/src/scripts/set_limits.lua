@@ -4,9 +4,13 @@
 -- `key_concurrency`, and clear_all) drops the key's booking
 -- `<limits>:next:<k>` and releases the jobs deferred under the old limits
 -- (limits_release: due again now, at most LIMITS_RELEASE per call; mode
--- 'release' goes on with the rest). Setting a field to the value it holds
--- changes nothing and releases nothing.
--- KEYS: 1 limits hash, 2 delayed, 3 promoter wake
+-- 'release' goes on with the rest). A change for every key marks the keys
+-- of `<limits>:deferkeys` a chunk per call (limits_walk), not all at once.
+-- Setting a field to the value it holds changes nothing and releases nothing.
+-- KEYS: 1 limits hash, 2 delayed, 3 promoter wake, 4 guard (never written: the
+--       script reaches keys it does not declare, `<limits>:releasing`,
+--       `:deferkeys`, `:walk`, a key's `:deferred:<k>` and `:next:<k>`, job
+--       hashes; see keys.rs)
 -- ARGV: 1 mode (below), 2 job prefix,
 --       3.. field name, value, ... (rate fields "N/W" with W >= 1 ms, concurrency fields N)
 -- Modes: 'set' (name/value pairs follow, value '' clears the field), 'clear_all',
@@ -65,11 +69,13 @@ elseif mode ~= 'release' then
   error({err = 'ERR invalid argument mode: ' .. tostring(mode)})
 end
 if every then
-  -- Every key with deferred jobs (or a booking) is in `deferkeys`.
-  for _, key in ipairs(redis.call('ZRANGE', deferkeys, '0', '-1')) do
-    limits_release_key(KEYS[1], key, now)
-  end
+  -- Every key with deferred jobs is in `deferkeys`: limits_walk marks them,
+  -- a chunk per call, from the start again (a walk under way for an
+  -- earlier change marked its keys up to then only).
+  redis.call('ZADD', releasing, int_str(now), '')
+  redis.call('DEL', KEYS[1] .. ':walk')
 end
 for _, key in ipairs(release_keys) do limits_release_key(KEYS[1], key, now) end
+limits_walk(KEYS[1], now)
 local released, left = limits_release(KEYS[1], KEYS[2], KEYS[3], jobprefix, now)
 return {redis.call('HLEN', KEYS[1]), released, left}

@@ -8,8 +8,8 @@ use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<3> =
-    lua_script!("set_limits.lua", keys = 3, args = 2, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<4> =
+    lua_script!("set_limits.lua", keys = 4, args = 2, prelude(super::DRAIN));
 
 /// A change of a queue's limits.
 pub(crate) enum SetLimits<'a> {
@@ -42,7 +42,16 @@ impl SetLimits<'_> {
         conn: &mut RedisConnection,
     ) -> Result<SetLimitsReply> {
         let limits = keys.limits();
-        let mut call = SCRIPT.call([limits.as_str(), keys.delayed.as_str(), keys.wake.as_str()]);
+        // `guard` (never written): the script reaches keys it does not
+        // declare (the release indexes, job hashes); on a migrating slot it
+        // is refused with TRYAGAIN instead of stopping half-way
+        // (docs/SCALE-OUT.md, "Live resharding").
+        let mut call = SCRIPT.call([
+            limits.as_str(),
+            keys.delayed.as_str(),
+            keys.wake.as_str(),
+            keys.guard.as_str(),
+        ]);
         let mode = match self {
             SetLimits::Fields(_) => "set",
             SetLimits::ClearAll => "clear_all",
