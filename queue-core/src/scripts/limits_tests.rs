@@ -1126,8 +1126,16 @@ async fn a_deferred_job_that_expires_at_its_claim_leaves_its_keys_index() {
     assert_eq!(entry, None, "B left the index");
     let slot: Option<String> = conn.hget(keys.job("B"), "limit_slot").await.unwrap();
     assert_eq!(slot, None);
+    // k's index is empty, but its booking lives: k stays in deferkeys (a
+    // change of the every-key limits must still reach it and drop the
+    // booking).
     let key: Option<f64> = conn.zscore(&deferkeys, "k").await.unwrap();
-    assert_eq!(key, None, "k's index is empty: k left deferkeys");
+    let booked: bool = conn
+        .exists(format!("{}:next:k", keys.limits()))
+        .await
+        .unwrap();
+    assert!(booked);
+    assert!(key.is_some(), "k left deferkeys while booked");
 
     // An entry deferred longer ago than any booking reaches is trimmed.
     let long_ago = redis_now(&mut conn).await - 604_800_000 - 60_000 - 1_000;
@@ -1180,4 +1188,80 @@ async fn an_enqueue_may_not_set_limit_slot() {
     .unwrap_err();
     assert!(err.to_string().contains("core job field"), "{err}");
     assert!(!conn.exists::<_, bool>(keys.job("j")).await.unwrap());
+}
+
+/// Key `k` at 1/60000: A starts, B is deferred (booking `next:k` one step
+/// on), later B is claimed (the key's index is empty). The every-key rate
+/// then becomes 2/1000, and of two new jobs C and D, D must wait at
+/// most one new window. Before, the claim of B took `k` out of `deferkeys`
+/// with its index's last entry while the booking still lived: the every-key
+/// change's walk never reached `k`, its old booking stayed, and D was
+/// deferred behind it (~60 s instead of 1 s).
+#[tokio::test]
+async fn an_every_key_change_drops_the_booking_of_a_key_whose_deferred_jobs_all_ran() {
+    let (_server, mut conn, keys) = setup("limits-booking-after-claim").await;
+    for id in ["A", "B"] {
+        enqueue(&mut conn, &keys, id, Some("k")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 10).await), ["B"]);
+    let _: () = conn
+        .del(format!("{}:started:k", keys.limits()))
+        .await
+        .unwrap();
+    make_due(&mut conn, &keys, "B").await;
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 10).await), ["B"]);
+
+    set(&mut conn, &keys, &[("key_rate", "2/1000")]).await;
+    for id in ["C", "D"] {
+        enqueue(&mut conn, &keys, id, Some("k")).await;
+    }
+    // B's start and C's fill the new window: D waits for it.
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(deferred(&reply), ["D"], "{reply:?}");
+    let now = redis_now(&mut conn).await;
+    let at = run_at(&mut conn, &keys, "D").await;
+    assert!(
+        at <= now + 1000,
+        "D deferred {} ms ahead under 2/1000",
+        at.saturating_sub(now)
+    );
+}
+
+/// An every-key walk under way whose cursor key holds a number ZSCAN does
+/// not read (`1e2`, `0x10`, `12.0`, ` 7`: numbers to Lua) restarts the walk.
+/// Before, the call wrote (the limit, the key's mark and booking) and then
+/// failed at ZSCAN ("invalid cursor"), and so did every later call until an
+/// every-key change dropped the cursor.
+#[tokio::test]
+async fn a_walk_cursor_zscan_cannot_read_restarts_the_walk() {
+    let (_server, mut conn, keys) = setup("limits-walk-cursor").await;
+    for k in 0..300 {
+        let key = format!("k{k}");
+        for job in ["a", "b"] {
+            enqueue(&mut conn, &keys, &format!("{key}-{job}"), Some(&key)).await;
+        }
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 700).await).len(), 300);
+    let change = fields(&[("key_rate", "2/1000")]);
+    let first = SetLimits::Fields(&change)
+        .run(&keys, &mut conn)
+        .await
+        .unwrap();
+    assert!(first.pending > 0, "{first:?}");
+    let walk = format!("{}:walk", keys.limits());
+    for bad in ["1e2", "0x10", "12.0", " 7"] {
+        let () = conn.set(&walk, bad).await.unwrap();
+        let one = fields(&[("key_rate:k1", "3/1000")]);
+        SetLimits::Fields(&one)
+            .run(&keys, &mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("cursor {bad:?}: {e}"));
+    }
+    let rest = SetLimits::Release
+        .run_to_end(&keys, &mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rest.pending, 0, "{rest:?}");
 }

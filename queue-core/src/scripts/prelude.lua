@@ -728,12 +728,14 @@ end
 -- Clears the mark of job `id` (key `jobkey`) of rate key `key`, claimed
 -- now or gone (dead-lettered at its claim, already done): its `limit_slot`
 -- (when the hash is left) and its entry in the key's index; the key leaves
--- `deferkeys` with its index's last entry. Every write is a pcall (the
--- claim has written already).
+-- `deferkeys` with its index's last entry once its booking is gone too (a
+-- key with a booking stays, so that a change of the every-key limits still
+-- reaches it and drops the booking: limits_walk). Every write is a pcall
+-- (the claim has written already).
 local function limits_unmark(lim, key, id, jobkey)
   redis.pcall('HDEL', jobkey, 'limit_slot')
   local index = lim.key .. ':deferred:' .. key
-  if redis.pcall('ZREM', index, id) == 1 and redis.call('EXISTS', index) == 0 then
+  if redis.pcall('ZREM', index, id) == 1 and redis.call('EXISTS', index, lim.key .. ':next:' .. key) == 0 then
     redis.pcall('ZREM', lim.key .. ':deferkeys', key)
   end
 end
@@ -861,8 +863,11 @@ end
 local function limits_walk(limkey, now)
   local releasing, deferkeys, walk = limkey .. ':releasing', limkey .. ':deferkeys', limkey .. ':walk'
   if not redis.call('ZSCORE', releasing, '') then return end
+  -- Only a cursor ZSCAN reads (digits, below 2^64: 19 digits at most);
+  -- anything else (`1e2`, `0x10`, `7 `: numbers to as_count, refused by
+  -- ZSCAN after this call's writes) restarts the walk.
   local cursor = redis.pcall('GET', walk)
-  if type(cursor) ~= 'string' or not as_count(cursor) then cursor = '0' end
+  if type(cursor) ~= 'string' or #cursor > 19 or not string.find(cursor, '^%d+$') then cursor = '0' end
   local r = redis.call('ZSCAN', deferkeys, cursor, 'COUNT', int_str(LIMITS_WALK))
   local now_s, found = int_str(now), r[2]
   for i = 1, #found, 2 do
