@@ -14,7 +14,7 @@
 //! notice is kept in the dead-notice list, the others go through), and
 //! worker processes SIGKILLed while relaying.
 
-use queue_core::{Batch, ChildPolicy, Flow, JobSpec, QueueError, QueueKeys};
+use queue_core::{Batch, ChildPolicy, Flow, JobSpec, QueueError, QueueKeys, WaitError};
 use queue_tests::workflow_jobs::{
     wf_bill, wf_callback, wf_email, wf_member, wf_order_close, wf_typed_child, wf_typed_parent,
     WfCallback, WfMember, BILLING, EMAILS, ORDERS, WF_QUEUE, WF_QUEUES,
@@ -1074,4 +1074,129 @@ async fn killed_workers_lose_no_cross_queue_notice() {
     })
     .await;
     drop(procs);
+}
+
+/// The field of `batch`'s hash (on [`WF_QUEUE`]) counting the producers
+/// waiting for its callback `id` before it exists (docs/RESULTS.md).
+async fn pending_waiters(env: &TestEnv, batch: &str, id: &str) -> Option<String> {
+    let keys = QueueKeys::new(WF_QUEUE);
+    let mut c = env.conn().await;
+    c.hget(keys.batch(batch), format!("notify:{id}"))
+        .await
+        .unwrap()
+}
+
+async fn pending_len(env: &TestEnv) -> usize {
+    let mut c = env.conn().await;
+    c.hlen(QueueKeys::new(WF_QUEUE).pending()).await.unwrap()
+}
+
+/// A producer enqueues a flow and at once waits for its parent, before any
+/// child ran: the parent job does not exist yet (only its spec, in the
+/// flow's batch hash), so `result_wait.lua` finds the id in the queue's
+/// pending hash and counts the waiter on the batch; the fire moves the
+/// count to the parent job it creates, whose ack wakes the producer with the
+/// parent's typed value. The pending entry is gone after the fire. Before,
+/// the wait answered `NotFound` at once.
+#[tokio::test]
+async fn waiting_on_a_flow_parent_before_it_exists_returns_its_result() {
+    let env = TestEnv::start().await;
+    let parent = JobSpec::new::<wf_typed_child::Job>(&42u32)
+        .unwrap()
+        .id("answer-1");
+    Flow::new(parent)
+        .child(member(&env, "answer-a"))
+        .child(member(&env, "answer-b"))
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let waiter = {
+        let queue = env.queue.clone();
+        tokio::spawn(async move {
+            queue
+                .wait_result::<wf_typed_child::Job>("answer-1", BOUND)
+                .await
+        })
+    };
+    wait_until(
+        BOUND,
+        "the wait registered on the pending parent",
+        || async {
+            waiter.is_finished()
+                || pending_waiters(&env, "answer-1", "answer-1")
+                    .await
+                    .is_some()
+        },
+    )
+    .await;
+    assert!(
+        !waiter.is_finished(),
+        "the wait answered before the parent existed: {:?}",
+        waiter.await
+    );
+    assert!(env.queue.job(WF_QUEUE, "answer-1").await.unwrap().is_none());
+    assert_eq!(pending_len(&env).await, 1);
+    let worker = spawn_wf_worker(&env).await;
+    let value = waiter.await.unwrap();
+    worker.stop().await;
+    assert_eq!(value.unwrap(), 42);
+    assert_eq!(pending_len(&env).await, 0, "the fire drops the entry");
+}
+
+/// Waiting for a callback that does not come answers within bounds: a flow
+/// whose child never runs (no worker) answers `Timeout` with the given
+/// timeout; a batch's success callback that is never created (its member
+/// was cancelled) answers `NotFound`, woken by the fire, which creates the
+/// complete callback with its own waiter count; once every batch fired,
+/// nothing is left pending.
+#[tokio::test]
+async fn waiting_for_a_callback_that_never_comes_answers_in_bounded_time() {
+    let env = TestEnv::start().await;
+    Flow::new(callback(&env, "stuck"))
+        .child(member(&env, "stuck-a"))
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let short = Duration::from_millis(300);
+    let e = env
+        .queue
+        .wait_completion(WF_QUEUE, &"stuck".into(), short)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, WaitError::Timeout { waited, .. } if waited == short),
+        "{e:?}"
+    );
+
+    Batch::new(&env.queue)
+        .id("half")
+        .on_success(callback(&env, "half-ok"))
+        .on_complete(callback(&env, "half-done"))
+        .add(member(&env, "half-a"))
+        .enqueue()
+        .await
+        .unwrap();
+    let wait = |id: &'static str| {
+        let queue = env.queue.clone();
+        tokio::spawn(async move { queue.wait_completion(WF_QUEUE, &id.into(), BOUND).await })
+    };
+    let (never, done) = (wait("half-ok"), wait("half-done"));
+    wait_until(BOUND, "both waits registered on the batch", || async {
+        pending_waiters(&env, "half", "half-ok").await.is_some()
+            && pending_waiters(&env, "half", "half-done").await.is_some()
+    })
+    .await;
+    env.queue.cancel(WF_QUEUE, "half-a").await.unwrap();
+    let e = never.await.unwrap().unwrap_err();
+    assert!(matches!(e, WaitError::NotFound { .. }), "{e:?}");
+    let worker = spawn_wf_worker(&env).await;
+    let record = done.await.unwrap().unwrap();
+    assert_eq!(record.get("status").map(Vec::as_slice), Some(&b"done"[..]));
+    assert_eq!(pending_waiters(&env, "half", "half-ok").await, None);
+    // The worker also runs `stuck-a`: once `stuck` fired, nothing is pending.
+    wait_until(BOUND, "nothing pending once every batch fired", || async {
+        pending_len(&env).await == 0
+    })
+    .await;
+    worker.stop().await;
 }

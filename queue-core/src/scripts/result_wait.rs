@@ -1,7 +1,9 @@
 //! `result_wait.lua`: the check a producer makes before it blocks for a
 //! job's outcome (`Queue::wait_result`, docs/RESULTS.md): the completion
 //! record, the dead-letter reason, or — atomically with the check — the
-//! `notify` flag that makes the finishing script wake it.
+//! `notify` flag that makes the finishing script wake it. A callback of a
+//! sealed batch not created yet (the queue's pending hash names it) counts
+//! the waiter in its batch hash; the fire moves the count to the job.
 
 use std::collections::BTreeMap;
 
@@ -14,8 +16,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<3> =
-    lua_script!("result_wait.lua", keys = 3, args = 1, prelude(None));
+pub(crate) static SCRIPT: LuaScript<5> =
+    lua_script!("result_wait.lua", keys = 5, args = 2, prelude(None));
 
 /// Checks job `id` and registers a waiter when it has not finished.
 pub(crate) struct ResultWait<'a> {
@@ -36,7 +38,8 @@ pub(crate) enum WaitState {
     Dead(String),
     /// No hash and no record.
     Unknown,
-    /// Not finished: this waiter is registered (`notify` on the job hash).
+    /// Not finished: this waiter is registered (`notify` on the job hash,
+    /// or `notify:<id>` on the batch hash of a callback not created yet).
     Waiting,
 }
 
@@ -45,8 +48,15 @@ impl ResultWait<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<WaitState> {
         let (k, id) = (self.keys, self.id.as_str());
         let reply = SCRIPT
-            .call([k.job(id), k.done(id), k.notify(id)])
+            .call([
+                k.job(id),
+                k.done(id),
+                k.notify(id),
+                k.pending(),
+                k.guard.clone(),
+            ])
             .arg(if self.woken { "1" } else { "0" })
+            .arg(id)
             .run(conn, &k.queue, Some(self.id))
             .await?;
         let f = Fields::new(&k.queue, Some(self.id), "result_wait reply", &reply)?;
