@@ -5,7 +5,8 @@
 -- The batch's callbacks (not created until it fires) enter the queue's
 -- pending hash, callback id -> batch key, so that a producer waiting for one
 -- before then waits (result_wait.lua) instead of finding nothing; the fire
--- removes them (wf_unpend). A pending hash of another type (corrupt) only
+-- removes them (wf_unpend). An id already pending for another batch still sealed keeps
+-- that entry. A pending hash of another type (corrupt) only
 -- leaves them out (logged): the seal goes on.
 -- KEYS: 1 batch hash, 2 the pending hash of the batch's queue (`q:{Q}:pending`)
 -- ARGV: none
@@ -30,7 +31,13 @@ if state == 'open' then
     local cb = redis.call('HMGET', KEYS[1], 's_base', 's_id', 'c_base', 'c_id')
     for i = 1, 3, 2 do
       if cb[i] == base and cb[i + 1] and cb[i + 1] ~= '' then
-        redis.call('HSET', KEYS[2], cb[i + 1], KEYS[1])
+        -- The same id as a callback of another batch still sealed: the first keeps the
+        -- entry (its fire removes it; a waiter waits for the first job of that id).
+        local other = redis.call('HGET', KEYS[2], cb[i + 1])
+        if not other or other == KEYS[1] or wf_base(other) ~= base
+            or redis.pcall('HGET', other, 'state') ~= 'sealed' then
+          redis.call('HSET', KEYS[2], cb[i + 1], KEYS[1])
+        end
       end
     end
   end

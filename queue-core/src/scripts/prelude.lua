@@ -1263,7 +1263,10 @@ local function wf_unpend(bkey)
   for i = 1, 2 do
     local id = ids[i]
     if id and id ~= '' then
-      redis.pcall('HDEL', base .. 'pending', id)
+      -- Only its own entry: the same id pending for another batch (sealed first) stays.
+      if redis.pcall('HGET', base .. 'pending', id) == bkey then
+        redis.pcall('HDEL', base .. 'pending', id)
+      end
       local n = redis.call('HGET', bkey, 'notify:' .. id)
       if n then
         redis.call('HDEL', bkey, 'notify:' .. id)

@@ -13,7 +13,12 @@
 --       4 the pending hash `q:{Q}:pending`, 5 `q:{Q}:guard` (never written: the batch
 --       hash is reached undeclared)
 -- ARGV: 1 '1' when this check follows a wake the caller took from KEYS[3], else '0',
---       2 the job id
+--       2 the job id, 3 '1' when the caller's last check answered {'waiting', 'pending'}
+--       (it is counted on the batch hash already), else '0'
+-- A caller that was pending re-checks every few seconds (a batch fired by an older
+-- queue-core version, without wf_spawn's move or wf_unpend, wakes nobody): when it then
+-- finds the job or its record, a pending entry still naming the id whose batch is no
+-- longer sealed (that old fire left it) is dropped.
 -- Returns {'finished', field, value, ...} (the record) | {'dead', reason} | {'unknown'}
 --   | {'waiting', state}
 -- A woken caller that gets an answer other than 'waiting' passes its wake on (one element
@@ -23,9 +28,20 @@
 if ARGV[1] ~= '0' and ARGV[1] ~= '1' then
   return redis.error_reply('result_wait: woken must be 0 or 1, got ' .. tostring(ARGV[1]))
 end
+if ARGV[3] ~= '0' and ARGV[3] ~= '1' then
+  return redis.error_reply('result_wait: was_pending must be 0 or 1, got ' .. tostring(ARGV[3]))
+end
 local id, base = ARGV[2], wf_base(KEYS[4])
 if not id or id == '' or not base or KEYS[4] ~= base .. 'pending' or KEYS[1] ~= base .. 'job:' .. id then
   return redis.error_reply('result_wait: keys and id ' .. tostring(id) .. ' do not match')
+end
+-- Only after a pending answer (rolling deploy, see above): never raises.
+local function unpend_stale()
+  if ARGV[3] ~= '1' then return end
+  local bkey = redis.pcall('HGET', KEYS[4], id)
+  if type(bkey) ~= 'string' then return end
+  local st = wf_base(bkey) == base and redis.pcall('HGET', bkey, 'state')
+  if st ~= 'sealed' then redis.pcall('HDEL', KEYS[4], id) end
 end
 local function answer(reply)
   if ARGV[1] == '1' and type(redis.pcall('LPUSH', KEYS[3], '1')) == 'number' then
@@ -35,6 +51,7 @@ local function answer(reply)
 end
 local rec = record_all(KEYS[2])
 if #rec > 0 then
+  unpend_stale()
   local out = {'finished'}
   for i = 1, #rec do out[i + 1] = rec[i] end
   return answer(out)
@@ -49,9 +66,13 @@ if not h[1] then
     redis.call('HDEL', KEYS[4], id)
     return answer({'unknown'})
   end
-  redis.call('HSET', bkey, 'notify:' .. id, math.min((as_count(b[4]) or 0) + 1, 1000))
+  -- A pending caller re-checking after a BLPOP that timed out is counted already.
+  if not (ARGV[3] == '1' and ARGV[1] == '0' and as_count(b[4])) then
+    redis.call('HSET', bkey, 'notify:' .. id, math.min((as_count(b[4]) or 0) + 1, 1000))
+  end
   return {'waiting', 'pending'}
 end
+unpend_stale()
 if h[1] == 'dead' then return answer({'dead', h[2] or ''}) end
 -- `notify` counts the waiters, so the finishing script wakes each one.
 redis.call('HSET', KEYS[1], 'notify', math.min((as_count(h[3]) or 0) + 1, 1000))
