@@ -26,6 +26,7 @@
 //! | `q:{<queue>}:events:on` | string | the stream's cap (`MAXLEN ~`): events are on while it holds a number > 0 |
 //! | `q:{<queue>}:hist:<id>` | list | a job's history of unusual transitions (JSON entries, capped at 50), expires with the job |
 //! | `q:{<queue>}:notify:<id>` | list | wake-ups of the producers waiting for job `<id>`'s result, expires after 60 s |
+//! | `q:{<queue>}:pending` | hash | callback id → batch key of each callback of a sealed batch on this queue not created yet (its waiters count in the batch hash, field `notify:<id>`); written at the seal, removed when the batch fires (docs/RESULTS.md) |
 //! | `q:{<queue>}:relay` | list | cross-queue relay notices written by this queue's batch members for batches on other queues, oldest first; `:relay:seq` numbers them, `:relay:dead` keeps those that could not be applied, with the reason (docs/WORKFLOWS.md) |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
@@ -309,6 +310,20 @@ impl QueueKeys {
         format!("q:{{{}}}:notify:{}", self.queue, id)
     }
 
+    /// The callbacks not created yet of this queue's sealed batches: a hash,
+    /// callback id → batch key, written by `batch_seal.lua` and removed when
+    /// the batch fires. `result_wait.lua` reads it so that waiting on a
+    /// flow's parent (or a batch's callback, a DAG step) before it exists
+    /// waits instead of answering `NotFound` (docs/RESULTS.md).
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.pending(), "q:{emails}:pending");
+    /// ```
+    pub fn pending(&self) -> String {
+        format!("q:{{{}}}:pending", self.queue)
+    }
+
     /// Whether `key`, a key of some queue, is one the scripts give a TTL on
     /// purpose: completion records, step results, once-markers, throughput
     /// minutes, fetch receipts, job histories, result wake-ups, a batch's
@@ -405,6 +420,7 @@ mod tests {
             format!("{}:releasing", k.limits()),
             format!("{}:walk", k.limits()),
             k.batches(),
+            k.pending(),
             k.group("g"),
             k.events(),
             "lock:{report}".to_string(),

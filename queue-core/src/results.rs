@@ -213,11 +213,13 @@ impl Queue {
         let mut conn = self.connection();
         let mut blocking: Option<RedisConnection> = None;
         let mut woken = false;
+        let mut pending = false;
         loop {
             let state = ResultWait {
                 keys: &keys,
                 id,
                 woken,
+                was_pending: pending,
             }
             .run(&mut conn)
             .await?;
@@ -231,7 +233,8 @@ impl Queue {
                 }
                 WaitState::Dead(reason) => return Err(WaitError::Dead { queue, id, reason }),
                 WaitState::Unknown => return Err(WaitError::NotFound { queue, id }),
-                WaitState::Waiting => {}
+                WaitState::Waiting => pending = false,
+                WaitState::Pending => pending = true,
             }
             let left = match until {
                 Some(until) => until.saturating_duration_since(tokio::time::Instant::now()),
@@ -244,11 +247,20 @@ impl Queue {
                     waited: timeout,
                 });
             }
-            // Each BLPOP blocks at most MAX_BLOCK; a longer wait loops.
-            let block = left.min(MAX_BLOCK);
+            // Each BLPOP blocks at most MAX_BLOCK; a longer wait loops. A
+            // callback not created yet is checked again every PENDING_RECHECK:
+            // a batch fired by an older queue-core version (rolling deploy)
+            // creates it without waking this waiter.
+            let cap = if pending { PENDING_RECHECK } else { MAX_BLOCK };
+            let block = left.min(cap);
             let conn = match &mut blocking {
                 Some(conn) => conn,
-                None => blocking.insert(self.blocking_connection(&queue, block).await?),
+                // Made for the longest block of this wait, not the first
+                // (a pending one is short).
+                None => blocking.insert(
+                    self.blocking_connection(&queue, left.min(MAX_BLOCK))
+                        .await?,
+                ),
             };
             let secs = block.max(Duration::from_millis(1)).as_secs_f64();
             let popped: Option<(String, String)> = redis::cmd("BLPOP")
@@ -288,6 +300,12 @@ impl Queue {
 /// Redis takes, and the blocking connection's response timeout one the
 /// clock can add.
 const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest one `BLPOP` of [`Queue::wait_completion`] blocks while the
+/// job is a callback of a sealed batch not created yet: the fire of an
+/// older queue-core version (during a rolling deploy) neither moves the
+/// waiter onto the job it creates nor wakes it, so the waiter looks again.
+const PENDING_RECHECK: Duration = Duration::from_secs(2);
 
 /// The `T` of a completion record: its `result` field as MessagePack; a
 /// `()` output ignores the field (it may hold a `set_result_ref` text).

@@ -884,7 +884,8 @@ async fn a_primary_restarted_from_its_aof_loses_nothing_and_other_shards_keep_wo
 /// A cross-queue flow on the cluster: the parent on `orders`, its children
 /// on `emails` and `billing` (other hash tags, other slots, other primaries).
 /// Every relay script touches one slot (a cross-slot script would fail with
-/// CROSSSLOT); the parent runs once and reads both children's results.
+/// CROSSSLOT); the parent runs once and reads both children's results, and
+/// a producer that waited for the parent before it existed gets its record.
 #[tokio::test]
 async fn a_cross_queue_flow_is_relayed_between_primaries() {
     use queue_core::{Flow, JobSpec};
@@ -921,6 +922,16 @@ async fn a_cross_queue_flow_is_relayed_between_primaries() {
     .enqueue(&env.queue)
     .await
     .unwrap();
+    // A producer waits for the parent before it exists (docs/RESULTS.md):
+    // result_wait.lua reaches the batch hash in the parent's slot only.
+    let waiter = {
+        let queue = env.queue.clone();
+        tokio::spawn(async move {
+            queue
+                .wait_completion(wf::ORDERS, &"o-1:close".into(), T)
+                .await
+        })
+    };
     let worker = WorkerHandle::start(worker_on(&env.url, wf::all(), fast_config())).await;
     let mut ledger = queue_tests::redis_conn(&env.lurl).await;
     wait_until(T, "the parent ran", || {
@@ -942,6 +953,11 @@ async fn a_cross_queue_flow_is_relayed_between_primaries() {
         .await
         .unwrap();
     assert_eq!(runs, "1");
+    let record = waiter
+        .await
+        .unwrap()
+        .expect("the waiter gets the parent's record");
+    assert_eq!(record.get("status").map(Vec::as_slice), Some(&b"done"[..]));
     let summary = env
         .queue
         .batch(wf::ORDERS, "o-1:close")

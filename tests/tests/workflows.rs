@@ -14,7 +14,7 @@
 //! notice is kept in the dead-notice list, the others go through), and
 //! worker processes SIGKILLed while relaying.
 
-use queue_core::{Batch, ChildPolicy, Flow, JobSpec, QueueError, QueueKeys};
+use queue_core::{Batch, ChildPolicy, Flow, JobSpec, QueueError, QueueKeys, WaitError};
 use queue_tests::workflow_jobs::{
     wf_bill, wf_callback, wf_email, wf_member, wf_order_close, wf_typed_child, wf_typed_parent,
     WfCallback, WfMember, BILLING, EMAILS, ORDERS, WF_QUEUE, WF_QUEUES,
@@ -1074,4 +1074,283 @@ async fn killed_workers_lose_no_cross_queue_notice() {
     })
     .await;
     drop(procs);
+}
+
+/// The field of `batch`'s hash (on [`WF_QUEUE`]) counting the producers
+/// waiting for its callback `id` before it exists (docs/RESULTS.md).
+async fn pending_waiters(env: &TestEnv, batch: &str, id: &str) -> Option<String> {
+    let keys = QueueKeys::new(WF_QUEUE);
+    let mut c = env.conn().await;
+    c.hget(keys.batch(batch), format!("notify:{id}"))
+        .await
+        .unwrap()
+}
+
+async fn pending_len(env: &TestEnv) -> usize {
+    let mut c = env.conn().await;
+    c.hlen(QueueKeys::new(WF_QUEUE).pending()).await.unwrap()
+}
+
+/// A producer enqueues a flow and at once waits for its parent, before any
+/// child ran: the parent job does not exist yet (only its spec, in the
+/// flow's batch hash), so `result_wait.lua` finds the id in the queue's
+/// pending hash and counts the waiter on the batch; the fire moves the
+/// count to the parent job it creates (seen on the job while the queue is
+/// paused), whose ack wakes the producer with the parent's typed value. The
+/// pending entry is gone after the fire. Before, the wait answered
+/// `NotFound` at once. The wait's own timeout is longer than the bound: a
+/// lost wake-up fails the test instead of ending in a re-check.
+#[tokio::test]
+async fn waiting_on_a_flow_parent_before_it_exists_returns_its_result() {
+    let env = TestEnv::start().await;
+    let parent = JobSpec::new::<wf_typed_child::Job>(&42u32)
+        .unwrap()
+        .id("answer-1");
+    Flow::new(parent)
+        .child(member_with(&env, "answer-a", |m| m.sleep_ms = 1000))
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let waiter = {
+        let queue = env.queue.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                BOUND,
+                queue.wait_result::<wf_typed_child::Job>("answer-1", 3 * BOUND),
+            )
+            .await
+        })
+    };
+    wait_until(
+        BOUND,
+        "the wait registered on the pending parent",
+        || async {
+            waiter.is_finished()
+                || pending_waiters(&env, "answer-1", "answer-1")
+                    .await
+                    .is_some()
+        },
+    )
+    .await;
+    assert!(
+        !waiter.is_finished(),
+        "the wait answered before the parent existed: {:?}",
+        waiter.await
+    );
+    assert!(env.queue.job(WF_QUEUE, "answer-1").await.unwrap().is_none());
+    assert_eq!(pending_len(&env).await, 1);
+    let worker = spawn_wf_worker(&env).await;
+    let keys = QueueKeys::new(WF_QUEUE);
+    wait_until(BOUND, "the child is running", || async {
+        let state: Option<String> = env
+            .conn()
+            .await
+            .hget(keys.job("answer-a"), "state")
+            .await
+            .unwrap();
+        state.as_deref() == Some("active")
+    })
+    .await;
+    // Paused, the worker finishes the child (which creates the parent) but
+    // does not fetch the parent: the waiter's count is on the new job.
+    env.queue.pause(WF_QUEUE).await.unwrap();
+    wait_until(BOUND, "the parent was created", || async {
+        env.queue.job(WF_QUEUE, "answer-1").await.unwrap().is_some()
+    })
+    .await;
+    let notify: Option<String> = env
+        .conn()
+        .await
+        .hget(keys.job("answer-1"), "notify")
+        .await
+        .unwrap();
+    assert_eq!(notify.as_deref(), Some("1"), "the fire moved the waiter");
+    assert_eq!(pending_waiters(&env, "answer-1", "answer-1").await, None);
+    env.queue.resume(WF_QUEUE).await.unwrap();
+    let value = waiter
+        .await
+        .unwrap()
+        .expect("the waiter was not woken within BOUND");
+    worker.stop().await;
+    assert_eq!(value.unwrap(), 42);
+    assert_eq!(pending_len(&env).await, 0, "the fire drops the entry");
+}
+
+/// Rolling deploy: a producer of this version waits for a flow's parent
+/// before it exists (counted on the batch hash), and a worker of an older
+/// version fires the batch: it creates the parent without moving the count
+/// and wakes nobody (imitated by hand: the batch marked fired, its count
+/// dropped, the parent enqueued under its id with no `notify`). The waiter,
+/// re-checking every few seconds while pending, finds the parent, waits for
+/// it, and gets its record well before its own long timeout; the stale
+/// pending entry is dropped by that re-check.
+#[tokio::test]
+async fn a_parent_created_by_an_older_version_still_reaches_its_waiter() {
+    let env = TestEnv::start().await;
+    let parent = JobSpec::new::<wf_typed_child::Job>(&7u32)
+        .unwrap()
+        .id("old-1");
+    Flow::new(parent)
+        .child(member(&env, "old-a"))
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let waiter = {
+        let queue = env.queue.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                BOUND,
+                queue.wait_completion(WF_QUEUE, &"old-1".into(), 3 * BOUND),
+            )
+            .await
+        })
+    };
+    wait_until(
+        BOUND,
+        "the wait registered on the pending parent",
+        || async { pending_waiters(&env, "old-1", "old-1").await.is_some() },
+    )
+    .await;
+    // The old version's fire.
+    let keys = QueueKeys::new(WF_QUEUE);
+    let mut c = env.conn().await;
+    let _: () = c.hset(keys.batch("old-1"), "state", "fired").await.unwrap();
+    let _: () = c.hdel(keys.batch("old-1"), "notify:old-1").await.unwrap();
+    let reg = wf_typed_child::handler();
+    env.queue
+        .enqueue_raw(
+            WF_QUEUE,
+            reg.name(),
+            reg.version(),
+            1,
+            queue_core::EnqueueOptions::default().id("old-1"),
+            &rmp_serde::to_vec_named(&7u32).unwrap(),
+        )
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    let record = waiter
+        .await
+        .unwrap()
+        .expect("the waiter was not woken within BOUND (wait timeout 3 * BOUND)")
+        .unwrap();
+    worker.stop().await;
+    assert_eq!(record.get("status").map(Vec::as_slice), Some(&b"done"[..]));
+    assert_eq!(pending_len(&env).await, 0, "the stale entry is dropped");
+}
+
+/// The same callback id in two sealed batches: the first seal keeps the
+/// pending entry, so a producer waiting for the id is counted on the first
+/// batch, whose fire creates the job and wakes it; the second batch's seal
+/// neither overwrote the entry nor does a fire of the other batch delete it.
+#[tokio::test]
+async fn a_callback_id_shared_by_two_batches_reaches_its_waiter() {
+    let env = TestEnv::start().await;
+    for (batch, m) in [("twin-1", "twin-a"), ("twin-2", "twin-b")] {
+        Batch::new(&env.queue)
+            .id(batch)
+            .on_complete(callback(&env, "twin-cb"))
+            .add(member(&env, m))
+            .enqueue()
+            .await
+            .unwrap();
+    }
+    let keys = QueueKeys::new(WF_QUEUE);
+    let named: Option<String> = env
+        .conn()
+        .await
+        .hget(keys.pending(), "twin-cb")
+        .await
+        .unwrap();
+    assert_eq!(named, Some(keys.batch("twin-1")), "the first seal keeps it");
+    let waiter = {
+        let queue = env.queue.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                BOUND,
+                queue.wait_completion(WF_QUEUE, &"twin-cb".into(), 3 * BOUND),
+            )
+            .await
+        })
+    };
+    wait_until(BOUND, "the wait registered on the first batch", || async {
+        pending_waiters(&env, "twin-1", "twin-cb").await.is_some()
+    })
+    .await;
+    // twin-2's member is cancelled: only twin-1 creates the callback.
+    env.queue.cancel(WF_QUEUE, "twin-b").await.unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    let record = waiter
+        .await
+        .unwrap()
+        .expect("the waiter was not woken within BOUND (wait timeout 3 * BOUND)")
+        .unwrap();
+    worker.stop().await;
+    assert_eq!(record.get("status").map(Vec::as_slice), Some(&b"done"[..]));
+}
+
+/// Waiting for a callback that does not come answers within bounds: a flow
+/// whose child never runs (no worker) answers `Timeout` with the given
+/// timeout; a batch's success callback that is never created (its member
+/// was cancelled) answers `NotFound`, woken by the fire, which creates the
+/// complete callback with its own waiter count; once every batch fired,
+/// nothing is left pending.
+#[tokio::test]
+async fn waiting_for_a_callback_that_never_comes_answers_in_bounded_time() {
+    let env = TestEnv::start().await;
+    Flow::new(callback(&env, "stuck"))
+        .child(member(&env, "stuck-a"))
+        .enqueue(&env.queue)
+        .await
+        .unwrap();
+    let short = Duration::from_millis(300);
+    let e = env
+        .queue
+        .wait_completion(WF_QUEUE, &"stuck".into(), short)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, WaitError::Timeout { waited, .. } if waited == short),
+        "{e:?}"
+    );
+
+    Batch::new(&env.queue)
+        .id("half")
+        .on_success(callback(&env, "half-ok"))
+        .on_complete(callback(&env, "half-done"))
+        .add(member(&env, "half-a"))
+        .enqueue()
+        .await
+        .unwrap();
+    // Long timeouts awaited within BOUND: a lost wake-up fails the test.
+    let wait = |id: &'static str| {
+        let queue = env.queue.clone();
+        tokio::spawn(async move {
+            tokio::time::timeout(
+                BOUND,
+                queue.wait_completion(WF_QUEUE, &id.into(), 3 * BOUND),
+            )
+            .await
+            .expect("not woken within BOUND (wait timeout 3 * BOUND)")
+        })
+    };
+    let (never, done) = (wait("half-ok"), wait("half-done"));
+    wait_until(BOUND, "both waits registered on the batch", || async {
+        pending_waiters(&env, "half", "half-ok").await.is_some()
+            && pending_waiters(&env, "half", "half-done").await.is_some()
+    })
+    .await;
+    env.queue.cancel(WF_QUEUE, "half-a").await.unwrap();
+    let e = never.await.unwrap().unwrap_err();
+    assert!(matches!(e, WaitError::NotFound { .. }), "{e:?}");
+    let worker = spawn_wf_worker(&env).await;
+    let record = done.await.unwrap().unwrap();
+    assert_eq!(record.get("status").map(Vec::as_slice), Some(&b"done"[..]));
+    assert_eq!(pending_waiters(&env, "half", "half-ok").await, None);
+    // The worker also runs `stuck-a`: once `stuck` fired, nothing is pending.
+    wait_until(BOUND, "nothing pending once every batch fired", || async {
+        pending_len(&env).await == 0
+    })
+    .await;
+    worker.stop().await;
 }

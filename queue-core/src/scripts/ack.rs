@@ -789,6 +789,7 @@ mod tests {
                 keys: &keys,
                 id: &JobId::from(id),
                 woken: false,
+                was_pending: false,
             }
             .run(&mut c)
             .await
@@ -926,6 +927,7 @@ mod tests {
                 keys: &keys,
                 id: &d.id,
                 woken: false,
+                was_pending: false,
             }
             .run(&mut c)
             .await

@@ -2,17 +2,45 @@
 -- on it fires as soon as every member finished (at once, if they already
 -- have). The open TTL (batch_open.lua) is dropped: a sealed batch waits for
 -- its members as long as they take. Sealing again changes nothing.
--- KEYS: 1 batch hash
+-- The batch's callbacks (not created until it fires) enter the queue's
+-- pending hash, callback id -> batch key, so that a producer waiting for one
+-- before then waits (result_wait.lua) instead of finding nothing; the fire
+-- removes them (wf_unpend). An id already pending for another batch still sealed keeps
+-- that entry. A pending hash of another type (corrupt) only
+-- leaves them out (logged): the seal goes on.
+-- KEYS: 1 batch hash, 2 the pending hash of the batch's queue (`q:{Q}:pending`)
 -- ARGV: none
 -- Returns {'sealed' | 'fired'} | {'missing'}
+local base = wf_base(KEYS[1])
+if not base or KEYS[2] ~= base .. 'pending' then
+  return redis.error_reply('ERR batch_seal: ' .. tostring(KEYS[2]) .. ' is not the pending hash of ' .. KEYS[1])
+end
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t ~= 'hash' then return {'missing'} end
 local state = redis.call('HGET', KEYS[1], 'state')
 local now = now_ms()
 if state == 'open' then
+  local pend_bad = key_type_bad(KEYS[2], 'hash')
   redis.call('PERSIST', KEYS[1])
   redis.call('HDEL', KEYS[1], 'expires_at')
   redis.call('HSET', KEYS[1], 'state', 'sealed', 'sealed_at', now)
+  if pend_bad then
+    redis.log(redis.LOG_WARNING, 'batch ' .. KEYS[1] .. ': callbacks not marked pending (' .. pend_bad ..
+      '): waiting for one before it exists answers NotFound')
+  else
+    local cb = redis.call('HMGET', KEYS[1], 's_base', 's_id', 'c_base', 'c_id')
+    for i = 1, 3, 2 do
+      if cb[i] == base and cb[i + 1] and cb[i + 1] ~= '' then
+        -- The same id as a callback of another batch still sealed: the first keeps the
+        -- entry (its fire removes it; a waiter waits for the first job of that id).
+        local other = redis.call('HGET', KEYS[2], cb[i + 1])
+        if not other or other == KEYS[1] or wf_base(other) ~= base
+            or redis.pcall('HGET', other, 'state') ~= 'sealed' then
+          redis.call('HSET', KEYS[2], cb[i + 1], KEYS[1])
+        end
+      end
+    end
+  end
   wf_maybe_fire(KEYS[1], now)
 end
 return {redis.call('HGET', KEYS[1], 'state') or 'missing'}

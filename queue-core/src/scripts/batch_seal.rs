@@ -1,17 +1,20 @@
 //! `batch_seal.lua`: seals a batch once its members are registered and
-//! enqueued; it fires at once when they all already finished.
+//! enqueued; it fires at once when they all already finished. Its
+//! callbacks enter the queue's pending hash until it fires (a producer may
+//! wait for one before it exists, docs/RESULTS.md).
 
 use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::Result;
+use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<1> =
-    lua_script!("batch_seal.lua", keys = 1, args = 0, prelude(None));
+pub(crate) static SCRIPT: LuaScript<2> =
+    lua_script!("batch_seal.lua", keys = 2, args = 0, prelude(None));
 
 /// Seals one batch.
 pub(crate) struct BatchSeal<'a> {
-    /// The queue the batch hash lives on (for errors).
+    /// The queue the batch hash lives on (its pending hash; errors).
     pub(crate) queue: &'a str,
     /// The batch hash key.
     pub(crate) key: &'a str,
@@ -21,7 +24,10 @@ impl BatchSeal<'_> {
     /// Runs the script; the batch's state after it (`sealed`, `fired`, or
     /// `missing`).
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<String> {
-        let reply = SCRIPT.call([self.key]).run(conn, self.queue, None).await?;
+        let reply = SCRIPT
+            .call([self.key.to_string(), QueueKeys::new(self.queue).pending()])
+            .run(conn, self.queue, None)
+            .await?;
         Fields::new(self.queue, None, "batch_seal reply", &reply)?.tag()
     }
 }

@@ -1120,6 +1120,14 @@ local function wf_spawn(bkey, s, now, dead_reason)
   redis.call('HSET', jobkey, 'id', id, 'type', s[3] or '', 'v', s[4] or '', 'payload', s[5] or '',
     'max_attempts', s[6] or '1', 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
   if s[7] and s[7] ~= '' then redis.call('HSET', jobkey, 'batch', s[7]) end
+  -- Producers that waited for the callback before it existed (result_wait.lua counted them
+  -- in `notify:<id>` of the batch hash) now wait for the job: the script finishing it wakes
+  -- them (the dead-letter below too).
+  local waiters = as_count(redis.call('HGET', bkey, 'notify:' .. id))
+  if waiters and waiters > 0 then
+    redis.call('HSET', jobkey, 'notify', math.min(waiters, 1000))
+    redis.call('HDEL', bkey, 'notify:' .. id)
+  end
   bump(base .. 'stats', 'enqueued', 1)
   if dead_reason then
     dead_letter(jobkey, base .. 'dead', base .. 'stats', id, dead_reason, now)
@@ -1242,6 +1250,39 @@ local function wf_fire(bkey, p, s, problem, dead_bad, reason, now)
   return false
 end
 
+-- Batch `bkey` fired: its callbacks leave its queue's pending hash (`q:{Q}:pending`,
+-- callback id -> batch key, written by batch_seal.lua): each was created now, or never
+-- will be. Producers still counted as waiting for one (`notify:<id>` of the batch hash,
+-- result_wait.lua; wf_spawn moved the count of each callback it created into the job)
+-- are woken (at most 100 pushes; a woken waiter passes its wake on) to check again: they
+-- find the job, its record, or nothing (NotFound). Never raises.
+local function wf_unpend(bkey)
+  local base = wf_base(bkey)
+  if not base then return end
+  local ids = redis.call('HMGET', bkey, 's_id', 'c_id')
+  for i = 1, 2 do
+    local id = ids[i]
+    if id and id ~= '' then
+      -- Only its own entry: the same id pending for another batch (sealed first) stays.
+      if redis.pcall('HGET', base .. 'pending', id) == bkey then
+        redis.pcall('HDEL', base .. 'pending', id)
+      end
+      local n = redis.call('HGET', bkey, 'notify:' .. id)
+      if n then
+        redis.call('HDEL', bkey, 'notify:' .. id)
+        local notify = base .. 'notify:' .. id
+        local t = redis.call('TYPE', notify)['ok']
+        local wakes = {}
+        for j = 1, math.min(as_count(n) or 1, 100) do wakes[j] = '1' end
+        if #wakes > 0 and (t == 'none' or t == 'list') then
+          redis.call('LPUSH', notify, unpack(wakes))
+          redis.call('PEXPIRE', notify, 60000)
+        end
+      end
+    end
+  end
+end
+
 -- Fires batch `bkey` once it is sealed and every member finished: the
 -- success callback only when all succeeded, the complete callback (a flow's
 -- parent: dead-lettered when a member under the `fail` policy failed) always.
@@ -1267,6 +1308,7 @@ local function wf_maybe_fire(bkey, now)
     end
     if wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now) then noted = true end
   end
+  wf_unpend(bkey)
   for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
     redis.call('PEXPIRE', k, WF_KEEP_MS)
   end

@@ -1,7 +1,9 @@
 //! `result_wait.lua`: the check a producer makes before it blocks for a
 //! job's outcome (`Queue::wait_result`, docs/RESULTS.md): the completion
 //! record, the dead-letter reason, or — atomically with the check — the
-//! `notify` flag that makes the finishing script wake it.
+//! `notify` flag that makes the finishing script wake it. A callback of a
+//! sealed batch not created yet (the queue's pending hash names it) counts
+//! the waiter in its batch hash; the fire moves the count to the job.
 
 use std::collections::BTreeMap;
 
@@ -14,8 +16,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<3> =
-    lua_script!("result_wait.lua", keys = 3, args = 1, prelude(None));
+pub(crate) static SCRIPT: LuaScript<5> =
+    lua_script!("result_wait.lua", keys = 5, args = 3, prelude(None));
 
 /// Checks job `id` and registers a waiter when it has not finished.
 pub(crate) struct ResultWait<'a> {
@@ -25,6 +27,11 @@ pub(crate) struct ResultWait<'a> {
     /// outcome, the script pushes one wake back for the next waiter (the
     /// finishing script pushes at most 100).
     pub(crate) woken: bool,
+    /// The caller's last check answered [`WaitState::Pending`]: it is
+    /// counted on the batch hash already (a re-check after a `BLPOP` that
+    /// timed out does not count it again), and once the job or its record
+    /// exists a pending entry left by a batch no longer sealed is dropped.
+    pub(crate) was_pending: bool,
 }
 
 /// Where the job stands.
@@ -38,6 +45,11 @@ pub(crate) enum WaitState {
     Unknown,
     /// Not finished: this waiter is registered (`notify` on the job hash).
     Waiting,
+    /// A callback of a sealed batch not created yet: this waiter is counted
+    /// on the batch hash (`notify:<id>`). A batch fired by an older
+    /// queue-core version (rolling deploy) creates the job without moving
+    /// the count, so the caller re-checks every few seconds.
+    Pending,
 }
 
 impl ResultWait<'_> {
@@ -45,8 +57,16 @@ impl ResultWait<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<WaitState> {
         let (k, id) = (self.keys, self.id.as_str());
         let reply = SCRIPT
-            .call([k.job(id), k.done(id), k.notify(id)])
+            .call([
+                k.job(id),
+                k.done(id),
+                k.notify(id),
+                k.pending(),
+                k.guard.clone(),
+            ])
             .arg(if self.woken { "1" } else { "0" })
+            .arg(id)
+            .arg(if self.was_pending { "1" } else { "0" })
             .run(conn, &k.queue, Some(self.id))
             .await?;
         let f = Fields::new(&k.queue, Some(self.id), "result_wait reply", &reply)?;
@@ -66,6 +86,7 @@ impl ResultWait<'_> {
             }
             "dead" => WaitState::Dead(f.text(1, "dead_reason")?),
             "unknown" => WaitState::Unknown,
+            "waiting" if f.text(1, "wait state")? == "pending" => WaitState::Pending,
             "waiting" => WaitState::Waiting,
             other => return Err(f.error(format_args!("unknown wait state {other:?}"))),
         })
