@@ -2,7 +2,7 @@
 //! paging), selecting the jobs a replay or purge acts on, replay
 //! (`replay.lua`) and purge (`purge.lua`), one script each (DESIGN rule 1).
 
-use super::dead_scan::{DeadRow, DEAD_SCAN_CHUNK, ID_NOT_UTF8};
+use super::dead_scan::{utf8_id, DeadRow, DEAD_SCAN_CHUNK, ID_NOT_UTF8};
 use super::jobs::JobInfo;
 use super::{admin_script, Admin, Page, Result};
 use crate::error::QueueError;
@@ -151,10 +151,9 @@ impl Queue {
         for id in ids {
             // An id that is not UTF-8 (no JobId names it) is listed under
             // its lossy form as unreadable, not a failed listing.
-            let id = match String::from_utf8(id) {
+            let id = match utf8_id(id) {
                 Ok(id) => JobId::from(id),
-                Err(e) => {
-                    let shown = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                Err(shown) => {
                     let mut info = JobInfo::empty(JobId::from(shown));
                     info.fields.insert("unreadable".into(), ID_NOT_UTF8.into());
                     out.push(info);

@@ -67,7 +67,7 @@ impl DeadRow {
     fn from_script(row: Row) -> Self {
         let (id, job_type, reason, dead_at, attempts, bad) = row;
         let opt = |b: Vec<u8>| (!b.is_empty()).then(|| lossy(b));
-        match String::from_utf8(id) {
+        match utf8_id(id) {
             Ok(id) => DeadRow {
                 id,
                 job_type: opt(job_type),
@@ -76,8 +76,8 @@ impl DeadRow {
                 attempts: opt(attempts),
                 unreadable: opt(bad),
             },
-            Err(e) => DeadRow {
-                id: lossy(e.into_bytes()),
+            Err(shown) => DeadRow {
+                id: shown,
                 job_type: None,
                 reason: None,
                 dead_at: None,
@@ -91,6 +91,12 @@ impl DeadRow {
 /// `bytes` as text, each sequence that is not UTF-8 replaced by U+FFFD.
 fn lossy(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// A dead entry's id: `Ok` when it is UTF-8, else `Err` with its lossy form
+/// (no [`JobId`](crate::JobId) names it: listed as unreadable, [`ID_NOT_UTF8`]).
+pub(super) fn utf8_id(bytes: Vec<u8>) -> Result<String, String> {
+    String::from_utf8(bytes).map_err(|e| lossy(e.into_bytes()))
 }
 
 impl Admin {

@@ -182,6 +182,20 @@ end
 
 -- Defined under `-- ==== deadlines, progress, results ====` at the end.
 local deadline_check, results_wake
+
+-- Wakes the producers waiting on notification list `notify` (`q:{Q}:notify:<id>`):
+-- one element per waiter counted in `count` (the text of a `notify` count; not a
+-- count: one), at most 100 (a woken waiter passes its wake on, result_wait.lua);
+-- the list expires after 60 s. A key of another type (corrupt) is left alone.
+local function notify_wake(notify, count)
+  local t = redis.call('TYPE', notify)['ok']
+  if t ~= 'none' and t ~= 'list' then return end
+  local wakes = {}
+  for i = 1, math.min(as_count(count) or 1, 100) do wakes[i] = '1' end
+  if #wakes == 0 then return end
+  redis.call('LPUSH', notify, unpack(wakes))
+  redis.call('PEXPIRE', notify, 60000)
+end
 -- Dead-letters job `id`: pushes it on the dead list and keeps the hash (a
 -- minimal one is created when it was missing; a job key of another type is
 -- replaced by one) so its reason, attempts and timestamps stay readable. The
@@ -869,13 +883,13 @@ local function limits_walk(limkey, now)
   local cursor = redis.pcall('GET', walk)
   if type(cursor) ~= 'string' or #cursor > 19 or not string.find(cursor, '^%d+$') then cursor = '0' end
   local r = redis.call('ZSCAN', deferkeys, cursor, 'COUNT', int_str(LIMITS_WALK))
-  local now_s, found = int_str(now), r[2]
+  local found = r[2]
   for i = 1, #found, 2 do
     local key = found[i]
-    redis.call('DEL', limkey .. ':next:' .. key)
     if redis.call('EXISTS', limkey .. ':deferred:' .. key) == 1 then
-      redis.call('ZADD', releasing, 'GT', now_s, key)
+      limits_release_key(limkey, key, now)
     else
+      redis.call('DEL', limkey .. ':next:' .. key)
       redis.call('ZREM', deferkeys, key)
     end
   end
@@ -1270,14 +1284,7 @@ local function wf_unpend(bkey)
       local n = redis.call('HGET', bkey, 'notify:' .. id)
       if n then
         redis.call('HDEL', bkey, 'notify:' .. id)
-        local notify = base .. 'notify:' .. id
-        local t = redis.call('TYPE', notify)['ok']
-        local wakes = {}
-        for j = 1, math.min(as_count(n) or 1, 100) do wakes[j] = '1' end
-        if #wakes > 0 and (t == 'none' or t == 'list') then
-          redis.call('LPUSH', notify, unpack(wakes))
-          redis.call('PEXPIRE', notify, 60000)
-        end
+        notify_wake(base .. 'notify:' .. id, n)
       end
     end
   end
@@ -1634,14 +1641,7 @@ results_wake = function(key, id)
   if kind ~= 'job' and kind ~= 'done' then return end
   local flag = redis.pcall('HGET', jobkey, 'notify')
   if type(flag) ~= 'string' then return end
-  local notify = base .. 'notify:' .. id
-  local t = redis.call('TYPE', notify)['ok']
-  if t ~= 'none' and t ~= 'list' then return end
-  local wakes = {}
-  for i = 1, math.min(as_count(flag) or 1, 100) do wakes[i] = '1' end
-  if #wakes == 0 then return end
-  redis.call('LPUSH', notify, unpack(wakes))
-  redis.call('PEXPIRE', notify, 60000)
+  notify_wake(base .. 'notify:' .. id, flag)
 end
 
 -- ==== per call ====
