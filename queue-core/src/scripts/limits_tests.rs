@@ -949,6 +949,32 @@ fn fields(fields: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Keys `k0`..`k<n-1>`, two jobs each, at an every-key rate of 1/60000: one
+/// fetch starts the first job of each key and defers the other (`n`
+/// deferred jobs, `n` keys in `deferkeys`).
+async fn defer_one_job_of_each_key(conn: &mut RedisConnection, keys: &QueueKeys, n: usize) {
+    for k in 0..n {
+        let key = format!("k{k}");
+        for job in ["a", "b"] {
+            enqueue(conn, keys, &format!("{key}-{job}"), Some(&key)).await;
+        }
+    }
+    set(conn, keys, &[("key_rate", "1/60000")]).await;
+    assert_eq!(deferred(&fetch(conn, keys, 2 * n + 100).await).len(), n);
+}
+
+/// One `set_limits` call (not run to the end) changing the every-key rate to
+/// 2/1000, which leaves the walk of `deferkeys` pending.
+async fn every_key_change_left_pending(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+) -> SetLimitsReply {
+    let change = fields(&[("key_rate", "2/1000")]);
+    let first = SetLimits::Fields(&change).run(keys, conn).await.unwrap();
+    assert!(first.pending > 0, "{first:?}");
+    first
+}
+
 /// A change of the every-key rate with 600 keys, each with one deferred
 /// job. Before, one call marked all 600 keys (two writes each: 301,500
 /// keys blocked Redis for a second); now a call marks one chunk of
@@ -957,21 +983,8 @@ fn fields(fields: &[(&str, &str)]) -> Vec<(String, String)> {
 #[tokio::test]
 async fn an_every_key_change_marks_the_keys_a_chunk_per_call() {
     let (_server, mut conn, keys) = setup("limits-release-every").await;
-    for k in 0..600 {
-        let key = format!("k{k}");
-        for job in ["a", "b"] {
-            enqueue(&mut conn, &keys, &format!("{key}-{job}"), Some(&key)).await;
-        }
-    }
-    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
-    assert_eq!(deferred(&fetch(&mut conn, &keys, 1300).await).len(), 600);
-
-    let change = fields(&[("key_rate", "2/1000")]);
-    let first = SetLimits::Fields(&change)
-        .run(&keys, &mut conn)
-        .await
-        .unwrap();
-    assert!(first.pending > 0, "{first:?}");
+    defer_one_job_of_each_key(&mut conn, &keys, 600).await;
+    let first = every_key_change_left_pending(&mut conn, &keys).await;
     // Marked: the keys released, and those marked and still to release.
     let releasing = format!("{}:releasing", keys.limits());
     let still: Vec<String> = conn.zrange(&releasing, 0, -1).await.unwrap();
@@ -1236,20 +1249,8 @@ async fn an_every_key_change_drops_the_booking_of_a_key_whose_deferred_jobs_all_
 #[tokio::test]
 async fn a_walk_cursor_zscan_cannot_read_restarts_the_walk() {
     let (_server, mut conn, keys) = setup("limits-walk-cursor").await;
-    for k in 0..300 {
-        let key = format!("k{k}");
-        for job in ["a", "b"] {
-            enqueue(&mut conn, &keys, &format!("{key}-{job}"), Some(&key)).await;
-        }
-    }
-    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
-    assert_eq!(deferred(&fetch(&mut conn, &keys, 700).await).len(), 300);
-    let change = fields(&[("key_rate", "2/1000")]);
-    let first = SetLimits::Fields(&change)
-        .run(&keys, &mut conn)
-        .await
-        .unwrap();
-    assert!(first.pending > 0, "{first:?}");
+    defer_one_job_of_each_key(&mut conn, &keys, 300).await;
+    every_key_change_left_pending(&mut conn, &keys).await;
     let walk = format!("{}:walk", keys.limits());
     for bad in ["1e2", "0x10", "12.0", " 7"] {
         let () = conn.set(&walk, bad).await.unwrap();
