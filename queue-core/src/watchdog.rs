@@ -304,8 +304,11 @@ impl Watchdog {
         Ok(reply.trimmed)
     }
 
-    /// Runs passes every `interval` until `stop` completes. Redis errors are
-    /// logged and the next pass retries; a summary is logged every minute.
+    /// Runs passes every `interval` until `stop` completes, also in the
+    /// middle of a pass: the pass in flight is abandoned between two scripts
+    /// (each is atomic), so a stop does not wait out a response timeout per
+    /// queue when Redis hangs. Redis errors are logged and the next pass
+    /// retries; a summary is logged every minute.
     pub async fn run_until(&self, stop: impl Future<Output = ()>) -> ReclaimReport {
         tokio::pin!(stop);
         let mut total = ReclaimReport::default();

@@ -123,6 +123,9 @@ mod tests {
         };
         let delivery = entry_delivery(&entry);
         assert!(!delivery.chars().any(char::is_control), "{delivery:?}");
-        assert!(delivery.starts_with("attempt 1 on w1\\n\\u{1b}[31mfake, "), "{delivery}");
+        assert!(
+            delivery.starts_with("attempt 1 on w1\\n\\u{1b}[31mfake, "),
+            "{delivery}"
+        );
     }
 }

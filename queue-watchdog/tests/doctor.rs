@@ -468,16 +468,23 @@ fn a_job_id_ending_like_a_dead_key_and_a_wrong_typed_dead_key_are_not_exit_2() {
             .unwrap();
     });
     assert!(q.job(id).ends_with("}:dead"), "{}", q.job(id));
-    server.command(&["RPUSH", &q.dead, "old-1", "old-2"]).unwrap();
+    server
+        .command(&["RPUSH", &q.dead, "old-1", "old-2"])
+        .unwrap();
 
     let (code, v) = doctor_json(&server.url(), &[]);
     assert_eq!(code, 0, "{v:#}");
     assert_eq!(
         findings(&v, "dead-letters"),
-        [("ok".to_string(), "dead-letter lists at most 2 entries".to_string())]
+        [(
+            "ok".to_string(),
+            "dead-letter lists at most 2 entries".to_string()
+        )]
     );
 
-    server.command(&["SET", &broken.dead, "not-a-list"]).unwrap();
+    server
+        .command(&["SET", &broken.dead, "not-a-list"])
+        .unwrap();
     let (code, out) = doctor(&server.url(), &[]);
     assert_eq!(code, 1, "{out}");
     let line = out
@@ -485,7 +492,10 @@ fn a_job_id_ending_like_a_dead_key_and_a_wrong_typed_dead_key_are_not_exit_2() {
         .find(|l| l.starts_with("CRITICAL  dead-letters"))
         .unwrap_or_else(|| panic!("{out}"));
     assert!(
-        line.contains(&format!("1 dead-letter key(s) of another type than list: {} (string)", broken.dead)),
+        line.contains(&format!(
+            "1 dead-letter key(s) of another type than list: {} (string)",
+            broken.dead
+        )),
         "{line}"
     );
     assert!(out.contains("verdict: NOT SAFE"), "{out}");
