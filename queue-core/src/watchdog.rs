@@ -186,36 +186,83 @@ impl Watchdog {
     /// One pass over every queue. A queue whose pass fails is logged with its
     /// name and counted in [`ReclaimReport::failed_queue_passes`]; the other
     /// queues still get their pass, so one broken queue never stalls the rest.
+    /// Within a queue's pass the steps (reclaim, promote, dead-letter trim,
+    /// relay) run independently: one that fails does not skip the others,
+    /// and what the others did is still counted in the report.
     pub async fn run_once(&self) -> Result<ReclaimReport> {
         let mut total = ReclaimReport::default();
         for keys in &self.queues {
-            let report = match self.pass(keys).await {
-                Ok(report) => report,
-                Err(e) => {
-                    warn!(queue = %keys.queue, error = %e, "watchdog pass of this queue failed; going on with the other queues");
-                    total.failed_queue_passes += 1;
-                    continue;
-                }
-            };
-            if !report.is_empty() {
-                info!(
-                    queue = %keys.queue,
-                    reclaimed = report.reclaimed,
-                    dead_lettered = report.dead_lettered,
-                    adopted = report.adopted,
-                    promoted = report.promoted,
-                    trimmed = report.trimmed,
-                    "watchdog pass"
-                );
-            }
-            total.add(report);
+            total.add(self.pass(keys).await);
         }
         Ok(total)
     }
 
-    async fn pass(&self, keys: &QueueKeys) -> Result<ReclaimReport> {
+    /// One queue's pass; `failed_queue_passes` is 1 when a step failed (each
+    /// failure is logged with the queue and the step).
+    async fn pass(&self, keys: &QueueKeys) -> ReclaimReport {
         let mut conn = self.conn.clone();
         let mut report = ReclaimReport::default();
+        let mut failed = false;
+        let mut step_failed = |step: &str, e: QueueError| {
+            warn!(queue = %keys.queue, step, error = %e, "watchdog pass of this queue failed at this step; its other steps and the other queues go on");
+            failed = true;
+        };
+        if let Err(e) = self.reclaim_all(&mut conn, keys, &mut report).await {
+            step_failed("reclaim", e);
+        }
+        // Right after the reclaim: a later step that fails must not lose
+        // what it returned (the scripts already moved those jobs).
+        crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
+        match promote_all_due(&mut conn, keys).await {
+            Ok(n) => report.promoted += n,
+            Err(e) => step_failed("promote", e),
+        }
+        match self.trim_dead(&mut conn, keys).await {
+            Ok(n) => report.trimmed += n,
+            Err(e) => step_failed("dead-letter trim", e),
+        }
+        // The relay's safety net (a worker relays its own queue's notices at
+        // once): a failure is logged, not counted, and the next pass retries.
+        match crate::workflow::relay::relay_queue(&mut conn, &keys.queue).await {
+            Ok(r) => report.relayed += r.applied,
+            Err(e) => {
+                warn!(queue = %keys.queue, error = %e, "relay of this queue's batch notices failed; the next pass retries")
+            }
+        }
+        if self.config.publish_gauges {
+            let queue = crate::queue::Queue::from_connection(conn);
+            match queue.stats(&keys.queue).await {
+                Ok(stats) => crate::metrics::depth(&stats),
+                Err(e) => step_failed("stats", e),
+            }
+        }
+        if !report.is_empty() {
+            info!(
+                queue = %keys.queue,
+                reclaimed = report.reclaimed,
+                dead_lettered = report.dead_lettered,
+                adopted = report.adopted,
+                promoted = report.promoted,
+                trimmed = report.trimmed,
+                failed,
+                "watchdog pass"
+            );
+        }
+        if failed {
+            report.failed_queue_passes = 1;
+        }
+        report
+    }
+
+    /// Returns the queue's expired leases, `batch` per script call, adding
+    /// each call's counts to `report` as it answers (the counts of the calls
+    /// before a failing one are kept).
+    async fn reclaim_all(
+        &self,
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        report: &mut ReclaimReport,
+    ) -> Result<()> {
         loop {
             let batch = Reclaim {
                 keys,
@@ -225,31 +272,15 @@ impl Watchdog {
                 seed: rand::random(),
                 orphan_scan: self.config.orphan_scan,
             }
-            .run(&mut conn)
+            .run(conn)
             .await?;
             report.reclaimed += batch.reclaimed;
             report.dead_lettered += batch.dead_lettered;
             report.adopted += batch.adopted;
             if batch.reclaimed + batch.dead_lettered < self.config.batch as u64 {
-                break;
+                return Ok(());
             }
         }
-        report.promoted += promote_all_due(&mut conn, keys).await?;
-        report.trimmed += self.trim_dead(&mut conn, keys).await?;
-        // The relay's safety net (a worker relays its own queue's notices at
-        // once): a failure is logged, the reclaim above still counts.
-        match crate::workflow::relay::relay_queue(&mut conn, &keys.queue).await {
-            Ok(r) => report.relayed += r.applied,
-            Err(e) => {
-                warn!(queue = %keys.queue, error = %e, "relay of this queue's batch notices failed; the next pass retries")
-            }
-        }
-        crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
-        if self.config.publish_gauges {
-            let queue = crate::queue::Queue::from_connection(conn);
-            crate::metrics::depth(&queue.stats(&keys.queue).await?);
-        }
-        Ok(report)
     }
 
     /// One bounded trim of the queue's dead-letter list (at most `batch`
@@ -273,8 +304,11 @@ impl Watchdog {
         Ok(reply.trimmed)
     }
 
-    /// Runs passes every `interval` until `stop` completes. Redis errors are
-    /// logged and the next pass retries; a summary is logged every minute.
+    /// Runs passes every `interval` until `stop` completes, also in the
+    /// middle of a pass: the pass in flight is abandoned between two scripts
+    /// (each is atomic), so a stop does not wait out a response timeout per
+    /// queue when Redis hangs. Redis errors are logged and the next pass
+    /// retries; a summary is logged every minute.
     pub async fn run_until(&self, stop: impl Future<Output = ()>) -> ReclaimReport {
         tokio::pin!(stop);
         let mut total = ReclaimReport::default();
@@ -287,7 +321,19 @@ impl Watchdog {
             "watchdog started"
         );
         loop {
-            match self.run_once().await {
+            // Raced against the stop: against a Redis that hangs, each queue's
+            // pass waits out the response timeout, so waiting for the whole
+            // pass made a stop take that long per queue. Dropping the pass in
+            // flight is safe: each script is atomic, and what it did not
+            // finish the next watchdog's pass does.
+            let pass = tokio::select! {
+                pass = self.run_once() => pass,
+                _ = &mut stop => {
+                    info!("watchdog stopping: the pass in flight is abandoned");
+                    break;
+                }
+            };
+            match pass {
                 Ok(report) => {
                     passes += 1;
                     total.add(report);

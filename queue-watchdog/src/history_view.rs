@@ -39,7 +39,7 @@ pub fn entry_delivery(e: &HistoryEntry) -> String {
         .map(|a| format!("attempt {a}"))
         .unwrap_or_default();
     if let Some(w) = &e.worker {
-        s.push_str(&format!(" on {w}"));
+        s.push_str(&format!(" on {}", printable(w)));
     }
     if e.running() {
         s.push_str(&format!(", started {}", fmt_ts(start)));
@@ -62,7 +62,12 @@ pub fn entry_json(e: &HistoryEntry) -> Value {
 
 /// One event as a line: `time  kind  id  attempt/worker  detail`.
 pub fn event_line(e: &QueueEvent) -> String {
-    let mut s = format!("{}  {:<16} {}", fmt_ts(e.at_ms), e.kind.as_str(), e.job_id);
+    let mut s = format!(
+        "{}  {:<16} {}",
+        fmt_ts(e.at_ms),
+        printable(e.kind.as_str()),
+        printable(e.job_id.as_str())
+    );
     if let Some(a) = e.attempt {
         s.push_str(&format!("  attempt={a}"));
     }
@@ -83,4 +88,44 @@ pub fn event_json(e: &QueueEvent) -> Value {
     json!({"stream_id": e.stream_id, "event": e.kind.as_str(), "id": e.job_id.as_str(),
            "at": e.at_ms, "attempt": e.attempt, "worker": e.worker, "type": e.job_type,
            "detail": e.detail})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ids, event kinds and worker names written by producers in other
+    /// languages reach the operator's terminal as escapes.
+    #[test]
+    fn control_characters_of_ids_kinds_and_workers_are_escaped() {
+        let event = QueueEvent {
+            stream_id: "1-0".into(),
+            kind: EventKind::Other("odd\u{1b}[2J".into()),
+            job_id: "job\u{1b}]0;pwned\u{7}".into(),
+            at_ms: 0,
+            attempt: None,
+            worker: None,
+            job_type: None,
+            detail: None,
+        };
+        let line = event_line(&event);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains("odd\\u{1b}[2J"), "{line}");
+        assert!(line.contains("job\\u{1b}]0;pwned\\u{7}"), "{line}");
+
+        let entry = HistoryEntry {
+            at: 2_000,
+            kind: EventKind::Completed,
+            attempt: Some(1),
+            worker: Some("w1\n\u{1b}[31mfake".into()),
+            started_at: Some(1_000),
+            detail: None,
+        };
+        let delivery = entry_delivery(&entry);
+        assert!(!delivery.chars().any(char::is_control), "{delivery:?}");
+        assert!(
+            delivery.starts_with("attempt 1 on w1\\n\\u{1b}[31mfake, "),
+            "{delivery}"
+        );
+    }
 }

@@ -7,6 +7,8 @@
 //! one watchdog gives the whole queue's rates (docs/OPERATIONS.md, "Alerts
 //! and dashboard").
 
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use queue_core::admin::{Admin, QueueHealth};
@@ -74,10 +76,31 @@ pub fn publish(h: &QueueHealth) {
         .filter(|name| !MIRRORED.contains(&name.as_str()) && counter_like(name))
         .take(MAX_EXTRA)
         .map(String::as_str);
+    let mut last = LAST_SEEN.lock().unwrap_or_else(|e| e.into_inner());
     for name in MIRRORED.iter().copied().chain(extra) {
         let value = h.stats.counter(name).max(0) as u64;
+        let seen = last.insert((queue.clone(), name.to_string()), value);
+        // Registered even when the step is 0, so a rule has a series from the start.
         metrics::counter!(STATS_TOTAL, "queue" => queue.clone(), "counter" => name.to_string())
-            .absolute(value);
+            .increment(increment(seen, value));
+    }
+}
+
+/// The last value read from Redis per (queue, counter name). The exported
+/// counter moves by the difference with it: `Counter::absolute` is a
+/// fetch-max in metrics 0.24, so after Redis lost its counters (a restart
+/// without persistence, a failover to a lagging replica, `DEL q:{Q}:stats`)
+/// the series stayed at the old value until Redis climbed past it.
+static LAST_SEEN: LazyLock<Mutex<HashMap<(String, String), u64>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// How much the exported counter moves when Redis reads `now` after
+/// `last`: the difference, or (Redis lower: its counters were reset) all of
+/// `now`, counted since that reset. The exported counter never goes down.
+fn increment(last: Option<u64>, now: u64) -> u64 {
+    match last {
+        Some(last) if now >= last => now - last,
+        _ => now,
     }
 }
 
@@ -91,7 +114,16 @@ fn counter_like(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::counter_like;
+    use super::{counter_like, increment};
+
+    #[test]
+    fn a_counter_lower_than_last_read_is_a_reset_and_adds_its_value() {
+        assert_eq!(increment(None, 5), 5, "first read: the whole value");
+        assert_eq!(increment(Some(5), 5), 0);
+        assert_eq!(increment(Some(5), 8), 3);
+        assert_eq!(increment(Some(5), 1), 1, "reset: counted since the reset");
+        assert_eq!(increment(Some(5), 0), 0);
+    }
 
     #[test]
     fn only_counter_like_names_become_labels() {

@@ -439,3 +439,64 @@ fn function_libraries_of_this_and_other_versions_are_listed() {
         format!("once no process of that version runs: FUNCTION DELETE {old}")
     );
 }
+
+/// Only the dead-letter list key of a queue (`QueueKeys::dead`) is read as
+/// one: the job hash of an id ending in `}:dead` is not. A dead-letter key of
+/// another type (corrupt data) is a CRITICAL finding naming it, with the
+/// report; before, either one failed the pipelined `LLEN` and the doctor
+/// exited 2 as if Redis could not be reached.
+#[test]
+fn a_job_id_ending_like_a_dead_key_and_a_wrong_typed_dead_key_are_not_exit_2() {
+    let server = RedisServer::start_with(SAFE).unwrap();
+    let (q, broken) = (
+        queue_core::QueueKeys::new("orders"),
+        queue_core::QueueKeys::new("billing"),
+    );
+    let id = "order-7}:dead";
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let queue = queue_core::Queue::connect(&server.url()).await.unwrap();
+        queue
+            .enqueue_raw(
+                &q.queue,
+                "send",
+                1,
+                3,
+                queue_core::EnqueueOptions::new().id(id),
+                b"\x80",
+            )
+            .await
+            .unwrap();
+    });
+    assert!(q.job(id).ends_with("}:dead"), "{}", q.job(id));
+    server
+        .command(&["RPUSH", &q.dead, "old-1", "old-2"])
+        .unwrap();
+
+    let (code, v) = doctor_json(&server.url(), &[]);
+    assert_eq!(code, 0, "{v:#}");
+    assert_eq!(
+        findings(&v, "dead-letters"),
+        [(
+            "ok".to_string(),
+            "dead-letter lists at most 2 entries".to_string()
+        )]
+    );
+
+    server
+        .command(&["SET", &broken.dead, "not-a-list"])
+        .unwrap();
+    let (code, out) = doctor(&server.url(), &[]);
+    assert_eq!(code, 1, "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("CRITICAL  dead-letters"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(
+        line.contains(&format!(
+            "1 dead-letter key(s) of another type than list: {} (string)",
+            broken.dead
+        )),
+        "{line}"
+    );
+    assert!(out.contains("verdict: NOT SAFE"), "{out}");
+}

@@ -337,6 +337,72 @@ fn scrape_until_mirrored(addr: &str) -> String {
     }
 }
 
+/// Scrapes until the mirror of `counter` reads `want`; `Err` with the last
+/// body when it never does within 30 s.
+fn scrape_until_counter(addr: &str, counter: &str, want: u64) -> Result<String, String> {
+    let line = format!("queue_stats_total{{queue=\"{QUEUE}\",counter=\"{counter}\"}} {want}\n");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = scrape(addr).unwrap_or_default();
+        if body.contains(&line) {
+            return Ok(body);
+        }
+        if Instant::now() >= deadline {
+            return Err(body);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Redis lost the queue's counters (restart without persistence, failover to
+/// a lagging replica, `DEL q:{Q}:stats`): the exported counter goes on from
+/// where it was by what Redis counts since (a reset seen as a new start),
+/// never down. Before, it was set with `Counter::absolute`, a fetch-max in
+/// metrics 0.24: it stayed at the old value until Redis climbed past it.
+#[test]
+fn the_counter_mirror_moves_on_after_redis_lost_its_counters() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let addr = format!("127.0.0.1:{}", queue_testkit::free_port().unwrap());
+    let _watchdog = KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--redis", &url, "-q", QUEUE, "--interval-ms", "100"])
+            .args(["--metrics-listen", &addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let queue = rt.block_on(Queue::connect(&url)).unwrap();
+    let enqueue = |n: usize| {
+        rt.block_on(async {
+            for _ in 0..n {
+                task::enqueue(&queue, Task { mode: "ok".into() })
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+
+    enqueue(5);
+    if let Err(body) = scrape_until_counter(&addr, "enqueued", 5) {
+        panic!("the mirror never showed 5 enqueued:\n{body}");
+    }
+    rt.block_on(async {
+        let mut c = queue.connection();
+        redis::cmd("DEL")
+            .arg(QueueKeys::new(QUEUE).stats)
+            .query_async::<()>(&mut c)
+            .await
+            .unwrap();
+    });
+    enqueue(1);
+    if let Err(body) = scrape_until_counter(&addr, "enqueued", 6) {
+        panic!("after the stats key was deleted and 1 job enqueued, the counter did not move on to 6 (stuck at the old value?):\n{body}");
+    }
+}
+
 #[test]
 fn metric_names_are_read_from_promql() {
     let names = metric_names(

@@ -197,18 +197,10 @@ async fn an_unreadable_job_with_a_cancel_request_ends_cancelled() {
     assert_eq!(status.as_deref(), Some("cancelled"));
 }
 
-/// Item 4: a queue whose pass fails (its leases key has the wrong type) is
-/// counted and logged; the queue after it still gets its pass.
-#[tokio::test]
-async fn one_failing_queue_does_not_stop_the_watchdog_for_the_others() {
-    let (_server, url, queue) = redis_and_queue().await;
-    let mut c = redis_conn(&url).await;
-    let _: () = c
-        .set(QueueKeys::new("broken").leases, "not a zset")
-        .await
-        .unwrap();
-    // An expired delivery on `tasks`, the queue after the broken one.
-    let id = task::enqueue(&queue, a_task(&url)).await.unwrap();
+/// A `task` job of `tasks` whose delivery's lease expired, as a worker that
+/// died mid-job leaves it (main is left empty).
+async fn expired_delivery(url: &str, queue: &Queue, c: &mut redis::aio::MultiplexedConnection) {
+    let id = task::enqueue(queue, a_task(url)).await.unwrap();
     let k = QueueKeys::new("tasks");
     let _: () = c.lpop(&k.main, None).await.unwrap();
     let _: () = c.lpush(&k.processing, id.as_str()).await.unwrap();
@@ -220,6 +212,20 @@ async fn one_failing_queue_does_not_stop_the_watchdog_for_the_others() {
         .await
         .unwrap();
     let _: () = c.zadd(&k.leases, id.as_str(), 1).await.unwrap();
+}
+
+/// Item 4: a queue whose pass fails (its leases key has the wrong type) is
+/// counted and logged; the queue after it still gets its pass.
+#[tokio::test]
+async fn one_failing_queue_does_not_stop_the_watchdog_for_the_others() {
+    let (_server, url, queue) = redis_and_queue().await;
+    let mut c = redis_conn(&url).await;
+    let _: () = c
+        .set(QueueKeys::new("broken").leases, "not a zset")
+        .await
+        .unwrap();
+    // An expired delivery on `tasks`, the queue after the broken one.
+    expired_delivery(&url, &queue, &mut c).await;
 
     let watchdog = Watchdog::connect(&url, ["broken", "tasks"], fast_watchdog())
         .await
@@ -227,6 +233,34 @@ async fn one_failing_queue_does_not_stop_the_watchdog_for_the_others() {
     let report = watchdog.run_once().await.unwrap();
     assert_eq!(report.failed_queue_passes, 1);
     assert_eq!(report.reclaimed, 1, "the second queue got its pass");
+}
+
+/// A queue whose reclaim succeeds and whose promote then fails (its main
+/// list holds another type): the pass is counted failed, and the delivery it
+/// returned is still in the report (and the metrics and the log). Before,
+/// the failing step returned early and the whole queue's report was dropped:
+/// `reclaimed` read 0 for a job the script had moved.
+#[tokio::test]
+async fn a_failing_step_after_the_reclaim_keeps_its_count() {
+    let (_server, url, queue) = redis_and_queue().await;
+    let mut c = redis_conn(&url).await;
+    expired_delivery(&url, &queue, &mut c).await;
+    let _: () = c
+        .set(QueueKeys::new("tasks").main, "not a list")
+        .await
+        .unwrap();
+
+    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        .await
+        .unwrap();
+    let report = watchdog.run_once().await.unwrap();
+    assert_eq!(report.failed_queue_passes, 1, "the promote failed");
+    assert_eq!(report.reclaimed, 1, "{report:?}");
+    let counted: i64 = c
+        .hget(QueueKeys::new("tasks").stats, "reclaimed")
+        .await
+        .unwrap();
+    assert_eq!(counted, 1, "the script did return it");
 }
 
 /// Item 9: when the blocking connection of the second queue cannot be made,

@@ -626,3 +626,56 @@ async fn a_lock_fence_expires_and_a_recreated_one_still_grows() {
         second.fencing()
     );
 }
+
+// ---- a stop during a pass against a hung Redis --------------------------
+
+/// Scenario: Redis hangs (SIGSTOP) while a watchdog of three queues is in a
+/// pass, and the watchdog is told to stop. `run_until` abandons the pass in
+/// flight (each script is atomic) and returns. Before, it checked the stop
+/// only between passes: it waited out the response timeout of every queue
+/// first, about 3 × `response_timeout` (a SIGTERM to `queue-watchdog run`
+/// took that long).
+#[tokio::test]
+async fn a_stop_during_a_pass_against_a_hung_redis_does_not_wait_out_every_queue() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let timeout = Duration::from_secs(5);
+    let cfg = WatchdogConfig {
+        connection: ConnectionConfig {
+            connection_timeout: timeout,
+            response_timeout: timeout,
+        },
+        interval: Duration::from_millis(50),
+        ..WatchdogConfig::default()
+    };
+    let dog = Watchdog::connect(&server.url(), ["hang-1", "hang-2", "hang-3"], cfg)
+        .await
+        .expect("watchdog connects");
+    // A first pass against the live server: the connection is up and used.
+    dog.run_once().await.expect("a pass");
+
+    let _paused = Paused::pause(&server);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(async move {
+        dog.run_until(async {
+            let _ = stop_rx.await;
+        })
+        .await;
+        Instant::now()
+    });
+    // The pass after the pause is in flight (hung on the first queue).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stopped_at = Instant::now();
+    stop_tx.send(()).expect("run_until still runs");
+    // Generous against a loaded machine; the old code takes about 3 × timeout.
+    let bound = timeout * 2;
+    let returned_at = tokio::time::timeout(bound * 6, run)
+        .await
+        .expect("run_until returned at all")
+        .expect("the task did not panic");
+    let took = returned_at - stopped_at;
+    assert!(
+        took < bound,
+        "run_until took {took:?} after the stop (response timeout {timeout:?}, 3 queues)"
+    );
+}

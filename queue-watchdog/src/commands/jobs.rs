@@ -7,7 +7,7 @@ use queue_core::admin::{Admin, JobDetail};
 use serde_json::json;
 
 use crate::error::Result;
-use crate::format::{display_field, fmt_rel, fmt_ts, payload_json};
+use crate::format::{display_field, fmt_rel, fmt_ts, payload_json, printable};
 use crate::history_view::{entry_delivery, entry_name};
 use crate::views::{describe_where, event_detail, event_name, job_detail_json};
 
@@ -44,9 +44,11 @@ pub async fn show(url: &str, id: &str, named: &[String], json: bool) -> Result<E
 }
 
 fn render(d: &JobDetail) -> String {
-    let f = |k: &str| d.field(k).unwrap_or("?");
+    // Text a producer or worker wrote (possibly in another language): made
+    // printable, so no control character reaches the terminal.
+    let f = |k: &str| printable(d.field(k).unwrap_or("?"));
     let job = d.job.as_ref().filter(|j| !j.fields.is_empty());
-    let mut s = format!("job {} (queue {})\n", d.id, d.queue);
+    let mut s = format!("job {} (queue {})\n", printable(d.id.as_str()), d.queue);
     s.push_str(&format!("  where     {}\n", describe_where(d)));
     if job.is_some() {
         s.push_str(&format!("  state     {}\n", f("state")));
@@ -61,7 +63,7 @@ fn render(d: &JobDetail) -> String {
         }
         if let Some(worker) = d.field("worker").filter(|w| !w.is_empty()) {
             // Written by the claim of the current (or, once it ended, the last) delivery.
-            s.push_str(&format!("  worker    {worker}\n"));
+            s.push_str(&format!("  worker    {}\n", printable(worker)));
         }
     }
     s.push_str("history (the hash keeps the latest time of each kind of event)\n");
@@ -71,7 +73,7 @@ fn render(d: &JobDetail) -> String {
             fmt_ts(e.at),
             format!("({})", fmt_rel(e.at, d.now_ms)),
             event_name(&e.kind),
-            event_detail(&e.kind)
+            printable(&event_detail(&e.kind))
         ));
     }
     s.push_str("deliveries (each attempt and what ended it)\n");
@@ -82,7 +84,7 @@ fn render(d: &JobDetail) -> String {
             format!("({})", fmt_rel(e.at, d.now_ms)),
             entry_name(e),
             entry_delivery(e),
-            e.detail.as_deref().unwrap_or("")
+            printable(e.detail.as_deref().unwrap_or(""))
         ));
     }
     if let Some(job) = job {
@@ -109,7 +111,7 @@ fn render(d: &JobDetail) -> String {
     if d.steps.is_empty() {
         s.push_str("steps: none\n");
     } else {
-        s.push_str(&format!("steps: {}\n", d.steps.join(", ")));
+        s.push_str(&format!("steps: {}\n", printable(&d.steps.join(", "))));
     }
     s
 }

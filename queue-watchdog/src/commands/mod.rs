@@ -107,18 +107,31 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|e| CliError::Other(e.to_string()))
 }
 
-/// Completes on SIGTERM or ctrl-c.
-pub async fn termination() {
+/// Completes on SIGTERM or ctrl-c (SIGINT). The handlers are installed by
+/// this call, not when the future is first polled: a signal that comes
+/// before (during a connect or the first watchdog pass) is kept and ends
+/// the future at its first poll, instead of killing the process (the
+/// default action) or being waited on for a whole pass.
+pub fn termination() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        match (term, int) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
             }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
+            (Ok(mut one), Err(_)) | (Err(_), Ok(mut one)) => {
+                one.recv().await;
+            }
+            (Err(e), Err(_)) => {
+                // The default actions still end the process.
+                tracing::warn!(error = %e, "cannot listen for SIGTERM or ctrl-c; no graceful stop");
+                std::future::pending::<()>().await
+            }
         }
     }
 }

@@ -10,6 +10,9 @@ use crate::cli::RunArgs;
 use crate::error::Result;
 
 pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
+    // Before the connect and the first pass: a SIGTERM from then on stops
+    // the loop (see `termination`). Not with --once, which a signal ends.
+    let stop = (!args.once).then(super::termination);
     if let Some(addr) = args.metrics_listen {
         crate::metrics_export::serve(addr)?;
         tracing::info!(%addr, "serving Prometheus metrics at http://{addr}/metrics");
@@ -54,6 +57,8 @@ pub async fn run(url: &str, args: RunArgs) -> Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    watchdog.run_until(super::termination()).await;
+    if let Some(stop) = stop {
+        watchdog.run_until(stop).await;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -373,6 +373,16 @@ const DEAD_WARN: u64 = 10_000;
 /// Dead-letter lists that grew past [`DEAD_WARN`] (the watchdog trims them
 /// unless its trim is off).
 fn dead_letters(f: &Facts, _opts: Options, out: &mut Findings) {
+    if !f.dead_wrong_type.is_empty() {
+        let keys: Vec<String> = f
+            .dead_wrong_type
+            .iter()
+            .map(|(k, t)| format!("{} ({})", crate::format::printable(k), t))
+            .collect();
+        out.add(Critical, format!("{} dead-letter key(s) of another type than list: {}", keys.len(), keys.join(", ")),
+            "the queue's scripts refuse a dead-letter key of another type: every fetch, failure, promotion and watchdog pass of that queue fails, so its jobs stop running and the jobs of dead workers are never returned",
+            "inspect the key (TYPE, DUMP); RENAME it aside, then the queue runs again with a new dead-letter list; find the code or tool that wrote it");
+    }
     let over: Vec<String> = f
         .dead_lengths
         .iter()

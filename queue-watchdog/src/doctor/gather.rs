@@ -68,7 +68,7 @@ async fn libraries(c: &mut RedisConnection) -> Option<Vec<String>> {
         .arg("LIST")
         .arg("LIBRARYNAME")
         .arg("queue_core_*")
-        .query_async(c)
+        .query_async(&mut *c)
         .await
         .ok()?;
     Some(library_names(&list))
@@ -113,6 +113,51 @@ pub fn parse_info(text: &str) -> HashMap<String, String> {
         .collect()
 }
 
+/// True when `key` is exactly the dead-letter list key of some queue
+/// (`QueueKeys::dead`): `q:{`, a queue name an enqueue accepts, `}:dead`.
+/// Not any key ending in `}:dead`: the job hash of id `order-7}:dead` is
+/// `q:{x}:job:order-7}:dead`.
+fn is_dead_list_key(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix("q:{") else {
+        return false;
+    };
+    let Some((queue, tail)) = rest.split_once('}') else {
+        return false;
+    };
+    tail == ":dead"
+        && queue_core::validate_queue_name(queue).is_ok()
+        && QueueKeys::new(queue).dead == key
+}
+
+/// The lengths of the dead-letter lists `dead` into `facts.dead_lengths`.
+/// A key of another type (corrupt data: the queue's reclaims and
+/// dead-letterings fail) goes to `facts.dead_wrong_type`, a finding: each
+/// `LLEN` answers on its own, as one `WRONGTYPE` failed the whole pipeline
+/// and the doctor with it (exit 2, "cannot connect").
+async fn dead_lengths(c: &mut RedisConnection, dead: &[&String], facts: &mut Facts) -> Result<()> {
+    let mut pipe = redis::pipe();
+    for k in dead {
+        pipe.cmd("LLEN").arg(*k);
+    }
+    let lens: Vec<redis::RedisResult<u64>> = pipe
+        .ignore_errors()
+        .query_async(&mut *c)
+        .await
+        .map_err(CliError::redis("LLEN of dead-letter lists"))?;
+    for (k, len) in dead.iter().zip(lens) {
+        match len {
+            Ok(n) => facts.dead_lengths.push(((*k).clone(), n)),
+            Err(e) => {
+                let kind: redis::RedisResult<String> =
+                    redis::cmd("TYPE").arg(*k).query_async(&mut *c).await;
+                let kind = kind.unwrap_or_else(|_| format!("unreadable: {e}"));
+                facts.dead_wrong_type.push(((*k).clone(), kind));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Keys of a queue that expire by design: completion records, step results,
 /// per-minute throughput counters, fetch receipts.
 async fn scan_ttls(conn: &RedisConnection, limit: u64, facts: &mut Facts) -> Result<()> {
@@ -135,19 +180,9 @@ async fn scan_ttls(conn: &RedisConnection, limit: u64, facts: &mut Facts) -> Res
             .into_iter()
             .filter(|k| !QueueKeys::expires_by_design(k))
             .collect();
-        let dead: Vec<&String> = keys.iter().filter(|k| k.ends_with("}:dead")).collect();
+        let dead: Vec<&String> = keys.iter().filter(|k| is_dead_list_key(k)).collect();
         if !dead.is_empty() {
-            let mut pipe = redis::pipe();
-            for k in &dead {
-                pipe.cmd("LLEN").arg(*k);
-            }
-            let lens: Vec<u64> = pipe
-                .query_async(&mut c)
-                .await
-                .map_err(CliError::redis("LLEN of dead-letter lists"))?;
-            facts
-                .dead_lengths
-                .extend(dead.into_iter().cloned().zip(lens));
+            dead_lengths(&mut c, &dead, facts).await?;
         }
         if !keys.is_empty() {
             let mut pipe = redis::pipe();

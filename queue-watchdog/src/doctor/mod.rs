@@ -97,6 +97,9 @@ pub struct Facts {
     pub scan_complete: bool,
     /// Dead-letter list lengths found by the scan: (queue key, length).
     pub dead_lengths: Vec<(String, u64)>,
+    /// Dead-letter keys found by the scan that are not lists: (key, its
+    /// Redis type).
+    pub dead_wrong_type: Vec<(String, String)>,
     /// The queue-core function libraries on the server (`FUNCTION LIST
     /// LIBRARYNAME queue_core_*`); `None` when that could not be read.
     pub libraries: Option<Vec<String>>,
