@@ -198,42 +198,71 @@ impl Watchdog {
     }
 
     /// One queue's pass; `failed_queue_passes` is 1 when a step failed (each
-    /// failure is logged with the queue and the step).
+    /// failure is logged with the queue and the step). A step refused for
+    /// the queue's data (a corrupt key) does not stop the others; any other
+    /// failure (a timeout, a lost connection, Redis loading or read-only)
+    /// would fail every later step the same way, each after its own response
+    /// timeout, so the queue's pass ends there.
     async fn pass(&self, keys: &QueueKeys) -> ReclaimReport {
         let mut conn = self.conn.clone();
         let mut report = ReclaimReport::default();
         let mut failed = false;
-        let mut step_failed = |step: &str, e: QueueError| {
-            warn!(queue = %keys.queue, step, error = %e, "watchdog pass of this queue failed at this step; its other steps and the other queues go on");
-            failed = true;
-        };
-        if let Err(e) = self.reclaim_all(&mut conn, keys, &mut report).await {
-            step_failed("reclaim", e);
-        }
-        // Right after the reclaim: a later step that fails must not lose
-        // what it returned (the scripts already moved those jobs).
-        crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
-        match promote_all_due(&mut conn, keys).await {
-            Ok(n) => report.promoted += n,
-            Err(e) => step_failed("promote", e),
-        }
-        match self.trim_dead(&mut conn, keys).await {
-            Ok(n) => report.trimmed += n,
-            Err(e) => step_failed("dead-letter trim", e),
-        }
-        // The relay's safety net (a worker relays its own queue's notices at
-        // once): a failure is logged, not counted, and the next pass retries.
-        match crate::workflow::relay::relay_queue(&mut conn, &keys.queue).await {
-            Ok(r) => report.relayed += r.applied,
-            Err(e) => {
-                warn!(queue = %keys.queue, error = %e, "relay of this queue's batch notices failed; the next pass retries")
+        let mut go_on = |step: &str, e: QueueError| {
+            let data = e.is_data_error();
+            if data {
+                warn!(queue = %keys.queue, step, error = %e, "watchdog pass of this queue failed at this step; its other steps and the other queues go on");
+            } else {
+                warn!(queue = %keys.queue, step, error = %e, "watchdog pass of this queue failed at this step; the rest of its pass is skipped (Redis unavailable), the other queues go on");
             }
-        }
-        if self.config.publish_gauges {
-            let queue = crate::queue::Queue::from_connection(conn);
-            match queue.stats(&keys.queue).await {
-                Ok(stats) => crate::metrics::depth(&stats),
-                Err(e) => step_failed("stats", e),
+            failed = true;
+            data
+        };
+        'steps: {
+            let reclaimed = self.reclaim_all(&mut conn, keys, &mut report).await;
+            // Right after the reclaim: a later step that fails must not lose
+            // what it returned (the scripts already moved those jobs).
+            crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
+            if let Err(e) = reclaimed {
+                if !go_on("reclaim", e) {
+                    break 'steps;
+                }
+            }
+            match promote_all_due(&mut conn, keys).await {
+                Ok(n) => report.promoted += n,
+                Err(e) => {
+                    if !go_on("promote", e) {
+                        break 'steps;
+                    }
+                }
+            }
+            match self.trim_dead(&mut conn, keys).await {
+                Ok(n) => report.trimmed += n,
+                Err(e) => {
+                    if !go_on("dead-letter trim", e) {
+                        break 'steps;
+                    }
+                }
+            }
+            // The relay's safety net (a worker relays its own queue's notices
+            // at once): a failure is logged, not counted, and the next pass
+            // retries.
+            match crate::workflow::relay::relay_queue(&mut conn, &keys.queue).await {
+                Ok(r) => report.relayed += r.applied,
+                Err(e) => {
+                    warn!(queue = %keys.queue, error = %e, "relay of this queue's batch notices failed; the next pass retries");
+                    if !e.is_data_error() {
+                        break 'steps;
+                    }
+                }
+            }
+            if self.config.publish_gauges {
+                let queue = crate::queue::Queue::from_connection(conn);
+                match queue.stats(&keys.queue).await {
+                    Ok(stats) => crate::metrics::depth(&stats),
+                    Err(e) => {
+                        go_on("stats", e);
+                    }
+                }
             }
         }
         if !report.is_empty() {

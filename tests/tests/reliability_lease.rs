@@ -679,3 +679,44 @@ async fn a_stop_during_a_pass_against_a_hung_redis_does_not_wait_out_every_queue
         "run_until took {took:?} after the stop (response timeout {timeout:?}, 3 queues)"
     );
 }
+
+/// Scenario: Redis hangs (SIGSTOP) and a watchdog pass starts. The first
+/// step of the queue's pass (the reclaim) times out; the queue's pass ends
+/// there, counted as failed, instead of trying promote, dead-letter trim
+/// and relay, each of which would wait out its own response timeout (a pass
+/// over many queues during an outage then took steps × queues × timeout).
+/// A step refused for the queue's data still lets the others run
+/// (`reliability.rs::a_failing_step_after_the_reclaim_keeps_its_count`).
+#[tokio::test]
+async fn a_pass_against_a_hung_redis_ends_the_queues_pass_at_its_first_timeout() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let timeout = Duration::from_secs(2);
+    let cfg = WatchdogConfig {
+        connection: ConnectionConfig {
+            connection_timeout: timeout,
+            response_timeout: timeout,
+        },
+        ..WatchdogConfig::default()
+    };
+    let dog = Watchdog::connect(&server.url(), ["hang-1"], cfg)
+        .await
+        .expect("watchdog connects");
+    dog.run_once()
+        .await
+        .expect("a pass against the live server");
+
+    let paused = Paused::pause(&server);
+    let started = Instant::now();
+    let report = dog.run_once().await.expect("run_once reports");
+    let took = started.elapsed();
+    drop(paused);
+    assert_eq!(report.failed_queue_passes, 1, "{report:?}");
+    // One timeout (and at most a reconnect) with slack for a loaded machine;
+    // a pass that tries every step waits at least four timeouts.
+    let bound = timeout * 2;
+    assert!(
+        took < bound,
+        "the pass took {took:?} against a hung Redis (response timeout {timeout:?})"
+    );
+}
