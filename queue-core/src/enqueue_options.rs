@@ -70,6 +70,7 @@ pub const CORE_JOB_FIELDS: &[&str] = &[
     "worker",
     "cancel_requested",
     "limit_slot",
+    "ready_at",
 ];
 
 /// Checks extra fields as the enqueue scripts do, before anything is sent:

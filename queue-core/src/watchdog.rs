@@ -247,7 +247,8 @@ impl Watchdog {
         crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
         if self.config.publish_gauges {
             let queue = crate::queue::Queue::from_connection(conn);
-            crate::metrics::depth(&queue.stats(&keys.queue).await?);
+            // No group list read: the gauges carry no group figure (GROUPS.md).
+            crate::metrics::depth(&queue.stats_with_group_limit(&keys.queue, 0).await?);
         }
         Ok(report)
     }
