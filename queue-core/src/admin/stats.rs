@@ -46,7 +46,7 @@ pub struct QueueStats {
     /// [`STATS_GROUP_LIMIT`] groups are read ([`grouped_partial`](Self::grouped_partial)).
     pub grouped: u64,
     /// Group keys holding another type than a list (corrupt data), left out
-    /// of `grouped` (and skipped by fetches): `check` reports them.
+    /// of `grouped` (fetches skip them too), with a warning in the Redis log.
     pub grouped_unreadable: u64,
     /// More groups than the stats read ([`STATS_GROUP_LIMIT`], or the limit
     /// given to [`Queue::stats_with_group_limit`]): `grouped` counts the

@@ -1080,7 +1080,7 @@ end
 -- most `limit` group lists (nil: every one): O(min(groups, limit)) calls.
 -- Returns the count, the number of groups left out because their key holds
 -- another type (corrupt data: skipped with a warning in the Redis log, as a
--- fetch skips them; `check` reports them), and true when the limit left
+-- fetch skips them), and true when the limit left
 -- groups unread (the count is then a lower bound).
 local function grouped_waiting(main, limit)
   local ring, prefix, paused = group_keys(main)

@@ -18,7 +18,7 @@ local tail = redis.call('LINDEX', KEYS[1], -1)
 if tail then
   -- `ready_at`: when a job that came back (promoted, replayed, repaired) last
   -- started waiting; a job waiting since its enqueue has none. A job key of
-  -- another type (corrupt data, `check` reports it) reads as none.
+  -- another type (corrupt data) reads as none.
   local h = read_job(ARGV[1] .. tail, 'ready_at', 'enqueued_at')
   if h then oldest = as_count(h[1]) or as_count(h[2]) or 0 end
 end
