@@ -378,6 +378,7 @@ mod tests {
             with(&[("", "x")]),
             with(&[("state", "done")]),
             with(&[("limit_slot", "0")]),
+            with(&[("ready_at", "0")]),
             with(&[("group", "a"), ("tenant", "t"), ("group", "b")]),
         ] {
             let err = bad.validate("emails").unwrap_err();
