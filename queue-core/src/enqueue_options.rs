@@ -70,6 +70,7 @@ pub const CORE_JOB_FIELDS: &[&str] = &[
     "worker",
     "cancel_requested",
     "limit_slot",
+    "ready_at",
 ];
 
 /// Checks extra fields as the enqueue scripts do, before anything is sent:
@@ -377,6 +378,7 @@ mod tests {
             with(&[("", "x")]),
             with(&[("state", "done")]),
             with(&[("limit_slot", "0")]),
+            with(&[("ready_at", "0")]),
             with(&[("group", "a"), ("tenant", "t"), ("group", "b")]),
         ] {
             let err = bad.validate("emails").unwrap_err();

@@ -257,7 +257,8 @@ impl Watchdog {
             }
             if self.config.publish_gauges {
                 let queue = crate::queue::Queue::from_connection(conn);
-                match queue.stats(&keys.queue).await {
+                // No group list read: the gauges carry no group figure (GROUPS.md).
+                match queue.stats_with_group_limit(&keys.queue, 0).await {
                     Ok(stats) => crate::metrics::depth(&stats),
                     Err(e) => {
                         go_on("stats", e);

@@ -46,6 +46,8 @@ const MAX_EXTRA: usize = 16;
 
 /// Reads every queue each `every` until the runtime stops. A failed read is
 /// logged and leaves the last values (and the timestamp, which then ages).
+/// No group list is read (no series carries the grouped count): the read
+/// costs Redis the same however many groups a queue has (docs/GROUPS.md).
 pub fn spawn(admin: Admin, queues: Vec<String>, every: Duration) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
@@ -53,7 +55,7 @@ pub fn spawn(admin: Admin, queues: Vec<String>, every: Duration) -> JoinHandle<(
         loop {
             tick.tick().await;
             for queue in &queues {
-                match admin.health(queue).await {
+                match admin.health_with_group_limit(queue, 0).await {
                     Ok(h) => publish(&h),
                     Err(e) => tracing::warn!(queue, error = %e, "reading queue metrics failed"),
                 }

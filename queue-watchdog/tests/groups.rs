@@ -71,3 +71,42 @@ fn group_pause_resume_and_check_of_grouped_jobs() {
     let (_, out, _) = run(&url, &["stats", "-q", "emails"]);
     assert!(out.contains("1 job(s) waiting in group lists"), "{out}");
 }
+
+/// A group of the ring whose list key holds a string (corrupt data) made
+/// `stats` fail with WRONGTYPE (exit 2). It answers, counts the other
+/// groups, and names the unreadable one.
+#[test]
+fn stats_answers_when_a_group_list_is_corrupt() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    server
+        .command(&[
+            "HSET",
+            &k.job("g1"),
+            "id",
+            "g1",
+            "state",
+            "queued",
+            "enqueued_at",
+            "1",
+            "group",
+            "acme",
+        ])
+        .unwrap();
+    server.command(&["LPUSH", &k.group("acme"), "g1"]).unwrap();
+    server.command(&["SET", &k.group("bad"), "x"]).unwrap();
+    server
+        .command(&["RPUSH", &k.groups(), "", "bad", "acme"])
+        .unwrap();
+    let (ok, out, err) = run(&url, &["stats", "-q", "emails"]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("1 job(s) waiting in group lists"), "{out}");
+    assert!(out.contains("1 group list(s) UNREADABLE"), "{out}");
+    let (ok, out, err) = run(&url, &["stats", "-q", "emails", "--json"]);
+    assert!(ok, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v[0]["grouped"], 1, "{v}");
+    assert_eq!(v[0]["grouped_unreadable"], 1, "{v}");
+    assert_eq!(v[0]["grouped_partial"], false, "{v}");
+}

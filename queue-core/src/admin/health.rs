@@ -48,7 +48,20 @@ impl Admin {
     /// # Ok(()) }
     /// ```
     pub async fn health(&self, queue: &str) -> Result<QueueHealth> {
-        let stats = self.queue.stats(queue).await?;
+        self.health_with_group_limit(queue, super::STATS_GROUP_LIMIT)
+            .await
+    }
+
+    /// [`health`](Self::health) reading at most `max_groups` group lists
+    /// ([`Queue::stats_with_group_limit`](crate::Queue::stats_with_group_limit)):
+    /// `0` for a sampler that exports no group figure, so that its snapshot
+    /// costs Redis the same however many groups the queue has.
+    pub async fn health_with_group_limit(
+        &self,
+        queue: &str,
+        max_groups: u64,
+    ) -> Result<QueueHealth> {
+        let stats = self.queue.stats_with_group_limit(queue, max_groups).await?;
         let k = QueueKeys::new(queue);
         let (now, expired, leased, due, oldest, next): (i64, u64, u64, u64, i64, i64) = HEALTH
             .key(&k.processing)

@@ -64,7 +64,7 @@ pub use journal::HistoryEntry;
 pub use listings::{LeaseStatus, Listing, Page, ProcessingJob, WaitingJob};
 pub use locate::Location;
 pub use repair::{Repair, RepairAction, MISSING_HASH_REASON};
-pub use stats::QueueStats;
+pub use stats::{QueueStats, STATS_GROUP_LIMIT};
 
 /// The name of this version's Redis function library, `queue_core_<hash>`:
 /// every queue script runs as one of its functions (docs/OPERATIONS.md, "The

@@ -61,7 +61,8 @@ if h[1] == 'active' and h[3] and h[3] ~= '' and lease_until and lease == lease_u
   return 'processing'
 end
 push_waiting(KEYS[1], id, group) -- main, or its group's list
-redis.call('HSET', KEYS[6], 'state', 'queued', 'repaired_at', now)
+-- Waiting from now on (`ready_at`: stats count its waiting age from here).
+redis.call('HSET', KEYS[6], 'state', 'queued', 'repaired_at', now, 'ready_at', now)
 -- A cancel asked of the lost delivery is not the next one's (extend.lua
 -- would tell the next handler to cancel, fail.lua end it cancelled).
 redis.call('HDEL', KEYS[6], 'token', 'lease_until', 'run_at', 'cancel_requested')

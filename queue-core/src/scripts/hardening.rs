@@ -1429,3 +1429,124 @@ async fn a_zero_wait_gives_the_job_back_while_its_version_is_announced() {
     let reply = fx.defer(&d, Duration::ZERO).await;
     assert!(matches!(reply, FailReply::Dead { .. }), "{reply:?}");
 }
+
+/// The snapshot of `keys` through `stats.lua`, reading at most `group_limit`
+/// group lists.
+async fn stats_of(fx: &Fixture, group_limit: u64) -> Result<super::stats::StatsReply> {
+    super::stats::Stats {
+        keys: &fx.keys,
+        group_limit,
+    }
+    .run(&mut fx.conn.clone())
+    .await
+}
+
+/// A group of the ring whose list key holds a string (corrupt data) failed
+/// `stats` with WRONGTYPE (the watchdog's `stats` exited 2, a sampler's
+/// gauges froze), where a fetch skips such a group. The group is left out
+/// of `grouped` and counted as unreadable; the other groups are counted.
+#[tokio::test]
+async fn stats_leaves_out_a_group_list_of_another_type() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for (id, group) in [("a1", "A"), ("b1", "B"), ("b2", "B")] {
+        fx.enqueue_extra(id, 3, &[("group".to_string(), group.to_string())])
+            .await;
+    }
+    fx.enqueue("plain", 3).await;
+    fx.cmd(&["DEL", &k.group("A")]).await;
+    fx.cmd(&["SET", &k.group("A"), "x"]).await;
+    let s = stats_of(&fx, crate::admin::STATS_GROUP_LIMIT)
+        .await
+        .expect("stats with a corrupt group list");
+    assert_eq!(s.main, 1);
+    assert_eq!(
+        (s.grouped, s.grouped_unreadable, s.grouped_partial),
+        (2, 1, false)
+    );
+    // The public snapshot, as `queue-watchdog stats` and the samplers read it.
+    let queue = crate::Queue::from_connection(fx.conn.clone());
+    let stats = queue.stats(&k.queue).await.unwrap();
+    assert_eq!((stats.grouped, stats.grouped_unreadable), (2, 1));
+}
+
+/// Each group read costs `stats` one call (O(groups): 100,000 groups took
+/// ~170 ms of Redis per snapshot): a snapshot reads at most its group limit
+/// and says when groups were left unread; a limit of 0 reads none.
+#[tokio::test]
+async fn stats_reads_at_most_its_group_limit_and_says_so() {
+    let mut fx = Fixture::start().await;
+    for (id, group) in [("a1", "A"), ("b1", "B"), ("c1", "C"), ("c2", "C")] {
+        fx.enqueue_extra(id, 3, &[("group".to_string(), group.to_string())])
+            .await;
+    }
+    let all = stats_of(&fx, 3).await.unwrap();
+    assert_eq!((all.grouped, all.grouped_partial), (4, false));
+    let some = stats_of(&fx, 2).await.unwrap();
+    assert!(some.grouped_partial && some.grouped < 4, "{some:?}");
+    let none = stats_of(&fx, 0).await.unwrap();
+    assert_eq!((none.grouped, none.grouped_partial), (0, true));
+    // A paused group (out of the ring once a fetch meets it) is read too.
+    let paused = fx.keys.groups_paused();
+    fx.cmd(&["HSET", &paused, "D", "1"]).await;
+    fx.enqueue_extra("d1", 3, &[("group".to_string(), "D".to_string())])
+        .await;
+    let with_paused = stats_of(&fx, 4).await.unwrap();
+    assert_eq!(
+        (with_paused.grouped, with_paused.grouped_partial),
+        (5, false)
+    );
+}
+
+/// `oldest_waiting_ms` read the oldest waiting job's `enqueued_at`: a job
+/// enqueued with a delay read as waiting since its enqueue right after it
+/// was promoted (a job scheduled a day ahead read as a day old, feeding
+/// `queue_oldest_job_age_seconds` and its alert). It counts from the job's
+/// due time (`ready_at`, written by promote), which a producer may not set.
+#[tokio::test]
+async fn oldest_waiting_counts_from_the_due_time_not_the_enqueue() {
+    const DELAY: Duration = Duration::from_millis(2_000);
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    let id = JobId::from("later");
+    let reply = Enqueue {
+        delay: Some(DELAY),
+        ..Enqueue::test_job(&k, &id, 3)
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    let super::enqueue::EnqueueReply::Created { run_at_ms } = reply else {
+        panic!("created expected: {reply:?}")
+    };
+    let start = Instant::now();
+    while fx.redis_now_ms().await < run_at_ms {
+        assert!(start.elapsed() < Duration::from_secs(30), "Redis clock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(fx.promote().await.unwrap().promoted, 1);
+    let job = fx.job("later").await;
+    assert_eq!(job["ready_at"], run_at_ms.to_string(), "{job:?}");
+    let queue = crate::Queue::from_connection(fx.conn.clone());
+    let stats = queue.stats(&k.queue).await.unwrap();
+    let oldest = stats.oldest_waiting_ms.expect("a job waits");
+    assert!(
+        oldest < DELAY.as_millis() as u64,
+        "waiting since its due time, not since its enqueue: {oldest} ms"
+    );
+
+    // A replay starts a new wait too.
+    let d = fx.fetch_one().await;
+    fx.fail(&d, FailKind::Permanent).await.unwrap();
+    let replayed = Replay {
+        keys: &k,
+        id: &id,
+        reset_attempts: false,
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    assert_eq!(replayed, ReplayReply::Replayed);
+    let job = fx.job("later").await;
+    assert_eq!(job["ready_at"], job["replayed_at"], "{job:?}");
+}

@@ -39,7 +39,7 @@ local CORE_JOB_FIELDS = {id = true, type = true, v = true, payload = true, max_a
   attempts = true, enqueued_at = true, state = true, delivered_at = true, token = true, lease_until = true,
   fence = true, last_error = true, failed_at = true, failed_token = true, run_at = true, dead_reason = true,
   dead_at = true, replayed_at = true, enq_token = true, worker = true, cancel_requested = true,
-  limit_slot = true}
+  limit_slot = true, ready_at = true}
 
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
@@ -1076,22 +1076,48 @@ local function next_waiting(main, processing, fair)
 end
 
 -- Jobs waiting in the group lists of the ring and of the paused groups (a
--- paused group may be out of the ring), each group once (stats): O(groups).
-local function grouped_waiting(main)
+-- paused group may be out of the ring), each group once (stats), reading at
+-- most `limit` group lists (nil: every one): O(min(groups, limit)) calls.
+-- Returns the count, the number of groups left out because their key holds
+-- another type (corrupt data: skipped with a warning in the Redis log, as a
+-- fetch skips them), and true when the limit left
+-- groups unread (the count is then a lower bound).
+local function grouped_waiting(main, limit)
   local ring, prefix, paused = group_keys(main)
-  local groups = {}
-  if redis.call('TYPE', ring)['ok'] == 'list' then groups = redis.call('LRANGE', ring, 0, -1) end
-  if redis.call('TYPE', paused)['ok'] == 'hash' then
-    for _, g in ipairs(redis.call('HKEYS', paused)) do groups[#groups + 1] = g end
-  end
-  local n, seen = 0, {['']= true}
-  for _, g in ipairs(groups) do
-    if not seen[g] then
-      seen[g] = true
-      n = n + redis.call('LLEN', prefix .. g)
+  local n, unreadable, partial, read, seen = 0, 0, false, 0, {['']= true}
+  local function count(groups)
+    for _, g in ipairs(groups) do
+      if not seen[g] then
+        if limit and read >= limit then
+          partial = true
+          return
+        end
+        seen[g] = true
+        read = read + 1
+        local len = redis.pcall('LLEN', prefix .. g)
+        if type(len) == 'number' then
+          n = n + len
+        else
+          unreadable = unreadable + 1
+          redis.log(redis.LOG_WARNING, 'stats: group key ' .. prefix .. g
+            .. ' holds another type, not a list (corrupt data): its jobs are not counted')
+        end
+      end
     end
   end
-  return n
+  if redis.call('TYPE', ring)['ok'] == 'list' then
+    -- main's turn '' and at most `limit` groups
+    if limit and redis.call('LLEN', ring) > limit + 1 then partial = true end
+    count(redis.call('LRANGE', ring, 0, limit or -1))
+  end
+  if redis.call('TYPE', paused)['ok'] == 'hash' then
+    if limit and redis.call('HLEN', paused) > limit then
+      partial = true
+    else
+      count(redis.call('HKEYS', paused))
+    end
+  end
+  return n, unreadable, partial
 end
 
 -- The group list a waiting grouped job `id` sits in (cancel), or nil.

@@ -1,6 +1,8 @@
 -- Moves due delayed jobs (retries, scheduled jobs, watchdog returns) to main.
 -- Validates first; a missing or non-hash job is dead-lettered, never dropped;
 -- each id is pushed on main (or dead) before it leaves the delayed set.
+-- A promoted job's `ready_at` is its due time (its delayed score, at most
+-- now): stats count its waiting age from then, not from its enqueue.
 -- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
 -- ARGV: 1 job prefix, 2 limit
 -- Returns {ids moved, ms until the earliest remaining job is due (0: due now),
@@ -8,8 +10,9 @@
 local limit = arg_count(ARGV[2], 'limit')
 expect_types(KEYS[2], 'list', KEYS[3], 'list')
 local now = now_ms()
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(ids) do
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+for i = 1, #due, 2 do
+  local id = due[i]
   local jobkey = ARGV[1] .. id
   local h, bad = read_job(jobkey, 'state', 'group')
   if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
@@ -25,7 +28,10 @@ for _, id in ipairs(ids) do
     member = dead_letter(jobkey, KEYS[3], KEYS[4], id, bad, now)
   else
     push_waiting(KEYS[2], id, h[2]) -- main, or its group's list
-    redis.call('HSET', jobkey, 'state', 'queued')
+    -- Due at its score; a score that is no Redis-clock ms (a hand edit) reads as now.
+    local ready = due[i + 1]
+    if not as_count(ready) then ready = int_str(now) end
+    redis.call('HSET', jobkey, 'state', 'queued', 'ready_at', ready)
     redis.call('HDEL', jobkey, 'run_at')
   end
   redis.call('ZREM', KEYS[1], id)
@@ -39,4 +45,4 @@ local wait = -1
 if head[2] then
   wait = math.min(math.max(math.floor(tonumber(head[2]) - now), 0), 9007199254740991)
 end
-return {#ids, wait}
+return {#due / 2, wait}

@@ -14,7 +14,8 @@ local now = now_ms()
 ev_hist(KEYS[4], ARGV[1], KEYS[3], 'replayed', h[2] or '', now)
 push_waiting(KEYS[2], ARGV[1], h[3]) -- main, or its group's list
 if h[2] then redis.call('HSET', KEYS[3], 'previous_dead_reason', h[2]) end
-redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now)
+-- Waiting from now on (`ready_at`: stats count its waiting age from here).
+redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now, 'ready_at', now)
 -- A new life: the fail that dead-lettered it is no longer its outcome, so a
 -- late retry of that fail (its token in `failed_token`) answers 'lost'; a
 -- cancel asked of the old life (`cancel_requested`), the old wait for its

@@ -1,5 +1,6 @@
 //! `stats.lua`: a consistent, read-only snapshot of one queue's lengths,
-//! counters, oldest waiting job and recent completions.
+//! counters, oldest waiting job, recent completions and jobs waiting in
+//! group lists (at most `group_limit` group lists read).
 
 use std::collections::BTreeMap;
 
@@ -12,11 +13,14 @@ use crate::error::Result;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("stats.lua", keys = 7, args = 2, prelude(super::READ_ONLY));
+    lua_script!("stats.lua", keys = 7, args = 3, prelude(super::READ_ONLY));
 
 /// Reads the snapshot of one queue.
 pub(crate) struct Stats<'a> {
     pub(crate) keys: &'a QueueKeys,
+    /// The most group lists the script reads (`LLEN` each): a queue's
+    /// groups cost a call each, so the snapshot is O(groups) without it.
+    pub(crate) group_limit: u64,
 }
 
 /// The snapshot, as the script returns it.
@@ -30,14 +34,19 @@ pub(crate) struct StatsReply {
     pub(crate) counters: BTreeMap<String, i64>,
     /// Redis clock.
     pub(crate) now_ms: i64,
-    /// `enqueued_at` of the oldest job waiting in main; 0 if none.
-    pub(crate) oldest_enqueued_ms: i64,
+    /// Since when the oldest job waiting in main waits: its `ready_at`
+    /// (promoted, replayed, repaired), else its `enqueued_at`; 0 if none.
+    pub(crate) oldest_ready_ms: i64,
     pub(crate) completed_this_minute: u64,
     pub(crate) completed_previous_minute: u64,
     /// Redis time of the pause; 0 when the queue is not paused.
     pub(crate) paused_since_ms: i64,
-    /// Jobs waiting in the groups' lists.
+    /// Jobs waiting in the groups' lists (those read).
     pub(crate) grouped: u64,
+    /// Group keys of another type (corrupt data), left out of `grouped`.
+    pub(crate) grouped_unreadable: u64,
+    /// The group limit left groups unread: `grouped` is a lower bound.
+    pub(crate) grouped_partial: bool,
 }
 
 impl Stats<'_> {
@@ -56,6 +65,7 @@ impl Stats<'_> {
             ])
             .arg(&k.job_prefix)
             .arg(&k.tput_prefix)
+            .arg(self.group_limit)
             .run(conn, &k.queue, None)
             .await?;
         let f = Fields::new(&k.queue, None, "stats reply", &reply)?;
@@ -67,11 +77,13 @@ impl Stats<'_> {
             dead: f.u64(3, "dead")?,
             counters,
             now_ms: f.int(5, "now")?,
-            oldest_enqueued_ms: f.int(6, "oldest")?,
+            oldest_ready_ms: f.int(6, "oldest")?,
             completed_this_minute: f.u64(7, "completed this minute")?,
             completed_previous_minute: f.u64(8, "completed previous minute")?,
             paused_since_ms: f.int(9, "paused since")?,
             grouped: f.u64(10, "grouped")?,
+            grouped_unreadable: f.u64(11, "unreadable groups")?,
+            grouped_partial: f.u64(12, "groups left unread")? != 0,
         })
     }
 }
@@ -113,7 +125,13 @@ mod tests {
             .await
             .unwrap();
         }
-        let typed = Stats { keys: &keys }.run(&mut conn).await.unwrap();
+        let typed = Stats {
+            keys: &keys,
+            group_limit: crate::admin::STATS_GROUP_LIMIT,
+        }
+        .run(&mut conn)
+        .await
+        .unwrap();
         let stats = Queue::from_connection(conn)
             .stats(&keys.queue)
             .await
@@ -125,6 +143,6 @@ mod tests {
         );
         assert_eq!(typed.counters, stats.counters);
         assert_eq!(typed.counters.get("enqueued"), Some(&2));
-        assert!(typed.oldest_enqueued_ms > 0 && typed.now_ms >= typed.oldest_enqueued_ms);
+        assert!(typed.oldest_ready_ms > 0 && typed.now_ms >= typed.oldest_ready_ms);
     }
 }

@@ -96,10 +96,25 @@ fn diagnose(h: &QueueHealth) -> Vec<String> {
             s.queue
         ));
     }
-    if s.grouped > 0 {
+    if s.grouped > 0 || s.grouped_partial {
+        let at_least = if s.grouped_partial {
+            format!(
+                "at least {} (only the first {} groups read)",
+                s.grouped,
+                queue_core::admin::STATS_GROUP_LIMIT
+            )
+        } else {
+            s.grouped.to_string()
+        };
         out.push(format!(
-            "{} job(s) waiting in group lists (fair queuing, not counted in main): `queue pause|resume -q {} --group G` per group.",
-            s.grouped, s.queue
+            "{at_least} job(s) waiting in group lists (fair queuing, not counted in main): `queue pause|resume -q {} --group G` per group.",
+            s.queue
+        ));
+    }
+    if s.grouped_unreadable > 0 {
+        out.push(format!(
+            "{} group list(s) UNREADABLE: the key holds another type than a list (corrupt data); their jobs are not counted and fetches skip them. See the Redis log (`stats: group key ...`).",
+            s.grouped_unreadable
         ));
     }
     if h.expired_leases > 0 {

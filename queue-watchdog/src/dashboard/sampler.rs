@@ -83,7 +83,9 @@ pub async fn sampler(state: Shared, every: Duration) {
 async fn sample_queues(state: &AppState) {
     let queues = state.known.lock().unwrap().clone();
     for q in queues {
-        match state.admin.health(&q).await {
+        // No group list read: nothing sampled here uses the grouped count,
+        // and reading it costs one call per group every interval (GROUPS.md).
+        match state.admin.health_with_group_limit(&q, 0).await {
             Ok(h) => {
                 if state.metrics.is_some() {
                     crate::queue_gauges::publish(&h);
