@@ -173,8 +173,7 @@ impl SingleConnection {
             mut conn,
         } = self.current();
         let res = conn.req_packed_commands(pipeline, offset, count).await;
-        if health_of(&res, |vs: &Vec<Value>| vs.iter().any(is_readonly_value)) == Health::Demoted
-        {
+        if health_of(&res, |vs: &Vec<Value>| vs.iter().any(is_readonly_value)) == Health::Demoted {
             self.demoted(generation);
         }
         res
