@@ -197,7 +197,7 @@ async fn a_moved_failover_endpoint_is_followed_by_producers_workers_and_the_watc
         "the producer's open connection reached the demoted A first"
     );
     wait_ledger(&env.ledger_url, "the jobs after the failover ran", |l| {
-        after.iter().all(|id| l.effects.get(id).is_some())
+        after.iter().all(|id| l.effects.contains_key(id))
     })
     .await;
     worker.stop().await;
@@ -214,7 +214,7 @@ async fn a_moved_failover_endpoint_is_followed_by_producers_workers_and_the_watc
     wait_ledger(
         &env.ledger_url,
         "the orphan returned by the watchdog ran",
-        |l| l.effects.get("orphan").is_some(),
+        |l| l.effects.contains_key("orphan"),
     )
     .await;
     worker.stop().await;
