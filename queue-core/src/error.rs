@@ -76,9 +76,13 @@ pub enum QueueError {
         detail: String,
     },
 
-    /// The enqueue reached a read-only replica. Enqueue through the primary
-    /// (check the URL, or the Sentinel/Cluster configuration).
-    #[error("redis for queue `{queue}`{} is a read-only replica: enqueue through the primary", job_suffix(.job_id))]
+    /// A write (an enqueue, a worker's fetch or ack, a watchdog pass) reached
+    /// a read-only replica: a failover demoted the server, or the URL names
+    /// a replica. Nothing was written. A `redis://` or Sentinel connection
+    /// connects again by itself (docs/OPERATIONS.md, "Failover with a
+    /// `redis://` URL"); send the call again. If it persists, point the URL
+    /// at the primary (or the Sentinel/Cluster configuration).
+    #[error("redis for queue `{queue}`{} is a read-only replica (a failover demoted it, or the URL names a replica): nothing was written; writes need the primary", job_suffix(.job_id))]
     ReadOnlyReplica {
         /// Queue name.
         queue: String,

@@ -1,10 +1,18 @@
-//! Replication: WAIT on enqueue, and refusing to enqueue through a replica.
+//! Replication: WAIT on enqueue, refusing to enqueue through a replica, and
+//! following a failover behind a `redis://` name that moves to the new
+//! primary.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use queue_core::{ConnectionConfig, EnqueueOptions, Queue, QueueError, QueueKeys};
+use queue_core::{ConnectionConfig, EnqueueOptions, Queue, QueueError, QueueKeys, Watchdog};
+use queue_testkit::proxy::ReplyDropper;
 use queue_testkit::RedisServer;
-use queue_tests::{task, wait_until, Task, TestEnv, BOUND};
+use queue_tests::env::{wait_ledger, worker_on};
+use queue_tests::{
+    fast_config, fast_watchdog, task, wait_until, Task, TestEnv, WatchdogHandle, WorkerHandle,
+    BOUND,
+};
 
 fn replica_of(primary: &RedisServer) -> RedisServer {
     let port = primary.port().to_string();
@@ -116,6 +124,112 @@ async fn enqueue_through_a_read_only_replica_is_refused_clearly() {
     assert!(matches!(err, QueueError::ReadOnlyReplica { .. }), "{err}");
     assert!(err.to_string().contains("read-only replica"), "{err}");
     assert!(err.job_id().is_some());
+}
+
+/// Enqueues `t` under the stable id `id` until Redis accepts it (the
+/// documented way to use enqueue errors); true when an attempt was refused
+/// with `ReadOnlyReplica` on the way.
+async fn enqueue_until_accepted(queue: &Queue, id: &str, t: &Task) -> bool {
+    let saw_readonly = AtomicBool::new(false);
+    wait_until(BOUND, &format!("enqueue of {id} accepted"), || async {
+        match task::enqueue_with(queue, EnqueueOptions::new().id(id), t.clone()).await {
+            Ok(_) => true,
+            Err(e) => {
+                if matches!(e, QueueError::ReadOnlyReplica { .. }) {
+                    saw_readonly.store(true, Ordering::SeqCst);
+                }
+                false
+            }
+        }
+    })
+    .await;
+    saw_readonly.load(Ordering::SeqCst)
+}
+
+/// A failover behind a DNS name or a virtual IP (managed Redis): the name
+/// moves to the new primary, while the connections already open stay on the
+/// demoted one, which answers every write `READONLY`. The proxy stands for
+/// the name: it forwards to A, then, after B is promoted and A made B's
+/// replica, sends new connections to B. A producer, a worker and a watchdog,
+/// connected through it before the failover, must resume against B: the
+/// producer's enqueues are accepted, the worker fetches, runs and acks the
+/// jobs enqueued after the switch (each once), and the watchdog returns an
+/// orphan left on B. Before, a `redis://` connection reconnected only after
+/// I/O errors: all three stayed on A for ever (the enqueue below never
+/// succeeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_failover_endpoint_is_followed_by_producers_workers_and_the_watchdog() {
+    let env = TestEnv::start().await.with_separate_ledger();
+    let a = &env.server;
+    let b = replica_of(a);
+    link_up(&b).await;
+    let proxy = ReplyDropper::start(a.port()).unwrap();
+    let url = proxy.url();
+    let producer = Queue::connect(&url).await.unwrap();
+    let worker = WorkerHandle::start(worker_on(&url, [task::handler()], fast_config())).await;
+    let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        .await
+        .unwrap();
+    let watchdog = WatchdogHandle::spawn(watchdog);
+    enqueue_until_accepted(&producer, "before", &env.task(0)).await;
+    wait_ledger(&env.ledger_url, "the job before the failover ran", |l| {
+        l.effects.get("before") == Some(&1)
+    })
+    .await;
+
+    // The failover: B promoted, A demoted to B's replica, the name moved.
+    assert!(b
+        .command(&["REPLICAOF", "NO", "ONE"])
+        .unwrap()
+        .contains("OK"));
+    let b_port = b.port().to_string();
+    let demote = a.command(&["REPLICAOF", "127.0.0.1", &b_port]).unwrap();
+    assert!(demote.contains("OK"), "{demote}");
+    proxy.forward_new_connections_to(b.port());
+
+    let after: Vec<String> = (1..=5).map(|i| format!("after-{i}")).collect();
+    let mut refused = false;
+    for (i, id) in after.iter().enumerate() {
+        refused |= enqueue_until_accepted(&producer, id, &env.task(i as u64 + 1)).await;
+    }
+    assert!(
+        refused,
+        "the producer's open connection reached the demoted A first"
+    );
+    wait_ledger(&env.ledger_url, "the jobs after the failover ran", |l| {
+        after.iter().all(|id| l.effects.contains_key(id))
+    })
+    .await;
+    worker.stop().await;
+
+    // The watchdog works on B: an id left in processing without a lease (a
+    // worker died between BLMOVE and its claim) is returned and runs.
+    enqueue_until_accepted(&producer, "orphan", &env.task(9)).await;
+    let keys = QueueKeys::new("tasks");
+    let moved = b
+        .command(&["LMOVE", &keys.main, &keys.processing, "RIGHT", "LEFT"])
+        .unwrap();
+    assert!(moved.contains("orphan"), "{moved}");
+    let worker = WorkerHandle::start(worker_on(&url, [task::handler()], fast_config())).await;
+    wait_ledger(
+        &env.ledger_url,
+        "the orphan returned by the watchdog ran",
+        |l| l.effects.contains_key("orphan"),
+    )
+    .await;
+    worker.stop().await;
+    watchdog.stop().await;
+
+    // Nothing lost, nothing run twice.
+    let ledger = queue_tests::Ledger::read(&env.ledger_url).await;
+    for id in ["before", "orphan"]
+        .iter()
+        .copied()
+        .chain(after.iter().map(String::as_str))
+    {
+        assert_eq!(ledger.effects.get(id), Some(&1), "{id}: {ledger:?}");
+    }
+    assert!(ledger.duplicates().is_empty(), "{ledger:?}");
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! Connections: one type for a single Redis (a `ConnectionManager`, which
-//! reconnects by itself), a Redis Cluster (redis-rs' cluster client, which
+//! reconnects by itself after I/O errors, replaced by a new connection to the
+//! URL's host after a `READONLY` reply), a Redis Cluster (redis-rs' cluster client, which
 //! follows MOVED/ASK, retries TRYAGAIN and reconnects to nodes) and a primary
 //! managed by Redis Sentinel (resolved through the sentinels and replaced
 //! after a failover), with explicit timeouts.
@@ -7,7 +8,9 @@
 //! See `docs/SCALE-OUT.md` for how each kind behaves when nodes fail.
 
 mod cluster;
+mod health;
 mod sentinel;
+mod single;
 
 use std::time::Duration;
 
@@ -18,6 +21,7 @@ use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 use crate::error::{QueueError, Result};
 use cluster::connect_cluster;
 use sentinel::{SentinelConnection, SentinelTarget};
+use single::SingleConnection;
 
 /// Timeouts for talking to Redis.
 ///
@@ -65,7 +69,7 @@ impl Default for ConnectionConfig {
 ///
 /// | URL | kind |
 /// |---|---|
-/// | `redis://[user:pass@]host:port[/db]` | one server (reconnects by itself) |
+/// | `redis://[user:pass@]host:port[/db]` | one server (reconnects after I/O errors and after `READONLY`) |
 /// | `redis-cluster://[user:pass@]host1:port1,host2:port2` | a Redis Cluster: any reachable nodes as seeds |
 /// | `redis-sentinel://[user:pass@]host1:port1[,host2:port2]/<master-name>[/db][?check_interval_ms=500]` | the primary that the sentinels name `<master-name>` |
 ///
@@ -82,6 +86,19 @@ impl Default for ConnectionConfig {
 /// 500, 0 = never) a sentinel is asked whether the primary moved — after a
 /// controlled failover the old primary keeps accepting writes for seconds —
 /// and the connection switches when it did.
+///
+/// For one server, the client reconnects by itself after an I/O error. A
+/// `READONLY` reply (a failover demoted the server while the connection
+/// stayed) is returned to the caller as it is — the command did not run,
+/// and every caller retries: workers, the watchdog, producers that follow
+/// the enqueue error rules — and starts, in the background, a new connection
+/// to the URL's host, its name resolved again: behind a DNS name or a
+/// virtual IP that the failover moved, the next commands reach the new
+/// primary. While the server reached stays a replica, the reconnects are
+/// spaced by a wait doubling from 250 ms to 5 s (one at a time per
+/// connection); a `READONLY` a minute after the last reconnect starts one
+/// at once. A manager wrapped with [`from_manager`](Self::from_manager) is
+/// never replaced (its URL is not known).
 #[derive(Clone)]
 pub struct RedisConnection {
     kind: Kind,
@@ -89,7 +106,7 @@ pub struct RedisConnection {
 
 #[derive(Clone)]
 enum Kind {
-    Single(ConnectionManager),
+    Single(SingleConnection),
     Cluster(ClusterConnection),
     Sentinel(SentinelConnection),
 }
@@ -164,7 +181,7 @@ impl RedisConnection {
             .set_connection_timeout(Some(cfg.connection_timeout))
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_secs(2));
-        let conn = ConnectionManager::new_with_config(client, mgr_cfg)
+        let conn = SingleConnection::connect(client, mgr_cfg, cfg.connection_timeout, redact(url))
             .await
             .map_err(err)?;
         Ok(RedisConnection {
@@ -172,10 +189,12 @@ impl RedisConnection {
         })
     }
 
-    /// Wraps an existing single-server connection manager.
+    /// Wraps an existing single-server connection manager. It reconnects by
+    /// itself after I/O errors, but not after a `READONLY` reply (its URL is
+    /// not known here): prefer [`connect`](Self::connect) with the URL.
     pub fn from_manager(conn: ConnectionManager) -> Self {
         RedisConnection {
-            kind: Kind::Single(conn),
+            kind: Kind::Single(SingleConnection::wrap(conn)),
         }
     }
 
@@ -234,7 +253,7 @@ fn invalid_url(msg: &'static str) -> RedisError {
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match &mut self.kind {
-            Kind::Single(c) => c.req_packed_command(cmd),
+            Kind::Single(c) => Box::pin(c.command(cmd)),
             Kind::Cluster(c) => c.req_packed_command(cmd),
             Kind::Sentinel(c) => Box::pin(c.command(cmd)),
         }
@@ -247,7 +266,7 @@ impl ConnectionLike for RedisConnection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match &mut self.kind {
-            Kind::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Kind::Single(c) => Box::pin(c.commands(pipeline, offset, count)),
             Kind::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
             Kind::Sentinel(c) => Box::pin(c.commands(pipeline, offset, count)),
         }
@@ -255,7 +274,7 @@ impl ConnectionLike for RedisConnection {
 
     fn get_db(&self) -> i64 {
         match &self.kind {
-            Kind::Single(c) => c.get_db(),
+            Kind::Single(c) => c.db(),
             Kind::Cluster(c) => c.get_db(),
             Kind::Sentinel(c) => c.db(),
         }

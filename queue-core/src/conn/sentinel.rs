@@ -15,6 +15,7 @@ use redis::{
 };
 use tracing::{debug, info, warn};
 
+use super::health::{health_of, is_readonly_value, Health};
 use super::{invalid_url, split_userinfo, ConnectionConfig};
 /// After a failed resolution, commands fail fast with the same error for
 /// this long instead of asking the sentinels again (a burst of callers during
@@ -116,52 +117,6 @@ pub(super) struct Current {
     generation: u64,
     pub(super) addr: String,
     conn: MultiplexedConnection,
-}
-
-/// What a reply says about the primary we used.
-#[derive(Debug, PartialEq, Eq)]
-enum Health {
-    Fine,
-    /// I/O error or timeout: the command may have run. Re-resolve for the next one.
-    Broken,
-    /// `READONLY`: the node is a replica now; the command did not run.
-    Demoted,
-}
-
-fn is_readonly_value(v: &Value) -> bool {
-    matches!(v, Value::ServerError(e) if e.kind() == Some(ServerErrorKind::ReadOnly))
-}
-
-fn health_of_error(e: &RedisError) -> Health {
-    if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
-        Health::Demoted
-    } else if e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || e.kind() == ErrorKind::Server(ServerErrorKind::MasterDown)
-    {
-        Health::Broken
-    } else if let Some(errs) = e.clone().into_server_errors() {
-        if errs
-            .iter()
-            .any(|(_, se)| se.kind() == Some(ServerErrorKind::ReadOnly))
-        {
-            Health::Demoted
-        } else {
-            Health::Fine
-        }
-    } else {
-        Health::Fine
-    }
-}
-
-fn health_of<T>(res: &RedisResult<T>, is_readonly: impl Fn(&T) -> bool) -> Health {
-    match res {
-        Ok(v) if is_readonly(v) => Health::Demoted,
-        Ok(_) => Health::Fine,
-        Err(e) => health_of_error(e),
-    }
 }
 
 impl SentinelConnection {
@@ -476,18 +431,5 @@ mod tests {
         ] {
             assert!(SentinelTarget::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn readonly_and_io_errors_mark_the_primary() {
-        let ro = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::ReadOnly),
-            "You can't write against a read only replica.",
-        ));
-        assert_eq!(health_of_error(&ro), Health::Demoted);
-        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert_eq!(health_of_error(&io), Health::Broken);
-        let other = RedisError::from((ErrorKind::Server(ServerErrorKind::ResponseError), "ERR x"));
-        assert_eq!(health_of_error(&other), Health::Fine);
     }
 }

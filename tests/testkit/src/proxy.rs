@@ -3,16 +3,22 @@
 //! request reached Redis: the request runs, its reply never arrives, and the
 //! client sees the connection close. This is the "outcome unknown" case that
 //! every retry with the same token must answer as the first call did.
+//!
+//! It also stands for a DNS name or a virtual IP that a failover moves:
+//! [`ReplyDropper::forward_new_connections_to`] sends the connections made
+//! from then on to another server, while those already open stay on the old
+//! one (as a client's open TCP connection does when the name moves).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
 /// A proxy to `127.0.0.1:<upstream>` on a port of its own.
 pub struct ReplyDropper {
     port: u16,
+    upstream: Arc<AtomicU16>,
     drop_next: Arc<AtomicBool>,
     dropped: Arc<AtomicU64>,
 }
@@ -25,10 +31,12 @@ impl ReplyDropper {
         let port = listener.local_addr()?.port();
         let drop_next = Arc::new(AtomicBool::new(false));
         let dropped = Arc::new(AtomicU64::new(0));
-        let (flag, count) = (drop_next.clone(), dropped.clone());
+        let upstream = Arc::new(AtomicU16::new(upstream));
+        let (flag, count, to) = (drop_next.clone(), dropped.clone(), upstream.clone());
         thread::spawn(move || {
             for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                let port = to.load(Ordering::SeqCst);
+                let Ok(server) = TcpStream::connect(("127.0.0.1", port)) else {
                     continue;
                 };
                 let _ = client.set_nodelay(true);
@@ -44,6 +52,7 @@ impl ReplyDropper {
         });
         Ok(ReplyDropper {
             port,
+            upstream,
             drop_next,
             dropped,
         })
@@ -57,6 +66,13 @@ impl ReplyDropper {
     /// `redis://127.0.0.1:<proxy port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Connections accepted from now on are forwarded to `127.0.0.1:<port>`;
+    /// those already open keep their server (a failover moving a DNS name or
+    /// a virtual IP to the new primary).
+    pub fn forward_new_connections_to(&self, port: u16) {
+        self.upstream.store(port, Ordering::SeqCst);
     }
 
     /// The next reply the server sends, on any connection, is not
