@@ -1,7 +1,9 @@
 //! Rolling deploys (issue #11 item 7): a payload whose schema version is
 //! newer than a worker's handler is left for an upgraded worker, without
 //! using an attempt, and dead-lettered only when no live worker has
-//! announced that version for `newer_version_wait`. An older version is
+//! announced that version for `newer_version_wait`. A job type a worker has
+//! no handler for (a type added to producers before the workers) is left
+//! for a worker that has one the same way. An older version is
 //! dead-lettered at once, as before.
 
 use std::collections::HashMap;
@@ -45,6 +47,26 @@ impl Job for RenderV2 {
         Box::pin(async move {
             let seen = (ctx.job_id().to_string(), ctx.attempt());
             RAN_V2.lock().expect("ran").push(seen);
+            Ok(())
+        })
+    }
+}
+
+/// Job ids the `thumbnail` handler ran, with their attempt numbers.
+static RAN_THUMBNAIL: Mutex<Vec<(String, u32)>> = Mutex::new(Vec::new());
+
+/// A job type added in the upgrade: workers deployed before it have no
+/// handler for it.
+struct Thumbnail;
+impl Job for Thumbnail {
+    type Args = String;
+    const NAME: &'static str = "thumbnail";
+    const QUEUE: &'static str = QUEUE;
+    const SCHEMA_VERSION: u32 = 1;
+    fn run(ctx: JobContext, _args: String) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async move {
+            let seen = (ctx.job_id().to_string(), ctx.attempt());
+            RAN_THUMBNAIL.lock().expect("ran").push(seen);
             Ok(())
         })
     }
@@ -253,6 +275,76 @@ async fn a_give_back_wakes_the_sleeping_promoter() {
     // the give-back before them woke the promoter.
     wait_deferred_or_dead(&env, 3).await;
     assert!(dead(&env).await.is_empty(), "dead-lettered while waiting");
+    old.stop().await;
+}
+
+/// Producers upgraded first enqueue a job type the running workers have no
+/// handler for: the job is given back (attempt not counted) until a worker
+/// that has the type runs it, once, on attempt 1. Before, the first worker
+/// that took it dead-lettered it at once as an unknown type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_job_type_waits_for_a_worker_that_has_it_without_burning_attempts() {
+    let env = TestEnv::start().await;
+    let old = start_worker(&env, Registration::of::<RenderV1>(), BOUND).await;
+    let id = enqueue_once::<Thumbnail>(&env).await;
+
+    wait_deferred_or_dead(&env, 3).await;
+    assert!(
+        dead(&env).await.is_empty(),
+        "a job of a type the worker has no handler for was dead-lettered while waiting: {:?}",
+        job_field(&env, &id, "dead_reason").await
+    );
+    let attempts = job_field(&env, &id, "attempts").await;
+    assert!(
+        matches!(attempts.as_deref(), Some("0" | "1")),
+        "at most the delivery in flight counts: {attempts:?}"
+    );
+
+    // The upgraded worker has both types; it announces `thumbnail:1`.
+    let builder = queue_core::Worker::builder(&env.url)
+        .register(Registration::of::<RenderV2>())
+        .register(Registration::of::<Thumbnail>())
+        .config(deploy_config(BOUND));
+    let new = WorkerHandle::start(builder).await;
+    env.wait_completed(QUEUE, 1).await;
+    let runs: Vec<_> = RAN_THUMBNAIL
+        .lock()
+        .expect("ran")
+        .iter()
+        .filter(|(j, _)| j == id.as_str())
+        .cloned()
+        .collect();
+    assert_eq!(
+        runs,
+        vec![(id.to_string(), 1)],
+        "one run, on its first attempt"
+    );
+    assert!(dead(&env).await.is_empty());
+    new.stop().await;
+    old.stop().await;
+}
+
+/// A job type no live worker has announced (a typo in a producer, a rollout
+/// abandoned) is dead-lettered once `newer_version_wait` has passed, with a
+/// reason naming the type and what to do; its attempt is not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_type_no_worker_announces_is_dead_lettered_after_the_wait() {
+    let env = TestEnv::start().await;
+    let wait = Duration::from_millis(400);
+    let old = start_worker(&env, Registration::of::<RenderV1>(), wait).await;
+    let id = enqueue_once::<Thumbnail>(&env).await;
+
+    let reason = wait_dead_reason(&env, &id).await;
+    for part in [
+        "unknown job type `thumbnail` (version 1): no handler for it on the worker that took it",
+        "no live worker has announced it",
+        "register it on every worker that consumes the queue",
+    ] {
+        assert!(reason.contains(part), "{part:?} missing from: {reason}");
+    }
+    assert!(deferred(&env).await >= 1, "left for another worker first");
+    let attempts = job_field(&env, &id, "attempts").await;
+    assert_eq!(attempts.as_deref(), Some("0"), "the attempt is not counted");
     old.stop().await;
 }
 

@@ -195,7 +195,8 @@ async fn bad_payloads_are_dead_lettered_and_the_worker_keeps_going() {
         .enqueue_raw("tasks", "task", 0, 3, raw("past-version"), &good)
         .await
         .unwrap();
-    // A job type no handler knows.
+    // A job type no handler knows (dead once no live worker has announced
+    // it for the wait: zero here).
     queue
         .enqueue_raw("tasks", "nope", 1, 3, raw("unknown-type"), &good)
         .await
@@ -237,10 +238,10 @@ async fn bad_payloads_are_dead_lettered_and_the_worker_keeps_going() {
     // The reason says what is missing and what to do about it.
     let r = reason("unknown-type").await;
     for part in [
-        "unknown job type `nope` on queue `tasks`",
-        "no handler for it is registered on this worker (it handles only `task` on this queue)",
-        "register it on every worker that consumes `tasks`",
-        "then `queue-watchdog dead replay -q tasks unknown-type`",
+        "unknown job type `nope` (version 1): no handler for it on the worker that took it",
+        "no live worker has announced it",
+        "register it on every worker that consumes the queue",
+        "then `queue-watchdog dead replay`",
     ] {
         assert!(r.contains(part), "{part:?} missing from: {r}");
     }

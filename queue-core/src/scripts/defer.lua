@@ -1,5 +1,6 @@
--- A delivery whose payload schema version is newer than the worker's handler
--- goes back without using an attempt, only while the token matches: to the
+-- A delivery whose payload schema version is newer than the worker's handler,
+-- or whose job type has no handler on the worker (ARGV[6] empty), goes back
+-- without using an attempt, only while the token matches: to the
 -- delayed set for delay_ms (attempts - 1, lease dropped), so that an upgraded
 -- worker can run it. The job hash keeps `newer_since`: the Redis time since
 -- which no live worker has announced the version (reset while one has). Once
@@ -17,7 +18,8 @@
 -- (A give-back due sooner than the delayed head wakes a sleeping promoter, as a
 -- retry's does.)
 -- ARGV: 1 id, 2 token, 3 versions field (`type:version`), 4 delay_ms, 5 wait_ms,
---       6 the handler's version (for the reason)
+--       6 the handler's version, or '' when the worker has no handler for the
+--         type (for the reason)
 -- Returns, like fail.lua, {'retry', run_at} (given back) | {'dead', reason} | {'lost'}
 -- | {'cancel_requested'} (nothing written).
 local delay = arg_count(ARGV[4], 'delay_ms')
@@ -65,7 +67,9 @@ if not bad then
   if live then since = now end
   if live or now - since < wait then
     local run_at = now + delay
-    ev_hist(KEYS[6], ARGV[1], KEYS[3], 'deferred', 'payload version ' .. ARGV[3] .. ' newer than the handler', now)
+    local why = 'payload version ' .. ARGV[3] .. ' newer than the handler'
+    if ARGV[6] == '' then why = 'no handler for ' .. ARGV[3] .. ' on this worker' end
+    ev_hist(KEYS[6], ARGV[1], KEYS[3], 'deferred', why, now)
     local wake = sooner_than_head(KEYS[4], run_at)
     redis.call('ZADD', KEYS[4], int_str(run_at), ARGV[1])
     redis.call('HSET', KEYS[3], 'state', 'delayed', 'run_at', run_at, 'attempts', attempts,
@@ -79,9 +83,17 @@ if not bad then
     if wake then wake_promoter(KEYS[8]) end
     return {'retry', run_at}
   end
-  reason = 'payload schema version ' .. ARGV[3] .. ' is newer than this worker\'s handler (version '
-    .. ARGV[6] .. ') and no live worker has announced it for ' .. (now - since) .. ' ms (wait '
+  local unannounced = ' and no live worker has announced it for ' .. (now - since) .. ' ms (wait '
     .. wait .. ' ms)'
+  if ARGV[6] == '' then
+    local jtype, v = string.match(ARGV[3], '^(.*):(%d+)$')
+    reason = 'unknown job type `' .. (jtype or ARGV[3]) .. '` (version ' .. (v or '?')
+      .. '): no handler for it on the worker that took it' .. unannounced
+      .. '; register it on every worker that consumes the queue, then `queue-watchdog dead replay`'
+  else
+    reason = 'payload schema version ' .. ARGV[3] .. ' is newer than this worker\'s handler (version '
+      .. ARGV[6] .. ')' .. unannounced
+  end
 end
 local member = dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
 if attempts then redis.call('HSET', KEYS[3], 'attempts', attempts) end

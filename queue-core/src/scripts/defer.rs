@@ -1,5 +1,5 @@
 //! `defer.lua`: a delivery whose payload schema version is newer than the
-//! worker's handler is given back without using an attempt (delayed for a
+//! worker's handler, or whose type has no handler on the worker, is given back without using an attempt (delayed for a
 //! short time, lease dropped, only while the token matches), or dead-lettered
 //! once no live worker has announced that version for the configured wait
 //! (docs/RELIABILITY.md, "Rolling deploys"). The given-back delivery is not
@@ -29,8 +29,9 @@ pub(crate) struct Defer<'a> {
     /// How long no live worker may have announced the version before the
     /// job is dead-lettered.
     pub(crate) wait: Duration,
-    /// The version this worker's handler knows (for the dead-letter reason).
-    pub(crate) known: u32,
+    /// The version this worker's handler knows, `None` when the worker has no
+    /// handler for the job's type (for the dead-letter reason).
+    pub(crate) known: Option<u32>,
 }
 
 impl<'a> Defer<'a> {
@@ -46,7 +47,7 @@ impl<'a> Defer<'a> {
             field: "t:2",
             delay: Duration::from_secs(60),
             wait: Duration::from_secs(60),
-            known: 1,
+            known: Some(1),
         }
     }
 
@@ -72,7 +73,8 @@ impl<'a> Defer<'a> {
             .arg(self.field)
             .arg(super::ms(self.delay))
             .arg(super::ms(self.wait))
-            .arg(self.known)
+            // '' when the worker has no handler for the type.
+            .arg(self.known.map(|v| v.to_string()).unwrap_or_default())
             .run(conn, &k.queue, Some(self.id))
             .await?;
         crate::workflow::relay::hint_if_marked(&k.queue, &reply, 2);

@@ -275,8 +275,7 @@ impl WorkerBuilder {
     ///
     /// [`build`](Self::build) refuses a listed queue that no job type
     /// registered on this worker is on (handlers are found by queue and
-    /// type: every job taken from it would be dead-lettered as an unknown
-    /// type), and a name an enqueue refuses
+    /// type: it could run no job taken from it), and a name an enqueue refuses
     /// ([`validate_queue_name`](crate::validate_queue_name)). A registered
     /// type whose queue is left out is logged as a warning: this worker
     /// never runs it (fine when other workers consume that queue).
@@ -565,8 +564,9 @@ impl WorkerBuilder {
     /// consumed a queue no enqueue could reach.
     ///
     /// A consumed queue no registered type uses is refused: handlers are
-    /// looked up by `(queue, type)`, so every job taken from it was
-    /// dead-lettered at once as an unknown type. A registered type whose
+    /// looked up by `(queue, type)`, so it could run no job it took: it
+    /// would only give each back for a worker that has the type (once
+    /// dead-lettered at once as an unknown type). A registered type whose
     /// queue is left out of `queues` is logged: this worker never runs it
     /// (legitimate when other workers consume that queue).
     fn worker_queues(&self) -> Result<Vec<WorkerQueue>> {
@@ -588,7 +588,7 @@ impl WorkerBuilder {
         if let Some(q) = queues.iter().find(|q| !registered.clone().any(|r| r == *q)) {
             return Err(QueueError::Config(format!(
                 "queue `{q}` is in queues(..) but no job type registered on this worker is on it: \
-                 every job taken from it would be dead-lettered as an unknown type; register its \
+                 it could run no job it takes (each would be given back as an unknown type); register its \
                  job types on this worker or leave it out of queues(..)"
             )));
         }

@@ -1,9 +1,11 @@
 //! Rolling deploys on the worker side: a delivery whose payload schema
-//! version is newer than this worker's handler is left for an upgraded worker
+//! version is newer than this worker's handler, or whose job type has no
+//! handler on this worker, is left for a worker that can run it
 //! (`defer.lua`: back to the delayed set without using an attempt), and
-//! dead-lettered only once no live worker has announced that version for
-//! [`WorkerConfig::newer_version_wait`]. Also the list of versions this
-//! worker announces ([`announced_fields`], refreshed by the promoter tick).
+//! dead-lettered only once no live worker has announced that type and
+//! version for [`WorkerConfig::newer_version_wait`]. Also the list of
+//! versions this worker announces ([`announced_fields`], refreshed by the
+//! promoter tick).
 //!
 //! [`WorkerConfig::newer_version_wait`]: super::WorkerConfig::newer_version_wait
 
@@ -41,17 +43,31 @@ pub(super) fn announced_fields(inner: &Inner) -> Vec<(QueueKeys, Vec<String>)> {
 }
 
 impl JobRunner {
+    /// The job types this worker handles on the delivery's queue, for logs
+    /// (`` `a`, `b` ``).
+    fn handled_types(&self) -> String {
+        let mut known: Vec<_> = self
+            .inner
+            .handlers
+            .keys()
+            .filter(|(q, _)| *q == self.keys.queue.as_str())
+            .map(|(_, n)| format!("`{n}`"))
+            .collect();
+        known.sort();
+        known.join(", ")
+    }
+
     /// The handler's version when the delivery's payload is newer than it
     /// (the job is then deferred, not dead-lettered).
-    pub(super) fn newer_than_handler(reg: Option<&Registration>, d: &Delivery) -> Option<u32> {
-        let reg = reg?;
+    pub(super) fn newer_than_handler(reg: &Registration, d: &Delivery) -> Option<u32> {
         (d.version > reg.version).then_some(reg.version)
     }
 
-    /// Gives the delivery back for a worker that knows its version, retrying
-    /// Redis errors until the lease would have expired (then the watchdog
-    /// returns it, which uses an attempt).
-    pub(super) async fn defer(&self, d: &Delivery, labels: &JobLabels, known: u32) {
+    /// Gives the delivery back for a worker that knows its type and version
+    /// (`known`: this worker's handler version, `None` when it has no
+    /// handler for the type), retrying Redis errors until the lease would
+    /// have expired (then the watchdog returns it, which uses an attempt).
+    pub(super) async fn defer(&self, d: &Delivery, labels: &JobLabels, known: Option<u32>) {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
         loop {
@@ -81,7 +97,7 @@ impl JobRunner {
     }
 
     /// Runs `defer.lua` once; the metrics label on success.
-    async fn defer_once(&self, d: &Delivery, known: u32) -> Result<&'static str> {
+    async fn defer_once(&self, d: &Delivery, known: Option<u32>) -> Result<&'static str> {
         let cfg = &self.inner.config;
         let field = announce::field(&d.job_type, d.version);
         let mut conn = self.inner.conn.clone();
@@ -98,21 +114,24 @@ impl JobRunner {
         .await?;
         match reply {
             FailReply::Retry { run_at_ms } => {
-                info!(
-                    job_version = d.version,
-                    handler_version = known,
-                    run_at_ms,
-                    "payload schema version newer than this worker's handler: left for an upgraded worker (attempt not counted)"
-                );
+                match known {
+                    Some(known) => info!(
+                        job_version = d.version,
+                        handler_version = known,
+                        run_at_ms,
+                        "payload schema version newer than this worker's handler: left for an upgraded worker (attempt not counted)"
+                    ),
+                    None => info!(
+                        job_version = d.version,
+                        handled = %self.handled_types(),
+                        run_at_ms,
+                        "no handler for this job type on this worker: left for a worker that has one (attempt not counted)"
+                    ),
+                }
                 Ok("deferred")
             }
             FailReply::Dead { reason } => {
-                error!(
-                    job_version = d.version,
-                    handler_version = known,
-                    reason = %reason,
-                    "dead-lettered"
-                );
+                error!(job_version = d.version, handler_version = ?known, reason = %reason, "dead-lettered");
                 Ok("dead_lettered")
             }
             FailReply::LeaseLost => Err(self.lease_lost(d)),

@@ -1,9 +1,10 @@
 //! Running one claimed delivery: find its handler, decode the payload, run
 //! the handler under its timeout with a heartbeat, then record the outcome
 //! (a success goes to the queue's acker, which batches `ack.lua` calls; a
-//! failure is `fail.lua`, here). An unknown type or older schema version, or a
-//! payload that does not decode, is dead-lettered with the reason, never retried
-//! (DESIGN rule 9); a newer schema version is deferred (`defer.rs`); a panic
+//! failure is `fail.lua`, here). An older schema version, or a payload that
+//! does not decode, is dead-lettered with the reason, never retried (DESIGN
+//! rule 9); a newer schema version, or a type this worker has no handler for,
+//! is deferred for a worker that can run it (`defer.rs`); a panic
 //! (in the decode, a hand-written `Job::run` or the handler's future) is a
 //! retryable error. A delivery whose lease is already lost locally when it
 //! would start gets one extend (heartbeat.rs): run when Redis confirms the
@@ -54,8 +55,14 @@ impl JobRunner {
         let labels = self.inner.labels.get(&self.keys.queue, &d.job_type);
         // One lookup of the handler per job (issue #12).
         let found = self.handler(&d);
+        let Some(found) = found else {
+            // A type this worker has no handler for: left for a worker that
+            // has one (a rolling deploy that added the type, or a queue
+            // shared by workers handling different types).
+            return Box::pin(self.defer(&d, &labels, None)).await;
+        };
         if let Some(known) = Self::newer_than_handler(found, &d) {
-            return Box::pin(self.defer(&d, &labels, known)).await;
+            return Box::pin(self.defer(&d, &labels, Some(known))).await;
         }
         let reg = match self.registration(found, &d) {
             Ok(reg) => reg,
@@ -193,40 +200,21 @@ impl JobRunner {
             .get(&(self.keys.queue.as_str(), d.job_type.as_str()))
     }
 
-    /// The handler of the delivery's `(queue, type)` (`found`, from
-    /// [`handler`](Self::handler)), or the dead-letter reason when there is
-    /// none or its schema version differs.
+    /// The handler found for the delivery's `(queue, type)` (from
+    /// [`handler`](Self::handler)), or the dead-letter reason when its
+    /// schema version is older than the handler's (a newer one is deferred).
     fn registration(
         &self,
-        found: Option<&Registration>,
+        found: &Registration,
         d: &Delivery,
     ) -> std::result::Result<Registration, String> {
-        let queue = &self.keys.queue;
-        let Some(reg) = found.cloned() else {
-            let mut known: Vec<_> = self
-                .inner
-                .handlers
-                .keys()
-                .filter(|(q, _)| *q == queue.as_str())
-                .map(|(_, n)| format!("`{n}`"))
-                .collect();
-            known.sort();
-            // Never empty: build() refuses a consumed queue with no type on it.
-            let handled = known.join(", ");
-            return Err(format!(
-                "unknown job type `{}` on queue `{queue}`: no handler for it is registered on \
-                 this worker (it handles only {handled} on this queue); register it on every \
-                 worker that consumes `{queue}`, then `queue-watchdog dead replay -q {queue} {}`",
-                d.job_type, d.id
-            ));
-        };
-        if d.version != reg.version {
+        if d.version != found.version {
             return Err(format!(
                 "unknown schema version {} for job type `{}` (the handler expects version {})",
-                d.version, d.job_type, reg.version
+                d.version, d.job_type, found.version
             ));
         }
-        Ok(reg)
+        Ok(found.clone())
     }
 
     /// The handler's view of the delivery.
