@@ -47,7 +47,30 @@ pub async fn send_welcome(ctx: JobContext, args: Welcome) -> Result<(), JobError
         "welcome mail sent to {}",
         args.name
     );
+    // The completion record keeps the request's hash once the job hash (and
+    // its `request_sha256` field) is gone, so the web can still refuse an
+    // Idempotency-Key reused with another body (`web.rs`).
+    ctx.set_result_ref(format!("{REQUEST_HASH_PREFIX}{}", request_sha256(&args)));
     Ok(())
+}
+
+/// The job field in which `web` stores [`request_sha256`] of the request
+/// that created a job under an `Idempotency-Key`.
+pub const REQUEST_HASH_FIELD: &str = "request_sha256";
+
+/// How [`send_welcome`] writes the hash into its completion record's `result`.
+pub const REQUEST_HASH_PREFIX: &str = "request-sha256:";
+
+/// The SHA-256 (hex) of a request body, as the web example compares it for
+/// a reused `Idempotency-Key`: of the parsed `Welcome` written back as JSON,
+/// so whitespace or key order in the client's JSON do not matter.
+pub fn request_sha256(welcome: &Welcome) -> String {
+    use sha2::{Digest, Sha256};
+    let canonical = serde_json::to_vec(welcome).expect("a Welcome serializes to JSON");
+    Sha256::digest(&canonical)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The queue `send_welcome` jobs live on.

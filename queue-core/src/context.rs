@@ -369,6 +369,17 @@ impl JobContext {
     /// completion record once the job completes. Outside a worker
     /// (a context from [`JobContext::for_test`]) `f` simply runs.
     ///
+    /// A step's result type is a stored contract, like the job's args: a
+    /// retry after a deploy reads the result the previous version stored.
+    /// Adding a field with `#[serde(default)]` (or an `Option`) is safe; to
+    /// change the type otherwise, rename the step (`"charge"` to
+    /// `"charge_v2"`), so the new code runs it afresh (with a new
+    /// [`step_key`](Self::step_key): the old side effect is not deduplicated
+    /// against the new one). A stored result that does not decode fails the
+    /// delivery with a *retryable* error naming the job, queue and step:
+    /// during a rolling deploy a worker of the old version may still finish
+    /// the job; once attempts run out it is dead-lettered with that message.
+    ///
     /// ```
     /// # use queue_core::{JobContext, JobError};
     /// async fn charge(ctx: &JobContext, cents: u64) -> Result<String, JobError> {
@@ -404,8 +415,21 @@ impl JobContext {
         if let Some(bytes) = stored {
             tracing::debug!(step = name, "step already done; using its stored result");
             return rmp_serde::from_slice(&bytes).map_err(|e| {
-                JobError::permanent(format!(
-                    "stored result of step `{name}` does not decode: {e}"
+                let (id, queue) = (&self.inner.job_id, &keys.queue);
+                tracing::warn!(
+                    job_id = %id,
+                    queue = %queue,
+                    step = name,
+                    error = %e,
+                    "stored step result does not decode as the step's result type; retrying"
+                );
+                // Retryable, not permanent: during a rolling deploy the worker
+                // that wrote the result (the previous version of this handler)
+                // may still be running and can finish the job on a retry.
+                JobError::retryable(format!(
+                    "job {id} on queue `{queue}`: the stored result of step `{name}` does not \
+                     decode as this handler's result type ({e}); a step's result type is a \
+                     stored contract: to change it, rename the step (e.g. `{name}_v2`)"
                 ))
             });
         }

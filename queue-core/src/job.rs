@@ -79,7 +79,8 @@ pub trait Job: Send + Sync + 'static {
 /// How a handler failed.
 ///
 /// Any error type converts into a *retryable* `JobError` with `?`, so handlers
-/// can use `?` freely; return [`JobError::permanent`] for failures that no retry
+/// can use `?` freely (the message is the error's text followed by its
+/// `source()` causes, `"error sending request: Connection refused"`); return [`JobError::permanent`] for failures that no retry
 /// can fix (the job goes straight to the dead-letter list).
 ///
 /// ```
@@ -150,10 +151,34 @@ impl fmt::Display for JobError {
     }
 }
 
+/// `?` on any error: a retryable `JobError` whose message is the error's
+/// text followed by its causes (`source()` chain), `"msg: cause: cause"`, so
+/// `last_error` keeps the "Connection refused" under "error sending request".
+/// A cause whose text the message already contains (errors that print their
+/// chain themselves) is not repeated.
 impl<E: std::error::Error> From<E> for JobError {
     fn from(e: E) -> Self {
-        JobError::retryable(e)
+        JobError::retryable(message_with_causes(&e))
     }
+}
+
+/// Causes followed, at most: a guard against a `source()` chain that loops.
+const MAX_CAUSES: usize = 16;
+
+/// `e`'s text, then each cause's text not already contained in it, joined by `": "`.
+fn message_with_causes(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut cause = e.source();
+    for _ in 0..MAX_CAUSES {
+        let Some(c) = cause else { break };
+        let text = c.to_string();
+        if !text.is_empty() && !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        cause = c.source();
+    }
+    message
 }
 
 /// A job's identity: unique within its queue.
@@ -279,6 +304,72 @@ pub(crate) fn random_uuid() -> String {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
+    use std::fmt;
+
+    use super::JobError;
+
+    /// An error with an optional cause, printing only its own text (like
+    /// reqwest's and hyper's errors) or its own text and its cause's.
+    #[derive(Debug)]
+    struct Wrapping {
+        text: String,
+        cause: Option<Box<dyn std::error::Error + Send + Sync>>,
+    }
+
+    impl fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(&self.text)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.cause.as_deref().map(|c| c as _)
+        }
+    }
+
+    /// `?` keeps the causes: "error sending request" says why. Before, only
+    /// the outer text was kept ("... for url (...)" without "Connection refused").
+    #[test]
+    fn question_mark_keeps_the_source_chain() {
+        fn send() -> Result<(), Wrapping> {
+            let refused =
+                std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+            Err(Wrapping {
+                text: "error sending request for url (http://127.0.0.1:1/charge)".into(),
+                cause: Some(Box::new(Wrapping {
+                    text: "client error (Connect)".into(),
+                    cause: Some(Box::new(refused)),
+                })),
+            })
+        }
+        fn handler() -> Result<(), JobError> {
+            send()?;
+            Ok(())
+        }
+        let e = handler().unwrap_err();
+        assert!(e.is_retryable());
+        assert_eq!(
+            e.message(),
+            "error sending request for url (http://127.0.0.1:1/charge): client error (Connect): Connection refused"
+        );
+    }
+
+    /// A cause the message already shows (an error printing its own chain,
+    /// like `anyhow`'s `{:#}` or a thiserror `"...: {0}"`) is not repeated.
+    #[test]
+    fn a_cause_already_in_the_message_is_not_repeated() {
+        let e = JobError::from(Wrapping {
+            text: "cannot read config: No such file or directory".into(),
+            cause: Some(Box::new(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "No such file or directory",
+            ))),
+        });
+        assert_eq!(e.message(), "cannot read config: No such file or directory");
+        let plain = JobError::from("x".parse::<u32>().unwrap_err());
+        assert_eq!(plain.message(), "invalid digit found in string");
+    }
 
     /// The payload is the bytes `rmp_serde::to_vec_named` writes: a small
     /// struct, one larger than the first buffer, and a map.

@@ -88,7 +88,8 @@ impl Registration {
     /// minutes), and each firing runs once across all workers. The schedule
     /// is evaluated in UTC, on the Redis clock (`0 0 3 * * *` is 03:00 UTC,
     /// whatever the workers' time zone). The expression is checked when the
-    /// worker is built.
+    /// worker is built (`#[job(cron = "..")]` already checks it at compile
+    /// time, with the same `cron` crate); `@daily`, `@hourly`, ... are accepted.
     ///
     /// ```
     /// # use queue_core::{BoxFuture, Job, JobContext, JobError, Registration};

@@ -154,10 +154,15 @@ fn job_type(
         .version
         .map(|n| quote!(const SCHEMA_VERSION: u32 = #n;));
     let rate_key = options.rate_key.as_ref().map(|path| {
-        let path: TokenStream = path.parse().unwrap_or_default();
+        // The path keeps the user's spans: an unknown field is reported at
+        // its name, a field without `Display` at the path.
+        let field = &path.tokens;
+        let to_string = quote_spanned!(Span::call_site().located_at(path.span)=>
+            ::std::string::ToString::to_string(&args.#field)
+        );
         quote! {
             fn rate_key(args: &Self::Args) -> ::core::option::Option<::std::string::String> {
-                ::core::option::Option::Some(::std::string::ToString::to_string(&args.#path))
+                ::core::option::Option::Some(#to_string)
             }
         }
     });
@@ -261,7 +266,14 @@ fn helpers(
     queue: &str,
 ) -> TokenStream {
     let registration = match &options.cron {
-        Some(expr) => quote!(::queue_core::Registration::periodic::<Job>(#expr)),
+        // At the cron literal: the `Args: Default` bound of a periodic job
+        // is reported there, where the option that needs it is.
+        Some(cron) => {
+            let expr = syn::LitStr::new(&cron.value, cron.span);
+            quote_spanned!(Span::call_site().located_at(cron.span)=>
+                ::queue_core::Registration::periodic::<Job>(#expr)
+            )
+        }
         None => quote!(::queue_core::Registration::of::<Job>()),
     };
     let enqueue_doc = format!(
@@ -326,7 +338,8 @@ fn user_span(tokens: &impl syn::spanned::Spanned) -> Span {
     Span::call_site().located_at(tokens.span())
 }
 
-/// ", at most 5 attempts, 30000 ms timeout" (only the options that were given).
+/// ", at most 5 attempts, timeout 30000 ms per attempt, ..." (only the
+/// options that were given).
 fn describe_limits(options: &JobOptions) -> String {
     let mut out = String::new();
     if let Some(n) = options.max_attempts {
@@ -335,8 +348,23 @@ fn describe_limits(options: &JobOptions) -> String {
     if let Some(ms) = options.timeout_ms {
         out.push_str(&format!(", timeout {ms} ms per attempt"));
     }
+    if let Some(ms) = options.deadline_ms {
+        out.push_str(&format!(
+            ", deadline {ms} ms across all attempts from the first start"
+        ));
+    }
     if let Some(v) = options.version {
         out.push_str(&format!(", payload schema version {v}"));
+    }
+    if let Some(cron) = &options.cron {
+        out.push_str(&format!(
+            ", periodic on cron schedule `{}` (UTC)",
+            cron.value
+        ));
+    }
+    if let Some(path) = &options.rate_key {
+        let field = path.text().replace(' ', "");
+        out.push_str(&format!(", rate key `args.{field}`"));
     }
     out
 }
@@ -511,6 +539,50 @@ mod tests {
         assert!(out.contains("pub (super) struct Job"), "{out}");
         assert!(!out.contains("MAX_ATTEMPTS"), "{out}");
         assert!(!out.contains("TIMEOUT"), "{out}");
+    }
+
+    /// The module's doc names every limit that was given. Before, it left
+    /// out the deadline, the cron schedule and the rate key.
+    #[test]
+    fn the_module_doc_names_every_limit() {
+        let out = expand(
+            quote!(
+                queue = "reports",
+                max_attempts = 3,
+                timeout = "30s",
+                deadline = "5m",
+                version = 2,
+                cron = "0 0 3 * * *",
+                rate_key = customer.id
+            ),
+            quote!(
+                async fn nightly(ctx: JobContext, args: Report) -> Result<(), JobError> {
+                    Ok(())
+                }
+            ),
+        );
+        let file: syn::File = syn::parse2(out).expect("valid Rust");
+        let Item::Mod(module) = &file.items[1] else {
+            panic!("expected a module")
+        };
+        let doc: Vec<String> = module
+            .attrs
+            .iter()
+            .filter(|a| a.path().is_ident("doc"))
+            .map(|a| a.to_token_stream().to_string())
+            .collect();
+        let doc = doc.join("\n");
+        for needle in [
+            "at most 3 attempts",
+            "timeout 30000 ms per attempt",
+            "deadline 300000 ms across all attempts from the first start",
+            "payload schema version 2",
+            "periodic on cron schedule `0 0 3 * * *` (UTC)",
+            "rate key `args.customer.id`",
+        ] {
+            assert!(doc.contains(needle), "missing `{needle}` in:\n{doc}");
+        }
+        assert_eq!(describe_limits(&JobOptions::default()), "");
     }
 
     #[test]

@@ -80,13 +80,16 @@ use proc_macro::TokenStream;
 /// | `timeout` | duration string: per-attempt time limit, `"500ms"`, `"30s"`, `"5m"`, `"1h"` or sums like `"1m30s"` | no limit |
 /// | `deadline` | duration string (as `timeout`): execution budget across all attempts, counted from the job's first start (Redis clock); a delivery still running at the deadline is stopped and the job dead-lettered with `deadline exceeded`, and no retry starts after it (`Job::DEADLINE`, docs/RESULTS.md) | no limit |
 /// | `name` | string literal: the job type name stored with each job (unique per queue) | the function's name |
-/// | `version` | integer >= 1: payload schema version (`Job::SCHEMA_VERSION`) | 1 |
-/// | `cron` | string: a 6-field cron schedule with seconds (`"0 */5 * * * *"`), evaluated in UTC on the Redis clock; the job becomes periodic: every worker that registers it enqueues `Args::default()` at each due time, and each firing runs once across workers (`Args` must implement `Default`) | none |
+/// | `version` | integer >= 1: payload schema version (`Job::SCHEMA_VERSION`). A worker runs only its handler's version, so a bump is a breaking change during a rolling deploy: jobs of the old version still waiting (queued, delayed retries) that reach an upgraded worker are dead-lettered at once, without retries (`unknown schema version 1 …`); jobs of the new version that reach a not yet upgraded worker are given back without using an attempt until a worker announcing the version runs them, and dead-lettered if none has for `newer_version_wait` (default 5 min). See docs/RELIABILITY.md, "Rolling deploys". Adding a field needs no bump when old payloads still decode: give it `#[serde(default)]` or make it an `Option` | 1 |
+/// | `cron` | string: a cron schedule with seconds (`"0 */5 * * * *"`: sec min hour day month weekday, an optional year) or `@yearly`, `@monthly`, `@weekly`, `@daily`, `@hourly`, evaluated in UTC on the Redis clock; the job becomes periodic: every worker that registers it enqueues `Args::default()` at each due time, and each firing runs once across workers (`Args` must implement `Default`). Parsed at compile time by the `cron` crate the worker's scheduler uses | none |
 /// | `rate_key` | a field of the args (`tenant`, `customer.id`; its `to_string()`): the job's rate key, to which per-key rate limits and concurrency caps apply (docs/LIMITS.md) | none |
 ///
 /// All values are checked at compile time: an unknown or duplicate option, a
-/// value of the wrong type, `timeout = "0s"`, `deadline = "0s"` or `max_attempts = 0` is an error
-/// pointing at the offending token.
+/// value of the wrong type, `timeout = "0s"`, `deadline = "0s"`,
+/// `max_attempts = 0` or an invalid cron expression (`"0 0 25 * * *"`) is an
+/// error pointing at the offending token; so is a `rate_key` field the args
+/// do not have (at the field's name) and, with `cron`, args without
+/// `Default` (at the cron expression).
 ///
 /// # What is generated
 ///

@@ -1,8 +1,11 @@
 //! Parsing of the attribute's options: `#[job(queue = "emails", max_attempts = 5, ...)]`.
 
 use std::collections::HashSet;
+use std::fmt;
+use std::str::FromStr;
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::{Expr, Ident, Lit, LitStr, Meta, Token, UnOp};
@@ -36,14 +39,62 @@ pub(crate) struct JobOptions {
     pub(crate) name: Option<String>,
     /// `version = N`, N >= 1.
     pub(crate) version: Option<u32>,
-    /// `cron = "0 */5 * * * *"`: a periodic job (checked when the worker is built).
-    pub(crate) cron: Option<String>,
+    /// `cron = "0 */5 * * * *"`: a periodic job, parsed here with the
+    /// `cron` crate queue-core's scheduler uses; the span is the literal's.
+    pub(crate) cron: Option<SpannedValue<String>>,
     /// `rate_key = tenant` (a field of the args, or a path `customer.id`):
-    /// the tokens, read from the args at enqueue (docs/LIMITS.md).
-    pub(crate) rate_key: Option<String>,
+    /// the tokens with their spans, read from the args at enqueue (docs/LIMITS.md).
+    pub(crate) rate_key: Option<FieldPath>,
     /// `deadline = "5m"`: execution deadline across attempts since the first
     /// start (`Job::DEADLINE`), in milliseconds, > 0.
     pub(crate) deadline_ms: Option<u64>,
+}
+
+/// An option's value and the span of the token it came from, so code
+/// generated for it reports errors there. Compared by value only.
+#[derive(Debug, Clone)]
+pub(crate) struct SpannedValue<T> {
+    pub(crate) value: T,
+    pub(crate) span: Span,
+}
+
+impl<T: PartialEq> PartialEq for SpannedValue<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl<T: Eq> Eq for SpannedValue<T> {}
+
+/// `rate_key = customer.id`: the field path's tokens, each with the user's
+/// span (an unknown field is reported at its name). Compared and printed as
+/// text.
+#[derive(Clone)]
+pub(crate) struct FieldPath {
+    pub(crate) tokens: TokenStream,
+    /// The span of the path's first token.
+    pub(crate) span: Span,
+}
+
+impl FieldPath {
+    /// `"customer . id"`.
+    pub(crate) fn text(&self) -> String {
+        self.tokens.to_string()
+    }
+}
+
+impl PartialEq for FieldPath {
+    fn eq(&self, other: &Self) -> bool {
+        self.text() == other.text()
+    }
+}
+
+impl Eq for FieldPath {}
+
+impl fmt::Debug for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FieldPath({})", self.text())
+    }
 }
 
 /// Parses the attribute's tokens.
@@ -124,14 +175,10 @@ fn apply(options: &mut JobOptions, key: &Ident, value: &Expr) -> syn::Result<()>
         "version" => options.version = Some(positive_u32(key, value)?),
         "cron" => {
             let lit = string_literal(key, value)?;
-            let fields = lit.value().split_whitespace().count();
-            if !(6..=7).contains(&fields) {
-                return Err(syn::Error::new(
-                    lit.span(),
-                    format!("`cron` expects 6 fields (sec min hour day month weekday), e.g. \"0 */5 * * * *\"; found {fields}"),
-                ));
-            }
-            options.cron = Some(lit.value());
+            options.cron = Some(SpannedValue {
+                value: validate_cron(&lit)?,
+                span: lit.span(),
+            });
         }
         "rate_key" => options.rate_key = Some(field_path(key, value)?),
         other => unreachable!("option `{other}` is in KNOWN but not handled"),
@@ -294,18 +341,64 @@ fn edit_distance(a: &str, b: &str) -> usize {
     previous[b.len()]
 }
 
-/// `rate_key = tenant` or `rate_key = customer.id`: a field (path) of the
-/// args, as tokens.
-fn field_path(key: &Ident, value: &Expr) -> syn::Result<String> {
-    fn ok(e: &Expr) -> bool {
-        match strip(e) {
-            Expr::Path(p) => p.path.get_ident().is_some(),
-            Expr::Field(f) => ok(&f.base),
-            _ => false,
+/// The cron expression, parsed with the same `cron` crate (and version,
+/// Cargo.lock) as queue-core's scheduler, so the attribute accepts exactly
+/// what `Worker::build()` accepts: `"0 0 25 * * *"` is refused here rather
+/// than at deploy, and `"@daily"` is accepted.
+fn validate_cron(lit: &LitStr) -> syn::Result<String> {
+    let expr = lit.value();
+    match cron::Schedule::from_str(&expr) {
+        Ok(_) => Ok(expr),
+        Err(e) => {
+            // The crate's message may quote the expression with a caret line
+            // under it; the reason is its last line with words, if any.
+            let e = e.to_string();
+            let reason = e
+                .lines()
+                .map(str::trim)
+                .rev()
+                .find(|l| l.chars().any(char::is_alphabetic) && *l != expr.trim())
+                .unwrap_or("not a cron expression");
+            let fields = expr.split_whitespace().count();
+            let found = if expr.trim_start().starts_with('@') || (6..=7).contains(&fields) {
+                String::new()
+            } else {
+                format!(" (found {fields} fields)")
+            };
+            Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "invalid cron expression {expr:?}: {reason}; `cron` expects 6 fields with seconds \
+                     (sec min hour day month weekday, and an optional year), e.g. \"0 */5 * * * *\", \
+                     or @yearly, @monthly, @weekly, @daily, @hourly{found}"
+                ),
+            ))
         }
     }
-    if ok(value) {
-        return Ok(quote::quote!(#value).to_string());
+}
+
+/// `rate_key = tenant` or `rate_key = customer.id`: a field (path) of the
+/// args, as tokens that keep their spans.
+fn field_path(key: &Ident, value: &Expr) -> syn::Result<FieldPath> {
+    /// The path's tokens without invisible groups or parentheses.
+    fn tokens(e: &Expr) -> Option<TokenStream> {
+        match strip(e) {
+            Expr::Path(p) if p.qself.is_none() => p.path.get_ident().map(|ident| quote!(#ident)),
+            Expr::Field(f) => {
+                let base = tokens(&f.base)?;
+                let (dot, member) = (&f.dot_token, &f.member);
+                Some(quote!(#base #dot #member))
+            }
+            _ => None,
+        }
+    }
+    if let Some(tokens) = tokens(value) {
+        let span = tokens
+            .clone()
+            .into_iter()
+            .next()
+            .map_or_else(Span::call_site, |t| t.span());
+        return Ok(FieldPath { tokens, span });
     }
     Err(syn::Error::new_spanned(
         value,
@@ -367,13 +460,15 @@ mod tests {
 
     #[test]
     fn rate_key_takes_a_field_path_of_the_args() {
+        let text = |tokens| parse_ok(tokens).rate_key.map(|p| p.text());
         assert_eq!(
-            parse_ok(quote!(rate_key = customer.id)).rate_key.as_deref(),
+            text(quote!(rate_key = customer.id)).as_deref(),
             Some("customer . id")
         );
+        assert_eq!(text(quote!(rate_key = tenant)).as_deref(), Some("tenant"));
         assert_eq!(
-            parse_ok(quote!(rate_key = tenant)).rate_key.as_deref(),
-            Some("tenant")
+            text(quote!(rate_key = (pair.0))).as_deref(),
+            Some("pair . 0")
         );
         let (_, messages) = parse_err(quote!(rate_key = "tenant"));
         assert!(
@@ -497,6 +592,42 @@ mod tests {
     fn syntax_errors_are_reported() {
         let (_, m) = parse_err(quote!(queue = ));
         assert_eq!(m.len(), 1);
+    }
+
+    /// The attribute refuses and accepts what queue-core's scheduler does
+    /// (the same `cron` crate): an hour of 25 is an error here, not at
+    /// `Worker::build()`; `@daily` is accepted. Before, only the fields were
+    /// counted.
+    #[test]
+    fn cron_expressions_are_parsed_like_the_scheduler_does() {
+        let (options, m) = parse_err(quote!(cron = "0 0 25 * * *"));
+        assert_eq!(options.cron, None);
+        assert!(
+            m[0].starts_with("invalid cron expression \"0 0 25 * * *\": Hours must be less than"),
+            "{m:?}"
+        );
+        let (_, m) = parse_err(quote!(cron = "*/5 * * * *"));
+        assert!(
+            m[0].starts_with("invalid cron expression \"*/5 * * * *\": not a cron expression;")
+                && m[0].ends_with("(found 5 fields)"),
+            "{m:?}"
+        );
+        for ok in [
+            "@daily",
+            "@hourly",
+            "0 */5 * * * *",
+            "0 0 3 * * Mon-Fri",
+            "0 0 0 1 1 * 2030",
+        ] {
+            assert_eq!(
+                parse_ok(quote!(cron = #ok))
+                    .cron
+                    .map(|c| c.value)
+                    .as_deref(),
+                Some(ok)
+            );
+            assert!(cron::Schedule::from_str(ok).is_ok(), "{ok}");
+        }
     }
 
     #[test]

@@ -60,6 +60,67 @@ async fn a_retried_job_skips_steps_already_done() {
     assert!(ttl > 0, "step results expire with the completion record");
 }
 
+/// A stored step result that no longer decodes (the step's result type
+/// changed between versions, here a struct stored by an older `bill` where
+/// this one reads a `String`) fails the delivery retryably, naming the job,
+/// queue and step and saying to rename the step: during a rolling deploy a
+/// worker of the old version may still finish the job. Before, the job was
+/// dead-lettered at its first delivery ("does not decode", permanent).
+#[tokio::test]
+async fn a_step_result_that_no_longer_decodes_is_retried_not_dead_lettered() {
+    #[derive(serde::Serialize)]
+    struct OldCharge {
+        id: String,
+        cents: u64,
+    }
+    let env = TestEnv::start().await;
+    let id = env.enqueue_bill(env.bill(500)).await;
+    let old = rmp_serde::to_vec_named(&OldCharge {
+        id: "ch_old".into(),
+        cents: 500,
+    })
+    .unwrap();
+    let steps = QueueKeys::new("billing").steps(id.as_str());
+    let _: () = env.conn().await.hset(&steps, "charge", old).await.unwrap();
+    // A long backoff keeps the retry in the delayed set while we look.
+    let mut config = billing_config();
+    config.backoff = queue_core::Backoff {
+        base: Duration::from_secs(600),
+        max: Duration::from_secs(600),
+    };
+    let worker = env.spawn_billing_worker(config).await;
+    env.wait_stats("billing", "the first delivery ended", |s| {
+        s.delayed + s.dead >= 1
+    })
+    .await;
+    worker.stop().await;
+    let s = env.stats("billing").await;
+    assert_eq!((s.dead, s.delayed), (0, 1), "retried, not dead-lettered");
+    let job = env
+        .queue
+        .job("billing", &id)
+        .await
+        .unwrap()
+        .expect("job kept");
+    assert_eq!(job.state(), Some("delayed"));
+    assert_eq!(job.attempts(), 1);
+    let error = job.field("last_error").unwrap_or_default();
+    for needle in [
+        id.as_str(),
+        "`billing`",
+        "step `charge`",
+        "rename the step (e.g. `charge_v2`)",
+    ] {
+        assert!(error.contains(needle), "{needle:?} not in {error:?}");
+    }
+    assert!(
+        env.ledger_hash::<i64>("ledger:charge_calls")
+            .await
+            .is_empty(),
+        "the stored step is not run again"
+    );
+}
+
 #[tokio::test]
 async fn worker_killed_after_the_charge_before_the_ack_does_not_charge_twice() {
     let env = TestEnv::start().await;
