@@ -43,9 +43,12 @@ pub struct EnqueueOptions {
 }
 
 /// The job hash fields the core scripts own: an extra field
-/// ([`EnqueueOptions::extra_fields`]) may not take one of these names. The
-/// scripts' own list is `CORE_JOB_FIELDS` in `prelude.lua`; a test keeps the
-/// two equal.
+/// ([`EnqueueOptions::extra_fields`]) may not take one of these names. Every
+/// field a script writes into a job hash is here, but `group` and `batch`,
+/// which producers set as extra fields (groups, workflow members): a producer
+/// setting one of these (say `repaired_at`, `progress`, `notify`) would be
+/// overwritten, or mislead a reader of the field. The scripts' own list is
+/// `CORE_JOB_FIELDS` in `prelude.lua`; a test keeps the two equal.
 pub const CORE_JOB_FIELDS: &[&str] = &[
     "id",
     "type",
@@ -71,6 +74,16 @@ pub const CORE_JOB_FIELDS: &[&str] = &[
     "cancel_requested",
     "limit_slot",
     "ready_at",
+    "repaired_at",
+    "first_started_at",
+    "newer_since",
+    "previous_dead_reason",
+    "progress",
+    "progress_message",
+    "progress_at",
+    "notify",
+    "hist",
+    "batch_of",
 ];
 
 /// Checks extra fields as the enqueue scripts do, before anything is sent:
@@ -342,6 +355,10 @@ impl EnqueueOutcome {
 #[cfg(test)]
 mod tests {
     use super::{EnqueueOptions, CORE_JOB_FIELDS};
+    use crate::job::JobId;
+    use crate::keys::QueueKeys;
+    use crate::scripts::enqueue::Enqueue;
+    use crate::scripts::enqueue_many::{self, ManyJob, Mode};
     use crate::QueueError;
 
     /// The scripts refuse the names of `CORE_JOB_FIELDS` in `prelude.lua`;
@@ -365,8 +382,31 @@ mod tests {
         assert_eq!(rust, lua);
     }
 
-    #[test]
-    fn validate_refuses_what_the_scripts_refuse_naming_queue_and_job() {
+    /// The fields the scripts write into a job hash besides the enqueue's
+    /// own: `repaired_at` (check --repair), `first_started_at` (claim),
+    /// `newer_since` (defer), `previous_dead_reason` (replay), `progress*`,
+    /// `notify` (result waiters), `hist` (history), `batch_of` (workflow
+    /// callbacks), with `limit_slot` and `ready_at`. Each is refused as an
+    /// extra field by `validate` and, on a real server, by `enqueue.lua` and
+    /// `enqueue_many.lua` before any write. Before, the ten first were
+    /// accepted: a producer could set `repaired_at` or `progress` at enqueue.
+    const SCRIPT_WRITTEN: [&str; 12] = [
+        "repaired_at",
+        "first_started_at",
+        "newer_since",
+        "previous_dead_reason",
+        "progress",
+        "progress_message",
+        "progress_at",
+        "notify",
+        "hist",
+        "batch_of",
+        "limit_slot",
+        "ready_at",
+    ];
+
+    #[tokio::test]
+    async fn validate_refuses_what_the_scripts_refuse_naming_queue_and_job() {
         let with = |fields: &[(&str, &str)]| EnqueueOptions {
             extra_fields: fields
                 .iter()
@@ -377,8 +417,6 @@ mod tests {
         for bad in [
             with(&[("", "x")]),
             with(&[("state", "done")]),
-            with(&[("limit_slot", "0")]),
-            with(&[("ready_at", "0")]),
             with(&[("group", "a"), ("tenant", "t"), ("group", "b")]),
         ] {
             let err = bad.validate("emails").unwrap_err();
@@ -391,5 +429,39 @@ mod tests {
             .is_ok());
         let err = EnqueueOptions::new().validate("a}:job:x").unwrap_err();
         assert!(matches!(err, QueueError::InvalidQueueName { .. }), "{err}");
+
+        let (_server, mut conn) = crate::scripts::test_redis().await;
+        let keys = QueueKeys::new("emails");
+        let id = JobId::from("j-1");
+        for name in SCRIPT_WRITTEN {
+            let err = with(&[(name, "1")]).validate("emails").unwrap_err();
+            assert!(
+                matches!(&err, QueueError::InvalidExtraField { name: n, .. } if n == name),
+                "{name}: {err}"
+            );
+            let extra = [(name.to_string(), "1".to_string())];
+            let job = Enqueue {
+                extra: &extra,
+                ..Enqueue::test_job(&keys, &id, 1)
+            };
+            let err = job.run(&mut conn).await.unwrap_err();
+            assert!(err.to_string().contains("core job field"), "{name}: {err}");
+            let many = [ManyJob {
+                job,
+                token: "t",
+                fresh: true,
+            }];
+            let err = enqueue_many::run(&mut conn, &keys, Mode::All, &many)
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("core job field"), "{name}: {err}");
+        }
+        let written: i64 = redis::cmd("EXISTS")
+            .arg(keys.job("j-1"))
+            .arg(&keys.main)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(written, 0, "nothing written");
     }
 }

@@ -140,3 +140,45 @@ fn finding_no_queue_to_check_is_not_clean() {
     let named = check(&url, &[]);
     assert_eq!(named.status.code(), Some(0), "{named:?}");
 }
+
+/// A group list of another type (corrupt data) made `check` exit with a bare
+/// WRONGTYPE before any queue was reported. It is a finding (queue, group,
+/// key type; exit 1) and the other queues are still checked.
+#[test]
+fn a_corrupt_group_list_is_a_finding_and_the_other_queues_are_checked() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    server.command(&["SET", &k.group("bad"), "x"]).unwrap();
+    server.command(&["RPUSH", &k.groups(), "", "bad"]).unwrap();
+    let sms = queue_core::QueueKeys::new("sms");
+    server
+        .command(&["ZADD", &sms.leases, "1", "ghost"])
+        .unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "check", "--redis", &url, "--queue", "emails", "--queue", "sms",
+        ])
+        .output()
+        .expect("binary runs");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = stdout(&out);
+    let bad = k.group("bad");
+    assert!(
+        text.contains(&format!(
+            "emails: corrupt_group_list: group bad: its waiting list {bad} holds a string"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("sms: stray_lease: job ghost"), "{text}");
+
+    let out = check(&url, &["--json"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stdout(&out).contains(&format!(
+            r#"{{"kind":"corrupt_group_list","group":"bad","key":"{bad}","found":"string"}}"#
+        )),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -41,7 +41,8 @@ fn found(violations: &[Violation]) -> BTreeSet<(String, String)> {
             let what = match v {
                 Violation::WrongKeyType { key, .. } => key.clone(),
                 Violation::BadCounter { field, .. } => field.clone(),
-                Violation::GroupOutOfRing { group, .. } => group.clone(),
+                Violation::GroupOutOfRing { group, .. }
+                | Violation::CorruptGroupList { group, .. } => group.clone(),
                 other => other.job_id().map(|i| i.to_string()).unwrap_or_default(),
             };
             (v.kind().to_string(), what)
@@ -228,6 +229,52 @@ async fn a_structure_of_the_wrong_type_is_reported_without_reading_further() {
         "{:#?}",
         report.violations
     );
+}
+
+/// A group's waiting list of another type (corrupt data: a fetch skips the
+/// group and leaves it in the ring) is reported with its group, key and type,
+/// and the check goes on: the job hash it listed is an orphan, and a group
+/// read after it is still judged. Before, `check` failed with a bare
+/// WRONGTYPE from paging the list.
+#[tokio::test]
+async fn a_group_list_of_another_type_is_reported_and_the_check_goes_on() {
+    let (server, admin) = setup().await;
+    let k = QueueKeys::new(Q);
+    for (id, group) in [("in-bad", "bad"), ("in-lost", "lost")] {
+        admin
+            .queue()
+            .enqueue_raw(
+                Q,
+                "task",
+                1,
+                3,
+                EnqueueOptions::new().id(id).group(group),
+                b"\x80",
+            )
+            .await
+            .expect("grouped enqueue");
+    }
+    raw(&server, &["DEL", &k.group("bad")]);
+    raw(&server, &["SET", &k.group("bad"), "oops"]);
+    // "lost" (read after "bad") is out of the ring, "bad" still in it.
+    raw(&server, &["LREM", &k.groups(), "0", "lost"]);
+    let report = admin.check(Q, false).await.expect("no WRONGTYPE");
+    assert_eq!(
+        found(&report.violations),
+        set(&[
+            ("corrupt_group_list", "bad"),
+            ("group_out_of_ring", "lost"),
+            ("orphan_hash", "in-bad"),
+        ]),
+        "{:#?}",
+        report.violations
+    );
+    assert!(report.violations.contains(&Violation::CorruptGroupList {
+        group: "bad".into(),
+        key: k.group("bad"),
+        found: "string".into(),
+    }));
+    assert_eq!(report.scanned.main, 1, "lost's job was read");
 }
 
 #[tokio::test]

@@ -12,7 +12,8 @@
 -- A row is {key type, state, attempts, max_attempts, token} (false: field missing).
 -- Returns, by mode:
 --   types:  {now, {type of KEYS 1..6}, stats fields and values (when a hash)}
---   page:   {now, length, {{id, lease expiry or false, row}, ...}}
+--   page:   {now, length, {{id, lease expiry or false, row}, ...}}, or
+--           {now, 0, {}, type} when the structure's key holds another type
 --   hashes: {now, {{key, row}, ...}}
 --   probe:  {now, main count (its group's list included), processing count, dead count, delayed score or false,
 --            lease expiry or false, row, completion record exists (1/0)}
@@ -34,6 +35,9 @@ local function in_group_list(main, jobkey, id)
   local group = group_of(redis.call('HGET', jobkey, 'group'))
   if not group then return 0 end
   local _, gprefix = group_keys(main)
+  -- A group list of another type (corrupt data) lists nothing; mode 'page'
+  -- returns its type for the report.
+  if redis.call('TYPE', gprefix .. group)['ok'] ~= 'list' then return 0 end
   return #redis.call('LPOS', gprefix .. group, id, 'COUNT', 0)
 end
 
@@ -49,8 +53,14 @@ elseif mode == 'page' then
     leases = KEYS[5]})[which]
   if string.sub(which, 1, 2) == 'g:' then key = string.sub(KEYS[1], 1, -5) .. which end
   local offset, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local sorted = which == 'delayed' or which == 'leases'
+  -- A key of another type (a group's list: corrupt data the fetch skips; the
+  -- queue's own structures were typed by mode 'types') is not read: its type
+  -- is returned for the report.
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= (sorted and 'zset' or 'list') then return {now, 0, {}, t} end
   local ids, len
-  if which == 'delayed' or which == 'leases' then
+  if sorted then
     ids = redis.call('ZRANGE', key, offset, offset + limit - 1)
     len = redis.call('ZCARD', key)
   else

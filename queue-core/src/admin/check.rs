@@ -230,16 +230,19 @@ impl Walk<'_> {
         Ok(ok)
     }
 
-    /// Pages through one structure; `None` for the leases.
+    /// Pages through one structure; `None` for the leases. (Their key types
+    /// were checked by [`Self::types`] first.)
     async fn structure(&mut self, place: Option<Place>) -> Result<()> {
         self.structure_named(place, place.map_or("leases", Place::as_str))
             .await
+            .map(drop)
     }
 
     /// The waiting lists of the groups (docs/GROUPS.md), found by `SCAN`:
     /// each is paged like main (an id in it is waiting), then its group is
     /// read atomically ([`Self::group`]): jobs waiting while the group is
-    /// neither in the ring nor paused are reported.
+    /// neither in the ring nor paused are reported. A group key of another
+    /// type is reported ([`Violation::CorruptGroupList`]) and the walk goes on.
     async fn group_lists(&mut self) -> Result<()> {
         let prefix = self.keys.group_prefix();
         let pattern = glob_prefix(&prefix);
@@ -258,8 +261,15 @@ impl Walk<'_> {
             }
         }
         for group in names {
-            self.structure_named(Some(Place::Main), &format!("g:{group}"))
-                .await?;
+            let name = format!("g:{group}");
+            if let Some(found) = self.structure_named(Some(Place::Main), &name).await? {
+                let key = self.keys.group(&group);
+                tracing::warn!(queue = %self.keys.queue, group, key, found, "check: a group's waiting list holds another type");
+                self.report
+                    .violations
+                    .push(Violation::CorruptGroupList { group, key, found });
+                continue;
+            }
             let probe = self.group(&group).await?;
             self.report
                 .violations
@@ -305,14 +315,22 @@ impl Walk<'_> {
             .map_err(AdminError::server(what))
     }
 
-    /// Pages through one structure named `name` in `check.lua`.
-    async fn structure_named(&mut self, place: Option<Place>, name: &str) -> Result<()> {
+    /// Pages through one structure named `name` in `check.lua`. `Some(type)`
+    /// when its key holds another type (nothing read).
+    async fn structure_named(
+        &mut self,
+        place: Option<Place>,
+        name: &str,
+    ) -> Result<Option<String>> {
         let mut offset = 0usize;
         loop {
             let (off, lim) = (offset.to_string(), PAGE.to_string());
             let reply = self.call("page", &[name, &off, &lim]).await?;
             let bad = || self.protocol("page", &reply);
             let f = items(&reply).ok_or_else(bad)?;
+            if let Some(found) = f.get(3) {
+                return text(found).map(Some).ok_or_else(bad);
+            }
             let len = f.get(1).and_then(int).ok_or_else(bad)?;
             let rows = f.get(2).and_then(items).ok_or_else(bad)?;
             let mut found = Vec::with_capacity(rows.len());
@@ -350,7 +368,7 @@ impl Walk<'_> {
             *counter += n as u64;
             offset += n;
             if n == 0 || offset as i64 >= len {
-                return Ok(());
+                return Ok(None);
             }
         }
     }

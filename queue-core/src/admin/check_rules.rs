@@ -136,6 +136,17 @@ pub enum Violation {
         /// Jobs waiting in its list.
         waiting: u64,
     },
+    /// A group's waiting list `q:{Q}:g:<group>` holds another Redis type
+    /// (corrupt data): a fetch skips the group (it stays in the ring), so
+    /// whatever was waiting in it is not served. Not read further.
+    CorruptGroupList {
+        /// Group name.
+        group: String,
+        /// The key.
+        key: String,
+        /// Its type.
+        found: String,
+    },
 }
 
 impl Violation {
@@ -151,7 +162,8 @@ impl Violation {
             | Violation::CorruptField { id, .. } => Some(id),
             Violation::WrongKeyType { .. }
             | Violation::BadCounter { .. }
-            | Violation::GroupOutOfRing { .. } => None,
+            | Violation::GroupOutOfRing { .. }
+            | Violation::CorruptGroupList { .. } => None,
         }
     }
 
@@ -168,6 +180,7 @@ impl Violation {
             Violation::WrongKeyType { .. } => "wrong_key_type",
             Violation::BadCounter { .. } => "bad_counter",
             Violation::GroupOutOfRing { .. } => "group_out_of_ring",
+            Violation::CorruptGroupList { .. } => "corrupt_group_list",
         }
     }
 }
@@ -211,6 +224,10 @@ impl std::fmt::Display for Violation {
             Violation::GroupOutOfRing { group, waiting } => write!(
                 f,
                 "group {group}: {waiting} job(s) waiting, but neither in the ring nor paused: no fetch serves them"
+            ),
+            Violation::CorruptGroupList { group, key, found } => write!(
+                f,
+                "group {group}: its waiting list {key} holds a {found}, not a list (corrupt data): the fetch skips the group"
             ),
         }
     }

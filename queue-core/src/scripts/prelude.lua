@@ -34,12 +34,16 @@ end
 
 -- The job hash fields the core scripts own: an extra field (an enqueue
 -- option stored on the job, enqueue.lua / enqueue_many.lua) may not take one
--- of these names. Built when the library loads, not per call.
+-- of these names. Every field a script writes into a job hash is here, but
+-- `group` and `batch`, which producers set as extra fields. Built when the
+-- library loads, not per call.
 local CORE_JOB_FIELDS = {id = true, type = true, v = true, payload = true, max_attempts = true,
   attempts = true, enqueued_at = true, state = true, delivered_at = true, token = true, lease_until = true,
   fence = true, last_error = true, failed_at = true, failed_token = true, run_at = true, dead_reason = true,
   dead_at = true, replayed_at = true, enq_token = true, worker = true, cancel_requested = true,
-  limit_slot = true, ready_at = true}
+  limit_slot = true, ready_at = true, repaired_at = true, first_started_at = true, newer_since = true,
+  previous_dead_reason = true, progress = true, progress_message = true, progress_at = true,
+  notify = true, hist = true, batch_of = true}
 
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
@@ -1060,7 +1064,7 @@ local function next_waiting(main, processing, fair)
         local list = fair.prefix .. g
         -- A group key of another type (corrupt data) must not abort a fetch
         -- that already claimed jobs (no rollback): it is skipped, and left
-        -- in the ring for `check` to report.
+        -- in the ring for `check` to report (`corrupt_group_list`).
         local id = redis.pcall('LMOVE', list, processing, 'RIGHT', 'LEFT')
         if type(id) == 'table' and id['err'] then
           id = false
