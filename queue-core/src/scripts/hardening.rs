@@ -1383,7 +1383,7 @@ async fn give_backs_of_a_job_are_spaced_twice_as_far_each_time() {
         let FailReply::Retry { run_at_ms } = reply else {
             panic!("given back while announced: {reply:?}");
         };
-        waits.push((run_at_ms as i64 - before) / 1000);
+        waits.push((run_at_ms - before) / 1000);
         // Due now, so that the next delivery can be fetched.
         fx.cmd(&["ZADD", &k.delayed, "0", "v2"]).await;
         d = fx.redeliver_after(&d).await;
