@@ -234,8 +234,9 @@ async fn an_announced_version_keeps_the_job_waiting_past_the_wait() {
     let old = start_worker(&env, Registration::of::<RenderV1>(), wait).await;
     let id = enqueue_once::<RenderV2>(&env).await;
 
-    // Eight give-backs at least 50 ms apart outlast the 300 ms wait.
-    wait_deferred_or_dead(&env, 8).await;
+    // Five give-backs, 50, 100, 200 and 400 ms apart (each twice the one
+    // before), outlast the 300 ms wait.
+    wait_deferred_or_dead(&env, 5).await;
     assert!(
         dead(&env).await.is_empty(),
         "dead-lettered while a live worker announced its version: {:?}",

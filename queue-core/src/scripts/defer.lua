@@ -5,6 +5,10 @@
 -- worker can run it. The job hash keeps `newer_since`: the Redis time since
 -- which no live worker has announced the version (reset while one has). Once
 -- that is wait_ms ago, the job is dead-lettered with a reason saying so.
+-- `newer_attempts` (the attempts count a give-back left) and `deferrals` (the
+-- give-backs of the streak) tell a streak from a job that ran in between (its
+-- wait starts again), and space the give-backs: delay_ms doubling per
+-- give-back, up to a minute.
 -- While a live worker has announced the version the job is always given back,
 -- whatever wait_ms (0 too). The handler never ran, so the delivery is not a
 -- start: a `first_started_at` this delivery's claim wrote is dropped (the
@@ -26,7 +30,7 @@ local delay = arg_count(ARGV[4], 'delay_ms')
 local wait = arg_count(ARGV[5], 'wait_ms')
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list', KEYS[7], 'hash')
 local early, h, bad = failing_delivery(KEYS[3], KEYS[1], ARGV[1], ARGV[2], 'newer_since',
-  'first_started_at', 'delivered_at', 'rate_key')
+  'first_started_at', 'delivered_at', 'rate_key', 'newer_attempts', 'deferrals')
 if early then return early end
 -- The start logs this delivery's claim wrote to (limits_started). A log of
 -- another type (corrupt data) is skipped with a warning, as fetches skip a
@@ -60,20 +64,37 @@ if not bad then
   -- The handler never ran: this delivery's attempt is given back.
   if attempts > 0 then attempts = attempts - 1 end
   local announced = as_count(redis.call('HGET', KEYS[7], ARGV[3]))
-  -- A corrupt `newer_since` (our own bookkeeping) restarts the wait.
-  local since = as_count(h[8]) or now
+  -- This give-back continues the job's streak of give-backs when the
+  -- attempts count the last one left (`newer_attempts`) is still the job's:
+  -- no delivery ran since. When one did (a worker that has the type ran it,
+  -- then it failed or was returned), or the marks are missing or corrupt
+  -- (our own bookkeeping), the wait and the delays start again: a wait begun
+  -- long ago must not dead-letter a job that ran in between.
+  local same = as_count(h[12]) == attempts
+  local since = same and as_count(h[8]) or now
+  local bounces = same and as_count(h[13]) or 0
   -- An announcement live now: given back whatever the wait (0 too).
   local live = announced and announced > now
   if live then since = now end
   if live or now - since < wait then
-    local run_at = now + delay
+    -- Each give-back of a streak waits twice as long as the one before, from
+    -- delay_ms up to a minute (or delay_ms when longer): a job that the
+    -- workers taking it cannot run, while one that can is announced but busy
+    -- elsewhere, does not cycle through main every delay_ms.
+    local cap = math.max(delay, 60000)
+    local d = delay
+    for _ = 1, math.min(bounces, 32) do
+      if d >= cap then break end
+      d = math.min(d * 2, cap)
+    end
+    local run_at = now + d
     local why = 'payload version ' .. ARGV[3] .. ' newer than the handler'
     if ARGV[6] == '' then why = 'no handler for ' .. ARGV[3] .. ' on this worker' end
     ev_hist(KEYS[6], ARGV[1], KEYS[3], 'deferred', why, now)
     local wake = sooner_than_head(KEYS[4], run_at)
     redis.call('ZADD', KEYS[4], int_str(run_at), ARGV[1])
     redis.call('HSET', KEYS[3], 'state', 'delayed', 'run_at', run_at, 'attempts', attempts,
-      'newer_since', since, 'failed_token', ARGV[2])
+      'newer_since', since, 'newer_attempts', attempts, 'deferrals', bounces + 1, 'failed_token', ARGV[2])
     redis.call('HDEL', KEYS[3], 'token', 'lease_until')
     if unstart then redis.call('HDEL', KEYS[3], 'first_started_at') end
     redis.call('LREM', KEYS[1], 1, ARGV[1])

@@ -1322,6 +1322,84 @@ async fn a_replayed_job_forgets_the_cancel_requested_of_its_earlier_life() {
     assert!(matches!(failed, FailReply::Dead { .. }), "{failed:?}");
 }
 
+/// A job given back for its payload version (the wait for a worker that
+/// announces it began long ago), then run by a worker that has the version
+/// (it failed, retryably), then taken again by an older worker: the wait
+/// starts again, the job is given back. Before, the `newer_since` of the
+/// first give-back survived the run in between: the older worker
+/// dead-lettered the job at once, without a fresh wait.
+#[tokio::test]
+async fn a_give_back_after_the_job_ran_in_between_waits_afresh() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("v2", 5).await;
+    let wait = Duration::from_secs(3600);
+    let d = fx.fetch_one().await;
+    assert!(matches!(fx.defer(&d, wait).await, FailReply::Retry { .. }));
+    // The wait began two hours ago.
+    fx.cmd(&["HSET", &k.job("v2"), "newer_since", "1"]).await;
+    // A worker that has the version runs it; it fails and is retried at once.
+    let ran = fx.redeliver_after(&d).await;
+    assert_eq!(ran.attempt, 1);
+    let retry = fx.fail(&ran, FailKind::Retry).await.unwrap();
+    assert!(matches!(retry, FailReply::Retry { .. }), "{retry:?}");
+    // An older worker takes it next.
+    let d = fx.redeliver_after(&ran).await;
+    assert_eq!(d.attempt, 2);
+    let again = fx.defer(&d, wait).await;
+    assert!(matches!(again, FailReply::Retry { .. }), "{again:?}");
+    let job = fx.job("v2").await;
+    let since: i64 = job["newer_since"].parse().unwrap();
+    assert!(since > 1, "the wait starts again: {job:?}");
+    assert_eq!(job["attempts"], "1", "the run's attempt stays counted");
+}
+
+/// Give-backs of one job, while a worker that has its version is announced
+/// (busy elsewhere), are spaced twice as far apart each time, from the
+/// configured delay up to a minute: a job the workers taking it cannot run
+/// does not cycle through main every delay. Before, every give-back waited
+/// the same delay.
+#[tokio::test]
+async fn give_backs_of_a_job_are_spaced_twice_as_far_each_time() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("v2", 5).await;
+    let until = fx.redis_now_ms().await + 3_600_000;
+    fx.cmd(&["HSET", &k.versions(), "t:2", &until.to_string()])
+        .await;
+    let delay = Duration::from_secs(10);
+    let mut waits = Vec::new();
+    let mut d = fx.fetch_one().await;
+    for _ in 0..5 {
+        let before = fx.redis_now_ms().await;
+        let reply = super::defer::Defer {
+            delay,
+            wait: Duration::ZERO,
+            ..super::defer::Defer::test_v2(&k, &d)
+        }
+        .run(&mut fx.conn)
+        .await
+        .unwrap();
+        let FailReply::Retry { run_at_ms } = reply else {
+            panic!("given back while announced: {reply:?}");
+        };
+        waits.push((run_at_ms - before) / 1000);
+        // Due now, so that the next delivery can be fetched.
+        fx.cmd(&["ZADD", &k.delayed, "0", "v2"]).await;
+        d = fx.redeliver_after(&d).await;
+    }
+    assert_eq!(
+        waits,
+        vec![10, 20, 40, 60, 60],
+        "seconds to each next offer"
+    );
+    assert_eq!(
+        fx.job("v2").await["attempts"],
+        "1",
+        "only the delivery in flight counts"
+    );
+}
+
 /// A job dead-lettered because no worker announced its payload version
 /// (`newer_since` long ago) and replayed once the workers are upgraded gets
 /// a fresh wait. Before, `newer_since` survived the replay: the first defer

@@ -23,7 +23,8 @@ redis.call('HSET', KEYS[3], 'state', 'queued', 'replayed_at', now, 'ready_at', n
 -- (`limit_slot`, docs/LIMITS.md: kept, its next deferral was taken for a job
 -- back from its booking) are not the new life's.
 redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at', 'expires_at', 'expires_after', 'first_started_at',
-  'failed_token', 'cancel_requested', 'newer_since', 'limit_slot')
+  'failed_token', 'cancel_requested', 'newer_since', 'newer_attempts', 'deferrals',
+  'limit_slot')
 if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'attempts', 0) end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 bump(KEYS[4], 'replayed', 1)

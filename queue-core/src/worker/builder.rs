@@ -124,7 +124,9 @@ pub struct WorkerConfig {
     /// announced the version the job is always given back, even with 0.
     pub newer_version_wait: Duration,
     /// How long such a job waits in the delayed set before it is offered
-    /// again (default 1 s).
+    /// again the first time (default 1 s); each next give-back of the same
+    /// job waits twice as long as the one before, up to a minute (or this
+    /// delay when longer), until a delivery of it runs.
     pub newer_version_delay: Duration,
     /// Redis timeouts.
     pub connection: ConnectionConfig,
