@@ -77,6 +77,8 @@ pub const CORE_JOB_FIELDS: &[&str] = &[
     "repaired_at",
     "first_started_at",
     "newer_since",
+    "newer_attempts",
+    "deferrals",
     "previous_dead_reason",
     "progress",
     "progress_message",
@@ -384,16 +386,18 @@ mod tests {
 
     /// The fields the scripts write into a job hash besides the enqueue's
     /// own: `repaired_at` (check --repair), `first_started_at` (claim),
-    /// `newer_since` (defer), `previous_dead_reason` (replay), `progress*`,
+    /// `newer_since`, `newer_attempts`, `deferrals` (defer), `previous_dead_reason` (replay), `progress*`,
     /// `notify` (result waiters), `hist` (history), `batch_of` (workflow
     /// callbacks), with `limit_slot` and `ready_at`. Each is refused as an
     /// extra field by `validate` and, on a real server, by `enqueue.lua` and
     /// `enqueue_many.lua` before any write. Before, the ten first were
     /// accepted: a producer could set `repaired_at` or `progress` at enqueue.
-    const SCRIPT_WRITTEN: [&str; 12] = [
+    const SCRIPT_WRITTEN: [&str; 14] = [
         "repaired_at",
         "first_started_at",
         "newer_since",
+        "newer_attempts",
+        "deferrals",
         "previous_dead_reason",
         "progress",
         "progress_message",

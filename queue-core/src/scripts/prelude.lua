@@ -43,7 +43,7 @@ local CORE_JOB_FIELDS = {id = true, type = true, v = true, payload = true, max_a
   dead_at = true, replayed_at = true, enq_token = true, worker = true, cancel_requested = true,
   limit_slot = true, ready_at = true, repaired_at = true, first_started_at = true, newer_since = true,
   previous_dead_reason = true, progress = true, progress_message = true, progress_at = true,
-  notify = true, hist = true, batch_of = true}
+  notify = true, hist = true, batch_of = true, newer_attempts = true, deferrals = true}
 
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
