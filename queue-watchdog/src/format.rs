@@ -246,8 +246,13 @@ mod tests {
         );
         assert_eq!(printable("a\u{2028}b\u{2029}c"), "a\\u{2028}b\\u{2029}c");
         // Not format characters: letters of any script, marks, U+2065 (unassigned).
-        for s in ["é", "日本", "ع", "e\u{301}", "\u{2065}", "\u{2027}", "\u{202f}"] {
-            assert!(matches!(printable(s), std::borrow::Cow::Borrowed(_)), "{s:?}");
+        for s in [
+            "é", "日本", "ع", "e\u{301}", "\u{2065}", "\u{2027}", "\u{202f}",
+        ] {
+            assert!(
+                matches!(printable(s), std::borrow::Cow::Borrowed(_)),
+                "{s:?}"
+            );
         }
     }
 

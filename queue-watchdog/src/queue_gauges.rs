@@ -184,7 +184,10 @@ mod tests {
         assert_eq!(increment(Some(1000), 990), 0);
         assert_eq!(kept(Some(1000), 990), 1000, "the old value is kept");
         assert_eq!(increment(Some(1000), 1005), 5);
-        assert_eq!(mirror(&[1000, 990, 995, 1000, 1005]), (vec![1000, 0, 0, 0, 5], 1005));
+        assert_eq!(
+            mirror(&[1000, 990, 995, 1000, 1005]),
+            (vec![1000, 0, 0, 0, 5], 1005)
+        );
         assert_eq!(increment(Some(1000), 500), 0, "exactly half: a regression");
         assert_eq!(increment(Some(5), 3), 0);
         assert_eq!(increment(Some(1), 0), 0);

@@ -520,10 +520,7 @@ fn a_doctor_user_without_llen_gets_no_wrong_type_finding() {
 
     let (code, v) = doctor_json(&url, &[]);
     let dead = findings(&v, "dead-letters");
-    assert!(
-        !dead.iter().any(|(sev, _)| sev == "critical"),
-        "{dead:?}"
-    );
+    assert!(!dead.iter().any(|(sev, _)| sev == "critical"), "{dead:?}");
     let (sev, what) = dead
         .iter()
         .find(|(_, what)| what.starts_with("could not read the length of 1 dead-letter list(s)"))

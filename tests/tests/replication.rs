@@ -234,7 +234,6 @@ async fn a_moved_failover_endpoint_is_followed_by_producers_workers_and_the_watc
     assert!(ledger.duplicates().is_empty(), "{ledger:?}");
 }
 
-
 /// A connection used from a second runtime that shuts down right after a
 /// write was answered `READONLY`: the reconnect that write started was
 /// spawned on that runtime and is dropped with it, unfinished. Later
@@ -262,7 +261,12 @@ fn a_reconnect_cancelled_with_its_runtime_does_not_stop_later_ones() {
     let probe = QueueKeys::new("readonly-probe").main;
     let write = |mut c: RedisConnection| {
         let probe = probe.clone();
-        async move { redis::cmd("DEL").arg(&probe).query_async::<i64>(&mut c).await }
+        async move {
+            redis::cmd("DEL")
+                .arg(&probe)
+                .query_async::<i64>(&mut c)
+                .await
+        }
     };
 
     // The current-thread runtime returns from `block_on` as soon as the

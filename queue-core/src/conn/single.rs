@@ -325,7 +325,10 @@ mod tests {
             std::future::pending::<()>().await
         });
         rt.block_on(tokio::task::yield_now());
-        assert!(!reconnects.lock().unwrap().start(t0 + RECONNECT_MIN_WAIT), "still running");
+        assert!(
+            !reconnects.lock().unwrap().start(t0 + RECONNECT_MIN_WAIT),
+            "still running"
+        );
         drop(rt);
         let t1 = t0 + RECONNECT_MIN_WAIT;
         assert!(
