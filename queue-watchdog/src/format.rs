@@ -103,19 +103,22 @@ pub fn display_field(name: &str, value: &str) -> String {
     printable(value).into_owned()
 }
 
-/// Text read from Redis (an error message, a job type, a worker name) made
-/// safe for a terminal: control characters (an ESC sequence that would
-/// rewrite the operator's screen, a newline that would break a line-per-job
-/// listing) are written as escapes (`\u{1b}`, `\n`). Text without any is
-/// returned as it is.
+/// Text read from Redis (an error message, a job type, a worker name, a job
+/// id) made safe for a terminal: control characters (an ESC sequence that
+/// would rewrite the operator's screen, a newline that would break a
+/// line-per-job listing), format characters (bidi overrides and isolates
+/// such as U+202E, which reorder the rest of the line as shown: "Trojan
+/// Source"; zero-width characters) and the line and paragraph separators
+/// U+2028/U+2029 are written as escapes (`\u{1b}`, `\n`, `\u{202e}`). Text
+/// without any is returned as it is.
 pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
-    if !s.chars().any(char::is_control) {
+    if !s.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(s);
     }
     std::borrow::Cow::Owned(
         s.chars()
             .map(|c| {
-                if c.is_control() {
+                if escaped(c) {
                     c.escape_default().collect()
                 } else {
                     c.to_string()
@@ -124,6 +127,42 @@ pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
             .collect(),
     )
 }
+
+/// Whether [`printable`] escapes `c`: general category Cc (`char::is_control`),
+/// Cf ([`FORMAT`]), Zl or Zp (U+2028, U+2029).
+fn escaped(c: char) -> bool {
+    c.is_control()
+        || c == '\u{2028}'
+        || c == '\u{2029}'
+        || FORMAT.iter().any(|&(lo, hi)| (lo..=hi).contains(&c))
+}
+
+/// The code points of general category Cf (format), as of Unicode 18 (the
+/// table of the unicode-properties crate); a later Unicode version adding
+/// one would leave it unescaped until it is added here.
+const FORMAT: &[(char, char)] = &[
+    ('\u{ad}', '\u{ad}'),
+    ('\u{600}', '\u{605}'),
+    ('\u{61c}', '\u{61c}'),
+    ('\u{6dd}', '\u{6dd}'),
+    ('\u{70f}', '\u{70f}'),
+    ('\u{890}', '\u{891}'),
+    ('\u{8e2}', '\u{8e2}'),
+    ('\u{180e}', '\u{180e}'),
+    ('\u{200b}', '\u{200f}'),
+    ('\u{202a}', '\u{202e}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206f}'),
+    ('\u{feff}', '\u{feff}'),
+    ('\u{fff9}', '\u{fffb}'),
+    ('\u{110bd}', '\u{110bd}'),
+    ('\u{110cd}', '\u{110cd}'),
+    ('\u{13430}', '\u{1343f}'),
+    ('\u{1bca0}', '\u{1bca3}'),
+    ('\u{1d173}', '\u{1d17a}'),
+    ('\u{e0001}', '\u{e0001}'),
+    ('\u{e0020}', '\u{e007f}'),
+];
 
 /// `ctx.progress(n, message)` of a running job (docs/RESULTS.md), from its
 /// fields: `50 — half way (at 2026-…Z)`; `None` when it reported none.
@@ -193,6 +232,28 @@ mod tests {
             "bad\\u{1b}[2J\\nline"
         );
         assert!(matches!(printable("plain"), std::borrow::Cow::Borrowed(_)));
+    }
+
+    /// Bidi overrides and isolates, other format characters and the line and
+    /// paragraph separators are escaped like control characters: a job id
+    /// `a\u{202e}b` would otherwise reverse the rest of the operator's line.
+    #[test]
+    fn format_characters_and_separators_are_escaped() {
+        assert_eq!(printable("a\u{202e}b"), "a\\u{202e}b");
+        assert_eq!(
+            printable("\u{2066}x\u{2069}\u{200b}\u{feff}\u{e0041}"),
+            "\\u{2066}x\\u{2069}\\u{200b}\\u{feff}\\u{e0041}"
+        );
+        assert_eq!(printable("a\u{2028}b\u{2029}c"), "a\\u{2028}b\\u{2029}c");
+        // Not format characters: letters of any script, marks, U+2065 (unassigned).
+        for s in [
+            "é", "日本", "ع", "e\u{301}", "\u{2065}", "\u{2027}", "\u{202f}",
+        ] {
+            assert!(
+                matches!(printable(s), std::borrow::Cow::Borrowed(_)),
+                "{s:?}"
+            );
+        }
     }
 
     #[test]

@@ -81,27 +81,57 @@ pub fn publish(h: &QueueHealth) {
     let mut last = LAST_SEEN.lock().unwrap_or_else(|e| e.into_inner());
     for name in MIRRORED.iter().copied().chain(extra) {
         let value = h.stats.counter(name).max(0) as u64;
-        let seen = last.insert((queue.clone(), name.to_string()), value);
+        let key = (queue.clone(), name.to_string());
+        let seen = last.get(&key).copied();
+        last.insert(key, kept(seen, value));
         // Registered even when the step is 0, so a rule has a series from the start.
         metrics::counter!(STATS_TOTAL, "queue" => queue.clone(), "counter" => name.to_string())
             .increment(increment(seen, value));
     }
 }
 
-/// The last value read from Redis per (queue, counter name). The exported
-/// counter moves by the difference with it: `Counter::absolute` is a
-/// fetch-max in metrics 0.24, so after Redis lost its counters (a restart
-/// without persistence, a failover to a lagging replica, `DEL q:{Q}:stats`)
-/// the series stayed at the old value until Redis climbed past it.
+/// The value the exported counter stands for per (queue, counter name):
+/// the last value read from Redis, or, while Redis reads lower by at most
+/// half (a regression), the higher one read before it. The exported counter
+/// moves by the difference with it: `Counter::absolute` is a fetch-max in
+/// metrics 0.24, so after Redis lost its counters (a restart without
+/// persistence, `DEL q:{Q}:stats`) the series stayed at the old value until
+/// Redis climbed past it.
 static LAST_SEEN: LazyLock<Mutex<HashMap<(String, String), u64>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
+/// Whether Redis reading `now` after `last` lost its counters (a reset),
+/// rather than regressed a little. A drop to at least half of `last` is a
+/// regression: a failover to a replica that lagged a few writes behind,
+/// whose counters go on from there; the counts between it and `last` were
+/// exported already, and Redis repeats them. A drop below half is a reset
+/// (a restart without persistence, the stats key deleted). A heuristic:
+/// a replica that lagged more than half the count is taken for a reset
+/// (its value is counted again), and a reset that climbed back to half of
+/// `last` before the next read is taken for a regression (the counts up to
+/// `last` are not exported).
+fn is_reset(last: u64, now: u64) -> bool {
+    now < last.div_ceil(2)
+}
+
 /// How much the exported counter moves when Redis reads `now` after
-/// `last`: the difference, or (Redis lower: its counters were reset) all of
-/// `now`, counted since that reset. The exported counter never goes down.
+/// `last`: the difference when Redis is higher; nothing on a regression
+/// (until Redis passes `last` again, see [`kept`]); all of `now` on a
+/// reset ([`is_reset`]), counted since that reset. The exported counter
+/// never goes down.
 fn increment(last: Option<u64>, now: u64) -> u64 {
     match last {
         Some(last) if now >= last => now - last,
+        Some(last) if !is_reset(last, now) => 0,
+        _ => now,
+    }
+}
+
+/// The value [`LAST_SEEN`] keeps after Redis read `now` after `last`: the
+/// old one on a regression, so only what Redis counts above it is exported.
+fn kept(last: Option<u64>, now: u64) -> u64 {
+    match last {
+        Some(last) if now < last && !is_reset(last, now) => last,
         _ => now,
     }
 }
@@ -116,15 +146,54 @@ fn counter_like(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{counter_like, increment};
+    use super::{counter_like, increment, kept};
+
+    /// Reads `values` in turn from a fresh mirror: (exported increments,
+    /// value kept at the end).
+    fn mirror(values: &[u64]) -> (Vec<u64>, u64) {
+        let mut last = None;
+        let steps = values
+            .iter()
+            .map(|&v| {
+                let step = increment(last, v);
+                last = Some(kept(last, v));
+                step
+            })
+            .collect();
+        (steps, last.unwrap())
+    }
 
     #[test]
-    fn a_counter_lower_than_last_read_is_a_reset_and_adds_its_value() {
+    fn a_counter_far_below_last_read_is_a_reset_and_adds_its_value() {
         assert_eq!(increment(None, 5), 5, "first read: the whole value");
         assert_eq!(increment(Some(5), 5), 0);
         assert_eq!(increment(Some(5), 8), 3);
         assert_eq!(increment(Some(5), 1), 1, "reset: counted since the reset");
         assert_eq!(increment(Some(5), 0), 0);
+        assert_eq!(increment(Some(1000), 3), 3, "below half: a reset");
+        assert_eq!(increment(Some(1000), 499), 499);
+        assert_eq!(mirror(&[1000, 3, 10]), (vec![1000, 3, 7], 10));
+    }
+
+    /// A failover to a replica 10 counts behind: nothing exported until Redis
+    /// passes the old value, then only what is above it. Before, 990 was
+    /// added (a counter of 10 M jumped by 10 M; the `increase > 0` and rate
+    /// alerts fired after every failover).
+    #[test]
+    fn a_counter_a_little_below_last_read_is_a_regression_and_adds_nothing() {
+        assert_eq!(increment(Some(1000), 990), 0);
+        assert_eq!(kept(Some(1000), 990), 1000, "the old value is kept");
+        assert_eq!(increment(Some(1000), 1005), 5);
+        assert_eq!(
+            mirror(&[1000, 990, 995, 1000, 1005]),
+            (vec![1000, 0, 0, 0, 5], 1005)
+        );
+        assert_eq!(increment(Some(1000), 500), 0, "exactly half: a regression");
+        assert_eq!(increment(Some(5), 3), 0);
+        assert_eq!(increment(Some(1), 0), 0);
+        assert_eq!(kept(Some(1), 0), 0, "1 → 0 is a reset");
+        assert_eq!(increment(Some(u64::MAX), u64::MAX / 2 + 1), 0);
+        assert_eq!(increment(Some(u64::MAX), u64::MAX / 2), u64::MAX / 2);
     }
 
     #[test]

@@ -999,6 +999,63 @@ fn dead_list_escapes_control_characters_of_a_reason() {
     );
 }
 
+/// A job id (enqueue accepts it: it has no control character) and a reason
+/// with a bidi override, an isolate and a line separator: `dead list`
+/// prints them as escapes, so they cannot reorder the operator's line
+/// ("Trojan Source") or split it. Before, only control characters were
+/// escaped, and the id not at all.
+#[test]
+fn dead_list_escapes_bidi_and_separator_characters_of_an_id_and_a_reason() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let k = queue_core::QueueKeys::new("emails");
+    let id = "a\u{202e}b";
+    let rt = rt();
+    rt.block_on(async {
+        let queue = queue_core::Queue::connect(&url).await.unwrap();
+        queue
+            .enqueue_raw(
+                "emails",
+                "send",
+                1,
+                3,
+                queue_core::EnqueueOptions::new().id(id),
+                b"\x80",
+            )
+            .await
+            .unwrap();
+    });
+    let mut c = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let () = redis::cmd("HSET")
+        .arg(k.job(id))
+        .arg(&["state", "dead", "dead_at", "1796000000000"])
+        .arg(&["dead_reason", "user \u{2066}input\u{2069}\u{2028}fake line"])
+        .query(&mut c)
+        .unwrap();
+    let () = redis::cmd("LPUSH")
+        .arg(&k.dead)
+        .arg(id)
+        .query(&mut c)
+        .unwrap();
+    let (ok, stdout, stderr) = run(&["dead", "list", "--redis", &url, "-q", "emails"]);
+    assert!(ok, "{stderr}");
+    assert!(
+        !stdout.contains(['\u{202e}', '\u{2066}', '\u{2069}', '\u{2028}']),
+        "{stdout:?}"
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("a\\u{202e}b\t"))
+        .unwrap_or_else(|| panic!("{stdout:?}"));
+    assert!(
+        line.contains("user \\u{2066}input\\u{2069}\\u{2028}fake line"),
+        "{line}"
+    );
+}
+
 /// A `--queue` an enqueue would refuse (`"emails "`, `{emails}`) is refused
 /// by every command that takes one: exit 2, the reason on stderr, nothing
 /// written. Before, `run -q "emails "` watched keys no enqueue creates (the

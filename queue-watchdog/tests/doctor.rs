@@ -500,3 +500,32 @@ fn a_job_id_ending_like_a_dead_key_and_a_wrong_typed_dead_key_are_not_exit_2() {
     );
     assert!(out.contains("verdict: NOT SAFE"), "{out}");
 }
+
+/// A doctor user whose ACL leaves out `LLEN` cannot read the dead-letter
+/// lengths: a "could not read" warning, not the CRITICAL "dead-letter key(s)
+/// of another type than list" telling the operator to rename a healthy list
+/// (before, any `LLEN` error was taken for a wrong type: exit 1, NOT SAFE).
+#[test]
+fn a_doctor_user_without_llen_gets_no_wrong_type_finding() {
+    let server = RedisServer::start_with(SAFE).unwrap();
+    let q = queue_core::QueueKeys::new("orders");
+    server
+        .command(&["RPUSH", &q.dead, "old-1", "old-2"])
+        .unwrap();
+    let reply = server
+        .command(&["ACL", "SETUSER", "doc", "on", ">pw", "~*", "+@all", "-llen"])
+        .unwrap();
+    assert!(reply.starts_with("+OK"), "{reply}");
+    let url = format!("redis://doc:pw@127.0.0.1:{}/", server.port());
+
+    let (code, v) = doctor_json(&url, &[]);
+    let dead = findings(&v, "dead-letters");
+    assert!(!dead.iter().any(|(sev, _)| sev == "critical"), "{dead:?}");
+    let (sev, what) = dead
+        .iter()
+        .find(|(_, what)| what.starts_with("could not read the length of 1 dead-letter list(s)"))
+        .unwrap_or_else(|| panic!("{dead:?}"));
+    assert_eq!(sev, "warning");
+    assert!(what.contains(&q.dead) && what.contains("llen"), "{what}");
+    assert_eq!(code, 0, "{v:#}");
+}

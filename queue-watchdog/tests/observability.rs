@@ -354,8 +354,24 @@ fn scrape_until_counter(addr: &str, counter: &str, want: u64) -> Result<String, 
     }
 }
 
-/// Redis lost the queue's counters (restart without persistence, failover to
-/// a lagging replica, `DEL q:{Q}:stats`): the exported counter goes on from
+/// `queue-watchdog run` on [`QUEUE`] every 100 ms with its metrics on a
+/// free port: (the process, killed on drop; the address to scrape).
+fn watchdog_with_metrics(url: &str) -> (KillOnDrop, String) {
+    let addr = format!("127.0.0.1:{}", queue_testkit::free_port().unwrap());
+    let watchdog = KillOnDrop(
+        Command::new(BIN)
+            .args(["run", "--redis", url, "-q", QUEUE, "--interval-ms", "100"])
+            .args(["--metrics-listen", &addr])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    (watchdog, addr)
+}
+
+/// Redis lost the queue's counters (restart without persistence,
+/// `DEL q:{Q}:stats`: a drop below half of the last value read): the exported counter goes on from
 /// where it was by what Redis counts since (a reset seen as a new start),
 /// never down. Before, it was set with `Counter::absolute`, a fetch-max in
 /// metrics 0.24: it stayed at the old value until Redis climbed past it.
@@ -363,16 +379,7 @@ fn scrape_until_counter(addr: &str, counter: &str, want: u64) -> Result<String, 
 fn the_counter_mirror_moves_on_after_redis_lost_its_counters() {
     let server = RedisServer::start().unwrap();
     let url = server.url();
-    let addr = format!("127.0.0.1:{}", queue_testkit::free_port().unwrap());
-    let _watchdog = KillOnDrop(
-        Command::new(BIN)
-            .args(["run", "--redis", &url, "-q", QUEUE, "--interval-ms", "100"])
-            .args(["--metrics-listen", &addr])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_watchdog, addr) = watchdog_with_metrics(&url);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let queue = rt.block_on(Queue::connect(&url)).unwrap();
     let enqueue = |n: usize| {
@@ -400,6 +407,57 @@ fn the_counter_mirror_moves_on_after_redis_lost_its_counters() {
     enqueue(1);
     if let Err(body) = scrape_until_counter(&addr, "enqueued", 6) {
         panic!("after the stats key was deleted and 1 job enqueued, the counter did not move on to 6 (stuck at the old value?):\n{body}");
+    }
+}
+
+/// A failover to a replica a few writes behind: Redis reads lower than the
+/// mirror, by less than half. Nothing is exported until Redis passes the old
+/// value again, then only what is above it. Before, any drop was a reset and
+/// the whole lower value was added again (10 → 18 here; a counter of 10 M
+/// jumped by 10 M, and `increase(…[15m]) > 0` alerts fired after every
+/// failover).
+#[test]
+fn the_counter_mirror_adds_nothing_when_redis_regresses_a_little() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let (_watchdog, addr) = watchdog_with_metrics(&url);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let queue = rt.block_on(Queue::connect(&url)).unwrap();
+    let enqueue = |n: usize| {
+        rt.block_on(async {
+            for _ in 0..n {
+                task::enqueue(&queue, Task { mode: "ok".into() })
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+
+    enqueue(10);
+    if let Err(body) = scrape_until_counter(&addr, "enqueued", 10) {
+        panic!("the mirror never showed 10 enqueued:\n{body}");
+    }
+    // The lagging replica's hash: enqueued 8. `purged` (0 so far) moves in
+    // the same write, so the mirror showing it proves the watchdog read the 8.
+    rt.block_on(async {
+        let mut c = queue.connection();
+        redis::cmd("HSET")
+            .arg(QueueKeys::new(QUEUE).stats)
+            .arg(&["enqueued", "8", "purged", "1"])
+            .query_async::<()>(&mut c)
+            .await
+            .unwrap();
+    });
+    let body = scrape_until_counter(&addr, "purged", 1)
+        .unwrap_or_else(|body| panic!("the watchdog never read the regressed hash:\n{body}"));
+    let line = format!("queue_stats_total{{queue=\"{QUEUE}\",counter=\"enqueued\"}} 10\n");
+    assert!(
+        body.contains(&line),
+        "a drop from 10 to 8 must export nothing (it added 8 before):\n{body}"
+    );
+    enqueue(3);
+    if let Err(body) = scrape_until_counter(&addr, "enqueued", 11) {
+        panic!("Redis at 11 after the regression to 8: the mirror must show 11 (10 + what is above 10):\n{body}");
     }
 }
 

@@ -5,7 +5,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use queue_core::{ConnectionConfig, EnqueueOptions, Queue, QueueError, QueueKeys, Watchdog};
+use queue_core::{
+    ConnectionConfig, EnqueueOptions, Queue, QueueError, QueueKeys, RedisConnection, Watchdog,
+};
 use queue_testkit::proxy::ReplyDropper;
 use queue_testkit::RedisServer;
 use queue_tests::env::{wait_ledger, worker_on};
@@ -230,6 +232,59 @@ async fn a_moved_failover_endpoint_is_followed_by_producers_workers_and_the_watc
         assert_eq!(ledger.effects.get(id), Some(&1), "{id}: {ledger:?}");
     }
     assert!(ledger.duplicates().is_empty(), "{ledger:?}");
+}
+
+/// A connection used from a second runtime that shuts down right after a
+/// write was answered `READONLY`: the reconnect that write started was
+/// spawned on that runtime and is dropped with it, unfinished. Later
+/// `READONLY`s, on the first runtime, must still reconnect (here to the
+/// primary the name has moved to). Before, only the end of the reconnect
+/// cleared its "running" flag: the cancelled one never ended, and the
+/// connection stayed on the replica for ever.
+#[test]
+fn a_reconnect_cancelled_with_its_runtime_does_not_stop_later_ones() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let primary = RedisServer::start().unwrap();
+    let replica = replica_of(&primary);
+    rt.block_on(link_up(&replica));
+    let name = ReplyDropper::start(replica.port()).unwrap();
+    let conn = rt
+        .block_on(RedisConnection::connect(
+            &name.url(),
+            &ConnectionConfig::default(),
+        ))
+        .unwrap();
+    let probe = QueueKeys::new("readonly-probe").main;
+    let write = |mut c: RedisConnection| {
+        let probe = probe.clone();
+        async move {
+            redis::cmd("DEL")
+                .arg(&probe)
+                .query_async::<i64>(&mut c)
+                .await
+        }
+    };
+
+    // The current-thread runtime returns from `block_on` as soon as the
+    // write has its reply: the reconnect spawned there never finishes.
+    let other = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = other.block_on(write(conn.clone())).unwrap_err();
+    assert_eq!(err.code(), Some("READONLY"), "{err}");
+    drop(other);
+
+    name.forward_new_connections_to(primary.port());
+    rt.block_on(wait_until(
+        BOUND,
+        "a write accepted after the name moved to the primary",
+        || async { write(conn.clone()).await.is_ok() },
+    ));
 }
 
 #[tokio::test]

@@ -39,7 +39,8 @@ struct Shared {
     /// `RedisConnection::from_manager` (its URL is not known here).
     source: Option<Source>,
     current: RwLock<Current>,
-    reconnects: Mutex<Reconnects>,
+    /// Shared with the reconnect task's [`InFlight`] guard.
+    reconnects: Arc<Mutex<Reconnects>>,
 }
 
 struct Source {
@@ -94,6 +95,21 @@ impl Reconnects {
     }
 }
 
+/// Marks the reconnect of `demoted` as running; clears `in_flight` when
+/// dropped: at the end of the reconnect, and also when its task is cancelled
+/// (the runtime it was spawned on shuts down while the connection goes on
+/// being used from another runtime) or panics. Before, only the end of
+/// `reconnect()` cleared it: after a cancelled or panicked reconnect, every
+/// later `READONLY` found one "running" and the connection never connected
+/// again.
+struct InFlight(Arc<Mutex<Reconnects>>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).in_flight = false;
+    }
+}
+
 impl SingleConnection {
     /// Connects with `cfg`, within `timeout` (the caller bounds the first
     /// connect itself); `url` (password removed) names the server in logs.
@@ -129,7 +145,7 @@ impl SingleConnection {
                     generation: 0,
                     conn,
                 }),
-                reconnects: Mutex::new(Reconnects::default()),
+                reconnects: Arc::new(Mutex::new(Reconnects::default())),
             }),
         }
     }
@@ -201,8 +217,12 @@ impl SingleConnection {
             return;
         }
         warn!(redis = %source.url, "READONLY: the server is a read-only replica (a failover demoted it, or the URL names a replica); connecting again to the URL's host");
+        let in_flight = InFlight(self.shared.reconnects.clone());
         let me = self.clone();
-        tokio::spawn(async move { me.reconnect().await });
+        tokio::spawn(async move {
+            let _in_flight = in_flight;
+            me.reconnect().await
+        });
     }
 
     async fn reconnect(&self) {
@@ -243,11 +263,6 @@ impl SingleConnection {
                 warn!(redis = %source.url, timeout = ?source.timeout, "reconnect after READONLY timed out; the current connection stays until the next try")
             }
         }
-        self.shared
-            .reconnects
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .in_flight = false;
     }
 }
 
@@ -288,5 +303,53 @@ mod tests {
         // Long after: a new failover reconnects at once, from the minimum.
         assert!(r.start(at + RECONNECT_QUIET));
         assert_eq!(r.wait, RECONNECT_MIN_WAIT);
+    }
+
+    /// A reconnect task dropped mid-way (its runtime shut down) or that
+    /// panicked clears `in_flight`: the next `READONLY` after the wait
+    /// reconnects. Before, only the end of `reconnect()` cleared it.
+    #[test]
+    fn a_cancelled_or_panicked_reconnect_does_not_block_later_ones() {
+        let reconnects = Arc::new(Mutex::new(Reconnects::default()));
+        let t0 = Instant::now();
+        assert!(reconnects.lock().unwrap().start(t0));
+
+        // Cancelled: the task waits forever, its runtime is dropped.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let in_flight = InFlight(reconnects.clone());
+        rt.spawn(async move {
+            let _in_flight = in_flight;
+            std::future::pending::<()>().await
+        });
+        rt.block_on(tokio::task::yield_now());
+        assert!(
+            !reconnects.lock().unwrap().start(t0 + RECONNECT_MIN_WAIT),
+            "still running"
+        );
+        drop(rt);
+        let t1 = t0 + RECONNECT_MIN_WAIT;
+        assert!(
+            reconnects.lock().unwrap().start(t1),
+            "after the cancelled one, the next READONLY reconnects"
+        );
+
+        // Panicked.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let in_flight = InFlight(reconnects.clone());
+        let task = rt.spawn(async move {
+            let _in_flight = in_flight;
+            panic!("reconnect panicked");
+        });
+        assert!(rt.block_on(task).unwrap_err().is_panic());
+        assert!(
+            reconnects.lock().unwrap().start(t1 + RECONNECT_MAX_WAIT),
+            "after the panicked one, the next READONLY reconnects"
+        );
     }
 }

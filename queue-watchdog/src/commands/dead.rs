@@ -67,7 +67,7 @@ fn list_lines(dead: &DeadLetters, now: i64) -> String {
             .unwrap_or_else(|| "?".into());
         out.push_str(&format!(
             "{}\ttype={}\tattempts={}\tdied={}\treason={}\n",
-            j.id,
+            printable(j.id.as_str()),
             printable(j.field("type").unwrap_or("?")),
             j.attempts(),
             died,

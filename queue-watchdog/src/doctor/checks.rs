@@ -383,6 +383,16 @@ fn dead_letters(f: &Facts, _opts: Options, out: &mut Findings) {
             "the queue's scripts refuse a dead-letter key of another type: every fetch, failure, promotion and watchdog pass of that queue fails, so its jobs stop running and the jobs of dead workers are never returned",
             "inspect the key (TYPE, DUMP); RENAME it aside, then the queue runs again with a new dead-letter list; find the code or tool that wrote it");
     }
+    if let Some((_, error)) = f.dead_unreadable.first() {
+        let keys: Vec<String> = f
+            .dead_unreadable
+            .iter()
+            .map(|(k, _)| crate::format::printable(k).into_owned())
+            .collect();
+        out.add(Warning, format!("could not read the length of {} dead-letter list(s): {} ({})", keys.len(), keys.join(", "), crate::format::printable(error)),
+            "LLEN was refused (an ACL without it, a busy script): whether these lists grew past the limit is not known; the refusal says nothing about the keys themselves",
+            "run doctor as a user allowed LLEN (and TYPE), or again once Redis is not busy");
+    }
     let over: Vec<String> = f
         .dead_lengths
         .iter()

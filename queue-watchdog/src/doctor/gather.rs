@@ -130,10 +130,15 @@ fn is_dead_list_key(key: &str) -> bool {
 }
 
 /// The lengths of the dead-letter lists `dead` into `facts.dead_lengths`.
-/// A key of another type (corrupt data: the queue's reclaims and
-/// dead-letterings fail) goes to `facts.dead_wrong_type`, a finding: each
-/// `LLEN` answers on its own, as one `WRONGTYPE` failed the whole pipeline
-/// and the doctor with it (exit 2, "cannot connect").
+/// A key of another type (`WRONGTYPE`: corrupt data, the queue's reclaims
+/// and dead-letterings fail) goes to `facts.dead_wrong_type`, a finding:
+/// each `LLEN` answers on its own, as one `WRONGTYPE` failed the whole
+/// pipeline and the doctor with it (exit 2, "cannot connect"). Any other
+/// refusal (`NOPERM`: an ACL without `LLEN`; `BUSY`: a script runs) says
+/// nothing about the key: it goes to `facts.dead_unreadable`, a "could not
+/// read" warning like an unreadable `CONFIG`. Before, every error was taken
+/// for another type, and the doctor told the operator to rename a healthy
+/// list.
 async fn dead_lengths(c: &mut RedisConnection, dead: &[&String], facts: &mut Facts) -> Result<()> {
     let mut pipe = redis::pipe();
     for k in dead {
@@ -147,12 +152,13 @@ async fn dead_lengths(c: &mut RedisConnection, dead: &[&String], facts: &mut Fac
     for (k, len) in dead.iter().zip(lens) {
         match len {
             Ok(n) => facts.dead_lengths.push(((*k).clone(), n)),
-            Err(e) => {
+            Err(e) if e.code() == Some("WRONGTYPE") => {
                 let kind: redis::RedisResult<String> =
                     redis::cmd("TYPE").arg(*k).query_async(&mut *c).await;
-                let kind = kind.unwrap_or_else(|_| format!("unreadable: {e}"));
+                let kind = kind.unwrap_or_else(|_| "not a list".into());
                 facts.dead_wrong_type.push(((*k).clone(), kind));
             }
+            Err(e) => facts.dead_unreadable.push(((*k).clone(), e.to_string())),
         }
     }
     Ok(())

@@ -100,6 +100,9 @@ pub struct Facts {
     /// Dead-letter keys found by the scan that are not lists: (key, its
     /// Redis type).
     pub dead_wrong_type: Vec<(String, String)>,
+    /// Dead-letter keys whose length could not be read for another reason
+    /// than their type (`NOPERM`, `BUSY`): (key, the error).
+    pub dead_unreadable: Vec<(String, String)>,
     /// The queue-core function libraries on the server (`FUNCTION LIST
     /// LIBRARYNAME queue_core_*`); `None` when that could not be read.
     pub libraries: Option<Vec<String>>,
@@ -338,5 +341,21 @@ mod tests {
         let found = analyze(&f, OPTS);
         assert!(!checks(&found, Severity::Warning).contains(&"dead-letters"));
         assert!(checks(&found, Severity::Ok).contains(&"dead-letters"));
+    }
+
+    /// A dead-letter length refused for another reason than the key's type
+    /// (an ACL without LLEN) is a warning, not the CRITICAL "another type".
+    #[test]
+    fn an_unreadable_dead_letter_length_warns_and_is_not_another_type() {
+        let mut f = facts(&safe_info(), &[("appendfsync", "everysec")]);
+        f.dead_unreadable = vec![("q:{a}:dead".into(), "NOPERM no LLEN".into())];
+        let found = analyze(&f, OPTS);
+        assert!(is_safe(&found), "{found:#?}");
+        assert!(checks(&found, Severity::Warning).contains(&"dead-letters"));
+        f.dead_wrong_type = vec![("q:{b}:dead".into(), "string".into())];
+        assert_eq!(
+            checks(&analyze(&f, OPTS), Severity::Critical),
+            ["dead-letters"]
+        );
     }
 }
