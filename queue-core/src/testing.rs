@@ -70,7 +70,8 @@ impl From<ClaimRow> for Claimed {
             ClaimRow::Skipped(id, Skip::Busy) => Claimed::Busy(id),
             ClaimRow::Skipped(id, Skip::Gone) => Claimed::Gone(id),
             ClaimRow::Skipped(id, Skip::Paused) => Claimed::Paused(id),
-            ClaimRow::Skipped(id, Skip::Stopping) => Claimed::Stopping(id),
+            // NoSlot is the fetcher's name for the same hand-back (never a script's).
+            ClaimRow::Skipped(id, Skip::Stopping | Skip::NoSlot) => Claimed::Stopping(id),
             ClaimRow::Skipped(id, Skip::Limited(_)) => Claimed::Limited(id),
             ClaimRow::Skipped(id, Skip::Deferred) => Claimed::Deferred(id),
             ClaimRow::Skipped(id, Skip::Expired) => Claimed::Expired(id),

@@ -1054,6 +1054,24 @@ fn dead_list_escapes_bidi_and_separator_characters_of_an_id_and_a_reason() {
         line.contains("user \\u{2066}input\\u{2069}\\u{2028}fake line"),
         "{line}"
     );
+    // The replay and purge previews and their outcomes print the id (and
+    // the preview the reason) escaped too.
+    let raw = ['\u{202e}', '\u{2066}', '\u{2069}', '\u{2028}'];
+    for cmd in [
+        &["dead", "replay", "--dry-run", "--all"][..],
+        &["dead", "purge", "--dry-run", "--all"][..],
+        &["dead", "replay", "--all"][..],
+    ] {
+        let mut args = cmd.to_vec();
+        args.extend(["--redis", url.as_str(), "-q", "emails"]);
+        let (ok, stdout, stderr) = run(&args);
+        assert!(ok, "{cmd:?}: {stderr}");
+        assert!(
+            !stdout.contains(raw) && !stderr.contains(raw),
+            "{cmd:?}: {stdout:?} {stderr:?}"
+        );
+        assert!(stdout.contains("a\\u{202e}b"), "{cmd:?}: {stdout:?}");
+    }
 }
 
 /// A `--queue` an enqueue would refuse (`"emails "`, `{emails}`) is refused

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use queue_core::{EnqueueOptions, EnqueueOutcome, QueueError, QueueKeys, WorkerConfig};
+use queue_tests::handles::WorkerHandle;
 use queue_tests::{bill, fast_config, task, Task, TestEnv};
 
 #[tokio::test]
@@ -674,4 +675,46 @@ async fn a_job_stored_with_max_attempts_above_u32_runs_to_completion() {
     assert_eq!(stats.dead, 0, "not dead-lettered");
     assert_eq!(env.completion_attempts("tasks", id).await, 1);
     assert_eq!(env.ledger().await.effects.get(id), Some(&1), "ran once");
+}
+
+/// Scenario: one worker with a single slot (`concurrency(1)`) serves two
+/// queues; `billing` is empty, `tasks` has a backlog. Before, the idle
+/// queue's fetcher held the only slot while it blocked in `BLMOVE`, so the
+/// busy queue ran one job per block timeout (40 jobs: about 80 s with a 2 s
+/// block timeout). The blocking wait now holds no slot. Then bills arrive
+/// while the slot runs tasks: a job the wait hands over with no free slot
+/// goes back to the head of its queue unclaimed and runs once a slot is
+/// free; every job runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_queue_does_not_starve_a_busy_one_at_concurrency_one() {
+    let env = TestEnv::start().await;
+    let config = WorkerConfig {
+        concurrency: 1,
+        block_timeout: Duration::from_secs(2),
+        ..fast_config()
+    };
+    let worker = WorkerHandle::start(env.worker("tasks", config).register(bill::handler())).await;
+    let tasks = env.enqueue_tasks(40, |t| t).await;
+    // Far below the 80 s the old fetcher took, far above a loaded machine's
+    // few seconds.
+    tokio::time::timeout(Duration::from_secs(30), env.wait_completed("tasks", 40))
+        .await
+        .expect("40 tasks done while the other queue idles");
+
+    let mut bills = Vec::new();
+    for cents in 1..=5 {
+        bills.push(env.enqueue_bill(env.bill(cents)).await);
+        env.enqueue(env.task(100 + cents)).await;
+    }
+    env.wait_completed("billing", 5).await;
+    env.wait_completed("tasks", 45).await;
+    worker.stop().await;
+    let ledger = env.ledger().await;
+    for id in &tasks {
+        assert_eq!(ledger.effects.get(id.as_str()), Some(&1), "{id} ran once");
+    }
+    let receipts = env.ledger_hash::<i64>("ledger:receipts").await;
+    for id in &bills {
+        assert_eq!(receipts.get(id.as_str()), Some(&1), "bill {id} ran once");
+    }
 }

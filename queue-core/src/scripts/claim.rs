@@ -310,6 +310,10 @@ pub(crate) enum Skip {
     /// `expired`: not started before its deadline; dead-lettered with
     /// reason `expired` (docs/RESULTS.md).
     Expired,
+    /// Never a script's answer: the fetcher's name for a `stopping` hand-back
+    /// it asked for because the job `BLMOVE` handed over found no free slot
+    /// on the worker (the id went back to the head of main unclaimed).
+    NoSlot,
 }
 
 impl Skip {
@@ -325,6 +329,9 @@ impl Skip {
             Skip::Limited(_) => "queue limit reached: returned to the queue unclaimed",
             Skip::Deferred => "rate key over its limit: delayed until it has room, unclaimed",
             Skip::Expired => "not started before its deadline: dead-lettered as expired",
+            Skip::NoSlot => {
+                "no free slot on this worker: returned to the head of the queue unclaimed, fetched again once a slot is free"
+            }
         }
     }
 }

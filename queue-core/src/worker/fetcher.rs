@@ -8,7 +8,9 @@
 //! own connection (a blocking command would stall the shared one; BLMOVE
 //! cannot run in a script) and claim the id with `claim.lua`; a crash between
 //! the two leaves an unleased id the watchdog recovers (DESIGN rule 4,
-//! docs/DESIGN.md).
+//! docs/DESIGN.md). The blocking wait holds no slot (the worker's other
+//! queues may use them all meanwhile); the job it hands over takes a free
+//! one, or goes back to the head of main unclaimed when none is free.
 //!
 //! Both scripts are idempotent for their token, so a fetch or claim whose
 //! reply was lost (timeout, dropped connection, failover) is retried with the
@@ -256,9 +258,17 @@ impl Fetcher {
     }
 
     /// Claims up to `slots.len()` ready jobs; when there are none (or the
-    /// queue was `idle`: the last blocking wait timed out), keeps one slot
-    /// and blocks for the next job (a pause is then seen by `claim.lua`).
-    /// No rows: the block timed out.
+    /// queue was `idle`: the last blocking wait timed out), gives its slots
+    /// back and blocks for the next job (a pause is then seen by
+    /// `claim.lua`). No rows: the block timed out.
+    ///
+    /// The blocking wait holds no slot, so the worker's other queues may
+    /// use every slot meanwhile: an idle queue whose fetcher held the last
+    /// slot for a whole block timeout let a busy queue run one job per block
+    /// timeout (concurrency 1, two queues). The job the wait hands over
+    /// takes a free slot; with none free it goes back to the head of main
+    /// unclaimed ([`Skip::NoSlot`]) and the fetcher fetches it again once it
+    /// holds a slot.
     async fn fetch(
         &mut self,
         keys: &QueueKeys,
@@ -271,8 +281,8 @@ impl Fetcher {
                 ready => return Ok(ready),
             }
         }
-        slots.truncate(1);
-        Ok(match self.fetch_blocking().await? {
+        slots.clear();
+        Ok(match self.fetch_blocking(slots).await? {
             Some(ClaimRow::Skipped(id, Skip::Paused)) => {
                 info!(queue = %keys.queue, job_id = %id, "{}", Skip::Paused.reason());
                 FetchReply::Paused
@@ -401,8 +411,8 @@ impl Fetcher {
                         tokio::spawn(job);
                     }
                 }
-                ClaimRow::Skipped(id, Skip::Deferred) => {
-                    debug!(queue = %queue, job_id = %id, "{}", Skip::Deferred.reason())
+                ClaimRow::Skipped(id, why @ (Skip::Deferred | Skip::NoSlot)) => {
+                    debug!(queue = %queue, job_id = %id, "{}", why.reason())
                 }
                 ClaimRow::Skipped(id, why) => {
                     info!(queue = %queue, job_id = %id, "{}", why.reason())
@@ -442,7 +452,10 @@ impl Fetcher {
     }
 
     /// BLMOVE on the fetcher's own connection, then the claim script.
-    async fn fetch_blocking(&mut self) -> Result<Option<ClaimRow>> {
+    /// `BLMOVE`, then `claim.lua` with a free slot pushed onto `slots`; with
+    /// none free the id goes back unclaimed and the row says
+    /// [`Skip::NoSlot`].
+    async fn fetch_blocking(&mut self, slots: &mut Vec<Slot>) -> Result<Option<ClaimRow>> {
         let k = self.queue().keys.clone();
         let moved: Option<Vec<u8>> = redis::cmd("BLMOVE")
             .arg(&k.main)
@@ -460,6 +473,16 @@ impl Fetcher {
         // main unclaimed, atomically (no attempt, no lease), instead of
         // claiming a job the stopping worker may never run.
         let stopping = self.stopping();
+        // No free slot (the worker's other queues took them while this one
+        // waited): the id goes back the same way, to be fetched again by this
+        // fetcher once it holds a slot.
+        let no_slot = match self.try_slot() {
+            Some(slot) => {
+                slots.push(slot);
+                false
+            }
+            None => true,
+        };
         // The window of DESIGN rule 4 is here: until the claim lands, the id
         // sits in processing with no lease. Retry the claim briefly; if it
         // never lands, the watchdog adopts the id and returns it.
@@ -476,10 +499,16 @@ impl Fetcher {
             let mut conn = self.inner.conn.clone();
             let claim = &claim;
             let me = &self.inner.identity.name;
-            async move { claim.run_as(&mut conn, me, stopping).await }
+            async move { claim.run_as(&mut conn, me, stopping || no_slot).await }
         })
         .await
-        .map(|row| Some(row.sent_at(first_sent)))
+        .map(|row| match row {
+            ClaimRow::Skipped(id, Skip::Stopping) if no_slot && !stopping => {
+                ClaimRow::Skipped(id, Skip::NoSlot)
+            }
+            row => row.sent_at(first_sent),
+        })
+        .map(Some)
     }
 
     /// Dead-letters the job of a row that does not decode (its reason names

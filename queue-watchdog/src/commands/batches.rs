@@ -9,7 +9,7 @@ use queue_core::admin::{Admin, BatchDetail, BatchRow, Page};
 use serde_json::json;
 
 use crate::error::Result;
-use crate::format::{fmt_dur, fmt_rel, fmt_ts};
+use crate::format::{fmt_dur, fmt_rel, fmt_ts, printable};
 
 /// "in 2d 3h" / "expired" for an open batch, "" otherwise.
 pub fn expiry(row: &BatchRow, now_ms: i64) -> String {
@@ -45,7 +45,7 @@ pub async fn show(url: &str, queue: &str, id: &str, json: bool) -> Result<ExitCo
 
 fn print_detail(b: &BatchDetail) {
     let r = &b.row;
-    println!("batch {} (queue {})", r.id, b.queue);
+    println!("batch {} (queue {})", printable(&r.id), b.queue);
     println!("  state      {}", r.state);
     println!("  members    {} finished of {}", r.finished(), r.total);
     println!(
@@ -69,24 +69,33 @@ fn print_detail(b: &BatchDetail) {
         println!("  kept for   {}", fmt_dur(ttl.max(0) as u64));
     }
     if let Some(first) = &b.failed_child {
-        println!("  failed     {first}");
+        println!("  failed     {}", printable(&first.to_string()));
     }
     for line in b.errors.iter().flat_map(|e| e.lines()) {
-        println!("  error      {line}");
+        println!("  error      {}", printable(line));
     }
     for cb in &b.callbacks {
-        println!("  {:<10} {} ({})", cb.role, cb.id, cb.job_type);
+        println!(
+            "  {:<10} {} ({})",
+            cb.role,
+            printable(&cb.id),
+            printable(&cb.job_type)
+        );
     }
     for (q, id) in &b.parent_feeds {
-        println!("  feeds      batch {id} (queue {q})");
+        println!("  feeds      batch {} (queue {q})", printable(id));
     }
     if let Some(dag) = &r.dag {
         println!("  dag        {dag}");
         for s in &b.dag_steps {
             if s.after.is_empty() {
-                println!("    step {}", s.name);
+                println!("    step {}", printable(&s.name));
             } else {
-                println!("    step {} after {}", s.name, s.after.join(", "));
+                println!(
+                    "    step {} after {}",
+                    printable(&s.name),
+                    printable(&s.after.join(", "))
+                );
             }
         }
     }

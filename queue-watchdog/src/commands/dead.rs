@@ -114,19 +114,19 @@ impl Tally {
 fn describe(p: &DeadCandidate) -> String {
     format!(
         "type={} reason={}",
-        p.job_type.as_deref().unwrap_or("?"),
-        p.reason.as_deref().unwrap_or("?")
+        printable(p.job_type.as_deref().unwrap_or("?")),
+        printable(p.reason.as_deref().unwrap_or("?"))
     )
 }
 
 fn not_dead(tally: &mut Tally, p: &DeadCandidate) {
-    eprintln!("not in the dead-letter list: {}", p.id);
+    eprintln!("not in the dead-letter list: {}", printable(p.id.as_str()));
     tally.missing.push(p.id.to_string());
 }
 
 /// An entry whose job key cannot be read: skipped, said why.
 fn unreadable(tally: &mut Tally, p: &DeadCandidate, why: &str) {
-    eprintln!("skipped {}: {why}", p.id);
+    eprintln!("skipped {}: {}", printable(p.id.as_str()), printable(why));
     tally.unreadable.push(p.id.to_string());
 }
 
@@ -222,8 +222,14 @@ fn report_replay(tally: &mut Tally, p: &DeadCandidate, step: ReplayStep, json: b
     let line = match step {
         ReplayStep::NotDead => return not_dead(tally, p),
         ReplayStep::Unreadable(why) => return unreadable(tally, p, &why),
-        ReplayStep::WouldReplay => format!("would replay {} ({})", p.id, describe(p)),
-        ReplayStep::Replayed => format!("replayed {}", p.id),
+        ReplayStep::WouldReplay => {
+            format!(
+                "would replay {} ({})",
+                printable(p.id.as_str()),
+                describe(p)
+            )
+        }
+        ReplayStep::Replayed => format!("replayed {}", printable(p.id.as_str())),
     };
     if !json {
         println!("{line}");
@@ -312,7 +318,7 @@ fn purge_preview(args: &DeadPurgeArgs, todo: &[&DeadCandidate], tally: &Tally) -
         );
     } else {
         for p in todo {
-            println!("would purge {} ({})", p.id, describe(p));
+            println!("would purge {} ({})", printable(p.id.as_str()), describe(p));
         }
     }
     eprintln!(
@@ -325,19 +331,20 @@ fn purge_preview(args: &DeadPurgeArgs, todo: &[&DeadCandidate], tally: &Tally) -
 
 fn report_purge(tally: &mut Tally, p: &DeadCandidate, outcome: PurgeOutcome, json: bool) {
     let id = p.id.to_string();
+    let shown = printable(&id);
     match outcome {
         PurgeOutcome::Purged => {
             if !json {
-                println!("purged {id}");
+                println!("purged {shown}");
             }
             tally.done.push(id);
         }
         PurgeOutcome::Changed => {
-            eprintln!("left alone {id}: replayed and dead-lettered again since it was listed");
+            eprintln!("left alone {shown}: replayed and dead-lettered again since it was listed");
             tally.changed.push(id);
         }
         PurgeOutcome::NotDead => {
-            eprintln!("not in the dead-letter list any more: {id}");
+            eprintln!("not in the dead-letter list any more: {shown}");
             tally.missing.push(id);
         }
     }
