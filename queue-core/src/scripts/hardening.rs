@@ -1702,10 +1702,71 @@ async fn stats_counts_a_corrupt_group_ring_or_pause_hash_as_unreadable() {
     fx.cmd(&["HSET", &k.groups_paused(), "B", "1"]).await;
     fx.cmd(&["DEL", &k.groups()]).await;
     fx.cmd(&["SET", &k.groups(), "x"]).await;
-    let s = stats_of(&fx, crate::admin::STATS_GROUP_LIMIT).await.unwrap();
+    let s = stats_of(&fx, crate::admin::STATS_GROUP_LIMIT)
+        .await
+        .unwrap();
     assert_eq!(
         (s.grouped, s.grouped_unreadable),
         (1, 1),
         "B (paused) counted, the ring unreadable"
     );
+}
+
+/// `Queue::groups` failed whole on one corrupt group key: an `LLEN` of a
+/// group list of another type failed the pipeline (WRONGTYPE), a pause time
+/// that is not an integer failed the decoding. The others are listed, that
+/// one marked `unreadable`; pause times are read leniently; a ring or pause
+/// hash of another type is said, not an error; the limit is said.
+#[tokio::test]
+async fn groups_lists_the_others_and_marks_a_group_of_another_type() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.cmd(&["HSET", &k.groups_paused(), "P", "not a time"])
+        .await;
+    for (id, group) in [
+        ("a1", "A"),
+        ("b1", "B"),
+        ("b2", "B"),
+        ("c1", "C"),
+        ("p1", "P"),
+    ] {
+        fx.enqueue_extra(id, 3, &[("group".to_string(), group.to_string())])
+            .await;
+    }
+    fx.cmd(&["HSET", &k.groups_paused(), "B", "1500.7"]).await;
+    fx.cmd(&["DEL", &k.group("A")]).await;
+    fx.cmd(&["SET", &k.group("A"), "x"]).await;
+    let queue = crate::Queue::from_connection(fx.conn.clone());
+    let groups = queue.groups(&k.queue).await.expect("no WRONGTYPE");
+    let got: Vec<(&str, u64, Option<i64>, bool)> = groups
+        .iter()
+        .map(|g| (g.group.as_str(), g.waiting, g.paused_since_ms, g.unreadable))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("A", 0, None, true),
+            ("B", 2, Some(1500), false),
+            ("C", 1, None, false),
+            ("P", 1, Some(0), false),
+        ]
+    );
+    let some = queue.groups_with_limit(&k.queue, 2).await.unwrap();
+    assert!(some.partial, "{some:?}");
+    assert_eq!(some.groups.len(), 2, "{some:?}");
+    let all = queue.groups_with_limit(&k.queue, 4).await.unwrap();
+    assert!(!all.partial && all.groups.len() == 4, "{all:?}");
+    // A ring of another type: its groups are not listed, the paused ones are.
+    fx.cmd(&["DEL", &k.groups()]).await;
+    fx.cmd(&["SET", &k.groups(), "x"]).await;
+    let listing = queue.groups_with_limit(&k.queue, 100).await.unwrap();
+    assert!(listing.ring_unreadable && !listing.paused_unreadable);
+    let names: Vec<&str> = listing.groups.iter().map(|g| g.group.as_str()).collect();
+    assert_eq!(names, ["B", "P"]);
+    // A pause hash of another type too: nothing listed, both said.
+    fx.cmd(&["DEL", &k.groups_paused()]).await;
+    fx.cmd(&["SET", &k.groups_paused(), "x"]).await;
+    let listing = queue.groups_with_limit(&k.queue, 100).await.unwrap();
+    assert!(listing.ring_unreadable && listing.paused_unreadable && listing.groups.is_empty());
+    assert!(queue.groups(&k.queue).await.unwrap().is_empty());
 }
