@@ -94,7 +94,7 @@ pub use enqueue_options::CORE_JOB_FIELDS;
 pub use error::{QueueError, Result};
 pub use events::{EventKind, EventsFrom, QueueEvent, DEFAULT_EVENTS_MAXLEN};
 pub use flow::{CancelOutcome, PauseChange};
-pub use groups::GroupInfo;
+pub use groups::{GroupInfo, GroupListing, GROUP_LIST_LIMIT};
 pub use job::{BoxFuture, Job, JobContext, JobError, JobErrorKind, JobId};
 pub use keys::{validate_queue_name, QueueKeys};
 pub use limits::{KeyLimits, LimitKind, LimitScope, QueueLimits, RateLimit};

@@ -102,7 +102,7 @@ fn stats_answers_when_a_group_list_is_corrupt() {
     let (ok, out, err) = run(&url, &["stats", "-q", "emails"]);
     assert!(ok, "{out}{err}");
     assert!(out.contains("1 job(s) waiting in group lists"), "{out}");
-    assert!(out.contains("1 group list(s) UNREADABLE"), "{out}");
+    assert!(out.contains("1 group key(s) UNREADABLE"), "{out}");
     let (ok, out, err) = run(&url, &["stats", "-q", "emails", "--json"]);
     assert!(ok, "{out}{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();

@@ -39,7 +39,9 @@ fn found(violations: &[Violation]) -> BTreeSet<(String, String)> {
         .iter()
         .map(|v| {
             let what = match v {
-                Violation::WrongKeyType { key, .. } => key.clone(),
+                Violation::WrongKeyType { key, .. }
+                | Violation::CorruptGroupRing { key, .. }
+                | Violation::CorruptGroupPause { key, .. } => key.clone(),
                 Violation::BadCounter { field, .. } => field.clone(),
                 Violation::GroupOutOfRing { group, .. }
                 | Violation::CorruptGroupList { group, .. } => group.clone(),
@@ -275,6 +277,60 @@ async fn a_group_list_of_another_type_is_reported_and_the_check_goes_on() {
         found: "string".into(),
     }));
     assert_eq!(report.scanned.main, 1, "lost's job was read");
+}
+
+/// The group ring or the group pause hash holding another type (corrupt
+/// data: a fetch then serves main only, or reads no group as paused) is
+/// reported with its key and type, and the check goes on: the groups' jobs
+/// and main are still read, an entry without a hash still found. Before,
+/// `check` reported nothing.
+#[tokio::test]
+async fn a_group_ring_or_pause_hash_of_another_type_is_reported_and_the_check_goes_on() {
+    let (server, admin) = setup().await;
+    let k = QueueKeys::new(Q);
+    admin
+        .queue()
+        .enqueue_raw(
+            Q,
+            "task",
+            1,
+            3,
+            EnqueueOptions::new().id("in-a").group("a"),
+            b"\x80",
+        )
+        .await
+        .expect("grouped enqueue");
+    enqueue(&admin, "plain").await;
+    raw(&server, &["DEL", &k.groups()]);
+    raw(&server, &["SET", &k.groups(), "oops"]);
+    raw(&server, &["SET", &k.groups_paused(), "oops"]);
+    raw(&server, &["LPUSH", &k.main, "ghost"]);
+    let report = admin.check(Q, false).await.expect("check answers");
+    let (ring, paused) = (k.groups(), k.groups_paused());
+    assert_eq!(
+        found(&report.violations),
+        set(&[
+            ("corrupt_group_ring", &ring),
+            ("corrupt_group_pause", &paused),
+            ("missing_hash", "ghost"),
+        ]),
+        "{:#?}",
+        report.violations
+    );
+    assert!(report.violations.contains(&Violation::CorruptGroupRing {
+        key: k.groups(),
+        found: "string".into(),
+    }));
+    assert_eq!(report.scanned.main, 3, "main and group a were read");
+    // Repair leaves both keys to the operator.
+    let repaired = admin.check(Q, true).await.unwrap();
+    assert!(
+        repaired.repairs.iter().all(|r| r.group.is_none()),
+        "{:?}",
+        repaired.repairs
+    );
+    let kept = server.command(&["TYPE", &k.groups()]).unwrap();
+    assert!(kept.contains("string"), "{kept}");
 }
 
 #[tokio::test]

@@ -11,7 +11,8 @@
 --        mode 'group': ARGV 4 is the group)
 -- A row is {key type, state, attempts, max_attempts, token} (false: field missing).
 -- Returns, by mode:
---   types:  {now, {type of KEYS 1..6}, stats fields and values (when a hash)}
+--   types:  {now, {type of KEYS 1..6}, stats fields and values (when a hash),
+--            {type of the group ring, type of the group pause hash}}
 --   page:   {now, length, {{id, lease expiry or false, row}, ...}}, or
 --           {now, 0, {}, type} when the structure's key holds another type
 --   hashes: {now, {{key, row}, ...}}
@@ -46,7 +47,8 @@ if mode == 'types' then
   for i = 1, 6 do types[i] = redis.call('TYPE', KEYS[i])['ok'] end
   local stats = {}
   if types[6] == 'hash' then stats = redis.call('HGETALL', KEYS[6]) end
-  return {now, types, stats}
+  local ring, _, paused = group_keys(KEYS[1])
+  return {now, types, stats, {redis.call('TYPE', ring)['ok'], redis.call('TYPE', paused)['ok']}}
 elseif mode == 'page' then
   local which = ARGV[4]
   local key = ({main = KEYS[1], processing = KEYS[2], delayed = KEYS[3], dead = KEYS[4],

@@ -189,8 +189,11 @@ impl Walk<'_> {
         }
     }
 
-    /// Key types and counters. False when a structure has the wrong type
-    /// (nothing else can be read then).
+    /// Key types and counters, and the types of the group ring and pause
+    /// hash. False when a structure has the wrong type (nothing else can be
+    /// read then); a group ring or pause hash of another type is a finding
+    /// ([`Violation::CorruptGroupRing`], [`Violation::CorruptGroupPause`])
+    /// and the walk goes on.
     async fn types(&mut self) -> Result<bool> {
         let reply = self.call("types", &[]).await?;
         let bad = || self.protocol("types", &reply);
@@ -224,6 +227,24 @@ impl Walk<'_> {
             };
             if !is_count(&value) {
                 found_bad.push(Violation::BadCounter { field, value });
+            }
+        }
+        // The group ring and pause hash (docs/GROUPS.md): of another type
+        // they are findings, and the walk goes on (fetches keep serving main).
+        if let Some(group_types) = f.get(3).and_then(items) {
+            let ring = group_types.first().and_then(text).ok_or_else(bad)?;
+            let paused = group_types.get(1).and_then(text).ok_or_else(bad)?;
+            if ring != "none" && ring != "list" {
+                found_bad.push(Violation::CorruptGroupRing {
+                    key: k.groups(),
+                    found: ring,
+                });
+            }
+            if paused != "none" && paused != "hash" {
+                found_bad.push(Violation::CorruptGroupPause {
+                    key: k.groups_paused(),
+                    found: paused,
+                });
             }
         }
         self.report.violations.extend(found_bad);

@@ -147,6 +147,27 @@ pub enum Violation {
         /// Its type.
         found: String,
     },
+    /// The group ring `q:{Q}:groups` holds another Redis type (corrupt
+    /// data): a fetch serves main only, so no group's jobs are served, and a
+    /// grouped enqueue (or a retry, replay, repair into a group) is refused
+    /// before any write. Not repaired: an operator deletes the key and
+    /// `check --repair` then puts back each group with jobs
+    /// ([`GroupOutOfRing`](Self::GroupOutOfRing)).
+    CorruptGroupRing {
+        /// The key.
+        key: String,
+        /// Its type.
+        found: String,
+    },
+    /// The group pause hash `q:{Q}:gpaused` holds another Redis type
+    /// (corrupt data): fetches and enqueues read it as "no group paused",
+    /// so every group runs; pausing or resuming a group is refused.
+    CorruptGroupPause {
+        /// The key.
+        key: String,
+        /// Its type.
+        found: String,
+    },
 }
 
 impl Violation {
@@ -163,7 +184,9 @@ impl Violation {
             Violation::WrongKeyType { .. }
             | Violation::BadCounter { .. }
             | Violation::GroupOutOfRing { .. }
-            | Violation::CorruptGroupList { .. } => None,
+            | Violation::CorruptGroupList { .. }
+            | Violation::CorruptGroupRing { .. }
+            | Violation::CorruptGroupPause { .. } => None,
         }
     }
 
@@ -181,6 +204,8 @@ impl Violation {
             Violation::BadCounter { .. } => "bad_counter",
             Violation::GroupOutOfRing { .. } => "group_out_of_ring",
             Violation::CorruptGroupList { .. } => "corrupt_group_list",
+            Violation::CorruptGroupRing { .. } => "corrupt_group_ring",
+            Violation::CorruptGroupPause { .. } => "corrupt_group_pause",
         }
     }
 }
@@ -228,6 +253,14 @@ impl std::fmt::Display for Violation {
             Violation::CorruptGroupList { group, key, found } => write!(
                 f,
                 "group {group}: its waiting list {key} holds a {found}, not a list (corrupt data): the fetch skips the group"
+            ),
+            Violation::CorruptGroupRing { key, found } => write!(
+                f,
+                "group ring {key} holds a {found}, not a list (corrupt data): fetches serve main only, no group's jobs run, grouped enqueues are refused"
+            ),
+            Violation::CorruptGroupPause { key, found } => write!(
+                f,
+                "group pause hash {key} holds a {found}, not a hash (corrupt data): read as no group paused, pause/resume of a group refused"
             ),
         }
     }

@@ -45,8 +45,12 @@ pub struct QueueStats {
     /// not counted (finding it needs a `SCAN`): `check` reports it. At most
     /// [`STATS_GROUP_LIMIT`] groups are read ([`grouped_partial`](Self::grouped_partial)).
     pub grouped: u64,
-    /// Group keys holding another type than a list (corrupt data), left out
-    /// of `grouped` (fetches skip them too), with a warning in the Redis log.
+    /// Group keys holding another type (corrupt data), each with a warning
+    /// in the Redis log: a group's list (not a list; its jobs are left out of
+    /// `grouped`, fetches skip the group), the ring `q:{Q}:groups` (not a
+    /// list; its groups are not read, fetches serve main only) and the pause
+    /// hash `q:{Q}:gpaused` (not a hash; the paused groups are not read,
+    /// fetches read it as no group paused). `check` names each.
     pub grouped_unreadable: u64,
     /// More groups than the stats read ([`STATS_GROUP_LIMIT`], or the limit
     /// given to [`Queue::stats_with_group_limit`]): `grouped` counts the

@@ -1628,3 +1628,145 @@ async fn oldest_waiting_counts_from_the_due_time_not_the_enqueue() {
     let job = fx.job("later").await;
     assert_eq!(job["ready_at"], job["replayed_at"], "{job:?}");
 }
+
+/// The ids of the claimed rows of a fetch of up to `count` jobs.
+async fn fetched_ids(fx: &mut Fixture, count: usize) -> Vec<String> {
+    let base = uuid::Uuid::new_v4().to_string();
+    let rows = fx.fetch(count, &base).await.expect("the fetch answers");
+    rows.into_iter()
+        .map(|row| match row {
+            ClaimRow::Claimed(d) => d.id.as_str().to_string(),
+            other => panic!("expected a claimed row, got {other:?}"),
+        })
+        .collect()
+}
+
+/// A group pause hash of another type (corrupt data) was read as "not
+/// paused" by the grouped enqueue, which created the ring; after that every
+/// fetch refused with WRONGTYPE (`fair_state`'s type check of the pause
+/// hash), so the ungrouped jobs in main stopped too. The pause hash now reads
+/// as no group paused in the fetch as in the enqueue: main and the groups
+/// are served. A ring of another type (a grouped enqueue is refused then)
+/// made every fetch refuse the same way: main is served, the groups wait.
+#[tokio::test]
+async fn a_corrupt_group_pause_hash_does_not_stop_main() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    let group = [("group".to_string(), "G".to_string())];
+    fx.cmd(&["SET", &k.groups_paused(), "x"]).await;
+    fx.enqueue("m1", 3).await;
+    assert_eq!(fetched_ids(&mut fx, 1).await, ["m1"]);
+    // The first grouped enqueue succeeds and creates the ring.
+    fx.enqueue_extra("g1", 3, &group).await;
+    fx.enqueue("m2", 3).await;
+    assert_eq!(fx.cmd(&["EXISTS", &k.groups()]).await, Value::Int(1));
+    let mut got = fetched_ids(&mut fx, 4).await;
+    got.sort();
+    assert_eq!(got, ["g1", "m2"], "main and the group are both served");
+    assert_eq!(
+        fx.cmd(&["GET", &k.groups_paused()]).await,
+        Value::BulkString(b"x".to_vec()),
+        "the corrupt key is left for the operator"
+    );
+
+    // A ring of another type: main is served, the group's job waits.
+    fx.cmd(&["DEL", &k.groups_paused()]).await;
+    fx.enqueue_extra("g2", 3, &group).await;
+    fx.cmd(&["DEL", &k.groups()]).await;
+    fx.cmd(&["SET", &k.groups(), "x"]).await;
+    fx.enqueue("m3", 3).await;
+    assert_eq!(fetched_ids(&mut fx, 4).await, ["m3"]);
+    assert_eq!(fx.job("g2").await["state"], "queued");
+    assert_eq!(fx.cmd(&["LLEN", &k.group("G")]).await, Value::Int(1));
+    assert!(fetched_ids(&mut fx, 4).await.is_empty());
+}
+
+/// `stats` left a ring or pause hash of another type out silently: its
+/// groups' jobs were neither counted nor said unreadable. Each is counted
+/// in `grouped_unreadable` (with a warning in the Redis log), and the
+/// groups the other key lists are still counted.
+#[tokio::test]
+async fn stats_counts_a_corrupt_group_ring_or_pause_hash_as_unreadable() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for (id, group) in [("a1", "A"), ("b1", "B")] {
+        fx.enqueue_extra(id, 3, &[("group".to_string(), group.to_string())])
+            .await;
+    }
+    fx.cmd(&["SET", &k.groups_paused(), "x"]).await;
+    let s = stats_of(&fx, crate::admin::STATS_GROUP_LIMIT)
+        .await
+        .expect("stats with a corrupt pause hash");
+    assert_eq!((s.grouped, s.grouped_unreadable), (2, 1));
+    fx.cmd(&["DEL", &k.groups_paused()]).await;
+    fx.cmd(&["HSET", &k.groups_paused(), "B", "1"]).await;
+    fx.cmd(&["DEL", &k.groups()]).await;
+    fx.cmd(&["SET", &k.groups(), "x"]).await;
+    let s = stats_of(&fx, crate::admin::STATS_GROUP_LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(
+        (s.grouped, s.grouped_unreadable),
+        (1, 1),
+        "B (paused) counted, the ring unreadable"
+    );
+}
+
+/// `Queue::groups` failed whole on one corrupt group key: an `LLEN` of a
+/// group list of another type failed the pipeline (WRONGTYPE), a pause time
+/// that is not an integer failed the decoding. The others are listed, that
+/// one marked `unreadable`; pause times are read leniently; a ring or pause
+/// hash of another type is said, not an error; the limit is said.
+#[tokio::test]
+async fn groups_lists_the_others_and_marks_a_group_of_another_type() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.cmd(&["HSET", &k.groups_paused(), "P", "not a time"])
+        .await;
+    for (id, group) in [
+        ("a1", "A"),
+        ("b1", "B"),
+        ("b2", "B"),
+        ("c1", "C"),
+        ("p1", "P"),
+    ] {
+        fx.enqueue_extra(id, 3, &[("group".to_string(), group.to_string())])
+            .await;
+    }
+    fx.cmd(&["HSET", &k.groups_paused(), "B", "1500.7"]).await;
+    fx.cmd(&["DEL", &k.group("A")]).await;
+    fx.cmd(&["SET", &k.group("A"), "x"]).await;
+    let queue = crate::Queue::from_connection(fx.conn.clone());
+    let groups = queue.groups(&k.queue).await.expect("no WRONGTYPE");
+    let got: Vec<(&str, u64, Option<i64>, bool)> = groups
+        .iter()
+        .map(|g| (g.group.as_str(), g.waiting, g.paused_since_ms, g.unreadable))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("A", 0, None, true),
+            ("B", 2, Some(1500), false),
+            ("C", 1, None, false),
+            ("P", 1, Some(0), false),
+        ]
+    );
+    let some = queue.groups_with_limit(&k.queue, 2).await.unwrap();
+    assert!(some.partial, "{some:?}");
+    assert_eq!(some.groups.len(), 2, "{some:?}");
+    let all = queue.groups_with_limit(&k.queue, 4).await.unwrap();
+    assert!(!all.partial && all.groups.len() == 4, "{all:?}");
+    // A ring of another type: its groups are not listed, the paused ones are.
+    fx.cmd(&["DEL", &k.groups()]).await;
+    fx.cmd(&["SET", &k.groups(), "x"]).await;
+    let listing = queue.groups_with_limit(&k.queue, 100).await.unwrap();
+    assert!(listing.ring_unreadable && !listing.paused_unreadable);
+    let names: Vec<&str> = listing.groups.iter().map(|g| g.group.as_str()).collect();
+    assert_eq!(names, ["B", "P"]);
+    // A pause hash of another type too: nothing listed, both said.
+    fx.cmd(&["DEL", &k.groups_paused()]).await;
+    fx.cmd(&["SET", &k.groups_paused(), "x"]).await;
+    let listing = queue.groups_with_limit(&k.queue, 100).await.unwrap();
+    assert!(listing.ring_unreadable && listing.paused_unreadable && listing.groups.is_empty());
+    assert!(queue.groups(&k.queue).await.unwrap().is_empty());
+}

@@ -1012,7 +1012,8 @@ end
 -- group list (LPUSH: FIFO like main), adding the group to the ring when its
 -- list was empty, unless the group is paused (its resume adds it). Used by
 -- every script that makes a job waiting again. A pause hash of another type
--- (corrupt) reads as not paused: the call comes after the push, a write.
+-- (corrupt) reads as no group paused, with a warning in the Redis log, as a
+-- fetch reads it (fair_state): the call comes after the push, a write.
 local function push_waiting(main, id, group)
   group = group_of(group)
   if not group then
@@ -1020,17 +1021,39 @@ local function push_waiting(main, id, group)
     return
   end
   local ring, prefix, paused = group_keys(main)
-  if redis.call('LPUSH', prefix .. group, id) == 1 and redis.pcall('HEXISTS', paused, group) ~= 1 then
+  if redis.call('LPUSH', prefix .. group, id) == 1 then
+    local p = redis.pcall('HEXISTS', paused, group)
+    if p == 1 then return end
+    if type(p) == 'table' then
+      redis.log(redis.LOG_WARNING, 'group pause hash ' .. paused
+        .. ' holds another type, not a hash (corrupt data): read as no group paused')
+    end
     ring_add(ring, group)
   end
 end
 
--- The fetch state of one batch: nil when no group has jobs (the one EXISTS a
--- queue without groups pays), else the keys next_waiting needs.
+-- The fetch state of one batch: nil when no group has jobs (the one LLEN a
+-- queue without groups pays: 0 for no ring), else the keys next_waiting
+-- needs. A group-side key of another type (corrupt data) never refuses the
+-- fetch, which keeps serving main: a ring of another type answers nil (main
+-- only; the groups wait), a pause hash of another type reads as no group
+-- paused (`paused` nil), as push_waiting reads it; each with a warning in the
+-- Redis log, and `check` reports them (corrupt_group_ring /
+-- corrupt_group_pause). Reads only (pcall): nothing can raise here.
 local function fair_state(main)
   local ring, prefix, paused = group_keys(main)
-  if redis.call('EXISTS', ring) == 0 then return nil end
-  expect_types(ring, 'list', paused, 'hash')
+  local n = redis.pcall('LLEN', ring)
+  if n == 0 then return nil end
+  if type(n) == 'table' then
+    redis.log(redis.LOG_WARNING, 'fetch: group ring ' .. ring
+      .. ' holds another type, not a list (corrupt data): main is served, the groups are not')
+    return nil
+  end
+  if type(redis.pcall('HLEN', paused)) == 'table' then
+    redis.log(redis.LOG_WARNING, 'fetch: group pause hash ' .. paused
+      .. ' holds another type, not a hash (corrupt data): read as no group paused')
+    paused = nil
+  end
   return {ring = ring, prefix = prefix, paused = paused}
 end
 
@@ -1058,7 +1081,7 @@ local function next_waiting(main, processing, fair)
       if g == '' then
         local id = redis.call('LMOVE', main, processing, 'RIGHT', 'LEFT')
         if id then return id end
-      elseif redis.call('HEXISTS', fair.paused, g) == 1 then
+      elseif fair.paused and redis.call('HEXISTS', fair.paused, g) == 1 then
         ring_remove(fair.ring, g)
       else
         local list = fair.prefix .. g
@@ -1082,9 +1105,11 @@ end
 -- Jobs waiting in the group lists of the ring and of the paused groups (a
 -- paused group may be out of the ring), each group once (stats), reading at
 -- most `limit` group lists (nil: every one): O(min(groups, limit)) calls.
--- Returns the count, the number of groups left out because their key holds
+-- Returns the count, the number of group keys left out because they hold
 -- another type (corrupt data: skipped with a warning in the Redis log, as a
--- fetch skips them), and true when the limit left
+-- fetch skips them): group lists, the ring (its groups are then not read;
+-- a fetch serves main only) and the pause hash (its groups are then not
+-- read; a fetch reads it as no group paused), and true when the limit left
 -- groups unread (the count is then a lower bound).
 local function grouped_waiting(main, limit)
   local ring, prefix, paused = group_keys(main)
@@ -1109,17 +1134,28 @@ local function grouped_waiting(main, limit)
       end
     end
   end
-  if redis.call('TYPE', ring)['ok'] == 'list' then
+  local function corrupt(key, want)
+    unreadable = unreadable + 1
+    redis.log(redis.LOG_WARNING, 'stats: group key ' .. key .. ' holds another type, not a '
+      .. want .. ' (corrupt data): the groups it lists are not counted')
+  end
+  local t = redis.call('TYPE', ring)['ok']
+  if t == 'list' then
     -- main's turn '' and at most `limit` groups
     if limit and redis.call('LLEN', ring) > limit + 1 then partial = true end
     count(redis.call('LRANGE', ring, 0, limit or -1))
+  elseif t ~= 'none' then
+    corrupt(ring, 'list')
   end
-  if redis.call('TYPE', paused)['ok'] == 'hash' then
+  t = redis.call('TYPE', paused)['ok']
+  if t == 'hash' then
     if limit and redis.call('HLEN', paused) > limit then
       partial = true
     else
       count(redis.call('HKEYS', paused))
     end
+  elseif t ~= 'none' then
+    corrupt(paused, 'hash')
   end
   return n, unreadable, partial
 end

@@ -7,7 +7,7 @@
 --          since when the oldest waiting job waits (its `ready_at`, else its
 --          `enqueued_at`; 0 if none), completions this minute,
 --          completions previous minute, paused since (ms, 0: not paused),
---          jobs waiting in group lists (docs/GROUPS.md), group lists left out
+--          jobs waiting in group lists (docs/GROUPS.md), group keys (lists, ring, pause hash) left out
 --          because they hold another type (corrupt data), 1 when the group
 --          limit left groups unread (the grouped count is then a lower bound) else 0}
 local limit

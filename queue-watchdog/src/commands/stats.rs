@@ -113,8 +113,8 @@ fn diagnose(h: &QueueHealth) -> Vec<String> {
     }
     if s.grouped_unreadable > 0 {
         out.push(format!(
-            "{} group list(s) UNREADABLE: the key holds another type than a list (corrupt data); their jobs are not counted and fetches skip them. See the Redis log (`stats: group key ...`).",
-            s.grouped_unreadable
+            "{} group key(s) UNREADABLE: a group's list, the group ring or the group pause hash holds another type (corrupt data); the jobs of the groups it lists are not counted (a group list: fetches skip it; the ring: fetches serve main only; the pause hash: read as no group paused). `queue-watchdog check -q {}` names them; see also the Redis log (`stats: group key ...`).",
+            s.grouped_unreadable, s.queue
         ));
     }
     if h.expired_leases > 0 {
