@@ -23,7 +23,9 @@
 //!
 //! Every caller gets its own result: `Ok` only from the script's reply for its
 //! own job (DESIGN rule 8); a job refused by validation is sent again alone,
-//! so only its caller gets the script's error; a failed call fails each of its
+//! so only its caller gets the script's error; a job's reply that does not
+//! decode fails only that job's caller (the others keep the outcomes the
+//! call gave them: their jobs were written); a failed call fails each of its
 //! callers with the error naming that caller's job. Retries follow
 //! `Queue::retry_window` (the shortest of the call's callers), with each
 //! job's own enqueue token, and never skip the dedupe reads.
@@ -338,10 +340,16 @@ impl InFlight {
             Ok(replies) => {
                 for (i, reply) in replies.into_iter().enumerate() {
                     let result = match reply {
-                        ManyReply::Enqueued(r) => Ok(r),
+                        Ok(ManyReply::Enqueued(r)) => Ok(r),
                         // Alone, in mode `all`: its caller gets the script's
                         // own error reply, nothing written.
-                        ManyReply::Invalid(_) => send_alone(&self.conn, keys, &self.jobs[i]).await,
+                        Ok(ManyReply::Invalid(_)) => {
+                            send_alone(&self.conn, keys, &self.jobs[i]).await
+                        }
+                        // Its own reply did not decode: only its caller gets
+                        // the error (naming its job); the others keep the
+                        // outcomes the call gave them.
+                        Err(e) => Err(e),
                     };
                     if let Some(tx) = self.txs.get_mut(i).and_then(Option::take) {
                         let _ = tx.send(result);
@@ -395,7 +403,8 @@ pub(crate) async fn send_alone(
 ) -> Result<EnqueueReply> {
     let replies = send_call(conn, keys, Mode::All, std::slice::from_ref(job), true).await?;
     match replies.into_iter().next() {
-        Some(ManyReply::Enqueued(r)) => Ok(r),
+        Some(Ok(ManyReply::Enqueued(r))) => Ok(r),
+        Some(Err(e)) => Err(e),
         other => Err(QueueError::protocol(
             &keys.queue,
             Some(&job.id),
@@ -414,7 +423,7 @@ async fn send_call(
     mode: Mode,
     jobs: &[PendingJob],
     fresh: bool,
-) -> Result<Vec<ManyReply>> {
+) -> Result<Vec<Result<ManyReply>>> {
     let window = jobs
         .iter()
         .map(|j| j.retry_window)
@@ -446,7 +455,7 @@ async fn send_call(
                     fresh: fresh && j.generated,
                 })
                 .collect();
-            enqueue_many::run(&mut conn, keys, mode, &many).await
+            enqueue_many::run_each(&mut conn, keys, mode, &many).await
         }
     })
     .await

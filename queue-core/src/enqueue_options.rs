@@ -315,7 +315,9 @@ pub enum EnqueueOutcome {
     Created,
     /// A job with this id exists (queued, delayed, active or dead); nothing
     /// was written. `state` is [`JobState::Scheduled`] when a periodic
-    /// firing's once-marker refused the id.
+    /// firing's once-marker refused the id, and `JobState::Unknown("")`
+    /// when the id's job key holds a hash without a `state` field (corrupt
+    /// or another writer's data: the id is taken, nothing was written).
     ///
     /// `state` was a `String` before 0.1 was split into typed scripts; it
     /// compares with and converts from text (`state == "queued"`,

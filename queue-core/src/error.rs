@@ -157,6 +157,11 @@ pub enum QueueError {
     /// naming the refused call's first job; its message names the job the
     /// script refused. [`outcome_unknown`](Self::outcome_unknown) is `true`
     /// (the batch is not "not enqueued").
+    ///
+    /// Also a batch of which one job's reply did not decode (a reply this
+    /// version does not understand): `source` is that job's
+    /// [`Protocol`](Self::Protocol) error, naming it (it may or may not be
+    /// written), and `written` holds the outcomes of the others.
     #[error("batch on queue `{queue}` partly written ({} of {total} jobs): {source}", written.len())]
     PartialBatch {
         /// Queue name.

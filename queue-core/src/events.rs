@@ -1,7 +1,7 @@
 //! The bounded event stream of a queue (docs/EVENTS.md): [`QueueEvent`], the
 //! switch ([`Queue::set_events`]) and the readers ([`Queue::events`], a
 //! `futures::Stream` over `XREAD BLOCK` on a dedicated connection, and
-//! [`Queue::read_events`], one page).
+//! [`Queue::read_events`] / [`Queue::read_events_page`], one page).
 //!
 //! The scripts that make each transition append to `q:{Q}:events`
 //! (`XADD MAXLEN ~ N`) while `q:{Q}:events:on` holds N > 0: `ev()` /
@@ -144,6 +144,24 @@ impl QueueEvent {
     }
 }
 
+/// One page of a queue's event stream ([`Queue::read_events_page`],
+/// [`Queue::last_events_page`]): the events decoded, and the cursor to go
+/// on from, which is the stream id of the last entry the page read, whether
+/// or not it decoded. A page of entries this version cannot decode (another
+/// writer's, a newer version's) has no events but still moves the cursor:
+/// from the last *decoded* event a reader would read the same page again
+/// and again, taking "nothing decoded" for "nothing new".
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct EventsPage {
+    /// The entries that decode as events, oldest first.
+    pub events: Vec<QueueEvent>,
+    /// The stream id to read after next (pass it to
+    /// [`Queue::read_events_page`] or [`EventsFrom::After`]); `None` when
+    /// the page read no entry (keep the cursor you had).
+    pub next_after: Option<String>,
+}
+
 /// Where [`Queue::events`] starts reading.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum EventsFrom {
@@ -215,12 +233,57 @@ impl Queue {
 
     /// Up to `count` events of `queue` after stream entry `after` (`"0"`:
     /// from the oldest still kept), oldest first, without blocking.
+    ///
+    /// Entries that do not decode are left out, so an empty answer does not
+    /// mean the stream has nothing more: to page through a stream, use
+    /// [`read_events_page`](Self::read_events_page), whose cursor moves past
+    /// them.
     pub async fn read_events(
         &self,
         queue: &str,
         after: &str,
         count: usize,
     ) -> Result<Vec<QueueEvent>> {
+        Ok(self.read_events_page(queue, after, count).await?.events)
+    }
+
+    /// Up to `count` entries of `queue`'s stream after stream entry `after`
+    /// (`"0"`: from the oldest still kept), without blocking: the events
+    /// among them, oldest first, and the cursor to read after next
+    /// ([`EventsPage::next_after`]: the last entry read, decoded or not).
+    /// The stream has nothing more after `after` when `next_after` is
+    /// `None`.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use queue_core::{EventKind, Queue};
+    ///
+    /// let queue = Queue::connect(&server.url()).await?;
+    /// queue.set_events("emails", true).await?;
+    /// for _ in 0..3 {
+    ///     queue.enqueue_raw("emails", "send", 1, 3, Default::default(), b"\x80").await?;
+    /// }
+    /// // Two entries a page, from the start, until nothing is left.
+    /// let (mut after, mut seen) = ("0".to_string(), Vec::new());
+    /// loop {
+    ///     let page = queue.read_events_page("emails", &after, 2).await?;
+    ///     seen.extend(page.events);
+    ///     match page.next_after {
+    ///         Some(next) => after = next,
+    ///         None => break,
+    ///     }
+    /// }
+    /// assert_eq!(seen.len(), 3);
+    /// assert!(seen.iter().all(|e| e.kind == EventKind::Enqueued));
+    /// # Ok(()) }
+    /// ```
+    pub async fn read_events_page(
+        &self,
+        queue: &str,
+        after: &str,
+        count: usize,
+    ) -> Result<EventsPage> {
         let reply: Value = redis::cmd("XRANGE")
             .arg(QueueKeys::new(queue).events())
             .arg(format!("({after}"))
@@ -230,11 +293,45 @@ impl Queue {
             .query_async(&mut self.connection())
             .await
             .map_err(|e| QueueError::redis(queue, None, e))?;
-        Ok(entries(&reply))
+        Ok(EventsPage {
+            events: entries(&reply),
+            next_after: last_id(&reply),
+        })
     }
 
     /// The last `count` events of `queue`, oldest first.
+    ///
+    /// Entries that do not decode are left out (fewer than `count` events,
+    /// possibly none, while the stream is not empty): to follow on from
+    /// here, use [`last_events_page`](Self::last_events_page), which also
+    /// tells the newest entry's id.
     pub async fn last_events(&self, queue: &str, count: usize) -> Result<Vec<QueueEvent>> {
+        Ok(self.last_events_page(queue, count).await?.events)
+    }
+
+    /// The last `count` entries of `queue`'s stream: the events among them,
+    /// oldest first, and the newest entry's id, decoded or not
+    /// ([`EventsPage::next_after`]; `None` when the stream is empty). Follow
+    /// on from it with [`EventsFrom::After`]: only what is added later.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use queue_core::{EventsFrom, Queue};
+    ///
+    /// let queue = Queue::connect(&server.url()).await?;
+    /// queue.set_events("emails", true).await?;
+    /// queue.enqueue_raw("emails", "send", 1, 3, Default::default(), b"\x80").await?;
+    /// let page = queue.last_events_page("emails", 10).await?;
+    /// assert_eq!(page.events.len(), 1);
+    /// let from = match page.next_after {
+    ///     Some(newest) => EventsFrom::After(newest),
+    ///     None => EventsFrom::Start,
+    /// };
+    /// let _new_ones = queue.events("emails", from).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn last_events_page(&self, queue: &str, count: usize) -> Result<EventsPage> {
         let reply: Value = redis::cmd("XREVRANGE")
             .arg(QueueKeys::new(queue).events())
             .arg("+")
@@ -246,7 +343,10 @@ impl Queue {
             .map_err(|e| QueueError::redis(queue, None, e))?;
         let mut events = entries(&reply);
         events.reverse();
-        Ok(events)
+        Ok(EventsPage {
+            events,
+            next_after: first_id(&reply),
+        })
     }
 
     /// The events of `queue` as they happen: a `Stream` that never ends,
@@ -409,10 +509,23 @@ fn entries(v: &Value) -> Vec<QueueEvent> {
 /// The id of the last entry of an `XRANGE`-shaped reply, decodable or not.
 fn last_id(v: &Value) -> Option<String> {
     match v {
-        Value::Array(items) => match items.last()? {
-            Value::Array(pair) => text(pair.first()?),
-            _ => None,
-        },
+        Value::Array(items) => entry_id(items.last()?),
+        _ => None,
+    }
+}
+
+/// The id of the first entry of an `XRANGE`-shaped reply (the newest of an
+/// `XREVRANGE`), decodable or not.
+fn first_id(v: &Value) -> Option<String> {
+    match v {
+        Value::Array(items) => entry_id(items.first()?),
+        _ => None,
+    }
+}
+
+fn entry_id(entry: &Value) -> Option<String> {
+    match entry {
+        Value::Array(pair) => text(pair.first()?),
         _ => None,
     }
 }

@@ -92,7 +92,7 @@ pub use backoff::Backoff;
 pub use conn::{ConnectionConfig, RedisConnection};
 pub use enqueue_options::CORE_JOB_FIELDS;
 pub use error::{QueueError, Result};
-pub use events::{EventKind, EventsFrom, QueueEvent, DEFAULT_EVENTS_MAXLEN};
+pub use events::{EventKind, EventsFrom, EventsPage, QueueEvent, DEFAULT_EVENTS_MAXLEN};
 pub use flow::{CancelOutcome, PauseChange};
 pub use groups::{GroupInfo, GroupListing, GROUP_LIST_LIMIT};
 pub use job::{BoxFuture, Job, JobContext, JobError, JobErrorKind, JobId};

@@ -326,8 +326,9 @@ impl Queue {
     /// before anything is sent ([`EnqueueOptions::validate`]); each call
     /// validates its jobs before writing any, and its reply is read on its
     /// own: when Redis refuses a call after others of the batch were
-    /// written, the error is [`QueueError::PartialBatch`], listing the jobs
-    /// written.
+    /// written, or one job's reply does not decode, the error is
+    /// [`QueueError::PartialBatch`], listing the jobs written (and the
+    /// outcomes the other jobs got).
     pub async fn enqueue_raw_batch(
         &self,
         queue: &str,
@@ -405,18 +406,29 @@ impl Queue {
                         out.extend(chunk.iter().map(|_| None));
                         continue;
                     }
+                    // Each job's reply on its own too: one that does not
+                    // decode is that job's error (in `refused`, the batch a
+                    // `PartialBatch`), the others keep their outcomes.
+                    // Before, it failed the whole batch with a plain
+                    // protocol error ("not enqueued") while the call had
+                    // written the others.
                     for (m, r) in chunk
                         .iter()
                         .zip(enqueue_many::decode(queue, chunk, &reply)?)
                     {
                         match r {
-                            ManyReply::Enqueued(r) => out.push(Some(r)),
-                            ManyReply::Invalid(reason) => {
-                                return Err(QueueError::protocol(
+                            Ok(ManyReply::Enqueued(r)) => out.push(Some(r)),
+                            Ok(ManyReply::Invalid(reason)) => {
+                                refused.get_or_insert(QueueError::protocol(
                                     queue,
                                     Some(m.job.id),
                                     format!("invalid in mode all: {reason}"),
-                                ))
+                                ));
+                                out.push(None);
+                            }
+                            Err(e) => {
+                                refused.get_or_insert(e);
+                                out.push(None);
                             }
                         }
                     }

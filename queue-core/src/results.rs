@@ -188,11 +188,21 @@ impl Queue {
 
     /// Enqueues a `J` job (random id) and waits for its value:
     /// [`enqueue`](Self::enqueue), then [`wait_result`](Self::wait_result).
+    ///
+    /// A `Queue` that cannot wait (made with
+    /// [`from_connection`](Self::from_connection): it has no URL to open the
+    /// blocking connection) is refused before anything is enqueued
+    /// ([`QueueError::Config`]). Every error after the enqueue names the
+    /// job: its id is the only handle on a job that was written.
     pub async fn enqueue_and_wait<J: JobOutput>(
         &self,
         args: &J::Args,
         timeout: Duration,
     ) -> Result<J::Output, WaitError> {
+        // Checked first: before, the job was enqueued, then the wait failed
+        // with this error, which names no job, leaving a job in main that
+        // the caller could neither wait for nor find.
+        self.wait_origin(J::QUEUE)?;
         let id = self.enqueue::<J>(args).await?;
         self.wait_result::<J>(id, timeout).await
     }
@@ -258,7 +268,7 @@ impl Queue {
                 // Made for the longest block of this wait, not the first
                 // (a pending one is short).
                 None => blocking.insert(
-                    self.blocking_connection(&queue, left.min(MAX_BLOCK))
+                    self.blocking_connection(&queue, &id, left.min(MAX_BLOCK))
                         .await?,
                 ),
             };
@@ -274,24 +284,38 @@ impl Queue {
         }
     }
 
+    /// The URL and settings the blocking connection of a wait is opened
+    /// with; a `Queue` made [`from_connection`](Self::from_connection) has
+    /// none ([`QueueError::Config`]).
+    fn wait_origin(&self, queue: &str) -> Result<&(String, ConnectionConfig), QueueError> {
+        self.origin.as_deref().ok_or_else(|| {
+            QueueError::Config(format!(
+                "queue `{queue}`: waiting for a result needs a Queue made with Queue::connect (it opens its own connection to block on)"
+            ))
+        })
+    }
+
     /// A connection of its own for `BLPOP` (a blocking command would stall
-    /// the shared one), answering within `wait` plus the usual timeout.
+    /// the shared one), answering within `wait` plus the usual timeout. A
+    /// failed connect is a [`QueueError::Redis`] naming the queue and job
+    /// `id` (a `Connect` error names neither).
     async fn blocking_connection(
         &self,
         queue: &str,
+        id: &JobId,
         wait: Duration,
     ) -> Result<RedisConnection, QueueError> {
-        let Some(origin) = &self.origin else {
-            return Err(QueueError::Config(format!(
-                "queue `{queue}`: waiting for a result needs a Queue made with Queue::connect (it opens its own connection to block on)"
-            )));
-        };
-        let (url, cfg) = &**origin;
+        let (url, cfg) = self.wait_origin(queue)?;
         let cfg = ConnectionConfig {
             response_timeout: cfg.response_timeout.saturating_add(wait),
             ..cfg.clone()
         };
-        RedisConnection::connect(url, &cfg).await
+        RedisConnection::connect(url, &cfg)
+            .await
+            .map_err(|e| match e {
+                QueueError::Connect { source, .. } => QueueError::redis(queue, Some(id), source),
+                other => other,
+            })
     }
 }
 

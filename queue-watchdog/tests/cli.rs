@@ -1106,3 +1106,91 @@ fn a_queue_name_enqueues_refuse_is_refused_by_every_command() {
     }
     assert_eq!(server.command(&["DBSIZE"]).unwrap().trim(), ":0");
 }
+
+/// `events --last 3 --follow` when the 3 newest entries of the stream are
+/// another writer's (no `event`/`id` field: nothing decodes) after 8 real
+/// events: it prints nothing old, then the next new event. Before, "no
+/// decoded entry among the last 3" was read as "empty stream" and it
+/// followed from the start: the 8 old events were printed again.
+#[test]
+fn events_follow_after_foreign_newest_entries_prints_nothing_old() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let events = queue_core::QueueKeys::new("emails").events();
+    let rt = rt();
+    let queue = rt.block_on(Queue::connect(&url)).unwrap();
+    let enqueue = |id: &str| {
+        rt.block_on(queue.enqueue_raw(
+            "emails",
+            "send",
+            1,
+            3,
+            EnqueueOptions::new().id(id),
+            b"\x80",
+        ))
+        .unwrap();
+    };
+    rt.block_on(queue.set_events("emails", true)).unwrap();
+    let old: Vec<String> = (0..8).map(|i| format!("old-{i}")).collect();
+    for id in &old {
+        enqueue(id);
+    }
+    for i in 0..3 {
+        server
+            .command(&["XADD", &events, "*", "other", &i.to_string()])
+            .unwrap();
+    }
+    let mut child = Command::new(BIN)
+        .args(["events", "--redis", &url, "-q", "emails", "--last", "3"])
+        .arg("--follow")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Once the follow blocks in XREAD (it has read what it was going to
+    // read), a new event: the sign that it reached the end of the stream.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server
+        .command(&["CLIENT", "LIST"])
+        .unwrap()
+        .contains("cmd=xread")
+    {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            panic!("the follow never blocked in XREAD");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    enqueue("new-1");
+    let mut printed = Vec::new();
+    while !printed.iter().any(|l: &String| l.contains("new-1")) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => printed.push(line),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("no event for new-1 within 30 s; printed: {printed:?}");
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for id in &old {
+        assert!(
+            !printed.iter().any(|l| l.contains(id.as_str())),
+            "{id} printed again: {printed:?}"
+        );
+    }
+}

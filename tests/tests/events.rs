@@ -316,3 +316,42 @@ async fn events_from_now_after_a_foreign_newest_entry_are_only_new_ones() {
     let e = next_event(&mut stream).await;
     assert_eq!((e.kind, e.job_id), (EventKind::Enqueued, new));
 }
+
+/// Scenario: an event, then a page's worth and more (30) of entries this
+/// version does not decode, then another event. Paging with
+/// `read_events_page`'s cursor (10 entries a page) reaches the second
+/// event. `read_events` after the first event answers nothing (the 10
+/// entries it read do not decode), which a reader took for "nothing new":
+/// it never got past them (before, that was the only paging there was).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paging_with_the_cursor_gets_past_a_page_of_entries_that_do_not_decode() {
+    let env = TestEnv::start().await;
+    env.queue.set_events(QUEUE, true).await.unwrap();
+    let j1 = env.enqueue(env.task(1)).await;
+    add_foreign_entries(&env, 30).await;
+    let j2 = env.enqueue(env.task(2)).await;
+
+    let first = env.queue.read_events_page(QUEUE, "0", 10).await.unwrap();
+    let e1 = &first.events[0];
+    assert_eq!((&e1.kind, &e1.job_id), (&EventKind::Enqueued, &j1));
+    let stuck = env
+        .queue
+        .read_events(QUEUE, &e1.stream_id, 10)
+        .await
+        .unwrap();
+    assert!(stuck.is_empty(), "10 foreign entries decode to nothing");
+
+    let (mut after, mut seen, mut pages) = (e1.stream_id.clone(), Vec::new(), 0);
+    loop {
+        let page = env.queue.read_events_page(QUEUE, &after, 10).await.unwrap();
+        seen.extend(page.events);
+        pages += 1;
+        assert!(pages < 10, "paging ends");
+        match page.next_after {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    let ids: Vec<&JobId> = seen.iter().map(|e| &e.job_id).collect();
+    assert_eq!(ids, [&j2], "every event after j1, past the foreign entries");
+}

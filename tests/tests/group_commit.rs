@@ -424,3 +424,98 @@ async fn a_batch_refused_after_a_written_call_reports_the_jobs_written() {
         assert!(exists, "job {} reported written", e.id);
     }
 }
+
+/// Seeds job `id`'s key of queue `tasks` with a hash that has no `state`
+/// field (corrupt data, or another writer's), not on any list.
+async fn seed_stateless_job(env: &TestEnv, id: &str) {
+    let _: () = env
+        .conn()
+        .await
+        .hset(QueueKeys::new("tasks").job(id), "type", "send")
+        .await
+        .unwrap();
+}
+
+/// The enqueue of `opts` (a `send` job) on `queue`.
+async fn enqueue_send(
+    queue: &queue_core::Queue,
+    opts: EnqueueOptions,
+) -> Result<Enqueued, QueueError> {
+    queue
+        .enqueue_raw("tasks", "send", 1, 3, opts, b"\x80")
+        .await
+}
+
+/// A job key holding a hash without a `state` field (corrupt or foreign
+/// data) answers `exists` with an empty state. Its caller gets a duplicate
+/// of unknown state (nothing written: the id is taken), and the callers
+/// that shared its group-commit call get their own outcomes: their jobs were
+/// written. Before, one job's reply that did not decode failed the whole
+/// call: all four callers got "unexpected reply … (state) is empty" with
+/// `outcome_unknown() == false` ("not enqueued") while `good-1` and both
+/// generated ids were in main (a caller retrying with a new generated id
+/// ran its job twice).
+#[tokio::test]
+async fn a_stateless_job_hash_fails_no_other_caller_of_its_call() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new("tasks");
+    seed_stateless_job(&env, "bad").await;
+    let q = &env.queue;
+    let (bad, good, gen1, gen2) = tokio::time::timeout(BOUND, async {
+        tokio::join!(
+            enqueue_send(q, EnqueueOptions::new().id("bad")),
+            enqueue_send(q, EnqueueOptions::new().id("good-1")),
+            enqueue_send(q, EnqueueOptions::new()),
+            enqueue_send(q, EnqueueOptions::new()),
+        )
+    })
+    .await
+    .expect("every caller answered");
+    let main = env.list(&keys.main).await;
+    for r in [good, gen1, gen2] {
+        let e = r.expect("another caller's job is its own outcome");
+        assert_eq!(e.outcome, EnqueueOutcome::Created, "{e:?}");
+        assert!(
+            main.contains(&e.id.to_string()),
+            "{} in main: {main:?}",
+            e.id
+        );
+    }
+    let bad = bad.expect("a stateless job hash is a duplicate, not an error");
+    assert_eq!(
+        bad.outcome,
+        EnqueueOutcome::Duplicate {
+            state: queue_core::JobState::Unknown(String::new())
+        }
+    );
+    assert_eq!(main.len(), 3, "{main:?}");
+    assert!(
+        !main.contains(&"bad".to_string()),
+        "nothing written for bad"
+    );
+
+    // A batch with the same three kinds of job: each job's outcome.
+    let items = vec![
+        (EnqueueOptions::new().id("good-1"), b"\x80".to_vec()),
+        (EnqueueOptions::new().id("bad"), b"\x80".to_vec()),
+        (EnqueueOptions::new(), b"\x80".to_vec()),
+    ];
+    let out = q
+        .enqueue_raw_batch("tasks", "send", 1, 3, items)
+        .await
+        .expect("each job's outcome");
+    let outcomes: Vec<_> = out.iter().map(|e| e.outcome.clone()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            EnqueueOutcome::Duplicate {
+                state: queue_core::JobState::Queued
+            },
+            EnqueueOutcome::Duplicate {
+                state: queue_core::JobState::Unknown(String::new())
+            },
+            EnqueueOutcome::Created,
+        ]
+    );
+    assert!(env.list(&keys.main).await.contains(&out[2].id.to_string()));
+}

@@ -519,3 +519,75 @@ async fn an_ack_without_a_record_still_wakes_the_waiters() {
     env.wait_completed("tasks", 1).await;
     worker.stop().await;
 }
+
+/// `enqueue_and_wait` on a `Queue` that cannot wait (made with
+/// `Queue::from_connection`: no URL to open the blocking connection) is
+/// refused before anything is enqueued. Before, the job was enqueued, then
+/// the wait failed with a `Config` error naming no job: a job in main the
+/// caller could neither wait for nor find.
+#[tokio::test]
+async fn enqueue_and_wait_on_a_queue_that_cannot_wait_enqueues_nothing() {
+    let env = TestEnv::start().await;
+    let queue = queue_core::Queue::from_connection(env.queue.connection());
+    let err = queue
+        .enqueue_and_wait::<square::Job>(&Square::default(), Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, WaitError::Queue(queue_core::QueueError::Config(_))),
+        "{err}"
+    );
+    assert_eq!(env.stats(square::QUEUE).await.main, 0, "nothing enqueued");
+}
+
+/// A wait whose blocking connection cannot be opened after the enqueue (the
+/// server refuses new clients) fails with an error naming the job, the only
+/// handle on the job it wrote. Before, it was a `Connect` error naming
+/// neither queue nor job.
+#[tokio::test]
+async fn a_wait_that_cannot_connect_after_the_enqueue_names_the_job() {
+    let env = TestEnv::start().await;
+    let queue = queue_core::Queue::connect(&env.url).await.unwrap();
+    // Connects the queue's shared connection before the server is full.
+    queue.stats(square::QUEUE).await.unwrap();
+    let mut admin = env.conn().await;
+    let clients: String = redis::cmd("INFO")
+        .arg("clients")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let connected = clients
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(connected)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let err = queue
+        .enqueue_and_wait::<square::Job>(&Square::default(), Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxclients")
+        .arg(10_000)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let WaitError::Queue(e) = &err else {
+        panic!("expected a queue error, got {err}");
+    };
+    let main = env.list(&QueueKeys::new(square::QUEUE).main).await;
+    assert_eq!(main.len(), 1, "the job was enqueued: {main:?}");
+    assert_eq!(
+        e.job_id().map(|j| j.to_string()),
+        Some(main[0].clone()),
+        "{err}"
+    );
+    assert_eq!(e.queue(), Some(square::QUEUE), "{err}");
+}

@@ -163,16 +163,23 @@ impl Admin {
         Ok(journal(fields, completion.as_ref(), &stored))
     }
 
-    /// The raw entries of the history list of `id`.
+    /// The raw entries of the history list of `id`, each decoded lossily
+    /// (as `events.rs` and `Queue::job` read text): an entry that is not
+    /// valid UTF-8 (a reason cut inside a character by a script of an older
+    /// version, another writer's bytes) is read, not a failure of the whole
+    /// history.
     pub(super) async fn stored_history(&self, queue: &str, id: &JobId) -> Result<Vec<String>> {
-        let stored: Vec<String> = redis::cmd("LRANGE")
+        let stored: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(QueueKeys::new(queue).hist(id.as_str()))
             .arg(0)
             .arg(-1)
             .query_async(&mut self.queue.connection())
             .await
             .map_err(|e| QueueError::redis(queue, Some(id), e))?;
-        Ok(stored)
+        Ok(stored
+            .iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect())
     }
 }
 

@@ -27,7 +27,7 @@ end
 -- fail, and a retry would find the members added and count none of them.
 -- wf_bad_count: only the text HINCRBY reads as an integer ("00" is not).
 if wf_bad_count('total', b[2]) then
-  return redis.error_reply('ERR batch ' .. KEYS[1] .. " field total '" .. string.sub(b[2], 1, 64)
+  return redis.error_reply('ERR batch ' .. KEYS[1] .. " field total '" .. utf8_cut(b[2], 64)
     .. "' is not a non-negative integer (corrupt): refused before any write")
 end
 local added = 0

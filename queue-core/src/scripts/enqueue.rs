@@ -8,6 +8,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
+use tracing::warn;
 
 use super::reply::Fields;
 #[cfg(test)]
@@ -124,18 +125,30 @@ impl<'a> Enqueue<'a> {
 
 impl EnqueueReply {
     /// `{'new', run_at} | {'exists', state} | {'done'}`.
+    ///
+    /// `{'exists', ''}`: the job key holds a hash without a `state` field
+    /// (corrupt or another writer's data); nothing was written, so it is a
+    /// duplicate of unknown state (`JobState::Unknown("")`), never an error
+    /// (an error reads "not enqueued" while the id is taken). Both scripts
+    /// answer it so (`enqueue.lua`, `enqueue_many.lua`'s `write`).
     pub(crate) fn decode(queue: &str, id: &JobId, reply: &Value) -> Result<Self> {
         let f = Fields::new(queue, Some(id), "enqueue reply", reply)?;
         match f.tag()?.as_str() {
             "new" => Ok(EnqueueReply::Created {
                 run_at_ms: f.int(1, "run_at")?,
             }),
-            "exists" => match f.text(1, "state")? {
-                state if state.is_empty() => Err(f.error("field 1 (state) is empty")),
-                state => Ok(EnqueueReply::Exists {
+            "exists" => {
+                // Lossily: a foreign state that is not UTF-8 is still a
+                // duplicate (the id is taken), not an unreadable reply.
+                let state = String::from_utf8_lossy(&f.bytes(1, "state")?).into_owned();
+                if state.is_empty() {
+                    warn!(queue, job_id = %id,
+                        "enqueue: the id's job hash has no state (corrupt or foreign data); nothing written, answered as a duplicate");
+                }
+                Ok(EnqueueReply::Exists {
                     state: JobState::parse(&state),
-                }),
-            },
+                })
+            }
             "done" => Ok(EnqueueReply::Done),
             other => Err(f.error(format_args!("unknown outcome {other:?}"))),
         }
@@ -193,6 +206,13 @@ mod tests {
             }
         );
         assert_eq!(dec(vec![bulk("done")]).unwrap(), EnqueueReply::Done);
+        // A job hash without a state: a duplicate of unknown state.
+        assert_eq!(
+            dec(vec![bulk("exists"), bulk("")]).unwrap(),
+            EnqueueReply::Exists {
+                state: JobState::Unknown(String::new())
+            }
+        );
     }
 
     #[test]
@@ -201,7 +221,6 @@ mod tests {
         for bad in [
             Value::Int(1),
             Value::Array(vec![bulk("exists")]),
-            Value::Array(vec![bulk("exists"), bulk("")]),
             Value::Array(vec![bulk("new")]),
             Value::Array(vec![bulk("what")]),
             Value::Array(vec![]),

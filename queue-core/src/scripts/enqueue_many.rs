@@ -101,16 +101,32 @@ pub(crate) fn call_in_mode(keys: &QueueKeys, mode: &str, jobs: &[ManyJob<'_>]) -
     call
 }
 
-/// Runs one call (at most [`MAX_JOBS_PER_CALL`] jobs) and decodes its reply.
+/// Runs one call (at most [`MAX_JOBS_PER_CALL`] jobs) and decodes its reply,
+/// each job's on its own (see [`decode`]): the outer `Err` is the call's
+/// failure, each inner one that job's own.
+pub(crate) async fn run_each(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    mode: Mode,
+    jobs: &[ManyJob<'_>],
+) -> Result<Vec<Result<ManyReply>>> {
+    let first = jobs.first().map(|m| m.job.id);
+    let reply = call(keys, mode, jobs).run(conn, &keys.queue, first).await?;
+    decode(&keys.queue, jobs, &reply)
+}
+
+/// [`run_each`] for script tests: the first job's error fails the result.
+#[cfg(test)]
 pub(crate) async fn run(
     conn: &mut RedisConnection,
     keys: &QueueKeys,
     mode: Mode,
     jobs: &[ManyJob<'_>],
 ) -> Result<Vec<ManyReply>> {
-    let first = jobs.first().map(|m| m.job.id);
-    let reply = call(keys, mode, jobs).run(conn, &keys.queue, first).await?;
-    decode(&keys.queue, jobs, &reply)
+    run_each(conn, keys, mode, jobs)
+        .await?
+        .into_iter()
+        .collect()
 }
 
 /// Adds the call to a pipeline; on NOSCRIPT the caller runs [`load`] and
@@ -126,8 +142,18 @@ pub(crate) async fn load(conn: &mut RedisConnection) -> redis::RedisResult<()> {
 
 /// One reply per job, in order: an integer (the run_at of a job written, as
 /// the `:int` modes answer), or one decoded as [`EnqueueReply::decode`] or
-/// `{'invalid', reason}`. A count that does not match is a protocol error.
-pub(crate) fn decode(queue: &str, jobs: &[ManyJob<'_>], reply: &Value) -> Result<Vec<ManyReply>> {
+/// `{'invalid', reason}`. A reply that is not an array, or a count that does
+/// not match, is a protocol error of the whole call (the outer `Err`). Each
+/// job's reply is decoded on its own: one that does not decode is that
+/// job's error (naming it), and the other jobs keep their outcomes — the
+/// call wrote them, and a caller told "not enqueued" for a job that was
+/// written may enqueue it twice (a group commit answers each caller with its
+/// own job's result; a batch reports the others in `PartialBatch`).
+pub(crate) fn decode(
+    queue: &str,
+    jobs: &[ManyJob<'_>],
+    reply: &Value,
+) -> Result<Vec<Result<ManyReply>>> {
     let first = jobs.first().map(|m| m.job.id);
     let items = reply::array(reply).ok_or_else(|| {
         QueueError::protocol(queue, first, format!("enqueue_many reply: {reply:?}"))
@@ -143,21 +169,25 @@ pub(crate) fn decode(queue: &str, jobs: &[ManyJob<'_>], reply: &Value) -> Result
             ),
         ));
     }
-    jobs.iter()
+    Ok(jobs
+        .iter()
         .zip(items)
-        .map(|(m, item)| {
-            if let Value::Int(run_at_ms) = item {
-                return Ok(ManyReply::Enqueued(EnqueueReply::Created {
-                    run_at_ms: *run_at_ms,
-                }));
-            }
-            let f = Fields::new(queue, Some(m.job.id), "enqueue_many reply", item)?;
-            if f.tag()? == "invalid" {
-                return Ok(ManyReply::Invalid(f.text(1, "reason")?));
-            }
-            EnqueueReply::decode(queue, m.job.id, item).map(ManyReply::Enqueued)
-        })
-        .collect()
+        .map(|(m, item)| decode_one(queue, m.job.id, item))
+        .collect())
+}
+
+/// The reply of one job of the call.
+fn decode_one(queue: &str, id: &crate::job::JobId, item: &Value) -> Result<ManyReply> {
+    if let Value::Int(run_at_ms) = item {
+        return Ok(ManyReply::Enqueued(EnqueueReply::Created {
+            run_at_ms: *run_at_ms,
+        }));
+    }
+    let f = Fields::new(queue, Some(id), "enqueue_many reply", item)?;
+    if f.tag()? == "invalid" {
+        return Ok(ManyReply::Invalid(f.text(1, "reason")?));
+    }
+    EnqueueReply::decode(queue, id, item).map(ManyReply::Enqueued)
 }
 
 #[cfg(test)]
@@ -192,8 +222,15 @@ mod tests {
             Value::Array(vec![bulk("new"), Value::Int(5)]),
             Value::Array(vec![bulk("invalid"), bulk("extra field name: id")]),
         ]);
+        let ok = |v: &Value| -> Vec<ManyReply> {
+            decode("q", &jobs, v)
+                .unwrap()
+                .into_iter()
+                .map(Result::unwrap)
+                .collect()
+        };
         assert_eq!(
-            decode("q", &jobs, &reply).unwrap(),
+            ok(&reply),
             vec![
                 ManyReply::Enqueued(EnqueueReply::Created { run_at_ms: 5 }),
                 ManyReply::Invalid("extra field name: id".into()),
@@ -202,7 +239,7 @@ mod tests {
         // The `:int` modes answer a job written with its run_at alone.
         let ints = Value::Array(vec![Value::Int(7), Value::Array(vec![bulk("done")])]);
         assert_eq!(
-            decode("q", &jobs, &ints).unwrap(),
+            ok(&ints),
             vec![
                 ManyReply::Enqueued(EnqueueReply::Created { run_at_ms: 7 }),
                 ManyReply::Enqueued(EnqueueReply::Done),
@@ -211,8 +248,35 @@ mod tests {
         let short = Value::Array(vec![Value::Array(vec![bulk("done")])]);
         let err = decode("q", &jobs, &short).unwrap_err();
         assert!(matches!(err, crate::QueueError::Protocol { .. }), "{err}");
+    }
+
+    /// A reply that does not decode fails only its own job: the other job's
+    /// outcome is kept (it was written). Before, one bad reply failed the
+    /// whole call's result, and every job of it read "not enqueued".
+    #[test]
+    fn one_undecodable_reply_fails_only_its_own_job() {
+        let keys = QueueKeys::new("q");
+        let (a, b) = ("a".into(), "b".into());
+        let jobs = [
+            ManyJob {
+                job: Enqueue::test_job(&keys, &a, 1),
+                token: "",
+                fresh: false,
+            },
+            ManyJob {
+                job: Enqueue::test_job(&keys, &b, 1),
+                token: "",
+                fresh: false,
+            },
+        ];
         let bad = Value::Array(vec![Value::Array(vec![bulk("what")]), Value::Int(1)]);
-        let err = decode("q", &jobs, &bad).unwrap_err();
+        let mut replies = decode("q", &jobs, &bad).unwrap().into_iter();
+        let err = replies.next().unwrap().unwrap_err();
+        assert!(matches!(err, crate::QueueError::Protocol { .. }), "{err}");
         assert_eq!(err.job_id().map(|j| j.as_str()), Some("a"));
+        assert_eq!(
+            replies.next().unwrap().unwrap(),
+            ManyReply::Enqueued(EnqueueReply::Created { run_at_ms: 1 })
+        );
     }
 }

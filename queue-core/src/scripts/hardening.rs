@@ -1770,3 +1770,129 @@ async fn groups_lists_the_others_and_marks_a_group_of_another_type() {
     assert!(listing.ring_unreadable && listing.paused_unreadable && listing.groups.is_empty());
     assert!(queue.groups(&k.queue).await.unwrap().is_empty());
 }
+
+/// A corrupt `attempts` of multi-byte characters ("a" then 40 × "é": its
+/// 64-byte cut falls inside an "é") dead-letters the job with a reason cut
+/// at a character boundary: the history entry and the reason are valid
+/// UTF-8, and `Admin::job_history` / `job_detail` read them. Before, the cut
+/// split the character, cjson wrote the broken bytes into `hist:<id>`, and
+/// the history failed to read ("Cannot convert from UTF-8"): `jobs show`
+/// exited 2.
+#[tokio::test]
+async fn a_corrupt_field_of_multibyte_characters_leaves_a_readable_history() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j2", 3).await;
+    let attempts = format!("a{}", "é".repeat(40));
+    fx.cmd(&["HSET", &fx.keys.job("j2"), "attempts", &attempts])
+        .await;
+    let rows = fx.fetch(1, "b").await.unwrap();
+    assert!(
+        matches!(&rows[..], [ClaimRow::Corrupt(id, _)] if id.as_str() == "j2"),
+        "{rows:?}"
+    );
+    // What the scripts stored: valid UTF-8.
+    let raw_reason = fx.cmd(&["HGET", &fx.keys.job("j2"), "dead_reason"]).await;
+    let Value::BulkString(reason) = raw_reason else {
+        panic!("a dead reason: {raw_reason:?}")
+    };
+    let reason = String::from_utf8(reason).expect("the stored reason is UTF-8");
+    assert!(
+        reason.starts_with("corrupt field attempts: 'aéé"),
+        "{reason}"
+    );
+    let hist = fx.keys.hist("j2");
+    let Value::Array(entries) = fx.cmd(&["LRANGE", &hist, "0", "-1"]).await else {
+        panic!("history entries")
+    };
+    assert!(!entries.is_empty());
+    for e in entries {
+        let Value::BulkString(b) = e else {
+            panic!("{e:?}")
+        };
+        String::from_utf8(b).expect("every history entry is UTF-8");
+    }
+    // What the operator reads.
+    let admin = crate::admin::Admin::connect(&fx.server.url())
+        .await
+        .unwrap();
+    let history = admin.job_history("hardening", "j2").await.unwrap();
+    let dead = history
+        .iter()
+        .find(|e| e.kind == crate::EventKind::DeadLettered)
+        .expect("a dead entry");
+    let detail = dead.detail.as_deref().unwrap_or_default();
+    assert!(detail.starts_with("corrupt field attempts"), "{detail}");
+    assert!(!detail.contains('\u{fffd}'), "cut at a boundary: {detail}");
+    admin
+        .job_detail("hardening", "j2")
+        .await
+        .unwrap()
+        .expect("the job");
+}
+
+/// A history entry that is not UTF-8 (written by an older version, or by
+/// another writer) is read lossily: the rest of the history is not lost.
+#[tokio::test]
+async fn a_history_entry_that_is_not_utf8_is_read_lossily() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j3", 3).await;
+    let hist = fx.keys.hist("j3");
+    let mut entry = br#"{"e":"dead","t":5,"a":1,"d":"corrupt field attempts: 'a"#.to_vec();
+    entry.extend_from_slice(&"é".as_bytes()[..1]);
+    entry.extend_from_slice(br#"'"}"#);
+    let _: () = redis::cmd("RPUSH")
+        .arg(&hist)
+        .arg(entry)
+        .query_async(&mut fx.conn)
+        .await
+        .unwrap();
+    let admin = crate::admin::Admin::connect(&fx.server.url())
+        .await
+        .unwrap();
+    let history = admin.job_history("hardening", "j3").await.unwrap();
+    assert!(
+        history
+            .iter()
+            .any(|e| e.kind == crate::EventKind::DeadLettered
+                && e.detail
+                    .as_deref()
+                    .is_some_and(|d| d.starts_with("corrupt field attempts"))),
+        "{history:?}"
+    );
+}
+
+/// `progress.lua` keeps at most 1,024 bytes of the message, cut at a
+/// character boundary (the stored message is valid UTF-8). Before, the cut
+/// could split a multi-byte character.
+#[tokio::test]
+async fn a_long_progress_message_is_cut_at_a_character_boundary() {
+    let mut f = Fixture::start().await;
+    f.enqueue("p2", 3).await;
+    let d = f.fetch_one().await;
+    // "a" then "é"s: byte 1,024 is the first byte of an "é".
+    let message = format!("a{}", "é".repeat(600));
+    let stored = super::progress::Progress {
+        keys: &f.keys,
+        id: &d.id,
+        token: &d.token,
+        done: 1,
+        message: &message,
+    }
+    .run(&mut f.conn.clone())
+    .await
+    .unwrap();
+    assert!(stored);
+    let Value::BulkString(b) = f
+        .cmd(&["HGET", &f.keys.job("p2"), "progress_message"])
+        .await
+    else {
+        panic!("a progress message")
+    };
+    let text = String::from_utf8(b).expect("the stored message is UTF-8");
+    assert_eq!(
+        text.len(),
+        1023,
+        "the last whole character within 1,024 bytes"
+    );
+    assert!(message.starts_with(&text));
+}

@@ -162,9 +162,27 @@ local function read_job(jobkey, ...)
   return h
 end
 
+-- The first `n` bytes of `s` at most, backed up to a UTF-8 character
+-- boundary: a cut inside a multi-byte character left broken bytes that
+-- cjson wrote into the job's history (its reader failed on them). At most 3
+-- bytes are dropped (a character has at most 4); bytes that are not UTF-8
+-- to begin with are the reader's to decode lossily. Any value is read as
+-- its `tostring` (never an error on a number or a false).
+local function utf8_cut(s, n)
+  s = tostring(s)
+  if #s <= n then return s end
+  local cut = n
+  for _ = 1, 3 do
+    local b = string.byte(s, cut + 1)
+    if cut == 0 or b < 0x80 or b >= 0xC0 then break end
+    cut = cut - 1
+  end
+  return string.sub(s, 1, cut)
+end
+
 -- The dead-letter reason of a corrupt stored count, naming the field.
 local function corrupt_field(name, v)
-  return 'corrupt field ' .. name .. ": '" .. string.sub(tostring(v), 1, 64)
+  return 'corrupt field ' .. name .. ": '" .. utf8_cut(tostring(v), 64)
     .. "' is not a non-negative integer"
 end
 
@@ -554,7 +572,7 @@ local function limits_load(limkey, delayed)
     local parsed = (i == 1 and lim.rate) or (i == 2 and lim.conc) or (i == 3 and lim.key_rate)
       or (i == 4 and lim.key_conc)
     if f[i] and f[i] ~= 'none' and not parsed then
-      error({err = 'ERR corrupt limits field ' .. name .. ": '" .. string.sub(f[i], 1, 64)
+      error({err = 'ERR corrupt limits field ' .. name .. ": '" .. utf8_cut(f[i], 64)
         .. "' (want N/W_ms or N): refused before any write"})
     end
   end
@@ -1292,7 +1310,7 @@ local function wf_spec(bkey, p)
   if not (s[1] or s[2] or s[3]) then return nil end
   local base, id = s[1], s[2]
   if not base or base ~= wf_base(bkey) then
-    local why = p .. "base '" .. string.sub(tostring(base), 1, 64) .. "' is not the batch's queue"
+    local why = p .. "base '" .. utf8_cut(tostring(base), 64) .. "' is not the batch's queue"
     return s, why, why
   end
   if not id or id == '' then return s, p .. 'id missing', p .. 'id missing' end
@@ -1302,7 +1320,7 @@ local function wf_spec(bkey, p)
   end
   for _, i in ipairs({4, 6}) do
     if not as_count(s[i]) then
-      return s, p .. WF_SPEC[i] .. " '" .. string.sub(s[i], 1, 64) .. "' is not a count", dead_bad
+      return s, p .. WF_SPEC[i] .. " '" .. utf8_cut(s[i], 64) .. "' is not a count", dead_bad
     end
   end
   return s, key_type_bad(base .. 'main', 'list'), dead_bad
@@ -1318,7 +1336,7 @@ local function wf_fire(bkey, p, s, problem, dead_bad, reason, now)
   if problem then
     reason = 'callback not queued: ' .. problem .. (reason and ('; ' .. reason) or '')
   end
-  local what = 'callback ' .. p .. " '" .. string.sub(tostring(s[2]), 1, 200) .. "'"
+  local what = 'callback ' .. p .. " '" .. utf8_cut(tostring(s[2]), 200) .. "'"
   if reason and dead_bad then
     wf_error(bkey, 'fire_error', what .. ' not created: ' .. reason .. '; cannot be dead-lettered: ' .. dead_bad)
     return false
@@ -1395,7 +1413,7 @@ end
 -- the member was counted already.
 local function wf_count_error(bkey, id, what)
   if redis.call('SISMEMBER', bkey .. ':done', id) == 1 then return nil end
-  local msg = "member '" .. string.sub(id, 1, 200) .. "' not counted: " .. what
+  local msg = "member '" .. utf8_cut(id, 200) .. "' not counted: " .. what
   wf_error(bkey, 'count_error', msg)
   return msg
 end
@@ -1450,7 +1468,7 @@ wf_finished = function(bkey, id, outcome, detail, now)
       redis.pcall('HSET', bkey .. ':results', id, 'err:' .. (detail or outcome))
       if policy == 'fail' then
         redis.call('HINCRBY', bkey, 'failed', 1)
-        redis.call('HSETNX', bkey, 'failed_child', id .. ': ' .. string.sub(detail or outcome, 1, 200))
+        redis.call('HSETNX', bkey, 'failed_child', id .. ': ' .. utf8_cut(detail or outcome, 200))
       end
     end
   end
@@ -1498,7 +1516,7 @@ local function wf_unfinish(bkey, id)
   if not bad and failed and (p[3] or p[4]) == 'fail' then bad = wf_bad_count('failed', p[5]) end
   if bad then
     if redis.call('SISMEMBER', bkey .. ':done', id) == 0 then return nil end
-    local msg = "replayed member '" .. string.sub(id, 1, 200) .. "' still counted as finished: " .. bad
+    local msg = "replayed member '" .. utf8_cut(id, 200) .. "' still counted as finished: " .. bad
     wf_error(bkey, 'count_error', msg)
     return msg
   end

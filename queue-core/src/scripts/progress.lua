@@ -10,6 +10,6 @@ local h = redis.call('HMGET', KEYS[1], 'token', 'state')
 if h[2] ~= 'active' or h[1] ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'progress', n, 'progress_message', string.sub(ARGV[3], 1, 1024),
+redis.call('HSET', KEYS[1], 'progress', n, 'progress_message', utf8_cut(ARGV[3], 1024),
   'progress_at', now_ms())
 return 1

@@ -20,7 +20,8 @@ pub(crate) struct Progress<'a> {
     pub(crate) token: &'a str,
     /// Progress so far (the handler's unit: percent, items, bytes...).
     pub(crate) done: u64,
-    /// A short message (kept up to 1024 bytes).
+    /// A short message (kept up to 1024 bytes, cut at a UTF-8 character
+    /// boundary).
     pub(crate) message: &'a str,
 }
 

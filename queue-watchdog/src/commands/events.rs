@@ -51,15 +51,20 @@ pub async fn events(url: &str, args: EventsArgs) -> Result<ExitCode> {
             args.queue, args.queue
         );
     }
-    let last = queue.last_events(&args.queue, args.last).await?;
-    for e in &last {
+    let last = queue.last_events_page(&args.queue, args.last).await?;
+    for e in &last.events {
         print(e, args.json);
     }
     if !args.follow {
         return Ok(ExitCode::SUCCESS);
     }
-    let from = match last.last() {
-        Some(e) => EventsFrom::After(e.stream_id.clone()),
+    // After the newest entry read, decoded or not. Before, from the newest
+    // *decoded* one, and from the start when none of the last N decoded
+    // (another writer's entries): the whole stream was printed again.
+    let from = match last.next_after {
+        Some(newest) => EventsFrom::After(newest),
+        // The stream was empty: from its start, so that nothing added
+        // between the two reads is missed.
         None if args.last > 0 => EventsFrom::Start,
         None => EventsFrom::Now,
     };
