@@ -143,6 +143,33 @@ async fn wait_deferred_or_dead(env: &TestEnv, n: u64) {
     .await;
 }
 
+/// Waits for three give-backs of job `id`, then checks that it was never
+/// dead-lettered meanwhile and that at most the delivery in flight counts
+/// as an attempt.
+async fn assert_given_back_unburned(env: &TestEnv, id: &JobId) {
+    wait_deferred_or_dead(env, 3).await;
+    assert!(
+        dead(env).await.is_empty(),
+        "dead-lettered while waiting for a worker that can run it: {:?}",
+        job_field(env, id, "dead_reason").await
+    );
+    let attempts = job_field(env, id, "attempts").await;
+    assert!(
+        matches!(attempts.as_deref(), Some("0" | "1")),
+        "at most the delivery in flight counts: {attempts:?}"
+    );
+}
+
+/// The (job id, attempt) runs a handler recorded in `ran` for job `id`.
+fn runs_of(ran: &Mutex<Vec<(String, u32)>>, id: &JobId) -> Vec<(String, u32)> {
+    ran.lock()
+        .expect("ran")
+        .iter()
+        .filter(|(j, _)| j == id.as_str())
+        .cloned()
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newer_payload_waits_for_an_upgraded_worker_without_burning_attempts() {
     let env = TestEnv::start().await;
@@ -151,30 +178,13 @@ async fn newer_payload_waits_for_an_upgraded_worker_without_burning_attempts() {
 
     // Only a v1 worker runs: the job keeps coming back, never dead-lettered,
     // and its one allowed attempt is not used.
-    wait_deferred_or_dead(&env, 3).await;
-    assert!(
-        dead(&env).await.is_empty(),
-        "a newer payload was dead-lettered while waiting: {:?}",
-        job_field(&env, &id, "dead_reason").await
-    );
-    let attempts = job_field(&env, &id, "attempts").await;
-    assert!(
-        matches!(attempts.as_deref(), Some("0" | "1")),
-        "at most the delivery in flight counts: {attempts:?}"
-    );
+    assert_given_back_unburned(&env, &id).await;
 
     // The upgraded worker starts, announces version 2 and runs the job.
     let new = start_worker(&env, Registration::of::<RenderV2>(), BOUND).await;
     env.wait_completed(QUEUE, 1).await;
-    let runs: Vec<_> = RAN_V2
-        .lock()
-        .expect("ran")
-        .iter()
-        .filter(|(j, _)| j == id.as_str())
-        .cloned()
-        .collect();
     assert_eq!(
-        runs,
+        runs_of(&RAN_V2, &id),
         vec![(id.to_string(), 1)],
         "one run, on its first attempt"
     );
@@ -289,17 +299,7 @@ async fn a_new_job_type_waits_for_a_worker_that_has_it_without_burning_attempts(
     let old = start_worker(&env, Registration::of::<RenderV1>(), BOUND).await;
     let id = enqueue_once::<Thumbnail>(&env).await;
 
-    wait_deferred_or_dead(&env, 3).await;
-    assert!(
-        dead(&env).await.is_empty(),
-        "a job of a type the worker has no handler for was dead-lettered while waiting: {:?}",
-        job_field(&env, &id, "dead_reason").await
-    );
-    let attempts = job_field(&env, &id, "attempts").await;
-    assert!(
-        matches!(attempts.as_deref(), Some("0" | "1")),
-        "at most the delivery in flight counts: {attempts:?}"
-    );
+    assert_given_back_unburned(&env, &id).await;
 
     // The upgraded worker has both types; it announces `thumbnail:1`.
     let builder = queue_core::Worker::builder(&env.url)
@@ -308,15 +308,8 @@ async fn a_new_job_type_waits_for_a_worker_that_has_it_without_burning_attempts(
         .config(deploy_config(BOUND));
     let new = WorkerHandle::start(builder).await;
     env.wait_completed(QUEUE, 1).await;
-    let runs: Vec<_> = RAN_THUMBNAIL
-        .lock()
-        .expect("ran")
-        .iter()
-        .filter(|(j, _)| j == id.as_str())
-        .cloned()
-        .collect();
     assert_eq!(
-        runs,
+        runs_of(&RAN_THUMBNAIL, &id),
         vec![(id.to_string(), 1)],
         "one run, on its first attempt"
     );
