@@ -275,7 +275,9 @@ impl QueueError {
     /// For an enqueue error: `true` when the job **may or may not** have been
     /// written — a request reached (or may have reached) Redis and its reply
     /// was lost (response timeout, connection reset, broken pipe, closed
-    /// connection). Enqueue again with the same id to learn the truth.
+    /// connection), or Redis answered something this version does not
+    /// understand ([`QueueError::Protocol`]: the script ran, what it wrote
+    /// is not known). Enqueue again with the same id to learn the truth.
     /// `false`: the job was **not enqueued** by this call (refused connection,
     /// an error reply such as OOM, a read-only replica, an invalid id or
     /// payload), except [`QueueError::NotReplicated`], which was written on
@@ -289,7 +291,7 @@ impl QueueError {
     pub fn outcome_unknown(&self) -> bool {
         match self {
             QueueError::Redis { source, .. } => outcome_unknown(source),
-            QueueError::PartialBatch { .. } => true,
+            QueueError::PartialBatch { .. } | QueueError::Protocol { .. } => true,
             _ => false,
         }
     }

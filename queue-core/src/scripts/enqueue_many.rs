@@ -274,6 +274,10 @@ mod tests {
         let err = replies.next().unwrap().unwrap_err();
         assert!(matches!(err, crate::QueueError::Protocol { .. }), "{err}");
         assert_eq!(err.job_id().map(|j| j.as_str()), Some("a"));
+        // The script ran: whether it wrote job a is not known, so the
+        // caller is not told "not enqueued" (it may enqueue again with the
+        // same id to learn which).
+        assert!(err.outcome_unknown(), "{err}");
         assert_eq!(
             replies.next().unwrap().unwrap(),
             ManyReply::Enqueued(EnqueueReply::Created { run_at_ms: 1 })
