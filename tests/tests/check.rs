@@ -277,6 +277,33 @@ async fn a_group_list_of_another_type_is_reported_and_the_check_goes_on() {
         found: "string".into(),
     }));
     assert_eq!(report.scanned.main, 1, "lost's job was read");
+
+    // `--repair`: the hash the corrupt list held cannot go back into it
+    // (refused, said why), and the other repairs still run: "lost" is put
+    // back in the ring. Before, the refusal ended the whole repair with an
+    // error.
+    let report = admin.check(Q, true).await.expect("repairs go on");
+    let refused = report
+        .repairs
+        .iter()
+        .find(|r| r.id.as_ref().map(|i| i.as_str()) == Some("in-bad"))
+        .unwrap_or_else(|| panic!("{:#?}", report.repairs));
+    assert_eq!(refused.action, RepairAction::Refused);
+    assert!(
+        refused
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("WRONGTYPE") || d.contains("type")),
+        "{refused:?}"
+    );
+    assert!(
+        report
+            .repairs
+            .iter()
+            .any(|r| r.group.as_deref() == Some("lost") && r.action == RepairAction::AddedToRing),
+        "{:#?}",
+        report.repairs
+    );
 }
 
 /// The group ring or the group pause hash holding another type (corrupt

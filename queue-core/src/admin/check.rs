@@ -26,7 +26,7 @@ use super::check_rules::{
     field_problems, group_violation, is_count, probe_violations, row_suspicious, GroupProbe,
     JobRow, Place, Probe, Violation,
 };
-use super::repair::Repair;
+use super::repair::{Repair, RepairAction};
 use super::{admin_script, Admin, AdminError, Result, READ_ONLY};
 use crate::error::QueueError;
 use crate::job::JobId;
@@ -530,8 +530,25 @@ impl Admin {
         }
         if repair {
             for v in &report.violations {
-                if let Some(r) = self.repair(queue, v).await? {
-                    report.repairs.push(r);
+                match self.repair(queue, v).await {
+                    Ok(Some(r)) => report.repairs.push(r),
+                    Ok(None) => {}
+                    // Refused for the data on its way (a corrupt key it would
+                    // write to): recorded, and the other repairs run. Any
+                    // other failure (Redis gone) ends the check as before.
+                    Err(AdminError::Queue(e)) if e.is_data_error() => {
+                        tracing::warn!(queue, job_id = ?v.job_id().map(JobId::as_str), error = %e, "check: repair refused; going on with the others");
+                        report.repairs.push(Repair {
+                            id: v.job_id().cloned(),
+                            group: match v {
+                                Violation::GroupOutOfRing { group, .. } => Some(group.clone()),
+                                _ => None,
+                            },
+                            action: RepairAction::Refused,
+                            detail: Some(e.to_string()),
+                        });
+                    }
+                    Err(e) => return Err(e),
                 }
             }
         }

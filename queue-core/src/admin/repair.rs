@@ -52,6 +52,10 @@ pub enum RepairAction {
     AddedToRing,
     /// The violation no longer held when the repair ran (a live move): nothing changed.
     Changed,
+    /// Redis refused the repair for the data on its way (a key of another
+    /// type it would have written to, say a corrupt group list): nothing
+    /// changed, [`Repair::detail`] says why, and the other repairs ran.
+    Refused,
 }
 
 /// One repair attempt.
@@ -65,6 +69,9 @@ pub struct Repair {
     pub group: Option<String>,
     /// What was done.
     pub action: RepairAction,
+    /// Why Redis refused the repair ([`RepairAction::Refused`]), else `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl Admin {
@@ -146,6 +153,7 @@ impl Admin {
             id: Some(id.clone()),
             group: None,
             action,
+            detail: None,
         }))
     }
 
@@ -178,6 +186,7 @@ impl Admin {
             id: None,
             group: Some(group.to_string()),
             action,
+            detail: None,
         })
     }
 }

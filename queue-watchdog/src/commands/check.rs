@@ -10,6 +10,7 @@ use queue_core::admin::{Admin, CheckReport};
 
 use crate::cli::CheckArgs;
 use crate::error::Result;
+use crate::format::printable;
 
 pub async fn check(url: &str, args: CheckArgs) -> Result<ExitCode> {
     let admin = Admin::connect(url).await?;
@@ -69,7 +70,14 @@ fn text(reports: &[CheckReport]) -> String {
                 (None, Some(group)) => format!("group {group}"),
                 (None, None) => String::new(),
             };
-            out.push_str(&format!("{}: repaired {what}: {:?}\n", r.queue, rep.action));
+            match &rep.detail {
+                Some(why) => out.push_str(&format!(
+                    "{}: repair of {what} refused: {}\n",
+                    r.queue,
+                    printable(why)
+                )),
+                None => out.push_str(&format!("{}: repaired {what}: {:?}\n", r.queue, rep.action)),
+            }
         }
     }
     out
