@@ -307,6 +307,28 @@ fn run_jobs(url: &str) {
     });
 }
 
+/// The exposition line of the counter mirror of `counter` at `n`.
+fn mirror_line(counter: &str, n: u64) -> String {
+    format!("queue_stats_total{{queue=\"{QUEUE}\",counter=\"{counter}\"}} {n}\n")
+}
+
+/// Scrapes until the body holds every `(counter, n)` of `want` in the
+/// counter mirror; `Err` with the last body when it never does within 30 s.
+fn scrape_until_counts(addr: &str, want: &[(&str, u64)]) -> Result<String, String> {
+    let lines: Vec<String> = want.iter().map(|(c, n)| mirror_line(c, *n)).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let body = scrape(addr).unwrap_or_default();
+        if lines.iter().all(|l| body.contains(l)) {
+            return Ok(body);
+        }
+        if Instant::now() >= deadline {
+            return Err(body);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Scrapes the watchdog until its counter mirror shows the scenario's counts.
 fn scrape_until_mirrored(addr: &str) -> String {
     // The watchdog's mirror of the Redis counters catches up within a few passes.
@@ -318,39 +340,64 @@ fn scrape_until_mirrored(addr: &str) -> String {
         ("reclaimed", 1),
         ("enqueued", 3),
     ];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let body = scrape(addr).unwrap_or_default();
-        let all = want.iter().all(|(c, n)| {
-            body.contains(&format!(
-                "queue_stats_total{{queue=\"{QUEUE}\",counter=\"{c}\"}} {n}\n"
-            ))
-        });
-        if all {
-            break body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the watchdog's counter mirror never showed {want:?}:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    scrape_until_counts(addr, &want).unwrap_or_else(|body| {
+        panic!("the watchdog's counter mirror never showed {want:?}:\n{body}")
+    })
 }
 
 /// Scrapes until the mirror of `counter` reads `want`; `Err` with the last
 /// body when it never does within 30 s.
 fn scrape_until_counter(addr: &str, counter: &str, want: u64) -> Result<String, String> {
-    let line = format!("queue_stats_total{{queue=\"{QUEUE}\",counter=\"{counter}\"}} {want}\n");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let body = scrape(addr).unwrap_or_default();
-        if body.contains(&line) {
-            return Ok(body);
+    scrape_until_counts(addr, &[(counter, want)])
+}
+
+/// A redis-server, a `queue-watchdog run` on [`QUEUE`] exporting metrics,
+/// and a producer: the counter-mirror scenarios.
+struct MirrorScene {
+    _watchdog: KillOnDrop,
+    _server: RedisServer,
+    addr: String,
+    rt: tokio::runtime::Runtime,
+    queue: Queue,
+}
+
+impl MirrorScene {
+    fn start() -> Self {
+        let server = RedisServer::start().unwrap();
+        let (watchdog, addr) = watchdog_with_metrics(&server.url());
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let queue = rt.block_on(Queue::connect(&server.url())).unwrap();
+        MirrorScene {
+            _watchdog: watchdog,
+            _server: server,
+            addr,
+            rt,
+            queue,
         }
-        if Instant::now() >= deadline {
-            return Err(body);
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    /// Enqueues `n` jobs that succeed.
+    fn enqueue(&self, n: usize) {
+        self.rt.block_on(async {
+            for _ in 0..n {
+                task::enqueue(&self.queue, Task { mode: "ok".into() })
+                    .await
+                    .unwrap();
+            }
+        })
+    }
+
+    /// Runs `cmd` against the queue's stats hash (its key the first argument).
+    fn on_stats(&self, cmd: &str, args: &[&str]) {
+        self.rt.block_on(async {
+            let mut c = self.queue.connection();
+            redis::cmd(cmd)
+                .arg(QueueKeys::new(QUEUE).stats)
+                .arg(args)
+                .query_async::<()>(&mut c)
+                .await
+                .unwrap();
+        })
     }
 }
 
@@ -377,35 +424,14 @@ fn watchdog_with_metrics(url: &str) -> (KillOnDrop, String) {
 /// metrics 0.24: it stayed at the old value until Redis climbed past it.
 #[test]
 fn the_counter_mirror_moves_on_after_redis_lost_its_counters() {
-    let server = RedisServer::start().unwrap();
-    let url = server.url();
-    let (_watchdog, addr) = watchdog_with_metrics(&url);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let queue = rt.block_on(Queue::connect(&url)).unwrap();
-    let enqueue = |n: usize| {
-        rt.block_on(async {
-            for _ in 0..n {
-                task::enqueue(&queue, Task { mode: "ok".into() })
-                    .await
-                    .unwrap();
-            }
-        })
-    };
-
-    enqueue(5);
-    if let Err(body) = scrape_until_counter(&addr, "enqueued", 5) {
+    let scene = MirrorScene::start();
+    scene.enqueue(5);
+    if let Err(body) = scrape_until_counter(&scene.addr, "enqueued", 5) {
         panic!("the mirror never showed 5 enqueued:\n{body}");
     }
-    rt.block_on(async {
-        let mut c = queue.connection();
-        redis::cmd("DEL")
-            .arg(QueueKeys::new(QUEUE).stats)
-            .query_async::<()>(&mut c)
-            .await
-            .unwrap();
-    });
-    enqueue(1);
-    if let Err(body) = scrape_until_counter(&addr, "enqueued", 6) {
+    scene.on_stats("DEL", &[]);
+    scene.enqueue(1);
+    if let Err(body) = scrape_until_counter(&scene.addr, "enqueued", 6) {
         panic!("after the stats key was deleted and 1 job enqueued, the counter did not move on to 6 (stuck at the old value?):\n{body}");
     }
 }
@@ -418,45 +444,22 @@ fn the_counter_mirror_moves_on_after_redis_lost_its_counters() {
 /// failover).
 #[test]
 fn the_counter_mirror_adds_nothing_when_redis_regresses_a_little() {
-    let server = RedisServer::start().unwrap();
-    let url = server.url();
-    let (_watchdog, addr) = watchdog_with_metrics(&url);
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let queue = rt.block_on(Queue::connect(&url)).unwrap();
-    let enqueue = |n: usize| {
-        rt.block_on(async {
-            for _ in 0..n {
-                task::enqueue(&queue, Task { mode: "ok".into() })
-                    .await
-                    .unwrap();
-            }
-        })
-    };
-
-    enqueue(10);
-    if let Err(body) = scrape_until_counter(&addr, "enqueued", 10) {
+    let scene = MirrorScene::start();
+    scene.enqueue(10);
+    if let Err(body) = scrape_until_counter(&scene.addr, "enqueued", 10) {
         panic!("the mirror never showed 10 enqueued:\n{body}");
     }
     // The lagging replica's hash: enqueued 8. `purged` (0 so far) moves in
     // the same write, so the mirror showing it proves the watchdog read the 8.
-    rt.block_on(async {
-        let mut c = queue.connection();
-        redis::cmd("HSET")
-            .arg(QueueKeys::new(QUEUE).stats)
-            .arg(&["enqueued", "8", "purged", "1"])
-            .query_async::<()>(&mut c)
-            .await
-            .unwrap();
-    });
-    let body = scrape_until_counter(&addr, "purged", 1)
+    scene.on_stats("HSET", &["enqueued", "8", "purged", "1"]);
+    let body = scrape_until_counter(&scene.addr, "purged", 1)
         .unwrap_or_else(|body| panic!("the watchdog never read the regressed hash:\n{body}"));
-    let line = format!("queue_stats_total{{queue=\"{QUEUE}\",counter=\"enqueued\"}} 10\n");
     assert!(
-        body.contains(&line),
+        body.contains(&mirror_line("enqueued", 10)),
         "a drop from 10 to 8 must export nothing (it added 8 before):\n{body}"
     );
-    enqueue(3);
-    if let Err(body) = scrape_until_counter(&addr, "enqueued", 11) {
+    scene.enqueue(3);
+    if let Err(body) = scrape_until_counter(&scene.addr, "enqueued", 11) {
         panic!("Redis at 11 after the regression to 8: the mirror must show 11 (10 + what is above 10):\n{body}");
     }
 }

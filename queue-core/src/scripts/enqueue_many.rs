@@ -195,6 +195,7 @@ mod tests {
     use redis::Value;
 
     use super::{decode, ManyJob, ManyReply};
+    use crate::job::JobId;
     use crate::keys::QueueKeys;
     use crate::scripts::enqueue::{Enqueue, EnqueueReply};
 
@@ -202,22 +203,20 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
+    /// Job `id` of a call, sent without an enqueue token.
+    fn test_job<'a>(keys: &'a QueueKeys, id: &'a JobId) -> ManyJob<'a> {
+        ManyJob {
+            job: Enqueue::test_job(keys, id, 1),
+            token: "",
+            fresh: false,
+        }
+    }
+
     #[test]
     fn decodes_one_reply_per_job_and_refuses_a_wrong_count() {
         let keys = QueueKeys::new("q");
         let (a, b) = ("a".into(), "b".into());
-        let jobs = [
-            ManyJob {
-                job: Enqueue::test_job(&keys, &a, 1),
-                token: "",
-                fresh: false,
-            },
-            ManyJob {
-                job: Enqueue::test_job(&keys, &b, 1),
-                token: "",
-                fresh: false,
-            },
-        ];
+        let jobs = [test_job(&keys, &a), test_job(&keys, &b)];
         let reply = Value::Array(vec![
             Value::Array(vec![bulk("new"), Value::Int(5)]),
             Value::Array(vec![bulk("invalid"), bulk("extra field name: id")]),
@@ -257,18 +256,7 @@ mod tests {
     fn one_undecodable_reply_fails_only_its_own_job() {
         let keys = QueueKeys::new("q");
         let (a, b) = ("a".into(), "b".into());
-        let jobs = [
-            ManyJob {
-                job: Enqueue::test_job(&keys, &a, 1),
-                token: "",
-                fresh: false,
-            },
-            ManyJob {
-                job: Enqueue::test_job(&keys, &b, 1),
-                token: "",
-                fresh: false,
-            },
-        ];
+        let jobs = [test_job(&keys, &a), test_job(&keys, &b)];
         let bad = Value::Array(vec![Value::Array(vec![bulk("what")]), Value::Int(1)]);
         let mut replies = decode("q", &jobs, &bad).unwrap().into_iter();
         let err = replies.next().unwrap().unwrap_err();

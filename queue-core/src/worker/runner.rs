@@ -54,8 +54,7 @@ impl JobRunner {
     pub(super) async fn run(mut self, d: Delivery) {
         let labels = self.inner.labels.get(&self.keys.queue, &d.job_type);
         // One lookup of the handler per job (issue #12).
-        let found = self.handler(&d);
-        let Some(found) = found else {
+        let Some(found) = self.handler(&d) else {
             // A type this worker has no handler for: left for a worker that
             // has one (a rolling deploy that added the type, or a queue
             // shared by workers handling different types).
