@@ -83,6 +83,7 @@ mod state;
 #[doc(hidden)]
 pub mod testing;
 pub mod trace_context;
+mod wait_conns;
 mod watchdog;
 mod worker;
 mod workflow;

@@ -62,6 +62,9 @@ pub struct Queue {
     /// `wait_result` open their own blocking connection (docs/EVENTS.md,
     /// docs/RESULTS.md).
     pub(crate) origin: Option<std::sync::Arc<(String, ConnectionConfig)>>,
+    /// The idle blocking connections of result waits (`wait_conns.rs`),
+    /// shared by the clones; `None` with `origin`.
+    pub(crate) waits: Option<crate::wait_conns::SharedWaitConnections>,
     /// Group commit of concurrent single enqueues (`enqueue_group.rs`),
     /// shared by the clones; `None`: every call is sent alone.
     group: Option<std::sync::Arc<GroupCommit>>,
@@ -93,6 +96,9 @@ impl Queue {
             group: Some(Default::default()),
             keys: Default::default(),
             origin: Some(std::sync::Arc::new((url.to_string(), cfg.clone()))),
+            waits: Some(std::sync::Arc::new(
+                crate::wait_conns::WaitConnections::new(url, cfg, crate::results::MAX_BLOCK),
+            )),
         })
     }
 
@@ -104,6 +110,7 @@ impl Queue {
             group: Some(Default::default()),
             keys: Default::default(),
             origin: None,
+            waits: None,
         }
     }
 

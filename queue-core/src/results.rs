@@ -19,6 +19,7 @@ use crate::job::{Job, JobContext, JobError, JobId};
 use crate::keys::QueueKeys;
 use crate::queue::Queue;
 use crate::scripts::result_wait::{ResultWait, WaitState};
+use crate::wait_conns::{worth_waiting_out, Taken, WaitConnections};
 
 /// The value a job type produces: `T` of a `#[job]` fn returning
 /// `Result<T, JobError>` (`()` for `Result<(), JobError>`). `#[job]`
@@ -221,67 +222,163 @@ impl Queue {
         // which is no deadline at all.
         let until = tokio::time::Instant::now().checked_add(timeout);
         let mut conn = self.connection();
-        let mut blocking: Option<RedisConnection> = None;
+        // Asked for only when a wait blocks: a `Queue` without one (made
+        // from a connection) still answers a job that already finished.
+        let pool = self.waits.as_deref();
+        let mut blocking: Option<Taken<'_>> = None;
         let mut woken = false;
         let mut pending = false;
+        // A failure worth waiting out (`worth_waiting_out`: a broken
+        // connection, a failover) is retried until the deadline, for at
+        // most RECONNECT_WINDOW in a row; before, the first one ended the
+        // wait with an error although the job went on and completed.
+        let mut failing_since: Option<tokio::time::Instant> = None;
+        let mut backoff = RECONNECT_FIRST;
         loop {
-            let state = ResultWait {
-                keys: &keys,
-                id,
-                woken,
-                was_pending: pending,
-            }
-            .run(&mut conn)
-            .await?;
-            let (queue, id) = (queue.to_string(), id.clone());
-            match state {
-                WaitState::Finished(record) => {
-                    return match record.get("status").map(Vec::as_slice) {
-                        Some(b"cancelled") => Err(WaitError::Cancelled { queue, id }),
-                        _ => Ok(record),
-                    }
-                }
-                WaitState::Dead(reason) => return Err(WaitError::Dead { queue, id, reason }),
-                WaitState::Unknown => return Err(WaitError::NotFound { queue, id }),
-                WaitState::Waiting => pending = false,
-                WaitState::Pending => pending = true,
-            }
-            let left = match until {
-                Some(until) => until.saturating_duration_since(tokio::time::Instant::now()),
-                None => MAX_BLOCK,
-            };
-            if left.is_zero() {
-                return Err(WaitError::Timeout {
-                    queue,
+            let step = self
+                .wait_step(
+                    &keys,
                     id,
-                    waited: timeout,
-                });
+                    &mut conn,
+                    pool,
+                    &mut blocking,
+                    woken,
+                    pending,
+                    until,
+                )
+                .await;
+            match step {
+                Ok(Step::Done(outcome)) => {
+                    return outcome.map_err(|e| e.into_wait_error(queue, id, timeout))
+                }
+                Ok(Step::Again {
+                    woken: w,
+                    pending: p,
+                }) => {
+                    (woken, pending) = (w, p);
+                    failing_since = None;
+                    backoff = RECONNECT_FIRST;
+                }
+                Err(e) if worth_waiting_out(&e) => {
+                    // The connection it failed on is not given back, nor the
+                    // idle ones, most likely broken by the same cause.
+                    if let Some(mut taken) = blocking.take() {
+                        taken.forget();
+                    }
+                    if let Some(pool) = pool {
+                        pool.clear();
+                    }
+                    let now = tokio::time::Instant::now();
+                    let since = *failing_since.get_or_insert(now);
+                    let give_up = since + RECONNECT_WINDOW;
+                    let give_up = until.map_or(give_up, |u| u.min(give_up));
+                    if now >= give_up {
+                        return Err(e.into());
+                    }
+                    tracing::warn!(queue = %queue, job_id = %id, error = %e,
+                        "result wait: the connection failed; checking the job again");
+                    tokio::time::sleep(backoff.min(give_up - now)).await;
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                    // A wake-up may have been pushed while the connection was
+                    // down: the check after a failure treats it as a wake.
+                    woken = true;
+                }
+                Err(e) => return Err(e.into()),
             }
-            // Each BLPOP blocks at most MAX_BLOCK; a longer wait loops. A
-            // callback not created yet is checked again every PENDING_RECHECK:
-            // a batch fired by an older queue-core version (rolling deploy)
-            // creates it without waking this waiter.
-            let cap = if pending { PENDING_RECHECK } else { MAX_BLOCK };
-            let block = left.min(cap);
-            let conn = match &mut blocking {
-                Some(conn) => conn,
-                // Made for the longest block of this wait, not the first
-                // (a pending one is short).
-                None => blocking.insert(
-                    self.blocking_connection(&queue, &id, left.min(MAX_BLOCK))
-                        .await?,
-                ),
-            };
-            let secs = block.max(Duration::from_millis(1)).as_secs_f64();
-            let popped: Option<(String, String)> = redis::cmd("BLPOP")
-                .arg(keys.notify(id.as_str()))
-                .arg(format!("{secs:.3}"))
-                .query_async(conn)
-                .await
-                .map_err(|e| QueueError::redis(&queue, Some(&id), e))?;
-            woken = popped.is_some();
-            tracing::debug!(queue = %queue, job_id = %id, woken, "result wait: re-checking the job");
         }
+    }
+
+    /// One check of the job and, when it is not finished, one `BLPOP`.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_step<'p>(
+        &self,
+        keys: &QueueKeys,
+        id: &JobId,
+        conn: &mut RedisConnection,
+        pool: Option<&'p WaitConnections>,
+        blocking: &mut Option<Taken<'p>>,
+        woken: bool,
+        pending: bool,
+        until: Option<tokio::time::Instant>,
+    ) -> Result<Step, QueueError> {
+        let queue = keys.queue.as_str();
+        let state = ResultWait {
+            keys,
+            id,
+            woken,
+            was_pending: pending,
+        }
+        .run(conn)
+        .await?;
+        let pending = match state {
+            WaitState::Finished(record) => {
+                return Ok(Step::Done(match record.get("status").map(Vec::as_slice) {
+                    Some(b"cancelled") => Err(Ended::Cancelled),
+                    _ => Ok(record),
+                }))
+            }
+            WaitState::Dead(reason) => return Ok(Step::Done(Err(Ended::Dead(reason)))),
+            WaitState::Unknown => return Ok(Step::Done(Err(Ended::NotFound))),
+            WaitState::Waiting => false,
+            WaitState::Pending => true,
+        };
+        let left = match until {
+            Some(until) => until.saturating_duration_since(tokio::time::Instant::now()),
+            None => MAX_BLOCK,
+        };
+        if left.is_zero() {
+            return Ok(Step::Done(Err(Ended::Timeout)));
+        }
+        // Each BLPOP blocks at most MAX_BLOCK; a longer wait loops. A
+        // callback not created yet is checked again every PENDING_RECHECK:
+        // a batch fired by an older queue-core version (rolling deploy)
+        // creates it without waking this waiter.
+        let cap = if pending { PENDING_RECHECK } else { MAX_BLOCK };
+        let block = left.min(cap);
+        let taken = match blocking {
+            Some(taken) => taken,
+            None => blocking.insert(self.wait_pool(queue, pool)?.take(queue, id).await?),
+        };
+        let secs = block.max(Duration::from_millis(1)).as_secs_f64();
+        let mut cmd = redis::cmd("BLPOP");
+        cmd.arg(keys.notify(id.as_str())).arg(format!("{secs:.3}"));
+        let blpop = cmd.query_async::<Option<(String, String)>>(taken.for_blpop());
+        // Bounded here, not by the connection: a pooled connection serves
+        // blocks of every length.
+        let bound = self.wait_pool(queue, pool)?.blpop_bound(block);
+        let popped = match tokio::time::timeout(bound, blpop).await {
+            Ok(reply) => reply.map_err(|e| QueueError::redis(queue, Some(id), e))?,
+            Err(_) => {
+                return Err(QueueError::redis(
+                    queue,
+                    Some(id),
+                    redis::RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no answer to BLPOP within its block and the response timeout",
+                    )),
+                ))
+            }
+        };
+        taken.answered();
+        let woken = popped.is_some();
+        tracing::debug!(queue = %queue, job_id = %id, woken, "result wait: re-checking the job");
+        Ok(Step::Again { woken, pending })
+    }
+
+    /// The idle blocking connections of this `Queue`'s waits; a `Queue`
+    /// made [`from_connection`](Self::from_connection) has none
+    /// ([`QueueError::Config`]).
+    fn wait_pool<'p>(
+        &self,
+        queue: &str,
+        pool: Option<&'p WaitConnections>,
+    ) -> Result<&'p WaitConnections, QueueError> {
+        self.wait_origin(queue)?;
+        pool.ok_or_else(|| {
+            QueueError::Config(format!(
+                "queue `{queue}`: waiting for a result needs a Queue made with Queue::connect (it opens its own connection to block on)"
+            ))
+        })
     }
 
     /// The URL and settings the blocking connection of a wait is opened
@@ -294,42 +391,57 @@ impl Queue {
             ))
         })
     }
-
-    /// A connection of its own for `BLPOP` (a blocking command would stall
-    /// the shared one), answering within `wait` plus the usual timeout. A
-    /// failed connect is a [`QueueError::Redis`] naming the queue and job
-    /// `id` (a `Connect` error names neither).
-    async fn blocking_connection(
-        &self,
-        queue: &str,
-        id: &JobId,
-        wait: Duration,
-    ) -> Result<RedisConnection, QueueError> {
-        let (url, cfg) = self.wait_origin(queue)?;
-        let cfg = ConnectionConfig {
-            response_timeout: cfg.response_timeout.saturating_add(wait),
-            ..cfg.clone()
-        };
-        RedisConnection::connect(url, &cfg)
-            .await
-            .map_err(|e| match e {
-                QueueError::Connect { source, .. } => QueueError::redis(queue, Some(id), source),
-                other => other,
-            })
-    }
 }
 
 /// The longest one `BLPOP` of [`Queue::wait_completion`] blocks (a longer
 /// wait, up to `Duration::MAX`, blocks again): its seconds stay a number
 /// Redis takes, and the blocking connection's response timeout one the
 /// clock can add.
-const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
 
 /// The longest one `BLPOP` of [`Queue::wait_completion`] blocks while the
 /// job is a callback of a sealed batch not created yet: the fire of an
 /// older queue-core version (during a rolling deploy) neither moves the
 /// waiter onto the job it creates nor wakes it, so the waiter looks again.
 const PENDING_RECHECK: Duration = Duration::from_secs(2);
+
+/// The first pause of a wait after a failure worth waiting out; doubled
+/// after each further one, up to [`RECONNECT_MAX`].
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+/// The longest pause between two checks of a wait whose connection fails.
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// How long a wait goes on checking again through failures worth waiting
+/// out, in a row (a Sentinel failover takes seconds; a Redis gone for
+/// longer is reported, the deadline permitting).
+const RECONNECT_WINDOW: Duration = Duration::from_secs(30);
+
+/// What one check-and-block of a wait came to.
+enum Step {
+    /// The wait is over.
+    Done(Result<BTreeMap<String, Vec<u8>>, Ended>),
+    /// Check again (`woken`: the `BLPOP` popped a wake-up).
+    Again { woken: bool, pending: bool },
+}
+
+/// Why a wait ended without a record.
+enum Ended {
+    Cancelled,
+    Dead(String),
+    NotFound,
+    Timeout,
+}
+
+impl Ended {
+    fn into_wait_error(self, queue: &str, id: &JobId, waited: Duration) -> WaitError {
+        let (queue, id) = (queue.to_string(), id.clone());
+        match self {
+            Ended::Cancelled => WaitError::Cancelled { queue, id },
+            Ended::Dead(reason) => WaitError::Dead { queue, id, reason },
+            Ended::NotFound => WaitError::NotFound { queue, id },
+            Ended::Timeout => WaitError::Timeout { queue, id, waited },
+        }
+    }
+}
 
 /// The `T` of a completion record: its `result` field as MessagePack; a
 /// `()` output ignores the field (it may hold a `set_result_ref` text).

@@ -351,9 +351,16 @@ impl TestEnv {
     /// fetcher blocks on a connection of its own, so passing the id returned
     /// last waits for another fetcher's turn.
     pub async fn wait_blocked_client(&self, except: Option<u64>) -> u64 {
+        self.wait_blocked_in("blmove", except).await
+    }
+
+    /// Waits until a client other than `except` is blocked in `cmd`
+    /// (lowercase, as `CLIENT LIST` names it: `blmove` for a fetcher,
+    /// `blpop` for a result waiter or a promoter); returns its client id.
+    pub async fn wait_blocked_in(&self, cmd: &str, except: Option<u64>) -> u64 {
         let found = Arc::new(Mutex::new(None));
-        wait_until(BOUND, "a blocked client", || async {
-            let ids = blocked_clients(&self.url).await;
+        wait_until(BOUND, &format!("a client blocked in {cmd}"), || async {
+            let ids = blocked_clients_in(&self.url, cmd).await;
             let other = ids.into_iter().find(|id| Some(*id) != except);
             *found.lock().expect("found") = other;
             other.is_some()
@@ -372,6 +379,13 @@ impl TestEnv {
 /// `cmd=blmove`). Promoters block too (`BLPOP` on the queue's wake list);
 /// they are not fetchers and are not counted.
 pub async fn blocked_clients(url: &str) -> Vec<u64> {
+    blocked_clients_in(url, "blmove").await
+}
+
+/// Ids of the clients blocked right now in `cmd` (`CLIENT LIST`: flag `b`
+/// and `cmd=<cmd>`) on the server at `url`.
+pub async fn blocked_clients_in(url: &str, cmd: &str) -> Vec<u64> {
+    let want = format!("cmd={cmd}");
     let list: String = redis::cmd("CLIENT")
         .arg("LIST")
         .query_async(&mut redis_conn(url).await)
@@ -383,7 +397,7 @@ pub async fn blocked_clients(url: &str) -> Vec<u64> {
             let blocked = fields
                 .clone()
                 .any(|f| f.strip_prefix("flags=").is_some_and(|f| f.contains('b')));
-            blocked && fields.any(|f| f == "cmd=blmove")
+            blocked && fields.any(|f| f == want)
         })
         .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
         .filter_map(|id| id.parse().ok())

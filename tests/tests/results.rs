@@ -520,6 +520,75 @@ async fn an_ack_without_a_record_still_wakes_the_waiters() {
     worker.stop().await;
 }
 
+/// A wait whose connections the server kills while it blocks (as Sentinel
+/// does to the clients of a demoted primary at a failover) checks the job
+/// again on a new connection and returns the record once the job is done.
+/// Before, the `BLPOP`'s broken connection ended the wait with an error
+/// although the job went on and completed.
+#[tokio::test]
+async fn a_wait_goes_on_after_the_server_kills_its_connections() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let id = env.enqueue(env.task(0)).await;
+    let waiters = registered_waiters(&env, &id, 1, T).await;
+    env.wait_blocked_in("blpop", None).await;
+    let mut admin = env.conn().await;
+    // SKIPME (the default) spares the connection that sends it.
+    let killed: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(killed >= 1, "the waiter's connections were killed");
+    let worker = env.spawn_worker(fast_config()).await;
+    for got in outcomes(waiters, Duration::from_secs(20)).await {
+        let rec = got.unwrap();
+        assert_eq!(rec.get("status").map(Vec::as_slice), Some(&b"done"[..]));
+    }
+    worker.stop().await;
+}
+
+/// Waits one after another reuse one blocking connection instead of
+/// connecting for each (on Sentinel each connect asks every sentinel and
+/// starts a watcher; on Cluster it builds a cluster client).
+#[tokio::test]
+async fn waits_one_after_another_reuse_one_blocking_connection() {
+    init_tracing();
+    let env = TestEnv::start().await;
+    let id = env.enqueue(env.task(0)).await;
+    let mut admin = env.conn().await;
+    let received = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO stats has total_connections_received")
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let before = received(info);
+    for _ in 0..5 {
+        // Nobody runs the job: each wait blocks, then times out.
+        let err = env
+            .queue
+            .wait_completion("tasks", &id, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, WaitError::Timeout { .. }), "{err}");
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let opened = received(info) - before;
+    assert_eq!(opened, 1, "five waits opened {opened} connections");
+}
+
 /// `enqueue_and_wait` on a `Queue` that cannot wait (made with
 /// `Queue::from_connection`: no URL to open the blocking connection) is
 /// refused before anything is enqueued. Before, the job was enqueued, then
