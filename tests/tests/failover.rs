@@ -628,3 +628,51 @@ async fn sentinel_urls_resolve_the_primary_or_fail_clearly() {
         .unwrap_err();
     assert!(err.to_string().contains("master-name"), "{err}");
 }
+
+/// A sentinel that names another node under the master name with no newer
+/// configuration epoch (one that missed the last failover, or monitors
+/// something else under the name) is not followed: the connection stays on
+/// the primary. Before, the watcher dropped the connection at every check
+/// (here every 100 ms), so every command after a check connected again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_sentinel_does_not_make_the_connection_reconnect() {
+    init_tracing();
+    let _serial = serial().await;
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 2)).unwrap();
+    let primary = setup.primary_index().unwrap();
+    // Sentinel 0 (listed first in the URL, so the watcher asks it first)
+    // names a node nobody runs, with epoch 0; quorum 5 keeps it from ever
+    // failing over on its own.
+    let nobody = queue_testkit::free_port().unwrap().to_string();
+    let name = setup.master_name().to_string();
+    setup
+        .sentinel_cli(0, &["SENTINEL", "REMOVE", &name])
+        .unwrap();
+    setup
+        .sentinel_cli(
+            0,
+            &["SENTINEL", "MONITOR", &name, "127.0.0.1", &nobody, "5"],
+        )
+        .unwrap();
+    let queue = Queue::connect(&format!("{}?check_interval_ms=100", setup.url()))
+        .await
+        .unwrap();
+    let real = format!("127.0.0.1:{}", setup.server(primary).port());
+    assert_eq!(queue.connection().sentinel_primary(), Some(real.clone()));
+    let received = || -> u64 {
+        let info = setup.server_cli(primary, &["INFO", "stats"]).unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("INFO stats has total_connections_received")
+    };
+    let before = received();
+    // Commands over 20 of the watcher's checks.
+    for _ in 0..20 {
+        queue.stats("tasks").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let opened = received() - before;
+    assert!(opened < 3, "{opened} new connections to the primary in 2 s");
+    assert_eq!(queue.connection().sentinel_primary(), Some(real));
+}

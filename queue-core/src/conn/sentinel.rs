@@ -116,6 +116,10 @@ struct SentinelShared {
 pub(super) struct Current {
     generation: u64,
     pub(super) addr: String,
+    /// The configuration epoch the sentinels named `addr` with: a sentinel
+    /// that names another node with an epoch no higher missed a failover
+    /// (or monitors something else under the name), and is not followed.
+    epoch: i64,
     conn: MultiplexedConnection,
 }
 
@@ -174,19 +178,26 @@ impl SentinelConnection {
                 let Some((i, conn)) = sentinel.as_mut() else {
                     continue;
                 };
-                let asked: RedisResult<Option<(String, String)>> = redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(&me.shared.target.master)
-                    .query_async(conn)
+                let asked = me
+                    .master_info_on(conn, &me.shared.target.sentinels[*i])
                     .await;
                 match asked {
-                    Ok(Some((host, port))) => {
-                        let addr = format!("{host}:{port}");
-                        if addr != cur.addr {
-                            me.invalidate(cur.generation, "the sentinels name another primary");
-                        }
+                    Ok((epoch, addr)) if addr != cur.addr && epoch > cur.epoch => {
+                        me.invalidate(cur.generation, "the sentinels name another primary");
                     }
-                    Ok(None) => {}
+                    Ok((epoch, addr)) if addr != cur.addr => {
+                        // A stale sentinel (partitioned during the last
+                        // failover, restarted with an old configuration) or
+                        // one that monitors another node under this name:
+                        // before, it dropped the connection every check, on
+                        // every connection of the process. Ask another.
+                        debug!(master = %me.shared.target.master, sentinel = %me.shared.target.sentinels[*i],
+                            named = %addr, epoch, current_epoch = cur.epoch,
+                            "sentinel names another primary with no newer epoch; not followed");
+                        next = *i + 1;
+                        sentinel = None;
+                    }
+                    Ok(_) => {}
                     Err(_) => {
                         next = *i + 1;
                         sentinel = None;
@@ -219,11 +230,12 @@ impl SentinelConnection {
             }
         }
         match self.resolve().await {
-            Ok((addr, conn)) => {
+            Ok((epoch, addr, conn)) => {
                 let generation = self.shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
                 let cur = Current {
                     generation,
                     addr,
+                    epoch,
                     conn,
                 };
                 info!(master = %self.shared.target.master, primary = %cur.addr, generation, "sentinel: using primary");
@@ -261,7 +273,7 @@ impl SentinelConnection {
     /// from the highest configuration epoch down (a sentinel that missed the
     /// last failover names the old primary with an older epoch), and keeps
     /// the first that connects and says `ROLE` master.
-    async fn resolve(&self) -> RedisResult<(String, MultiplexedConnection)> {
+    async fn resolve(&self) -> RedisResult<(i64, String, MultiplexedConnection)> {
         let t = &self.shared.target;
         let answers =
             futures::future::join_all(t.sentinels.iter().map(|s| self.master_info(s))).await;
@@ -284,7 +296,7 @@ impl SentinelConnection {
             }
             tried.push(addr.clone());
             match self.connect_primary(&addr).await {
-                Ok(conn) => return Ok((addr, conn)),
+                Ok(conn) => return Ok((epoch, addr, conn)),
                 Err(e) => {
                     debug!(primary = %addr, epoch, error = %e, "primary named by the sentinels not usable");
                     last_err = Some(e);
@@ -311,10 +323,19 @@ impl SentinelConnection {
     /// `SENTINEL MASTER <name>` of one sentinel: (config epoch, "ip:port").
     async fn master_info(&self, sentinel: &str) -> RedisResult<(i64, String)> {
         let mut conn = self.sentinel_conn(sentinel).await?;
+        self.master_info_on(&mut conn, sentinel).await
+    }
+
+    /// `SENTINEL MASTER <name>` on an open sentinel connection.
+    async fn master_info_on(
+        &self,
+        conn: &mut MultiplexedConnection,
+        sentinel: &str,
+    ) -> RedisResult<(i64, String)> {
         let fields: HashMap<String, String> = redis::cmd("SENTINEL")
             .arg("MASTER")
             .arg(&self.shared.target.master)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await?;
         match (fields.get("ip"), fields.get("port")) {
             (Some(ip), Some(port)) => {
