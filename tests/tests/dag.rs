@@ -475,3 +475,58 @@ async fn a_dag_across_queues_runs_each_step_once() {
     );
     assert_eq!(env.stats(EMAILS).await.counter("relayed"), 2);
 }
+
+/// A DAG of more than 256 steps stores each step's own line on its batch
+/// (and the number of steps), not the whole shape: the whole shape on every
+/// batch grew with the square of the DAG's size (about 90 KB a batch and
+/// 40 MB for 2,000 steps, kept 7 days after each batch fires). A small DAG
+/// keeps its whole shape on every batch, as operators' views show it.
+#[tokio::test]
+async fn a_large_dag_stores_each_steps_own_line_not_the_whole_shape() {
+    let env = TestEnv::start().await;
+    let admin = queue_core::admin::Admin::new(env.queue.clone());
+    let keys = QueueKeys::new(WF_QUEUE);
+
+    diamond(&env, "small").enqueue(&env.queue).await.unwrap();
+    let d = admin
+        .batch_detail(WF_QUEUE, &Dag::step_id("small", "d"))
+        .await
+        .unwrap()
+        .expect("the batch of step d");
+    assert_eq!((d.dag_steps.len(), d.dag_steps_total), (4, 4));
+
+    let mut big = Dag::new("big");
+    for i in 0..300 {
+        big = big
+            .step(format!("fetch{i}"), step(&env))
+            .step(format!("load{i}"), step(&env))
+            .after([format!("fetch{i}")]);
+    }
+    big.enqueue(&env.queue).await.unwrap();
+    let mut conn = env.conn().await;
+    let mut stored = 0usize;
+    for i in 0..300 {
+        let key = keys.batch(&Dag::step_id("big", &format!("load{i}")));
+        let len: usize = redis::cmd("HSTRLEN")
+            .arg(&key)
+            .arg("m_steps")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        stored += len;
+    }
+    // One line of ~20 bytes a batch; the whole shape was ~11 KB on each.
+    assert!(
+        stored < 300 * 64,
+        "m_steps holds {stored} bytes over 300 batches"
+    );
+    let load = admin
+        .batch_detail(WF_QUEUE, &Dag::step_id("big", "load7"))
+        .await
+        .unwrap()
+        .expect("the batch of step load7");
+    assert_eq!(load.dag_steps_total, 600);
+    assert_eq!(load.dag_steps.len(), 1);
+    assert_eq!(load.dag_steps[0].name, "load7");
+    assert_eq!(load.dag_steps[0].after, vec!["fetch7".to_string()]);
+}

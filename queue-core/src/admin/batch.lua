@@ -14,7 +14,7 @@
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return {} end
 local names = {'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed', 'failed_child',
   'fire_error', 'count_error', 'policy', 'created_at', 'sealed_at', 'fired_at', 'expires_at', 's_id', 's_type', 'c_id',
-  'c_type', 'c_member', 'm_dag', 'm_steps'}
+  'c_type', 'c_member', 'm_dag', 'm_steps', 'm_steps_total'}
 local values = redis.call('HMGET', KEYS[1], unpack(names))
 local fields = {}
 for i, n in ipairs(names) do

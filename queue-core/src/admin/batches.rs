@@ -145,8 +145,13 @@ pub struct BatchDetail {
     /// (sorted), not the first by id, so that one call never reads or sorts
     /// a whole large member set.
     pub members_sample: bool,
-    /// The DAG's steps, when the batch belongs to one.
+    /// The DAG's steps, when the batch belongs to one: all of them, or
+    /// for a DAG of more than 256 steps only this batch's own step (each
+    /// batch of such a DAG stores its own line, not the whole shape).
     pub dag_steps: Vec<DagStepInfo>,
+    /// How many steps the DAG has (more than [`dag_steps`](Self::dag_steps)
+    /// lists for a DAG of more than 256 steps); 0 outside a DAG.
+    pub dag_steps_total: usize,
 }
 
 /// A batch a job's hash points to.
@@ -392,6 +397,9 @@ impl Admin {
             members_total: f.u64(3, "members")?,
             members_sample: f.u64(5, "sample")? == 1,
             members,
+            dag_steps_total: get("m_steps_total")
+                .parse()
+                .unwrap_or_else(|_| dag_steps(&get("m_steps")).len()),
             dag_steps: dag_steps(&get("m_steps")),
             row,
         }))

@@ -87,6 +87,12 @@ fn print_detail(b: &BatchDetail) {
     }
     if let Some(dag) = &r.dag {
         println!("  dag        {dag}");
+        if b.dag_steps_total > b.dag_steps.len() {
+            println!(
+                "    ({} steps in all; a DAG of more than 256 steps keeps only each step's own line on its batch)",
+                b.dag_steps_total
+            );
+        }
         for s in &b.dag_steps {
             if s.after.is_empty() {
                 println!("    step {}", printable(&s.name));

@@ -200,8 +200,16 @@ fn detail(b: &BatchDetail) -> String {
                     name = html(&s.name),
                 ));
             }
+            let partial = if b.dag_steps_total > b.dag_steps.len() {
+                format!(
+                    r#" <span class="muted small">({} steps in all; a DAG of more than 256 steps keeps only each step's own line on its batch)</span>"#,
+                    b.dag_steps_total
+                )
+            } else {
+                String::new()
+            };
             format!(
-                r#"<h2>DAG <code>{}</code></h2>
+                r#"<h2>DAG <code>{}</code>{partial}</h2>
 <table class="grid" id="dag"><thead><tr><th>step</th><th>after</th></tr></thead><tbody>{steps}</tbody></table>"#,
                 html(dag)
             )
