@@ -126,8 +126,8 @@ impl ClusterEnv {
     }
 
     /// Puts `slot` half-way from primary `from` to `to` (IMPORTING / MIGRATING)
-    /// and moves only `key`; returns MIGRATE's answer.
-    fn half_migrate(&self, slot: u16, from: usize, to: usize, key: &str) -> String {
+    /// and moves only `keys`; returns MIGRATE's answer.
+    fn half_migrate(&self, slot: u16, from: usize, to: usize, keys: &[&str]) -> String {
         let c = &self.cluster;
         let (from_id, to_id) = (c.node_id(from).unwrap(), c.node_id(to).unwrap());
         let s = slot.to_string();
@@ -135,9 +135,16 @@ impl ClusterEnv {
             .unwrap();
         c.cli(from, &["CLUSTER", "SETSLOT", &s, "MIGRATING", &to_id])
             .unwrap();
-        let to_port = c.node(to).port().to_string();
-        c.cli(from, &["MIGRATE", "127.0.0.1", &to_port, key, "0", "5000"])
-            .unwrap()
+        self.migrate_keys(from, to, keys)
+    }
+
+    /// Moves `keys` (of a slot half-way between them) from primary `from`
+    /// to `to`; returns MIGRATE's answer.
+    fn migrate_keys(&self, from: usize, to: usize, keys: &[&str]) -> String {
+        let to_port = self.cluster.node(to).port().to_string();
+        let mut args = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+        args.extend_from_slice(keys);
+        self.cluster.cli(from, &args).unwrap()
     }
 }
 
@@ -569,7 +576,7 @@ async fn reads_follow_ask_redirects_while_a_slot_migrates() {
     }
     // Slot half-migrated: only job `moved`'s hash is on the new primary.
     let moved_key = QueueKeys::new("tasks").job("moved");
-    let out = env.half_migrate(slot, from, to, &moved_key);
+    let out = env.half_migrate(slot, from, to, &[&moved_key]);
     assert_eq!(out.trim(), "OK");
     let asked = cluster
         .cli(from, &["HGET", &moved_key, "state"])
@@ -699,7 +706,7 @@ async fn scripts_never_half_run_on_a_migrating_slot() {
 
     // Start migrating the slot and move only the victim's hash.
     let refused_before = tryagain_count(cluster, from);
-    env.half_migrate(slot, from, to, &keys.job("victim2"));
+    env.half_migrate(slot, from, to, &[&keys.job("victim2")]);
 
     // A change of the key's limit is refused whole (TRYAGAIN until the
     // client gives up): the limit is as it was.
@@ -732,6 +739,180 @@ async fn scripts_never_half_run_on_a_migrating_slot() {
         .unwrap();
     let limits = queue.limits("tasks").await.unwrap();
     assert_eq!(limits.keys["acme"].rate, Some(per_hour(2)));
+
+    batch_and_group_scripts_run_whole_or_not_at_all(&env).await;
+}
+
+/// The second part of `scripts_never_half_run_on_a_migrating_slot`, on
+/// `billing`: scripts that reach a batch's keys or a group's list without
+/// declaring them. Before they declared the guard key:
+/// 1. a replay of a dead batch member, on the source after the batch's keys
+///    moved, put the job back in main and off the dead list, then failed at
+///    the batch (non-local key): the batch still counted it dead;
+/// 2. a replay of a grouped job sent to the target with `ASKING` (every key
+///    it declares moved) created the group's list, the ring and the history
+///    there while the source still held them: the next `MIGRATE` failed
+///    with BUSYKEY and the reshard was stuck;
+/// 3. a permanent failure of a batch member dead-lettered it and dropped it
+///    from processing, then failed at the batch: the batch never counted it.
+///
+/// Each is now refused whole (TRYAGAIN, also after an ASK) while the slot
+/// migrates, and runs once it moved.
+async fn batch_and_group_scripts_run_whole_or_not_at_all(env: &ClusterEnv) {
+    use queue_core::{testing::Claimed, testing::Failed, Batch, ConnectionConfig, JobSpec};
+    let (cluster, lurl, q) = (&env.cluster, &env.lurl, "billing");
+    let keys = QueueKeys::new(q);
+    let slot = cluster.keyslot("{billing}");
+    let from = cluster.master_of_slot(slot).unwrap();
+    let to = (from + 1) % 3;
+    // A refused call gives up after 2 s of TRYAGAIN (instead of 5).
+    let cfg = ConnectionConfig {
+        response_timeout: Duration::from_secs(2),
+        ..ConnectionConfig::default()
+    };
+    let mut conn = RedisConnection::connect(&env.url, &cfg).await.unwrap();
+    let queue = Queue::from_connection(conn.clone());
+    let on = |i: usize, args: &[&str]| cluster.cli(i, args).unwrap().trim().to_string();
+
+    // Batch b1 of j1 and j2, and g1 of group `acme`, all three running;
+    // j1 and g1 fail for good (dead, b1 counts j1), j2 keeps running.
+    let member = |id: &str| JobSpec::new::<BillingTask>(&job(lurl, 1)).unwrap().id(id);
+    Batch::new(&queue)
+        .id("b1")
+        .add(member("j1"))
+        .add(member("j2"))
+        .enqueue()
+        .await
+        .unwrap();
+    let in_acme = |id: &str| EnqueueOptions::new().id(id).group("acme");
+    enqueue_on(&queue, q, in_acme("g1"), &job(lurl, 2))
+        .await
+        .unwrap();
+    let rows = testing::fetch(&mut conn, q, T, "base-b", 3).await.unwrap();
+    let token = |id: &str| {
+        rows.iter()
+            .find_map(|r| match r {
+                Claimed::Claimed { id: got, token, .. } if got.as_str() == id => {
+                    Some(token.clone())
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{id} is claimed: {rows:?}"))
+    };
+    let (j1, j2, g1) = (token("j1"), token("j2"), token("g1"));
+    for (id, token) in [("j1", &j1), ("g1", &g1)] {
+        let out = testing::fail(&mut conn, q, id, token, false, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(matches!(out, Failed::Dead(_)), "{id}: {out:?}");
+    }
+    // Every key the scripts declare exists: g2 waits in acme's list, w in
+    // main, `later` in the delayed set, and the promoter's wake list.
+    enqueue_on(&queue, q, in_acme("g2"), &job(lurl, 3))
+        .await
+        .unwrap();
+    enqueue_on(&queue, q, EnqueueOptions::new().id("w"), &job(lurl, 4))
+        .await
+        .unwrap();
+    let later = EnqueueOptions::new()
+        .id("later")
+        .delay(Duration::from_secs(3600));
+    enqueue_on(&queue, q, later, &job(lurl, 5)).await.unwrap();
+    on(from, &["LPUSH", &keys.wake, "1"]);
+
+    // The slot starts migrating; only the batch's keys move.
+    let bkey = keys.batch("b1");
+    let (members, done) = (format!("{bkey}:members"), format!("{bkey}:done"));
+    let refused_before = tryagain_count(cluster, from);
+    let out = env.half_migrate(slot, from, to, &[&bkey, &members, &done]);
+    assert_eq!(out.trim(), "OK");
+    let lrange = |key: &str| on(from, &["LRANGE", key, "0", "-1"]);
+    let (dead, main, processing) = (
+        lrange(&keys.dead),
+        lrange(&keys.main),
+        lrange(&keys.processing),
+    );
+    assert_eq!((dead.as_str(), main.as_str()), ("g1\nj1", "w"));
+
+    // 1. The replay of j1 is refused whole: j1 is still dead-lettered.
+    let replayed = queue.replay_dead(q, "j1", false).await;
+    assert!(
+        replayed.is_err(),
+        "refused on the migrating slot: {replayed:?}"
+    );
+    assert_eq!(lrange(&keys.dead), dead, "j1 is still on the dead list");
+    assert_eq!(lrange(&keys.main), main, "and not in main");
+    assert_eq!(on(from, &["HGET", &keys.job("j1"), "state"]), "dead");
+
+    // 3. The permanent failure of j2 is refused whole: still running.
+    let failed = testing::fail(&mut conn, q, "j2", &j2, false, Duration::ZERO).await;
+    assert!(failed.is_err(), "refused on the migrating slot: {failed:?}");
+    assert_eq!(lrange(&keys.processing), processing, "j2 still runs");
+    assert_eq!(lrange(&keys.dead), dead, "j2 is not dead-lettered");
+    assert_eq!(on(from, &["HGET", &keys.job("j2"), "state"]), "active");
+    assert!(
+        tryagain_count(cluster, from) >= refused_before + 2,
+        "both refused with TRYAGAIN"
+    );
+
+    // 2. Every key the replay of g1 declares moves too (the source answers
+    // ASK): the target refuses it, and creates nothing.
+    let job_g1 = keys.job("g1");
+    let out = env.migrate_keys(from, to, &[&keys.dead, &keys.main, &job_g1, &keys.stats]);
+    assert_eq!(out.trim(), "OK");
+    let refused_before = tryagain_count(cluster, to);
+    let replayed = queue.replay_dead(q, "g1", false).await;
+    assert!(
+        replayed.is_err(),
+        "refused on the migrating slot: {replayed:?}"
+    );
+    let slot_s = slot.to_string();
+    let mut on_target: Vec<String> = on(to, &["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"])
+        .lines()
+        .map(String::from)
+        .collect();
+    on_target.sort();
+    let mut moved: Vec<String> = [
+        &bkey,
+        &members,
+        &done,
+        &keys.dead,
+        &keys.main,
+        &job_g1,
+        &keys.stats,
+    ]
+    .map(String::clone)
+    .to_vec();
+    moved.sort();
+    assert_eq!(on_target, moved, "only the moved keys are on the target");
+    assert!(
+        tryagain_count(cluster, to) > refused_before,
+        "refused with TRYAGAIN"
+    );
+
+    // The migration completes (no key on both sides), and all three run.
+    tokio::task::block_in_place(|| cluster.migrate_slot(slot, to, 100, Duration::ZERO))
+        .expect("migration completes");
+    assert!(queue.replay_dead(q, "j1", false).await.unwrap());
+    assert!(queue.replay_dead(q, "g1", false).await.unwrap());
+    let out = testing::fail(&mut conn, q, "j2", &j2, false, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(matches!(out, Failed::Dead(_)), "j2: {out:?}");
+    let b1 = queue.batch(q, "b1").await.unwrap().expect("batch b1");
+    assert_eq!(
+        (b1.state.as_str(), b1.dead),
+        ("sealed", 1),
+        "j2 counted dead, j1 waiting again"
+    );
+    let acme: Vec<String> = cmd("LRANGE")
+        .arg(keys.group("acme"))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(acme, ["g1", "g2"], "g1 waits in its group again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,7 @@
 //
 // The wire format is described in docs/PROTOCOL.md. In short: the job is
 // written by one Lua script (the queue-core prelude followed by enqueue.lua)
-// with seven keys that share the hash tag `{queue}`, and the payload is the
+// with eight keys that share the hash tag `{queue}`, and the payload is the
 // MessagePack of the handler's argument type (structs as maps keyed by field
 // name, enums externally tagged: "Unit" or {"Variant": value}, null as nil).
 //
@@ -47,7 +47,8 @@ export function loadScript(dir = process.env.QUEUE_SCRIPTS_DIR || DEFAULT_SCRIPT
 /** KEYS of enqueue.lua, in order (the QueueKeys layout). */
 export function queueKeys(queue, id) {
   const base = `q:{${queue}}:`;
-  return [`${base}main`, `${base}job:${id}`, `${base}done:${id}`, `${base}delayed`, `${base}stats`, `${base}once:${id}`, `${base}wake`];
+  return [`${base}main`, `${base}job:${id}`, `${base}done:${id}`, `${base}delayed`, `${base}stats`, `${base}once:${id}`, `${base}wake`,
+    `${base}guard`]; // never written: see docs/PROTOCOL.md, section 2
 }
 
 /** The id rules queue-core enforces: 1..512 bytes of UTF-8, no control characters. */
@@ -76,7 +77,7 @@ export class Producer {
     this.redis = redis;
     this.sha = createHash("sha1").update(scriptText).digest("hex");
     // ioredis sends EVALSHA and falls back to EVAL (which caches the script) on NOSCRIPT.
-    redis.defineCommand("queueCoreEnqueue", { numberOfKeys: 7, lua: scriptText });
+    redis.defineCommand("queueCoreEnqueue", { numberOfKeys: 8, lua: scriptText });
   }
 
   /**

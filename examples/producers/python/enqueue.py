@@ -1,7 +1,7 @@
 """Enqueue a job for a Rust queue-core worker from Python (redis-py + msgpack).
 
 The wire format is described in docs/PROTOCOL.md. In short: the job is written
-by one Lua script (the queue-core prelude followed by enqueue.lua) with seven
+by one Lua script (the queue-core prelude followed by enqueue.lua) with eight
 keys that share the hash tag ``{queue}``, and the payload is the MessagePack
 of the handler's argument type (structs as maps keyed by field name, enums
 externally tagged: ``"Unit"`` or ``{"Variant": value}``, ``None`` as nil).
@@ -55,6 +55,7 @@ def queue_keys(queue, job_id):
         base + "stats",
         base + "once:" + job_id,
         base + "wake",
+        base + "guard",  # never written: see docs/PROTOCOL.md, section 2
     ]
 
 

@@ -374,6 +374,7 @@ impl Admin {
             .key(k.job(id.as_str()))
             .key(k.steps(id.as_str()))
             .key(&k.stats)
+            .key(&k.guard)
             .arg(id.as_str())
             .arg(expected_dead_at.unwrap_or(""))
             .invoke_async(&mut self.queue.connection())

@@ -3,7 +3,8 @@
 -- live job that reuses the id (state other than `dead`) is never deleted, and
 -- when `expected dead_at` is given and differs (the job was replayed and died
 -- again since), nothing changes. A dead-list entry whose hash is gone is removed.
--- KEYS: 1 dead, 2 job hash, 3 step results, 4 stats
+-- KEYS: 1 dead, 2 job hash, 3 step results, 4 stats, 5 guard (never written: see
+--       keys.rs; the script deletes the job's history)
 -- ARGV: 1 id, 2 expected dead_at ('' = any)
 -- Returns 1 purged, 0 not dead-lettered, -1 changed since listed.
 local h = redis.call('HMGET', KEYS[2], 'state', 'dead_at')

@@ -100,7 +100,7 @@ impl Admin {
         let (script, id, keys, args): (_, _, Vec<String>, Vec<&str>) = match violation {
             Violation::OrphanHash { id, .. } => {
                 let mut keys = listed(id);
-                keys.push(k.wake.clone());
+                keys.extend([k.wake.clone(), k.guard.clone()]);
                 (&REPAIR_ORPHAN, id, keys, vec![max_lease.as_str()])
             }
             Violation::MissingHash { id, .. } => {

@@ -7,8 +7,9 @@
 -- no attempt used). Only while it is still listed nowhere: a job that moved
 -- meanwhile is left alone.
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash,
---       7 promoter wake list (a delayed job due before the delayed head wakes
---         a sleeping promoter)
+--       7 promoter wake list (below), 8 guard (never written: see keys.rs; the
+--         script reaches the group list and the ring)
+-- A delayed job due before the delayed head wakes a sleeping promoter.
 -- ARGV: 1 id, 2 the longest lease a worker takes (ms)
 -- Returns 'main' | 'delayed' | 'processing' | 'dead' | 'changed'
 local id = ARGV[1]

@@ -13,7 +13,9 @@
 -- died before the seal, retrying after the open TTL) are deleted first.
 -- Kept, they made every id of the retry "already registered" (`total` 0)
 -- and the seal fired the batch before any member ran.
--- KEYS: 1 batch hash, 2 batch index (zset), 3 sweep cursor (string)
+-- KEYS: 1 batch hash, 2 batch index (zset), 3 sweep cursor (string), 4 guard of the
+--       batch's queue (never written: see keys.rs; the script reaches the batch's sets
+--       and the swept batches' keys)
 -- ARGV: 1 default member policy ('' none | 'fail' | 'continue' | 'ignore'),
 --       2 open TTL in ms (> 0), 3 batch id (the hash key ends with it),
 --       then spec fields as name, value pairs (names `s_*` / `c_*` / `m_*`)

@@ -11,8 +11,8 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<3> =
-    lua_script!("batch_open.lua", keys = 3, args = 3, prelude(None));
+pub(crate) static SCRIPT: LuaScript<4> =
+    lua_script!("batch_open.lua", keys = 4, args = 3, prelude(None));
 
 /// How long a batch may stay open (never sealed) before it expires, unless
 /// its builder sets another: 3 days.
@@ -66,7 +66,7 @@ impl BatchOpen<'_> {
         let ttl_ms = ttl.as_millis().clamp(1, u64::MAX as u128) as u64;
         let (index, sweep) = (keys.batches(), keys.batches_sweep());
         let mut call = SCRIPT
-            .call([self.key, index.as_str(), sweep.as_str()])
+            .call([self.key, &index, &sweep, &keys.guard])
             .arg(self.policy)
             .arg(ttl_ms)
             .arg(id);

@@ -8,7 +8,9 @@
 -- removes them (wf_unpend). An id already pending for another batch still sealed keeps
 -- that entry. A pending hash of another type (corrupt) only
 -- leaves them out (logged): the seal goes on.
--- KEYS: 1 batch hash, 2 the pending hash of the batch's queue (`q:{Q}:pending`)
+-- KEYS: 1 batch hash, 2 the pending hash of the batch's queue (`q:{Q}:pending`),
+--       3 its guard `q:{Q}:guard` (never written: see keys.rs; a fire reaches the batch's
+--         sets, the callbacks' job hashes and lists, the waiters' wake lists)
 -- ARGV: none
 -- Returns {'sealed' | 'fired'} | {'missing'}
 local base = wf_base(KEYS[1])

@@ -9,8 +9,8 @@ use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<2> =
-    lua_script!("batch_seal.lua", keys = 2, args = 0, prelude(None));
+pub(crate) static SCRIPT: LuaScript<3> =
+    lua_script!("batch_seal.lua", keys = 3, args = 0, prelude(None));
 
 /// Seals one batch.
 pub(crate) struct BatchSeal<'a> {
@@ -24,8 +24,9 @@ impl BatchSeal<'_> {
     /// Runs the script; the batch's state after it (`sealed`, `fired`, or
     /// `missing`).
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<String> {
+        let keys = QueueKeys::new(self.queue);
         let reply = SCRIPT
-            .call([self.key.to_string(), QueueKeys::new(self.queue).pending()])
+            .call([self.key.to_string(), keys.pending(), keys.guard])
             .run(conn, self.queue, None)
             .await?;
         Fields::new(self.queue, None, "batch_seal reply", &reply)?.tag()

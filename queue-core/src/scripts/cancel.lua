@@ -3,7 +3,8 @@
 -- leaves its list and the hash is dropped. Running: `cancel_requested` is set on
 -- the hash; the heartbeat (extend.lua) tells the handler.
 -- KEYS: 1 main, 2 processing, 3 leases, 4 delayed, 5 job hash, 6 completion record,
---       7 stats, 8 step results
+--       7 stats, 8 step results, 9 guard (never written: see keys.rs; the script
+--         reaches the group list, the history, the waiters' wake list and the batch)
 -- ARGV: 1 id, 2 retention_ms
 -- Returns {'cancelled', state it was in} | {'requested', 1 if newly set else 0}
 --   | {'finished', record status} | {'dead'} | {'not_found'} | {'unknown', state}

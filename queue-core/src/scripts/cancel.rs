@@ -13,8 +13,8 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::state::JobState;
 
-pub(crate) static SCRIPT: LuaScript<8> =
-    lua_script!("cancel.lua", keys = 8, args = 2, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<9> =
+    lua_script!("cancel.lua", keys = 9, args = 2, prelude(super::DRAIN));
 
 /// Cancels one job.
 pub(crate) struct Cancel<'a> {
@@ -38,6 +38,7 @@ impl Cancel<'_> {
                 k.done(id),
                 k.stats.clone(),
                 k.steps(id),
+                k.guard.clone(),
             ])
             .arg(id)
             .arg(super::ms(self.retention).max(1))

@@ -17,8 +17,10 @@
 -- Validates first; destination before source, counters last. Idempotent for
 -- its token (`failed_token`): a retry whose reply was lost gets the same answer.
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 versions hash,
---       8 promoter wake list, 9 limits hash (optional: an older caller's 8 keys
---         release no rate start)
+--       8 promoter wake list, 9 limits hash (optional, below),
+--       10 guard (never written: see keys.rs; the script reaches the rate-limit start
+--         logs, the history and the batch)
+-- (An older caller's 8 keys, without the limits hash, release no rate start.)
 -- (A give-back due sooner than the delayed head wakes a sleeping promoter, as a
 -- retry's does.)
 -- ARGV: 1 id, 2 token, 3 versions field (`type:version`), 4 delay_ms, 5 wait_ms,

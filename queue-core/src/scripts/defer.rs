@@ -14,8 +14,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<9> =
-    lua_script!("defer.lua", keys = 9, args = 6, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<10> =
+    lua_script!("defer.lua", keys = 10, args = 6, prelude(super::DRAIN));
 
 /// Gives back one delivery of a newer payload version.
 pub(crate) struct Defer<'a> {
@@ -67,6 +67,7 @@ impl<'a> Defer<'a> {
                 k.versions(),
                 k.wake.clone(),
                 k.limits(),
+                k.guard.clone(),
             ])
             .arg(id)
             .arg(self.token)

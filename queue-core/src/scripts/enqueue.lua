@@ -1,6 +1,10 @@
 -- KEYS: 1 main, 2 job hash, 3 completion record, 4 delayed, 5 stats, 6 once-marker,
---       7 promoter wake list (OPTIONAL: without it a delayed job waits for the
---       promoter's bounded sleep instead of waking it)
+--       7 promoter wake list (OPTIONAL, below),
+--       8 guard (OPTIONAL, below; never read or written)
+-- Without the wake list a delayed job waits for the promoter's bounded sleep instead
+-- of waking it. The guard `q:{Q}:guard` (see keys.rs) is only declared: it keeps the
+-- script from running on a migrating cluster slot, where the group list and event
+-- stream it reaches undeclared may have moved (docs/SCALE-OUT.md, "Live resharding").
 -- ARGV: 1 id, 2 type, 3 schema version, 4 payload, 5 max_attempts, 6 delay_ms,
 --       7 run_at_ms (absolute, Redis clock; 0: use the delay), 8 once-marker ttl_ms (0: none),
 --       9 enqueue token (OPTIONAL: producers that send 8 arguments keep working),

@@ -24,8 +24,8 @@ use crate::state::JobState;
 /// In the library for producers that call it by name and for script tests;
 /// `Queue` sends `enqueue_many`.
 #[cfg_attr(not(test), allow(dead_code))]
-pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("enqueue.lua", keys = 7, args = 9, prelude(None));
+pub(crate) static SCRIPT: LuaScript<8> =
+    lua_script!("enqueue.lua", keys = 8, args = 9, prelude(None));
 
 /// One job to write.
 pub(crate) struct Enqueue<'a> {
@@ -168,7 +168,7 @@ pub(super) fn epoch_ms(at: Option<SystemTime>) -> u64 {
 
 /// The keys of an `enqueue.lua` call for job `id`, in the script's order.
 #[cfg(test)]
-pub(crate) fn script_keys(k: &QueueKeys, id: &str) -> [String; 7] {
+pub(crate) fn script_keys(k: &QueueKeys, id: &str) -> [String; 8] {
     [
         k.main.clone(),
         k.job(id),
@@ -177,6 +177,7 @@ pub(crate) fn script_keys(k: &QueueKeys, id: &str) -> [String; 7] {
         k.stats.clone(),
         k.once(id),
         k.wake.clone(),
+        k.guard.clone(),
     ]
 }
 

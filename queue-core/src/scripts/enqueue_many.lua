@@ -1,4 +1,7 @@
--- KEYS: 1 main, 2 delayed, 3 stats, 4 promoter wake list
+-- KEYS: 1 main, 2 delayed, 3 stats, 4 promoter wake list, 5 guard (OPTIONAL, never read
+--       or written: declared, it keeps the script from running on a migrating cluster
+--       slot, where the job hashes and group lists it reaches undeclared may have moved;
+--       see keys.rs)
 -- ARGV: 1 job hash prefix, 2 completion record prefix, 3 once-marker prefix,
 --       4 mode: 'all' refuses the whole call (an error reply, nothing written) when one
 --       job is invalid; 'each' answers {'invalid', reason} for that job and writes the others;

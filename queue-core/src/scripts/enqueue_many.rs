@@ -13,8 +13,8 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<4> =
-    lua_script!("enqueue_many.lua", keys = 4, args = 4, prelude(None));
+pub(crate) static SCRIPT: LuaScript<5> =
+    lua_script!("enqueue_many.lua", keys = 5, args = 4, prelude(None));
 
 /// The most jobs one call carries: bounds the time one script holds Redis
 /// and the memory of one group commit. Larger batches are sent as several
@@ -73,6 +73,7 @@ pub(crate) fn call_in_mode(keys: &QueueKeys, mode: &str, jobs: &[ManyJob<'_>]) -
             keys.delayed.clone(),
             keys.stats.clone(),
             keys.wake.clone(),
+            keys.guard.clone(),
         ])
         .arg(&keys.job_prefix)
         .arg(&keys.done_prefix)

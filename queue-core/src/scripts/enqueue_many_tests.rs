@@ -409,6 +409,61 @@ fn the_documented_shas_are_the_scripts_queue_core_builds() {
     );
 }
 
+/// Producers written before the guard key (docs/PROTOCOL.md, section 2)
+/// send `enqueue.lua` six or seven keys and `enqueue_many.lua` four: their
+/// calls (by the documented SHA) keep writing the job, grouped ones too.
+#[tokio::test]
+async fn producers_that_send_the_keys_before_the_guard_keep_working() {
+    let (_server, mut conn, keys) = setup().await;
+    let one = super::enqueue::SCRIPT.def.eval_script();
+    for (n, id) in [(6, "six"), (7, "seven")] {
+        let mut call = one.prepare_invoke();
+        for key in &super::enqueue::script_keys(&keys, id)[..n] {
+            call.key(key);
+        }
+        call.arg(id)
+            .arg("t")
+            .arg(1)
+            .arg("")
+            .arg(1)
+            .arg(0)
+            .arg(0)
+            .arg(0);
+        call.arg("").arg("group").arg("G");
+        let reply: redis::Value = call.invoke_async(&mut conn).await.unwrap();
+        let reply = EnqueueReply::decode(&keys.queue, &id.into(), &reply).unwrap();
+        assert!(
+            matches!(reply, EnqueueReply::Created { .. }),
+            "{n} keys: {reply:?}"
+        );
+    }
+    let many = super::enqueue_many::SCRIPT.def.eval_script();
+    let mut call = many.prepare_invoke();
+    call.key(&keys.main)
+        .key(&keys.delayed)
+        .key(&keys.stats)
+        .key(&keys.wake);
+    call.arg(&keys.job_prefix)
+        .arg(&keys.done_prefix)
+        .arg(keys.once(""))
+        .arg("all");
+    call.arg("four")
+        .arg("t")
+        .arg(1)
+        .arg("")
+        .arg(1)
+        .arg(0)
+        .arg(0)
+        .arg(0)
+        .arg("")
+        .arg(0);
+    call.arg(1).arg("group").arg("G");
+    let reply: Vec<redis::Value> = call.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(reply.len(), 1, "{reply:?}");
+    let group: Vec<String> = conn.lrange(keys.group("G"), 0, -1).await.unwrap();
+    assert_eq!(group, ["four", "seven", "six"]);
+}
+
 /// A stats key of another type (corrupt data) never fails the call: the
 /// jobs are written and pushed, and the counter, last, is skipped. Before,
 /// the call failed after its writes, so a producer saw an error for jobs

@@ -3,7 +3,9 @@
 -- dead-lettered with the field named. Destination before source, counters last.
 -- Idempotent for its token (`failed_token`): a retry whose first reply was
 -- lost gets the same outcome, not 'lost'.
--- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 promoter wake list
+-- KEYS: 1 processing, 2 leases, 3 job hash, 4 delayed, 5 dead, 6 stats, 7 promoter wake list,
+--       8 guard (never written: see keys.rs; the script reaches the history, the
+--         waiters' wake list and the batch)
 -- ARGV: 1 id, 2 token, 3 kind ('retry' | 'permanent'), 4 message, 5 delay_ms
 -- Returns {'retry', run_at} | {'dead', reason} | {'lost'} | {'cancel_requested'}
 -- (nothing written: the worker ends the job with finish_cancel.lua).

@@ -13,8 +13,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("fail.lua", keys = 7, args = 5, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<8> =
+    lua_script!("fail.lua", keys = 8, args = 5, prelude(super::DRAIN));
 
 /// How the attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +73,7 @@ impl Fail<'_> {
                 k.dead.clone(),
                 k.stats.clone(),
                 k.wake.clone(),
+                k.guard.clone(),
             ])
             .arg(id)
             .arg(self.token)

@@ -1,6 +1,7 @@
 -- A running job an operator asked to cancel ends cancelled once its handler
 -- returned an error: never retried, never dead-lettered. Only while the token matches.
--- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results
+-- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results,
+--       7 guard (never written: see keys.rs; the script reaches the history and the batch)
 -- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error
 -- Returns 1, or 0 when the lease was lost. Idempotent for its token: the record
 -- keeps it, so a retry whose first reply was lost answers 1 again.

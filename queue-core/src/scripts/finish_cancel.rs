@@ -12,9 +12,9 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<6> = lua_script!(
+pub(crate) static SCRIPT: LuaScript<7> = lua_script!(
     "finish_cancel.lua",
-    keys = 6,
+    keys = 7,
     args = 4,
     prelude(super::DRAIN)
 );
@@ -43,6 +43,7 @@ impl FinishCancel<'_> {
                 k.done(id),
                 k.stats.clone(),
                 k.steps(id),
+                k.guard.clone(),
             ])
             .arg(id)
             .arg(self.token)

@@ -663,6 +663,7 @@ async fn a_cancel_record_with_a_retention_of_zero_still_expires() {
             k.done("fc0"),
             k.stats.clone(),
             k.steps("fc0"),
+            k.guard.clone(),
         ])
         .arg("fc0")
         .arg(&d.token)

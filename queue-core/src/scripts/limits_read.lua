@@ -1,5 +1,6 @@
 -- Reads a queue's limits and how much of them is in use (docs/LIMITS.md).
--- KEYS: 1 limits hash, 2 leases
+-- KEYS: 1 limits hash, 2 leases, 3 guard (never written: see keys.rs; the script reads
+--       the queue rate's start log)
 -- ARGV: none
 -- Returns {limits hash as name/value pairs, live leases (running jobs),
 --          starts in the queue rate window (0 without a queue rate)}.

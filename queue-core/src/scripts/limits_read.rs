@@ -7,9 +7,9 @@ use crate::conn::RedisConnection;
 use crate::error::Result;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<2> = lua_script!(
+pub(crate) static SCRIPT: LuaScript<3> = lua_script!(
     "limits_read.lua",
-    keys = 2,
+    keys = 3,
     args = 0,
     prelude(super::READ_ONLY)
 );
@@ -27,7 +27,7 @@ pub(crate) struct LimitsReply {
 /// Reads one queue's limits.
 pub(crate) async fn read(keys: &QueueKeys, conn: &mut RedisConnection) -> Result<LimitsReply> {
     let reply = SCRIPT
-        .call([keys.limits(), keys.leases.clone()])
+        .call([keys.limits(), keys.leases.clone(), keys.guard.clone()])
         .run(conn, &keys.queue, None)
         .await?;
     let f = Fields::new(&keys.queue, None, "limits reply", &reply)?;

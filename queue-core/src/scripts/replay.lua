@@ -1,6 +1,7 @@
 -- Returns a dead-lettered job to main, only while its state is `dead` (a live
 -- job that reuses the id is never touched). Main before the dead list.
--- KEYS: 1 dead, 2 main, 3 job hash, 4 stats
+-- KEYS: 1 dead, 2 main, 3 job hash, 4 stats, 5 guard (never written: see keys.rs; the
+--       script reaches the group list, the ring, the history and the batch)
 -- ARGV: 1 id, 2 reset attempts ('1' | '0')
 -- Returns 1 when replayed, 0 when the job is not dead-lettered.
 local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group', 'batch')

@@ -8,8 +8,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<4> =
-    lua_script!("replay.lua", keys = 4, args = 2, prelude(None));
+pub(crate) static SCRIPT: LuaScript<5> =
+    lua_script!("replay.lua", keys = 5, args = 2, prelude(None));
 
 /// Replays one dead-lettered job.
 pub(crate) struct Replay<'a> {
@@ -33,7 +33,13 @@ impl Replay<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ReplayReply> {
         let (k, id) = (self.keys, self.id.as_str());
         let reply = SCRIPT
-            .call([k.dead.clone(), k.main.clone(), k.job(id), k.stats.clone()])
+            .call([
+                k.dead.clone(),
+                k.main.clone(),
+                k.job(id),
+                k.stats.clone(),
+                k.guard.clone(),
+            ])
             .arg(id)
             .arg(if self.reset_attempts { "1" } else { "0" })
             .run(conn, &k.queue, Some(self.id))
