@@ -1202,39 +1202,6 @@ end
 local WF_KEEP_MS = 604800000
 local WF_SPEC = {'base', 'id', 'type', 'v', 'payload', 'max', 'member'}
 
--- Creates callback job `s` (a spec read from the batch hash and checked by
--- wf_spec) in its queue, queued, or dead-lettered with `dead_reason`; once:
--- an existing job or completion record under its id is left alone. Returns
--- true when created. Never raises: wf_spec checked the spec and the types of
--- the lists this writes before the batch was marked fired (a spec that
--- cannot be queued comes with a `dead_reason`; its missing fields are stored
--- empty).
-local function wf_spawn(bkey, s, now, dead_reason)
-  local base, id = s[1], s[2]
-  local jobkey = base .. 'job:' .. id
-  if redis.call('EXISTS', jobkey) == 1 or redis.call('EXISTS', base .. 'done:' .. id) == 1 then
-    return false
-  end
-  redis.call('HSET', jobkey, 'id', id, 'type', s[3] or '', 'v', s[4] or '', 'payload', s[5] or '',
-    'max_attempts', s[6] or '1', 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
-  if s[7] and s[7] ~= '' then redis.call('HSET', jobkey, 'batch', s[7]) end
-  -- Producers that waited for the callback before it existed (result_wait.lua counted them
-  -- in `notify:<id>` of the batch hash) now wait for the job: the script finishing it wakes
-  -- them (the dead-letter below too).
-  local waiters = as_count(redis.call('HGET', bkey, 'notify:' .. id))
-  if waiters and waiters > 0 then
-    redis.call('HSET', jobkey, 'notify', math.min(waiters, 1000))
-    redis.call('HDEL', bkey, 'notify:' .. id)
-  end
-  bump(base .. 'stats', 'enqueued', 1)
-  if dead_reason then
-    dead_letter(jobkey, base .. 'dead', base .. 'stats', id, dead_reason, now)
-  else
-    redis.call('LPUSH', base .. 'main', id)
-  end
-  return true
-end
-
 -- ==== cross-queue relay ====
 -- A member on queue C of a batch on queue P (another hash tag, so another
 -- cluster slot) cannot count itself in P's batch: the script ending it
@@ -1296,6 +1263,53 @@ local function wf_error(bkey, field, msg)
   redis.call('HSET', bkey, field, prev and (prev .. '\n' .. msg) or msg)
   local base = wf_base(bkey)
   if base then bump(base .. 'stats', 'workflow_errors', 1) end
+end
+
+-- Creates callback job `s` (a spec read from the batch hash and checked by
+-- wf_spec) in its queue, queued, or dead-lettered with `dead_reason`; once:
+-- an existing job or completion record under its id is left alone. Returns
+-- true when created. Never raises: wf_spec checked the spec and the types of
+-- the lists this writes before the batch was marked fired (a spec that
+-- cannot be queued comes with a `dead_reason`; its missing fields are stored
+-- empty). An existing job this batch did not spawn (`batch_of` names
+-- another batch, or none), or a completion record, means the callback is
+-- not created: kept visible (wf_error, field `fire_error`), never skipped
+-- silently (before, the batch said `fired` with no callback and no error).
+local function wf_spawn(bkey, s, now, dead_reason)
+  local base, id = s[1], s[2]
+  local jobkey = base .. 'job:' .. id
+  local taken
+  if redis.call('EXISTS', jobkey) == 1 then
+    local of = redis.pcall('HGET', jobkey, 'batch_of')
+    if of == bkey then return false end
+    taken = 'a job of that id exists (' .. (type(of) == 'string' and ('spawned by ' .. utf8_cut(of, 200))
+      or 'not spawned by this batch') .. ')'
+  elseif redis.call('EXISTS', base .. 'done:' .. id) == 1 then
+    taken = 'a completion record of that id exists'
+  end
+  if taken then
+    wf_error(bkey, 'fire_error', "callback '" .. utf8_cut(id, 200) .. "' not created: " .. taken
+      .. '; give callbacks and flow parents ids no other job uses')
+    return false
+  end
+  redis.call('HSET', jobkey, 'id', id, 'type', s[3] or '', 'v', s[4] or '', 'payload', s[5] or '',
+    'max_attempts', s[6] or '1', 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
+  if s[7] and s[7] ~= '' then redis.call('HSET', jobkey, 'batch', s[7]) end
+  -- Producers that waited for the callback before it existed (result_wait.lua counted them
+  -- in `notify:<id>` of the batch hash) now wait for the job: the script finishing it wakes
+  -- them (the dead-letter below too).
+  local waiters = as_count(redis.call('HGET', bkey, 'notify:' .. id))
+  if waiters and waiters > 0 then
+    redis.call('HSET', jobkey, 'notify', math.min(waiters, 1000))
+    redis.call('HDEL', bkey, 'notify:' .. id)
+  end
+  bump(base .. 'stats', 'enqueued', 1)
+  if dead_reason then
+    dead_letter(jobkey, base .. 'dead', base .. 'stats', id, dead_reason, now)
+  else
+    redis.call('LPUSH', base .. 'main', id)
+  end
+  return true
 end
 
 -- Callback spec `p` ('s_' or 'c_') of batch `bkey`, read and checked before

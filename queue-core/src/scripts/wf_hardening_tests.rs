@@ -695,3 +695,145 @@ async fn a_dead_entry_of_a_megabyte_of_line_breaks_is_kept_at_once() {
     let kept = fx.text(&["LINDEX", &dead_key, "0"]).await.unwrap();
     assert_eq!(kept.len(), 1 << 20, "the entry of line breaks is kept");
 }
+
+/// Whether `e` is the workflow refusal of batch `batch` naming job id `id`.
+fn refuses_id(e: &crate::QueueError, batch: &str, id: &str) -> bool {
+    matches!(e, crate::QueueError::Workflow { batch: b, detail, .. }
+        if b == batch && detail.contains(&format!("`{id}` is given twice")))
+}
+
+/// An id given twice among a batch's members and callbacks is refused
+/// before any write. Before, the batch counted the id once (total 1): on
+/// one queue the second member was dropped as a duplicate, on two queues
+/// both ran and the batch fired when the first finished; a callback whose
+/// id a member took was never created, though the batch said `fired`.
+#[tokio::test]
+async fn a_member_id_given_twice_is_refused_before_any_write() {
+    let mut fx = Fx::start().await;
+    let job = |q: &str, id: &str| JobSpec::raw(q, "t", 1, 3, vec![0xc0]).id(id);
+    let same_queue = Batch::new(&fx.queue)
+        .id("B")
+        .home(Q)
+        .add(job(Q, "m"))
+        .add(job(Q, "m"));
+    let two_queues = Batch::new(&fx.queue)
+        .id("B")
+        .home(Q)
+        .add(job(Q, "m"))
+        .add(job("wfh-c", "m"));
+    let callback_is_member = Batch::new(&fx.queue)
+        .id("B")
+        .on_complete(job(Q, "m"))
+        .add(job(Q, "m"))
+        .add(job(Q, "n"));
+    let default_callback_id = Batch::new(&fx.queue)
+        .id("B")
+        .on_success(JobSpec::raw(Q, "cb", 1, 3, vec![0xc0]))
+        .add(job(Q, "B:success"));
+    let two_callbacks = Batch::new(&fx.queue)
+        .id("B")
+        .on_success(job(Q, "cb"))
+        .on_complete(job(Q, "cb"))
+        .add(job(Q, "m"));
+    for (name, batch, id) in [
+        ("same queue", same_queue, "m"),
+        ("two queues", two_queues, "m"),
+        ("callback is a member", callback_is_member, "m"),
+        ("default callback id", default_callback_id, "B:success"),
+        ("two callbacks", two_callbacks, "cb"),
+    ] {
+        let e = batch.enqueue().await.unwrap_err();
+        assert!(refuses_id(&e, "B", id), "{name}: {e}");
+        assert_eq!(fx.int(&["DBSIZE"]).await, 0, "{name}: nothing written");
+    }
+}
+
+/// A flow whose parent's id is a child's, or whose nested flow repeats an
+/// id of the outer flow (parent or leaf), is refused before any write.
+/// Before, the parent (the flow batch's callback) was never created: its
+/// spawn found the child's job and skipped, the batch said `fired`, and an
+/// outer flow waiting for a nested parent never fired.
+#[tokio::test]
+async fn a_flow_whose_parent_id_is_a_childs_is_refused() {
+    let mut fx = Fx::start().await;
+    let job = |id: &str| JobSpec::raw(Q, "t", 1, 3, vec![0xc0]).id(id);
+    let parent_is_child = crate::Flow::new(job("p")).child(job("a")).child(job("p"));
+    let nested_parent_is_leaf = crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_flow(crate::Flow::new(job("a")).child(job("b")));
+    let nested_leaf_is_outer_parent = crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_flow(crate::Flow::new(job("q")).child(job("p")));
+    let leaf_twice = crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_with(crate::ChildPolicy::Continue, job("a"));
+    for (name, flow, id) in [
+        ("parent is a child", parent_is_child, "p"),
+        ("nested parent is a leaf", nested_parent_is_leaf, "a"),
+        (
+            "nested leaf is the outer parent",
+            nested_leaf_is_outer_parent,
+            "p",
+        ),
+        ("a leaf twice", leaf_twice, "a"),
+    ] {
+        let e = flow.enqueue(&fx.queue).await.unwrap_err();
+        assert!(refuses_id(&e, "p", id), "{name}: {e}");
+        assert_eq!(fx.int(&["DBSIZE"]).await, 0, "{name}: nothing written");
+    }
+    // A nested flow's parent is one job (a child of the outer flow and its
+    // own flow's callback): not a repeat.
+    crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_flow(crate::Flow::new(job("q")).child(job("b")))
+        .enqueue(&fx.queue)
+        .await
+        .unwrap();
+}
+
+/// A batch whose success callback id is taken by a job it did not spawn
+/// (an unrelated job, or its completion record) fires with a `fire_error`
+/// naming the callback. Before, the spawn skipped silently: `fired`, no
+/// callback, no error anywhere.
+#[tokio::test]
+async fn a_callback_whose_id_another_job_took_is_a_fire_error() {
+    for taken in ["job", "record"] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        Enqueue::test_job(&keys, &JobId::from("cb"), 3)
+            .run(&mut fx.conn)
+            .await
+            .unwrap();
+        let bkey = fx.batch(Q, &["m"], 3).await;
+        let ds = fx.fetch(&keys, 2, Duration::from_secs(30)).await;
+        assert_eq!(ds[0].id.as_str(), "cb", "{taken}");
+        let acked = if taken == "job" { &ds[1..] } else { &ds[..] };
+        fx.ack(&keys, acked).await.unwrap();
+        assert_eq!(
+            fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+            Some("fired"),
+            "{taken}"
+        );
+        let err = fx
+            .text(&["HGET", &bkey, "fire_error"])
+            .await
+            .unwrap_or_else(|| panic!("{taken}: no fire_error"));
+        assert!(
+            err.contains("callback 'cb' not created") && err.contains("exists"),
+            "{taken}: {err}"
+        );
+        assert_eq!(
+            fx.text(&["HGET", &keys.stats, "workflow_errors"])
+                .await
+                .as_deref(),
+            Some("1"),
+            "{taken}"
+        );
+        // The unrelated job is left as it was.
+        assert_eq!(
+            fx.text(&["HGET", &keys.job("cb"), "batch_of"]).await,
+            None,
+            "{taken}"
+        );
+    }
+}
