@@ -1388,6 +1388,22 @@ local function wf_unpend(bkey)
   end
 end
 
+-- A child of flow `bkey` counted as failed under the `fail` policy, as `failed_child`
+-- names one ('<id>: <reason>'), for a fire whose `failed_child` was cleared (the child it
+-- named was replayed: wf_unfinish) while another failure is still counted. Reads the
+-- results hash (rare: only then). Never raises; '?' when none is found.
+local function wf_first_failed(bkey)
+  local r = redis.pcall('HGETALL', bkey .. ':results')
+  if type(r) ~= 'table' or r['err'] then return '?' end
+  local default = redis.call('HGET', bkey, 'policy')
+  for i = 1, #r, 2 do
+    if string.sub(r[i + 1], 1, 4) == 'err:' and (redis.call('HGET', bkey, 'policy:' .. r[i]) or default) == 'fail' then
+      return r[i] .. ': ' .. utf8_cut(string.sub(r[i + 1], 5), 200)
+    end
+  end
+  return '?'
+end
+
 -- Fires batch `bkey` once it is sealed and every member finished: the
 -- success callback only when all succeeded, the complete callback (a flow's
 -- parent: dead-lettered when a member under the `fail` policy failed) always.
@@ -1409,7 +1425,7 @@ local function wf_maybe_fire(bkey, now)
   if c then
     local reason
     if (as_count(b[6]) or 0) > 0 then
-      reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or '?')
+      reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or wf_first_failed(bkey))
     end
     if wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now) then noted = true end
   end
@@ -1538,7 +1554,15 @@ local function wf_unfinish(bkey, id)
   redis.call('HINCRBY', bkey, 'dead', -1)
   if failed then
     redis.pcall('HDEL', bkey .. ':results', id)
-    if (p[3] or p[4]) == 'fail' then redis.call('HINCRBY', bkey, 'failed', -1) end
+    if (p[3] or p[4]) == 'fail' then
+      redis.call('HINCRBY', bkey, 'failed', -1)
+      -- It is no failure any more: the parent's dead reason must not name it (the fire
+      -- names another failed child, wf_first_failed). Before, it stayed named.
+      local named = redis.call('HGET', bkey, 'failed_child')
+      if named and string.sub(named, 1, #id + 2) == id .. ': ' then
+        redis.call('HDEL', bkey, 'failed_child')
+      end
+    end
   end
   return nil
 end

@@ -837,3 +837,82 @@ async fn a_callback_whose_id_another_job_took_is_a_fire_error() {
         );
     }
 }
+
+impl Fx {
+    /// Fails delivery `d` of queue `wfh` for good (dead-lettered).
+    async fn fail_for_good(&mut self, d: &Delivery) {
+        let keys = self.keys.clone();
+        let reply = Fail {
+            keys: &keys,
+            id: &d.id,
+            token: &d.token,
+            kind: FailKind::Permanent,
+            message: "boom",
+            delay: Duration::ZERO,
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap();
+        assert!(matches!(reply, FailReply::Dead { .. }), "{reply:?}");
+    }
+
+    /// Replays dead job `id` of queue `wfh`.
+    async fn replay(&mut self, id: &str) {
+        let keys = self.keys.clone();
+        let replayed = Replay {
+            keys: &keys,
+            id: &JobId::from(id),
+            reset_attempts: true,
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap();
+        assert_eq!(replayed, ReplayReply::Replayed);
+    }
+}
+
+/// A `FailParent` flow: child `a` fails for good, is replayed and succeeds;
+/// then `b` fails (or, with a third child, `b` failed before the replay and
+/// `c` succeeds last). The parent's dead reason names `b`. Before, it named
+/// `a` (`failed_child` was set once and never cleared by the replay): the
+/// operator was sent to a child that had succeeded.
+#[tokio::test]
+async fn a_replayed_child_that_succeeds_is_not_named_as_the_failure() {
+    for children in [&["a", "b"][..], &["a", "b", "c"]] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        let job = |id: &str| JobSpec::raw(Q, "t", 1, 1, vec![0xc0]).id(id);
+        let mut flow = crate::Flow::new(job("P"));
+        for id in children {
+            flow = flow.child(job(id));
+        }
+        flow.enqueue(&fx.queue).await.unwrap();
+        let lease = Duration::from_secs(30);
+        let first = fx.fetch(&keys, children.len(), lease).await;
+        let [a, b, rest @ ..] = &first[..] else {
+            panic!("{first:?}")
+        };
+        assert_eq!((a.id.as_str(), b.id.as_str()), ("a", "b"));
+        fx.fail_for_good(a).await;
+        if children.len() == 3 {
+            fx.fail_for_good(b).await;
+        }
+        fx.replay("a").await;
+        let again = fx.fetch(&keys, 1, lease).await;
+        assert_eq!(again[0].id.as_str(), "a");
+        fx.ack(&keys, &again).await.unwrap();
+        if children.len() == 3 {
+            fx.ack(&keys, rest).await.unwrap();
+        } else {
+            fx.fail_for_good(b).await;
+        }
+        let reason = fx
+            .text(&["HGET", &keys.job("P"), "dead_reason"])
+            .await
+            .unwrap_or_else(|| panic!("{children:?}: the parent is not dead"));
+        assert!(
+            reason.contains("1 child(ren) failed, first b: boom"),
+            "{children:?}: {reason}"
+        );
+    }
+}
