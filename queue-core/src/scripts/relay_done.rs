@@ -21,11 +21,13 @@ pub(crate) struct RelayDone<'a> {
 
 /// How many notices this call removed, and how many of those it moved to
 /// the dead-notice list (a notice another relayer already removed counts in
-/// neither).
+/// neither); how many it left in the relay list because the dead-notice
+/// list holds another type (corrupt data).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct RelayDoneReply {
     pub(crate) removed: u64,
     pub(crate) dead: u64,
+    pub(crate) kept: u64,
 }
 
 impl RelayDone<'_> {
@@ -42,6 +44,7 @@ impl RelayDone<'_> {
         Ok(RelayDoneReply {
             removed: f.u64(0, "removed")?,
             dead: f.u64(1, "dead")?,
+            kept: f.u64(2, "kept")?,
         })
     }
 }

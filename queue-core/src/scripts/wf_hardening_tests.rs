@@ -916,3 +916,49 @@ async fn a_replayed_child_that_succeeds_is_not_named_as_the_failure() {
         );
     }
 }
+
+/// 101 notices of a cross-queue batch's members, all applicable, behind an
+/// unreadable one, while the members' queue's dead-notice list holds
+/// another type (corrupt data). The relay applies and removes all 101 (the
+/// batch fires) and keeps the unreadable one in the relay list. Before,
+/// `relay_done.lua` refused every call on the dead-notice list's type, even
+/// when every notice was applied: each relay run re-applied the same first
+/// notices and failed, and notice 101 was never applied.
+#[tokio::test]
+async fn a_corrupt_dead_notice_list_blocks_no_applied_notice() {
+    let mut fx = Fx::start().await;
+    let ids: Vec<String> = (0..101).map(|i| format!("m{i}")).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let bkey = fx.batch("wfh-c", &id_refs, 3).await;
+    let members = QueueKeys::new("wfh-c");
+    fx.cmd(&["RPUSH", &members.relay(), "garbage"]).await;
+    for _ in 0..3 {
+        let ds = fx.fetch(&members, 50, Duration::from_secs(30)).await;
+        fx.ack(&members, &ds).await.unwrap();
+    }
+    assert_eq!(fx.int(&["LLEN", &members.relay()]).await, 102);
+    fx.cmd(&["SET", &members.relay_dead(), "x"]).await;
+
+    let relayed = fx.queue.relay("wfh-c").await.expect("the relay goes on");
+    assert_eq!(
+        (relayed.applied, relayed.already, relayed.dead),
+        (101, 0, 0),
+        "{relayed:?}"
+    );
+    assert_eq!(
+        fx.relay_notices("wfh-c").await,
+        [b"garbage".to_vec()],
+        "the unreadable notice is kept, the applied ones removed"
+    );
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+        Some("fired")
+    );
+    let main = fx.keys.main.clone();
+    assert!(fx.in_list(&main, "cb").await);
+    assert_eq!(
+        fx.text(&["GET", &members.relay_dead()]).await.as_deref(),
+        Some("x"),
+        "the corrupt key is left for the operator"
+    );
+}

@@ -150,11 +150,14 @@ async fn relay_one(
 ) -> Result<(RelayReport, Vec<String>)> {
     let mut report = RelayReport::default();
     let mut more = Vec::new();
+    // Notices kept at the head of the list this run (set aside, but the
+    // dead-notice list holds another type): read past them.
+    let mut skip = 0i64;
     loop {
         let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(keys.relay())
-            .arg(0)
-            .arg(CHUNK as i64 - 1)
+            .arg(skip)
+            .arg(skip + CHUNK as i64 - 1)
             .query_async(conn)
             .await
             .map_err(|e| QueueError::redis(&keys.queue, None, e))?;
@@ -230,6 +233,7 @@ async fn relay_one(
         .run(conn)
         .await?;
         report.dead += reply.dead;
+        skip += reply.kept as i64;
         for (n, (_, reason)) in notices.iter().zip(&end_args) {
             if let Some(reason) = reason {
                 let kind = String::from_utf8_lossy(&n.raw)
@@ -237,8 +241,16 @@ async fn relay_one(
                     .nth(1)
                     .map(kind_name)
                     .unwrap_or("finished");
-                warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind, %reason,
-                    "relay notice cannot be applied: kept in the dead-notice list (check, stats `relay_dead`)");
+                if reply.kept > 0 {
+                    // relay_done.lua checks the dead-notice list once per
+                    // call: every notice it could not move was kept.
+                    warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind, %reason,
+                        "relay notice cannot be applied and the dead-notice list holds another type \
+                         (corrupt data; repair it): kept in the relay list");
+                } else {
+                    warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind, %reason,
+                        "relay notice cannot be applied: kept in the dead-notice list (check, stats `relay_dead`)");
+                }
             }
         }
         if read < CHUNK {
