@@ -1388,6 +1388,19 @@ local function wf_unpend(bkey)
   end
 end
 
+-- The problem with stored count `v` (field `name`) that a script would
+-- HINCRBY (corrupt_field's text), or nil (missing counts from 0). Only the
+-- text HINCRBY itself reads as an integer passes: digits without a leading
+-- zero (or "0"), within as_count's range. as_count alone (tonumber) also
+-- takes "00", "0.0", " 0", "+0", "-0", "0e0", "0x0", which HINCRBY refuses
+-- ("hash value is not an integer") after the caller's writes.
+local function wf_bad_count(name, v)
+  if v and not ((v == '0' or string.find(v, '^[1-9]%d*$')) and as_count(v)) then
+    return corrupt_field(name, v)
+  end
+  return nil
+end
+
 -- A child of flow `bkey` counted as failed under the `fail` policy, as `failed_child`
 -- names one ('<id>: <reason>'), for a fire whose `failed_child` was cleared (the child it
 -- named was replayed: wf_unfinish) while another failure is still counted. Reads the
@@ -1408,11 +1421,24 @@ end
 -- success callback only when all succeeded, the complete callback (a flow's
 -- parent: dead-lettered when a member under the `fail` policy failed) always.
 -- Reads and checks the callbacks' specs and target lists before its first
--- write; never raises (its callers have written already).
+-- write; never raises (its callers have written already). A count it reads
+-- that is not one HINCRBY writes (wf_bad_count: '1e3', '01', 'x') does not
+-- fire the batch and is kept visible (`count_error`, once per text). Before,
+-- `as_count` read '1e3' as 1000: the batch fired early; a corrupt `total`
+-- kept it from firing with nothing recorded.
 local function wf_maybe_fire(bkey, now)
   local b = redis.call('HMGET', bkey, 'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed',
     'failed_child')
   if b[1] ~= 'sealed' then return false end
+  for i, name in ipairs({'total', 'succeeded', 'dead', 'cancelled'}) do
+    local bad = wf_bad_count(name, b[i + 1])
+    if bad then
+      local msg = 'batch not fired: ' .. bad
+      local prev = redis.call('HGET', bkey, 'count_error')
+      if not (prev and string.find(prev, msg, 1, true)) then wf_error(bkey, 'count_error', msg) end
+      return false
+    end
+  end
   local total, ok = as_count(b[2]), as_count(b[3]) or 0
   local finished = ok + (as_count(b[4]) or 0) + (as_count(b[5]) or 0)
   if not total or finished < total then return false end
@@ -1446,19 +1472,6 @@ local function wf_count_error(bkey, id, what)
   local msg = "member '" .. utf8_cut(id, 200) .. "' not counted: " .. what
   wf_error(bkey, 'count_error', msg)
   return msg
-end
-
--- The problem with stored count `v` (field `name`) that a script would
--- HINCRBY (corrupt_field's text), or nil (missing counts from 0). Only the
--- text HINCRBY itself reads as an integer passes: digits without a leading
--- zero (or "0"), within as_count's range. as_count alone (tonumber) also
--- takes "00", "0.0", " 0", "+0", "-0", "0e0", "0x0", which HINCRBY refuses
--- ("hash value is not an integer") after the caller's writes.
-local function wf_bad_count(name, v)
-  if v and not ((v == '0' or string.find(v, '^[1-9]%d*$')) and as_count(v)) then
-    return corrupt_field(name, v)
-  end
-  return nil
 end
 
 -- Member `id` of batch `bkey` finished with `outcome` ('succeeded', 'dead',

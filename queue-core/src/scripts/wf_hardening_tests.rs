@@ -962,3 +962,40 @@ async fn a_corrupt_dead_notice_list_blocks_no_applied_notice() {
         "the corrupt key is left for the operator"
     );
 }
+
+/// A sealed batch whose `dead` count reads "1e3" (Lua's `tonumber`: 1000)
+/// is not fired by the first of its three members to succeed, and one whose
+/// `total` is not a count is not fired by its last: each says why in
+/// `count_error` (once). Before, the first fired the batch early (the
+/// callback ran after 1 of 3 members), and the second never fired with
+/// nothing recorded.
+#[tokio::test]
+async fn a_non_canonical_count_never_fires_early() {
+    for (field, value, members) in [
+        ("dead", "1e3", &["a", "b", "c"][..]),
+        ("total", "x", &["a", "b"]),
+    ] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        let bkey = fx.batch(Q, members, 3).await;
+        fx.cmd(&["HSET", &bkey, field, value]).await;
+        let acked = if field == "dead" { 1 } else { members.len() };
+        for _ in 0..acked {
+            let ds = fx.fetch(&keys, 1, Duration::from_secs(30)).await;
+            fx.ack(&keys, &ds).await.unwrap();
+        }
+        assert_eq!(
+            fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+            Some("sealed"),
+            "{field}"
+        );
+        assert!(!fx.in_list(&keys.main, "cb").await, "{field}");
+        assert_eq!(fx.int(&["EXISTS", &keys.job("cb")]).await, 0, "{field}");
+        let err = fx.count_error(&bkey).await;
+        assert!(
+            err.contains("batch not fired") && err.contains(&format!("field {field}")),
+            "{field}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{field}: recorded once: {err}");
+    }
+}
