@@ -999,3 +999,36 @@ async fn a_non_canonical_count_never_fires_early() {
         assert_eq!(err.lines().count(), 1, "{field}: recorded once: {err}");
     }
 }
+
+/// A member on another queue ends after its batch is gone (deleted here;
+/// or its keys expired): its notice is dropped, counted (`relay_dropped`,
+/// `RelayReport::dropped`) and logged, as the same member on the batch's
+/// own queue is skipped. Before, it went to `relay:dead` as "no such batch",
+/// where nothing could ever apply it (`check` not clean for good).
+#[tokio::test]
+async fn a_notice_for_a_batch_that_is_gone_is_dropped_not_set_aside() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch("wfh-c", &["m"], 3).await;
+    fx.cmd(&["DEL", &bkey]).await;
+    let members = QueueKeys::new("wfh-c");
+    let ds = fx.fetch(&members, 1, Duration::from_secs(30)).await;
+    assert_eq!(fx.ack(&members, &ds).await.unwrap(), [AckReply::Completed]);
+    assert_eq!(fx.relay_notices("wfh-c").await.len(), 1);
+
+    let relayed = fx.queue.relay("wfh-c").await.unwrap();
+    assert_eq!(
+        (relayed.applied, relayed.already, relayed.dead),
+        (0, 0, 0),
+        "{relayed:?}"
+    );
+    assert_eq!(relayed.dropped, 1, "{relayed:?}");
+    assert!(fx.relay_notices("wfh-c").await.is_empty());
+    assert_eq!(fx.int(&["LLEN", &members.relay_dead()]).await, 0);
+    assert_eq!(
+        fx.text(&["HGET", &members.stats, "relay_dropped"])
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(fx.int(&["EXISTS", &bkey]).await, 0, "nothing recreated");
+}
