@@ -32,7 +32,8 @@ pub struct DagStep {
 }
 
 /// A DAG step: records `dep:ok|err` of each dependency, sorted
-/// (`ledger:dag:inputs`), its own finished runs (`ledger:dag:runs`), and
+/// (`ledger:dag:inputs`), the batch its `batch_summary` reads
+/// (`ledger:dag:summary`), its own finished runs (`ledger:dag:runs`), and
 /// sets its result: the sorted, deduplicated steps upstream of it and itself.
 #[job(queue = "wf", max_attempts = 5, timeout = "60s")]
 pub async fn dag_step(ctx: JobContext, s: DagStep) -> Result<(), JobError> {
@@ -70,6 +71,10 @@ async fn step_body(ctx: JobContext, s: DagStep) -> Result<(), JobError> {
     if s.fail {
         return Err(JobError::permanent("planned step failure"));
     }
+    // The batch this step's `batch_summary` reads (`none`: it found none).
+    let summary = ctx.batch_summary().await?.map(|b| b.id);
+    let summary = summary.as_deref().unwrap_or("none");
+    let _: () = c.hset("ledger:dag:summary", &id, summary).await?;
     let _: () = c.hincr("ledger:dag:runs", &id, 1).await?;
     let _: () = c.hset("ledger:dag:lineage", &id, lineage.join(",")).await?;
     ctx.set_child_result(&lineage)?;

@@ -97,6 +97,18 @@ async fn a_diamond_runs_each_step_once_after_its_dependencies() {
     assert_eq!(inputs["o1:d"], "b:ok,c:ok");
     let lineage = ledger(&env, "ledger:dag:lineage").await;
     assert_eq!(lineage["o1:d"], "a,b,c,d");
+    // The root feeds two steps (its `batch` field holds two keys): its
+    // `batch_summary` reads the first (before: `None`); the others read the
+    // batch that spawned them.
+    let summary = ledger(&env, "ledger:dag:summary").await;
+    assert!(
+        matches!(summary["o1:a"].as_str(), "o1:b" | "o1:c"),
+        "{summary:?}"
+    );
+    assert_eq!(
+        (summary["o1:b"].as_str(), summary["o1:d"].as_str()),
+        ("o1:b", "o1:d")
+    );
     assert_eq!(enqueued(&env).await, 4);
     let d = env.queue.batch(WF_QUEUE, "o1:d").await.unwrap().unwrap();
     assert_eq!((d.state.as_str(), d.total, d.succeeded), ("fired", 2, 2));

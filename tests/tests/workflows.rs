@@ -475,6 +475,64 @@ async fn batch_add_of_a_member_its_enqueue_refuses_is_refused_before_it_counts()
     );
 }
 
+/// `ctx.batch_add` from a member whose batch is gone (deleted, or its keys
+/// expired) or fired already is refused for good (`JobError::permanent`,
+/// naming the batch): the adder is dead-lettered at its first attempt and
+/// nothing is added. Before, `BatchAddReply::Missing` / `Fired` became a
+/// retryable error: the adder ran again until its attempts ran out.
+#[tokio::test]
+async fn batch_add_to_a_batch_gone_or_fired_is_refused_for_good() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new(WF_QUEUE);
+    for (batch, adder) in [("adds-gone", "gone-a"), ("adds-fired", "fired-a")] {
+        Batch::new(&env.queue)
+            .id(batch)
+            .on_complete(callback(&env, &format!("{batch}-done")))
+            .add(member_with(&env, adder, |m| m.add_more = true))
+            .enqueue()
+            .await
+            .unwrap();
+    }
+    let mut c = env.conn().await;
+    let _: () = c.del(keys.batch("adds-gone")).await.unwrap();
+    let _: () = c
+        .hset(keys.batch("adds-fired"), "state", "fired")
+        .await
+        .unwrap();
+    let worker = spawn_wf_worker(&env).await;
+    for (batch, adder, why) in [
+        ("adds-gone", "gone-a", "no such batch"),
+        ("adds-fired", "fired-a", "already fired"),
+    ] {
+        wait_until(BOUND, "the adder dead-lettered", || async {
+            env.queue
+                .job(WF_QUEUE, adder)
+                .await
+                .unwrap()
+                .is_some_and(|j| j.field("state") == Some("dead"))
+        })
+        .await;
+        let job = env.queue.job(WF_QUEUE, adder).await.unwrap().unwrap();
+        assert_eq!(
+            job.field("attempts"),
+            Some("1"),
+            "{adder}: refused for good"
+        );
+        let reason = job.field("dead_reason").unwrap_or_default();
+        assert!(
+            reason.contains(&format!("batch `{batch}`")) && reason.contains(why),
+            "{adder}: {reason}"
+        );
+        let more = env
+            .queue
+            .job(WF_QUEUE, format!("{adder}-more").as_str())
+            .await
+            .unwrap();
+        assert!(more.is_none(), "{adder}: nothing added");
+    }
+    worker.stop().await;
+}
+
 /// A batch id or a flow parent's id (its batch id; a nested flow's too)
 /// with a control character is refused before any write: a job's `batch`
 /// field holds batch keys one per line, so `album\n7` would be split there

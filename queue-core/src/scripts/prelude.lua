@@ -1202,39 +1202,6 @@ end
 local WF_KEEP_MS = 604800000
 local WF_SPEC = {'base', 'id', 'type', 'v', 'payload', 'max', 'member'}
 
--- Creates callback job `s` (a spec read from the batch hash and checked by
--- wf_spec) in its queue, queued, or dead-lettered with `dead_reason`; once:
--- an existing job or completion record under its id is left alone. Returns
--- true when created. Never raises: wf_spec checked the spec and the types of
--- the lists this writes before the batch was marked fired (a spec that
--- cannot be queued comes with a `dead_reason`; its missing fields are stored
--- empty).
-local function wf_spawn(bkey, s, now, dead_reason)
-  local base, id = s[1], s[2]
-  local jobkey = base .. 'job:' .. id
-  if redis.call('EXISTS', jobkey) == 1 or redis.call('EXISTS', base .. 'done:' .. id) == 1 then
-    return false
-  end
-  redis.call('HSET', jobkey, 'id', id, 'type', s[3] or '', 'v', s[4] or '', 'payload', s[5] or '',
-    'max_attempts', s[6] or '1', 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
-  if s[7] and s[7] ~= '' then redis.call('HSET', jobkey, 'batch', s[7]) end
-  -- Producers that waited for the callback before it existed (result_wait.lua counted them
-  -- in `notify:<id>` of the batch hash) now wait for the job: the script finishing it wakes
-  -- them (the dead-letter below too).
-  local waiters = as_count(redis.call('HGET', bkey, 'notify:' .. id))
-  if waiters and waiters > 0 then
-    redis.call('HSET', jobkey, 'notify', math.min(waiters, 1000))
-    redis.call('HDEL', bkey, 'notify:' .. id)
-  end
-  bump(base .. 'stats', 'enqueued', 1)
-  if dead_reason then
-    dead_letter(jobkey, base .. 'dead', base .. 'stats', id, dead_reason, now)
-  else
-    redis.call('LPUSH', base .. 'main', id)
-  end
-  return true
-end
-
 -- ==== cross-queue relay ====
 -- A member on queue C of a batch on queue P (another hash tag, so another
 -- cluster slot) cannot count itself in P's batch: the script ending it
@@ -1296,6 +1263,53 @@ local function wf_error(bkey, field, msg)
   redis.call('HSET', bkey, field, prev and (prev .. '\n' .. msg) or msg)
   local base = wf_base(bkey)
   if base then bump(base .. 'stats', 'workflow_errors', 1) end
+end
+
+-- Creates callback job `s` (a spec read from the batch hash and checked by
+-- wf_spec) in its queue, queued, or dead-lettered with `dead_reason`; once:
+-- an existing job or completion record under its id is left alone. Returns
+-- true when created. Never raises: wf_spec checked the spec and the types of
+-- the lists this writes before the batch was marked fired (a spec that
+-- cannot be queued comes with a `dead_reason`; its missing fields are stored
+-- empty). An existing job this batch did not spawn (`batch_of` names
+-- another batch, or none), or a completion record, means the callback is
+-- not created: kept visible (wf_error, field `fire_error`), never skipped
+-- silently (before, the batch said `fired` with no callback and no error).
+local function wf_spawn(bkey, s, now, dead_reason)
+  local base, id = s[1], s[2]
+  local jobkey = base .. 'job:' .. id
+  local taken
+  if redis.call('EXISTS', jobkey) == 1 then
+    local of = redis.pcall('HGET', jobkey, 'batch_of')
+    if of == bkey then return false end
+    taken = 'a job of that id exists (' .. (type(of) == 'string' and ('spawned by ' .. utf8_cut(of, 200))
+      or 'not spawned by this batch') .. ')'
+  elseif redis.call('EXISTS', base .. 'done:' .. id) == 1 then
+    taken = 'a completion record of that id exists'
+  end
+  if taken then
+    wf_error(bkey, 'fire_error', "callback '" .. utf8_cut(id, 200) .. "' not created: " .. taken
+      .. '; give callbacks and flow parents ids no other job uses')
+    return false
+  end
+  redis.call('HSET', jobkey, 'id', id, 'type', s[3] or '', 'v', s[4] or '', 'payload', s[5] or '',
+    'max_attempts', s[6] or '1', 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
+  if s[7] and s[7] ~= '' then redis.call('HSET', jobkey, 'batch', s[7]) end
+  -- Producers that waited for the callback before it existed (result_wait.lua counted them
+  -- in `notify:<id>` of the batch hash) now wait for the job: the script finishing it wakes
+  -- them (the dead-letter below too).
+  local waiters = as_count(redis.call('HGET', bkey, 'notify:' .. id))
+  if waiters and waiters > 0 then
+    redis.call('HSET', jobkey, 'notify', math.min(waiters, 1000))
+    redis.call('HDEL', bkey, 'notify:' .. id)
+  end
+  bump(base .. 'stats', 'enqueued', 1)
+  if dead_reason then
+    dead_letter(jobkey, base .. 'dead', base .. 'stats', id, dead_reason, now)
+  else
+    redis.call('LPUSH', base .. 'main', id)
+  end
+  return true
 end
 
 -- Callback spec `p` ('s_' or 'c_') of batch `bkey`, read and checked before
@@ -1374,15 +1388,57 @@ local function wf_unpend(bkey)
   end
 end
 
+-- The problem with stored count `v` (field `name`) that a script would
+-- HINCRBY (corrupt_field's text), or nil (missing counts from 0). Only the
+-- text HINCRBY itself reads as an integer passes: digits without a leading
+-- zero (or "0"), within as_count's range. as_count alone (tonumber) also
+-- takes "00", "0.0", " 0", "+0", "-0", "0e0", "0x0", which HINCRBY refuses
+-- ("hash value is not an integer") after the caller's writes.
+local function wf_bad_count(name, v)
+  if v and not ((v == '0' or string.find(v, '^[1-9]%d*$')) and as_count(v)) then
+    return corrupt_field(name, v)
+  end
+  return nil
+end
+
+-- A child of flow `bkey` counted as failed under the `fail` policy, as `failed_child`
+-- names one ('<id>: <reason>'), for a fire whose `failed_child` was cleared (the child it
+-- named was replayed: wf_unfinish) while another failure is still counted. Reads the
+-- results hash (rare: only then). Never raises; '?' when none is found.
+local function wf_first_failed(bkey)
+  local r = redis.pcall('HGETALL', bkey .. ':results')
+  if type(r) ~= 'table' or r['err'] then return '?' end
+  local default = redis.call('HGET', bkey, 'policy')
+  for i = 1, #r, 2 do
+    if string.sub(r[i + 1], 1, 4) == 'err:' and (redis.call('HGET', bkey, 'policy:' .. r[i]) or default) == 'fail' then
+      return r[i] .. ': ' .. utf8_cut(string.sub(r[i + 1], 5), 200)
+    end
+  end
+  return '?'
+end
+
 -- Fires batch `bkey` once it is sealed and every member finished: the
 -- success callback only when all succeeded, the complete callback (a flow's
 -- parent: dead-lettered when a member under the `fail` policy failed) always.
 -- Reads and checks the callbacks' specs and target lists before its first
--- write; never raises (its callers have written already).
+-- write; never raises (its callers have written already). A count it reads
+-- that is not one HINCRBY writes (wf_bad_count: '1e3', '01', 'x') does not
+-- fire the batch and is kept visible (`count_error`, once per text). Before,
+-- `as_count` read '1e3' as 1000: the batch fired early; a corrupt `total`
+-- kept it from firing with nothing recorded.
 local function wf_maybe_fire(bkey, now)
   local b = redis.call('HMGET', bkey, 'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed',
     'failed_child')
   if b[1] ~= 'sealed' then return false end
+  for i, name in ipairs({'total', 'succeeded', 'dead', 'cancelled'}) do
+    local bad = wf_bad_count(name, b[i + 1])
+    if bad then
+      local msg = 'batch not fired: ' .. bad
+      local prev = redis.call('HGET', bkey, 'count_error')
+      if not (prev and string.find(prev, msg, 1, true)) then wf_error(bkey, 'count_error', msg) end
+      return false
+    end
+  end
   local total, ok = as_count(b[2]), as_count(b[3]) or 0
   local finished = ok + (as_count(b[4]) or 0) + (as_count(b[5]) or 0)
   if not total or finished < total then return false end
@@ -1395,7 +1451,7 @@ local function wf_maybe_fire(bkey, now)
   if c then
     local reason
     if (as_count(b[6]) or 0) > 0 then
-      reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or '?')
+      reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or wf_first_failed(bkey))
     end
     if wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now) then noted = true end
   end
@@ -1416,19 +1472,6 @@ local function wf_count_error(bkey, id, what)
   local msg = "member '" .. utf8_cut(id, 200) .. "' not counted: " .. what
   wf_error(bkey, 'count_error', msg)
   return msg
-end
-
--- The problem with stored count `v` (field `name`) that a script would
--- HINCRBY (corrupt_field's text), or nil (missing counts from 0). Only the
--- text HINCRBY itself reads as an integer passes: digits without a leading
--- zero (or "0"), within as_count's range. as_count alone (tonumber) also
--- takes "00", "0.0", " 0", "+0", "-0", "0e0", "0x0", which HINCRBY refuses
--- ("hash value is not an integer") after the caller's writes.
-local function wf_bad_count(name, v)
-  if v and not ((v == '0' or string.find(v, '^[1-9]%d*$')) and as_count(v)) then
-    return corrupt_field(name, v)
-  end
-  return nil
 end
 
 -- Member `id` of batch `bkey` finished with `outcome` ('succeeded', 'dead',
@@ -1524,7 +1567,15 @@ local function wf_unfinish(bkey, id)
   redis.call('HINCRBY', bkey, 'dead', -1)
   if failed then
     redis.pcall('HDEL', bkey .. ':results', id)
-    if (p[3] or p[4]) == 'fail' then redis.call('HINCRBY', bkey, 'failed', -1) end
+    if (p[3] or p[4]) == 'fail' then
+      redis.call('HINCRBY', bkey, 'failed', -1)
+      -- It is no failure any more: the parent's dead reason must not name it (the fire
+      -- names another failed child, wf_first_failed). Before, it stayed named.
+      local named = redis.call('HGET', bkey, 'failed_child')
+      if named and string.sub(named, 1, #id + 2) == id .. ': ' then
+        redis.call('HDEL', bkey, 'failed_child')
+      end
+    end
   end
   return nil
 end

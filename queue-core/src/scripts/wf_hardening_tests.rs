@@ -695,3 +695,340 @@ async fn a_dead_entry_of_a_megabyte_of_line_breaks_is_kept_at_once() {
     let kept = fx.text(&["LINDEX", &dead_key, "0"]).await.unwrap();
     assert_eq!(kept.len(), 1 << 20, "the entry of line breaks is kept");
 }
+
+/// Whether `e` is the workflow refusal of batch `batch` naming job id `id`.
+fn refuses_id(e: &crate::QueueError, batch: &str, id: &str) -> bool {
+    matches!(e, crate::QueueError::Workflow { batch: b, detail, .. }
+        if b == batch && detail.contains(&format!("`{id}` is given twice")))
+}
+
+/// An id given twice among a batch's members and callbacks is refused
+/// before any write. Before, the batch counted the id once (total 1): on
+/// one queue the second member was dropped as a duplicate, on two queues
+/// both ran and the batch fired when the first finished; a callback whose
+/// id a member took was never created, though the batch said `fired`.
+#[tokio::test]
+async fn a_member_id_given_twice_is_refused_before_any_write() {
+    let mut fx = Fx::start().await;
+    let job = |q: &str, id: &str| JobSpec::raw(q, "t", 1, 3, vec![0xc0]).id(id);
+    let same_queue = Batch::new(&fx.queue)
+        .id("B")
+        .home(Q)
+        .add(job(Q, "m"))
+        .add(job(Q, "m"));
+    let two_queues = Batch::new(&fx.queue)
+        .id("B")
+        .home(Q)
+        .add(job(Q, "m"))
+        .add(job("wfh-c", "m"));
+    let callback_is_member = Batch::new(&fx.queue)
+        .id("B")
+        .on_complete(job(Q, "m"))
+        .add(job(Q, "m"))
+        .add(job(Q, "n"));
+    let default_callback_id = Batch::new(&fx.queue)
+        .id("B")
+        .on_success(JobSpec::raw(Q, "cb", 1, 3, vec![0xc0]))
+        .add(job(Q, "B:success"));
+    let two_callbacks = Batch::new(&fx.queue)
+        .id("B")
+        .on_success(job(Q, "cb"))
+        .on_complete(job(Q, "cb"))
+        .add(job(Q, "m"));
+    for (name, batch, id) in [
+        ("same queue", same_queue, "m"),
+        ("two queues", two_queues, "m"),
+        ("callback is a member", callback_is_member, "m"),
+        ("default callback id", default_callback_id, "B:success"),
+        ("two callbacks", two_callbacks, "cb"),
+    ] {
+        let e = batch.enqueue().await.unwrap_err();
+        assert!(refuses_id(&e, "B", id), "{name}: {e}");
+        assert_eq!(fx.int(&["DBSIZE"]).await, 0, "{name}: nothing written");
+    }
+}
+
+/// A flow whose parent's id is a child's, or whose nested flow repeats an
+/// id of the outer flow (parent or leaf), is refused before any write.
+/// Before, the parent (the flow batch's callback) was never created: its
+/// spawn found the child's job and skipped, the batch said `fired`, and an
+/// outer flow waiting for a nested parent never fired.
+#[tokio::test]
+async fn a_flow_whose_parent_id_is_a_childs_is_refused() {
+    let mut fx = Fx::start().await;
+    let job = |id: &str| JobSpec::raw(Q, "t", 1, 3, vec![0xc0]).id(id);
+    let parent_is_child = crate::Flow::new(job("p")).child(job("a")).child(job("p"));
+    let nested_parent_is_leaf = crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_flow(crate::Flow::new(job("a")).child(job("b")));
+    let nested_leaf_is_outer_parent = crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_flow(crate::Flow::new(job("q")).child(job("p")));
+    let leaf_twice = crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_with(crate::ChildPolicy::Continue, job("a"));
+    for (name, flow, id) in [
+        ("parent is a child", parent_is_child, "p"),
+        ("nested parent is a leaf", nested_parent_is_leaf, "a"),
+        (
+            "nested leaf is the outer parent",
+            nested_leaf_is_outer_parent,
+            "p",
+        ),
+        ("a leaf twice", leaf_twice, "a"),
+    ] {
+        let e = flow.enqueue(&fx.queue).await.unwrap_err();
+        assert!(refuses_id(&e, "p", id), "{name}: {e}");
+        assert_eq!(fx.int(&["DBSIZE"]).await, 0, "{name}: nothing written");
+    }
+    // A nested flow's parent is one job (a child of the outer flow and its
+    // own flow's callback): not a repeat.
+    crate::Flow::new(job("p"))
+        .child(job("a"))
+        .child_flow(crate::Flow::new(job("q")).child(job("b")))
+        .enqueue(&fx.queue)
+        .await
+        .unwrap();
+}
+
+/// A batch whose success callback id is taken by a job it did not spawn
+/// (an unrelated job, or its completion record) fires with a `fire_error`
+/// naming the callback. Before, the spawn skipped silently: `fired`, no
+/// callback, no error anywhere.
+#[tokio::test]
+async fn a_callback_whose_id_another_job_took_is_a_fire_error() {
+    for taken in ["job", "record"] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        Enqueue::test_job(&keys, &JobId::from("cb"), 3)
+            .run(&mut fx.conn)
+            .await
+            .unwrap();
+        let bkey = fx.batch(Q, &["m"], 3).await;
+        let ds = fx.fetch(&keys, 2, Duration::from_secs(30)).await;
+        assert_eq!(ds[0].id.as_str(), "cb", "{taken}");
+        let acked = if taken == "job" { &ds[1..] } else { &ds[..] };
+        fx.ack(&keys, acked).await.unwrap();
+        assert_eq!(
+            fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+            Some("fired"),
+            "{taken}"
+        );
+        let err = fx
+            .text(&["HGET", &bkey, "fire_error"])
+            .await
+            .unwrap_or_else(|| panic!("{taken}: no fire_error"));
+        assert!(
+            err.contains("callback 'cb' not created") && err.contains("exists"),
+            "{taken}: {err}"
+        );
+        assert_eq!(
+            fx.text(&["HGET", &keys.stats, "workflow_errors"])
+                .await
+                .as_deref(),
+            Some("1"),
+            "{taken}"
+        );
+        // The unrelated job is left as it was.
+        assert_eq!(
+            fx.text(&["HGET", &keys.job("cb"), "batch_of"]).await,
+            None,
+            "{taken}"
+        );
+    }
+}
+
+impl Fx {
+    /// Fails delivery `d` of queue `wfh` for good (dead-lettered).
+    async fn fail_for_good(&mut self, d: &Delivery) {
+        let keys = self.keys.clone();
+        let reply = Fail {
+            keys: &keys,
+            id: &d.id,
+            token: &d.token,
+            kind: FailKind::Permanent,
+            message: "boom",
+            delay: Duration::ZERO,
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap();
+        assert!(matches!(reply, FailReply::Dead { .. }), "{reply:?}");
+    }
+
+    /// Replays dead job `id` of queue `wfh`.
+    async fn replay(&mut self, id: &str) {
+        let keys = self.keys.clone();
+        let replayed = Replay {
+            keys: &keys,
+            id: &JobId::from(id),
+            reset_attempts: true,
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap();
+        assert_eq!(replayed, ReplayReply::Replayed);
+    }
+}
+
+/// A `FailParent` flow: child `a` fails for good, is replayed and succeeds;
+/// then `b` fails (or, with a third child, `b` failed before the replay and
+/// `c` succeeds last). The parent's dead reason names `b`. Before, it named
+/// `a` (`failed_child` was set once and never cleared by the replay): the
+/// operator was sent to a child that had succeeded.
+#[tokio::test]
+async fn a_replayed_child_that_succeeds_is_not_named_as_the_failure() {
+    for children in [&["a", "b"][..], &["a", "b", "c"]] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        let job = |id: &str| JobSpec::raw(Q, "t", 1, 1, vec![0xc0]).id(id);
+        let mut flow = crate::Flow::new(job("P"));
+        for id in children {
+            flow = flow.child(job(id));
+        }
+        flow.enqueue(&fx.queue).await.unwrap();
+        let lease = Duration::from_secs(30);
+        let first = fx.fetch(&keys, children.len(), lease).await;
+        let [a, b, rest @ ..] = &first[..] else {
+            panic!("{first:?}")
+        };
+        assert_eq!((a.id.as_str(), b.id.as_str()), ("a", "b"));
+        fx.fail_for_good(a).await;
+        if children.len() == 3 {
+            fx.fail_for_good(b).await;
+        }
+        fx.replay("a").await;
+        let again = fx.fetch(&keys, 1, lease).await;
+        assert_eq!(again[0].id.as_str(), "a");
+        fx.ack(&keys, &again).await.unwrap();
+        if children.len() == 3 {
+            fx.ack(&keys, rest).await.unwrap();
+        } else {
+            fx.fail_for_good(b).await;
+        }
+        let reason = fx
+            .text(&["HGET", &keys.job("P"), "dead_reason"])
+            .await
+            .unwrap_or_else(|| panic!("{children:?}: the parent is not dead"));
+        assert!(
+            reason.contains("1 child(ren) failed, first b: boom"),
+            "{children:?}: {reason}"
+        );
+    }
+}
+
+/// 101 notices of a cross-queue batch's members, all applicable, behind an
+/// unreadable one, while the members' queue's dead-notice list holds
+/// another type (corrupt data). The relay applies and removes all 101 (the
+/// batch fires) and keeps the unreadable one in the relay list. Before,
+/// `relay_done.lua` refused every call on the dead-notice list's type, even
+/// when every notice was applied: each relay run re-applied the same first
+/// notices and failed, and notice 101 was never applied.
+#[tokio::test]
+async fn a_corrupt_dead_notice_list_blocks_no_applied_notice() {
+    let mut fx = Fx::start().await;
+    let ids: Vec<String> = (0..101).map(|i| format!("m{i}")).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let bkey = fx.batch("wfh-c", &id_refs, 3).await;
+    let members = QueueKeys::new("wfh-c");
+    fx.cmd(&["RPUSH", &members.relay(), "garbage"]).await;
+    for _ in 0..3 {
+        let ds = fx.fetch(&members, 50, Duration::from_secs(30)).await;
+        fx.ack(&members, &ds).await.unwrap();
+    }
+    assert_eq!(fx.int(&["LLEN", &members.relay()]).await, 102);
+    fx.cmd(&["SET", &members.relay_dead(), "x"]).await;
+
+    let relayed = fx.queue.relay("wfh-c").await.expect("the relay goes on");
+    assert_eq!(
+        (relayed.applied, relayed.already, relayed.dead),
+        (101, 0, 0),
+        "{relayed:?}"
+    );
+    assert_eq!(
+        fx.relay_notices("wfh-c").await,
+        [b"garbage".to_vec()],
+        "the unreadable notice is kept, the applied ones removed"
+    );
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+        Some("fired")
+    );
+    let main = fx.keys.main.clone();
+    assert!(fx.in_list(&main, "cb").await);
+    assert_eq!(
+        fx.text(&["GET", &members.relay_dead()]).await.as_deref(),
+        Some("x"),
+        "the corrupt key is left for the operator"
+    );
+}
+
+/// A sealed batch whose `dead` count reads "1e3" (Lua's `tonumber`: 1000)
+/// is not fired by the first of its three members to succeed, and one whose
+/// `total` is not a count is not fired by its last: each says why in
+/// `count_error` (once). Before, the first fired the batch early (the
+/// callback ran after 1 of 3 members), and the second never fired with
+/// nothing recorded.
+#[tokio::test]
+async fn a_non_canonical_count_never_fires_early() {
+    for (field, value, members) in [
+        ("dead", "1e3", &["a", "b", "c"][..]),
+        ("total", "x", &["a", "b"]),
+    ] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        let bkey = fx.batch(Q, members, 3).await;
+        fx.cmd(&["HSET", &bkey, field, value]).await;
+        let acked = if field == "dead" { 1 } else { members.len() };
+        for _ in 0..acked {
+            let ds = fx.fetch(&keys, 1, Duration::from_secs(30)).await;
+            fx.ack(&keys, &ds).await.unwrap();
+        }
+        assert_eq!(
+            fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+            Some("sealed"),
+            "{field}"
+        );
+        assert!(!fx.in_list(&keys.main, "cb").await, "{field}");
+        assert_eq!(fx.int(&["EXISTS", &keys.job("cb")]).await, 0, "{field}");
+        let err = fx.count_error(&bkey).await;
+        assert!(
+            err.contains("batch not fired") && err.contains(&format!("field {field}")),
+            "{field}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{field}: recorded once: {err}");
+    }
+}
+
+/// A member on another queue ends after its batch is gone (deleted here;
+/// or its keys expired): its notice is dropped, counted (`relay_dropped`,
+/// `RelayReport::dropped`) and logged, as the same member on the batch's
+/// own queue is skipped. Before, it went to `relay:dead` as "no such batch",
+/// where nothing could ever apply it (`check` not clean for good).
+#[tokio::test]
+async fn a_notice_for_a_batch_that_is_gone_is_dropped_not_set_aside() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch("wfh-c", &["m"], 3).await;
+    fx.cmd(&["DEL", &bkey]).await;
+    let members = QueueKeys::new("wfh-c");
+    let ds = fx.fetch(&members, 1, Duration::from_secs(30)).await;
+    assert_eq!(fx.ack(&members, &ds).await.unwrap(), [AckReply::Completed]);
+    assert_eq!(fx.relay_notices("wfh-c").await.len(), 1);
+
+    let relayed = fx.queue.relay("wfh-c").await.unwrap();
+    assert_eq!(
+        (relayed.applied, relayed.already, relayed.dead),
+        (0, 0, 0),
+        "{relayed:?}"
+    );
+    assert_eq!(relayed.dropped, 1, "{relayed:?}");
+    assert!(fx.relay_notices("wfh-c").await.is_empty());
+    assert_eq!(fx.int(&["LLEN", &members.relay_dead()]).await, 0);
+    assert_eq!(
+        fx.text(&["HGET", &members.stats, "relay_dropped"])
+            .await
+            .as_deref(),
+        Some("1")
+    );
+    assert_eq!(fx.int(&["EXISTS", &bkey]).await, 0, "nothing recreated");
+}

@@ -8,7 +8,7 @@ use crate::enqueue_options::Enqueued;
 use crate::error::Result;
 use crate::queue::Queue;
 
-use super::engine::BatchRef;
+use super::engine::{check_unique_ids, BatchRef};
 use super::JobSpec;
 
 /// A batch of jobs with callbacks. The members are ordinary jobs carrying
@@ -120,7 +120,10 @@ impl Batch {
     /// The home queue's name, every member (queue name, id, extra field
     /// names: [`EnqueueOptions::validate`](crate::EnqueueOptions::validate))
     /// and every callback (queue name, id) are checked before anything is
-    /// written: a refused batch leaves nothing in Redis.
+    /// written: a refused batch leaves nothing in Redis. So is an id given
+    /// twice among the members and callbacks (whatever their queues): a
+    /// batch counts a member id once, and a callback whose id a member took
+    /// could not be created.
     pub async fn enqueue(mut self) -> Result<BatchCreated> {
         let home = self
             .home
@@ -163,6 +166,13 @@ impl Batch {
         for m in &mut self.members {
             ids.push(m.ensure_id().to_string());
         }
+        let callbacks = self.on_success.iter().chain(&self.on_complete);
+        check_unique_ids(
+            &batch,
+            ids.iter()
+                .map(String::as_str)
+                .chain(callbacks.filter_map(|j| j.job_id()).map(|id| id.as_str())),
+        )?;
         let mut conn = self.queue.connection();
         batch.open(&mut conn, "", &spec).await?;
         batch.register(&mut conn, "", &ids).await?;

@@ -89,10 +89,16 @@ impl JobContext {
                 QueueError::Workflow { .. } => JobError::permanent(e),
                 e => JobError::retryable(e),
             })?;
+        // The batch fired already, or is gone (its keys expired, or deleted):
+        // no member can join it, now or on a retry. Refused for good, naming
+        // the batch (before, retried until the adder's attempts ran out).
         batch
             .register(&mut conn.clone(), "", &[id])
             .await
-            .map_err(JobError::retryable)?;
+            .map_err(|e| match e {
+                QueueError::Workflow { .. } => JobError::permanent(format!("batch_add: {e}")),
+                e => JobError::retryable(e),
+            })?;
         let queue = Queue::from_connection(conn);
         let mut out = batch
             .enqueue_members(&queue, vec![job])
@@ -104,12 +110,16 @@ impl JobContext {
 
     /// The counts of the batch that spawned this job (a callback or a flow's
     /// parent), or else of the batch it is a member of; `None` outside a batch.
+    /// A member of several batches (a DAG step that several steps run
+    /// after: its `batch` field holds their keys, one per line) gets the
+    /// first one's (before, the whole field was read as one key: `None`).
     pub async fn batch_summary(&self) -> Result<Option<BatchSummary>, JobError> {
         let (member, spawned) = self.batch_fields().await?;
         let Some(key) = spawned.or(member) else {
             return Ok(None);
         };
-        let batch = self.batch_ref(&key)?;
+        let key = key.lines().next().unwrap_or_default();
+        let batch = self.batch_ref(key)?;
         let mut conn = self.inner.conn.clone().expect("checked by batch_fields");
         BatchSummary::read(&mut conn, &batch)
             .await

@@ -299,6 +299,30 @@ impl BatchRef {
     }
 }
 
+/// Refuses, before any write, an id given twice among the jobs of one batch
+/// or flow (members, callbacks, parents; whatever their queues): `batch`
+/// names the batch (a flow's outermost one). A batch counts a member id
+/// once (`<batch>:members` is a set), so a second member of the same id was
+/// never counted: on one queue it was dropped as a duplicate, on two both
+/// ran and the batch fired when the first finished. A callback or parent
+/// whose id a member (or another callback) took was never created when the
+/// batch fired. Before, neither was checked.
+pub(crate) fn check_unique_ids<'a>(
+    batch: &BatchRef,
+    ids: impl IntoIterator<Item = &'a str>,
+) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for id in ids {
+        if !seen.insert(id) {
+            return Err(batch.error(format!(
+                "job id `{id}` is given twice among the batch's members, callbacks and parents: \
+                 each job of a batch or flow needs an id of its own"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The batch a batch key names: (home queue, id), parsed from
 /// `q:{<queue>}:batch:<id>`.
 pub(crate) fn parse_key(key: &str) -> Option<BatchRef> {

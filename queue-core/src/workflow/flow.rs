@@ -5,10 +5,11 @@
 
 use crate::enqueue_options::Enqueued;
 use crate::error::Result;
+use crate::job::JobId;
 use crate::queue::Queue;
 use crate::BoxFuture;
 
-use super::engine::BatchRef;
+use super::engine::{check_unique_ids, BatchRef};
 use super::JobSpec;
 
 /// What a child's failure (dead-lettered or cancelled) does to its parent.
@@ -121,9 +122,47 @@ impl Flow {
     /// Opens the flow's batch (nested ones first), enqueues the leaf
     /// children and seals. Idempotent with stable ids: after an error,
     /// enqueue the same flow again.
-    pub async fn enqueue(self, queue: &Queue) -> Result<FlowCreated> {
+    ///
+    /// Refused before any write ([`QueueError::Workflow`](crate::QueueError::Workflow),
+    /// naming the flow and the id): an id given twice among the flow's
+    /// parents and children, nested flows' included (a batch counts a
+    /// member id once; a parent whose id a child took is never created).
+    pub async fn enqueue(mut self, queue: &Queue) -> Result<FlowCreated> {
         self.check()?;
+        self.assign_ids();
+        let mut ids = Vec::new();
+        self.collect_ids(&mut ids);
+        let id = self.parent.ensure_id();
+        let outer = BatchRef::new(&self.parent.queue, id.as_str());
+        check_unique_ids(&outer, ids.iter().map(|id| id.as_str()))?;
         self.enqueue_in(queue, None).await
+    }
+
+    /// Gives every parent and child without an id a random one (what
+    /// `enqueue_in` would give it), so that the ids can be checked first.
+    fn assign_ids(&mut self) {
+        self.parent.ensure_id();
+        for (_, child) in &mut self.children {
+            match child {
+                Child::Job(j) => {
+                    j.ensure_id();
+                }
+                Child::Flow(f) => f.assign_ids(),
+            }
+        }
+    }
+
+    /// The ids of every job of the flow, nested flows' included: each
+    /// parent once (a nested flow's parent is both a child of the outer
+    /// flow and its own flow's callback: one job), each leaf child once.
+    fn collect_ids(&self, out: &mut Vec<JobId>) {
+        out.extend(self.parent.job_id().cloned());
+        for (_, child) in &self.children {
+            match child {
+                Child::Job(j) => out.extend(j.job_id().cloned()),
+                Child::Flow(f) => f.collect_ids(out),
+            }
+        }
     }
 
     /// Refuses, before any write, a flow whose parent's id (its batch id),

@@ -25,7 +25,7 @@ use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 use crate::queue::Queue;
 use crate::scripts::relay_apply::{Applied, RelayApply};
-use crate::scripts::relay_done::RelayDone;
+use crate::scripts::relay_done::{RelayDone, DROPPED};
 use crate::scripts::relay_retry::RelayRetry;
 
 use super::engine::parse_key;
@@ -44,9 +44,13 @@ pub struct RelayReport {
     /// Notices found already applied (a relay that crashed between its two
     /// steps, or two relayers at once) and removed.
     pub already: u64,
-    /// Notices that could not be applied (no such batch, corrupt batch,
-    /// unreadable notice), moved to the dead-notice list and logged.
+    /// Notices that could not be applied (corrupt batch, unreadable
+    /// notice), moved to the dead-notice list and logged.
     pub dead: u64,
+    /// Notices whose batch is gone (expired or deleted), removed and logged
+    /// (stats `relay_dropped`), as a member on the batch's own queue whose
+    /// batch is gone is skipped. Before, they were set aside as dead.
+    pub dropped: u64,
 }
 
 impl RelayReport {
@@ -54,6 +58,7 @@ impl RelayReport {
         self.applied += other.applied;
         self.already += other.already;
         self.dead += other.dead;
+        self.dropped += other.dropped;
     }
 }
 
@@ -150,11 +155,14 @@ async fn relay_one(
 ) -> Result<(RelayReport, Vec<String>)> {
     let mut report = RelayReport::default();
     let mut more = Vec::new();
+    // Notices kept at the head of the list this run (set aside, but the
+    // dead-notice list holds another type): read past them.
+    let mut skip = 0i64;
     loop {
         let raw: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(keys.relay())
-            .arg(0)
-            .arg(CHUNK as i64 - 1)
+            .arg(skip)
+            .arg(skip + CHUNK as i64 - 1)
             .query_async(conn)
             .await
             .map_err(|e| QueueError::redis(&keys.queue, None, e))?;
@@ -201,9 +209,7 @@ async fn relay_one(
             }
             let reason = match v {
                 Some(Ok(Applied::Now)) | Some(Ok(Applied::Already)) => None,
-                Some(Ok(Applied::NoBatch)) => {
-                    Some("no such batch (expired or deleted)".to_string())
-                }
+                Some(Ok(Applied::NoBatch)) => Some(DROPPED.to_string()),
                 Some(Ok(Applied::Corrupt)) => Some(
                     "the batch is corrupt: a key of another type, or a count that is not \
                      an integer (the batch's count_error says which)"
@@ -230,6 +236,8 @@ async fn relay_one(
         .run(conn)
         .await?;
         report.dead += reply.dead;
+        report.dropped += reply.dropped;
+        skip += reply.kept as i64;
         for (n, (_, reason)) in notices.iter().zip(&end_args) {
             if let Some(reason) = reason {
                 let kind = String::from_utf8_lossy(&n.raw)
@@ -237,8 +245,20 @@ async fn relay_one(
                     .nth(1)
                     .map(kind_name)
                     .unwrap_or("finished");
-                warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind, %reason,
-                    "relay notice cannot be applied: kept in the dead-notice list (check, stats `relay_dead`)");
+                if reason == DROPPED {
+                    warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind,
+                        "relay notice for a batch that is gone (expired or deleted): dropped \
+                         (stats `relay_dropped`), as on the batch's own queue");
+                } else if reply.kept > 0 {
+                    // relay_done.lua checks the dead-notice list once per
+                    // call: every notice it could not move was kept.
+                    warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind, %reason,
+                        "relay notice cannot be applied and the dead-notice list holds another type \
+                         (corrupt data; repair it): kept in the relay list");
+                } else {
+                    warn!(queue = %keys.queue, batch = %n.batch, job_id = %n.member, kind, %reason,
+                        "relay notice cannot be applied: kept in the dead-notice list (check, stats `relay_dead`)");
+                }
             }
         }
         if read < CHUNK {
@@ -246,7 +266,8 @@ async fn relay_one(
         }
     }
     if report != RelayReport::default() {
-        debug!(queue = %keys.queue, applied = report.applied, already = report.already, dead = report.dead, "relayed");
+        debug!(queue = %keys.queue, applied = report.applied, already = report.already, dead = report.dead,
+            dropped = report.dropped, "relayed");
     }
     Ok((report, more))
 }
@@ -464,8 +485,8 @@ impl Queue {
     /// let retried = queue.relay_retry_dead("emails").await?;
     /// assert_eq!((retried.moved, retried.kept, retried.left), (1, 0, 0));
     /// assert!(queue.relay_dead("emails").await?.is_empty());
-    /// // Batch `b-1` does not exist: the relay sets the notice aside again.
-    /// assert_eq!(queue.relay("emails").await?.dead, 1);
+    /// // Batch `b-1` does not exist (expired or deleted): the relay drops it.
+    /// assert_eq!(queue.relay("emails").await?.dropped, 1);
     /// # Ok(()) }
     /// ```
     pub async fn relay_retry_dead(&self, queue: &str) -> Result<RelayRetryReport> {

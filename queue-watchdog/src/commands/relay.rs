@@ -59,6 +59,7 @@ pub async fn retry_dead(url: &str, queue: &str, json: bool) -> Result<ExitCode> 
                 "applied": relayed.applied,
                 "already": relayed.already,
                 "dead": relayed.dead,
+                "dropped": relayed.dropped,
             })
         );
     } else {
@@ -67,8 +68,8 @@ pub async fn retry_dead(url: &str, queue: &str, json: bool) -> Result<ExitCode> 
             moved.moved, moved.kept, moved.left
         );
         println!(
-            "{queue}: relayed: applied {}, already applied {}, set aside again {}",
-            relayed.applied, relayed.already, relayed.dead
+            "{queue}: relayed: applied {}, already applied {}, set aside again {}, dropped (batch gone) {}",
+            relayed.applied, relayed.already, relayed.dead, relayed.dropped
         );
         if relayed.dead > 0 {
             println!("see why: queue-watchdog relay dead -q {queue}");
