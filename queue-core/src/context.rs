@@ -465,7 +465,9 @@ impl JobContext {
     }
 
     /// Acquires a distributed lock from inside a handler (same Redis as the
-    /// queue). See [`Lock`](crate::Lock). Fails with a retryable error outside a worker.
+    /// queue). See [`Lock`](crate::Lock). Fails with a retryable error outside a worker
+    /// or when Redis fails; a lock name or options `Lock::acquire` refuses
+    /// is a permanent error (a retry is refused the same way).
     pub async fn lock(
         &self,
         name: &str,
@@ -478,7 +480,10 @@ impl JobContext {
         };
         crate::Lock::acquire(conn.clone(), name, options)
             .await
-            .map_err(JobError::retryable)
+            .map_err(|e| match e {
+                crate::LockError::Redis { .. } => JobError::retryable(e),
+                _ => JobError::permanent(e),
+            })
     }
 }
 

@@ -13,6 +13,19 @@
 //! before the one the deadline already follows (the reply of an older of
 //! two concurrent extends) is ignored.
 //!
+//! An extend whose outcome is unknown (its reply was lost or timed out: Redis
+//! may apply it now, later, or never) may have set the TTL Redis keeps, so
+//! the deadline is capped at that extend's send time + its trusted part when
+//! that is earlier ([`LeaseClock::unconfirmed`]), until an extend sent after
+//! it is confirmed. Without the cap, a lost reply of an extend to a shorter
+//! TTL left the holder counting on the longer deadline after Redis had let
+//! the lease go.
+//!
+//! Every change that can move the deadline earlier or end the lease wakes
+//! [`LeaseClock::wait_lost`], which re-reads the deadline: a waiter that went
+//! to sleep until the deadline it read first used to sleep through a
+//! shortening.
+//!
 //! Once lost, a clock stays lost: a later extend does not revive it. The one
 //! exception is [`LeaseClock::regain`], for a holder that has not relied on
 //! the lease yet (a delivery whose handler would start after the deadline):
@@ -23,6 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// The part of a lease the holder counts on: 90 % of it (at least 1 ms less).
@@ -49,57 +63,137 @@ impl Granted {
     }
 }
 
+/// Extends whose outcome is unknown, not yet overtaken by a confirmed extend
+/// sent after them.
+#[derive(Debug, Clone, Copy)]
+struct Cap {
+    /// The latest send among them: a confirmed extend sent after it lifts
+    /// the cap.
+    last_sent: Instant,
+    /// The earliest `sent_at` + trusted part among them; `None`: beyond the
+    /// clock (no cap).
+    until: Option<Instant>,
+}
+
+/// What the deadline follows.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    granted: Granted,
+    cap: Option<Cap>,
+}
+
+impl Lease {
+    fn deadline(&self) -> Option<Instant> {
+        earliest(self.granted.until, self.cap.and_then(|c| c.until))
+    }
+
+    /// A request sent at `sent_at` was confirmed: an unknown extend sent
+    /// before it no longer decides the TTL.
+    fn lift_cap(&mut self, sent_at: Instant) {
+        if self.cap.is_some_and(|c| sent_at > c.last_sent) {
+            self.cap = None;
+        }
+    }
+}
+
+/// The earlier of two optional instants, `None` being "never".
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// A lease deadline on the local monotonic clock plus a sticky lost flag.
 #[derive(Debug)]
 pub(crate) struct LeaseClock {
     /// `None`: no deadline (a context built for unit tests).
-    granted: Mutex<Option<Granted>>,
+    lease: Mutex<Option<Lease>>,
     lost: AtomicBool,
     /// Redis said the lease is another's ([`mark_lost`](Self::mark_lost)),
     /// not only the local deadline passed: [`regain`](Self::regain) refuses.
     taken: AtomicBool,
+    /// Signalled by every change that can move the deadline or end the
+    /// lease: [`wait_lost`](Self::wait_lost) re-reads it.
+    changed: Notify,
 }
 
 impl LeaseClock {
     /// A lease of `lease` whose request was sent at `sent_at`.
     pub(crate) fn new(sent_at: Instant, lease: Duration) -> Self {
         LeaseClock {
-            granted: Mutex::new(Some(Granted::new(sent_at, lease))),
+            lease: Mutex::new(Some(Lease {
+                granted: Granted::new(sent_at, lease),
+                cap: None,
+            })),
             lost: AtomicBool::new(false),
             taken: AtomicBool::new(false),
+            changed: Notify::new(),
         }
     }
 
     /// A lease that never runs out by itself (only [`mark_lost`](Self::mark_lost) ends it).
     pub(crate) fn unbounded() -> Self {
         LeaseClock {
-            granted: Mutex::new(None),
+            lease: Mutex::new(None),
             lost: AtomicBool::new(false),
             taken: AtomicBool::new(false),
+            changed: Notify::new(),
         }
     }
 
     /// Redis confirmed an extension to `lease` requested at `sent_at`: the
     /// deadline becomes `sent_at` + 90 % of `lease`, earlier or later than
-    /// before, unless a request sent after this one was already confirmed.
-    /// Ignored when the lease was already lost locally.
+    /// before, unless a request sent after this one was already confirmed;
+    /// the cap of unknown extends sent before it is lifted. Ignored when the
+    /// lease was already lost locally.
     pub(crate) fn confirm(&self, sent_at: Instant, lease: Duration) {
         if self.is_lost() {
             return;
         }
-        if let Ok(mut granted) = self.granted.lock() {
-            if let Some(g) = granted.as_mut() {
-                if sent_at >= g.sent_at {
-                    *g = Granted::new(sent_at, lease);
+        if let Ok(mut state) = self.lease.lock() {
+            if let Some(l) = state.as_mut() {
+                if sent_at >= l.granted.sent_at {
+                    l.granted = Granted::new(sent_at, lease);
                 }
+                l.lift_cap(sent_at);
             }
         }
+        self.changed.notify_waiters();
+    }
+
+    /// An extension to `lease` requested at `sent_at` failed with an
+    /// unknown outcome (its reply was lost or timed out: Redis may have
+    /// applied it, or may apply it later). The deadline is at most
+    /// `sent_at` + 90 % of `lease` until an extend sent after this one is
+    /// confirmed. Ignored when one sent after it was already confirmed.
+    pub(crate) fn unconfirmed(&self, sent_at: Instant, lease: Duration) {
+        if let Ok(mut state) = self.lease.lock() {
+            if let Some(l) = state.as_mut() {
+                if sent_at < l.granted.sent_at {
+                    return;
+                }
+                let until = sent_at.checked_add(trusted(lease));
+                l.cap = Some(match l.cap {
+                    Some(c) => Cap {
+                        last_sent: c.last_sent.max(sent_at),
+                        until: earliest(c.until, until),
+                    },
+                    None => Cap {
+                        last_sent: sent_at,
+                        until,
+                    },
+                });
+            }
+        }
+        self.changed.notify_waiters();
     }
 
     /// Redis said the lease belongs to someone else (or is gone).
     pub(crate) fn mark_lost(&self) {
         self.taken.store(true, Ordering::SeqCst);
         self.lost.store(true, Ordering::SeqCst);
+        self.changed.notify_waiters();
     }
 
     /// Redis confirmed an extension to `lease` requested at `sent_at` after
@@ -112,9 +206,10 @@ impl LeaseClock {
         if self.taken.load(Ordering::SeqCst) {
             return false;
         }
-        if let Ok(mut granted) = self.granted.lock() {
-            if let Some(g) = granted.as_mut() {
-                *g = Granted::new(sent_at, lease);
+        if let Ok(mut state) = self.lease.lock() {
+            if let Some(l) = state.as_mut() {
+                l.granted = Granted::new(sent_at, lease);
+                l.lift_cap(sent_at);
             }
         }
         self.lost.store(false, Ordering::SeqCst);
@@ -123,10 +218,10 @@ impl LeaseClock {
 
     /// The local deadline, `None` when there is none.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.granted
+        self.lease
             .lock()
             .ok()
-            .and_then(|g| g.and_then(|g| g.until))
+            .and_then(|l| l.and_then(|l| l.deadline()))
     }
 
     /// True once Redis reported the lease lost or the local deadline passed
@@ -141,6 +236,31 @@ impl LeaseClock {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Completes once the lease is lost ([`is_lost`](Self::is_lost)): sleeps
+    /// until the deadline, and re-reads it whenever it changes (a shorter
+    /// extend, an unknown outcome's cap, [`mark_lost`](Self::mark_lost)).
+    pub(crate) async fn wait_lost(&self) {
+        loop {
+            // Registered before the deadline is read: a change between the
+            // read and the sleep still wakes this waiter.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.is_lost() {
+                return;
+            }
+            match self.deadline() {
+                Some(at) => {
+                    tokio::select! {
+                        _ = changed => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => changed.await,
+            }
         }
     }
 }
@@ -254,5 +374,57 @@ mod tests {
             clock.deadline(),
             Some(newer + trusted(Duration::from_secs(1)))
         );
+    }
+
+    /// A waiter that read the 9 s deadline of a 10 s lease wakes when a
+    /// confirmed extend shortens it to 300 ms (and completes at the new
+    /// deadline); it used to sleep until the first one.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_follows_a_deadline_moved_earlier() {
+        let clock = LeaseClock::new(Instant::now(), Duration::from_secs(10));
+        let start = Instant::now();
+        let wait = clock.wait_lost();
+        tokio::pin!(wait);
+        assert!(futures::poll!(wait.as_mut()).is_pending());
+        clock.confirm(Instant::now(), Duration::from_millis(300));
+        wait.await;
+        assert_eq!(start.elapsed(), trusted(Duration::from_millis(300)));
+        // Redis reporting the lease lost ends the wait at once.
+        let clock = LeaseClock::new(Instant::now(), Duration::from_secs(10));
+        let wait = clock.wait_lost();
+        tokio::pin!(wait);
+        assert!(futures::poll!(wait.as_mut()).is_pending());
+        clock.mark_lost();
+        assert!(futures::poll!(wait.as_mut()).is_ready());
+    }
+
+    /// An extend whose outcome is unknown caps the deadline at its own
+    /// trusted part (Redis may apply it); an extend sent after it and
+    /// confirmed lifts the cap, one sent before it does not; an unknown
+    /// extend sent before a confirmed one changes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn an_extend_of_unknown_outcome_caps_the_deadline_until_a_later_one_is_confirmed() {
+        let ten = Duration::from_secs(10);
+        let short = Duration::from_millis(300);
+        let clock = LeaseClock::new(Instant::now(), ten);
+        let older = Instant::now();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let unknown = Instant::now();
+        clock.unconfirmed(unknown, short);
+        assert_eq!(clock.deadline(), Some(unknown + trusted(short)));
+        clock.confirm(older, ten); // sent before the unknown one
+        assert_eq!(clock.deadline(), Some(unknown + trusted(short)));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        let later = Instant::now();
+        clock.confirm(later, ten);
+        assert_eq!(clock.deadline(), Some(later + trusted(ten)));
+        clock.unconfirmed(older, short); // overtaken by `later`
+        assert_eq!(clock.deadline(), Some(later + trusted(ten)));
+        // A cap that is not earlier changes nothing; past the cap it is lost.
+        clock.unconfirmed(Instant::now(), Duration::from_secs(60));
+        assert_eq!(clock.deadline(), Some(later + trusted(ten)));
+        clock.unconfirmed(Instant::now(), short);
+        tokio::time::advance(short).await;
+        assert!(clock.is_lost());
     }
 }

@@ -6,7 +6,15 @@
 //! local monotonic clock (`lease_clock.rs`): measured from before the
 //! acquire (then the most recently sent confirmed extend or renewal, whether
 //! it lengthened or shortened the TTL) was sent, 90 % of that TTL, with or
-//! without auto-renew.
+//! without auto-renew; an extend or renewal whose reply was lost caps it at
+//! its own send + 90 % of its TTL (Redis may apply it), until one sent after
+//! it is confirmed.
+//!
+//! Renewals are timed from send times, as the heartbeat's beats are
+//! ([`next_renewal`]): the first `renew_every` after the acquire that got
+//! the answer was sent, each next one `renew_every` after the previous
+//! renewal was sent. Timed from each reply, slow replies pushed a renewal
+//! past the local deadline.
 //!
 //! A single-instance Redis lock is a *efficiency* lock: after a failover or a
 //! long pause the holder may have lost it without knowing. Check
@@ -14,31 +22,83 @@
 //! store allows it, pass [`LockGuard::fencing`] along so stale holders are
 //! rejected there.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::conn::RedisConnection;
 use rand::Rng;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::error::outcome_unknown;
 use crate::keys::LockKeys;
-use crate::lease_clock::LeaseClock;
+use crate::lease_clock::{trusted, LeaseClock};
 use crate::scripts::lock_acquire::{LockAcquire, LockAcquireReply};
 use crate::scripts::lock_extend::LockExtend;
 use crate::scripts::lock_release::LockRelease;
 
-/// Lock errors: Redis failed while acquiring, extending or releasing.
+/// Lock errors: a name or options refused before anything was sent, or
+/// Redis failed while acquiring, extending or releasing.
 #[derive(Debug, thiserror::Error)]
-#[error("lock `{name}`: redis error: {source}")]
-pub struct LockError {
+#[non_exhaustive]
+pub enum LockError {
+    /// Redis failed (or did not answer in time).
+    #[error("lock `{name}`: redis error: {source}")]
+    Redis {
+        /// The lock's name.
+        name: String,
+        /// The client error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// A name that cannot name a lock's keys, refused before anything was
+    /// sent (the rule of [`validate_queue_name`](crate::validate_queue_name):
+    /// not empty, no `{` or `}`, no whitespace or control characters). The
+    /// name is the keys' hash tag: `""` or `"}x"` gave `lock:{}` and
+    /// `lock:{}:fence` different cluster slots, and every acquire failed
+    /// with `CROSSSLOT`.
+    #[error("invalid lock name {name:?}: a lock name {reason}")]
+    InvalidName {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// [`LockOptions`] that cannot work, refused before anything was sent.
+    #[error("lock `{name}`: invalid options: {reason}")]
+    InvalidOptions {
+        /// The lock's name.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl LockError {
     /// The lock's name.
-    pub name: String,
-    /// The client error.
-    #[source]
-    pub source: redis::RedisError,
+    pub fn name(&self) -> &str {
+        match self {
+            LockError::Redis { name, .. }
+            | LockError::InvalidName { name, .. }
+            | LockError::InvalidOptions { name, .. } => name,
+        }
+    }
+
+    /// The call may or may not have reached Redis (its reply was lost or
+    /// timed out): an extend may still be applied, so
+    /// [`LockGuard::is_held`] counts on no more than it would set.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, LockError::Redis { source, .. } if outcome_unknown(source))
+    }
+
+    fn redis(name: &str, source: redis::RedisError) -> Self {
+        LockError::Redis {
+            name: name.to_string(),
+            source,
+        }
+    }
 }
 
 /// How to take a lock.
@@ -60,6 +120,9 @@ pub struct LockOptions {
     /// Pause between tries (jittered by ±50%).
     pub retry_interval: Duration,
     /// Auto-renew period; `None`: no auto-renew (call [`LockGuard::extend`]).
+    /// More than zero and less than 90 % of `ttl` (the part of the lease
+    /// the guard counts on): `acquire` refuses others with
+    /// [`LockError::InvalidOptions`].
     pub renew_every: Option<Duration>,
 }
 
@@ -75,10 +138,11 @@ impl Default for LockOptions {
 }
 
 impl LockOptions {
-    /// Sets the lease and an auto-renew period of a third of it.
+    /// Sets the lease and an auto-renew period of a third of it (of the
+    /// longest lease Redis keeps, for a longer one).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
-        self.renew_every = self.renew_every.map(|_| ttl / 3);
+        self.renew_every = self.renew_every.map(|_| clamp_ttl(ttl) / 3);
         self
     }
 
@@ -93,6 +157,43 @@ impl LockOptions {
         self.renew_every = None;
         self
     }
+
+    /// Refuses a renewal period that cannot keep the lock: zero (a loop of
+    /// renewals with no pause), or not below the trusted part of the TTL
+    /// (the local deadline passes before the first renewal is sent).
+    fn check(&self, name: &str) -> Result<(), LockError> {
+        let Some(every) = self.renew_every else {
+            return Ok(());
+        };
+        let reason = if every.is_zero() {
+            format!("renew_every is zero (ttl {:?})", self.ttl)
+        } else if every >= trusted(self.ttl) {
+            format!(
+                "renew_every {every:?} is not below 90 % of the ttl {:?} ({:?}, the part of the lease the guard counts on): the lock would be lost before its first renewal",
+                self.ttl,
+                trusted(self.ttl)
+            )
+        } else {
+            return Ok(());
+        };
+        Err(LockError::InvalidOptions {
+            name: name.to_string(),
+            reason,
+        })
+    }
+}
+
+/// Checks that `name` can name a lock's keys: the rule of
+/// [`validate_queue_name`](crate::validate_queue_name) (the name is the
+/// keys' hash tag). `Err` completes "a lock name …".
+fn validate_lock_name(name: &str) -> Result<(), &'static str> {
+    crate::keys::validate_queue_name(name).map_err(|reason| {
+        if name.contains(['{', '}']) {
+            "must not contain `{` or `}` (lock names become Redis hash tags)"
+        } else {
+            reason
+        }
+    })
 }
 
 /// Entry point: [`Lock::acquire`].
@@ -101,7 +202,10 @@ pub struct Lock;
 
 impl Lock {
     /// Tries to take lock `name` until `options.wait` has passed. `Ok(None)`
-    /// when another owner held it the whole time.
+    /// when another owner held it the whole time. A name that cannot name
+    /// a lock ([`LockError::InvalidName`]) or a `renew_every` that cannot
+    /// keep it ([`LockError::InvalidOptions`]) is refused before anything is
+    /// sent.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -121,11 +225,15 @@ impl Lock {
         name: &str,
         options: LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
+        validate_lock_name(name).map_err(|reason| LockError::InvalidName {
+            name: name.to_string(),
+            reason,
+        })?;
         let keys = LockKeys::new(name);
         let token = uuid::Uuid::new_v4().to_string();
         // `None`: a wait longer than the clock holds, i.e. until it is free
         // (`Instant + Duration::MAX` panicked).
-        let deadline = tokio::time::Instant::now().checked_add(options.wait);
+        let deadline = Instant::now().checked_add(options.wait);
         // The TTL Redis keeps is the one the guard counts on: with the TTL
         // clamped before it is sent, the lease clock (and the renewals) use
         // the same value (`Duration::MAX` set the lock, then building the
@@ -134,13 +242,15 @@ impl Lock {
             ttl: clamp_ttl(options.ttl),
             ..options
         };
+        options.check(name)?;
         let mut c = conn.clone();
         // A call whose reply was lost may have taken the lock: it is sent
-        // again with the same token (the script answers that acquisition),
-        // and the lease is counted from the first send.
-        let mut lost: Option<(tokio::time::Instant, u32)> = None;
+        // again with the same token (the script answers that acquisition
+        // and restarts its lease, as a fresh one does), and the lease is
+        // counted from the send that got the answer.
+        let mut lost_replies = 0;
         loop {
-            let sent_at = lost.map_or_else(tokio::time::Instant::now, |(first, _)| first);
+            let sent_at = Instant::now();
             let reply = match (LockAcquire {
                 keys: &keys,
                 token: &token,
@@ -151,27 +261,23 @@ impl Lock {
             {
                 Ok(reply) => reply,
                 Err(source) => {
-                    let tries = lost.map_or(0, |(_, n)| n);
-                    if tries < LOST_REPLY_RETRIES && outcome_unknown(&source) {
+                    if lost_replies < LOST_REPLY_RETRIES && outcome_unknown(&source) {
                         warn!(lock = name, error = %source, "lock acquire: reply lost; sending it again with the same token");
-                        lost = Some((sent_at, tries + 1));
+                        lost_replies += 1;
                         continue;
                     }
-                    return Err(LockError {
-                        name: name.to_string(),
-                        source,
-                    });
+                    return Err(LockError::redis(name, source));
                 }
             };
-            lost = None;
+            lost_replies = 0;
             if let LockAcquireReply::Acquired { fencing } = reply {
                 debug!(lock = name, fencing, "lock acquired");
                 let clock = LeaseClock::new(sent_at, options.ttl);
                 return Ok(Some(LockGuard::new(
-                    conn, name, keys.lock, token, fencing, clock, options,
+                    conn, name, keys.lock, token, fencing, clock, sent_at, options,
                 )));
             }
-            let now = tokio::time::Instant::now();
+            let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
@@ -183,8 +289,8 @@ impl Lock {
     }
 }
 
-/// How many times an acquire whose reply was lost is sent again (with the
-/// same token) before its error is returned.
+/// How many times an acquire or a release whose reply was lost is sent
+/// again (with the same token) before its error is returned.
 const LOST_REPLY_RETRIES: u32 = 3;
 
 /// A held lock. Dropping it stops the auto-renew and releases the lock in
@@ -198,12 +304,12 @@ pub struct LockGuard {
     fencing: u64,
     ttl: Duration,
     held: Arc<LeaseClock>,
-    lost_rx: watch::Receiver<bool>,
     renew: Option<JoinHandle<()>>,
     released: bool,
 }
 
 impl LockGuard {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         conn: RedisConnection,
         name: &str,
@@ -211,21 +317,26 @@ impl LockGuard {
         token: String,
         fencing: u64,
         clock: LeaseClock,
+        acquired_at: Instant,
         options: LockOptions,
     ) -> Self {
         let held = Arc::new(clock);
-        let (lost_tx, lost_rx) = watch::channel(false);
         let renew = options.renew_every.map(|every| {
-            tokio::spawn(renew_loop(
+            let (conn, name, key, token, held) = (
                 conn.clone(),
                 name.to_string(),
                 key.clone(),
                 token.clone(),
-                options.ttl,
-                every,
                 held.clone(),
-                lost_tx,
-            ))
+            );
+            let ttl = options.ttl;
+            tokio::spawn(async move {
+                let call = || {
+                    let (conn, key, token) = (&conn, &key, &token);
+                    async move { extend(conn, key, token, ttl).await }
+                };
+                renew_loop(&name, &held, ttl, every, acquired_at, call).await;
+            })
         });
         LockGuard {
             conn,
@@ -235,7 +346,6 @@ impl LockGuard {
             fencing,
             ttl: options.ttl,
             held,
-            lost_rx,
             renew,
             released: false,
         }
@@ -245,8 +355,10 @@ impl LockGuard {
     /// the TTL passed (local monotonic clock, from before the acquire or the
     /// last confirmed extend was sent) without a confirmed renewal: with
     /// [`LockOptions::no_renew`] that is 90 % of the TTL after acquiring
-    /// unless [`extend`](Self::extend) is called. Check before each
-    /// critical write.
+    /// unless [`extend`](Self::extend) is called. An extend or renewal
+    /// whose reply was lost may still be applied by Redis: until one sent
+    /// after it is confirmed, this turns false no later than 90 % of its
+    /// TTL after it was sent. Check before each critical write.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -265,26 +377,23 @@ impl LockGuard {
         !self.held.is_lost()
     }
 
-    /// Completes when the lock is lost (use in `tokio::select!` to abort
-    /// work): a renewal found it gone, or its local deadline passed.
+    /// Completes when the lock is lost, i.e. once [`is_held`](Self::is_held)
+    /// turns false (use in `tokio::select!` to abort work): a renewal or
+    /// extend found it gone, or its local deadline passed. It follows the
+    /// deadline as extends move it, earlier too.
     pub async fn lost(&self) {
-        let mut rx = self.lost_rx.clone();
-        let mut renewing = true;
-        while !*rx.borrow_and_update() && !self.held.is_lost() {
-            let deadline = self.held.deadline();
-            tokio::select! {
-                changed = rx.changed(), if renewing => {
-                    // Err: the renew loop ended without losing the lock
-                    // (no auto-renew): only the deadline is left to watch.
-                    renewing = changed.is_ok();
-                }
-                _ = sleep_until_or_forever(deadline) => {}
-            }
-        }
+        self.held.wait_lost().await
     }
 
     /// A number that grows with every acquisition of this lock: pass it to
     /// the protected store so writes from a stale holder can be refused.
+    ///
+    /// The counter lives in Redis next to the lock: after an asynchronous
+    /// failover that lost the latest `INCR` (the replica had not received
+    /// it), the promoted server hands out that number again, to another
+    /// owner. A store that keeps the highest number it saw still refuses
+    /// the older holder's writes once the newer one has written; it cannot
+    /// tell two holders of the same number apart.
     pub fn fencing(&self) -> u64 {
         self.fencing
     }
@@ -298,42 +407,46 @@ impl LockGuard {
     /// auto-renew, if on, sets it back to the configured TTL at its next
     /// renewal); false when the lock was lost. [`is_held`](Self::is_held)
     /// follows the new TTL. A `ttl` below 1 ms is refused with an error and
-    /// leaves the lock as it was (Redis would delete it).
+    /// leaves the lock as it was (Redis would delete it). On an error whose
+    /// outcome is unknown ([`LockError::outcome_unknown`]: Redis may still
+    /// apply it), `is_held` counts on no more than this `ttl` from the send.
     pub async fn extend(&self, ttl: Duration) -> Result<bool, LockError> {
         let ttl = clamp_ttl(ttl);
-        let sent_at = tokio::time::Instant::now();
-        let ok = extend(&self.conn, &self.key, &self.token, ttl)
-            .await
-            .map_err(|source| LockError {
-                name: self.name.clone(),
-                source,
-            })?;
-        if ok {
-            self.held.confirm(sent_at, ttl);
-        } else {
-            self.held.mark_lost();
+        let sent_at = Instant::now();
+        match extend(&self.conn, &self.key, &self.token, ttl).await {
+            Ok(true) => {
+                self.held.confirm(sent_at, ttl);
+                Ok(true)
+            }
+            Ok(false) => {
+                self.held.mark_lost();
+                Ok(false)
+            }
+            Err(source) => {
+                // A refusal for its data (a TTL below 1 ms) changed nothing.
+                if outcome_unknown(&source) {
+                    self.held.unconfirmed(sent_at, ttl);
+                }
+                Err(LockError::redis(&self.name, source))
+            }
         }
-        Ok(ok)
     }
 
-    /// Releases the lock; false when it had already been lost.
+    /// Releases the lock; false when it had already been lost. A release
+    /// whose reply was lost is sent again (release checks the token, so
+    /// that is safe), up to three times; when the one sent again finds the
+    /// lock gone, the lost one released it if the guard still counted the
+    /// lock as held when the release was first sent (true), else false.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         if let Some(t) = self.renew.take() {
             t.abort();
         }
+        let was_held = self.is_held();
         self.held.mark_lost();
-        let mut c = self.conn.clone();
-        LockRelease {
-            key: &self.key,
-            token: &self.token,
-        }
-        .run(&mut c)
-        .await
-        .map_err(|source| LockError {
-            name: self.name.clone(),
-            source,
-        })
+        release(&self.conn, &self.name, &self.key, &self.token, was_held)
+            .await
+            .map_err(|source| LockError::redis(&self.name, source))
     }
 
     /// The configured lease.
@@ -349,15 +462,46 @@ impl Drop for LockGuard {
         }
         if !self.released {
             if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let (mut c, key, token) = (self.conn.clone(), self.key.clone(), self.token.clone());
+                let was_held = self.is_held();
+                self.held.mark_lost();
+                let (c, name, key, token) = (
+                    self.conn.clone(),
+                    self.name.clone(),
+                    self.key.clone(),
+                    self.token.clone(),
+                );
                 rt.spawn(async move {
-                    let release = LockRelease {
-                        key: &key,
-                        token: &token,
-                    };
-                    let _ = release.run(&mut c).await;
+                    if let Err(e) = release(&c, &name, &key, &token, was_held).await {
+                        warn!(lock = %name, error = %e, "dropped lock guard: release failed; the lock expires at the end of its TTL");
+                    }
                 });
             }
+        }
+    }
+}
+
+/// One release, sent again up to [`LOST_REPLY_RETRIES`] times while its
+/// reply is lost. An answer of "not held" to a call sent again after a
+/// lost reply counts as released when `was_held` (the lost call found the
+/// token and deleted the lock: the guard's deadline, which passes before
+/// Redis's TTL, had not passed).
+async fn release(
+    conn: &RedisConnection,
+    name: &str,
+    key: &str,
+    token: &str,
+    was_held: bool,
+) -> redis::RedisResult<bool> {
+    let mut c = conn.clone();
+    let mut lost_replies = 0;
+    loop {
+        match (LockRelease { key, token }).run(&mut c).await {
+            Ok(released) => return Ok(released || (lost_replies > 0 && was_held)),
+            Err(e) if lost_replies < LOST_REPLY_RETRIES && outcome_unknown(&e) => {
+                warn!(lock = name, error = %e, "lock release: reply lost; sending it again");
+                lost_replies += 1;
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -377,45 +521,59 @@ async fn extend(
     LockExtend { key, token, ttl }.run(&mut c).await
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn renew_loop(
-    conn: RedisConnection,
-    name: String,
-    key: String,
-    token: String,
+/// When the renewal after a request (the acquire that got the answer, or a
+/// renewal) sent at `sent_at` is due; `None` beyond what the clock can
+/// represent.
+fn next_renewal(sent_at: Instant, every: Duration) -> Option<Instant> {
+    sent_at.checked_add(every)
+}
+
+/// The auto-renew loop over `extend` (one `lock_extend.lua` call to `ttl`):
+/// the first renewal `every` after the acquire was sent (`acquired_at`),
+/// each next one `every` after the previous one was sent. Ends, with the
+/// clock marked lost, once a renewal finds the lock gone or the local
+/// deadline passed without a confirmed one.
+async fn renew_loop<F, Fut>(
+    name: &str,
+    held: &LeaseClock,
     ttl: Duration,
     every: Duration,
-    held: Arc<LeaseClock>,
-    lost: watch::Sender<bool>,
-) {
+    acquired_at: Instant,
+    mut extend: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = redis::RedisResult<bool>>,
+{
+    let mut last_sent = acquired_at;
     loop {
-        tokio::time::sleep(every).await;
+        // Due already when the reply took longer than `every`: sent at
+        // once, still within the lease of the one before.
+        match next_renewal(last_sent, every) {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => tokio::time::sleep(every).await,
+        }
         if held.is_lost() {
             warn!(lock = %name, "lock lost: no renewal confirmed before its TTL ran out");
             break;
         }
-        let attempt_at = tokio::time::Instant::now();
-        match extend(&conn, &key, &token, ttl).await {
-            Ok(true) => held.confirm(attempt_at, ttl),
+        let sent_at = Instant::now();
+        last_sent = sent_at;
+        match extend().await {
+            Ok(true) => held.confirm(sent_at, ttl),
             Ok(false) => {
                 warn!(lock = %name, "lock lost: another owner holds it or it expired");
                 break;
             }
             Err(e) => {
+                if outcome_unknown(&e) {
+                    // Redis may apply it later: count on no more than its TTL.
+                    held.unconfirmed(sent_at, ttl);
+                }
                 warn!(lock = %name, error = %e, "lock renewal failed; retrying while the TTL lasts");
             }
         }
     }
     held.mark_lost();
-    lost.send_replace(true);
-}
-
-/// Sleeps until `deadline`; forever when there is none.
-async fn sleep_until_or_forever(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }
 
 #[cfg(test)]
@@ -610,5 +768,204 @@ mod tests {
         assert_eq!(guard.fencing(), fence, "one acquisition, one number");
         assert!(guard.release().await.unwrap());
         assert_eq!(owner(&conn, "report").await, None);
+    }
+
+    /// Scenario: a holder waits on `lost()` (as in a `select!` around its
+    /// work), then shortens its lock to 300 ms; Redis lets it go and another
+    /// owner takes it. `lost()` completes. Before, it slept until the 9 s
+    /// deadline it read when it started, and the holder kept working while
+    /// another owner held the lock.
+    #[tokio::test]
+    async fn lost_completes_once_a_shortened_lock_is_taken_by_another_owner() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        let opts = LockOptions::default()
+            .ttl(Duration::from_secs(10))
+            .no_renew();
+        let first = Lock::acquire(conn.clone(), "short-wait", opts.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        let lost = first.lost();
+        tokio::pin!(lost);
+        assert!(futures::poll!(lost.as_mut()).is_pending(), "held");
+        assert!(first.extend(Duration::from_millis(300)).await.unwrap());
+        let second = Lock::acquire(
+            conn.clone(),
+            "short-wait",
+            opts.wait(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap()
+        .expect("free once the 300 ms TTL ran out in Redis");
+        tokio::time::timeout(Duration::from_secs(2), lost)
+            .await
+            .expect("lost() completes once another owner holds the lock");
+        assert!(second.is_held());
+        assert!(second.release().await.unwrap());
+    }
+
+    /// Scenario: Redis is paused (`CLIENT PAUSE WRITE`) while the holder
+    /// shortens its 10 s lock to 300 ms; the extend times out (outcome
+    /// unknown) and Redis applies it when the pause ends, so the lock
+    /// expires 300 ms later and a second owner takes it. The first guard no
+    /// longer says "held". Before, its deadline stayed at 9 s: both guards
+    /// said "held".
+    #[tokio::test]
+    async fn an_extend_whose_reply_timed_out_but_was_applied_does_not_leave_the_lock_held() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let config = ConnectionConfig {
+            response_timeout: Duration::from_millis(500),
+            ..ConnectionConfig::default()
+        };
+        let conn = connect(&server.url(), &config).await.unwrap();
+        let other = connect(&server.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        let opts = LockOptions::default()
+            .ttl(Duration::from_secs(10))
+            .no_renew();
+        let first = Lock::acquire(conn.clone(), "paused", opts.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(1500)
+            .arg("WRITE")
+            .query_async(&mut other.clone())
+            .await
+            .unwrap();
+        let err = first
+            .extend(Duration::from_millis(300))
+            .await
+            .expect_err("the reply times out during the pause");
+        assert!(err.outcome_unknown(), "{err}");
+        let second = Lock::acquire(other.clone(), "paused", opts.wait(Duration::from_secs(5)))
+            .await
+            .unwrap()
+            .expect("free once the extend, applied after the pause, ran out");
+        assert!(second.is_held());
+        assert!(
+            !first.is_held(),
+            "the first owner's lock expired in Redis and is held by another"
+        );
+        assert!(second.release().await.unwrap());
+    }
+
+    /// Scenario: the release reaches Redis, then the connection breaks
+    /// before its reply arrives. It is sent again (release checks the
+    /// token): `release()` answers that it released the lock, and the lock
+    /// is free. Before, the error came back at once.
+    #[tokio::test]
+    async fn a_release_whose_reply_was_lost_is_sent_again_and_frees_the_lock() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let proxy = queue_testkit::proxy::ReplyDropper::start(server.port()).unwrap();
+        let conn = connect(&proxy.url(), &ConnectionConfig::default())
+            .await
+            .unwrap();
+        let guard = Lock::acquire(conn.clone(), "release", LockOptions::default().no_renew())
+            .await
+            .unwrap()
+            .expect("free");
+        proxy.drop_next_reply();
+        assert!(
+            guard
+                .release()
+                .await
+                .expect("answered after the lost reply"),
+            "the lost call released it"
+        );
+        assert_eq!(proxy.dropped(), 1);
+        assert!(!exists(&conn, "release").await, "released");
+    }
+
+    /// Names whose hash tag is not the whole name (`""`, `"}x"`: `lock:{}`
+    /// and `lock:{}:fence` in different cluster slots, CROSSSLOT on every
+    /// acquire) and renewal periods that cannot keep a lock are refused
+    /// before anything is sent, with the lock named. Before, they were sent.
+    #[tokio::test]
+    async fn bad_lock_names_and_renewal_periods_are_refused_before_anything_is_sent() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        for name in ["", "}x", "a}b", "{x}", "a b", "a\nb"] {
+            let err = Lock::acquire(conn.clone(), name, LockOptions::default())
+                .await
+                .expect_err(name);
+            assert!(
+                matches!(&err, LockError::InvalidName { name: n, .. } if n == name),
+                "{name:?}: {err}"
+            );
+        }
+        let ttl = Duration::from_secs(1);
+        for every in [Duration::ZERO, Duration::from_millis(900), ttl * 2] {
+            let opts = LockOptions {
+                renew_every: Some(every),
+                ..LockOptions::default().ttl(ttl)
+            };
+            let err = Lock::acquire(conn.clone(), "renew", opts)
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(&err, LockError::InvalidOptions { name, .. } if name == "renew"),
+                "{every:?}: {err}"
+            );
+            assert!(err.to_string().contains("renew_every"), "{err}");
+        }
+        let mut c = conn.clone();
+        let keys: i64 = redis::cmd("DBSIZE").query_async(&mut c).await.unwrap();
+        assert_eq!(keys, 0, "nothing was written");
+        // The longest accepted period keeps the lock.
+        let opts = LockOptions {
+            renew_every: Some(Duration::from_millis(899)),
+            ..LockOptions::default().ttl(ttl)
+        };
+        let guard = Lock::acquire(conn.clone(), "renew", opts)
+            .await
+            .unwrap()
+            .expect("free");
+        assert!(guard.release().await.unwrap());
+    }
+
+    const TTL: Duration = Duration::from_secs(1);
+    /// The default period for a 1 s lock: a third of it.
+    const EVERY: Duration = Duration::from_millis(333);
+
+    /// Runs the renew loop over a fake Redis whose every extend takes `rtt`
+    /// and succeeds, for `renewals` extends (the last one finds the lock
+    /// gone and ends the loop). Returns each extend's send time after the
+    /// acquire was sent, and whether the lock was held when it was sent.
+    async fn renew_with_replies_taking(rtt: Duration, renewals: usize) -> Vec<(Duration, bool)> {
+        let acquired = Instant::now();
+        let held = LeaseClock::new(acquired, TTL);
+        let sends = std::sync::Mutex::new(Vec::new());
+        renew_loop("test", &held, TTL, EVERY, acquired, || {
+            let mut sends = sends.lock().unwrap();
+            sends.push((acquired.elapsed(), !held.is_lost()));
+            let last = sends.len() >= renewals;
+            async move {
+                tokio::time::sleep(rtt).await;
+                Ok(!last)
+            }
+        })
+        .await;
+        assert!(held.is_lost(), "the loop ends with the lock lost");
+        sends.into_inner().unwrap()
+    }
+
+    /// Renewals go out at acquire + k·period, not a period after each
+    /// reply; replies of 300 ms (well within the 900 ms the lease is
+    /// trusted for) keep the lock held. Timed from each reply, the second
+    /// renewal went out at 333 + 300 + 333 ms and its reply came after the
+    /// first one's deadline (333 + 900 ms): the lock was lost locally and
+    /// the renewals stopped.
+    #[tokio::test(start_paused = true)]
+    async fn renewals_are_timed_from_the_acquire_and_each_send() {
+        let sends = renew_with_replies_taking(Duration::from_millis(300), 6).await;
+        let at: Vec<Duration> = sends.iter().map(|(at, _)| *at).collect();
+        let expected: Vec<Duration> = (1..=6).map(|k| EVERY * k).collect();
+        assert_eq!(at, expected);
+        assert!(
+            sends.iter().all(|(_, held)| *held),
+            "a renewal found the lock lost: {sends:?}"
+        );
     }
 }

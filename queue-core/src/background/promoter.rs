@@ -39,9 +39,9 @@ async fn promote(conn: &mut RedisConnection, keys: &QueueKeys) -> Result<Promote
 pub(crate) async fn promote_all_due(conn: &mut RedisConnection, keys: &QueueKeys) -> Result<u64> {
     let mut total = 0;
     loop {
-        let n = promote(conn, keys).await?.promoted;
-        total += n;
-        if n < BATCH as u64 {
+        let reply = promote(conn, keys).await?;
+        total += reply.promoted;
+        if reply.taken() < BATCH as u64 {
             return Ok(total);
         }
     }

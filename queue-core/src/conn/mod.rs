@@ -30,9 +30,10 @@ use single::SingleConnection;
 /// | call | upper bound |
 /// |---|---|
 /// | `Queue::connect*`, `Worker::build`, `Watchdog::connect`, `Admin::connect` | `connection_timeout` (the whole connect, retries included, also against a Redis that accepts TCP but never answers) |
-/// | one command or script (stats, admin reads, lock acquire/extend/release) | `response_timeout` |
+/// | one command or script (stats, admin reads, lock extend) | `response_timeout` |
 /// | `Queue::enqueue*` | `retry_window + response_timeout` (see `Queue::with_retry_window`) |
-/// | `Lock::acquire` | `wait + response_timeout` |
+/// | `Lock::acquire` | `wait + 4 × response_timeout` (a call whose reply was lost is sent again, up to 3 times) |
+/// | `LockGuard::release` | `4 × response_timeout` (the same lost-reply retries) |
 /// | `JobContext::step`, `JobContext::lock` | two commands: `2 × response_timeout` plus the step's own work |
 /// | `Worker::run_until` start-up | `connection_timeout` per queue (one blocking connection each) |
 /// | `Worker` shutdown after the signal | `block_timeout + response_timeout` (fetchers) + `grace` + 5 s |

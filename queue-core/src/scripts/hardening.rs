@@ -1103,6 +1103,100 @@ async fn promote_dead_letters_a_job_whose_group_list_is_corrupt_and_goes_on() {
     assert!(reason.contains("cannot wait in its group"), "{reason}");
 }
 
+/// A delayed set of another type: promote is refused before any write with
+/// the key named (it used to be a bare WRONGTYPE from its first read, which
+/// named nothing).
+#[tokio::test]
+async fn promote_names_a_delayed_key_of_another_type() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.cmd(&["SET", &k.delayed, "x"]).await;
+    let err = fx.promote().await.unwrap_err().to_string();
+    assert!(err.contains(&k.delayed), "{err}");
+    assert!(err.contains("refused before any write"), "{err}");
+}
+
+/// Stale delayed entries of jobs that are elsewhere: an active job (its
+/// delivery runs), a queued job (waiting in main) and a dead one. Each
+/// entry is dropped, answered with the job's state, and the job is left
+/// where it is. Before, each was pushed on main and set `queued`: the
+/// active job ran twice, the queued one was listed twice, the dead one ran
+/// while it was listed dead. A retried job (state `delayed`) still moves.
+#[tokio::test]
+async fn promote_drops_the_delayed_entry_of_a_job_in_another_state() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for id in ["active", "dead", "retried"] {
+        fx.enqueue(id, 3).await;
+        let d = fx.fetch_one().await;
+        match id {
+            "dead" => drop(fx.fail(&d, FailKind::Permanent).await.unwrap()),
+            "retried" => drop(fx.fail(&d, FailKind::Retry).await.unwrap()),
+            _ => {}
+        }
+    }
+    fx.enqueue("queued", 3).await;
+    for id in ["active", "dead", "queued"] {
+        fx.cmd(&["ZADD", &k.delayed, "1", id]).await;
+    }
+    let reply = fx.promote().await.unwrap();
+    assert_eq!(reply.promoted, 1, "only the retried job moves");
+    let mut dropped: Vec<(String, String)> = reply
+        .dropped
+        .iter()
+        .map(|(id, state)| (id.to_string(), state.clone()))
+        .collect();
+    dropped.sort();
+    let expected = [("active", "active"), ("dead", "dead"), ("queued", "queued")]
+        .map(|(id, state)| (id.to_string(), state.to_string()));
+    assert_eq!(dropped, expected);
+    let active = Places {
+        processing: true,
+        leased: true,
+        ..Places::default()
+    };
+    assert_eq!(fx.places("active").await, active);
+    assert_eq!(fx.job("active").await["state"], "active");
+    assert_eq!(fx.places("dead").await, Places::dead_only());
+    assert_eq!(fx.job("dead").await["state"], "dead");
+    assert_eq!(fx.places("queued").await, Places::main_only());
+    assert_eq!(fx.places("retried").await, Places::main_only());
+    let main = fx.cmd(&["LRANGE", &k.main, "0", "-1"]).await;
+    let main: Vec<String> = redis::from_redis_value(main).unwrap();
+    assert_eq!(main.len(), 2, "each waiting job listed once: {main:?}");
+}
+
+/// A delayed entry whose job completed (its hash gone, its completion
+/// record kept) is dropped, not dead-lettered as "job hash missing"; one
+/// whose hash is gone with no record still is.
+#[tokio::test]
+async fn promote_drops_the_delayed_entry_of_a_completed_job() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.cmd(&["HSET", &k.done("done"), "status", "completed"])
+        .await;
+    fx.cmd(&["SET", &k.done("compact"), "packed-record"]).await;
+    for id in ["done", "compact", "gone"] {
+        fx.cmd(&["ZADD", &k.delayed, "1", id]).await;
+    }
+    let reply = fx.promote().await.unwrap();
+    assert_eq!(reply.promoted, 1, "the job with no record is dead-lettered");
+    let mut dropped: Vec<String> = reply
+        .dropped
+        .iter()
+        .map(|(id, state)| format!("{id}:{state}"))
+        .collect();
+    dropped.sort();
+    assert_eq!(dropped, ["compact:completed", "done:completed"]);
+    for id in ["done", "compact"] {
+        assert_eq!(fx.places(id).await, Places::default(), "{id}");
+        assert!(fx.job(id).await.is_empty(), "{id}: no hash written");
+    }
+    assert_eq!(fx.places("gone").await, Places::dead_only());
+    let reason = fx.job("gone").await["dead_reason"].clone();
+    assert!(reason.contains("job hash missing"), "{reason}");
+}
+
 /// A dead entry whose job key holds another type stopped the trim half-way
 /// (after the entries before it were popped) on every pass: the dead list
 /// grew without bound. It is unlisted (the key is left alone) and the trim

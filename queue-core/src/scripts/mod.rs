@@ -538,7 +538,8 @@ mod tests {
                     &keys.guard,
                 ])
                 .arg(&keys.job_prefix)
-                .arg(10),
+                .arg(10)
+                .arg(&keys.done_prefix),
         ];
         for call in calls {
             let by_function = call.invoke(&mut conn).await.unwrap();

@@ -3,28 +3,57 @@
 -- each id is pushed on main (or dead) before it leaves the delayed set.
 -- A promoted job's `ready_at` is its due time (its delayed score, at most
 -- now): stats count its waiting age from then, not from its enqueue.
+-- Only a job whose state is `delayed` moves: every writer of the delayed set
+-- (fail and reclaim retries, delayed enqueues, version waits, limit
+-- deferrals and their release) sets that state in the same script. An
+-- entry whose job is in another state (queued, active, dead: a stale entry
+-- left by a hand edit or an older bug) is dropped from the set and the job
+-- left where it is (moved, it ran twice or ran while dead); an entry whose
+-- hash is gone but whose completion record exists (the job completed) is
+-- dropped too, not dead-lettered as "job hash missing". Both are answered.
 -- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
--- ARGV: 1 job prefix, 2 limit
--- Returns {ids moved, ms until the earliest remaining job is due (0: due now),
---          or -1 when the delayed set is empty}: the promoter sleeps that long.
+-- ARGV: 1 job prefix, 2 limit, 3 completion record prefix
+-- Returns {ids moved or dead-lettered, ms until the earliest remaining job is
+--          due (0: due now) or -1 when the delayed set is empty,
+--          {id, state or 'completed', ...} of the entries dropped}: the
+--          promoter sleeps that long.
 local limit = arg_count(ARGV[2], 'limit')
-expect_types(KEYS[2], 'list', KEYS[3], 'list')
+expect_types(KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'list')
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local moved, dropped = 0, {}
 for i = 1, #due, 2 do
   local id = due[i]
   local jobkey = ARGV[1] .. id
   local h, bad = read_job(jobkey, 'state', 'group')
-  if h and not h[1] then bad = 'job hash missing (key deleted or evicted)' end
+  local stale
+  if h and not h[1] then
+    -- Only a record key that is a record says the job completed (a key of
+    -- a third type is corrupt data: the job is dead-lettered as before).
+    local record = ARGV[3] .. id
+    if redis.call('EXISTS', jobkey) == 0 and redis.call('EXISTS', record) == 1
+        and not record_type_bad(record) then
+      stale = 'completed'
+    else
+      bad = 'job hash missing (key deleted or evicted)'
+    end
+  elseif h and h[1] ~= 'delayed' then
+    stale = h[1]
+  end
   -- Main was checked above; a group's list and the ring are checked here,
   -- as a corrupt one would fail the pass after earlier jobs moved (and
   -- again every pass): the job is dead-lettered with the reason instead.
-  if not bad and group_of(h[2]) then
+  if not bad and not stale and group_of(h[2]) then
     local why = waiting_types_bad(KEYS[2], h[2])
     if why then bad = 'cannot wait in its group: ' .. why .. ' (corrupt data)' end
   end
   local member
-  if bad then
+  if stale then
+    redis.log(redis.LOG_WARNING, 'promote: dropped the delayed entry of job ' .. id
+      .. ' in state ' .. stale .. ' (' .. KEYS[1] .. '); the job is left where it is')
+    dropped[#dropped + 1] = id
+    dropped[#dropped + 1] = stale
+  elseif bad then
     member = dead_letter(jobkey, KEYS[3], KEYS[4], id, bad, now)
   else
     push_waiting(KEYS[2], id, h[2]) -- main, or its group's list
@@ -34,6 +63,7 @@ for i = 1, #due, 2 do
     redis.call('HSET', jobkey, 'state', 'queued', 'ready_at', ready)
     redis.call('HDEL', jobkey, 'run_at')
   end
+  if not stale then moved = moved + 1 end
   redis.call('ZREM', KEYS[1], id)
   dead_member(member, id, bad, now, KEYS[4]) -- a batch member counts as dead, last
 end
@@ -45,4 +75,4 @@ local wait = -1
 if head[2] then
   wait = math.min(math.max(math.floor(tonumber(head[2]) - now), 0), 9007199254740991)
 end
-return {#due / 2, wait}
+return {moved, wait, dropped}

@@ -1,16 +1,21 @@
 //! `promote.lua`: moves due delayed jobs (retries, scheduled jobs, watchdog
-//! returns) to main; a missing hash is dead-lettered, never dropped.
+//! returns) to main; a missing hash is dead-lettered, never dropped. An
+//! entry whose job is in another state than `delayed`, or whose job
+//! completed, is dropped from the set (logged here with job id and queue).
 
 use std::time::Duration;
 
-use super::reply::Fields;
+use tracing::warn;
+
+use super::reply::{self, Fields};
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::Result;
+use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<5> =
-    lua_script!("promote.lua", keys = 5, args = 2, prelude(super::DRAIN));
+    lua_script!("promote.lua", keys = 5, args = 3, prelude(super::DRAIN));
 
 /// Promotes at most `limit` due jobs of one queue.
 pub(crate) struct Promote<'a> {
@@ -19,13 +24,25 @@ pub(crate) struct Promote<'a> {
 }
 
 /// What the script did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PromoteReply {
-    /// Ids taken from the delayed set (moved to main or dead-lettered).
+    /// Ids moved to main or dead-lettered.
     pub(crate) promoted: u64,
+    /// Entries dropped from the delayed set and left where they are: the
+    /// job's id and its state (`queued`, `active`, `dead`, ...), or
+    /// `completed` when only its completion record exists.
+    pub(crate) dropped: Vec<(JobId, String)>,
     /// How long until the earliest remaining delayed job is due (Redis
     /// clock; zero when one is due already); `None` when the set is empty.
     pub(crate) next_due_in: Option<Duration>,
+}
+
+impl PromoteReply {
+    /// Entries this call took from the delayed set (moved, dead-lettered or
+    /// dropped): fewer than the limit means no more were due.
+    pub(crate) fn taken(&self) -> u64 {
+        self.promoted + self.dropped.len() as u64
+    }
 }
 
 impl Promote<'_> {
@@ -36,6 +53,7 @@ impl Promote<'_> {
             .call([&k.delayed, &k.main, &k.dead, &k.stats, &k.guard])
             .arg(&k.job_prefix)
             .arg(self.limit)
+            .arg(&k.done_prefix)
             .run(conn, &k.queue, None)
             .await?;
         let f = Fields::new(&k.queue, None, "promote reply", &reply)?;
@@ -46,8 +64,21 @@ impl Promote<'_> {
                 u64::try_from(ms).map_err(|_| f.error(format_args!("negative wait {ms}")))?,
             )),
         };
+        let mut dropped = Vec::new();
+        for pair in f.list(2, "dropped entries")?.chunks(2) {
+            let (Some(id), Some(state)) = (
+                pair.first().and_then(reply::text),
+                pair.get(1).and_then(reply::text),
+            ) else {
+                return Err(f.error(format_args!("dropped entry {pair:?}")));
+            };
+            let job_id = JobId::from(id.as_str());
+            warn!(queue = %k.queue, %job_id, %state, "promote: dropped a stale delayed entry (its job is not delayed); the job is left where it is");
+            dropped.push((job_id, state));
+        }
         Ok(PromoteReply {
             promoted,
+            dropped,
             next_due_in,
         })
     }
