@@ -1,10 +1,14 @@
 //! Enqueue, fetch, ack, retries, dead-letter and FIFO order against a real redis-server.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use queue_core::{EnqueueOptions, EnqueueOutcome, QueueError, QueueKeys, WorkerConfig};
 use queue_tests::handles::WorkerHandle;
-use queue_tests::{bill, fast_config, task, Task, TestEnv};
+use queue_tests::{bill, fast_config, task, wait_until, Task, TestEnv, BOUND};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::Layer;
 
 #[tokio::test]
 async fn enqueue_fetch_ack_completes_every_job_once() {
@@ -381,6 +385,73 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
         env.stats("tasks").await.counters.get("completed"),
         Some(&10)
     );
+}
+
+/// A tracing layer (user code the acker runs: it logs "completed" for each
+/// ack) that panics on the first "completed" it sees.
+struct PanicOnFirstCompleted(Arc<AtomicBool>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicOnFirstCompleted {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                if f.name() == "message" {
+                    self.0 = format!("{v:?}");
+                }
+            }
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        if m.0 == "completed" && !self.0.swap(true, Ordering::SeqCst) {
+            panic!("a tracing layer panicked on `completed`");
+        }
+    }
+}
+
+/// Scenario: a flush of the acker panics (here a tracing layer on its
+/// "completed" line, after the ack script ran; the global metrics recorder
+/// is user code it runs too). The acker catches it, logs the batch's jobs
+/// (acked: the script had answered) and goes on: every later job of the
+/// queue is acked once. Before, the acker's task died with the panic, and
+/// every later success of the queue was "acker gone: job left leased", run
+/// again by the watchdog until dead-lettered "attempts exhausted".
+#[tokio::test]
+async fn an_acker_whose_flush_panicked_goes_on_acking() {
+    let env = TestEnv::start().await;
+    let panicked = Arc::new(AtomicBool::new(false));
+    // The test's runtime runs every task on this thread: the worker's lines
+    // go through this subscriber.
+    let subscriber = tracing_subscriber::registry()
+        .with(PanicOnFirstCompleted(panicked.clone()))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_test_writer()
+                .with_filter(tracing_subscriber::filter::LevelFilter::WARN),
+        );
+    let _default = tracing::subscriber::set_default(subscriber);
+    let worker = env.spawn_worker(fast_config()).await;
+    env.enqueue(env.task(0)).await;
+    // The first ack landed; the line after it panicked.
+    env.wait_completed("tasks", 1).await;
+    wait_until(BOUND, "the flush panicked", || async {
+        panicked.load(Ordering::SeqCst)
+    })
+    .await;
+    let ids = env.enqueue_tasks(10, |t| t).await;
+    env.wait_completed("tasks", 11).await;
+    worker.stop().await;
+    let ledger = env.ledger().await;
+    for id in &ids {
+        assert_eq!(
+            ledger.effects.get(id.as_str()),
+            Some(&1),
+            "job {id} ran once"
+        );
+    }
+    let stats = env.stats("tasks").await;
+    assert_eq!((stats.processing, stats.delayed, stats.dead), (0, 0, 0));
+    assert_eq!(stats.counters.get("completed"), Some(&11));
 }
 
 /// Queue names are checked at run time by the `#[job]` attribute's rule

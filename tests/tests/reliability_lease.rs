@@ -720,3 +720,149 @@ async fn a_pass_against_a_hung_redis_ends_the_queues_pass_at_its_first_timeout()
         "the pass took {took:?} against a hung Redis (response timeout {timeout:?})"
     );
 }
+
+// ---- a shutdown against a hung Redis ends within grace + the hard stop ----
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Held {
+    /// Return a retryable error instead of `Ok`.
+    fail: bool,
+}
+
+static HELD_STARTED: AtomicBool = AtomicBool::new(false);
+static HELD_RELEASED: AtomicBool = AtomicBool::new(false);
+
+/// Runs until the test releases it, then returns `Ok` (or fails, retryable).
+#[job(queue = "held", max_attempts = 3, timeout = "60s")]
+async fn held(_ctx: JobContext, h: Held) -> Result<(), JobError> {
+    HELD_STARTED.store(true, Ordering::SeqCst);
+    while !HELD_RELEASED.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if h.fail {
+        return Err(JobError::retryable("planned failure after Redis hung"));
+    }
+    Ok(())
+}
+
+/// Scenario: a job's handler returns (`Ok`, then a retryable error) after
+/// Redis hung (SIGSTOP), and the worker is told to shut down. Its result
+/// cannot be recorded; the worker ends within the grace period plus the hard
+/// stop's 5 s (docs/ARCHITECTURE.md "Shutdown": what a systemd
+/// `TimeoutStopSec` is sized from) and leaves the job leased for the
+/// watchdog (or its result landed once Redis resumed: nothing is lost).
+/// Before, the acker retried the ack until one lease after the handler
+/// returned and the shutdown waited for it (the fail path: the runner's
+/// retry loop ignored the hard stop and held the acker's channel open):
+/// about a lease (20 s here; 60 s in production for a SIGTERM).
+#[tokio::test]
+async fn a_shutdown_against_a_hung_redis_ends_within_the_grace_and_the_hard_stop() {
+    for fail in [false, true] {
+        HELD_STARTED.store(false, Ordering::SeqCst);
+        HELD_RELEASED.store(false, Ordering::SeqCst);
+        let (server, url, queue) = setup().await;
+        let response_timeout = Duration::from_secs(2);
+        let grace = Duration::from_secs(1);
+        let cfg = WorkerConfig {
+            lease: Duration::from_secs(20),
+            grace,
+            connection: ConnectionConfig {
+                connection_timeout: response_timeout,
+                response_timeout,
+            },
+            ..fast_config()
+        };
+        let (stop, join) = start_worker(&url, |b| b.register(held::handler()), cfg).await;
+        held::enqueue(&queue, Held { fail }).await.unwrap();
+        wait_until(T, "the handler started", || async {
+            HELD_STARTED.load(Ordering::SeqCst)
+        })
+        .await;
+        let paused = Paused::pause(&server);
+        HELD_RELEASED.store(true, Ordering::SeqCst);
+        // The handler returns; its result is on its way to the hung Redis.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.shutdown();
+        // The grace, the hard stop's 5 s, a response timeout and slack for a
+        // loaded machine: well under the lease the old code waited out.
+        let bound = grace + Duration::from_secs(5) + response_timeout + Duration::from_secs(3);
+        tokio::time::timeout(bound, join)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("fail {fail}: the worker did not stop within {bound:?} of the shutdown")
+            })
+            .expect("the worker task did not panic")
+            .expect("the worker returns Ok");
+        drop(paused);
+        // Nothing lost: the job is leased for the watchdog, or its result
+        // (a call sent before the stop) landed once Redis resumed.
+        wait_until(T, "the job is leased, retried or complete", || async {
+            let s = queue.stats("held").await.expect("stats");
+            let completed = s.counters.get("completed").copied().unwrap_or(0);
+            s.processing + s.delayed + completed as u64 == 1
+        })
+        .await;
+    }
+}
+
+/// Scenario: Redis refuses writes (it became a replica of a server that is
+/// not there: every script answers READONLY at once) when a handler fails,
+/// and the worker is told to shut down. Its runner retries the retry call
+/// until the grace period's hard stop, then leaves the job leased and ends:
+/// once Redis takes writes again, no runner of the stopped worker records
+/// anything (the watchdog returns the job). Before, the runner's retry loop
+/// ignored the hard stop and outlived the worker's `run_until` (which left
+/// it running), retrying for a lease after the handler returned.
+#[tokio::test]
+async fn a_runner_retrying_its_result_stops_at_the_hard_stop() {
+    HELD_STARTED.store(false, Ordering::SeqCst);
+    HELD_RELEASED.store(false, Ordering::SeqCst);
+    let (_server, url, queue) = setup().await;
+    let cfg = WorkerConfig {
+        lease: Duration::from_secs(20),
+        grace: Duration::from_secs(1),
+        ..fast_config()
+    };
+    let (stop, join) = start_worker(&url, |b| b.register(held::handler()), cfg).await;
+    held::enqueue(&queue, Held { fail: true }).await.unwrap();
+    wait_until(T, "the handler started", || async {
+        HELD_STARTED.load(Ordering::SeqCst)
+    })
+    .await;
+    let mut c = redis_conn(&url).await;
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(nobody)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    HELD_RELEASED.store(true, Ordering::SeqCst);
+    // The handler failed; its retry call is refused and retried.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.shutdown();
+    tokio::time::timeout(T, join)
+        .await
+        .expect("the worker stopped")
+        .unwrap()
+        .unwrap();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // Longer than a retrying runner's longest pause (2 s): one left running
+    // would have recorded the retry by now.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let s = queue.stats("held").await.expect("stats");
+    assert_eq!(
+        (s.processing, s.delayed),
+        (1, 0),
+        "the job stays leased for the watchdog: {s:?}"
+    );
+}

@@ -113,7 +113,6 @@ impl Ack<'_> {
     /// Runs the script; one reply per item, in order.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<Vec<AckReply>> {
         let k = self.keys;
-        let first = self.items.first().map(|i| &i.id);
         let mut call = SCRIPT
             .call([&k.processing, &k.leases, &k.stats, &k.guard])
             .arg(&k.job_prefix)
@@ -141,16 +140,28 @@ impl Ack<'_> {
                     .repeated_arg(""),
             };
         }
-        let reply = call.run(conn, &k.queue, first).await?;
+        let reply = call.run(conn, &k.queue, self.only_job()).await?;
         self.decode(&reply)
     }
 
+    /// The job an error of the whole call names: the batch's only job, or
+    /// none for a batch of several (the error concerns them all; the acker
+    /// logs it in each job's span, which names the job). Before, it named
+    /// the first job, so each job's log line named another job.
+    fn only_job(&self) -> Option<&JobId> {
+        match self.items {
+            [only] => Some(&only.id),
+            _ => None,
+        }
+    }
+
     /// One [`AckReply`] per item, from the script's string of one digit per
-    /// delivery; a reply of another kind or length, or an unknown code, is a
-    /// protocol error naming the queue (and the job).
+    /// delivery; a reply of another kind or length is a protocol error
+    /// naming the queue (and the job, for a batch of one), an unknown code
+    /// one naming the queue and the code's job.
     fn decode(&self, reply: &redis::Value) -> Result<Vec<AckReply>> {
         let queue = &self.keys.queue;
-        let first = self.items.first().map(|i| &i.id);
+        let first = self.only_job();
         let codes: &[u8] = match reply {
             redis::Value::BulkString(b) => b,
             redis::Value::SimpleString(s) => s.as_bytes(),
@@ -602,6 +613,37 @@ mod tests {
             return;
         }
         panic!("the first ack never timed out behind DEBUG SLEEP");
+    }
+
+    /// An error of the whole call names the queue and, for a batch of
+    /// several jobs, no job (the acker logs it in each job's span); for a
+    /// batch of one, that job. Before, it named the batch's first job, so the
+    /// acker's line for every other job of the batch named the wrong one.
+    #[tokio::test]
+    async fn a_failed_batch_names_no_job_and_a_failed_single_ack_its_job() {
+        let (_server, mut c, keys, a, b) = two_delivered("batch-error", "a", "b").await;
+        raw(&mut c, &["DEL", &keys.processing]).await;
+        raw(&mut c, &["SET", &keys.processing, "x"]).await;
+        let err = ack(&mut c, &keys, &[item(&a), item(&b)]).await.unwrap_err();
+        assert!(
+            err.to_string().contains("refused before any write"),
+            "{err}"
+        );
+        assert_eq!(err.queue(), Some("batch-error"));
+        assert_eq!(err.job_id(), None, "{err}");
+        let err = ack(&mut c, &keys, &[item(&b)]).await.unwrap_err();
+        assert_eq!(err.job_id().map(|j| j.as_str()), Some("b"), "{err}");
+        // A reply of the wrong length, decoded for two jobs: no job either.
+        let items = [item(&a), item(&b)];
+        let two = Ack {
+            keys: &keys,
+            worker: "",
+            items: &items,
+            retention: RETENTION,
+            compact: false,
+        };
+        let err = two.decode(&Value::BulkString(b"1".to_vec())).unwrap_err();
+        assert_eq!(err.job_id(), None, "{err}");
     }
 
     /// A stale delivery whose completion record key holds a third type

@@ -11,23 +11,35 @@
 //! off what it flushed. The script checks every
 //! token of the batch (DESIGN rule 3, docs/DESIGN.md) and answers per job.
 //!
-//! Redis failures are retried until the earliest lease of the batch would
-//! have expired anyway (then the watchdog owns those jobs); a retry after a
-//! lost reply is safe: the script answers "already acked" for its own token.
+//! Redis failures are retried until one lease after the earliest handler of
+//! the batch returned (its heartbeat stopped then, so by that time its lease
+//! has expired and the watchdog owns the job); a retry after a lost reply is
+//! safe: the script answers "already acked" for its own token.
 //! On shutdown the channel closes once every runner is done, and the acker
-//! flushes what is left before it ends.
+//! flushes what is left before it ends; the worker stops it (`stop`) when
+//! the shutdown's time is up (grace + the hard-stop wait, worker/mod.rs):
+//! it then stops retrying, and the jobs it had not recorded stay leased for
+//! the watchdog, each logged in its span.
+//!
+//! A panic in a flush (it runs user code: the tracing layers that see
+//! "completed", the global metrics recorder) is caught: the batch's jobs are
+//! logged with what is known of their ack (recorded, or not: left leased,
+//! or maybe) and the acker goes on with the channel's next acks. Before, the
+//! acker's task died and every later success of its queue was left leased.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, Notify};
+use futures::FutureExt;
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{error, info, warn, Span};
 
 use super::fetcher::is_redis_failure;
-use super::Inner;
+use super::{panic_message, wait_true, Inner};
 use crate::keys::QueueKeys;
 use crate::metrics::JobLabels;
 use crate::scripts::ack::{Ack, AckItem, AckReply};
@@ -49,7 +61,8 @@ pub(super) struct AckedJob {
     pub(super) elapsed: Duration,
     /// The job's span: the acker logs the outcome inside it.
     pub(super) span: Span,
-    /// When the lease would have expired anyway: no retry after it.
+    /// One lease after the handler returned (its heartbeat stopped then):
+    /// the lease has expired by then, no retry after it.
     pub(super) deadline: Instant,
 }
 
@@ -116,9 +129,30 @@ impl Drop for WakeOnDrop {
     }
 }
 
+/// A queue's acker task, as the worker's shutdown waits for it.
+pub(super) struct Acker {
+    /// Its queue, for the shutdown's log lines.
+    pub(super) keys: Arc<QueueKeys>,
+    pub(super) task: JoinHandle<()>,
+    /// Acks sent and not yet flushed.
+    unflushed: Arc<AtomicIsize>,
+}
+
+impl Acker {
+    /// Acks handed to the acker and not flushed yet.
+    pub(super) fn pending(&self) -> usize {
+        usize::try_from(self.unflushed.load(Ordering::Acquire)).unwrap_or(0)
+    }
+}
+
 /// Starts the acker of queue `keys`. It ends once every [`AckSender`] is
-/// dropped and the last batch is flushed.
-pub(super) fn spawn(inner: Arc<Inner>, keys: Arc<QueueKeys>) -> (AckSender, JoinHandle<()>) {
+/// dropped and the last batch is flushed, or once `stop` turns true (the
+/// shutdown's time is up: what it has not recorded stays leased).
+pub(super) fn spawn(
+    inner: Arc<Inner>,
+    keys: Arc<QueueKeys>,
+    stop: watch::Receiver<bool>,
+) -> (AckSender, Acker) {
     let batch = inner.config.ack_batch.max(1);
     let room = batch
         .max(inner.config.concurrency)
@@ -127,14 +161,26 @@ pub(super) fn spawn(inner: Arc<Inner>, keys: Arc<QueueKeys>) -> (AckSender, Join
     let (tx, rx) = mpsc::channel(room);
     let fill = Arc::new(Notify::new());
     let unflushed = Arc::new(AtomicIsize::new(0));
-    let task = tokio::spawn(run(inner, keys, rx, fill.clone(), unflushed.clone()));
+    let task = tokio::spawn(run(
+        inner,
+        keys.clone(),
+        rx,
+        fill.clone(),
+        unflushed.clone(),
+        stop,
+    ));
     let sender = AckSender {
         tx,
         wake: Arc::new(WakeOnDrop(fill)),
-        unflushed,
+        unflushed: unflushed.clone(),
         batch: batch as isize,
     };
-    (sender, task)
+    let acker = Acker {
+        keys,
+        task,
+        unflushed,
+    };
+    (sender, acker)
 }
 
 async fn run(
@@ -143,12 +189,23 @@ async fn run(
     mut rx: mpsc::Receiver<AckRequest>,
     fill: Arc<Notify>,
     unflushed: Arc<AtomicIsize>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let max = inner.config.ack_batch.max(1);
     let window = inner.config.ack_window;
     let mut batch = Vec::with_capacity(max);
+    // The batch in flight, split for the call (the items are moved into
+    // it, not copied) and kept here, outside the flush, so that a panic in
+    // the flush leaves their spans to log with.
+    let mut items: Vec<AckItem> = Vec::with_capacity(max);
+    let mut jobs: Vec<AckedJob> = Vec::with_capacity(max);
     loop {
-        if rx.recv_many(&mut batch, max).await == 0 {
+        let received = tokio::select! {
+            biased;
+            n = rx.recv_many(&mut batch, max) => n,
+            _ = wait_true(&mut stop) => return leave_queued(&mut rx),
+        };
+        if received == 0 {
             return; // every sender dropped and nothing left
         }
         // `ack_window` is at most a third of the lease (validated at build);
@@ -171,12 +228,51 @@ async fn run(
                         take_queued(&mut rx, &mut batch, max);
                         break;
                     }
+                    // The flush sees the stop and leaves the batch leased.
+                    _ = wait_true(&mut stop) => break,
                 }
             }
         }
         let sent = batch.len() as isize;
-        flush(&inner, &keys, &mut batch).await;
+        for req in batch.drain(..) {
+            items.push(req.item);
+            jobs.push(req.job);
+        }
+        let mut progress = Progress::default();
+        let flushed = AssertUnwindSafe(flush(
+            &inner,
+            &keys,
+            &items,
+            &jobs,
+            &mut stop,
+            &mut progress,
+        ))
+        .catch_unwind()
+        .await;
+        let stopped = match flushed {
+            Ok(stopped) => stopped,
+            Err(panic) => {
+                flush_panicked(&keys, &jobs, &progress, &*panic);
+                false
+            }
+        };
+        items.clear();
+        jobs.clear();
         unflushed.fetch_sub(sent, Ordering::AcqRel);
+        if stopped {
+            return leave_queued(&mut rx);
+        }
+    }
+}
+
+/// At the shutdown's stop: closes the channel (a runner still sending
+/// hears the acker is gone) and logs every ack still queued as left leased.
+fn leave_queued(rx: &mut mpsc::Receiver<AckRequest>) {
+    rx.close();
+    while let Ok(req) = rx.try_recv() {
+        req.job.span.in_scope(|| {
+            warn!("shutdown: the worker stopped before the job's ack was sent; the job stays leased and the watchdog returns it when its lease expires")
+        });
     }
 }
 
@@ -197,42 +293,91 @@ fn take_queued(
     false
 }
 
-/// One `ack.lua` call for the batch (retried on Redis failures), then the
-/// per-job outcome: log line, metrics. Leaves `batch` empty.
-async fn flush(inner: &Inner, keys: &QueueKeys, batch: &mut Vec<AckRequest>) {
-    let (items, jobs): (Vec<AckItem>, Vec<AckedJob>) =
-        batch.drain(..).map(|r| (r.item, r.job)).unzip();
+/// How far a flush got, read after a panic in it.
+#[derive(Default)]
+struct Progress {
+    /// An `ack.lua` call is on its way (its outcome unknown until it answers).
+    in_flight: bool,
+    /// A call whose outcome is unknown (a timeout, a lost reply) was made:
+    /// the acks may have been recorded.
+    maybe_landed: bool,
+    /// The script's answer, once it came.
+    replies: Option<Vec<AckReply>>,
+    /// The jobs whose outcome was logged and counted, from the first.
+    reported: usize,
+}
+
+/// One `ack.lua` call for the batch (retried on Redis failures until the
+/// batch's deadline), then the per-job outcome: log line, metrics. True when
+/// the worker's `stop` ended it first (the batch's jobs are logged as left
+/// leased): the acker then ends. `progress` tells a caught panic how far it
+/// got.
+async fn flush(
+    inner: &Inner,
+    keys: &QueueKeys,
+    items: &[AckItem],
+    jobs: &[AckedJob],
+    stop: &mut watch::Receiver<bool>,
+    progress: &mut Progress,
+) -> bool {
     let deadline = jobs.iter().map(|j| j.deadline).min();
     let mut delay = Duration::from_millis(50);
     let replies = loop {
+        if *stop.borrow() {
+            leave_batch(jobs, progress.maybe_landed);
+            return true;
+        }
         let mut conn = inner.conn.clone();
-        let res = Ack {
+        let call = Ack {
             keys,
             worker: &inner.identity.name,
-            items: &items,
+            items,
             retention: inner.config.completion_retention,
             compact: inner.config.compact_records,
-        }
-        .run(&mut conn)
-        .await;
+        };
+        progress.in_flight = true;
+        let res = tokio::select! {
+            biased;
+            res = call.run(&mut conn) => res,
+            _ = wait_true(stop) => {
+                // The call was sent, or may have been: it may land.
+                leave_batch(jobs, true);
+                return true;
+            }
+        };
+        progress.in_flight = false;
         match res {
             Ok(replies) => break replies,
             Err(e)
                 if is_redis_failure(&e) && deadline.is_some_and(|d| Instant::now() + delay < d) =>
             {
+                progress.maybe_landed |= e.outcome_unknown();
                 warn!(queue = %keys.queue, jobs = items.len(), error = %e, retry_in_ms = delay.as_millis() as u64, "could not record the jobs' results; retrying");
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    biased;
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = wait_true(stop) => {
+                        leave_batch(jobs, progress.maybe_landed);
+                        return true;
+                    }
+                }
                 delay = (delay * 2).min(Duration::from_secs(2));
             }
             Err(e) => {
+                let maybe = progress.maybe_landed || e.outcome_unknown();
                 for req in jobs {
-                    req.span.in_scope(|| error!(error = %e, "could not record the job's result; the watchdog will return it when its lease expires"));
+                    if maybe {
+                        req.span.in_scope(|| error!(error = %e, "could not confirm the job's result: it may have been recorded; if not, the watchdog returns it when its lease expires"));
+                    } else {
+                        req.span.in_scope(|| error!(error = %e, "could not record the job's result; the watchdog will return it when its lease expires"));
+                    }
                 }
-                return;
+                return false;
             }
         }
     };
-    for (req, reply) in jobs.into_iter().zip(replies) {
+    let replies = &*progress.replies.insert(replies);
+    for (req, reply) in jobs.iter().zip(replies) {
         let _entered = req.span.enter();
         match reply {
             AckReply::Completed | AckReply::AlreadyCompleted => {
@@ -244,5 +389,59 @@ async fn flush(inner: &Inner, keys: &QueueKeys, batch: &mut Vec<AckRequest>) {
                 error!("result discarded: the job hash is not readable (wrong type); the watchdog will deal with it")
             }
         }
+        progress.reported += 1;
     }
+    false
+}
+
+/// At the shutdown's stop, during a flush: the batch's jobs stay leased
+/// (their ack may have landed when `maybe` a call was on its way).
+fn leave_batch(jobs: &[AckedJob], maybe: bool) {
+    for req in jobs {
+        if maybe {
+            req.span.in_scope(|| warn!("shutdown: the worker stopped waiting for Redis to record the job's result; it may have been recorded; if not, the job stays leased and the watchdog returns it when its lease expires"));
+        } else {
+            req.span.in_scope(|| warn!("shutdown: the worker stopped before the job's result was recorded; the job stays leased and the watchdog returns it when its lease expires"));
+        }
+    }
+}
+
+/// A flush panicked: logs, in each job's span, what is known of the jobs
+/// whose outcome it had not reported yet. The logging is guarded too (a
+/// tracing layer that panicked may panic again); the acker goes on either
+/// way.
+fn flush_panicked(
+    keys: &QueueKeys,
+    jobs: &[AckedJob],
+    progress: &Progress,
+    panic: &(dyn std::any::Any + Send),
+) {
+    let msg = panic_message(panic);
+    let report = || {
+        error!(queue = %keys.queue, jobs = jobs.len(), panic = %msg, "the acker panicked while recording a batch of results; it goes on with the next acks");
+        let maybe = progress.in_flight || progress.maybe_landed;
+        for (i, req) in jobs.iter().enumerate().skip(progress.reported) {
+            let known = match progress.replies.as_ref().and_then(|r| r.get(i)) {
+                Some(AckReply::Completed | AckReply::AlreadyCompleted) => {
+                    "its ack was recorded: the job is complete (its outcome was not logged nor counted)"
+                }
+                Some(AckReply::LeaseLost) => "the ack answered lease lost: its result was discarded",
+                Some(AckReply::Unreadable) => {
+                    "the ack answered that the job hash is not readable: its result was discarded"
+                }
+                None if maybe => {
+                    "its ack may have been recorded; if not, the watchdog returns it when its lease expires"
+                }
+                None => {
+                    "its ack was not recorded: the job stays leased and the watchdog returns it when its lease expires"
+                }
+            };
+            req.span.in_scope(
+                || error!(panic = %msg, "the acker panicked recording the job's result: {known}"),
+            );
+        }
+    };
+    // A second panic (the same layer on these lines) has been printed by
+    // the panic hook; nothing more to do with it.
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(report));
 }

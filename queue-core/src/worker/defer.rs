@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::runner::JobRunner;
-use super::Inner;
+use super::runner::{left_at_hard_stop, JobRunner};
+use super::{wait_true, Inner};
 use crate::error::Result;
 use crate::keys::QueueKeys;
 use crate::metrics::JobLabels;
@@ -65,13 +65,23 @@ impl JobRunner {
 
     /// Gives the delivery back for a worker that knows its type and version
     /// (`known`: this worker's handler version, `None` when it has no
-    /// handler for the type), retrying Redis errors until the lease would
-    /// have expired (then the watchdog returns it, which uses an attempt).
+    /// handler for the type), retrying Redis errors until one lease after
+    /// the delivery got here (then the watchdog returns it, which uses an
+    /// attempt), or until the shutdown's hard stop (left leased likewise).
     pub(super) async fn defer(&self, d: &Delivery, labels: &JobLabels, known: Option<u32>) {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
+        let mut hard_stop = self.hard_stop.clone();
         loop {
-            match self.defer_once(d, known).await {
+            if *hard_stop.borrow() {
+                return left_at_hard_stop(false);
+            }
+            let res = tokio::select! {
+                biased;
+                res = self.defer_once(d, known) => res,
+                () = wait_true(&mut hard_stop) => return left_at_hard_stop(true),
+            };
+            match res {
                 Ok(label) => {
                     match label {
                         "deferred" => crate::metrics::deferred(labels),
@@ -85,7 +95,11 @@ impl JobRunner {
                 }
                 Err(e) if tokio::time::Instant::now() + delay < deadline => {
                     warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "could not defer the job; retrying");
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        biased;
+                        () = tokio::time::sleep(delay) => {}
+                        () = wait_true(&mut hard_stop) => return left_at_hard_stop(e.outcome_unknown()),
+                    }
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(e) => {

@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 pub(crate) use builder::MAX_LEASE;
 pub use builder::{WorkerBuilder, WorkerConfig};
@@ -158,6 +158,9 @@ impl Worker {
     /// Runs until `signal` completes (or the shutdown handle fires), then
     /// shuts down gracefully: stop fetching, wait up to the grace period for
     /// in-flight jobs, leave any still running leased for the watchdog.
+    /// Returns within the grace period plus 5 s (and about a second for the
+    /// ackers' last log lines), also when Redis hangs: results not recorded
+    /// by then stay leased for the watchdog.
     pub async fn run_until(self, signal: impl Future<Output = ()> + Send + 'static) -> Result<()> {
         let inner = self.inner;
         let cfg = &inner.config;
@@ -185,10 +188,13 @@ impl Worker {
             "worker started"
         );
 
+        // Turned true when the shutdown's time is up: the ackers stop
+        // retrying and leave what they have not recorded leased.
+        let (ackers_stop, ackers_stop_rx) = watch::channel(false);
         let (senders, ackers): (Vec<_>, Vec<_>) = inner
             .queues
             .iter()
-            .map(|q| acker::spawn(inner.clone(), q.keys.clone()))
+            .map(|q| acker::spawn(inner.clone(), q.keys.clone(), ackers_stop_rx.clone()))
             .unzip();
         // On a failed start the senders are dropped with the fetchers that
         // were never started, so the ackers (with nothing to ack) end too.
@@ -208,6 +214,14 @@ impl Worker {
             }
         }
         info!("shutdown requested: no new fetches, waiting for in-flight jobs");
+        // Everything the shutdown waits for ends by then: the grace period,
+        // then the hard stop's wait (docs/ARCHITECTURE.md "Shutdown").
+        // A grace beyond the clock (it is not bounded) waits as long as
+        // `timeout` does with it: about for ever.
+        let now = tokio::time::Instant::now();
+        let time_up = now
+            .checked_add(cfg.grace.saturating_add(HARD_STOP_WAIT))
+            .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30));
         // The grace period covers the tasks' end too: a fetcher of a worker
         // that runs one job at a time runs that job itself (fetcher.rs) and
         // ends with it.
@@ -238,12 +252,12 @@ impl Worker {
             }
         }
         // Every runner has handed over its ack (the fetchers and runners
-        // dropped their senders): the ackers flush what is left and end.
-        for acker in ackers {
-            if tokio::time::timeout(cfg.lease, acker).await.is_err() {
-                warn!("acks still pending after the lease: those jobs will be returned by the watchdog");
-            }
-        }
+        // dropped their senders), or was left at the hard stop: the ackers
+        // flush what is left and end, all within the shutdown's time. Then
+        // they are stopped: an acker still retrying against a hung Redis
+        // leaves its jobs leased (the watchdog returns them, as after a
+        // SIGKILL). Before, each acker in turn was waited for up to a lease.
+        stop_ackers(ackers, time_up, &ackers_stop).await;
         signal_task.abort();
         Ok(())
     }
@@ -266,6 +280,73 @@ impl Drop for StopOnDrop {
 /// How long the worker waits for its tasks after the grace period, once
 /// told to leave running jobs leased.
 const HARD_STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a stopped acker gets to log what it leaves and end (no Redis
+/// call: only log lines).
+const ACKER_STOP_WAIT: Duration = Duration::from_secs(1);
+
+/// Waits for every acker together until `time_up`, then stops those still
+/// running (`stop`) and gives them [`ACKER_STOP_WAIT`] to log the jobs they
+/// leave leased. Logs, with its queue, an acker that ended with a panic
+/// and one still running at the end.
+async fn stop_ackers(
+    ackers: Vec<acker::Acker>,
+    time_up: tokio::time::Instant,
+    stop: &watch::Sender<bool>,
+) {
+    // One deadline for all: a timeout polls its task first, so an acker
+    // that ended is seen even after the deadline.
+    let mut running = Vec::new();
+    for mut a in ackers {
+        match tokio::time::timeout_at(time_up, &mut a.task).await {
+            Ok(ended) => acker_ended(&a, ended),
+            Err(_) => running.push(a),
+        }
+    }
+    if running.is_empty() {
+        return;
+    }
+    for a in &running {
+        match a.pending() {
+            // Only waiting for its senders: a task left running holds one.
+            0 => {
+                info!(queue = %a.keys.queue, "shutdown's time is up: stopping the acker (no ack pending)")
+            }
+            pending => warn!(
+                queue = %a.keys.queue,
+                pending,
+                "acks still pending when the shutdown's time is up (grace + {}s): leaving them; each job's ack may have landed, else the watchdog returns it when its lease expires",
+                HARD_STOP_WAIT.as_secs()
+            ),
+        }
+    }
+    stop.send_replace(true);
+    let until = tokio::time::Instant::now() + ACKER_STOP_WAIT;
+    for mut a in running {
+        match tokio::time::timeout_at(until, &mut a.task).await {
+            Ok(ended) => acker_ended(&a, ended),
+            Err(_) => {
+                warn!(queue = %a.keys.queue, "acker still running after its stop: leaving it")
+            }
+        }
+    }
+}
+
+/// Logs an acker's end when it was not a normal one.
+fn acker_ended(a: &acker::Acker, ended: std::result::Result<(), tokio::task::JoinError>) {
+    if let Err(e) = ended {
+        error!(queue = %a.keys.queue, error = %e, "the acker ended abnormally: the acks it held were not recorded; the watchdog returns those jobs when their leases expire");
+    }
+}
+
+/// The message of a caught panic's payload.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".into())
+}
 
 /// Waits for the worker's tasks to end (each handle is awaited until it
 /// completes, then dropped: safe to call again after a timeout) and for every

@@ -10,6 +10,7 @@
 //! would start gets one extend (heartbeat.rs): run when Redis confirms the
 //! lease is still its own, else not run (the watchdog returns it).
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,32 +146,42 @@ impl JobRunner {
                 None => std::future::pending().await,
             }
         };
-        tokio::pin!(first_beat, timed, over_budget);
-        let result = loop {
-            tokio::select! {
-                r = &mut timed => break r,
-                _ = &mut first_beat, if heartbeat.is_none() => {
-                    heartbeat = Some(tokio::spawn(
-                        heartbeat_after_first_interval(
-                            self.inner.clone(),
-                            self.keys.clone(),
-                            d.id.clone(),
-                            d.token.clone(),
-                            ctx.clone(),
-                        )
-                        .in_current_span(),
-                    ));
-                }
-                _ = &mut over_budget => {
-                    stop_heartbeat(&mut heartbeat);
-                    let reason = deadline_reason(reg.deadline, "the handler was stopped");
-                    return Box::pin(self.finish(&d, &labels, Outcome::Dead(reason), Some(started.elapsed()))).await;
-                }
-                _ = wait_true(&mut self.hard_stop) => {
-                    stop_heartbeat(&mut heartbeat);
-                    warn!("shutdown grace over: job left leased; the watchdog will return it");
-                    return;
-                }
+        let ended = race(
+            timed,
+            first_beat,
+            over_budget,
+            wait_true(&mut self.hard_stop),
+            || {
+                heartbeat = Some(tokio::spawn(
+                    heartbeat_after_first_interval(
+                        self.inner.clone(),
+                        self.keys.clone(),
+                        d.id.clone(),
+                        d.token.clone(),
+                        ctx.clone(),
+                    )
+                    .in_current_span(),
+                ));
+            },
+        )
+        .await;
+        let result = match ended {
+            Ended::Returned(r) => r,
+            Ended::OverBudget => {
+                stop_heartbeat(&mut heartbeat);
+                let reason = deadline_reason(reg.deadline, "the handler was stopped");
+                return Box::pin(self.finish(
+                    &d,
+                    &labels,
+                    Outcome::Dead(reason),
+                    Some(started.elapsed()),
+                ))
+                .await;
+            }
+            Ended::HardStop => {
+                stop_heartbeat(&mut heartbeat);
+                warn!("shutdown grace over: job left leased; the watchdog will return it");
+                return;
             }
         };
         stop_heartbeat(&mut heartbeat);
@@ -181,7 +192,7 @@ impl JobRunner {
             Ok(Ok(())) => {
                 if let Some(req) = self.complete(d, labels, ctx.take_result_ref(), elapsed) {
                     // The acker is a whole channel behind: wait for room.
-                    Box::pin(self.acker.send(req)).await;
+                    Box::pin(self.send_ack(req)).await;
                 }
                 return;
             }
@@ -241,7 +252,8 @@ impl JobRunner {
     }
 
     /// Success: hands the ack to the queue's acker, which batches it with
-    /// others and retries Redis errors until the lease would have expired;
+    /// others and retries Redis errors until one lease after the handler
+    /// returned (see `acker.rs`);
     /// the request back when the acker's channel is full (the caller then
     /// waits for room). The delivery's slot is free once it is queued.
     fn complete(
@@ -264,8 +276,22 @@ impl JobRunner {
         self.acker.try_send(req)
     }
 
-    /// Retry / dead-letter, retrying Redis errors until the lease would
-    /// have expired anyway (after that the watchdog owns the job).
+    /// Waits for room in the acker's channel, or for the hard stop (then the
+    /// job stays leased: the watchdog returns it).
+    async fn send_ack(&mut self, req: AckRequest) {
+        tokio::select! {
+            biased;
+            () = self.acker.send(req) => {}
+            () = wait_true(&mut self.hard_stop) => {
+                warn!("shutdown grace over before the job's ack was handed to the acker: job left leased; the watchdog will return it");
+            }
+        }
+    }
+
+    /// Retry / dead-letter, retrying Redis errors until one lease after the
+    /// handler returned (its heartbeat stopped then: the lease has expired,
+    /// the watchdog owns the job), or until the shutdown's hard stop (the
+    /// job stays leased for the watchdog).
     /// `elapsed` is the handler's run time; `None` when it never started
     /// (unknown type or version, undecodable payload).
     async fn finish(
@@ -277,11 +303,22 @@ impl JobRunner {
     ) {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
+        let mut hard_stop = self.hard_stop.clone();
         loop {
+            if *hard_stop.borrow() {
+                return left_at_hard_stop(false);
+            }
             crate::failpoint::hit("before_fail");
-            let res = match &outcome {
-                Outcome::Retry(msg) => self.fail(d, FailKind::Retry, msg).await,
-                Outcome::Dead(reason) => self.fail(d, FailKind::Permanent, reason).await,
+            let call = async {
+                match &outcome {
+                    Outcome::Retry(msg) => self.fail(d, FailKind::Retry, msg).await,
+                    Outcome::Dead(reason) => self.fail(d, FailKind::Permanent, reason).await,
+                }
+            };
+            let res = tokio::select! {
+                biased;
+                res = call => res,
+                () = wait_true(&mut hard_stop) => return left_at_hard_stop(true),
             };
             match res {
                 Ok(label) => {
@@ -294,7 +331,11 @@ impl JobRunner {
                 }
                 Err(e) if tokio::time::Instant::now() + delay < deadline => {
                     warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "could not record the job's result; retrying");
-                    tokio::time::sleep(delay).await;
+                    tokio::select! {
+                        biased;
+                        () = tokio::time::sleep(delay) => {}
+                        () = wait_true(&mut hard_stop) => return left_at_hard_stop(e.outcome_unknown()),
+                    }
                     delay = (delay * 2).min(Duration::from_secs(2));
                 }
                 Err(e) => {
@@ -345,6 +386,54 @@ impl JobRunner {
     }
 }
 
+/// How the handler's run ended (see [`race`]).
+enum Ended<T> {
+    Returned(T),
+    OverBudget,
+    HardStop,
+}
+
+/// Runs the handler's future `handler` against the execution budget
+/// (`over_budget`) and the shutdown's hard stop; `beat` runs once, when
+/// `first_beat` fires (it starts the heartbeat task). Biased, the handler
+/// first: a handler whose future completes in the same poll as the budget's
+/// timer or the hard stop returned, and its result is recorded (unbiased,
+/// `select!` picked a branch at random: a handler that returned `Ok` could
+/// be dead-lettered "deadline exceeded" or left leased).
+async fn race<T>(
+    handler: impl Future<Output = T>,
+    first_beat: impl Future<Output = ()>,
+    over_budget: impl Future<Output = ()>,
+    hard_stop: impl Future<Output = ()>,
+    mut beat: impl FnMut(),
+) -> Ended<T> {
+    tokio::pin!(handler, first_beat, over_budget, hard_stop);
+    let mut beaten = false;
+    loop {
+        tokio::select! {
+            biased;
+            r = &mut handler => return Ended::Returned(r),
+            () = &mut over_budget => return Ended::OverBudget,
+            () = &mut hard_stop => return Ended::HardStop,
+            () = &mut first_beat, if !beaten => {
+                beaten = true;
+                beat();
+            }
+        }
+    }
+}
+
+/// The log line of a delivery whose result (retry, dead-letter, defer) the
+/// shutdown's hard stop left unrecorded; `maybe`: a call had been sent, and
+/// may have landed.
+pub(super) fn left_at_hard_stop(maybe: bool) {
+    if maybe {
+        warn!("shutdown grace over before Redis confirmed the job's result: it may have been recorded; if not, the job stays leased and the watchdog returns it");
+    } else {
+        warn!("shutdown grace over before the job's result was recorded: job left leased; the watchdog will return it");
+    }
+}
+
 /// When the delivery's execution deadline ([`Job::DEADLINE`]: a budget
 /// across attempts since the job's first start, Redis clock) passes, on the
 /// local monotonic clock measured from the claim; `None` without a deadline.
@@ -373,16 +462,45 @@ fn execution_budget(
 /// The retry reason of a handler that panicked (in its future, or before:
 /// the decode or a hand-written `Job::run`).
 fn panicked(panic: &(dyn std::any::Any + Send)) -> String {
-    let msg = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".into());
-    format!("handler panicked: {msg}")
+    format!("handler panicked: {}", super::panic_message(panic))
 }
 
 /// The dead-letter reason of a job past its execution deadline.
 fn deadline_reason(limit: Option<Duration>, what: &str) -> String {
     let limit = limit.unwrap_or_default();
     format!("deadline exceeded: {limit:?} since the first start passed; {what}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{race, Ended};
+
+    /// A handler whose future completes in the same poll as the execution
+    /// budget's timer, the hard stop and the first heartbeat: its result is
+    /// what the runner records, every time. Unbiased, the runner's `select!`
+    /// picked a ready branch at random: a handler that returned `Ok` was
+    /// dead-lettered "deadline exceeded" or left leased about two runs in
+    /// three.
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_that_returns_with_the_budget_and_the_hard_stop_wins() {
+        let mut beats = 0;
+        for run in 0..100 {
+            let now = tokio::time::Instant::now();
+            let ended = race(
+                std::future::ready(run),
+                tokio::time::sleep_until(now),
+                tokio::time::sleep_until(now),
+                std::future::ready(()),
+                || beats += 1,
+            )
+            .await;
+            let got = match ended {
+                Ended::Returned(r) => format!("returned {r}"),
+                Ended::OverBudget => "over budget".into(),
+                Ended::HardStop => "hard stop".into(),
+            };
+            assert_eq!(got, format!("returned {run}"), "run {run}");
+        }
+        assert_eq!(beats, 0, "no heartbeat for a handler that returned");
+    }
 }
