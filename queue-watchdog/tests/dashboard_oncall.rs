@@ -642,3 +642,13 @@ fn oncall_tools_in_chromium() {
     assert_eq!(redis(&server, &["LLEN", &keys.main]).trim(), ":6");
     assert_eq!(redis(&server, &["LLEN", &keys.dead]).trim(), ":54");
 }
+
+/// On a cluster without `--queue` the dashboard refuses to start, saying
+/// why. Before, discovery (one server's SCAN) found nothing and the
+/// dashboard showed no queue with no reason.
+#[test]
+fn on_a_cluster_the_dashboard_needs_its_queues_named() {
+    let cluster = queue_testkit::cluster::RedisCluster::start(3).unwrap();
+    let err = refused(&cluster.url(), &[]);
+    assert!(err.contains("--queue"), "{err}");
+}

@@ -529,3 +529,18 @@ fn a_doctor_user_without_llen_gets_no_wrong_type_finding() {
     assert!(what.contains(&q.dead) && what.contains("llen"), "{what}");
     assert_eq!(code, 0, "{v:#}");
 }
+
+/// A `redis-cluster://` URL is refused with a message saying what to do
+/// (each primary's `redis://` URL). Before, the client sent `INFO` to every
+/// primary and the doctor failed decoding the map ("incompatible type"), an
+/// error that read as "cannot reach Redis".
+#[test]
+fn a_cluster_url_is_refused_with_what_to_run_instead() {
+    let cluster = queue_testkit::cluster::RedisCluster::start(3).unwrap();
+    let (code, out) = doctor(&cluster.url(), &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("each primary's redis:// URL"),
+        "the message says what to run instead: {out}"
+    );
+}

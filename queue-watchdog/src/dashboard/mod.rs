@@ -86,6 +86,14 @@ type Shared = Arc<AppState>;
 /// Serves the dashboard until SIGTERM / ctrl-c.
 pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
     let admin = Admin::connect(url).await?;
+    if admin.queue().connection().is_cluster() && args.selection.queues.is_empty() {
+        // Discovery scans one server; on a cluster it found nothing and the
+        // dashboard showed no queue, with no reason given.
+        return Err(CliError::Other(
+            "on a cluster the dashboard needs its queues named with --queue (queue discovery needs a single Redis)"
+                .into(),
+        ));
+    }
     let metrics = if args.metrics {
         Some(crate::metrics_export::recorder()?)
     } else {

@@ -27,6 +27,18 @@ const CONFIG_KEYS: &[&str] = &[
 pub async fn gather(url: &str, scan_limit: u64) -> Result<Facts> {
     let cfg = ConnectionConfig::default();
     let conn = RedisConnection::connect(url, &cfg).await?;
+    if conn.is_cluster() {
+        // The client routes INFO to every primary (a map, not one text) and
+        // each SCAN to a node of its choice (cursors of different nodes
+        // mixed): the answer would be about no server in particular.
+        // Before, this failed as a decode error, read as "cannot reach
+        // Redis".
+        return Err(CliError::Other(
+            "doctor checks one server's settings: run it against each primary's redis:// URL, \
+             not a redis-cluster:// URL"
+                .into(),
+        ));
+    }
     let mut c = conn.clone();
     let info: String = redis::cmd("INFO")
         .query_async(&mut c)
