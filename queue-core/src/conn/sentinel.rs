@@ -116,10 +116,13 @@ struct SentinelShared {
 pub(super) struct Current {
     generation: u64,
     pub(super) addr: String,
-    /// The configuration epoch the sentinels named `addr` with: a sentinel
-    /// that names another node with an epoch no higher missed a failover
+    /// The configuration epoch the sentinels named `addr` with (`None`: not
+    /// given; refreshed when a sentinel confirms `addr` with another epoch,
+    /// so that sentinels reset to epoch 0 are followed again at their next
+    /// failover): a sentinel that names another node with an epoch no higher
+    /// missed a failover
     /// (or monitors something else under the name), and is not followed.
-    epoch: i64,
+    epoch: Option<i64>,
     conn: MultiplexedConnection,
 }
 
@@ -181,23 +184,24 @@ impl SentinelConnection {
                 let asked = me
                     .master_info_on(conn, &me.shared.target.sentinels[*i])
                     .await;
-                match asked {
-                    Ok((epoch, addr)) if addr != cur.addr && epoch > cur.epoch => {
+                match asked.map(|(epoch, addr)| (watch_step(&cur, epoch, &addr), epoch, addr)) {
+                    Ok((WatchStep::Follow, _, _)) => {
                         me.invalidate(cur.generation, "the sentinels name another primary");
                     }
-                    Ok((epoch, addr)) if addr != cur.addr => {
+                    Ok((WatchStep::Refresh, epoch, _)) => me.refresh_epoch(cur.generation, epoch),
+                    Ok((WatchStep::Keep, _, _)) => {}
+                    Ok((WatchStep::AskAnother, epoch, addr)) => {
                         // A stale sentinel (partitioned during the last
                         // failover, restarted with an old configuration) or
                         // one that monitors another node under this name:
                         // before, it dropped the connection every check, on
                         // every connection of the process. Ask another.
                         debug!(master = %me.shared.target.master, sentinel = %me.shared.target.sentinels[*i],
-                            named = %addr, epoch, current_epoch = cur.epoch,
+                            named = %addr, epoch = ?epoch, current_epoch = ?cur.epoch,
                             "sentinel names another primary with no newer epoch; not followed");
                         next = *i + 1;
                         sentinel = None;
                     }
-                    Ok(_) => {}
                     Err(_) => {
                         next = *i + 1;
                         sentinel = None;
@@ -255,6 +259,19 @@ impl SentinelConnection {
         }
     }
 
+    /// Records the epoch a sentinel confirmed the primary of `generation`
+    /// with (if it is still the current one).
+    fn refresh_epoch(&self, generation: u64, epoch: Option<i64>) {
+        let mut cur = self
+            .shared
+            .current
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = cur.as_mut().filter(|c| c.generation == generation) {
+            c.epoch = epoch;
+        }
+    }
+
     /// Drops the primary of `generation` (if it is still the current one), so
     /// the next command resolves the primary again.
     fn invalidate(&self, generation: u64, why: &str) {
@@ -273,12 +290,12 @@ impl SentinelConnection {
     /// from the highest configuration epoch down (a sentinel that missed the
     /// last failover names the old primary with an older epoch), and keeps
     /// the first that connects and says `ROLE` master.
-    async fn resolve(&self) -> RedisResult<(i64, String, MultiplexedConnection)> {
+    async fn resolve(&self) -> RedisResult<(Option<i64>, String, MultiplexedConnection)> {
         let t = &self.shared.target;
         let answers =
             futures::future::join_all(t.sentinels.iter().map(|s| self.master_info(s))).await;
         let mut last_err: Option<RedisError> = None;
-        let mut candidates: Vec<(i64, String)> = Vec::new();
+        let mut candidates: Vec<(Option<i64>, String)> = Vec::new();
         for (answer, sentinel) in answers.into_iter().zip(&t.sentinels) {
             match answer {
                 Ok(c) => candidates.push(c),
@@ -298,7 +315,7 @@ impl SentinelConnection {
             match self.connect_primary(&addr).await {
                 Ok(conn) => return Ok((epoch, addr, conn)),
                 Err(e) => {
-                    debug!(primary = %addr, epoch, error = %e, "primary named by the sentinels not usable");
+                    debug!(primary = %addr, epoch = ?epoch, error = %e, "primary named by the sentinels not usable");
                     last_err = Some(e);
                 }
             }
@@ -320,8 +337,9 @@ impl SentinelConnection {
             .await
     }
 
-    /// `SENTINEL MASTER <name>` of one sentinel: (config epoch, "ip:port").
-    async fn master_info(&self, sentinel: &str) -> RedisResult<(i64, String)> {
+    /// `SENTINEL MASTER <name>` of one sentinel: (config epoch if given,
+    /// "ip:port").
+    async fn master_info(&self, sentinel: &str) -> RedisResult<(Option<i64>, String)> {
         let mut conn = self.sentinel_conn(sentinel).await?;
         self.master_info_on(&mut conn, sentinel).await
     }
@@ -331,7 +349,7 @@ impl SentinelConnection {
         &self,
         conn: &mut MultiplexedConnection,
         sentinel: &str,
-    ) -> RedisResult<(i64, String)> {
+    ) -> RedisResult<(Option<i64>, String)> {
         let fields: HashMap<String, String> = redis::cmd("SENTINEL")
             .arg("MASTER")
             .arg(&self.shared.target.master)
@@ -339,10 +357,7 @@ impl SentinelConnection {
             .await?;
         match (fields.get("ip"), fields.get("port")) {
             (Some(ip), Some(port)) => {
-                let epoch = fields
-                    .get("config-epoch")
-                    .and_then(|e| e.parse().ok())
-                    .unwrap_or(0);
+                let epoch = fields.get("config-epoch").and_then(|e| e.parse().ok());
                 Ok((epoch, format!("{ip}:{port}")))
             }
             _ => Err(RedisError::from((
@@ -452,5 +467,85 @@ mod tests {
         ] {
             assert!(SentinelTarget::parse(bad).is_err(), "{bad}");
         }
+    }
+}
+
+/// What the watcher does with a sentinel's answer.
+#[derive(Debug, PartialEq, Eq)]
+enum WatchStep {
+    /// Another primary with a newer (or an unknown) epoch: leave ours.
+    Follow,
+    /// Another primary with no newer epoch: a stale sentinel; ask another.
+    AskAnother,
+    /// Ours, confirmed with another epoch: record it (sentinels reset to
+    /// epoch 0 are then followed at their next failover, epoch 1).
+    Refresh,
+    /// Ours, same epoch.
+    Keep,
+}
+
+/// The watcher's decision for a sentinel naming `addr` with `epoch` while
+/// `cur` is in use.
+fn watch_step(cur: &Current, epoch: Option<i64>, addr: &str) -> WatchStep {
+    watch_decision(&cur.addr, cur.epoch, epoch, addr)
+}
+
+fn watch_decision(
+    cur_addr: &str,
+    cur_epoch: Option<i64>,
+    epoch: Option<i64>,
+    addr: &str,
+) -> WatchStep {
+    if addr != cur_addr {
+        match (epoch, cur_epoch) {
+            (Some(n), Some(c)) if n <= c => WatchStep::AskAnother,
+            // Newer, or either unknown: a sentinel that gives no epoch is
+            // followed, as before epochs were compared.
+            _ => WatchStep::Follow,
+        }
+    } else if epoch.is_some() && epoch != cur_epoch {
+        WatchStep::Refresh
+    } else {
+        WatchStep::Keep
+    }
+}
+
+#[cfg(test)]
+mod epoch_tests {
+    use super::{watch_decision, WatchStep};
+
+    #[test]
+    fn only_a_newer_or_unknown_epoch_is_followed() {
+        let d = |e, a| watch_decision("b:1", Some(2), e, a);
+        assert_eq!(d(Some(3), "c:1"), WatchStep::Follow);
+        assert_eq!(d(Some(2), "c:1"), WatchStep::AskAnother);
+        assert_eq!(d(Some(1), "c:1"), WatchStep::AskAnother);
+        assert_eq!(d(None, "c:1"), WatchStep::Follow);
+        assert_eq!(
+            watch_decision("b:1", None, Some(0), "c:1"),
+            WatchStep::Follow
+        );
+        assert_eq!(d(Some(2), "b:1"), WatchStep::Keep);
+        assert_eq!(d(None, "b:1"), WatchStep::Keep);
+    }
+
+    /// Sentinels reset (SENTINEL REMOVE + MONITOR, or restarted with a
+    /// fresh configuration) restart their epochs at 0: once one confirms
+    /// the primary in use with epoch 0, their next failover (epoch 1) is
+    /// followed. Without the refresh, epoch 1 was not newer than the 1 the
+    /// primary was resolved with, and the watcher stayed on the old primary
+    /// while it still accepted writes.
+    #[test]
+    fn a_failover_after_the_sentinels_were_reset_is_followed() {
+        let mut epoch = Some(1);
+        assert_eq!(
+            watch_decision("b:1", epoch, Some(0), "b:1"),
+            WatchStep::Refresh
+        );
+        epoch = Some(0);
+        assert_eq!(
+            watch_decision("b:1", epoch, Some(1), "c:1"),
+            WatchStep::Follow
+        );
     }
 }
