@@ -791,6 +791,34 @@ async fn a_flow_whose_parent_id_is_a_childs_is_refused() {
         .unwrap();
 }
 
+/// Sibling nested flows may each have a child of the same id on different
+/// queues: two jobs of two batches (a batch counts ids, a queue holds
+/// jobs). The same id on one queue in two nested flows is refused (one
+/// enqueue would be a duplicate of the other). The first version of the
+/// id check refused both.
+#[tokio::test]
+async fn the_same_child_id_in_sibling_flows_on_two_queues_is_two_jobs() {
+    let fx = Fx::start().await;
+    let on = |q: &str, id: &str| JobSpec::raw(q, "t", 1, 3, vec![0xc0]).id(id);
+    crate::Flow::new(on(Q, "p"))
+        .child_flow(crate::Flow::new(on(Q, "x")).child(on("wf-other-a", "c")))
+        .child_flow(crate::Flow::new(on(Q, "y")).child(on("wf-other-b", "c")))
+        .enqueue(&fx.queue)
+        .await
+        .unwrap();
+    for q in ["wf-other-a", "wf-other-b"] {
+        let job = fx.queue.job(q, "c").await.unwrap();
+        assert!(job.is_some(), "child c on {q} enqueued");
+    }
+    let e = crate::Flow::new(on(Q, "p2"))
+        .child_flow(crate::Flow::new(on(Q, "x2")).child(on("wf-other-a", "d")))
+        .child_flow(crate::Flow::new(on(Q, "y2")).child(on("wf-other-a", "d")))
+        .enqueue(&fx.queue)
+        .await
+        .unwrap_err();
+    assert!(refuses_id(&e, "p2", "d"), "{e}");
+}
+
 /// A batch whose success callback id is taken by a job it did not spawn
 /// (an unrelated job, or its completion record) fires with a `fire_error`
 /// naming the callback. Before, the spawn skipped silently: `fired`, no

@@ -124,17 +124,31 @@ impl Flow {
     /// enqueue the same flow again.
     ///
     /// Refused before any write ([`QueueError::Workflow`](crate::QueueError::Workflow),
-    /// naming the flow and the id): an id given twice among the flow's
-    /// parents and children, nested flows' included (a batch counts a
-    /// member id once; a parent whose id a child took is never created).
+    /// naming the flow and the id): an id given twice among one flow's
+    /// parent and children (a batch counts a member id once, whatever its
+    /// queue; a parent whose id a child took is never created), or a
+    /// (queue, id) given twice anywhere in the tree. The same id on two
+    /// queues in sibling nested flows is two jobs, and accepted.
     pub async fn enqueue(mut self, queue: &Queue) -> Result<FlowCreated> {
         self.check()?;
         self.assign_ids();
+        self.check_levels()?;
         let mut ids = Vec::new();
         self.collect_ids(&mut ids);
         let id = self.parent.ensure_id();
         let outer = BatchRef::new(&self.parent.queue, id.as_str());
-        check_unique_ids(&outer, ids.iter().map(|id| id.as_str()))?;
+        // Across the whole tree a job is (queue, id): the same id on two
+        // queues is two jobs of two batches (nested flows' children), the
+        // same on one queue would be enqueued once.
+        let mut seen = std::collections::HashSet::new();
+        for (q, id) in &ids {
+            if !seen.insert((q.as_str(), id.as_str())) {
+                return Err(outer.error(format!(
+                    "job id `{id}` is given twice in the flow on queue `{q}`: \
+                     each job of a flow needs an id of its own"
+                )));
+            }
+        }
         self.enqueue_in(queue, None).await
     }
 
@@ -155,14 +169,43 @@ impl Flow {
     /// The ids of every job of the flow, nested flows' included: each
     /// parent once (a nested flow's parent is both a child of the outer
     /// flow and its own flow's callback: one job), each leaf child once.
-    fn collect_ids(&self, out: &mut Vec<JobId>) {
-        out.extend(self.parent.job_id().cloned());
+    fn collect_ids(&self, out: &mut Vec<(String, JobId)>) {
+        out.extend(
+            self.parent
+                .job_id()
+                .map(|id| (self.parent.queue.clone(), id.clone())),
+        );
         for (_, child) in &self.children {
             match child {
-                Child::Job(j) => out.extend(j.job_id().cloned()),
+                Child::Job(j) => out.extend(j.job_id().map(|id| (j.queue.clone(), id.clone()))),
                 Child::Flow(f) => f.collect_ids(out),
             }
         }
+    }
+
+    /// Each flow's own batch counts its children by id whatever their
+    /// queues, and its parent is created under its id: the parent's and the
+    /// children's ids (a nested flow's parent being its child here) must
+    /// differ, level by level (called after `assign_ids`).
+    fn check_levels(&self) -> Result<()> {
+        let Some(id) = self.parent.job_id() else {
+            return Ok(());
+        };
+        let batch = BatchRef::new(&self.parent.queue, id.as_str());
+        let children = self.children.iter().filter_map(|(_, child)| match child {
+            Child::Job(j) => j.job_id(),
+            Child::Flow(f) => f.parent.job_id(),
+        });
+        check_unique_ids(
+            &batch,
+            std::iter::once(id.as_str()).chain(children.map(JobId::as_str)),
+        )?;
+        for (_, child) in &self.children {
+            if let Child::Flow(f) = child {
+                f.check_levels()?;
+            }
+        }
+        Ok(())
     }
 
     /// Refuses, before any write, a flow whose parent's id (its batch id),
