@@ -66,10 +66,15 @@ impl Promote<'_> {
         };
         let mut dropped = Vec::new();
         for pair in f.list(2, "dropped entries")?.chunks(2) {
-            let (Some(id), Some(state)) = (
-                pair.first().and_then(reply::text),
-                pair.get(1).and_then(reply::text),
-            ) else {
+            // Read lossily: the script has committed by now, and an id that
+            // is not UTF-8 (another producer's) must not fail the reply, the
+            // promoter's next-due time and the watchdog's pass with it.
+            let lossy = |v: &redis::Value| {
+                reply::bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
+            };
+            let (Some(id), Some(state)) =
+                (pair.first().and_then(lossy), pair.get(1).and_then(lossy))
+            else {
                 return Err(f.error(format_args!("dropped entry {pair:?}")));
             };
             let job_id = JobId::from(id.as_str());
@@ -130,5 +135,43 @@ mod tests {
                 "{score}"
             );
         }
+    }
+
+    /// Scenario: a stale delayed entry (its job is active) whose id is not
+    /// UTF-8 (another producer's bytes). The script drops it and the reply
+    /// is read, the id lossily. Before, the dropped list's decode failed
+    /// the whole reply after the script had committed: the promoter lost
+    /// its next-due time and the watchdog's pass ended with an error.
+    #[tokio::test]
+    async fn a_dropped_entry_whose_id_is_not_utf8_is_read_lossily() {
+        let (_server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("bytes");
+        let id: &[u8] = b"j\xff";
+        let mut job = keys.job_prefix.clone().into_bytes();
+        job.extend_from_slice(id);
+        let _: () = redis::cmd("HSET")
+            .arg(&job)
+            .arg("state")
+            .arg("active")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg(&keys.delayed)
+            .arg(0)
+            .arg(id)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let reply = Promote {
+            keys: &keys,
+            limit: 10,
+        }
+        .run(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(reply.promoted, 0);
+        assert_eq!(reply.dropped.len(), 1);
+        assert_eq!(reply.dropped[0].0.as_str(), "j\u{fffd}");
     }
 }
