@@ -54,11 +54,12 @@ pub enum LockError {
         source: redis::RedisError,
     },
     /// A name that cannot name a lock's keys, refused before anything was
-    /// sent (the rule of [`validate_queue_name`](crate::validate_queue_name):
-    /// not empty, no `{` or `}`, no whitespace or control characters). The
-    /// name is the keys' hash tag: `""` or `"}x"` gave `lock:{}` and
-    /// `lock:{}:fence` different cluster slots, and every acquire failed
-    /// with `CROSSSLOT`.
+    /// sent: `""` or a name starting with `}`. The keys are `lock:{<name>}`
+    /// and `lock:{<name>}:fence`, whose hash tag runs up to the first `}`:
+    /// those names gave an empty tag, so the two keys fell in different
+    /// cluster slots and every acquire failed with `CROSSSLOT`. Any other
+    /// name (whitespace, braces elsewhere, e.g. `"nightly report"`,
+    /// `"user {42}"`) is accepted.
     #[error("invalid lock name {name:?}: a lock name {reason}")]
     InvalidName {
         /// The rejected name.
@@ -111,8 +112,9 @@ impl LockError {
 #[derive(Debug, Clone)]
 pub struct LockOptions {
     /// Lease of the lock; it expires by itself if the holder dies. At least
-    /// 1 ms; a longer one than Redis can keep (2^53 − 1 ms, ~285,000 years)
-    /// is that longest one.
+    /// 1 ms (`acquire` refuses a shorter one with
+    /// [`LockError::InvalidOptions`] before anything is sent); a longer one
+    /// than Redis can keep (2^53 − 1 ms, ~285,000 years) is that longest one.
     pub ttl: Duration,
     /// How long `acquire` keeps trying; zero: try once; `Duration::MAX`
     /// (or any wait past what the clock holds): until it is free.
@@ -120,9 +122,11 @@ pub struct LockOptions {
     /// Pause between tries (jittered by ±50%).
     pub retry_interval: Duration,
     /// Auto-renew period; `None`: no auto-renew (call [`LockGuard::extend`]).
-    /// More than zero and less than 90 % of `ttl` (the part of the lease
-    /// the guard counts on): `acquire` refuses others with
-    /// [`LockError::InvalidOptions`].
+    /// A period that cannot keep the lock, zero or not below 90 % of `ttl`
+    /// (the part of the lease the guard counts on), is replaced by a third
+    /// of `ttl` (logged at acquire): e.g. `LockOptions { ttl: 2 s,
+    /// ..Default::default() }` keeps the default's 3.33 s period, and is
+    /// renewed every 667 ms.
     pub renew_every: Option<Duration>,
 }
 
@@ -158,42 +162,52 @@ impl LockOptions {
         self
     }
 
-    /// Refuses a renewal period that cannot keep the lock: zero (a loop of
-    /// renewals with no pause), or not below the trusted part of the TTL
-    /// (the local deadline passes before the first renewal is sent).
+    /// Refuses a TTL below 1 ms (Redis refuses it: a script error, sent
+    /// again on each retry of a job that can never succeed).
     fn check(&self, name: &str) -> Result<(), LockError> {
-        let Some(every) = self.renew_every else {
-            return Ok(());
-        };
-        let reason = if every.is_zero() {
-            format!("renew_every is zero (ttl {:?})", self.ttl)
-        } else if every >= trusted(self.ttl) {
-            format!(
-                "renew_every {every:?} is not below 90 % of the ttl {:?} ({:?}, the part of the lease the guard counts on): the lock would be lost before its first renewal",
-                self.ttl,
-                trusted(self.ttl)
-            )
-        } else {
-            return Ok(());
-        };
-        Err(LockError::InvalidOptions {
-            name: name.to_string(),
-            reason,
-        })
+        if self.ttl < Duration::from_millis(1) {
+            return Err(LockError::InvalidOptions {
+                name: name.to_string(),
+                reason: format!("ttl {:?} is below 1 ms", self.ttl),
+            });
+        }
+        Ok(())
+    }
+
+    /// The renewal period used: `renew_every`, or a third of the TTL when
+    /// that cannot keep the lock (zero: a loop of renewals with no pause;
+    /// not below the trusted part of the TTL: the local deadline passes
+    /// before the first renewal is sent), e.g. the default period kept by
+    /// a struct literal that only sets a shorter `ttl`.
+    fn effective_renew_every(&self, name: &str) -> Option<Duration> {
+        let every = self.renew_every?;
+        if !every.is_zero() && every < trusted(self.ttl) {
+            return Some(every);
+        }
+        let used = self.ttl / 3;
+        debug!(
+            lock = name,
+            renew_every = ?every,
+            ttl = ?self.ttl,
+            used = ?used,
+            "lock renew_every is zero or not below 90 % of the ttl: renewing every third of the ttl instead"
+        );
+        Some(used)
     }
 }
 
-/// Checks that `name` can name a lock's keys: the rule of
-/// [`validate_queue_name`](crate::validate_queue_name) (the name is the
-/// keys' hash tag). `Err` completes "a lock name …".
+/// Checks that `name` can name a lock's keys `lock:{<name>}` and
+/// `lock:{<name>}:fence`: their hash tag (up to the first `}`) must not be
+/// empty, or the two keys fall in different cluster slots. `Err`
+/// completes "a lock name …".
 fn validate_lock_name(name: &str) -> Result<(), &'static str> {
-    crate::keys::validate_queue_name(name).map_err(|reason| {
-        if name.contains(['{', '}']) {
-            "must not contain `{` or `}` (lock names become Redis hash tags)"
-        } else {
-            reason
-        }
-    })
+    if name.is_empty() {
+        Err("must not be empty")
+    } else if name.starts_with('}') {
+        Err("must not start with `}` (the keys' Redis hash tag would be empty)")
+    } else {
+        Ok(())
+    }
 }
 
 /// Entry point: [`Lock::acquire`].
@@ -203,9 +217,10 @@ pub struct Lock;
 impl Lock {
     /// Tries to take lock `name` until `options.wait` has passed. `Ok(None)`
     /// when another owner held it the whole time. A name that cannot name
-    /// a lock ([`LockError::InvalidName`]) or a `renew_every` that cannot
-    /// keep it ([`LockError::InvalidOptions`]) is refused before anything is
-    /// sent.
+    /// a lock (`""` or starting with `}`: [`LockError::InvalidName`]) or a
+    /// TTL below 1 ms ([`LockError::InvalidOptions`]) is refused before
+    /// anything is sent. A `renew_every` that cannot keep the lock is
+    /// replaced by a third of the TTL ([`LockOptions::renew_every`]).
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -238,11 +253,13 @@ impl Lock {
         // clamped before it is sent, the lease clock (and the renewals) use
         // the same value (`Duration::MAX` set the lock, then building the
         // clock panicked and left it held for ages with no owner).
-        let options = LockOptions {
+        let mut options = LockOptions {
             ttl: clamp_ttl(options.ttl),
             ..options
         };
         options.check(name)?;
+        // The renew loop (and `next_renewal`) use the effective period.
+        options.renew_every = options.effective_renew_every(name);
         let mut c = conn.clone();
         // A call whose reply was lost may have taken the lock: it is sent
         // again with the same token (the script answers that acquisition
@@ -434,9 +451,19 @@ impl LockGuard {
 
     /// Releases the lock; false when it had already been lost. A release
     /// whose reply was lost is sent again (release checks the token, so
-    /// that is safe), up to three times; when the one sent again finds the
-    /// lock gone, the lost one released it if the guard still counted the
-    /// lock as held when the release was first sent (true), else false.
+    /// that is safe: it never deletes another owner's lock), up to three
+    /// times; when the one sent again finds the lock gone, the answer is
+    /// true if the guard still counted the lock as held when the release
+    /// was first sent, else false.
+    ///
+    /// So after a resend, true means "held by this guard when the release
+    /// was first sent, and no longer ours now", not "this call deleted
+    /// it": the lost call usually did, but the lock may instead have
+    /// expired in Redis, and even been taken by another owner, between the
+    /// first send and the resend (a reply lost for most of the lease's
+    /// remaining 10 %). Either way this guard no longer holds it and the
+    /// other owner's lock is untouched; do not read true as "nobody else
+    /// held the lock after my work", use [`fencing`](Self::fencing) for that.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         if let Some(t) = self.renew.take() {
@@ -879,14 +906,17 @@ mod tests {
         assert!(!exists(&conn, "release").await, "released");
     }
 
-    /// Names whose hash tag is not the whole name (`""`, `"}x"`: `lock:{}`
-    /// and `lock:{}:fence` in different cluster slots, CROSSSLOT on every
-    /// acquire) and renewal periods that cannot keep a lock are refused
-    /// before anything is sent, with the lock named. Before, they were sent.
+    /// Only names whose keys get an empty hash tag (`""`, `"}x"`:
+    /// `lock:{}` and `lock:{}:fence` in different cluster slots, CROSSSLOT
+    /// on every acquire) are refused, before anything is sent, with the
+    /// lock named; a TTL below 1 ms is refused the same way (Redis answered
+    /// it with a script error, which `ctx.lock` retried until the job's
+    /// attempts ran out). A renewal period that cannot keep the lock is not
+    /// refused: a third of the TTL is used instead.
     #[tokio::test]
     async fn bad_lock_names_and_renewal_periods_are_refused_before_anything_is_sent() {
         let (_server, conn) = crate::scripts::test_redis().await;
-        for name in ["", "}x", "a}b", "{x}", "a b", "a\nb"] {
+        for name in ["", "}x"] {
             let err = Lock::acquire(conn.clone(), name, LockOptions::default())
                 .await
                 .expect_err(name);
@@ -895,33 +925,83 @@ mod tests {
                 "{name:?}: {err}"
             );
         }
+        for ttl in [Duration::ZERO, Duration::from_micros(500)] {
+            for opts in [
+                LockOptions::default().ttl(ttl),
+                LockOptions::default().ttl(ttl).no_renew(),
+                LockOptions {
+                    ttl,
+                    ..LockOptions::default()
+                },
+            ] {
+                let err = Lock::acquire(conn.clone(), "tiny", opts)
+                    .await
+                    .expect_err("refused");
+                assert!(
+                    matches!(&err, LockError::InvalidOptions { name, .. } if name == "tiny"),
+                    "{ttl:?}: {err}"
+                );
+                assert!(err.to_string().contains("below 1 ms"), "{err}");
+            }
+        }
+        let mut c = conn.clone();
+        let keys: i64 = redis::cmd("DBSIZE").query_async(&mut c).await.unwrap();
+        assert_eq!(keys, 0, "nothing was written");
+        // Periods that cannot keep the lock are replaced, not refused.
         let ttl = Duration::from_secs(1);
         for every in [Duration::ZERO, Duration::from_millis(900), ttl * 2] {
             let opts = LockOptions {
                 renew_every: Some(every),
                 ..LockOptions::default().ttl(ttl)
             };
-            let err = Lock::acquire(conn.clone(), "renew", opts)
+            let guard = Lock::acquire(conn.clone(), "renew", opts)
                 .await
-                .expect_err("refused");
-            assert!(
-                matches!(&err, LockError::InvalidOptions { name, .. } if name == "renew"),
-                "{every:?}: {err}"
-            );
-            assert!(err.to_string().contains("renew_every"), "{err}");
+                .unwrap_or_else(|e| panic!("{every:?}: {e}"))
+                .expect("free");
+            assert!(guard.release().await.unwrap());
         }
-        let mut c = conn.clone();
-        let keys: i64 = redis::cmd("DBSIZE").query_async(&mut c).await.unwrap();
-        assert_eq!(keys, 0, "nothing was written");
-        // The longest accepted period keeps the lock.
+    }
+
+    /// Names that worked before validation was added (whitespace, braces
+    /// past the first character; their keys' hash tag is not empty) acquire,
+    /// hold and release their lock.
+    #[tokio::test]
+    async fn lock_names_with_spaces_or_inner_braces_are_accepted() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        for name in ["nightly report", "user {42}", "a}b", "{x}", "a\tb"] {
+            let guard = Lock::acquire(conn.clone(), name, LockOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("{name:?}: {e}"))
+                .expect("free");
+            assert_eq!(owner(&conn, name).await.as_deref(), Some(guard.token()));
+            assert!(guard.release().await.unwrap(), "{name:?}");
+            assert_eq!(owner(&conn, name).await, None);
+        }
+    }
+
+    /// Scenario: the common struct-literal form sets a 2 s TTL and keeps
+    /// the default renewal period (3.33 s, for the default 10 s TTL). The
+    /// lock is renewed every third of its TTL and still ours after 3 s.
+    /// Before the fix it was refused (InvalidOptions); before validation it
+    /// was lost after 1.8 s (the first renewal came after the lease).
+    #[tokio::test]
+    async fn a_short_ttl_struct_literal_lock_is_renewed_and_kept() {
+        let (_server, conn) = crate::scripts::test_redis().await;
         let opts = LockOptions {
-            renew_every: Some(Duration::from_millis(899)),
-            ..LockOptions::default().ttl(ttl)
+            ttl: Duration::from_secs(2),
+            ..Default::default()
         };
-        let guard = Lock::acquire(conn.clone(), "renew", opts)
+        let guard = Lock::acquire(conn.clone(), "literal", opts)
             .await
-            .unwrap()
+            .expect("not refused")
             .expect("free");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(guard.is_held(), "renewed past its 2 s TTL");
+        assert_eq!(
+            owner(&conn, "literal").await.as_deref(),
+            Some(guard.token()),
+            "still ours in Redis"
+        );
         assert!(guard.release().await.unwrap());
     }
 
