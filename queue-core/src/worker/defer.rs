@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::runner::{left_at_hard_stop, JobRunner};
+use super::runner::{first_call, left_at_hard_stop, retry_call, JobRunner};
 use super::{wait_true, Inner};
 use crate::error::Result;
 use crate::keys::QueueKeys;
@@ -68,18 +68,23 @@ impl JobRunner {
     /// handler for the type), retrying Redis errors until one lease after
     /// the delivery got here (then the watchdog returns it, which uses an
     /// attempt), or until the shutdown's hard stop (left leased likewise).
+    /// The first call is always sent, even at the hard stop (`first_call`):
+    /// only the retries stop there.
     pub(super) async fn defer(&self, d: &Delivery, labels: &JobLabels, known: Option<u32>) {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
         let mut hard_stop = self.hard_stop.clone();
+        let mut first = true;
         loop {
-            if *hard_stop.borrow() {
-                return left_at_hard_stop(false);
-            }
-            let res = tokio::select! {
-                biased;
-                res = self.defer_once(d, known) => res,
-                () = wait_true(&mut hard_stop) => return left_at_hard_stop(true),
+            let call = self.defer_once(d, known);
+            let sent = if std::mem::take(&mut first) {
+                first_call(call, &mut hard_stop).await
+            } else {
+                retry_call(call, &mut hard_stop).await
+            };
+            let res = match sent {
+                Ok(res) => res,
+                Err(maybe) => return left_at_hard_stop(maybe),
             };
             match res {
                 Ok(label) => {

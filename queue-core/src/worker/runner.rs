@@ -291,7 +291,8 @@ impl JobRunner {
     /// Retry / dead-letter, retrying Redis errors until one lease after the
     /// handler returned (its heartbeat stopped then: the lease has expired,
     /// the watchdog owns the job), or until the shutdown's hard stop (the
-    /// job stays leased for the watchdog).
+    /// job stays leased for the watchdog). The first call is always sent,
+    /// even at the hard stop ([`first_call`]): only the retries stop there.
     /// `elapsed` is the handler's run time; `None` when it never started
     /// (unknown type or version, undecodable payload).
     async fn finish(
@@ -304,10 +305,8 @@ impl JobRunner {
         let deadline = tokio::time::Instant::now() + self.inner.config.lease;
         let mut delay = Duration::from_millis(50);
         let mut hard_stop = self.hard_stop.clone();
+        let mut first = true;
         loop {
-            if *hard_stop.borrow() {
-                return left_at_hard_stop(false);
-            }
             crate::failpoint::hit("before_fail");
             let call = async {
                 match &outcome {
@@ -315,10 +314,14 @@ impl JobRunner {
                     Outcome::Dead(reason) => self.fail(d, FailKind::Permanent, reason).await,
                 }
             };
-            let res = tokio::select! {
-                biased;
-                res = call => res,
-                () = wait_true(&mut hard_stop) => return left_at_hard_stop(true),
+            let sent = if std::mem::take(&mut first) {
+                first_call(call, &mut hard_stop).await
+            } else {
+                retry_call(call, &mut hard_stop).await
+            };
+            let res = match sent {
+                Ok(res) => res,
+                Err(maybe) => return left_at_hard_stop(maybe),
             };
             match res {
                 Ok(label) => {
@@ -423,6 +426,53 @@ async fn race<T>(
     }
 }
 
+/// The first call recording a delivery's result (`fail.lua` in
+/// [`JobRunner::finish`], `defer.lua` in `defer`): always sent, even when
+/// the shutdown's hard stop is already set. The handler's race counts a
+/// handler that returned in the same poll as the hard stop as returned (and
+/// a runner polled late, after the hard stop, finds it set): left leased
+/// instead, the job was returned by the watchdog and a permanent error or a
+/// spent deadline budget ran again, while a success in the same case is
+/// acked (its ack goes to the acker).
+/// The call is bounded by the connection's response timeout, and once the
+/// hard stop is set by [`HARD_STOP_WAIT`], the time the worker waits for
+/// its tasks then; `Err(true)` when that ran out with the call in flight
+/// (it may have landed).
+///
+/// [`HARD_STOP_WAIT`]: super::HARD_STOP_WAIT
+pub(super) async fn first_call<T>(
+    call: impl Future<Output = T>,
+    hard_stop: &mut watch::Receiver<bool>,
+) -> std::result::Result<T, bool> {
+    let given_up = async {
+        wait_true(hard_stop).await;
+        tokio::time::sleep(super::HARD_STOP_WAIT).await;
+    };
+    tokio::select! {
+        biased;
+        res = call => Ok(res),
+        () = given_up => Err(true),
+    }
+}
+
+/// A retry of the call recording a delivery's result: not sent once the
+/// shutdown's hard stop is set (`Err(false)`), and given up when it is set
+/// with the call in flight (`Err(true)`: it may have landed). Either way the
+/// job stays leased for the watchdog.
+pub(super) async fn retry_call<T>(
+    call: impl Future<Output = T>,
+    hard_stop: &mut watch::Receiver<bool>,
+) -> std::result::Result<T, bool> {
+    if *hard_stop.borrow() {
+        return Err(false);
+    }
+    tokio::select! {
+        biased;
+        res = call => Ok(res),
+        () = wait_true(hard_stop) => Err(true),
+    }
+}
+
 /// The log line of a delivery whose result (retry, dead-letter, defer) the
 /// shutdown's hard stop left unrecorded; `maybe`: a call had been sent, and
 /// may have landed.
@@ -502,5 +552,171 @@ mod tests {
             assert_eq!(got, format!("returned {run}"), "run {run}");
         }
         assert_eq!(beats, 0, "no heartbeat for a handler that returned");
+    }
+}
+
+/// A runner whose shutdown's hard stop is already set when it records a
+/// delivery's result (a handler that returned in the same poll as the hard
+/// stop: `race` counts it as returned; or a runner first polled after it),
+/// against a real Redis.
+#[cfg(test)]
+mod at_the_hard_stop {
+    use std::sync::Arc;
+
+    use tokio::sync::watch;
+
+    use super::{JobRunner, Outcome};
+    use crate::job::{BoxFuture, Job, JobContext, JobError, JobId};
+    use crate::registry::Registration;
+    use crate::scripts::claim::{ClaimRow, Delivery};
+    use crate::scripts::enqueue::Enqueue;
+    use crate::scripts::fetch::Fetch;
+    use crate::{Queue, QueueStats};
+
+    const QUEUE: &str = "at_stop";
+
+    /// Job type `t` of the queue (what `Enqueue::test_job` enqueues).
+    struct T;
+    impl Job for T {
+        type Args = ();
+        const NAME: &'static str = "t";
+        const QUEUE: &'static str = QUEUE;
+        fn run(_: JobContext, _: ()) -> BoxFuture<'static, Result<(), JobError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A worker's runner for the queue, with the hard stop set, and job
+    /// `job` (`max_attempts`) enqueued and claimed: its delivery. The
+    /// sender keeps the hard stop set.
+    struct AtStop {
+        runner: JobRunner,
+        d: Delivery,
+        queue: Queue,
+        _hard_stop: watch::Sender<bool>,
+        _acker_stop: watch::Sender<bool>,
+        _server: queue_testkit::RedisServer,
+    }
+
+    async fn claimed_at_the_hard_stop(max_attempts: u32) -> AtStop {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let url = server.url();
+        let worker = crate::Worker::builder(&url)
+            .register(Registration::of::<T>())
+            .build()
+            .await
+            .unwrap();
+        let inner = worker.inner.clone();
+        let keys = inner.queues[0].keys.clone();
+        let mut conn = inner.conn.clone();
+        let id = JobId::from("job");
+        Enqueue::test_job(&keys, &id, max_attempts)
+            .run(&mut conn)
+            .await
+            .unwrap();
+        let fetch = Fetch {
+            keys: &keys,
+            lease: std::time::Duration::from_secs(30),
+            token_base: "at-stop",
+            count: 1,
+            first_try: false,
+        };
+        let d = match fetch.run(&mut conn).await.unwrap().pop() {
+            Some(ClaimRow::Claimed(d)) => d,
+            other => panic!("expected a claimed row, got {other:?}"),
+        };
+        let (acker_stop, acker_stop_rx) = watch::channel(false);
+        let (acker, _task) = super::super::acker::spawn(inner.clone(), keys.clone(), acker_stop_rx);
+        let (hard_stop, hard_stop_rx) = watch::channel(true);
+        AtStop {
+            runner: JobRunner {
+                inner: Arc::clone(&inner),
+                keys,
+                hard_stop: hard_stop_rx,
+                acker,
+            },
+            d,
+            queue: Queue::connect(&url).await.unwrap(),
+            _hard_stop: hard_stop,
+            _acker_stop: acker_stop,
+            _server: server,
+        }
+    }
+
+    impl AtStop {
+        async fn finish(&self, outcome: Outcome) {
+            let labels = self.runner.inner.labels.get(QUEUE, &self.d.job_type);
+            let elapsed = Some(std::time::Duration::from_millis(1));
+            self.runner.finish(&self.d, &labels, outcome, elapsed).await;
+        }
+
+        async fn stats(&self) -> QueueStats {
+            self.queue.stats(QUEUE).await.unwrap()
+        }
+
+        async fn field(&self, name: &str) -> Option<String> {
+            let job = self
+                .queue
+                .job(QUEUE, "job")
+                .await
+                .unwrap()
+                .expect("the job");
+            job.field(name).map(str::to_string)
+        }
+    }
+
+    /// A handler that returned a permanent error at the hard stop: the job
+    /// is dead-lettered. Before, `finish()` saw the hard stop before its
+    /// first call and left the job leased: the watchdog returned it and,
+    /// with attempts left, it ran again.
+    #[tokio::test]
+    async fn a_permanent_error_at_the_hard_stop_is_dead_lettered() {
+        let at = claimed_at_the_hard_stop(3).await;
+        at.finish(Outcome::Dead("permanent error: no such account".into()))
+            .await;
+        let s = at.stats().await;
+        assert_eq!(
+            (s.processing, s.delayed, s.dead),
+            (0, 0, 1),
+            "dead-lettered, not left leased: {s:?}"
+        );
+        assert_eq!(at.field("state").await.as_deref(), Some("dead"));
+    }
+
+    /// A retryable error at the hard stop, attempts left: the retry is
+    /// recorded (delayed, its attempt counted), not left leased for the
+    /// watchdog.
+    #[tokio::test]
+    async fn a_retryable_error_at_the_hard_stop_is_delayed_for_its_retry() {
+        let at = claimed_at_the_hard_stop(3).await;
+        at.finish(Outcome::Retry("connection refused".into())).await;
+        let s = at.stats().await;
+        assert_eq!(
+            (s.processing, s.delayed, s.dead),
+            (0, 1, 0),
+            "delayed for its retry, not left leased: {s:?}"
+        );
+        assert_eq!(at.field("state").await.as_deref(), Some("delayed"));
+        assert_eq!(at.field("attempts").await.as_deref(), Some("1"));
+        assert_eq!(
+            at.field("last_error").await.as_deref(),
+            Some("connection refused")
+        );
+    }
+
+    /// A delivery of a type this worker has no handler for, deferred at the
+    /// hard stop: it goes back to the delayed set (attempt not counted).
+    #[tokio::test]
+    async fn a_defer_at_the_hard_stop_is_recorded() {
+        let at = claimed_at_the_hard_stop(3).await;
+        let labels = at.runner.inner.labels.get(QUEUE, &at.d.job_type);
+        at.runner.defer(&at.d, &labels, None).await;
+        let s = at.stats().await;
+        assert_eq!(
+            (s.processing, s.delayed, s.dead),
+            (0, 1, 0),
+            "deferred, not left leased: {s:?}"
+        );
+        assert_eq!(at.field("state").await.as_deref(), Some("delayed"));
     }
 }
