@@ -307,7 +307,7 @@ impl Watchdog {
             report.reclaimed += batch.reclaimed;
             report.dead_lettered += batch.dead_lettered;
             report.adopted += batch.adopted;
-            if batch.reclaimed + batch.dead_lettered < self.config.batch as u64 {
+            if batch.taken() < self.config.batch as u64 {
                 return Ok(());
             }
         }

@@ -1991,3 +1991,191 @@ async fn a_long_progress_message_is_cut_at_a_character_boundary() {
     );
     assert!(message.starts_with(&text));
 }
+
+impl Fixture {
+    /// A stale processing entry of `id` whose provisional lease has expired
+    /// (as after the watchdog adopted it and the orphan grace passed).
+    async fn stale_entry(&mut self, id: &str) {
+        let k = self.keys.clone();
+        self.cmd(&["RPUSH", &k.processing, id]).await;
+        self.cmd(&["ZADD", &k.leases, "1", id]).await;
+    }
+
+    /// The score of `id` in the delayed set.
+    async fn delayed_at(&mut self, id: &str) -> Option<String> {
+        let k = self.keys.clone();
+        match self.cmd(&["ZSCORE", &k.delayed, id]).await {
+            Value::BulkString(b) => Some(String::from_utf8(b).unwrap()),
+            Value::Nil => None,
+            other => panic!("ZSCORE: {other:?}"),
+        }
+    }
+}
+
+/// Stale processing entries of jobs that are not running: a dead job (e.g.
+/// an operator pushed its id on main by hand; the fetch answered busy and
+/// left it in processing, the watchdog adopted it) and a delayed job
+/// scheduled a week ahead, each also once missing from its own list. The
+/// entry and lease are dropped and answered; the dead job stays dead with
+/// its attempts, relisted when it was missing; the delayed job keeps its
+/// run_at. A job in an unknown state is dead-lettered naming the state.
+/// Before, reclaim took any state but `active` for "never claimed": the dead
+/// job went to delayed and then main, and ran as attempt 2 of 1 while listed
+/// dead; the delayed job was due in milliseconds; the unknown state was
+/// overwritten.
+#[tokio::test]
+async fn reclaim_drops_the_stale_processing_entry_of_a_dead_or_delayed_job() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for id in [
+        "dead",
+        "dead-unlisted",
+        "delayed",
+        "delayed-unlisted",
+        "odd",
+    ] {
+        fx.enqueue(id, if id.starts_with("dead") { 1 } else { 3 })
+            .await;
+        let d = fx.fetch_one().await;
+        if id.starts_with("dead") {
+            fx.fail(&d, FailKind::Permanent).await.unwrap();
+        } else if id.starts_with("delayed") {
+            fx.fail(&d, FailKind::Retry).await.unwrap();
+        } else {
+            fx.fail(&d, FailKind::Retry).await.unwrap();
+            fx.cmd(&["HSET", &k.job(id), "state", "odd"]).await;
+            fx.cmd(&["ZREM", &k.delayed, id]).await;
+        }
+    }
+    let week = (fx.redis_now_ms().await + 7 * 86_400_000).to_string();
+    for id in ["delayed", "delayed-unlisted"] {
+        fx.cmd(&["HSET", &k.job(id), "run_at", &week]).await;
+        fx.cmd(&["ZADD", &k.delayed, &week, id]).await;
+    }
+    fx.cmd(&["ZREM", &k.delayed, "delayed-unlisted"]).await;
+    fx.cmd(&["LREM", &k.dead, "0", "dead-unlisted"]).await;
+    for id in [
+        "dead",
+        "dead-unlisted",
+        "delayed",
+        "delayed-unlisted",
+        "odd",
+    ] {
+        fx.stale_entry(id).await;
+    }
+
+    let reply = fx.reclaim().await.unwrap();
+    assert_eq!((reply.reclaimed, reply.dead_lettered), (0, 1), "{reply:?}");
+    let mut dropped: Vec<(String, String)> = reply
+        .dropped
+        .iter()
+        .map(|(id, s)| (id.to_string(), s.clone()))
+        .collect();
+    dropped.sort();
+    assert_eq!(
+        dropped,
+        [
+            ("dead", "dead"),
+            ("dead-unlisted", "dead"),
+            ("delayed", "delayed"),
+            ("delayed-unlisted", "delayed")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    for id in ["dead", "dead-unlisted"] {
+        assert_eq!(fx.places(id).await, Places::dead_only(), "{id}");
+        let job = fx.job(id).await;
+        assert_eq!(job["state"], "dead", "{id}");
+        assert_eq!(job["attempts"], "1", "{id}");
+    }
+    for id in ["delayed", "delayed-unlisted"] {
+        assert_eq!(fx.places(id).await, Places::delayed_only(), "{id}");
+        assert_eq!(fx.job(id).await["run_at"], week, "{id}");
+        assert_eq!(
+            fx.delayed_at(id).await.as_deref(),
+            Some(week.as_str()),
+            "{id}"
+        );
+    }
+    assert_eq!(fx.places("odd").await, Places::dead_only());
+    let reason = fx.job("odd").await["dead_reason"].clone();
+    assert_eq!(reason, "corrupt field state: 'odd'");
+
+    // Nothing of them runs: the promoter has nothing due.
+    fx.promote().await.unwrap();
+    assert_eq!(fx.places("dead").await, Places::dead_only());
+    assert_eq!(fx.fetch(5, "after").await.unwrap(), vec![]);
+}
+
+/// A processing entry left by a job that completed (its hash gone, its
+/// completion record kept): the entry and lease are dropped and answered
+/// `completed`, with no dead letter. An entry with neither hash nor record
+/// is still dead-lettered "job hash missing". Before, both were dead-lettered:
+/// an acked job showed up as a false dead letter.
+#[tokio::test]
+async fn reclaim_drops_the_stale_entry_of_a_completed_job() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("acked", 3).await;
+    let d = fx.fetch_one().await;
+    let items = [super::ack::AckItem::of(&d, None)];
+    super::ack::Ack {
+        keys: &k,
+        worker: "",
+        items: &items,
+        retention: Duration::from_secs(600),
+        compact: false,
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    fx.stale_entry("acked").await;
+    fx.stale_entry("vanished").await;
+
+    let reply = fx.reclaim().await.unwrap();
+    assert_eq!(
+        reply.dropped,
+        vec![(JobId::from("acked"), "completed".to_string())],
+        "{reply:?}"
+    );
+    assert_eq!(reply.dead_lettered, 1, "{reply:?}");
+    assert_eq!(fx.places("acked").await, Places::default());
+    assert!(fx.job("acked").await.is_empty(), "no hash recreated");
+    assert_eq!(fx.places("vanished").await, Places::dead_only());
+    assert!(fx.job("vanished").await["dead_reason"].starts_with("job hash missing"));
+}
+
+/// An active job whose lease expired but whose processing entry was lost
+/// (a hand edit, an older bug): the lease's score is the job's
+/// lease_until, so it is the lost delivery, returned (or dead-lettered when
+/// its attempts are exhausted) like any. A lease that matches no active
+/// delivery is dropped and answered. Before, the lease was removed silently
+/// and the job stayed `active`, in no list, until `check --repair`.
+#[tokio::test]
+async fn an_expired_lease_whose_processing_entry_was_lost_is_returned() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("retry", 3).await;
+    fx.fetch_one().await;
+    fx.enqueue("last", 1).await;
+    fx.fetch_one().await;
+    for id in ["retry", "last"] {
+        fx.cmd(&["LREM", &k.processing, "0", id]).await;
+        fx.cmd(&["HSET", &k.job(id), "lease_until", "5"]).await;
+        fx.cmd(&["ZADD", &k.leases, "5", id]).await;
+    }
+    fx.enqueue("queued", 3).await;
+    fx.cmd(&["ZADD", &k.leases, "5", "queued"]).await;
+
+    let reply = fx.reclaim().await.unwrap();
+    assert_eq!((reply.reclaimed, reply.dead_lettered), (1, 1), "{reply:?}");
+    assert_eq!(
+        reply.dropped,
+        vec![(JobId::from("queued"), "lease only (queued)".to_string())]
+    );
+    assert_eq!(fx.places("retry").await, Places::delayed_only());
+    assert_eq!(fx.job("retry").await["state"], "delayed");
+    assert_eq!(fx.places("last").await, Places::dead_only());
+    assert!(fx.job("last").await["dead_reason"].starts_with("attempts exhausted (1 of 1)"));
+    assert_eq!(fx.places("queued").await, Places::main_only());
+}

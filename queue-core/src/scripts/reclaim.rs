@@ -1,19 +1,24 @@
 //! `reclaim.lua`: one batch of a watchdog pass. Returns jobs whose lease
 //! expired (jittered backoff) or dead-letters them when attempts are
 //! exhausted, and gives a provisional lease to unleased ids in processing
-//! (the BLMOVE → claim window, DESIGN rule 4).
+//! (the BLMOVE → claim window, DESIGN rule 4). A stale processing entry
+//! (of a dead or delayed job, or of a completed one) or a stale lease is
+//! dropped and the job left where it is (logged here with job id and queue).
 
 use std::time::Duration;
 
-use super::reply::Fields;
+use tracing::warn;
+
+use super::reply::{self, Fields};
 use super::{lua_script, LuaScript};
 use crate::backoff::Backoff;
 use crate::conn::RedisConnection;
 use crate::error::Result;
+use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("reclaim.lua", keys = 7, args = 7, prelude(super::DRAIN));
+    lua_script!("reclaim.lua", keys = 7, args = 8, prelude(super::DRAIN));
 
 /// One reclaim batch of one queue.
 pub(crate) struct Reclaim<'a> {
@@ -31,11 +36,24 @@ pub(crate) struct Reclaim<'a> {
 }
 
 /// What the batch did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ReclaimReply {
     pub(crate) reclaimed: u64,
     pub(crate) dead_lettered: u64,
     pub(crate) adopted: u64,
+    /// Expired entries dropped and their jobs left where they are: the
+    /// job's id and its state (`dead`, `delayed`), `completed` (only its
+    /// completion record exists) or `lease only (<state>)` (a lease with no
+    /// processing entry and no matching active delivery).
+    pub(crate) dropped: Vec<(JobId, String)>,
+}
+
+impl ReclaimReply {
+    /// Expired leases this call handled (returned, dead-lettered or
+    /// dropped): fewer than the batch means no more had expired.
+    pub(crate) fn taken(&self) -> u64 {
+        self.reclaimed + self.dead_lettered + self.dropped.len() as u64
+    }
 }
 
 impl<'a> Reclaim<'a> {
@@ -79,14 +97,38 @@ impl Reclaim<'_> {
             .arg(super::ms(self.backoff.max))
             .arg(self.seed)
             .arg(self.orphan_scan)
+            .arg(&k.done_prefix)
             .run(conn, &k.queue, None)
             .await?;
-        // {reclaimed, dead_lettered, adopted}
+        // {reclaimed, dead_lettered, adopted, {id, state, ...}}
         let f = Fields::new(&k.queue, None, "reclaim reply", &reply)?;
+        let mut dropped = Vec::new();
+        // Absent from a three-element reply (the script before it answered them).
+        let entries = if f.len() > 3 {
+            f.list(3, "dropped entries")?
+        } else {
+            &[]
+        };
+        for pair in entries.chunks(2) {
+            // Read lossily: the script has committed by now, and an id that
+            // is not UTF-8 (another producer's) must not fail the reply.
+            let lossy = |v: &redis::Value| {
+                reply::bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
+            };
+            let (Some(id), Some(state)) =
+                (pair.first().and_then(lossy), pair.get(1).and_then(lossy))
+            else {
+                return Err(f.error(format_args!("dropped entry {pair:?}")));
+            };
+            let job_id = JobId::from(id.as_str());
+            warn!(queue = %k.queue, %job_id, %state, "reclaim: dropped a stale processing entry or lease (the job is not running); the job is left where it is");
+            dropped.push((job_id, state));
+        }
         Ok(ReclaimReply {
             reclaimed: f.u64(0, "reclaimed")?,
             dead_lettered: f.u64(1, "dead_lettered")?,
             adopted: f.u64(2, "adopted")?,
+            dropped,
         })
     }
 }
