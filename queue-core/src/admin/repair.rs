@@ -41,7 +41,10 @@ pub enum RepairAction {
     /// A dead hash listed nowhere went back to the dead list.
     RestoredToDead,
     /// An entry whose hash was gone was dead-lettered with
-    /// [`MISSING_HASH_REASON`].
+    /// [`MISSING_HASH_REASON`]; or an active hash listed nowhere, whose
+    /// lost delivery was its last attempt (`attempts exhausted (n of m): …`,
+    /// the watchdog's rule) or whose counts are corrupt, was dead-lettered
+    /// instead of requeued.
     DeadLettered,
     /// An entry whose hash was gone belonged to a completed job: removed.
     RemovedCompleted,
@@ -100,7 +103,7 @@ impl Admin {
         let (script, id, keys, args): (_, _, Vec<String>, Vec<&str>) = match violation {
             Violation::OrphanHash { id, .. } => {
                 let mut keys = listed(id);
-                keys.extend([k.wake.clone(), k.guard.clone()]);
+                keys.extend([k.wake.clone(), k.guard.clone(), k.stats.clone()]);
                 (&REPAIR_ORPHAN, id, keys, vec![max_lease.as_str()])
             }
             Violation::MissingHash { id, .. } => {
@@ -135,7 +138,7 @@ impl Admin {
             "dead" if matches!(violation, Violation::OrphanHash { .. }) => {
                 RepairAction::RestoredToDead
             }
-            "dead" => RepairAction::DeadLettered,
+            "dead" | "exhausted" => RepairAction::DeadLettered,
             "removed" => RepairAction::RemovedCompleted,
             "dropped" => RepairAction::LeaseDropped,
             "changed" => RepairAction::Changed,

@@ -3,15 +3,17 @@
 -- still ahead to the delayed set at that time (state and run_at kept), an
 -- active job whose lease (in the leases zset) is its delivery's and still
 -- ahead back to processing (token and lease kept: its worker is running it
--- and acks it), any other to main (state queued, its old delivery forgotten,
+-- and acks it), an active job whose attempts are exhausted (its lost
+-- delivery was its last: reclaim.lua's rule) or whose counts are corrupt to
+-- the dead list, any other to main (state queued, its old delivery forgotten,
 -- no attempt used). Only while it is still listed nowhere: a job that moved
 -- meanwhile is left alone.
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash,
 --       7 promoter wake list (below), 8 guard (never written: see keys.rs; the
---         script reaches the group list and the ring)
+--         script reaches the group list and the ring), 9 stats
 -- A delayed job due before the delayed head wakes a sleeping promoter.
 -- ARGV: 1 id, 2 the longest lease a worker takes (ms)
--- Returns 'main' | 'delayed' | 'processing' | 'dead' | 'changed'
+-- Returns 'main' | 'delayed' | 'processing' | 'dead' | 'exhausted' | 'changed'
 local id = ARGV[1]
 local max_lease = arg_count(ARGV[2], 'max_lease')
 local group = redis.call('TYPE', KEYS[6])['ok'] == 'hash' and redis.call('HGET', KEYS[6], 'group')
@@ -26,7 +28,7 @@ end
 expect_types(KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'list', KEYS[5], 'zset')
 expect_waiting_types(KEYS[1], group)
 local now = now_ms()
-local h = redis.call('HMGET', KEYS[6], 'state', 'run_at', 'token', 'lease_until')
+local h = redis.call('HMGET', KEYS[6], 'state', 'run_at', 'token', 'lease_until', 'attempts', 'max_attempts')
 if h[1] == 'dead' then
   redis.call('LPUSH', KEYS[4], id)
   redis.call('HSET', KEYS[6], 'repaired_at', now)
@@ -60,6 +62,24 @@ if h[1] == 'active' and h[3] and h[3] ~= '' and lease_until and lease == lease_u
   redis.call('LPUSH', KEYS[2], id)
   redis.call('HSET', KEYS[6], 'repaired_at', now)
   return 'processing'
+end
+-- An active job whose delivery was lost used an attempt on it: when that
+-- was its last, it is dead-lettered with the watchdog's reason, as reclaim.lua
+-- does with an expired lease (requeued, a max_attempts = 1 job ran twice);
+-- corrupt counts are dead-lettered naming the field, as reclaim does.
+if h[1] == 'active' then
+  local attempts, max, bad = job_counts(h[5], h[6])
+  local msg = 'lease expired: the worker died or stalled (its processing entry was lost)'
+  if not bad and attempts >= max then
+    bad = 'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. msg
+  end
+  if bad then
+    local member = dead_letter(KEYS[6], KEYS[4], KEYS[9], id, bad, now)
+    redis.call('HSET', KEYS[6], 'last_error', msg, 'failed_at', now, 'repaired_at', now)
+    redis.call('ZREM', KEYS[5], id)
+    dead_member(member, id, bad, now, KEYS[9])
+    return 'exhausted'
+  end
 end
 push_waiting(KEYS[1], id, group) -- main, or its group's list
 -- Waiting from now on (`ready_at`: stats count its waiting age from here).

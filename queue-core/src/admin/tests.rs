@@ -588,6 +588,75 @@ async fn a_repaired_orphan_whose_lease_is_not_its_deliverys_is_requeued() {
     assert!(admin.check(Q, false).await.unwrap().violations.is_empty());
 }
 
+/// Active orphans (processing entry lost) whose leases expired: `last`
+/// (max_attempts 1) had its only attempt, `more` (3) has two left. Repaired,
+/// `last` is dead-lettered with the watchdog's reason and `more` requeued.
+/// Before, both went back to main, and `last` ran a second time past its
+/// max attempts (the watchdog would have dead-lettered it).
+#[tokio::test]
+async fn a_repaired_orphan_whose_attempts_are_exhausted_is_dead_lettered() {
+    use crate::scripts::claim::{Claim, ClaimRow};
+
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    let mut conn = admin.queue().connection();
+    for (id, max) in [("last", 1), ("more", 3)] {
+        let opts = EnqueueOptions::new().id(id).max_attempts(max);
+        admin
+            .queue()
+            .enqueue_raw(Q, "send", 1, 3, opts, b"\x80")
+            .await
+            .unwrap();
+        raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
+        let claim = Claim {
+            keys: &k,
+            id: id.as_bytes(),
+            lease: Duration::from_secs(60),
+            token: "t",
+        };
+        let row = claim.run(&mut conn).await.unwrap();
+        assert!(matches!(row, ClaimRow::Claimed(_)), "{id}: {row:?}");
+        // The delivery's lease, expired.
+        raw(&admin, &["HSET", &k.job(id), "lease_until", "5"]).await;
+        raw(&admin, &["ZADD", &k.leases, "5", id]).await;
+    }
+    raw(&admin, &["DEL", &k.processing]).await;
+
+    let mut actions = Vec::new();
+    for id in ["last", "more"] {
+        let orphan = Violation::OrphanHash {
+            id: JobId::from(id),
+            state: Some("active".into()),
+        };
+        actions.push((id, admin.repair(Q, &orphan).await.unwrap().unwrap().action));
+    }
+    assert_eq!(
+        actions,
+        [
+            ("last", RepairAction::DeadLettered),
+            ("more", RepairAction::RequeuedToMain)
+        ]
+    );
+    let dead = admin.dead_letters(Q, None, Page::first(10)).await.unwrap();
+    assert_eq!(dead.jobs.len(), 1);
+    assert_eq!(dead.jobs[0].id.as_str(), "last");
+    let reason = dead.jobs[0].field("dead_reason").unwrap_or_default();
+    assert!(
+        reason.starts_with("attempts exhausted (1 of 1)"),
+        "{reason}"
+    );
+    assert_eq!(
+        raw(&admin, &["LRANGE", &k.main, "0", "-1"]).await,
+        redis::Value::Array(vec![redis::Value::BulkString(b"more".to_vec())])
+    );
+    assert_eq!(
+        raw(&admin, &["ZCARD", &k.leases]).await,
+        redis::Value::Int(0)
+    );
+    assert!(admin.check(Q, false).await.unwrap().violations.is_empty());
+}
+
 /// An entry whose hash is gone, next to a completion record key of a third
 /// type (corrupt data: records are hashes or compact strings), is
 /// dead-lettered as missing. Before, the key's mere existence counted as
