@@ -3,7 +3,11 @@
 -- oldest entry died more than `retention_ms` ago, at most `limit` ids per call.
 -- Each trimmed id's hash and step results are deleted with it (only while the
 -- hash still says `dead`: an id whose hash says otherwise is only unlisted).
--- An entry whose hash is missing or has no readable `dead_at` counts as expired.
+-- An entry whose hash is missing or has no readable `dead_at` counts as expired,
+-- and so does a `dead_at` that is no Redis-clock ms (inf, 1e300, a fraction)
+-- or more than a day ahead of the Redis clock (a hand edit): kept, it stopped
+-- every later trim at the tail for good. A day tolerates a failover to a
+-- server whose clock is somewhat behind without deleting recent dead letters.
 -- All reads come before the writes of each id; the counter is bumped last.
 -- KEYS: 1 dead, 2 stats, 3 guard
 -- ARGV: 1 job key prefix, 2 step results key prefix, 3 max_len (0: no limit),
@@ -34,8 +38,8 @@ while trimmed < limit and len > 0 do
   if h['err'] then h = {'corrupt'} end
   local expire = max_len > 0 and len > max_len
   if not expire and retention > 0 then
-    local dead_at = tonumber(h[2])
-    expire = (not dead_at) or dead_at ~= dead_at or now - dead_at > retention
+    local dead_at = as_count(h[2])
+    expire = (not dead_at) or dead_at > now + 86400000 or now - dead_at > retention
   end
   if not expire then break end
   redis.call('RPOP', KEYS[1])

@@ -2179,3 +2179,48 @@ async fn an_expired_lease_whose_processing_entry_was_lost_is_returned() {
     assert!(fx.job("last").await["dead_reason"].starts_with("attempts exhausted (1 of 1)"));
     assert_eq!(fx.places("queued").await, Places::main_only());
 }
+
+/// The oldest dead letter (the tail) has a `dead_at` of `inf`, `1e300` or a
+/// year ahead (hand edits), with older dead letters before it: retention
+/// trimming deletes them all. Before, `inf` never counted as expired
+/// (`now - inf` is `-inf`): the trim stopped at the tail for good and no
+/// dead letter was ever deleted by age again. A dead letter of now is kept.
+#[tokio::test]
+async fn retention_trimming_is_not_stopped_by_a_dead_at_that_is_no_time() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    let now = fx.redis_now_ms().await;
+    let year_ahead = (now + 365 * 86_400_000).to_string();
+    let old = (now - 1_000_000_000).to_string();
+    for bad in ["inf", "1e300", year_ahead.as_str()] {
+        fx.cmd(&["DEL", &k.dead]).await;
+        fx.cmd(&["HSET", &k.job("bad"), "state", "dead", "dead_at", bad])
+            .await;
+        fx.cmd(&["LPUSH", &k.dead, "bad"]).await;
+        for id in ["o1", "o2"] {
+            fx.cmd(&["HSET", &k.job(id), "state", "dead", "dead_at", &old])
+                .await;
+            fx.cmd(&["LPUSH", &k.dead, id]).await;
+        }
+        let fresh = fx.redis_now_ms().await.to_string();
+        fx.cmd(&["HSET", &k.job("fresh"), "state", "dead", "dead_at", &fresh])
+            .await;
+        fx.cmd(&["LPUSH", &k.dead, "fresh"]).await;
+        let reply = super::dead_trim::DeadTrim {
+            keys: &k,
+            max_len: 0,
+            retention: Duration::from_secs(3600),
+            limit: 100,
+        }
+        .run(&mut fx.conn)
+        .await
+        .unwrap();
+        assert_eq!((reply.trimmed, reply.remaining), (3, 1), "dead_at {bad}");
+        assert_eq!(
+            fx.places("fresh").await,
+            Places::dead_only(),
+            "dead_at {bad}"
+        );
+        assert!(fx.job("bad").await.is_empty(), "dead_at {bad}: deleted");
+    }
+}
