@@ -71,18 +71,34 @@ async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
         "{out}"
     );
 
-    let (code, out, err) = cli(
-        None,
-        &db,
-        &[
-            "inbox",
-            "prune",
-            "--table",
-            &table,
-            "--older-than-secs",
-            "0",
-        ],
+    // An age below 24 h is refused without --force: a replayed dead job (or a
+    // redelivery) would find no row and apply its effect again.
+    let prune = [
+        "inbox",
+        "prune",
+        "--table",
+        &table,
+        "--older-than-secs",
+        "0",
+    ];
+    let (code, out, err) = cli(None, &db, &prune);
+    assert_eq!(code, 2, "refused: {out}{err}");
+    assert!(
+        err.contains("refusing to prune") && err.contains("--force"),
+        "{err}"
     );
+    assert_eq!(
+        inbox
+            .stats(&client)
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.done)
+            .sum::<u64>(),
+        1,
+        "nothing pruned"
+    );
+    let (code, out, err) = cli(None, &db, &[&prune[..], &["--force"]].concat());
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("deleted 1 done row"), "{out}");
 }
