@@ -69,9 +69,12 @@ pub struct InboxReconcileArgs {
     /// Only outbox rows created at least this long ago (seconds).
     #[arg(long, default_value_t = 3600)]
     pub older_than_secs: u64,
-    /// Ignore outbox rows older than this (keep it below the inbox prune age).
-    #[arg(long)]
-    pub max_age_secs: Option<u64>,
+    /// Ignore outbox rows created longer ago than this (seconds; 0 = no
+    /// bound). Default 604800, the default `inbox prune` age: a pruned done
+    /// row makes its healthy outbox row look unfinished. Keep it at or below
+    /// your prune age.
+    #[arg(long, default_value_t = 604_800)]
+    pub max_age_secs: u64,
     /// Only this queue (repeat for several): the queues whose handlers use the inbox.
     #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queues: Vec<String>,

@@ -98,8 +98,8 @@ async fn reconcile(args: InboxReconcileArgs) -> Result<ExitCode> {
     let outbox = Outbox::with_table(&args.outbox_table)?;
     let mut opts =
         InboxReconcileOptions::new(Duration::from_secs(args.older_than_secs)).limit(args.limit);
-    if let Some(m) = args.max_age_secs {
-        opts = opts.max_age(Duration::from_secs(m));
+    if args.max_age_secs > 0 {
+        opts = opts.max_age(Duration::from_secs(args.max_age_secs));
     }
     opts.queues = args.queues;
     let rows = inbox.reconcile(&client, &outbox, &opts).await?;
@@ -109,6 +109,12 @@ async fn reconcile(args: InboxReconcileArgs) -> Result<ExitCode> {
     } else {
         print!("{}", rows_table(&rows));
         eprintln!("{} outbox row(s) without a done inbox row", rows.len());
+        if !rows.is_empty() {
+            eprintln!(
+                "note: a row older than the inbox prune age may be listed because its done \
+                 row was pruned; --max-age-secs (default 604800) bounds the rows listed"
+            );
+        }
     }
     Ok(if rows.is_empty() {
         ExitCode::SUCCESS
