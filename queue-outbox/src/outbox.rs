@@ -168,7 +168,8 @@ fn is_wrong_type(e: &tokio_postgres::Error) -> bool {
 }
 
 /// The (name, value) pairs of an `extra` column, or why it holds none that
-/// can be sent: a NULL element or an odd length (a name without its value).
+/// can be sent: a NULL element, an odd length (a name without its value) or
+/// a name given twice.
 fn pairs(flat: Vec<Option<String>>) -> std::result::Result<Vec<(String, String)>, String> {
     if let Some(i) = flat.iter().position(Option::is_none) {
         return Err(format!(
@@ -185,6 +186,13 @@ fn pairs(flat: Vec<Option<String>>) -> std::result::Result<Vec<(String, String)>
     let mut it = flat.into_iter().flatten();
     let mut out = Vec::new();
     while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        // As `EnqueueOptions::validate` refuses when staged: sent as they are,
+        // the last value would win without a word.
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(format!(
+                "column `extra`: field name `{name}` given twice (each name at most once)"
+            ));
+        }
         out.push((name, value));
     }
     Ok(out)

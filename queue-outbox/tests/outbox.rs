@@ -1039,6 +1039,29 @@ async fn a_row_whose_extra_cannot_be_read_is_rejected_and_the_others_published()
     );
 }
 
+/// A hand-written row naming an extra field twice is rejected (IDEMPOTENCY
+/// section 6: a name given twice is refused), the others published. Before,
+/// it was published with the last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_an_extra_field_twice_is_rejected_not_published_with_the_last_value() {
+    let Some(mut env) = setup().await else { return };
+    env.stage_with_extra("twice-1", "ARRAY['group', 'a', 'group', 'b']")
+        .await;
+    env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
+    let report = env.relay().await.publish_batch(100).await.unwrap();
+    assert_eq!(
+        (report.published, report.rejected, report.failed),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    let (published, _, last_error) = env.row("twice-1").await;
+    assert!(!published);
+    let last_error = last_error.unwrap_or_default();
+    assert!(last_error.contains("given twice"), "{last_error}");
+    assert!(env.queue.job(MAIL_Q, "twice-1").await.unwrap().is_none());
+    assert_eq!(statuses(&env.reconcile_all().await), ["rejected", "queued"]);
+}
+
 /// A row whose extra field has a name the enqueue script refuses (a core
 /// job field such as `token`, written by hand) is rejected: the same
 /// arguments are refused every time. Before, the refusal counted as an
