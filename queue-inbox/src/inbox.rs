@@ -135,7 +135,15 @@ impl Inbox {
     }
 
     /// Creates the table and its indexes if absent. Idempotent, and safe to run
-    /// from several processes at once (serialised by an advisory lock).
+    /// from several processes at once (serialised by an advisory lock on the
+    /// schema-qualified name).
+    ///
+    /// It looks the table and its indexes up first and changes only what is
+    /// missing: run again on an up-to-date table it takes no lock on it, so an
+    /// open transaction on the table holds neither it nor the writers behind
+    /// it up. When it has something to change it waits at most
+    /// [`MIGRATE_LOCK_TIMEOUT`](queue_outbox::MIGRATE_LOCK_TIMEOUT) for the
+    /// table's lock, then fails ([`InboxError::Postgres`], SQLSTATE `55P03`).
     ///
     /// ```no_run
     /// # async fn f(client: &tokio_postgres::Client) -> Result<(), queue_inbox::InboxError> {
@@ -146,7 +154,7 @@ impl Inbox {
         client
             .batch_execute(&table::migrate_sql(&self.table))
             .await
-            .map_err(|e| InboxError::pg(self.table(), "creating the table", e))?;
+            .map_err(|e| InboxError::pg(self.table(), TableName::migrate_action(&e), e))?;
         debug!(table = %self.table(), "inbox table ready");
         Ok(())
     }

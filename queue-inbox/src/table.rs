@@ -8,13 +8,12 @@ pub(crate) const COLUMNS: &str =
     "queue, key, job_id, status, fence, attempts, worker, result_ref, started_at, finished_at";
 
 pub(crate) fn migrate_sql(t: &TableName) -> String {
-    let (q, b) = (t.quoted(), t.base());
-    // One simple-query batch is one implicit transaction, so the advisory lock
-    // serialises concurrent migrations (CREATE ... IF NOT EXISTS alone can
-    // race on the catalog).
-    format!(
-        "SELECT pg_advisory_xact_lock(hashtext('queue_inbox.migrate:{name}'));
-CREATE TABLE IF NOT EXISTS {q} (
+    // Looks everything up first and changes only what is missing (no lock on
+    // an up-to-date table), serialised by an advisory lock on the
+    // schema-qualified name: see `TableName::migration_sql`.
+    t.migration_sql(
+        "queue_inbox",
+        "
     queue       text        NOT NULL CHECK (queue <> ''),
     key         text        NOT NULL CHECK (key <> ''),
     job_id      text        NOT NULL CHECK (job_id <> ''),
@@ -26,10 +25,12 @@ CREATE TABLE IF NOT EXISTS {q} (
     started_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
     PRIMARY KEY (queue, key)
-);
-CREATE INDEX IF NOT EXISTS \"{b}_job_idx\" ON {q} (queue, job_id);
-CREATE INDEX IF NOT EXISTS \"{b}_finished_idx\" ON {q} (finished_at) WHERE status = 'done';",
-        name = t.name(),
+",
+        &[],
+        &[
+            ("job_idx", "(queue, job_id)"),
+            ("finished_idx", "(finished_at) WHERE status = 'done'"),
+        ],
     )
 }
 

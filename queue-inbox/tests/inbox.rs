@@ -475,6 +475,35 @@ async fn migrate_is_safe_from_several_connections_at_once() {
     }
 }
 
+/// Running migrate again while a delivery's transaction is open (its claim
+/// written, not committed: a handler waiting on something): nothing to
+/// change, so it takes no lock on the table; neither it nor a third
+/// connection's claim waits.
+#[tokio::test]
+async fn migrate_again_takes_no_lock_that_an_open_delivery_or_a_claim_waits_for() {
+    let Some(env) = setup().await else { return };
+    let mut holder = connect(&env.url).await;
+    let open = holder.transaction().await.unwrap();
+    env.claim_and_apply(&open, &JobContext::for_test("held-1", Q, 1))
+        .await;
+
+    let client = connect(&env.url).await;
+    tokio::time::timeout(Duration::from_secs(10), env.inbox.migrate(&client))
+        .await
+        .expect("migrate does not wait for the open transaction")
+        .expect("migrate of an up-to-date table succeeds");
+    let done = tokio::time::timeout(
+        Duration::from_secs(10),
+        env.deliver(&JobContext::for_test("new-1", Q, 1), None),
+    )
+    .await
+    .expect("a claim is not queued behind migrate")
+    .unwrap();
+    assert!(!done);
+    open.rollback().await.unwrap();
+    assert_eq!(env.effects_of("new-1").await, 1);
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Charge {
     pub cents: i64,

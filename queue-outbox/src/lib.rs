@@ -114,7 +114,7 @@ pub use error::{OutboxError, Result};
 pub use outbox::{Outbox, OutboxEnqueued, OutboxOutcome, OutboxRow, OutboxStats, DEFAULT_TABLE};
 pub use reconcile::{ReconcileOptions, ReconcileRow, ReconcileStatus};
 pub use relay::{Relay, RelayReport, RelayStep, RelaySummary, DEFAULT_BATCH_SIZE};
-pub use table::{TableName, MAX_IDENT_LEN};
+pub use table::{TableName, MAX_IDENT_LEN, MIGRATE_LOCK_TIMEOUT};
 
 /// The PostgreSQL driver this crate uses, re-exported so your version matches.
 pub use tokio_postgres;

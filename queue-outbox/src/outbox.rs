@@ -168,7 +168,8 @@ fn is_wrong_type(e: &tokio_postgres::Error) -> bool {
 }
 
 /// The (name, value) pairs of an `extra` column, or why it holds none that
-/// can be sent: a NULL element or an odd length (a name without its value).
+/// can be sent: a NULL element, an odd length (a name without its value) or
+/// a name given twice.
 fn pairs(flat: Vec<Option<String>>) -> std::result::Result<Vec<(String, String)>, String> {
     if let Some(i) = flat.iter().position(Option::is_none) {
         return Err(format!(
@@ -185,6 +186,13 @@ fn pairs(flat: Vec<Option<String>>) -> std::result::Result<Vec<(String, String)>
     let mut it = flat.into_iter().flatten();
     let mut out = Vec::new();
     while let (Some(name), Some(value)) = (it.next(), it.next()) {
+        // As `EnqueueOptions::validate` refuses when staged: sent as they are,
+        // the last value would win without a word.
+        if out.iter().any(|(n, _)| *n == name) {
+            return Err(format!(
+                "column `extra`: field name `{name}` given twice (each name at most once)"
+            ));
+        }
         out.push((name, value));
     }
     Ok(out)
@@ -242,7 +250,17 @@ impl Outbox {
     /// newer version needs to an existing table (`extra` for a table made
     /// before stop 36, `next_attempt_at` before stop 38: run it after
     /// upgrading, before the new version writes or relays). Idempotent, and safe to run from several
-    /// processes at once (serialised by an advisory lock).
+    /// processes at once (serialised by an advisory lock on the
+    /// schema-qualified name).
+    ///
+    /// It looks the table, its columns and indexes up first and changes only
+    /// what is missing: run again on an up-to-date table it takes no lock on
+    /// it, so an open transaction on the table (a relay batch waiting for
+    /// Redis) neither blocks it nor gets writers queued behind it. When it has
+    /// something to change it waits at most
+    /// [`MIGRATE_LOCK_TIMEOUT`](crate::MIGRATE_LOCK_TIMEOUT) for the table's
+    /// lock, then fails ([`OutboxError::Postgres`], SQLSTATE `55P03`): run it
+    /// again when the transactions on the table have ended.
     ///
     /// Works on a [`Client`](tokio_postgres::Client) or inside a
     /// [`Transaction`] (then it commits with it).
@@ -262,7 +280,7 @@ impl Outbox {
         client
             .batch_execute(&self.table.migrate_sql())
             .await
-            .map_err(|e| OutboxError::pg(&self.table.name, "creating the table", e))?;
+            .map_err(|e| OutboxError::pg(&self.table.name, TableName::migrate_action(&e), e))?;
         debug!(table = %self.table.name, "outbox table ready");
         Ok(())
     }

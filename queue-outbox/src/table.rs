@@ -15,6 +15,13 @@ pub const MAX_IDENT_LEN: usize = 40;
 /// again (the backoff doubles from 1 s up to this).
 pub(crate) const MAX_RETRY_SECS: u32 = 600;
 
+/// Longest wait of a migration for a lock on its table (`lock_timeout`), when
+/// it has something to change: then it fails (SQLSTATE `55P03`) instead of
+/// queueing every writer of the table behind it.
+pub const MIGRATE_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+// [`TableName::migrate_action`] names the value.
+const _: () = assert!(MIGRATE_LOCK_TIMEOUT.as_secs() == 5);
+
 /// A validated table name: a plain lower-case identifier
 /// (`[a-z_][a-z0-9_]*`, at most [`MAX_IDENT_LEN`] bytes), optionally
 /// schema-qualified, with its double-quoted SQL form.
@@ -102,15 +109,103 @@ impl TableName {
          created_at, published_at, rejected_at, attempts, last_error, run_at, extra, \
          next_attempt_at";
 
-    pub(crate) fn migrate_sql(&self) -> String {
-        let t = &self.quoted;
+    /// The schema part, when the name is schema-qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.name.split_once('.').map(|(s, _)| s)
+    }
+
+    /// The migration of a table of this name as one PL/pgSQL block (one
+    /// simple-query batch: one implicit transaction, or part of the caller's).
+    ///
+    /// It resolves the table's schema (the given one, else `current_schema()`,
+    /// where `CREATE TABLE` puts an unqualified name), takes the advisory lock
+    /// `<lock_scope>.migrate:<schema>.<table>` (so `t` and `public.t`
+    /// serialise), then looks the table, each column of `add_columns`
+    /// (`(name, type)`) and each index of `indexes` (`(suffix, "(cols) WHERE
+    /// ..."`, named `<table>_<suffix>`) up in the catalog and runs `CREATE
+    /// TABLE` / `ALTER TABLE ... ADD COLUMN` / `CREATE INDEX` only for what is
+    /// missing. A migration that changes nothing therefore takes no lock on
+    /// the table (`ALTER TABLE` takes ACCESS EXCLUSIVE and `CREATE INDEX`
+    /// SHARE before they check `IF NOT EXISTS`, and would queue every insert
+    /// behind an open transaction on the table). One that must change
+    /// something waits at most [`MIGRATE_LOCK_TIMEOUT`] for the table's lock
+    /// (`lock_timeout`, restored afterwards) and then fails with
+    /// `lock_not_available` instead of holding every writer up.
+    ///
+    /// `create_columns` is the column list of `CREATE TABLE (...)`. All the
+    /// inputs are the calling crate's constants (the names are validated).
+    pub fn migration_sql(
+        &self,
+        lock_scope: &str,
+        create_columns: &str,
+        add_columns: &[(&str, &str)],
+        indexes: &[(&str, &str)],
+    ) -> String {
+        let schema = match self.schema() {
+            Some(s) => format!("'{s}'"),
+            None => "current_schema()".to_string(),
+        };
         let b = &self.base;
-        // One simple-query batch runs as one implicit transaction (or inside the
-        // caller's), so the advisory lock serialises concurrent migrations
-        // (CREATE TABLE IF NOT EXISTS alone can race on the catalog).
+        let mut steps = String::new();
+        for (col, ty) in add_columns {
+            steps.push_str(&format!(
+                "    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = rel \
+                 AND attname = '{col}' AND attnum > 0 AND NOT attisdropped) THEN
+        EXECUTE format('ALTER TABLE %I.%I ADD COLUMN IF NOT EXISTS \"{col}\" {ty}', s, t);
+    END IF;
+"
+            ));
+        }
+        for (suffix, def) in indexes {
+            steps.push_str(&format!(
+                "    IF NOT EXISTS (SELECT 1 FROM pg_indexes WHERE schemaname = s \
+                 AND indexname = '{b}_{suffix}') THEN
+        EXECUTE format('CREATE INDEX IF NOT EXISTS \"{b}_{suffix}\" ON %I.%I ', s, t) || $def${def}$def$;
+    END IF;
+"
+            ));
+        }
         format!(
-            "SELECT pg_advisory_xact_lock(hashtext('queue_outbox.migrate:{name}'));
-CREATE TABLE IF NOT EXISTS {t} (
+            "DO $queue_migrate$
+DECLARE
+    s text := {schema};
+    t constant text := '{b}';
+    rel regclass;
+    old_lock_timeout constant text := current_setting('lock_timeout');
+BEGIN
+    IF s IS NULL THEN
+        RAISE EXCEPTION 'cannot migrate table %: search_path names no existing schema', t;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('{lock_scope}.migrate:' || s || '.' || t));
+    PERFORM set_config('lock_timeout', '{timeout}s', true);
+    rel := to_regclass(format('%I.%I', s, t));
+    IF rel IS NULL THEN
+        EXECUTE format('CREATE TABLE IF NOT EXISTS %I.%I (', s, t) || $cols${create_columns}$cols$ || ')';
+        rel := to_regclass(format('%I.%I', s, t));
+    END IF;
+{steps}    PERFORM set_config('lock_timeout', old_lock_timeout, true);
+END
+$queue_migrate$;",
+            timeout = MIGRATE_LOCK_TIMEOUT.as_secs(),
+        )
+    }
+
+    /// The action an error of [`migration_sql`](Self::migration_sql) is
+    /// reported under: says so when the table's lock was not granted in time.
+    pub fn migrate_action(e: &tokio_postgres::Error) -> &'static str {
+        if e.code() == Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE) {
+            "migrating the table (its lock was not granted within the migration's lock_timeout \
+             of 5 s: a transaction on the table is open; nothing was changed, run it again \
+             when it has ended)"
+        } else {
+            "migrating the table"
+        }
+    }
+
+    pub(crate) fn migrate_sql(&self) -> String {
+        self.migration_sql(
+            "queue_outbox",
+            "
     id             bigserial   PRIMARY KEY,
     job_id         text        NOT NULL CHECK (job_id <> ''),
     queue          text        NOT NULL CHECK (queue <> ''),
@@ -127,13 +222,15 @@ CREATE TABLE IF NOT EXISTS {t} (
     extra          text[],
     next_attempt_at timestamptz,
     UNIQUE (queue, job_id)
-);
-ALTER TABLE {t} ADD COLUMN IF NOT EXISTS extra text[];
-ALTER TABLE {t} ADD COLUMN IF NOT EXISTS next_attempt_at timestamptz;
-CREATE INDEX IF NOT EXISTS \"{b}_unpublished_idx\" ON {t} (id)
-    WHERE published_at IS NULL AND rejected_at IS NULL;
-CREATE INDEX IF NOT EXISTS \"{b}_created_idx\" ON {t} (created_at);",
-            name = self.name,
+",
+            &[("extra", "text[]"), ("next_attempt_at", "timestamptz")],
+            &[
+                (
+                    "unpublished_idx",
+                    "(id) WHERE published_at IS NULL AND rejected_at IS NULL",
+                ),
+                ("created_idx", "(created_at)"),
+            ],
         )
     }
 

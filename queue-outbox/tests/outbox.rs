@@ -1039,6 +1039,29 @@ async fn a_row_whose_extra_cannot_be_read_is_rejected_and_the_others_published()
     );
 }
 
+/// A hand-written row naming an extra field twice is rejected (IDEMPOTENCY
+/// section 6: a name given twice is refused), the others published. Before,
+/// it was published with the last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_naming_an_extra_field_twice_is_rejected_not_published_with_the_last_value() {
+    let Some(mut env) = setup().await else { return };
+    env.stage_with_extra("twice-1", "ARRAY['group', 'a', 'group', 'b']")
+        .await;
+    env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
+    let report = env.relay().await.publish_batch(100).await.unwrap();
+    assert_eq!(
+        (report.published, report.rejected, report.failed),
+        (1, 1, 0),
+        "{report:?}"
+    );
+    let (published, _, last_error) = env.row("twice-1").await;
+    assert!(!published);
+    let last_error = last_error.unwrap_or_default();
+    assert!(last_error.contains("given twice"), "{last_error}");
+    assert!(env.queue.job(MAIL_Q, "twice-1").await.unwrap().is_none());
+    assert_eq!(statuses(&env.reconcile_all().await), ["rejected", "queued"]);
+}
+
 /// A row whose extra field has a name the enqueue script refuses (a core
 /// job field such as `token`, written by hand) is rejected: the same
 /// arguments are refused every time. Before, the refusal counted as an
@@ -1369,6 +1392,134 @@ async fn migrate_is_idempotent_and_safe_to_run_concurrently() {
         .unwrap()
         .get(0);
     assert!(!exists, "rolled back with the caller's transaction");
+}
+
+/// A transaction on the outbox table that stays open (a relay batch waiting
+/// for Redis): a row lock taken by `SELECT ... FOR UPDATE` on its own
+/// connection. Roll it back (or drop it) to end it.
+async fn hold_row_locks(env: &Env) -> Client {
+    let holder = connect_postgres(&env.db_url).await.unwrap();
+    holder.batch_execute("BEGIN").await.unwrap();
+    let sql = format!("SELECT id FROM \"{}\" FOR UPDATE", env.table());
+    assert!(!holder.query(&sql, &[]).await.unwrap().is_empty());
+    holder
+}
+
+/// Runs `outbox.migrate` on a connection of its own, for at most 10 s.
+async fn migrate_bounded(outbox: &Outbox, url: &str) -> Result<(), OutboxError> {
+    let client = connect_postgres(url).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), outbox.migrate(&client))
+        .await
+        .expect("migrate ends within 10 s (it does not wait for the open transaction)")
+}
+
+/// Stages `id` on a connection of its own, for at most 10 s.
+async fn stage_bounded(env: &Env, id: &str) {
+    let mut writer = connect_postgres(&env.db_url).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let tx = writer.transaction().await.unwrap();
+        let staged = env
+            .outbox
+            .enqueue_in_tx::<send_mail::Job>(&tx, &mail(9), Some(id.into()))
+            .await
+            .unwrap();
+        assert!(staged.is_new());
+        tx.commit().await.unwrap();
+    })
+    .await
+    .expect("an insert is not queued behind migrate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_again_takes_no_lock_that_an_open_transaction_or_an_insert_waits_for() {
+    let Some(mut env) = setup().await else { return };
+    env.stage::<send_mail::Job>("held-1", &mail(1)).await;
+    let holder = hold_row_locks(&env).await;
+    // Nothing to change: it neither waits for the open transaction nor
+    // makes the next insert wait behind it.
+    migrate_bounded(&env.outbox, &env.db_url)
+        .await
+        .expect("migrate of an up-to-date table succeeds");
+    stage_bounded(&env, "new-1").await;
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(env.unpublished().await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_that_must_change_the_table_gives_up_on_its_lock_instead_of_queueing_writers() {
+    let Some(mut env) = setup().await else { return };
+    env.execute("ALTER TABLE $T DROP COLUMN next_attempt_at")
+        .await;
+    env.stage::<send_mail::Job>("held-1", &mail(1)).await;
+    let holder = hold_row_locks(&env).await;
+    let err = migrate_bounded(&env.outbox, &env.db_url)
+        .await
+        .expect_err("the column cannot be added while the transaction is open");
+    let OutboxError::Postgres { action, source, .. } = &err else {
+        panic!("unexpected error: {err}");
+    };
+    assert_eq!(
+        source.code(),
+        Some(&queue_outbox::tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+        "{err}"
+    );
+    assert!(action.contains("lock_timeout"), "{err}");
+    assert!(err.to_string().contains(env.table()), "{err}");
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    migrate_bounded(&env.outbox, &env.db_url)
+        .await
+        .expect("migrate succeeds once the transaction ended");
+    let columns: i64 = env
+        .client
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns \
+             WHERE table_name = $1 AND column_name = 'next_attempt_at'",
+            &[&env.table()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(columns, 1, "added once the transaction ended");
+}
+
+/// `t` (through `search_path`) and `schema.t` are the same table: their
+/// migrations serialise on one advisory lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_of_a_qualified_and_an_unqualified_name_serialise() {
+    let Some(env) = setup().await else { return };
+    let schema = postgres::TempSchema::create(&env.db_url).unwrap();
+    let plain = Outbox::with_table("relay_rows").unwrap();
+    let qualified = Outbox::with_table(&format!("{}.relay_rows", schema.name())).unwrap();
+    migrate_bounded(&plain, schema.url()).await.unwrap();
+
+    let first = connect_postgres(schema.url()).await.unwrap();
+    first.batch_execute("BEGIN").await.unwrap();
+    plain.migrate(&first).await.unwrap();
+    let url = env.db_url.clone();
+    let second = tokio::spawn(async move { migrate_bounded(&qualified, &url).await });
+    wait_for(
+        Duration::from_secs(10),
+        "the second migration waits for the first's advisory lock",
+        || async {
+            env.client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event = 'advisory' \
+                       AND query LIKE 'DO $queue_migrate$%'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                > 0
+        },
+    )
+    .await;
+    first.batch_execute("COMMIT").await.unwrap();
+    second
+        .await
+        .unwrap()
+        .expect("the second migration succeeds");
 }
 
 /// Stages row `w-1` and sends it through a relay that waits for one

@@ -267,9 +267,13 @@ pub struct ReconcileArgs {
     /// Only rows created at least this long ago (seconds).
     #[arg(long, default_value_t = 3600)]
     pub older_than_secs: u64,
-    /// Ignore rows older than this (set it to the completion retention).
-    #[arg(long)]
-    pub max_age_secs: Option<u64>,
+    /// Ignore rows created longer ago than this (seconds; 0 = no bound).
+    /// Default 86400, the workers' default completion retention: after it the
+    /// completion record of every finished job has expired, so an older row
+    /// would be listed as `missing` however healthy it is. Set it to your
+    /// `completion_retention`.
+    #[arg(long, default_value_t = 86_400)]
+    pub max_age_secs: u64,
     /// At most this many rows.
     #[arg(long, default_value_t = 1000)]
     pub limit: usize,

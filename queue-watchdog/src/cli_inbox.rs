@@ -4,6 +4,11 @@
 
 use clap::{Args, Subcommand};
 
+/// The smallest `inbox prune --older-than-secs` accepted without `--force`:
+/// the default completion retention. Below it a redelivery of a completed job
+/// repeats its effect even without a replay.
+pub const MIN_PRUNE_AGE_SECS: u64 = 24 * 3600;
+
 /// Where the inbox table lives.
 #[derive(Debug, Args, Clone)]
 pub struct InboxTarget {
@@ -23,14 +28,22 @@ pub enum InboxCommand {
         target: InboxTarget,
     },
     /// Delete done rows that finished longer ago than --older-than-secs. Keep
-    /// them longer than any job can be delivered again (the completion
-    /// retention, 24 h by default, plus the outbox's re-send horizon).
+    /// them longer than any job can be delivered again: the completion
+    /// retention (24 h by default), the outbox's re-send horizon, and the
+    /// dead-letter retention (`run --dead-retention-hours`, 7 days by default,
+    /// 0 = forever): a dead-lettered job whose effect committed can be
+    /// replayed, and after its row was pruned the effect applies again.
+    /// An age below 24 h is refused unless --force.
     Prune {
         #[command(flatten)]
         target: InboxTarget,
-        /// Age of the done rows to delete, by finished_at (default 7 days).
+        /// Age of the done rows to delete, by finished_at (default 7 days;
+        /// not below the dead-letter retention).
         #[arg(long, default_value_t = 7 * 24 * 3600)]
         older_than_secs: u64,
+        /// Prune with an age below 24 h (MIN_PRUNE_AGE_SECS) anyway.
+        #[arg(long)]
+        force: bool,
     },
     /// Per queue: running and done rows, oldest running row, last completion.
     Stats {
@@ -56,9 +69,12 @@ pub struct InboxReconcileArgs {
     /// Only outbox rows created at least this long ago (seconds).
     #[arg(long, default_value_t = 3600)]
     pub older_than_secs: u64,
-    /// Ignore outbox rows older than this (keep it below the inbox prune age).
-    #[arg(long)]
-    pub max_age_secs: Option<u64>,
+    /// Ignore outbox rows created longer ago than this (seconds; 0 = no
+    /// bound). Default 604800, the default `inbox prune` age: a pruned done
+    /// row makes its healthy outbox row look unfinished. Keep it at or below
+    /// your prune age.
+    #[arg(long, default_value_t = 604_800)]
+    pub max_age_secs: u64,
     /// Only this queue (repeat for several): the queues whose handlers use the inbox.
     #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queues: Vec<String>,

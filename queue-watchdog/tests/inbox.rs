@@ -71,18 +71,92 @@ async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
         "{out}"
     );
 
-    let (code, out, err) = cli(
-        None,
-        &db,
-        &[
-            "inbox",
-            "prune",
-            "--table",
-            &table,
-            "--older-than-secs",
-            "0",
-        ],
+    // An age below 24 h is refused without --force: a replayed dead job (or a
+    // redelivery) would find no row and apply its effect again.
+    let prune = [
+        "inbox",
+        "prune",
+        "--table",
+        &table,
+        "--older-than-secs",
+        "0",
+    ];
+    let (code, out, err) = cli(None, &db, &prune);
+    assert_eq!(code, 2, "refused: {out}{err}");
+    assert!(
+        err.contains("refusing to prune") && err.contains("--force"),
+        "{err}"
     );
+    assert_eq!(
+        inbox
+            .stats(&client)
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.done)
+            .sum::<u64>(),
+        1,
+        "nothing pruned"
+    );
+    let (code, out, err) = cli(None, &db, &[&prune[..], &["--force"]].concat());
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("deleted 1 done row"), "{out}");
+}
+
+/// An outbox row staged eight days ago whose job's done row was pruned
+/// (the default prune age is 7 days): by default reconcile looks only at
+/// rows within that age (exit 0); a larger --max-age-secs lists it.
+#[tokio::test]
+async fn reconcile_by_default_leaves_out_rows_older_than_the_prune_age() {
+    let Some(db) = require() else { return };
+    let table = unique_name("cli_inbox");
+    let outbox_table = unique_name("cli_outbox");
+    let _drop = [
+        DropTable::new(&db, &table),
+        DropTable::new(&db, &outbox_table),
+    ];
+    let mut client = connect_postgres(&db).await.unwrap();
+    Inbox::with_table(&table)
+        .unwrap()
+        .migrate(&client)
+        .await
+        .unwrap();
+    let outbox = Outbox::with_table(&outbox_table).unwrap();
+    outbox.migrate(&client).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    outbox
+        .enqueue_in_tx::<Invoice>(&tx, &8, Some("invoice-old".into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    client
+        .execute(
+            &format!(
+                "UPDATE \"{outbox_table}\" SET created_at = now() - interval '8 days', \
+                 published_at = now() - interval '8 days'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let reconcile = [
+        "inbox",
+        "reconcile",
+        "--table",
+        &table,
+        "--outbox-table",
+        &outbox_table,
+        "--older-than-secs",
+        "0",
+    ];
+    let (code, out, err) = cli(None, &db, &reconcile);
+    assert_eq!(code, 0, "not listed by default: {out}{err}");
+    assert!(!out.contains("invoice-old"), "{out}");
+
+    let wider = [&reconcile[..], &["--max-age-secs", "1000000"]].concat();
+    let (code, out, err) = cli(None, &db, &wider);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("invoice-old"), "{out}");
+    assert!(err.contains("pruned"), "{err}");
 }

@@ -79,3 +79,56 @@ async fn migrate_relay_and_reconcile_from_the_command_line() {
         "{out}"
     );
 }
+
+/// A row published two days ago whose job completed: its completion record
+/// expired after the retention (24 h), so Redis knows nothing of it.
+/// By default reconcile looks only at rows within the retention (exit 0); a
+/// larger --max-age-secs lists it as `missing`, with a note that it may
+/// have expired.
+#[tokio::test]
+async fn reconcile_by_default_leaves_out_rows_older_than_the_completion_retention() {
+    let Some(db) = require() else { return };
+    let redis = RedisServer::start().unwrap();
+    let table = unique_name("cli_outbox");
+    let _drop = DropTable::new(&db, &table);
+    let mut client = connect_postgres(&db).await.unwrap();
+    let outbox = Outbox::with_table(&table).unwrap();
+    outbox.migrate(&client).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    outbox
+        .enqueue_in_tx::<Invoice>(&tx, &7, Some("invoice-old".into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    client
+        .execute(
+            &format!(
+                "UPDATE \"{table}\" SET created_at = now() - interval '2 days', \
+                 published_at = now() - interval '2 days', attempts = 1"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let reconcile = [
+        "outbox",
+        "reconcile",
+        "--table",
+        &table,
+        "--older-than-secs",
+        "0",
+    ];
+    let (code, out, err) = cli(Some(&redis.url()), &db, &reconcile);
+    assert_eq!(code, 0, "not listed by default: {out}{err}");
+    assert!(!out.contains("invoice-old"), "{out}");
+
+    let wider = [&reconcile[..], &["--max-age-secs", "259200"]].concat();
+    let (code, out, err) = cli(Some(&redis.url()), &db, &wider);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("invoice-old") && out.contains("missing"),
+        "{out}"
+    );
+    assert!(err.contains("`missing` may mean expired"), "{err}");
+}

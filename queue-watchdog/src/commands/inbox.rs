@@ -8,8 +8,8 @@ use queue_inbox::{Inbox, InboxQueueStats, InboxReconcileOptions, InboxReconcileR
 use queue_outbox::{connect_postgres, Outbox};
 use serde_json::json;
 
-use crate::cli_inbox::{InboxCommand, InboxReconcileArgs};
-use crate::error::Result;
+use crate::cli_inbox::{InboxCommand, InboxReconcileArgs, MIN_PRUNE_AGE_SECS};
+use crate::error::{CliError, Result};
 
 pub async fn dispatch(cmd: InboxCommand) -> Result<ExitCode> {
     match cmd {
@@ -24,7 +24,18 @@ pub async fn dispatch(cmd: InboxCommand) -> Result<ExitCode> {
         InboxCommand::Prune {
             target,
             older_than_secs,
+            force,
         } => {
+            if older_than_secs < MIN_PRUNE_AGE_SECS && !force {
+                return Err(CliError::Other(format!(
+                    "refusing to prune inbox rows younger than 24 h (--older-than-secs \
+                     {older_than_secs} < {MIN_PRUNE_AGE_SECS}): a job can come back after \
+                     its row is gone (a redelivery within the completion retention, a \
+                     replay of a dead-lettered job within the dead-letter retention) and \
+                     its effect would apply again; keep --older-than-secs above both \
+                     retentions, or pass --force"
+                )));
+            }
             let inbox = Inbox::with_table(&target.table)?;
             let client = connect_postgres(&target.database_url).await?;
             let n = inbox
@@ -87,8 +98,8 @@ async fn reconcile(args: InboxReconcileArgs) -> Result<ExitCode> {
     let outbox = Outbox::with_table(&args.outbox_table)?;
     let mut opts =
         InboxReconcileOptions::new(Duration::from_secs(args.older_than_secs)).limit(args.limit);
-    if let Some(m) = args.max_age_secs {
-        opts = opts.max_age(Duration::from_secs(m));
+    if args.max_age_secs > 0 {
+        opts = opts.max_age(Duration::from_secs(args.max_age_secs));
     }
     opts.queues = args.queues;
     let rows = inbox.reconcile(&client, &outbox, &opts).await?;
@@ -98,6 +109,12 @@ async fn reconcile(args: InboxReconcileArgs) -> Result<ExitCode> {
     } else {
         print!("{}", rows_table(&rows));
         eprintln!("{} outbox row(s) without a done inbox row", rows.len());
+        if !rows.is_empty() {
+            eprintln!(
+                "note: a row older than the inbox prune age may be listed because its done \
+                 row was pruned; --max-age-secs (default 604800) bounds the rows listed"
+            );
+        }
     }
     Ok(if rows.is_empty() {
         ExitCode::SUCCESS

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use queue_core::Queue;
-use queue_outbox::{connect_postgres, Outbox, ReconcileOptions, ReconcileRow, Relay};
+use queue_outbox::{
+    connect_postgres, Outbox, ReconcileOptions, ReconcileRow, ReconcileStatus, Relay,
+};
 use serde_json::json;
 
 use crate::cli::{OutboxCommand, OutboxTarget, ReconcileArgs, RelayArgs};
@@ -76,8 +78,8 @@ async fn reconcile(redis_url: &str, args: ReconcileArgs) -> Result<ExitCode> {
     let queue = Queue::connect(redis_url).await?;
     let mut opts =
         ReconcileOptions::new(Duration::from_secs(args.older_than_secs)).limit(args.limit);
-    if let Some(m) = args.max_age_secs {
-        opts = opts.max_age(Duration::from_secs(m));
+    if args.max_age_secs > 0 {
+        opts = opts.max_age(Duration::from_secs(args.max_age_secs));
     }
     let rows = Outbox::with_table(&args.target.table)?
         .reconcile_with(&client, &queue, &opts)
@@ -88,6 +90,13 @@ async fn reconcile(redis_url: &str, args: ReconcileArgs) -> Result<ExitCode> {
     } else {
         print!("{}", table(&rows));
         eprintln!("{} outbox row(s) without a completed job", rows.len());
+        if rows.iter().any(|r| r.status == ReconcileStatus::Missing) {
+            eprintln!(
+                "note: `missing` may mean expired: a row older than the completion retention \
+                 (24 h by default) whose job completed has no record left; --max-age-secs \
+                 (default 86400) bounds the rows listed"
+            );
+        }
     }
     Ok(if rows.is_empty() {
         ExitCode::SUCCESS
