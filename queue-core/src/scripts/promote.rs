@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::reply::{self, Fields};
+use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::Result;
@@ -64,22 +64,9 @@ impl Promote<'_> {
                 u64::try_from(ms).map_err(|_| f.error(format_args!("negative wait {ms}")))?,
             )),
         };
-        let mut dropped = Vec::new();
-        for pair in f.list(2, "dropped entries")?.chunks(2) {
-            // Read lossily: the script has committed by now, and an id that
-            // is not UTF-8 (another producer's) must not fail the reply, the
-            // promoter's next-due time and the watchdog's pass with it.
-            let lossy = |v: &redis::Value| {
-                reply::bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
-            };
-            let (Some(id), Some(state)) =
-                (pair.first().and_then(lossy), pair.get(1).and_then(lossy))
-            else {
-                return Err(f.error(format_args!("dropped entry {pair:?}")));
-            };
-            let job_id = JobId::from(id.as_str());
+        let dropped = f.dropped_entries(2)?;
+        for (job_id, state) in &dropped {
             warn!(queue = %k.queue, %job_id, %state, "promote: dropped a stale delayed entry (its job is not delayed); the job is left where it is");
-            dropped.push((job_id, state));
         }
         Ok(PromoteReply {
             promoted,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::reply::{self, Fields};
+use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::backoff::Backoff;
 use crate::conn::RedisConnection;
@@ -102,27 +102,14 @@ impl Reclaim<'_> {
             .await?;
         // {reclaimed, dead_lettered, adopted, {id, state, ...}}
         let f = Fields::new(&k.queue, None, "reclaim reply", &reply)?;
-        let mut dropped = Vec::new();
         // Absent from a three-element reply (the script before it answered them).
-        let entries = if f.len() > 3 {
-            f.list(3, "dropped entries")?
+        let dropped = if f.len() > 3 {
+            f.dropped_entries(3)?
         } else {
-            &[]
+            Vec::new()
         };
-        for pair in entries.chunks(2) {
-            // Read lossily: the script has committed by now, and an id that
-            // is not UTF-8 (another producer's) must not fail the reply.
-            let lossy = |v: &redis::Value| {
-                reply::bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned())
-            };
-            let (Some(id), Some(state)) =
-                (pair.first().and_then(lossy), pair.get(1).and_then(lossy))
-            else {
-                return Err(f.error(format_args!("dropped entry {pair:?}")));
-            };
-            let job_id = JobId::from(id.as_str());
+        for (job_id, state) in &dropped {
             warn!(queue = %k.queue, %job_id, %state, "reclaim: dropped a stale processing entry or lease (the job is not running); the job is left where it is");
-            dropped.push((job_id, state));
         }
         Ok(ReclaimReply {
             reclaimed: f.u64(0, "reclaimed")?,

@@ -146,6 +146,24 @@ impl<'v> Fields<'v> {
             .ok_or_else(|| self.error(format_args!("field {i} ({name}) missing or malformed")))
     }
 
+    /// Field `i` as a list of `id, state` pairs: the stale entries a
+    /// script dropped (promote, reclaim). Read lossily: the script has
+    /// committed by now, and an id that is not UTF-8 (another producer's)
+    /// must not fail the reply, and with it the caller's pass.
+    pub(crate) fn dropped_entries(&self, i: usize) -> Result<Vec<(JobId, String)>> {
+        let lossy = |v: &Value| bytes(v).map(|b| String::from_utf8_lossy(&b).into_owned());
+        let mut out = Vec::new();
+        for pair in self.list(i, "dropped entries")?.chunks(2) {
+            let (Some(id), Some(state)) =
+                (pair.first().and_then(lossy), pair.get(1).and_then(lossy))
+            else {
+                return Err(self.error(format_args!("dropped entry {pair:?}")));
+            };
+            out.push((JobId::from(id.as_str()), state));
+        }
+        Ok(out)
+    }
+
     /// Number of fields.
     pub(crate) fn len(&self) -> usize {
         self.items.len()

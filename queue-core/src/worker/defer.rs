@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tracing::{error, info, warn};
 
-use super::runner::{first_call, left_at_hard_stop, retry_call, JobRunner};
+use super::runner::{left_at_hard_stop, result_call, JobRunner};
 use super::{wait_true, Inner};
 use crate::error::Result;
 use crate::keys::QueueKeys;
@@ -77,11 +77,7 @@ impl JobRunner {
         let mut first = true;
         loop {
             let call = self.defer_once(d, known);
-            let sent = if std::mem::take(&mut first) {
-                first_call(call, &mut hard_stop).await
-            } else {
-                retry_call(call, &mut hard_stop).await
-            };
+            let sent = result_call(&mut first, call, &mut hard_stop).await;
             let res = match sent {
                 Ok(res) => res,
                 Err(maybe) => return left_at_hard_stop(maybe),

@@ -314,11 +314,7 @@ impl JobRunner {
                     Outcome::Dead(reason) => self.fail(d, FailKind::Permanent, reason).await,
                 }
             };
-            let sent = if std::mem::take(&mut first) {
-                first_call(call, &mut hard_stop).await
-            } else {
-                retry_call(call, &mut hard_stop).await
-            };
+            let sent = result_call(&mut first, call, &mut hard_stop).await;
             let res = match sent {
                 Ok(res) => res,
                 Err(maybe) => return left_at_hard_stop(maybe),
@@ -476,6 +472,20 @@ pub(super) async fn retry_call<T>(
 /// The log line of a delivery whose result (retry, dead-letter, defer) the
 /// shutdown's hard stop left unrecorded; `maybe`: a call had been sent, and
 /// may have landed.
+/// One call of a result write's loop: the first one always sent
+/// ([`first_call`]), a retry only before the hard stop ([`retry_call`]).
+pub(super) async fn result_call<T>(
+    first: &mut bool,
+    call: impl Future<Output = T>,
+    hard_stop: &mut watch::Receiver<bool>,
+) -> std::result::Result<T, bool> {
+    if std::mem::take(first) {
+        first_call(call, hard_stop).await
+    } else {
+        retry_call(call, hard_stop).await
+    }
+}
+
 pub(super) fn left_at_hard_stop(maybe: bool) {
     if maybe {
         warn!("shutdown grace over before Redis confirmed the job's result: it may have been recorded; if not, the job stays leased and the watchdog returns it");
