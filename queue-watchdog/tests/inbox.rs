@@ -8,7 +8,7 @@ use queue_testkit::postgres::{require, unique_name, DropTable};
 
 #[path = "support/billing_cli.rs"]
 mod billing_cli;
-use billing_cli::{cli, Invoice};
+use billing_cli::{cli, stage_published_days_ago, Invoice};
 
 #[tokio::test]
 async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
@@ -123,22 +123,7 @@ async fn reconcile_by_default_leaves_out_rows_older_than_the_prune_age() {
         .unwrap();
     let outbox = Outbox::with_table(&outbox_table).unwrap();
     outbox.migrate(&client).await.unwrap();
-    let tx = client.transaction().await.unwrap();
-    outbox
-        .enqueue_in_tx::<Invoice>(&tx, &8, Some("invoice-old".into()))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    client
-        .execute(
-            &format!(
-                "UPDATE \"{outbox_table}\" SET created_at = now() - interval '8 days', \
-                 published_at = now() - interval '8 days'"
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
+    stage_published_days_ago(&mut client, &outbox, &outbox_table, "invoice-old", 8).await;
 
     let reconcile = [
         "inbox",

@@ -8,7 +8,7 @@ use queue_testkit::RedisServer;
 
 #[path = "support/billing_cli.rs"]
 mod billing_cli;
-use billing_cli::{cli, Invoice};
+use billing_cli::{cli, stage_published_days_ago, Invoice};
 
 #[tokio::test]
 async fn migrate_relay_and_reconcile_from_the_command_line() {
@@ -94,22 +94,7 @@ async fn reconcile_by_default_leaves_out_rows_older_than_the_completion_retentio
     let mut client = connect_postgres(&db).await.unwrap();
     let outbox = Outbox::with_table(&table).unwrap();
     outbox.migrate(&client).await.unwrap();
-    let tx = client.transaction().await.unwrap();
-    outbox
-        .enqueue_in_tx::<Invoice>(&tx, &7, Some("invoice-old".into()))
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    client
-        .execute(
-            &format!(
-                "UPDATE \"{table}\" SET created_at = now() - interval '2 days', \
-                 published_at = now() - interval '2 days', attempts = 1"
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
+    stage_published_days_ago(&mut client, &outbox, &table, "invoice-old", 2).await;
 
     let reconcile = [
         "outbox",

@@ -6,6 +6,7 @@
 use std::process::Command;
 
 use queue_core::{BoxFuture, Job, JobContext, JobError};
+use queue_outbox::{tokio_postgres::Client, Outbox};
 
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
@@ -37,4 +38,32 @@ pub fn cli(redis: Option<&str>, db: &str, args: &[&str]) -> (i32, String, String
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// Stages invoice `id` in `outbox` (table `table`, migrated) and dates it
+/// back `days`: created and published then, sent once. Reconcile tests look
+/// at a row older than a retention with it.
+pub async fn stage_published_days_ago(
+    client: &mut Client,
+    outbox: &Outbox,
+    table: &str,
+    id: &str,
+    days: u32,
+) {
+    let tx = client.transaction().await.unwrap();
+    outbox
+        .enqueue_in_tx::<Invoice>(&tx, &days, Some(id.into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    client
+        .execute(
+            &format!(
+                "UPDATE \"{table}\" SET created_at = now() - interval '{days} days', \
+                 published_at = now() - interval '{days} days', attempts = 1 WHERE job_id = $1"
+            ),
+            &[&id],
+        )
+        .await
+        .unwrap();
 }
