@@ -80,9 +80,45 @@ impl Promote<'_> {
 mod tests {
     use std::time::Duration;
 
-    use super::Promote;
+    use super::{Promote, PromoteReply};
+    use crate::conn::RedisConnection;
     use crate::keys::QueueKeys;
     use crate::scripts::{test_redis, MAX_MS};
+
+    /// A job hash of `id` (bytes: an id need not be UTF-8) in `state`,
+    /// listed in the delayed set at `score`.
+    async fn delayed_entry(
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        id: &[u8],
+        state: &str,
+        score: &str,
+    ) {
+        let mut job = keys.job_prefix.clone().into_bytes();
+        job.extend_from_slice(id);
+        let _: () = redis::cmd("HSET")
+            .arg(&job)
+            .arg("state")
+            .arg(state)
+            .query_async(conn)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg(&keys.delayed)
+            .arg(score)
+            .arg(id)
+            .query_async(conn)
+            .await
+            .unwrap();
+    }
+
+    /// One promote call of at most 10 jobs.
+    async fn promote(
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+    ) -> crate::error::Result<PromoteReply> {
+        Promote { keys, limit: 10 }.run(conn).await
+    }
 
     /// Scenario: the earliest delayed job is due at +inf or beyond 2^63 ms
     /// (another producer, a hand edit). It is far away: the script answers
@@ -94,27 +130,10 @@ mod tests {
         let (_server, mut conn) = test_redis().await;
         let keys = QueueKeys::new("far");
         for score in ["+inf", "1e19"] {
-            let _: () = redis::cmd("HSET")
-                .arg(keys.job("far"))
-                .arg("state")
-                .arg("delayed")
-                .query_async(&mut conn)
+            delayed_entry(&mut conn, &keys, b"far", "delayed", score).await;
+            let reply = promote(&mut conn, &keys)
                 .await
-                .unwrap();
-            let _: () = redis::cmd("ZADD")
-                .arg(&keys.delayed)
-                .arg(score)
-                .arg("far")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            let reply = Promote {
-                keys: &keys,
-                limit: 10,
-            }
-            .run(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("run_at {score}: {e}"));
+                .unwrap_or_else(|e| panic!("run_at {score}: {e}"));
             assert_eq!(reply.promoted, 0, "{score}");
             assert_eq!(
                 reply.next_due_in,
@@ -133,30 +152,8 @@ mod tests {
     async fn a_dropped_entry_whose_id_is_not_utf8_is_read_lossily() {
         let (_server, mut conn) = test_redis().await;
         let keys = QueueKeys::new("bytes");
-        let id: &[u8] = b"j\xff";
-        let mut job = keys.job_prefix.clone().into_bytes();
-        job.extend_from_slice(id);
-        let _: () = redis::cmd("HSET")
-            .arg(&job)
-            .arg("state")
-            .arg("active")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let _: () = redis::cmd("ZADD")
-            .arg(&keys.delayed)
-            .arg(0)
-            .arg(id)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let reply = Promote {
-            keys: &keys,
-            limit: 10,
-        }
-        .run(&mut conn)
-        .await
-        .unwrap();
+        delayed_entry(&mut conn, &keys, b"j\xff", "active", "0").await;
+        let reply = promote(&mut conn, &keys).await.unwrap();
         assert_eq!(reply.promoted, 0);
         assert_eq!(reply.dropped.len(), 1);
         assert_eq!(reply.dropped[0].0.as_str(), "j\u{fffd}");
