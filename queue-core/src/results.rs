@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::conn::{ConnectionConfig, RedisConnection};
+use crate::conn::RedisConnection;
 use crate::error::QueueError;
 use crate::job::{Job, JobContext, JobError, JobId};
 use crate::keys::QueueKeys;
@@ -203,7 +203,7 @@ impl Queue {
         // Checked first: before, the job was enqueued, then the wait failed
         // with this error, which names no job, leaving a job in main that
         // the caller could neither wait for nor find.
-        self.wait_origin(J::QUEUE)?;
+        self.wait_pool(J::QUEUE)?;
         let id = self.enqueue::<J>(args).await?;
         self.wait_result::<J>(id, timeout).await
     }
@@ -222,9 +222,6 @@ impl Queue {
         // which is no deadline at all.
         let until = tokio::time::Instant::now().checked_add(timeout);
         let mut conn = self.connection();
-        // Asked for only when a wait blocks: a `Queue` without one (made
-        // from a connection) still answers a job that already finished.
-        let pool = self.waits.as_deref();
         let mut blocking: Option<Taken<'_>> = None;
         let mut woken = false;
         let mut pending = false;
@@ -236,16 +233,7 @@ impl Queue {
         let mut backoff = RECONNECT_FIRST;
         loop {
             let step = self
-                .wait_step(
-                    &keys,
-                    id,
-                    &mut conn,
-                    pool,
-                    &mut blocking,
-                    woken,
-                    pending,
-                    until,
-                )
+                .wait_step(&keys, id, &mut conn, &mut blocking, woken, pending, until)
                 .await;
             match step {
                 Ok(Step::Done(outcome)) => {
@@ -265,7 +253,7 @@ impl Queue {
                     if let Some(mut taken) = blocking.take() {
                         taken.forget();
                     }
-                    if let Some(pool) = pool {
+                    if let Some(pool) = self.waits.as_deref() {
                         pool.clear();
                     }
                     let now = tokio::time::Instant::now();
@@ -291,11 +279,10 @@ impl Queue {
     /// One check of the job and, when it is not finished, one `BLPOP`.
     #[allow(clippy::too_many_arguments)]
     async fn wait_step<'p>(
-        &self,
+        &'p self,
         keys: &QueueKeys,
         id: &JobId,
         conn: &mut RedisConnection,
-        pool: Option<&'p WaitConnections>,
         blocking: &mut Option<Taken<'p>>,
         woken: bool,
         pending: bool,
@@ -335,9 +322,12 @@ impl Queue {
         // creates it without waking this waiter.
         let cap = if pending { PENDING_RECHECK } else { MAX_BLOCK };
         let block = left.min(cap);
+        // Asked for only now that the wait blocks: a `Queue` without one
+        // (made from a connection) still answers a job that already finished.
+        let pool = self.wait_pool(queue)?;
         let taken = match blocking {
             Some(taken) => taken,
-            None => blocking.insert(self.wait_pool(queue, pool)?.take(queue, id).await?),
+            None => blocking.insert(pool.take(queue, id).await?),
         };
         let secs = block.max(Duration::from_millis(1)).as_secs_f64();
         let mut cmd = redis::cmd("BLPOP");
@@ -345,7 +335,7 @@ impl Queue {
         let blpop = cmd.query_async::<Option<(String, String)>>(taken.for_blpop());
         // Bounded here, not by the connection: a pooled connection serves
         // blocks of every length.
-        let bound = self.wait_pool(queue, pool)?.blpop_bound(block);
+        let bound = pool.blpop_bound(block);
         let popped = match tokio::time::timeout(bound, blpop).await {
             Ok(reply) => reply.map_err(|e| QueueError::redis(queue, Some(id), e))?,
             Err(_) => {
@@ -368,24 +358,8 @@ impl Queue {
     /// The idle blocking connections of this `Queue`'s waits; a `Queue`
     /// made [`from_connection`](Self::from_connection) has none
     /// ([`QueueError::Config`]).
-    fn wait_pool<'p>(
-        &self,
-        queue: &str,
-        pool: Option<&'p WaitConnections>,
-    ) -> Result<&'p WaitConnections, QueueError> {
-        self.wait_origin(queue)?;
-        pool.ok_or_else(|| {
-            QueueError::Config(format!(
-                "queue `{queue}`: waiting for a result needs a Queue made with Queue::connect (it opens its own connection to block on)"
-            ))
-        })
-    }
-
-    /// The URL and settings the blocking connection of a wait is opened
-    /// with; a `Queue` made [`from_connection`](Self::from_connection) has
-    /// none ([`QueueError::Config`]).
-    fn wait_origin(&self, queue: &str) -> Result<&(String, ConnectionConfig), QueueError> {
-        self.origin.as_deref().ok_or_else(|| {
+    fn wait_pool(&self, queue: &str) -> Result<&WaitConnections, QueueError> {
+        self.waits.as_deref().ok_or_else(|| {
             QueueError::Config(format!(
                 "queue `{queue}`: waiting for a result needs a Queue made with Queue::connect (it opens its own connection to block on)"
             ))
