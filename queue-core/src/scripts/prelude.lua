@@ -1268,7 +1268,8 @@ end
 -- Creates callback job `s` (a spec read from the batch hash and checked by
 -- wf_spec) in its queue, queued, or dead-lettered with `dead_reason`; once:
 -- an existing job or completion record under its id is left alone. Returns
--- true when created. Never raises: wf_spec checked the spec and the types of
+-- true when created; false and why when another job holds its id (false
+-- alone when this batch created it already). Never raises: wf_spec checked the spec and the types of
 -- the lists this writes before the batch was marked fired (a spec that
 -- cannot be queued comes with a `dead_reason`; its missing fields are stored
 -- empty). An existing job this batch did not spawn (`batch_of` names
@@ -1288,9 +1289,10 @@ local function wf_spawn(bkey, s, now, dead_reason)
     taken = 'a completion record of that id exists'
   end
   if taken then
-    wf_error(bkey, 'fire_error', "callback '" .. utf8_cut(id, 200) .. "' not created: " .. taken
-      .. '; give callbacks and flow parents ids no other job uses')
-    return false
+    taken = "callback '" .. utf8_cut(id, 200) .. "' not created: " .. taken
+      .. '; give callbacks and flow parents ids no other job uses'
+    wf_error(bkey, 'fire_error', taken)
+    return false, taken
   end
   redis.call('HSET', jobkey, 'id', id, 'type', s[3] or '', 'v', s[4] or '', 'payload', s[5] or '',
     'max_attempts', s[6] or '1', 'attempts', 0, 'enqueued_at', now, 'state', 'queued', 'batch_of', bkey)
@@ -1345,19 +1347,27 @@ end
 -- be queued is dead-lettered naming why (an operator replays it once the
 -- cause is repaired); one that cannot be dead-lettered either is not
 -- created. Either is reported (wf_error, field `fire_error`), never raised.
+-- A callback that is itself a member of other batches (`s[7]`: a nested
+-- flow's parent is a child of the outer flow) and was dead-lettered, or not
+-- created at all, is counted there as dead: the outer batch fires on it.
+-- Before, a nested parent that was not created (its id taken) was never
+-- counted, and the outer flow never fired.
 -- Returns true when it wrote a relay notice.
 local function wf_fire(bkey, p, s, problem, dead_bad, reason, now)
   if problem then
     reason = 'callback not queued: ' .. problem .. (reason and ('; ' .. reason) or '')
   end
   local what = 'callback ' .. p .. " '" .. utf8_cut(tostring(s[2]), 200) .. "'"
+  local outer = s[7] and s[7] ~= '' and s[7]
   if reason and dead_bad then
-    wf_error(bkey, 'fire_error', what .. ' not created: ' .. reason .. '; cannot be dead-lettered: ' .. dead_bad)
-    return false
+    local msg = what .. ' not created: ' .. reason .. '; cannot be dead-lettered: ' .. dead_bad
+    wf_error(bkey, 'fire_error', msg)
+    return outer and wf_member_finished(outer, s[2], 'dead', msg, now, bkey) or false
   end
   if problem then wf_error(bkey, 'fire_error', what .. ' dead-lettered: ' .. problem) end
-  if wf_spawn(bkey, s, now, reason) and reason and s[7] and s[7] ~= '' then
-    return wf_member_finished(s[7], s[2], 'dead', reason, now, bkey)
+  local created, taken = wf_spawn(bkey, s, now, reason)
+  if outer and (taken or (created and reason)) then
+    return wf_member_finished(outer, s[2], 'dead', taken or reason, now, bkey)
   end
   return false
 end

@@ -1060,3 +1060,44 @@ async fn a_notice_for_a_batch_that_is_gone_is_dropped_not_set_aside() {
     );
     assert_eq!(fx.int(&["EXISTS", &bkey]).await, 0, "nothing recreated");
 }
+
+/// A nested flow whose inner parent `X` cannot be created, because an
+/// unrelated job (or its completion record) holds id `X`: the outer flow
+/// counts `X` as failed and fires, its parent `P` dead-lettered naming why.
+/// Before, the inner batch fired with a `fire_error` but `X` was never
+/// counted in the outer flow: `P` was never created, the flow hung for good.
+#[tokio::test]
+async fn a_nested_parent_whose_id_another_job_took_still_ends_the_outer_flow() {
+    for taken in ["job", "record"] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        Enqueue::test_job(&keys, &JobId::from("X"), 3)
+            .run(&mut fx.conn)
+            .await
+            .unwrap();
+        let job = |id: &str| JobSpec::raw(Q, "t", 1, 1, vec![0xc0]).id(id);
+        crate::Flow::new(job("P"))
+            .child_flow(crate::Flow::new(job("X")).child(job("c")))
+            .enqueue(&fx.queue)
+            .await
+            .unwrap();
+        let ds = fx.fetch(&keys, 2, Duration::from_secs(30)).await;
+        assert_eq!(ds[0].id.as_str(), "X", "{taken}");
+        let acked = if taken == "job" { &ds[1..] } else { &ds[..] };
+        fx.ack(&keys, acked).await.unwrap();
+        let reason = fx
+            .text(&["HGET", &keys.job("P"), "dead_reason"])
+            .await
+            .unwrap_or_else(|| panic!("{taken}: the outer parent P was never created"));
+        assert!(
+            reason.contains("1 child(ren) failed, first X: callback 'X' not created"),
+            "{taken}: {reason}"
+        );
+        // The unrelated job is left as it was.
+        assert_eq!(
+            fx.text(&["HGET", &keys.job("X"), "batch_of"]).await,
+            None,
+            "{taken}"
+        );
+    }
+}
