@@ -233,6 +233,29 @@ pub enum OutboxCommand {
     /// List rows older than an age whose job has not completed (unpublished,
     /// rejected, still queued/active/dead, or missing). Exit 1 when any is listed.
     Reconcile(ReconcileArgs),
+    /// Delete published rows older than an age (by published_at; the table
+    /// grows without it). Below 24 h, the default completion retention, is
+    /// refused unless --force: a re-send of a row still in flight is deduped
+    /// by the row itself.
+    Prune {
+        #[command(flatten)]
+        target: OutboxTarget,
+        /// Age of the published rows to delete, in seconds (default 7 days).
+        #[arg(long, default_value_t = 7 * 24 * 3600)]
+        older_than_secs: u64,
+        /// Prune with an age below 24 h anyway.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Row counts (unpublished, rejected, published) and the age of the
+    /// oldest unpublished row: the relay's lag. Exit 1 when a row is rejected.
+    Stats {
+        #[command(flatten)]
+        target: OutboxTarget,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -245,7 +268,8 @@ pub struct RelayArgs {
     /// Milliseconds between batches when the outbox is drained.
     #[arg(long, default_value_t = 500)]
     pub interval_ms: u64,
-    /// Publish one batch, print its report and exit (1 when a row failed).
+    /// Publish one batch, print its report and exit (1 when a row failed, or
+    /// was rejected for good: it will never be published).
     #[arg(long)]
     pub once: bool,
     /// Create the table first if it does not exist (and add the columns a

@@ -117,3 +117,98 @@ async fn reconcile_by_default_leaves_out_rows_older_than_the_completion_retentio
     );
     assert!(err.contains("`missing` may mean expired"), "{err}");
 }
+
+/// A row the relay can never publish (a hand-written job id with a line
+/// break) is rejected: `relay --once` says so and exits 1, as for a failed
+/// row, so a script or cron running it notices. Before, it exited 0.
+#[tokio::test]
+async fn relay_once_exits_1_when_it_rejected_a_row() {
+    let Some(db) = require() else { return };
+    let redis = RedisServer::start().unwrap();
+    let table = unique_name("cli_outbox");
+    let _drop = DropTable::new(&db, &table);
+    let client = connect_postgres(&db).await.unwrap();
+    let outbox = Outbox::with_table(&table).unwrap();
+    outbox.migrate(&client).await.unwrap();
+    client
+        .execute(
+            &format!(
+                "INSERT INTO \"{table}\" (job_id, queue, job_type, schema_version, max_attempts, payload) \
+                 VALUES (E'bad\\nid', 'billing', 'invoice', 1, 3, '\\x80'::bytea)"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let once = ["outbox", "relay", "--table", &table, "--once"];
+    let (code, out, err) = cli(Some(&redis.url()), &db, &once);
+    assert!(out.contains("rejected=1"), "{out}{err}");
+    assert_eq!(code, 1, "{out}{err}");
+    // Nothing left to publish or reject: the next run exits 0.
+    let (code, out, err) = cli(Some(&redis.url()), &db, &once);
+    assert_eq!((code, out.contains("selected=0")), (0, true), "{out}{err}");
+    // `outbox stats` keeps pointing at it.
+    let (code, out, err) = cli(None, &db, &["outbox", "stats", "--table", &table]);
+    assert!(out.contains("rejected=1"), "{out}{err}");
+    assert_eq!(code, 1, "{out}{err}");
+}
+
+/// `outbox stats` counts rows; `outbox prune` deletes published rows older
+/// than its age (7 days by default), refuses an age below 24 h without
+/// --force, and leaves unpublished rows alone.
+#[tokio::test]
+async fn outbox_prune_and_stats_from_the_command_line() {
+    let Some(db) = require() else { return };
+    let table = unique_name("cli_outbox");
+    let _drop = DropTable::new(&db, &table);
+    let mut client = connect_postgres(&db).await.unwrap();
+    let outbox = Outbox::with_table(&table).unwrap();
+    outbox.migrate(&client).await.unwrap();
+    stage_published_days_ago(&mut client, &outbox, &table, "invoice-old", 2).await;
+    let tx = client.transaction().await.unwrap();
+    outbox
+        .enqueue_in_tx::<Invoice>(&tx, &1, Some("invoice-new".into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let stats = |json: bool| {
+        let mut args = vec!["outbox", "stats", "--table", &table];
+        if json {
+            args.push("--json");
+        }
+        cli(None, &db, &args)
+    };
+    let (code, out, err) = stats(true);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(
+        (&v["unpublished"], &v["published"], &v["rejected"]),
+        (&1.into(), &1.into(), &0.into()),
+        "{out}"
+    );
+
+    let prune = |age: Option<&str>, force: bool| {
+        let mut args = vec!["outbox", "prune", "--table", &table];
+        if let Some(age) = age {
+            args.extend(["--older-than-secs", age]);
+        }
+        if force {
+            args.push("--force");
+        }
+        cli(None, &db, &args)
+    };
+    let (code, out, err) = prune(None, false);
+    assert_eq!((code, out.contains("deleted 0")), (0, true), "{out}{err}");
+    let (code, out, err) = prune(Some("60"), false);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("refusing to prune"), "{err}");
+    let (code, out, err) = prune(Some("86400"), false);
+    assert_eq!((code, out.contains("deleted 1")), (0, true), "{out}{err}");
+    let (code, out, err) = stats(false);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("unpublished=1 rejected=0 published=0"),
+        "{out}"
+    );
+}

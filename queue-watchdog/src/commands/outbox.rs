@@ -1,5 +1,5 @@
-//! `queue-watchdog outbox migrate | relay | reconcile`: the PostgreSQL outbox
-//! relay and reconciliation (cargo feature `outbox`).
+//! `queue-watchdog outbox migrate | relay | reconcile | prune | stats`: the
+//! PostgreSQL outbox relay, reconciliation and upkeep (cargo feature `outbox`).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,14 +11,80 @@ use queue_outbox::{
 use serde_json::json;
 
 use crate::cli::{OutboxCommand, OutboxTarget, ReconcileArgs, RelayArgs};
-use crate::error::Result;
+use crate::error::{CliError, Result};
 
 pub async fn dispatch(redis_url: &str, cmd: OutboxCommand) -> Result<ExitCode> {
     match cmd {
         OutboxCommand::Migrate { target } => migrate(&target).await,
         OutboxCommand::Relay(args) => relay(redis_url, args).await,
         OutboxCommand::Reconcile(args) => reconcile(redis_url, args).await,
+        OutboxCommand::Prune {
+            target,
+            older_than_secs,
+            force,
+        } => prune(&target, older_than_secs, force).await,
+        OutboxCommand::Stats { target, json } => stats(&target, json).await,
     }
+}
+
+/// Below this age (the workers' default completion retention) `outbox
+/// prune` needs `--force`.
+const MIN_PRUNE_AGE_SECS: u64 = 24 * 3600;
+
+async fn prune(target: &OutboxTarget, older_than_secs: u64, force: bool) -> Result<ExitCode> {
+    if older_than_secs < MIN_PRUNE_AGE_SECS && !force {
+        return Err(CliError::Other(format!(
+            "refusing to prune outbox rows published less than 24 h ago (--older-than-secs \
+             {older_than_secs} < {MIN_PRUNE_AGE_SECS}): until the completion retention has \
+             passed, reconcile still tells a completed job from a lost one by its row; pass \
+             --force to prune anyway"
+        )));
+    }
+    let outbox = Outbox::with_table(&target.table)?;
+    let client = connect_postgres(&target.database_url).await?;
+    let n = outbox
+        .prune(&client, Duration::from_secs(older_than_secs))
+        .await?;
+    println!("deleted {n} published row(s) from `{}`", outbox.table());
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn stats(target: &OutboxTarget, json: bool) -> Result<ExitCode> {
+    let outbox = Outbox::with_table(&target.table)?;
+    let s = outbox
+        .stats(&connect_postgres(&target.database_url).await?)
+        .await?;
+    let lag = s.oldest_unpublished.map(|d| d.as_secs());
+    if json {
+        println!(
+            "{}",
+            json!({
+                "table": outbox.table(), "unpublished": s.unpublished, "rejected": s.rejected,
+                "published": s.published, "oldest_unpublished_secs": lag,
+            })
+        );
+    } else {
+        println!(
+            "table={} unpublished={} rejected={} published={} oldest_unpublished_secs={}",
+            outbox.table(),
+            s.unpublished,
+            s.rejected,
+            s.published,
+            lag.map_or_else(|| "-".to_string(), |l| l.to_string())
+        );
+        if s.rejected > 0 {
+            eprintln!(
+                "note: {} rejected row(s) will never be published; `outbox reconcile` lists \
+                 them with the reason (their last_error)",
+                s.rejected
+            );
+        }
+    }
+    Ok(if s.rejected > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 async fn migrate(target: &OutboxTarget) -> Result<ExitCode> {
@@ -54,7 +120,10 @@ async fn relay(redis_url: &str, args: RelayArgs) -> Result<ExitCode> {
         if let Some(e) = &r.error {
             eprintln!("error: {e}");
         }
-        return Ok(if r.failed > 0 {
+        // A rejected row is never published: it needs an operator as much
+        // as a failed one (before, `--once` exited 0 and a script running it
+        // never noticed).
+        return Ok(if r.failed > 0 || r.rejected > 0 {
             ExitCode::from(1)
         } else {
             ExitCode::SUCCESS
