@@ -53,10 +53,10 @@ impl SentinelTarget {
             .map(str::trim)
             .filter(|h| !h.is_empty())
             .map(|h| {
-                if h.contains(':') {
+                if has_port(h) {
                     h.to_string()
                 } else {
-                    format!("{h}:26379")
+                    host_port(h, "26379")
                 }
             })
             .collect();
@@ -93,6 +93,26 @@ impl SentinelTarget {
             Some(u) => format!("redis://{u}@{addr}/{}", self.db),
             None => format!("redis://{addr}/{}", self.db),
         }
+    }
+}
+
+/// Whether sentinel host `h` names its port: `host:port`, `[v6]:port`
+/// (a bare IPv6 address has colons but no port; it takes the default).
+fn has_port(h: &str) -> bool {
+    match h.strip_prefix('[') {
+        Some(v6) => v6.split_once(']').is_some_and(|(_, p)| p.starts_with(':')),
+        None => h.matches(':').count() == 1,
+    }
+}
+
+/// `ip:port` for a URL: an IPv6 address (as a sentinel names one, `::1`)
+/// in brackets, `[::1]:6379`. Before, `::1:6379` made every connection to
+/// a primary the sentinels named by an IPv6 address fail to parse.
+fn host_port(ip: &str, port: &str) -> String {
+    if ip.contains(':') && !ip.starts_with('[') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
     }
 }
 
@@ -358,7 +378,7 @@ impl SentinelConnection {
         match (fields.get("ip"), fields.get("port")) {
             (Some(ip), Some(port)) => {
                 let epoch = fields.get("config-epoch").and_then(|e| e.parse().ok());
-                Ok((epoch, format!("{ip}:{port}")))
+                Ok((epoch, host_port(ip, port)))
             }
             _ => Err(RedisError::from((
                 ErrorKind::MasterNameNotFoundBySentinel,
@@ -458,6 +478,12 @@ mod tests {
             "redis://:s%40cret@10.0.0.1:6379/3"
         );
 
+        let t = SentinelTarget::parse("[::1]:26380,[fe80::1],::1/m").unwrap();
+        assert_eq!(
+            t.sentinels,
+            vec!["[::1]:26380", "[fe80::1]:26379", "[::1]:26379"]
+        );
+
         for bad in [
             "127.0.0.1:26379",
             "127.0.0.1:26379/",
@@ -466,6 +492,32 @@ mod tests {
             "h:1/m/1/2",
         ] {
             assert!(SentinelTarget::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// A primary the sentinels name by an IPv6 address (`SENTINEL MASTER`
+    /// answers `ip ::1`) gets a URL the client opens, to that host. Before,
+    /// `redis://::1:6379/0` did not parse: no connection to it ever opened.
+    #[test]
+    fn a_primary_named_by_an_ipv6_address_gets_a_url_that_opens() {
+        let t = SentinelTarget::parse("127.0.0.1:26379/m").unwrap();
+        for (ip, host) in [
+            ("::1", "::1"),
+            ("fe80::2", "fe80::2"),
+            ("10.0.0.1", "10.0.0.1"),
+        ] {
+            let url = t.primary_url(&host_port(ip, "6380"));
+            let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| panic!("{url}: {e}"));
+            match client.get_connection_info().addr() {
+                redis::ConnectionAddr::Tcp(h, port) => {
+                    assert_eq!(
+                        (h.trim_matches(|c| c == '[' || c == ']'), *port),
+                        (host, 6380),
+                        "{url}"
+                    )
+                }
+                other => panic!("{url}: {other:?}"),
+            }
         }
     }
 }
