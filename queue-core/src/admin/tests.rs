@@ -199,7 +199,10 @@ async fn a_job_key_of_another_type_does_not_fail_health_or_listings() {
     assert_eq!(waiting.jobs[0].unreadable, None);
     assert_eq!(waiting.jobs[0].job_type.as_deref(), Some("send"));
     assert_eq!(waiting.jobs[1].unreadable, corrupt);
-    assert_eq!((waiting.jobs[1].job_type.as_ref(), waiting.jobs[1].at), (None, None));
+    assert_eq!(
+        (waiting.jobs[1].job_type.as_ref(), waiting.jobs[1].at),
+        (None, None)
+    );
 
     let delayed = admin.delayed(Q, Page::first(10)).await.unwrap();
     assert_eq!(ids(&delayed, |j| &j.id), ["bad-delayed", "later"]);
