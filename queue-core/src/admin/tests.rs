@@ -354,6 +354,36 @@ async fn dead_letters_filter_select_and_purge_only_what_was_listed() {
     assert_eq!(admin.stats(Q).await.unwrap().counter("purged"), 1);
 }
 
+/// A purge or replay by filter or `--all` while jobs die: dead letters
+/// pushed at the head between two chunks of the selection shift the list,
+/// and the next chunk reads the previous chunk's last entries again. Each
+/// dead-lettering is selected once. Before, those were selected twice: the
+/// purge deleted them, then reported their second try as not found and
+/// exited 1.
+#[tokio::test]
+async fn a_dead_letter_read_again_after_the_list_moved_is_selected_once() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let n = DEAD_SCAN_CHUNK + 200;
+    for i in 0..n {
+        dead_letter(&admin, &format!("old-{i}"), "boom", "100").await;
+    }
+    let pushed = std::cell::Cell::new(false);
+    let picked = admin
+        .select_dead_chunks(Q, None, async || {
+            for i in 0..10 {
+                dead_letter(&admin, &format!("new-{i}"), "boom", "200").await;
+            }
+            pushed.set(true);
+        })
+        .await
+        .unwrap();
+    assert!(pushed.get(), "the list moved between two chunks");
+    let unique: std::collections::HashSet<_> = picked.iter().map(|c| &c.id).collect();
+    assert_eq!((picked.len(), unique.len()), (n as usize, n as usize));
+    assert!(picked.iter().all(|c| c.id.as_str().starts_with("old-")));
+}
+
 #[tokio::test]
 async fn queues_are_discovered_from_their_keys() {
     let server = RedisServer::start().unwrap();
