@@ -208,3 +208,47 @@ fn relay_retry_dead_applies_a_set_aside_notice_once_its_batch_is_repaired() {
     let (ok, out, _) = run(&["relay", "dead", "--redis", &url, "-q", "emails", "--json"]);
     assert!(ok && out.contains("\"notices\":[]"), "{out}");
 }
+
+/// A DAG whose name carries a bidi override (U+202E, which a producer may
+/// put in an id: only control characters are refused): `batches list` and
+/// `batches show` print the batch id, the DAG and the member ids as
+/// escapes. Before, `show`'s member lines and DAG line and `list`'s id and
+/// DAG columns printed them raw: the rest of the line showed reordered.
+#[test]
+fn batches_list_and_show_escape_ids_and_the_dag() {
+    use queue_core::Dag;
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let queue = Queue::connect(&url).await.unwrap();
+        let job = || JobSpec::raw("orders", "step", 1, 3, vec![0xc0]);
+        Dag::new("o\u{202e}9")
+            .step("charge", job())
+            .step("close", job())
+            .after(["charge"])
+            .enqueue(&queue)
+            .await
+            .unwrap();
+    });
+    let (ok, out, err) = run(&["batches", "list", "--redis", &url, "-q", "orders"]);
+    assert!(ok, "{out}{err}");
+    let row = out.lines().nth(2).unwrap_or_default();
+    assert!(
+        row.starts_with("o\\u{202e}9:close") && row.ends_with(" o\\u{202e}9"),
+        "{out}"
+    );
+    assert!(!out.contains('\u{202e}'), "{out}");
+    let (ok, out, err) = run(&[
+        "batches",
+        "show",
+        "o\u{202e}9:close",
+        "--redis",
+        &url,
+        "-q",
+        "orders",
+    ]);
+    assert!(ok, "{out}{err}");
+    assert!(out.contains("dag        o\\u{202e}9"), "{out}");
+    assert!(out.contains("    o\\u{202e}9:charge"), "{out}");
+    assert!(!out.contains('\u{202e}'), "{out}");
+}

@@ -182,3 +182,30 @@ fn a_corrupt_group_list_is_a_finding_and_the_other_queues_are_checked() {
         stdout(&out)
     );
 }
+
+/// A job id with a bidi override (U+202E) and a corrupt field whose value
+/// carries an ESC sequence are printed as escapes: the violation line can
+/// neither rewrite the operator's terminal nor reorder itself. Before,
+/// `check` printed each violation raw.
+#[test]
+fn violations_print_ids_and_values_escaped() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let id = "ev\u{202e}il";
+    enqueue(&server, id);
+    let key = format!("q:{{emails}}:job:{id}");
+    server
+        .command(&["HSET", &key, "attempts", "\u{1b}[2J"])
+        .unwrap();
+    let out = check(&url, &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("corrupt_field: job ev\\u{202e}il: field attempts is corrupt: \\u{1b}[2J"),
+        "{text}"
+    );
+    assert!(
+        !text.contains('\u{1b}') && !text.contains('\u{202e}'),
+        "{text}"
+    );
+}

@@ -699,3 +699,78 @@ fn the_job_page_shows_progress_and_typed_results() {
     assert_eq!(status, 200);
     assert!(page.contains("{&quot;n&quot;:7} (MessagePack)"), "{page}");
 }
+
+/// Calls of `cmd` since the server started (`INFO commandstats`; 0 before
+/// the first).
+fn calls(server: &RedisServer, cmd: &str) -> u64 {
+    let info = redis(server, &["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+        .and_then(|v| v.split(',').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Without `--queue` and with no queue found yet, a page request serves the
+/// sampler's (empty) list: the sampler's discovery is the only SCAN. Before,
+/// every request to `/` or `/api/overview` ran a discovery of its own (two
+/// SCAN passes of the whole keyspace) while none was found: 5.8 s of Redis
+/// CPU per request on 2M keys, for each open tab every refresh.
+#[test]
+fn overview_requests_never_scan_the_keyspace() {
+    let server = RedisServer::start().unwrap();
+    let (_dash, port) = start_dashboard(&server.url(), &["--sample-ms", "200"]);
+    // The sampler's first discovery (two SCAN passes, one call each on an
+    // empty keyspace).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while calls(&server, "scan") < 2 {
+        assert!(Instant::now() < deadline, "the sampler never discovered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let before = calls(&server, "scan");
+    for _ in 0..5 {
+        let (status, body) = http(port, "GET", "/api/overview", &[]);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(http(port, "GET", "/", &[]).0, 200);
+    }
+    // At most one discovery of the sampler's (every 10 s) in between.
+    let scans = calls(&server, "scan") - before;
+    assert!(scans <= 2, "{scans} SCAN calls for 10 page requests");
+}
+
+/// The overview reads no group list: nothing on it shows `grouped`. Before,
+/// each poll of `/api/overview` (every 2 s per open tab) read up to 10,000
+/// group lists per queue, one `LLEN` each.
+#[test]
+fn overview_polls_read_no_group_list() {
+    const GROUPS: usize = 60;
+    let server = RedisServer::start().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let queue = Queue::connect(&server.url()).await.unwrap();
+        for g in 0..GROUPS {
+            let opts = EnqueueOptions::new().group(format!("tenant-{g}"));
+            queue
+                .enqueue_raw("emails", "send", 1, 3, opts, b"\x80")
+                .await
+                .unwrap();
+        }
+    });
+    // A sampler that samples once a minute: the polls are what is measured.
+    let (_dash, port) = start_dashboard(&server.url(), &["-q", "emails", "--sample-ms", "60000"]);
+    let before = calls(&server, "llen");
+    for _ in 0..3 {
+        let (status, body) = http(port, "GET", "/api/overview", &[]);
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["queues"][0]["queue"], "emails");
+    }
+    // A few per snapshot (main, processing, dead, the ring), never one per group.
+    let llens = calls(&server, "llen") - before;
+    assert!(
+        llens < GROUPS as u64,
+        "{llens} LLEN calls for 3 overview polls"
+    );
+}

@@ -2,6 +2,8 @@
 //! paging), selecting the jobs a replay or purge acts on, replay
 //! (`replay.lua`) and purge (`purge.lua`), one script each (DESIGN rule 1).
 
+use std::collections::HashSet;
+
 use super::dead_scan::{utf8_id, DeadRow, DEAD_SCAN_CHUNK, ID_NOT_UTF8};
 use super::jobs::JobInfo;
 use super::{admin_script, Admin, Page, Result};
@@ -274,14 +276,37 @@ impl Admin {
             DeadSelection::Matching(text) => Some(text.as_str()),
             DeadSelection::All => None,
         };
+        self.select_dead_chunks(queue, filter, async || {}).await
+    }
+
+    /// The chunked selection of [`select_dead`](Self::select_dead);
+    /// `between` runs after each chunk but the last (a test moves the list
+    /// there). Each dead-lettering (id and `dead_at`) is selected once: dead
+    /// letters pushed at the head between two chunks shift the list, so the
+    /// next chunk reads the previous one's last entries again. Before, they
+    /// were selected twice: a purge reported its second try as not found
+    /// and exited 1.
+    pub(super) async fn select_dead_chunks(
+        &self,
+        queue: &str,
+        filter: Option<&str>,
+        mut between: impl AsyncFnMut(),
+    ) -> Result<Vec<DeadCandidate>> {
         let (mut out, mut from) = (Vec::new(), 0);
+        let mut seen = HashSet::new();
         loop {
             let chunk = self.select_dead_chunk(queue, filter, from).await?;
             from += chunk.read;
-            out.extend(chunk.candidates);
+            out.extend(
+                chunk
+                    .candidates
+                    .into_iter()
+                    .filter(|c| seen.insert((c.id.clone(), c.dead_at.clone()))),
+            );
             if chunk.read == 0 || from >= chunk.total {
                 return Ok(out);
             }
+            between().await;
         }
     }
 

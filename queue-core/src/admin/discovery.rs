@@ -13,9 +13,21 @@ use super::{Admin, AdminError, Result};
 /// assert_eq!(queue_of_key("lock:{emails}"), None);
 /// ```
 pub fn queue_of_key(key: &str) -> Option<&str> {
-    let rest = key.strip_prefix("q:{")?;
-    let end = rest.find('}')?;
-    rest[end..].starts_with("}:").then(|| &rest[..end])
+    queue_of_raw_key(key.as_bytes())
+}
+
+/// [`queue_of_key`] of a key as Redis returns it, bytes: the name between
+/// `q:{` and the first `}`, when `}:` follows and the name is UTF-8. A key
+/// whose name or rest is not UTF-8 (a job id from a producer in another
+/// language: `q:{e}:hist:\xff`) still names its queue; a name that is not
+/// UTF-8 names none (no tool can address it).
+fn queue_of_raw_key(key: &[u8]) -> Option<&str> {
+    let rest = key.strip_prefix(b"q:{")?;
+    let end = rest.iter().position(|&b| b == b'}')?;
+    if !rest[end..].starts_with(b"}:") {
+        return None;
+    }
+    std::str::from_utf8(&rest[..end]).ok()
 }
 
 impl Admin {
@@ -41,13 +53,15 @@ impl Admin {
                 if let Some(kind) = kind {
                     cmd.arg("TYPE").arg(kind);
                 }
-                let (next, keys): (u64, Vec<String>) = cmd
+                // Bytes, not `String`s: one key that is not UTF-8 failed
+                // the whole discovery (`stats`, `check`, the dashboard).
+                let (next, keys): (u64, Vec<Vec<u8>>) = cmd
                     .query_async(&mut conn.clone())
                     .await
                     .map_err(AdminError::server("SCAN for queue keys"))?;
                 found.extend(
                     keys.iter()
-                        .filter_map(|k| queue_of_key(k))
+                        .filter_map(|k| queue_of_raw_key(k))
                         .map(String::from),
                 );
                 cursor = next;
@@ -79,5 +93,7 @@ mod tests {
         assert_eq!(queue_of_key("q:{a:b}:job:1"), Some("a:b"));
         assert_eq!(queue_of_key("lock:{x}"), None);
         assert_eq!(queue_of_key("q:{broken"), None);
+        assert_eq!(queue_of_raw_key(b"q:{e}:hist:\xff\xfe"), Some("e"));
+        assert_eq!(queue_of_raw_key(b"q:{\xff}:main"), None);
     }
 }

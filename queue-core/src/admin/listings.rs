@@ -98,6 +98,10 @@ pub struct ProcessingJob {
     pub lease_left_ms: Option<i64>,
     /// Running, expired (lost) or unleased.
     pub status: LeaseStatus,
+    /// Why the entry's job key cannot be read (corrupt data: a key of
+    /// another type), with the job's fields `None`: one such key is listed,
+    /// not a failed page.
+    pub unreadable: Option<String>,
 }
 
 /// A job waiting in main or in the delayed set.
@@ -113,6 +117,10 @@ pub struct WaitingJob {
     pub attempts: Option<u32>,
     /// The error of the latest failed delivery.
     pub last_error: Option<String>,
+    /// Why the entry's job key cannot be read (corrupt data: a key of
+    /// another type), with the job's fields `None`: one such key is listed,
+    /// not a failed page.
+    pub unreadable: Option<String>,
 }
 
 /// A script row, each field as bytes: a job's type or error need not be
@@ -163,6 +171,7 @@ impl Admin {
                 lease_until,
                 lease_left_ms: lease_until.map(|t| t - now),
                 status: LeaseStatus::at(lease_until, now),
+                unreadable: text(r, 7),
             }
         })
         .await
@@ -219,5 +228,6 @@ fn waiting_job(r: &Row, _now: i64) -> WaitingJob {
         job_type: text(r, 2),
         attempts: number(r, 3),
         last_error: text(r, 4),
+        unreadable: text(r, 5),
     }
 }

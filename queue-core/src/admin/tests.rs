@@ -167,6 +167,55 @@ async fn a_job_whose_type_is_not_utf8_is_listed_not_a_failed_page() {
     assert_eq!(processing.jobs[1].attempts, Some(0));
 }
 
+/// A job key of another type (corrupt data: `SET q:{Q}:job:<id> x`) whose
+/// id sits in processing, main or delayed: `health` reads the oldest
+/// delivery's age as unknown and each listing returns the row with its
+/// `unreadable` reason, next to the others. Before, the raw `HGET` / `HMGET`
+/// failed with WRONGTYPE: `stats` for every queue, the dashboard's overview
+/// and its queue page errored.
+#[tokio::test]
+async fn a_job_key_of_another_type_does_not_fail_health_or_listings() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    enqueue(&admin, "ok", None).await;
+    enqueue(&admin, "later", Some(Duration::from_secs(60))).await;
+    for id in ["bad-main", "bad-delayed", "bad-processing"] {
+        raw(&admin, &["SET", &k.job(id), "x"]).await;
+    }
+    raw(&admin, &["LPUSH", &k.main, "bad-main"]).await;
+    raw(&admin, &["ZADD", &k.delayed, "1", "bad-delayed"]).await;
+    raw(&admin, &["LPUSH", &k.processing, "bad-processing"]).await;
+    let corrupt = Some("corrupt job key: holds a string, not a hash".to_string());
+
+    let health = admin.health(Q).await.unwrap();
+    assert_eq!((health.stats.main, health.stats.processing), (2, 1));
+    assert_eq!(health.stats.delayed, 2);
+    assert_eq!(health.oldest_processing_ms, None, "unknown age");
+    assert_eq!((health.unleased, health.delayed_due), (1, 1));
+
+    let waiting = admin.waiting(Q, Page::first(10)).await.unwrap();
+    assert_eq!(ids(&waiting, |j| &j.id), ["ok", "bad-main"]);
+    assert_eq!(waiting.jobs[0].unreadable, None);
+    assert_eq!(waiting.jobs[0].job_type.as_deref(), Some("send"));
+    assert_eq!(waiting.jobs[1].unreadable, corrupt);
+    assert_eq!(
+        (waiting.jobs[1].job_type.as_ref(), waiting.jobs[1].at),
+        (None, None)
+    );
+
+    let delayed = admin.delayed(Q, Page::first(10)).await.unwrap();
+    assert_eq!(ids(&delayed, |j| &j.id), ["bad-delayed", "later"]);
+    assert_eq!(delayed.jobs[0].unreadable, corrupt);
+    assert_eq!(delayed.jobs[0].at, Some(1), "the run time is the zset's");
+    assert_eq!(delayed.jobs[1].unreadable, None);
+
+    let processing = admin.processing(Q, Page::first(10)).await.unwrap();
+    assert_eq!(ids(&processing, |j| &j.id), ["bad-processing"]);
+    assert_eq!(processing.jobs[0].unreadable, corrupt);
+    assert_eq!(processing.jobs[0].status, LeaseStatus::Unleased);
+}
+
 /// One counter of `q:{Q}:stats` that is not an integer (`HSET … dead x`) is
 /// left out of the stats (`check` reports it as `bad_counter`); the rest
 /// are read. Before, it failed the whole snapshot: `stats`, `health`, the
@@ -305,6 +354,36 @@ async fn dead_letters_filter_select_and_purge_only_what_was_listed() {
     assert_eq!(admin.stats(Q).await.unwrap().counter("purged"), 1);
 }
 
+/// A purge or replay by filter or `--all` while jobs die: dead letters
+/// pushed at the head between two chunks of the selection shift the list,
+/// and the next chunk reads the previous chunk's last entries again. Each
+/// dead-lettering is selected once. Before, those were selected twice: the
+/// purge deleted them, then reported their second try as not found and
+/// exited 1.
+#[tokio::test]
+async fn a_dead_letter_read_again_after_the_list_moved_is_selected_once() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let n = DEAD_SCAN_CHUNK + 200;
+    for i in 0..n {
+        dead_letter(&admin, &format!("old-{i}"), "boom", "100").await;
+    }
+    let pushed = std::cell::Cell::new(false);
+    let picked = admin
+        .select_dead_chunks(Q, None, async || {
+            for i in 0..10 {
+                dead_letter(&admin, &format!("new-{i}"), "boom", "200").await;
+            }
+            pushed.set(true);
+        })
+        .await
+        .unwrap();
+    assert!(pushed.get(), "the list moved between two chunks");
+    let unique: std::collections::HashSet<_> = picked.iter().map(|c| &c.id).collect();
+    assert_eq!((picked.len(), unique.len()), (n as usize, n as usize));
+    assert!(picked.iter().all(|c| c.id.as_str().starts_with("old-")));
+}
+
 #[tokio::test]
 async fn queues_are_discovered_from_their_keys() {
     let server = RedisServer::start().unwrap();
@@ -317,6 +396,38 @@ async fn queues_are_discovered_from_their_keys() {
     let named = vec!["mine".to_string()];
     assert_eq!(admin.queues_or_discover(&named).await.unwrap(), named);
     assert!(admin.server_time_ms().await.unwrap() > 1_700_000_000_000);
+}
+
+/// A key whose name is not UTF-8 (here a list `q:{e}:job:\xff\xfe`, as a
+/// job id from a producer in another language makes) still names its
+/// queue; a queue name that is not UTF-8 (`q:{\xff}:main`) names none. Before, SCAN's keys were decoded as `String`s: one such
+/// key failed the discovery, so `jobs show`, `stats` and `check` without
+/// `-q` errored and the dashboard showed no queue.
+#[tokio::test]
+async fn discovery_ignores_a_key_that_is_not_utf8() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new("e");
+    let mut odd = k.job("").into_bytes();
+    odd.extend_from_slice(b"\xff\xfe");
+    let nameless = b"q:{\xff}:main".to_vec();
+    let mut conn = admin.queue().connection();
+    for key in [odd, nameless] {
+        let () = redis::cmd("LPUSH")
+            .arg(key)
+            .arg("x")
+            .exec_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let () = redis::cmd("HSET")
+        .arg(&k.stats)
+        .arg("enqueued")
+        .arg(1)
+        .exec_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(admin.discover_queues().await.unwrap(), ["e"]);
 }
 
 /// A repair whose lists hold another type (corrupt data) is refused before

@@ -46,7 +46,7 @@ pub async fn show(url: &str, queue: &str, id: &str, json: bool) -> Result<ExitCo
 fn print_detail(b: &BatchDetail) {
     let r = &b.row;
     println!("batch {} (queue {})", printable(&r.id), b.queue);
-    println!("  state      {}", r.state);
+    println!("  state      {}", printable(&r.state));
     println!("  members    {} finished of {}", r.finished(), r.total);
     println!(
         "  succeeded  {}   dead {}   cancelled {}   failed (fail-parent) {}",
@@ -83,10 +83,14 @@ fn print_detail(b: &BatchDetail) {
         );
     }
     for (q, id) in &b.parent_feeds {
-        println!("  feeds      batch {} (queue {q})", printable(id));
+        println!(
+            "  feeds      batch {} (queue {})",
+            printable(id),
+            printable(q)
+        );
     }
     if let Some(dag) = &r.dag {
-        println!("  dag        {dag}");
+        println!("  dag        {}", printable(dag));
         if b.dag_steps_total > b.dag_steps.len() {
             println!(
                 "    ({} steps in all; a DAG of more than 256 steps keeps only each step's own line on its batch)",
@@ -118,10 +122,16 @@ fn print_detail(b: &BatchDetail) {
         let reason = m
             .reason
             .as_deref()
-            .map(|r| format!(": {r}"))
+            .map(|r| format!(": {}", printable(r)))
             .unwrap_or_default();
         let counted = if m.counted { "counted" } else { "pending" };
-        println!("    {:<32} {:<8} {}{}", m.id, counted, m.outcome, reason);
+        println!(
+            "    {:<32} {:<8} {}{}",
+            printable(&m.id),
+            counted,
+            printable(&m.outcome),
+            reason
+        );
     }
 }
 
@@ -143,14 +153,14 @@ pub async fn list(url: &str, queue: &str, offset: u64, limit: u64, json: bool) -
     for r in &page.batches {
         println!(
             "{:<32} {:<7} {:>9} {:>5} {:>9} {:<20} {:<12} {}",
-            r.id,
-            r.state,
+            printable(&r.id),
+            printable(&r.state),
             format!("{}/{}", r.finished(), r.total),
             r.dead,
             r.cancelled,
             fmt_ts(r.created_at_ms),
             expiry(r, page.now_ms),
-            r.dag.as_deref().unwrap_or("")
+            printable(r.dag.as_deref().unwrap_or(""))
         );
     }
     if page.expired > 0 {

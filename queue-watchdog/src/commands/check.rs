@@ -56,7 +56,13 @@ fn text(reports: &[CheckReport]) -> String {
             if r.truncated { " (truncated: too many suspicious ids, run again)" } else { "" }
         ));
         for v in &r.violations {
-            out.push_str(&format!("{}: {}: {v}\n", r.queue, v.kind()));
+            // Job ids, groups and corrupt values are data: escaped.
+            out.push_str(&format!(
+                "{}: {}: {}\n",
+                r.queue,
+                v.kind(),
+                printable(&v.to_string())
+            ));
         }
         if r.relay_dead_notices > 0 {
             out.push_str(&format!(
@@ -66,8 +72,8 @@ fn text(reports: &[CheckReport]) -> String {
         }
         for rep in &r.repairs {
             let what = match (&rep.id, &rep.group) {
-                (Some(id), _) => id.to_string(),
-                (None, Some(group)) => format!("group {group}"),
+                (Some(id), _) => printable(id.as_str()).into_owned(),
+                (None, Some(group)) => format!("group {}", printable(group)),
                 (None, None) => String::new(),
             };
             match &rep.detail {

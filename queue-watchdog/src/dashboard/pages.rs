@@ -136,6 +136,15 @@ pub struct QueueView<'a> {
     pub dead_total: u64,
 }
 
+/// The type cell of a listing row, or why the row's job key cannot be read
+/// (corrupt data: a key of another type).
+fn type_cell(job_type: Option<&str>, unreadable: Option<&str>) -> String {
+    match unreadable {
+        Some(why) => format!(r#"<td class="bad">{}</td>"#, html(why)),
+        None => format!("<td>{}</td>", html(job_type.unwrap_or(""))),
+    }
+}
+
 fn lease_cell(j: &ProcessingJob) -> String {
     match (j.status, j.lease_until, j.lease_left_ms) {
         (LeaseStatus::Running, Some(until), Some(left)) => format!(
@@ -158,10 +167,10 @@ pub fn processing_rows(queue: &str, jobs: &[ProcessingJob], now: i64) -> String 
             _ => "bad",
         };
         s.push_str(&format!(
-            r#"<tr data-id="{}"><td>{}</td><td>{}</td><td class="num">{} / {}</td><td class="num">{}</td>{}<td class="status {cls}">{}</td></tr>"#,
+            r#"<tr data-id="{}"><td>{}</td>{}<td class="num">{} / {}</td><td class="num">{}</td>{}<td class="status {cls}">{}</td></tr>"#,
             html(j.id.as_str()),
             job_link(queue, j.id.as_str()),
-            html(j.job_type.as_deref().unwrap_or("")),
+            type_cell(j.job_type.as_deref(), j.unreadable.as_deref()),
             opt_num(j.attempts),
             opt_num(j.max_attempts),
             j.delivered_at.map(|t| fmt_dur((now - t).max(0) as u64)).unwrap_or_else(|| "–".into()),
@@ -244,9 +253,9 @@ pub fn queue(v: QueueView<'_>) -> String {
                 })
                 .unwrap_or_else(|| "–".into());
             s.push_str(&format!(
-                r#"<tr><td>{}</td><td>{}</td><td class="num">{}</td><td class="num">{}</td><td class="reason">{}</td></tr>"#,
+                r#"<tr><td>{}</td>{}<td class="num">{}</td><td class="num">{}</td><td class="reason">{}</td></tr>"#,
                 job_link(q, j.id.as_str()),
-                html(j.job_type.as_deref().unwrap_or("")),
+                type_cell(j.job_type.as_deref(), j.unreadable.as_deref()),
                 opt_num(j.attempts),
                 when,
                 html(j.last_error.as_deref().unwrap_or(""))

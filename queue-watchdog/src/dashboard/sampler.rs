@@ -1,8 +1,11 @@
 //! The dashboard's background task: samples every queue's counters for the
 //! throughput chart (publishing the gauges when metrics are on), refreshes
-//! the discovered queue list every 10 s and the doctor's verdict every minute.
+//! the discovered queue list (every 10 s, spaced further when a discovery is
+//! slow: [`discovery_spacing`]) and the doctor's verdict every minute.
 
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use serde::Serialize;
 use tracing::warn;
@@ -57,16 +60,41 @@ async fn doctor_summary(url: &str) -> DoctorSummary {
     }
 }
 
+/// How often the queue list is rediscovered when the discovery is quick.
+const REDISCOVER: Duration = Duration::from_secs(10);
+
+/// The wait before the next discovery, after one that took `took`: at least
+/// [`REDISCOVER`], and 60 times the discovery's duration, so that its SCANs
+/// of the whole keyspace cost Redis at most about 1/60 of its time (5.8 s
+/// on 2M keys: the next one 5.8 minutes later instead of 10 s). At most an
+/// hour, so a new queue still shows up.
+pub fn discovery_spacing(took: Duration) -> Duration {
+    const MOST: Duration = Duration::from_secs(3600);
+    REDISCOVER.max(took.saturating_mul(60)).min(MOST)
+}
+
 pub async fn sampler(state: Shared, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut n: u64 = 0;
-    let rediscover = (10_000 / every.as_millis().max(1) as u64).max(1);
     let redoctor = (60_000 / every.as_millis().max(1) as u64).max(1);
+    let mut next_discovery = Instant::now();
     loop {
         tick.tick().await;
-        if state.named.is_empty() && n.is_multiple_of(rediscover) {
-            match state.admin.discover_queues().await {
+        if state.named.is_empty() && Instant::now() >= next_discovery {
+            let started = Instant::now();
+            let found = state.admin.discover_queues().await;
+            let took = started.elapsed();
+            let wait = discovery_spacing(took);
+            if wait > REDISCOVER {
+                warn!(
+                    took_ms = took.as_millis() as u64,
+                    next_in_s = wait.as_secs(),
+                    "queue discovery is slow (a SCAN of the whole keyspace): rediscovering less often; name the queues with --queue to skip it"
+                );
+            }
+            next_discovery = Instant::now() + wait;
+            match found {
                 Ok(q) => *state.known.lock().unwrap() = q,
                 Err(e) => warn!(error = %e, "queue discovery failed"),
             }
@@ -104,5 +132,21 @@ async fn sample_queues(state: &AppState) {
             }
             Err(e) => warn!(queue = %q, error = %e, "sampling failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_discovery_spaces_the_next_one() {
+        assert_eq!(discovery_spacing(Duration::ZERO), REDISCOVER);
+        assert_eq!(discovery_spacing(Duration::from_millis(100)), REDISCOVER);
+        assert_eq!(
+            discovery_spacing(Duration::from_millis(5_800)),
+            Duration::from_secs(348)
+        );
+        assert_eq!(discovery_spacing(Duration::MAX), Duration::from_secs(3600));
     }
 }

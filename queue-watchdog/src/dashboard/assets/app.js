@@ -283,7 +283,8 @@
       tr.appendChild(idc);
       // Fields of a job whose hash is missing come as null.
       var text = function (v) { return v == null ? '' : String(v); };
-      tr.appendChild(td(text(j.job_type)));
+      // A job key that cannot be read (corrupt data) shows why instead of a type.
+      tr.appendChild(j.unreadable ? td(j.unreadable, 'bad') : td(text(j.job_type)));
       tr.appendChild(td(text(j.attempts) + ' / ' + text(j.max_attempts), 'num'));
       tr.appendChild(td(j.delivered_at ? fmtDur(data.now_ms - j.delivered_at) : '–', 'num'));
       var lease = td('no lease', 'num lease muted');
