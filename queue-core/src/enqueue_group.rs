@@ -28,7 +28,9 @@
 //! call gave them: their jobs were written); a failed call fails each of its
 //! callers with the error naming that caller's job. Retries follow
 //! `Queue::retry_window` (the shortest of the call's callers), with each
-//! job's own enqueue token, and never skip the dedupe reads.
+//! job's own enqueue token, and never skip the dedupe reads; a call whose
+//! leader is cancelled mid-call is finished once in a task of its own
+//! (`InFlight`), unless a caller's retry window is zero.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -266,13 +268,23 @@ impl Turn {
 /// a task of its own for the callers not answered yet (sent again as a
 /// retry: the dedupe reads and each job's enqueue token make a job the first
 /// call wrote answer as written, not twice). Before, they all got
-/// "outcome unknown" for a cancel that was not theirs.
+/// "outcome unknown" for a cancel that was not theirs. That resend happens
+/// once at most (`resent`), and never for callers whose retry window is
+/// zero ("send once": they get "outcome unknown").
 struct InFlight {
     conn: RedisConnection,
     keys: Arc<QueueKeys>,
     jobs: Vec<PendingJob>,
     /// Each job's caller, until answered.
     txs: Vec<Option<oneshot::Sender<Result<EnqueueReply>>>>,
+    /// This is the resend `drop` made of a call dropped in flight: dropped
+    /// in its turn before answering (its task cancelled, or never run: a
+    /// `spawn` on a runtime shutting down drops the future at once, inside
+    /// the `spawn`), it sends nothing again and its callers get `abandoned`.
+    /// Before, that drop spawned again, and was dropped again, without end:
+    /// a stack overflow that aborted the process when the runtime shut down
+    /// with a call in flight.
+    resent: bool,
 }
 
 impl InFlight {
@@ -284,6 +296,7 @@ impl InFlight {
             keys,
             jobs,
             txs,
+            resent: false,
         }
     }
 
@@ -294,7 +307,8 @@ impl InFlight {
     /// panic again, in a task of its own, for ever. Every other end of this
     /// future before its callers are answered (its task cancelled, or
     /// panicking for a reason of its own, e.g. a sibling `join!` branch of
-    /// the leader's caller) drops it, and `drop` sends the rest again.
+    /// the leader's caller) drops it, and `drop` sends the rest again (once,
+    /// and not for a zero retry window: see [`InFlight`]).
     async fn answer(mut self, fresh: bool) {
         let sent = AssertUnwindSafe(self.send_and_answer(fresh))
             .catch_unwind()
@@ -375,8 +389,13 @@ impl Drop for InFlight {
         if self.txs.iter().all(Option::is_none) {
             return;
         }
-        // Without a runtime (it is shutting down) the senders drop and each
-        // caller gets `abandoned` (outcome unknown).
+        // A resend dropped in its turn (its task cancelled, or dropped unrun
+        // by a runtime shutting down) sends nothing again: its senders drop
+        // and each caller gets `abandoned` (outcome unknown). So does a call
+        // without a runtime to send it in.
+        if self.resent {
+            return;
+        }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -385,12 +404,35 @@ impl Drop for InFlight {
             .zip(std::mem::take(&mut self.txs))
             .filter(|(_, tx)| tx.is_some())
             .unzip();
+        // Callers that asked to be sent once (a zero retry window, as
+        // docs/IDEMPOTENCY.md recommends with `completion_retention` zero)
+        // are not sent again: a job the call wrote could be claimed and
+        // acked before the resend, which would then write it a second time.
+        // They get "outcome unknown", as for any lost reply.
+        if jobs.iter().any(|j| j.retry_window.is_zero()) {
+            debug!(queue = %self.keys.queue, jobs = jobs.len(),
+                "group commit leader cancelled mid-call; retry window zero: not sent again");
+            for (job, tx) in jobs.iter().zip(txs) {
+                if let Some(tx) = tx {
+                    let _ = tx.send(Err(interrupted(
+                        &self.keys.queue,
+                        &job.id,
+                        "the group commit carrying this enqueue was cancelled with its \
+                         leader's caller, and a zero retry window sends it only once",
+                    )));
+                }
+            }
+            return;
+        }
         let rest = InFlight {
             conn: self.conn.clone(),
             keys: self.keys.clone(),
             jobs,
             txs,
+            resent: true,
         };
+        // On a runtime that is shutting down, `try_current` still succeeds
+        // and `spawn` drops `rest` at once, in this call: `resent` ends it.
         drop(rt.spawn(rest.answer(false)));
     }
 }

@@ -116,6 +116,36 @@ pub(crate) fn check_extra_fields(
     Ok(())
 }
 
+/// Checks that no argument of a job (payload, extra field names and values)
+/// is longer than `limit` bytes ([`Queue::with_max_arg_len`](crate::Queue::with_max_arg_len))
+/// before anything is sent: Redis would close the connection on it.
+pub(crate) fn check_arg_lens(
+    queue: &str,
+    id: &JobId,
+    opts: &EnqueueOptions,
+    payload: &[u8],
+    limit: usize,
+) -> Result<()> {
+    let refuse = |what: String, len: usize| QueueError::ArgumentTooLarge {
+        queue: queue.to_string(),
+        job_id: id.clone(),
+        what,
+        len,
+        limit,
+    };
+    if payload.len() > limit {
+        return Err(refuse("payload".to_string(), payload.len()));
+    }
+    for (name, value) in &opts.extra_fields {
+        for len in [name.len(), value.len()] {
+            if len > limit {
+                return Err(refuse(format!("extra field `{name:.64}`"), len));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks a job id before anything is sent ([`JobId::validate`]).
 pub(crate) fn check_id(queue: &str, id: &JobId) -> Result<()> {
     id.validate().map_err(|reason| QueueError::InvalidJobId {

@@ -150,6 +150,28 @@ pub enum QueueError {
         reason: &'static str,
     },
 
+    /// A job argument (its payload, or an extra field's name or value)
+    /// longer than the server takes as one argument, refused before
+    /// anything was sent: nothing was written. The limit is
+    /// [`Queue::with_max_arg_len`](crate::Queue::with_max_arg_len) (default
+    /// 512 MiB, Redis' default `proto-max-bulk-len`). Sent anyway, Redis
+    /// answers "Protocol error: invalid bulk length" and closes the
+    /// connection, failing every other request on it (the enqueues sharing
+    /// its group-commit call included).
+    #[error("job `{job_id}` on queue `{queue}` not enqueued: its {what} is {len} bytes, more than the {limit} bytes Redis takes as one argument (Queue::with_max_arg_len, proto-max-bulk-len)")]
+    ArgumentTooLarge {
+        /// Queue name.
+        queue: String,
+        /// The job.
+        job_id: JobId,
+        /// What is too long: `payload`, or `extra field <name>`.
+        what: String,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+
     /// A batch sent as several script calls (more than 256 jobs) of which
     /// Redis refused one after others had been written: the jobs in
     /// `written` exist (with generated ids, these are the only place their
@@ -162,6 +184,13 @@ pub enum QueueError {
     /// version does not understand): `source` is that job's
     /// [`Protocol`](Self::Protocol) error, naming it (it may or may not be
     /// written), and `written` holds the outcomes of the others.
+    ///
+    /// Also a batch sent in several windows (more than 2,048 jobs or 4 MiB,
+    /// [`Queue::enqueue_raw_batch`](crate::Queue::enqueue_raw_batch)) of
+    /// which one failed after earlier ones were written: `source` is that
+    /// window's error, naming its first job; when it is "outcome unknown"
+    /// the window's jobs not in `written` may or may not have been written;
+    /// the windows after it were not sent.
     #[error("batch on queue `{queue}` partly written ({} of {total} jobs): {source}", written.len())]
     PartialBatch {
         /// Queue name.
@@ -243,6 +272,7 @@ impl QueueError {
             | QueueError::InvalidJobId { queue, .. }
             | QueueError::InvalidQueueName { queue, .. }
             | QueueError::InvalidExtraField { queue, .. }
+            | QueueError::ArgumentTooLarge { queue, .. }
             | QueueError::PartialBatch { queue, .. }
             | QueueError::ReadOnlyReplica { queue, .. }
             | QueueError::NotReplicated { queue, .. }
@@ -260,9 +290,9 @@ impl QueueError {
             | QueueError::ReadOnlyReplica { job_id, .. }
             | QueueError::InvalidExtraField { job_id, .. } => job_id.as_ref(),
             QueueError::PartialBatch { source, .. } => source.job_id(),
-            QueueError::LeaseLost { job_id, .. } | QueueError::NotReplicated { job_id, .. } => {
-                Some(job_id)
-            }
+            QueueError::LeaseLost { job_id, .. }
+            | QueueError::NotReplicated { job_id, .. }
+            | QueueError::ArgumentTooLarge { job_id, .. } => Some(job_id),
             _ => None,
         }
     }

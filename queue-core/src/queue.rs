@@ -12,6 +12,7 @@
 //! retry that finds it reports `Created` (`EnqueueOutcome::of_call`).
 
 use std::future::Future;
+use std::ops::Range;
 use std::time::Duration;
 
 use redis::Value;
@@ -19,7 +20,7 @@ use tracing::{debug, warn};
 
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::enqueue_group::{send_alone, GroupCommit, PendingJob};
-use crate::enqueue_options::{check_extra_fields, check_id, check_queue_name};
+use crate::enqueue_options::{check_arg_lens, check_extra_fields, check_id, check_queue_name};
 pub use crate::enqueue_options::{EnqueueOptions, EnqueueOutcome, Enqueued};
 use crate::error::{QueueError, Result};
 use crate::job::random_uuid;
@@ -71,7 +72,13 @@ pub struct Queue {
     /// The keys of the queues enqueued to, built once each (`keys_cache.rs`),
     /// shared by the clones.
     keys: std::sync::Arc<KeysCache>,
+    /// The longest argument (payload, extra field) sent
+    /// ([`Queue::with_max_arg_len`]).
+    max_arg_len: usize,
 }
+
+/// Default of [`Queue::max_arg_len`]: Redis' default `proto-max-bulk-len`.
+const DEFAULT_MAX_ARG_LEN: usize = 512 << 20;
 
 /// Default of [`Queue::retry_window`].
 const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(5);
@@ -95,6 +102,7 @@ impl Queue {
             retry_window: DEFAULT_RETRY_WINDOW,
             group: Some(Default::default()),
             keys: Default::default(),
+            max_arg_len: DEFAULT_MAX_ARG_LEN,
             origin: Some(std::sync::Arc::new((url.to_string(), cfg.clone()))),
             waits: Some(std::sync::Arc::new(
                 crate::wait_conns::WaitConnections::new(url, cfg, crate::results::MAX_BLOCK),
@@ -109,6 +117,7 @@ impl Queue {
             retry_window: DEFAULT_RETRY_WINDOW,
             group: Some(Default::default()),
             keys: Default::default(),
+            max_arg_len: DEFAULT_MAX_ARG_LEN,
             origin: None,
             waits: None,
         }
@@ -170,6 +179,40 @@ impl Queue {
     /// [`with_group_commit`](Self::with_group_commit)).
     pub fn group_commit(&self) -> bool {
         self.group.is_some()
+    }
+
+    /// The longest argument an enqueue sends, in bytes: a job whose payload
+    /// or an extra field's name or value is longer is refused before
+    /// anything is sent ([`QueueError::ArgumentTooLarge`], naming queue and
+    /// job; nothing written). Default 512 MiB, Redis' default
+    /// `proto-max-bulk-len`; set it to the server's value when that is
+    /// lower. Redis answers a longer argument "Protocol error: invalid bulk
+    /// length" and closes the connection, which fails every request on it:
+    /// the other enqueues of its group-commit call, and any other call of
+    /// this `Queue` and its clones in flight.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// let queue = queue_core::Queue::connect(&server.url())
+    ///     .await?
+    ///     .with_max_arg_len(1 << 20);
+    /// let err = queue
+    ///     .enqueue_raw("tasks", "t", 1, 3, Default::default(), &vec![0; 2 << 20])
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(matches!(err, queue_core::QueueError::ArgumentTooLarge { .. }));
+    /// assert!(!err.outcome_unknown());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_arg_len(mut self, bytes: usize) -> Self {
+        self.max_arg_len = bytes;
+        self
+    }
+
+    /// The current argument limit (see [`with_max_arg_len`](Self::with_max_arg_len)).
+    pub fn max_arg_len(&self) -> usize {
+        self.max_arg_len
     }
 
     /// The current retry window (see [`with_retry_window`](Self::with_retry_window)).
@@ -273,6 +316,7 @@ impl Queue {
         let generated = opts.id.is_none();
         let id = valid_id(queue, opts.id.clone())?;
         check_extra_fields(queue, Some(&id), &opts.extra_fields)?;
+        check_arg_lens(queue, &id, &opts, payload, self.max_arg_len)?;
         let job = PendingJob {
             id: id.clone(),
             job_type: job_type.to_string(),
@@ -297,9 +341,10 @@ impl Queue {
         Ok(Enqueued { id, outcome })
     }
 
-    /// Enqueues many jobs with random ids in one round trip: one
-    /// `enqueue_many.lua` call per 256 jobs, pipelined. Each call validates
-    /// all of its jobs before writing any.
+    /// Enqueues many jobs with random ids: one `enqueue_many.lua` call per
+    /// 256 jobs, pipelined, one round trip per window of at most 8 calls
+    /// (2,048 jobs) and 4 MiB (see [`Queue::enqueue_raw_batch`]). Each call
+    /// validates all of its jobs before writing any.
     ///
     /// On `Err`, some jobs of the batch may have been written: retry with
     /// stable ids ([`Queue::enqueue_batch`]) when that matters.
@@ -313,7 +358,8 @@ impl Queue {
             .collect())
     }
 
-    /// Enqueues many jobs, each with its own options, in one pipeline.
+    /// Enqueues many jobs, each with its own options, pipelined (see
+    /// [`Queue::enqueue_raw_batch`]).
     pub async fn enqueue_batch<'a, J, I>(&self, jobs: I) -> Result<Vec<Enqueued>>
     where
         J: Job,
@@ -329,13 +375,18 @@ impl Queue {
     }
 
     /// Batch [`Queue::enqueue_raw`]: one `enqueue_many.lua` call per 256
-    /// jobs, all in one pipeline (one round trip). Every job is checked
-    /// before anything is sent ([`EnqueueOptions::validate`]); each call
-    /// validates its jobs before writing any, and its reply is read on its
-    /// own: when Redis refuses a call after others of the batch were
-    /// written, or one job's reply does not decode, the error is
-    /// [`QueueError::PartialBatch`], listing the jobs written (and the
-    /// outcomes the other jobs got).
+    /// jobs, pipelined in windows of at most 8 calls and 4 MiB of job data,
+    /// one round trip each, each with its own response timeout and retries
+    /// ([`retry_window`](Self::retry_window)), so that a batch of any size
+    /// is sent (before, the whole batch was one pipeline under one response
+    /// timeout). Every job is checked before anything is sent
+    /// ([`EnqueueOptions::validate`], [`with_max_arg_len`](Self::with_max_arg_len));
+    /// each call validates its jobs before writing any, and its reply is read
+    /// on its own: when Redis refuses a call after others of the batch were
+    /// written, one job's reply does not decode, or a window fails on the
+    /// connection after earlier windows were written (the windows after it
+    /// are not sent), the error is [`QueueError::PartialBatch`], listing the
+    /// jobs written (and the outcomes the other jobs got).
     pub async fn enqueue_raw_batch(
         &self,
         queue: &str,
@@ -357,11 +408,12 @@ impl Queue {
         let mut ids = Vec::with_capacity(items.len());
         let mut generated = Vec::with_capacity(items.len());
         let mut tokens = Vec::with_capacity(items.len());
-        for (opts, _) in &items {
+        for (opts, payload) in &items {
             let is_generated = opts.id.is_none();
             generated.push(is_generated);
             let id = valid_id(queue, opts.id.clone())?;
             check_extra_fields(queue, Some(&id), &opts.extra_fields)?;
+            check_arg_lens(queue, &id, opts, payload, self.max_arg_len)?;
             ids.push(id);
             tokens.push(enqueue_token(is_generated));
         }
@@ -370,85 +422,84 @@ impl Queue {
             .filter_map(|(o, _)| o.replicas)
             .max()
             .map(|(replicas, timeout)| (replicas, self.wait_ms(timeout)));
-        let first_id = ids.first().cloned();
-        let mut attempt = 0u32;
-        let send = || {
-            // Only the first attempt may skip the dedupe reads of generated
-            // ids: a retry's first attempt may have written them (and so may
-            // a resend by the connection itself: `may_resend`).
-            let fresh = attempt == 0 && !self.conn.may_resend();
-            attempt += 1;
-            let (mut conn, first_id) = (self.conn.clone(), first_id.as_ref());
-            let (keys, items, ids, generated, tokens) = (&keys, &items, &ids, &generated, &tokens);
-            async move {
-                let jobs: Vec<ManyJob<'_>> = items
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (opts, payload))| ManyJob {
-                        job: script_job(
-                            keys,
-                            &ids[i],
-                            job_type,
-                            schema_version,
-                            opts.max_attempts.unwrap_or(max_attempts),
-                            opts,
-                            payload,
-                        ),
-                        token: &tokens[i],
-                        fresh: fresh && generated[i],
-                    })
-                    .collect();
-                let chunks: Vec<&[ManyJob<'_>]> = jobs.chunks(MAX_JOBS_PER_CALL).collect();
-                let (replies, acked) =
-                    send_chunks(&mut conn, keys, &chunks, wait, queue, first_id).await?;
-                // Each call's reply on its own: a call Redis refused leaves
-                // its jobs `None` and its error in `refused`; the calls
-                // before and after it were written.
-                let mut out = Vec::with_capacity(jobs.len());
-                let mut refused = None;
-                for (chunk, reply) in chunks.iter().zip(replies) {
-                    if let Value::ServerError(e) = reply {
-                        let first = chunk.first().map(|m| m.job.id);
-                        refused.get_or_insert(QueueError::redis(queue, first, e.into()));
-                        out.extend(chunk.iter().map(|_| None));
-                        continue;
-                    }
-                    // Each job's reply on its own too: one that does not
-                    // decode is that job's error (in `refused`, the batch a
-                    // `PartialBatch`), the others keep their outcomes.
-                    // Before, it failed the whole batch with a plain
-                    // protocol error ("not enqueued") while the call had
-                    // written the others.
-                    for (m, r) in chunk
+        // Bounded round trips (`windows`): each window is one pipeline with
+        // its own response timeout and retries. Before, the whole batch was
+        // one pipeline under one timeout: a batch of some 20,000 jobs or more
+        // always timed out, was sent again whole, and ended "outcome
+        // unknown" with every job written.
+        let calls = call_ranges(&items, &ids);
+        let windows = window_ranges(&calls, &items, &ids);
+        let mut replies: Vec<Option<crate::scripts::enqueue::EnqueueReply>> =
+            Vec::with_capacity(items.len());
+        let (mut acked, mut refused, mut failed) = (None, None, None);
+        for (w, window) in windows.iter().enumerate() {
+            let window_calls = &calls[window.clone()];
+            let (base, end) = (
+                window_calls[0].start,
+                window_calls[window_calls.len() - 1].end,
+            );
+            // `WAIT` with the last window only: it waits for this client's
+            // writes so far, the earlier windows' included.
+            let wait = wait.filter(|_| w + 1 == windows.len());
+            let first_id = Some(&ids[base]);
+            let mut attempt = 0u32;
+            let send = || {
+                // Only the first attempt may skip the dedupe reads of
+                // generated ids: a retry's first attempt may have written
+                // them (and so may a resend by the connection itself:
+                // `may_resend`).
+                let fresh = attempt == 0 && !self.conn.may_resend();
+                attempt += 1;
+                let mut conn = self.conn.clone();
+                let (keys, items, ids, generated, tokens) =
+                    (&keys, &items, &ids, &generated, &tokens);
+                async move {
+                    let jobs: Vec<ManyJob<'_>> = (base..end)
+                        .map(|i| {
+                            let (opts, payload) = &items[i];
+                            ManyJob {
+                                job: script_job(
+                                    keys,
+                                    &ids[i],
+                                    job_type,
+                                    schema_version,
+                                    opts.max_attempts.unwrap_or(max_attempts),
+                                    opts,
+                                    payload,
+                                ),
+                                token: &tokens[i],
+                                fresh: fresh && generated[i],
+                            }
+                        })
+                        .collect();
+                    let chunks: Vec<&[ManyJob<'_>]> = window_calls
                         .iter()
-                        .zip(enqueue_many::decode(queue, chunk, &reply)?)
-                    {
-                        match r {
-                            Ok(ManyReply::Enqueued(r)) => out.push(Some(r)),
-                            Ok(ManyReply::Invalid(reason)) => {
-                                refused.get_or_insert(QueueError::protocol(
-                                    queue,
-                                    Some(m.job.id),
-                                    format!("invalid in mode all: {reason}"),
-                                ));
-                                out.push(None);
-                            }
-                            Err(e) => {
-                                refused.get_or_insert(e);
-                                out.push(None);
-                            }
-                        }
+                        .map(|c| &jobs[c.start - base..c.end - base])
+                        .collect();
+                    let (replies, acked) =
+                        send_chunks(&mut conn, keys, &chunks, wait, queue, first_id).await?;
+                    let (out, refused) = read_replies(queue, &chunks, replies)?;
+                    Ok((out, acked, refused))
+                }
+            };
+            match with_retries(self.retry_window, queue, &ids[base], send).await {
+                Ok((out, window_acked, window_refused)) => {
+                    replies.extend(out);
+                    acked = acked.or(window_acked);
+                    if let Some(e) = window_refused {
+                        refused.get_or_insert(e);
                     }
                 }
-                Ok((out, acked, refused))
+                // The windows after it are not sent; those before it were
+                // written (`PartialBatch` below).
+                Err(e) => {
+                    debug!(queue, job_type, jobs = ids.len(), first_job = %ids[base],
+                        error = %e, "batch enqueue failed");
+                    failed = Some(e);
+                    break;
+                }
             }
-        };
-        let retry_id = first_id.clone().unwrap_or_else(|| JobId::from(""));
-        let (replies, acked, refused) = with_retries(self.retry_window, queue, &retry_id, send)
-            .await
-            .inspect_err(
-                |e| debug!(queue, job_type, jobs = ids.len(), error = %e, "batch enqueue failed"),
-            )?;
+        }
         let total = ids.len();
         let out: Vec<Enqueued> = ids
             .into_iter()
@@ -463,7 +514,12 @@ impl Queue {
             .collect();
         let created = out.iter().filter(|e| e.is_new()).count() as u64;
         crate::metrics::enqueued(queue, job_type, created);
-        if let Some(source) = refused {
+        // A window that failed names the jobs whose outcome is unknown; it
+        // goes before a refusal of an earlier window (which is logged).
+        if let Some(refusal) = failed.is_some().then(|| refused.take()).flatten() {
+            debug!(queue, job_type, error = %refusal, "batch enqueue refused a call");
+        }
+        if let Some(source) = failed.or(refused) {
             debug!(queue, job_type, jobs = total, written = out.len(), error = %source,
                 "batch enqueue refused");
             if out.is_empty() {
@@ -610,6 +666,125 @@ async fn send_chunks(
             .map_err(|e| QueueError::redis(queue, first_id, e))?;
         loaded = true;
     }
+}
+
+/// Jobs of a batch sent in one round trip at most: [`MAX_CALLS_PER_WINDOW`]
+/// script calls, and no more than [`WINDOW_BYTES`] of job data (unless one
+/// job alone is larger). Each window has its own response timeout and
+/// retries, so a batch of any size is sent; a window is small enough for
+/// Redis to run well within the default 5 s timeout (2,048 small jobs take
+/// some 10 ms of Redis time).
+const MAX_CALLS_PER_WINDOW: usize = 8;
+
+/// Bytes of job data (payloads, ids, extra fields) in one window, and in one
+/// script call.
+const WINDOW_BYTES: usize = 4 << 20;
+
+/// The job data of one job of a batch, as counted against [`WINDOW_BYTES`]
+/// (the script's other arguments of a job: some 64 bytes).
+fn job_bytes(opts: &EnqueueOptions, payload: &[u8], id: &JobId) -> usize {
+    let extra: usize = opts
+        .extra_fields
+        .iter()
+        .map(|(name, value)| name.len() + value.len())
+        .sum();
+    64 + payload.len() + id.as_str().len() + extra
+}
+
+/// The script calls of a batch, as ranges of its jobs: at most
+/// [`MAX_JOBS_PER_CALL`] jobs and [`WINDOW_BYTES`] each (one job at least).
+fn call_ranges(items: &[(EnqueueOptions, Vec<u8>)], ids: &[JobId]) -> Vec<Range<usize>> {
+    let mut calls = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, ((opts, payload), id)) in items.iter().zip(ids).enumerate() {
+        let b = job_bytes(opts, payload, id);
+        if i > start && (i - start == MAX_JOBS_PER_CALL || bytes + b > WINDOW_BYTES) {
+            calls.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes += b;
+    }
+    if start < items.len() {
+        calls.push(start..items.len());
+    }
+    calls
+}
+
+/// The windows of a batch (one round trip each), as ranges of its `calls`:
+/// at most [`MAX_CALLS_PER_WINDOW`] calls and [`WINDOW_BYTES`] each (one
+/// call at least).
+fn window_ranges(
+    calls: &[Range<usize>],
+    items: &[(EnqueueOptions, Vec<u8>)],
+    ids: &[JobId],
+) -> Vec<Range<usize>> {
+    let call_bytes = |c: &Range<usize>| -> usize {
+        c.clone()
+            .map(|i| job_bytes(&items[i].0, &items[i].1, &ids[i]))
+            .sum()
+    };
+    let mut windows = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (k, call) in calls.iter().enumerate() {
+        let b = call_bytes(call);
+        if k > start && (k - start == MAX_CALLS_PER_WINDOW || bytes + b > WINDOW_BYTES) {
+            windows.push(start..k);
+            (start, bytes) = (k, 0);
+        }
+        bytes += b;
+    }
+    if start < calls.len() {
+        windows.push(start..calls.len());
+    }
+    windows
+}
+
+/// Each call's reply of one window on its own: a call Redis refused leaves
+/// its jobs `None` and its error in the second value (the first refusal);
+/// the calls before and after it were written. Each job's reply on its own
+/// too: one that does not decode is that job's error (the batch a
+/// `PartialBatch`), the others keep their outcomes. Before, it failed the
+/// whole batch with a plain protocol error ("not enqueued") while the call
+/// had written the others.
+fn read_replies(
+    queue: &str,
+    chunks: &[&[ManyJob<'_>]],
+    replies: Vec<Value>,
+) -> Result<(
+    Vec<Option<crate::scripts::enqueue::EnqueueReply>>,
+    Option<QueueError>,
+)> {
+    let mut out = Vec::with_capacity(chunks.iter().map(|c| c.len()).sum());
+    let mut refused = None;
+    for (chunk, reply) in chunks.iter().zip(replies) {
+        if let Value::ServerError(e) = reply {
+            let first = chunk.first().map(|m| m.job.id);
+            refused.get_or_insert(QueueError::redis(queue, first, e.into()));
+            out.extend(chunk.iter().map(|_| None));
+            continue;
+        }
+        for (m, r) in chunk
+            .iter()
+            .zip(enqueue_many::decode(queue, chunk, &reply)?)
+        {
+            match r {
+                Ok(ManyReply::Enqueued(r)) => out.push(Some(r)),
+                Ok(ManyReply::Invalid(reason)) => {
+                    refused.get_or_insert(QueueError::protocol(
+                        queue,
+                        Some(m.job.id),
+                        format!("invalid in mode all: {reason}"),
+                    ));
+                    out.push(None);
+                }
+                Err(e) => {
+                    refused.get_or_insert(e);
+                    out.push(None);
+                }
+            }
+        }
+    }
+    Ok((out, refused))
 }
 
 /// `WAIT`'s answer to a batch: the replicas that confirmed it, or the text of

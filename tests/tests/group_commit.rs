@@ -262,13 +262,16 @@ async fn a_cancelled_leader_leaves_the_callers_behind_it_answered() {
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
 }
 
-/// Eight callers (tasks 2 to 9) that join the lane of a leader admitted
-/// but not yet sending, each in a task of its own; returned once they wait
-/// in the lane.
-async fn join_the_lane(env: &TestEnv) -> Vec<JoinHandle<Result<JobId, QueueError>>> {
+/// Eight callers (tasks 2 to 9) on `queue` that join the lane of a leader
+/// admitted but not yet sending, each in a task of its own; returned once
+/// they wait in the lane.
+async fn join_the_lane(
+    env: &TestEnv,
+    queue: &queue_core::Queue,
+) -> Vec<JoinHandle<Result<JobId, QueueError>>> {
     let joined = (2..10)
         .map(|i| {
-            let queue = env.queue.clone();
+            let queue = queue.clone();
             let t = env.task(i);
             tokio::spawn(async move { queue.enqueue::<task::Job>(&t).await })
         })
@@ -303,7 +306,7 @@ async fn a_leader_cancelled_mid_call_leaves_its_joined_callers_answered() {
     let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
     // First poll: the leader is admitted and yields its scheduler turn.
     assert!(futures::poll!(&mut leader).is_pending());
-    let joined = join_the_lane(&env).await;
+    let joined = join_the_lane(&env, &env.queue).await;
     // Second poll: the leader takes the lane's jobs and sends the call; its
     // reply cannot have come back within this poll. Then it is cancelled.
     assert!(futures::poll!(&mut leader).is_pending());
@@ -311,6 +314,57 @@ async fn a_leader_cancelled_mid_call_leaves_its_joined_callers_answered() {
     expect_enqueued(joined, "a caller behind a leader cancelled mid-call").await;
     // Every job once: the first, the cancelled leader's and the 8 joined.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
+}
+
+/// `CLIENT PAUSE <ms> WRITE` (or `CLIENT UNPAUSE` when `ms` is `None`) on
+/// the test's server: write commands, scripts included, wait unanswered.
+async fn pause_writes(env: &TestEnv, ms: Option<u64>) {
+    let mut cmd = redis::cmd("CLIENT");
+    match ms {
+        Some(ms) => cmd.arg("PAUSE").arg(ms).arg("WRITE"),
+        None => cmd.arg("UNPAUSE"),
+    };
+    let _: () = cmd.query_async(&mut env.conn().await).await.unwrap();
+}
+
+/// Callers with a zero retry window ("send once", docs/IDEMPOTENCY.md §1)
+/// whose group-commit leader is cancelled while the call is in flight get
+/// "outcome unknown", and their call is not sent again: a job the call wrote
+/// could be claimed and acked before a resend, which would write it a
+/// second time (with `completion_retention` zero nothing tells it ran).
+/// Before, the call was always sent again once in a task of its own.
+#[tokio::test]
+async fn a_zero_retry_window_is_not_resent_after_its_leader_is_cancelled() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let queue = env.queue.clone().with_retry_window(Duration::ZERO);
+    let before = script_calls(&env).await;
+    pause_writes(&env, Some(10_000)).await;
+    let first = env.task(1);
+    let mut leader = Box::pin(queue.enqueue::<task::Job>(&first));
+    assert!(futures::poll!(&mut leader).is_pending());
+    let joined = join_the_lane(&env, &queue).await;
+    // The leader sends the call with the joined jobs; the pause holds it.
+    assert!(futures::poll!(&mut leader).is_pending());
+    env.wait_blocked_in("fcall", None).await;
+    drop(leader);
+    pause_writes(&env, None).await;
+    for j in joined {
+        let r = tokio::time::timeout(BOUND, j)
+            .await
+            .expect("answered")
+            .expect("the task ran");
+        let err = r.expect_err("a zero retry window is not sent again");
+        assert!(err.outcome_unknown(), "{err}");
+        assert!(err.job_id().is_some(), "{err}");
+    }
+    // The call held by the pause ran once, when the pause ended.
+    let keys = QueueKeys::new("tasks");
+    queue_tests::wait_until(BOUND, "the held call ran", || async {
+        env.list(&keys.main).await.len() == 10
+    })
+    .await;
+    assert_eq!(script_calls(&env).await - before, 1, "no resend");
 }
 
 /// A leader whose task panics for a reason of its own (a sibling `join!` or
@@ -338,7 +392,7 @@ async fn a_leader_whose_task_panics_mid_call_leaves_its_joined_callers_answered(
         panic!("a sibling branch of the leader's task panicked");
     });
     admitted_rx.await.expect("the leader was admitted");
-    let joined = join_the_lane(&env).await;
+    let joined = join_the_lane(&env, &env.queue).await;
     joined_tx.send(()).unwrap();
     let panicked = tokio::time::timeout(BOUND, leader).await.expect("ended");
     assert!(panicked.is_err_and(|e| e.is_panic()));
@@ -518,4 +572,140 @@ async fn a_stateless_job_hash_fails_no_other_caller_of_its_call() {
         ]
     );
     assert!(env.list(&keys.main).await.contains(&out[2].id.to_string()));
+}
+
+/// The environment variable that makes this test binary, re-run as a child
+/// process, play `dropped_runtime_child` instead of its test (its value is
+/// the server's URL).
+const DROPPED_RUNTIME_CHILD: &str = "QUEUE_TEST_GROUP_COMMIT_DROPPED_RUNTIME_URL";
+
+/// A group-commit call still in flight when its tokio runtime is dropped
+/// (a process ending, a `#[tokio::main]` returning with enqueues running)
+/// leaves its caller "abandoned" and the process running. Before, the
+/// call's drop resent its jobs with `spawn` on the runtime being shut down,
+/// which drops the new task's future in the same call; that future's drop
+/// resent again: endless recursion, "fatal runtime error: stack overflow",
+/// the process aborted. Played in a child process (this binary re-run with
+/// `DROPPED_RUNTIME_CHILD`), so that the abort fails this test instead of
+/// killing every test of the binary.
+#[test]
+fn a_call_in_flight_when_its_runtime_is_dropped_does_not_abort_the_process() {
+    if let Ok(url) = std::env::var(DROPPED_RUNTIME_CHILD) {
+        dropped_runtime_child(&url);
+        return;
+    }
+    let server = queue_testkit::RedisServer::start().expect("redis-server starts");
+    let exe = std::env::current_exe().expect("test executable path");
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "a_call_in_flight_when_its_runtime_is_dropped_does_not_abort_the_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(DROPPED_RUNTIME_CHILD, server.url())
+        .output()
+        .expect("the child runs");
+    assert!(
+        out.status.success(),
+        "the child process ended with {}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The child of the test above: a current-thread runtime, an enqueue whose
+/// group-commit call is held by the server (`CLIENT PAUSE … WRITE` from
+/// another connection), then the runtime dropped with the call in flight.
+fn dropped_runtime_child(url: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let queue = queue_core::Queue::connect(url).await.expect("connect");
+        // Loads the library, so the held call is the enqueue itself.
+        enqueue_send(&queue, EnqueueOptions::new())
+            .await
+            .expect("enqueued");
+        let _: () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(10_000)
+            .arg("WRITE")
+            .query_async(&mut queue_tests::redis_conn(url).await)
+            .await
+            .expect("CLIENT PAUSE");
+        drop(tokio::spawn(async move {
+            enqueue_send(&queue, EnqueueOptions::new()).await
+        }));
+        queue_tests::wait_until(BOUND, "the enqueue's call held by the pause", || async {
+            !queue_tests::env::blocked_clients_in(url, "fcall")
+                .await
+                .is_empty()
+        })
+        .await;
+    });
+    drop(rt);
+}
+
+/// A payload longer than the server takes as one argument
+/// (`proto-max-bulk-len`, here 1 MB) is refused before it is sent, with an
+/// error naming its queue and job (nothing written), and the enqueues that
+/// would have shared its group-commit call are written. Before, the call
+/// went out: Redis answered "Protocol error: invalid bulk length" and closed
+/// the connection, and every caller of the call failed with it.
+#[tokio::test]
+async fn a_payload_over_the_servers_argument_limit_fails_only_its_own_caller() {
+    let env = TestEnv::start_with(&["--proto-max-bulk-len", "1mb"]).await;
+    env.enqueue(env.task(0)).await;
+    let queue = env.queue.clone().with_max_arg_len(1 << 20);
+    let big = vec![0x80u8; 2 << 20];
+    let calls = (0..20).map(|i| {
+        let queue = &queue;
+        let payload: &[u8] = if i == 7 { &big } else { b"\x80" };
+        async move {
+            queue
+                .enqueue_raw(
+                    "tasks",
+                    "send",
+                    1,
+                    3,
+                    EnqueueOptions::new().id(format!("job-{i}")),
+                    payload,
+                )
+                .await
+        }
+    });
+    let results = tokio::time::timeout(BOUND, futures::future::join_all(calls))
+        .await
+        .expect("every caller answered");
+    for (i, r) in results.into_iter().enumerate() {
+        if i == 7 {
+            let err = r.expect_err("a payload over the limit is refused");
+            assert!(matches!(err, QueueError::ArgumentTooLarge { .. }), "{err}");
+            assert_eq!(err.queue(), Some("tasks"));
+            assert_eq!(err.job_id().map(|j| j.as_str()), Some("job-7"));
+            assert!(!err.outcome_unknown(), "{err}");
+        } else {
+            let e = r.unwrap_or_else(|e| panic!("caller {i}: {e}"));
+            assert_eq!(e.outcome, EnqueueOutcome::Created, "caller {i}");
+        }
+    }
+    let main = env.list(&QueueKeys::new("tasks").main).await;
+    assert_eq!(main.len(), 20, "{main:?}");
+    assert!(!main.contains(&"job-7".to_string()));
+
+    // In a batch: refused before any job of it is sent.
+    let items = vec![
+        (EnqueueOptions::new().id("batch-1"), b"\x80".to_vec()),
+        (EnqueueOptions::new().id("batch-2"), big),
+    ];
+    let err = queue
+        .enqueue_raw_batch("tasks", "send", 1, 3, items)
+        .await
+        .expect_err("a payload over the limit is refused");
+    assert_eq!(err.job_id().map(|j| j.as_str()), Some("batch-2"), "{err}");
+    assert!(!err.outcome_unknown(), "{err}");
+    assert_eq!(env.list(&QueueKeys::new("tasks").main).await.len(), 20);
 }

@@ -339,6 +339,36 @@ async fn batch_enqueue_in_one_pipeline_survives_a_function_flush() {
     assert_eq!(env.ledger().await.order.len(), 503);
 }
 
+/// A batch far larger than one round trip can carry within the response
+/// timeout is sent in bounded windows (a few script calls each), each
+/// within its own timeout and retries: every job is written once and the
+/// batch is `Ok`. Before, the whole batch went out as one pipeline under
+/// one response timeout: it always timed out, was sent again whole (the
+/// retries slower still, with the dedupe reads) and ended in an "outcome
+/// unknown" error although every job was written, so a caller that
+/// retried `enqueue_many` wrote each job twice.
+#[tokio::test]
+async fn a_batch_larger_than_one_response_timeout_is_sent_in_windows() {
+    let env = TestEnv::start().await;
+    let cfg = queue_core::ConnectionConfig {
+        response_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let queue = queue_core::Queue::connect_with(&env.url, &cfg)
+        .await
+        .unwrap();
+    // About four times the batch that first timed out on the old code
+    // (some 20,000 jobs in a debug build; 30,000 and more always did).
+    const N: u64 = 50_000;
+    let batch: Vec<Task> = (0..N).map(|seq| env.task(seq)).collect();
+    let ids = queue
+        .enqueue_many::<task::Job>(&batch)
+        .await
+        .expect("a large batch is enqueued");
+    assert_eq!(ids.len(), N as usize);
+    assert_eq!(env.stats("tasks").await.main, N);
+}
+
 /// The acker sends a batch as soon as it is full, and a lone ack when its
 /// window ends; it is not woken per ack in between (worker/acker.rs).
 #[tokio::test]
