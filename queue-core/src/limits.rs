@@ -119,9 +119,18 @@ impl FromStr for RateLimit {
         if ms == 0 {
             return Err(bad());
         }
+        if max == 0 {
+            return Err(format!("rate {s:?}: {ZERO_LIMIT}"));
+        }
         Ok(Self::new(max, Duration::from_millis(ms)))
     }
 }
+
+/// Why a limit of 0 (no start per window, none running) is refused: it runs
+/// nothing and reports nothing (the jobs went round between delayed and
+/// main, or every fetcher polled, for ever).
+const ZERO_LIMIT: &str = "a limit of 0 runs nothing; to hold the jobs, pause the queue \
+     (`Queue::pause`, `queue-watchdog queue pause`) or their group (`Queue::pause_group`)";
 
 /// What a limit applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,7 +288,9 @@ impl Queue {
     /// Limits how many jobs of `queue` start per window, across all
     /// workers: for the whole queue, or per rate key
     /// ([`EnqueueOptions::rate_key`](crate::EnqueueOptions::rate_key)).
-    /// Replaces the scope's previous rate. A change of a rate key's limits
+    /// Replaces the scope's previous rate. A rate of 0 starts is refused
+    /// (`QueueError::Config`; to hold the jobs, pause the queue or their
+    /// group). A change of a rate key's limits
     /// (its own, or the every-key default) makes the jobs deferred under
     /// the old ones due at once, to be booked again under the new ones
     /// ([`release_deferred`](Self::release_deferred)); setting the rate a
@@ -312,19 +323,31 @@ impl Queue {
                 rate.per
             )));
         }
+        if rate.max == 0 {
+            return Err(QueueError::Config(format!(
+                "queue `{queue}`: rate {rate}: {ZERO_LIMIT}"
+            )));
+        }
         self.write_limit(queue, scope.field("rate"), rate.stored())
             .await
     }
 
     /// Caps how many jobs of `queue` run at once across all workers: for the
     /// whole queue, or per rate key. Counted from live leases, so a dead
-    /// worker's slots come back when its leases expire. See docs/LIMITS.md.
+    /// worker's slots come back when its leases expire. `max` is at least
+    /// 1: 0 is refused (`QueueError::Config`; to hold the jobs, pause the
+    /// queue or their group). See docs/LIMITS.md.
     pub async fn set_concurrency_limit(
         &self,
         queue: &str,
         scope: LimitScope,
         max: u32,
     ) -> Result<()> {
+        if max == 0 {
+            return Err(QueueError::Config(format!(
+                "queue `{queue}`: concurrency 0: {ZERO_LIMIT}"
+            )));
+        }
         self.write_limit(queue, scope.field("concurrency"), max.to_string())
             .await
     }
@@ -428,6 +451,8 @@ mod tests {
         for bad in ["100", "x/1s", "1/0s", "1/1y", "1/"] {
             assert!(bad.parse::<RateLimit>().is_err(), "{bad}");
         }
+        let zero = "0/1s".parse::<RateLimit>().unwrap_err();
+        assert!(zero.contains("pause"), "{zero}");
     }
 
     /// A window whose milliseconds overflow a u64 is a parse error; it

@@ -426,11 +426,13 @@ pub struct QueueLimitArgs {
     /// Queue name.
     #[arg(long = "queue", short = 'q', value_parser = crate::cli::queue_name)]
     pub queue: String,
-    /// At most N starts per window: `100/1s`, `5/250ms`, `600/1m`.
+    /// At most N starts per window: `100/1s`, `5/250ms`, `600/1m` (N at
+    /// least 1: to hold the jobs, `queue pause`).
     #[arg(long)]
     pub rate: Option<queue_core::RateLimit>,
-    /// At most N jobs running at once across all workers.
-    #[arg(long)]
+    /// At most N jobs running at once across all workers (at least 1: to
+    /// hold the jobs, `queue pause`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: Option<u32>,
     /// Apply to this rate key only (an override of the every-key default).
     #[arg(long, conflicts_with = "every_key")]

@@ -91,6 +91,58 @@ async fn a_fetch_whose_reply_was_lost_still_runs_its_job_once() {
     assert_eq!(ledger.effects.get(job.id.as_str()), Some(&1));
 }
 
+/// A fetch whose reply is lost for longer than a third of the lease (Redis
+/// writes paused 5 s, lease 12 s): the retries with the same token ended
+/// after a third of the lease (4 s) while the fetch's receipt lived half of
+/// one, so the job the first try claimed when the pause ended was never
+/// run and, with `max_attempts = 1`, was dead-lettered at its lease's
+/// expiry. They now go on while the receipt lives (less a margin): the job
+/// runs once and is not dead-lettered.
+#[tokio::test]
+async fn a_fetch_whose_reply_is_lost_for_longer_than_a_third_of_the_lease_still_runs_its_jobs_once()
+{
+    let env = TestEnv::start().await.with_separate_ledger();
+    let mut cfg = fast_config();
+    cfg.concurrency = 1;
+    cfg.lease = Duration::from_secs(12);
+    cfg.connection.response_timeout = Duration::from_millis(250);
+    let worker = env.spawn_worker(cfg).await;
+    let _watchdog = env.spawn_watchdog("tasks").await;
+    // The one slot is busy until this job ends: the next fetch is sent
+    // then, after the pause began (and the library is loaded).
+    let first = env
+        .enqueue(Task {
+            sleep_ms: 300,
+            ..env.task(0)
+        })
+        .await;
+    env.wait_ledger("the first job started", |l| {
+        l.started.contains_key(first.as_str())
+    })
+    .await;
+    let job = task::enqueue_with(
+        &env.queue,
+        EnqueueOptions::new().max_attempts(1),
+        env.task(1),
+    )
+    .await
+    .unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "5000", "WRITE"][..])
+        .query_async(&mut redis_conn(&env.url).await)
+        .await
+        .unwrap();
+    wait_until(T, "the job completes or dies", || async {
+        counter(&env.queue, "completed").await == 2 || counter(&env.queue, "dead").await > 0
+    })
+    .await;
+    worker.stop().await;
+    assert_eq!(counter(&env.queue, "dead").await, 0, "not dead-lettered");
+    let ledger = env.ledger().await;
+    assert_eq!(ledger.started.get(job.id.as_str()), Some(&1), "ran once");
+    assert_eq!(ledger.effects.get(job.id.as_str()), Some(&1));
+}
+
 /// Item 3: a job whose `type` is not UTF-8 is dead-lettered alone, with a
 /// reason naming the field; the other jobs of the same fetch run.
 #[tokio::test]

@@ -1,10 +1,15 @@
 -- Operator cancel of one job. Waiting (main, or moved by a BLMOVE and not yet
 -- claimed) or delayed: a completion record with status `cancelled`, then the id
 -- leaves its list and the hash is dropped. Running: `cancel_requested` is set on
--- the hash; the heartbeat (extend.lua) tells the handler.
+-- the hash; the heartbeat (extend.lua) tells the handler. A job deferred for
+-- its rate key (it carries `limit_slot`, docs/LIMITS.md) leaves its key's
+-- index; with the index's last entry the key's booking goes too
+-- (limits_unmark): kept, the key's next job waited behind the empty slots of
+-- the cancelled chain.
 -- KEYS: 1 main, 2 processing, 3 leases, 4 delayed, 5 job hash, 6 completion record,
---       7 stats, 8 step results, 9 guard (never written: see keys.rs; the script
---         reaches the group list, the history, the waiters' wake list and the batch)
+--       7 stats, 8 step results, 9 guard (never written: see keys.rs), 10 limits hash
+--   (The guard: the script reaches the group list, the history, the waiters' wake
+--   list, the batch, and the rate key's index and booking named after KEYS 10.)
 -- ARGV: 1 id, 2 retention_ms
 -- Returns {'cancelled', state it was in} | {'requested', 1 if newly set else 0}
 --   | {'finished', record status} | {'dead'} | {'not_found'} | {'unknown', state}
@@ -15,7 +20,7 @@ expect_types(KEYS[1], 'list', KEYS[2], 'list', KEYS[3], 'zset', KEYS[4], 'zset')
 local status = record_field(KEYS[6], 'status')
 if status then return {'finished', status} end
 local h = redis.call('HMGET', KEYS[5], 'state', 'attempts', 'type', 'enqueued_at', 'cancel_requested',
-  'group', 'batch')
+  'group', 'batch', 'rate_key', 'limit_slot')
 local state = h[1]
 if not state then return {'not_found'} end
 if state == 'dead' then return {'dead'} end
@@ -51,4 +56,5 @@ end
 redis.call('DEL', KEYS[5])
 bump(KEYS[7], 'cancelled', 1)
 if h[7] then wf_member_finished(h[7], id, 'cancelled', 'cancelled', now, KEYS[7]) end
+if h[9] and h[8] and h[8] ~= '' then limits_unmark({key = KEYS[10]}, h[8], id, KEYS[5], true) end
 return {'cancelled', state}

@@ -13,8 +13,8 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 use crate::state::JobState;
 
-pub(crate) static SCRIPT: LuaScript<9> =
-    lua_script!("cancel.lua", keys = 9, args = 2, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<10> =
+    lua_script!("cancel.lua", keys = 10, args = 2, prelude(super::DRAIN));
 
 /// Cancels one job.
 pub(crate) struct Cancel<'a> {
@@ -39,6 +39,7 @@ impl Cancel<'_> {
                 k.stats.clone(),
                 k.steps(id),
                 k.guard.clone(),
+                k.limits(),
             ])
             .arg(id)
             .arg(super::ms(self.retention).max(1))

@@ -1266,3 +1266,149 @@ async fn a_walk_cursor_zscan_cannot_read_restarts_the_walk() {
         .unwrap();
     assert_eq!(rest.pending, 0, "{rest:?}");
 }
+
+/// Cancels delayed job `id` (`cancel.lua`).
+async fn cancel(conn: &mut RedisConnection, keys: &QueueKeys, id: &str) {
+    let outcome = super::cancel::Cancel {
+        keys,
+        id: &id.into(),
+        retention: Duration::from_secs(60),
+    }
+    .run(conn)
+    .await
+    .unwrap();
+    assert!(
+        matches!(outcome, crate::flow::CancelOutcome::Cancelled { .. }),
+        "{id}: {outcome:?}"
+    );
+}
+
+/// Key `acme` at 1/60000, jobs A–J: A starts, B–J are deferred +60 s to
+/// +540 s and the booking is at +600 s. Cancelling B–J removed the jobs,
+/// not the booking: the key's next job K was deferred behind the empty
+/// chain (+600 s; 1,000 cancelled jobs: +16.7 h). The cancel takes each job
+/// out of the key's index and, with the last, drops the booking: K waits
+/// for A's start to leave the window, no more.
+#[tokio::test]
+async fn cancelling_a_keys_deferred_jobs_does_not_leave_its_next_jobs_behind_their_slots() {
+    let (_server, mut conn, keys) = setup("limits-cancel-deferred").await;
+    let ids = ["A", "B", "C", "D", "E", "F", "G", "H", "I", "J"];
+    for id in ids {
+        enqueue(&mut conn, &keys, id, Some("acme")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    let reply = fetch(&mut conn, &keys, 10).await;
+    assert_eq!(claimed(&reply), ["A"]);
+    assert_eq!(deferred(&reply), ids[1..]);
+    for id in &ids[1..] {
+        cancel(&mut conn, &keys, id).await;
+    }
+    assert_eq!(conn.zcard::<_, u64>(&keys.delayed).await.unwrap(), 0);
+    let index = format!("{}:deferred:acme", keys.limits());
+    assert!(
+        !conn.exists::<_, bool>(&index).await.unwrap(),
+        "index empty"
+    );
+    assert!(!conn
+        .exists::<_, bool>(format!("{}:next:acme", keys.limits()))
+        .await
+        .unwrap());
+
+    enqueue(&mut conn, &keys, "K", Some("acme")).await;
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 10).await), ["K"]);
+    let now = redis_now(&mut conn).await;
+    let at = run_at(&mut conn, &keys, "K").await;
+    assert!(
+        at <= now + 60_000,
+        "K deferred {} ms ahead",
+        at.saturating_sub(now)
+    );
+}
+
+/// The same chain, its jobs and index gone without a cancel (deleted by
+/// hand, evicted): the booking at +600 s is further ahead than the key's
+/// indexed jobs (none) can fill, so the next job's deferral does not follow
+/// it and starts the chain again; a booking the index accounts for is still
+/// followed.
+#[tokio::test]
+async fn a_booking_its_indexed_jobs_cannot_fill_is_not_followed() {
+    let (_server, mut conn, keys) = setup("limits-stale-booking").await;
+    let ids = ["A", "B", "C", "D", "E", "F", "G", "H", "I", "J"];
+    for id in ids {
+        enqueue(&mut conn, &keys, id, Some("acme")).await;
+    }
+    set(&mut conn, &keys, &[("key_rate", "1/60000")]).await;
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 10).await), ids[1..]);
+    for id in &ids[1..] {
+        let _: () = conn.zrem(&keys.delayed, id).await.unwrap();
+        let _: () = conn.del(keys.job(id)).await.unwrap();
+    }
+    let _: () = conn
+        .del(format!("{}:deferred:acme", keys.limits()))
+        .await
+        .unwrap();
+
+    for id in ["K", "L"] {
+        enqueue(&mut conn, &keys, id, Some("acme")).await;
+    }
+    assert_eq!(deferred(&fetch(&mut conn, &keys, 10).await), ["K", "L"]);
+    let now = redis_now(&mut conn).await;
+    let (k, l) = (
+        run_at(&mut conn, &keys, "K").await,
+        run_at(&mut conn, &keys, "L").await,
+    );
+    assert!(
+        k <= now + 60_000,
+        "K deferred {} ms ahead",
+        k.saturating_sub(now)
+    );
+    assert_eq!(l, k + 60_000, "L booked on K's new chain");
+}
+
+/// A rate of `0/W` or a concurrency of 0 was accepted: nothing of the queue
+/// (or of the key) ever started, its jobs went round between delayed and
+/// main for ever, and nothing reported it. `set_limits.lua` and the Rust
+/// setters refuse it, pointing to a pause, before any write.
+#[tokio::test]
+async fn a_limit_of_zero_is_refused_before_any_write() {
+    let (server, mut conn, keys) = setup("limits-zero").await;
+    set(&mut conn, &keys, &[("key_rate", "1/1000")]).await;
+    let before: Vec<(String, String)> = conn.hgetall(keys.limits()).await.unwrap();
+    for zero in [
+        ("rate", "0/1000"),
+        ("concurrency", "0"),
+        ("key_rate", "0/60000"),
+        ("key_concurrency:acme", "0"),
+    ] {
+        let fields = fields(&[("key_rate:other", "2/1000"), zero]);
+        let err = SetLimits::Fields(&fields)
+            .run(&keys, &mut conn)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("pause"), "{zero:?}: {err}");
+    }
+    let queue = crate::Queue::connect(&server.url()).await.unwrap();
+    let err = queue
+        .set_concurrency_limit(&keys.queue, crate::LimitScope::Queue, 0)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, crate::QueueError::Config(m) if m.contains("pause")),
+        "{err}"
+    );
+    let zero_rate = crate::RateLimit::new(0, Duration::from_secs(1));
+    let err = queue
+        .set_rate_limit(
+            &keys.queue,
+            crate::LimitScope::Key("acme".into()),
+            zero_rate,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, crate::QueueError::Config(m) if m.contains("pause")),
+        "{err}"
+    );
+    let after: Vec<(String, String)> = conn.hgetall(keys.limits()).await.unwrap();
+    assert_eq!(after, before, "the limits hash is unchanged");
+}

@@ -12,7 +12,8 @@
 --       `:deferkeys`, `:walk`, a key's `:deferred:<k>` and `:next:<k>`, job
 --       hashes; see keys.rs)
 -- ARGV: 1 mode (below), 2 job prefix,
---       3.. field name, value, ... (rate fields "N/W" with W >= 1 ms, concurrency fields N)
+--       3.. field name, value, ... (rate fields "N/W" with N >= 1 and W >= 1 ms,
+--       concurrency fields N >= 1)
 -- Modes: 'set' (name/value pairs follow, value '' clears the field), 'clear_all',
 -- 'release' (goes on with the releases pending), 'release_key' (ARGV 3: a rate key),
 -- 'release_all' (every key's deferred jobs).
@@ -39,6 +40,14 @@ if mode == 'set' then
     if not kind then error({err = 'ERR invalid argument limit field: ' .. name}) end
     if v ~= '' and v ~= 'none' and not (kind == 'rate' and limit_rate(v) or kind == 'concurrency' and as_count(v)) then
       error({err = 'ERR invalid argument ' .. name .. ': ' .. v})
+    end
+    -- A limit of 0 lets nothing start: the key's or queue's jobs went round
+    -- between delayed and main (or every fetcher polled) for ever, with
+    -- nothing reported. Holding work is a pause's job.
+    local rate = kind == 'rate' and limit_rate(v)
+    if (rate and rate[1] == 0) or (kind == 'concurrency' and as_count(v) == 0) then
+      error({err = 'ERR invalid argument ' .. name .. ': ' .. v .. ' (a limit of 0 runs nothing:'
+        .. ' to hold the jobs, pause the queue or their group)'})
     end
   end
   for i = 3, #ARGV, 2 do

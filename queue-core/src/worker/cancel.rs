@@ -6,6 +6,7 @@
 //! whose reply was lost is sent again as it was, never as a new `fail.lua`
 //! (which would find the job gone and answer "lease lost").
 
+use tokio::sync::watch;
 use tracing::info;
 
 use super::fetcher::same_token_retries;
@@ -20,7 +21,16 @@ use crate::scripts::finish_cancel::FinishCancel;
 impl JobRunner {
     /// Ends the delivery cancelled; the metrics label on success.
     pub(super) async fn end_cancelled(&self, d: &Delivery, message: &str) -> Result<&'static str> {
-        if !finish_cancel(&self.inner, &self.keys, &d.id, &d.token, message).await? {
+        if !finish_cancel(
+            &self.inner,
+            &self.hard_stop,
+            &self.keys,
+            &d.id,
+            &d.token,
+            message,
+        )
+        .await?
+        {
             return Err(self.lease_lost(d));
         }
         info!(error = message, "cancelled");
@@ -33,6 +43,7 @@ impl JobRunner {
 /// job ended cancelled, false when the lease was lost.
 pub(super) async fn finish_cancel(
     inner: &Inner,
+    hard_stop: &watch::Receiver<bool>,
     keys: &QueueKeys,
     id: &JobId,
     token: &str,
@@ -45,7 +56,7 @@ pub(super) async fn finish_cancel(
         retention: inner.config.completion_retention,
         message,
     };
-    same_token_retries(inner, keys, Some(id), "cancel", || {
+    same_token_retries(inner, hard_stop, keys, Some(id), "cancel", || {
         let mut conn = inner.conn.clone();
         let finish = &finish;
         async move { finish.run(&mut conn).await }

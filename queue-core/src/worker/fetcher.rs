@@ -14,8 +14,9 @@
 //!
 //! Both scripts are idempotent for their token, so a fetch or claim whose
 //! reply was lost (timeout, dropped connection, failover) is retried with the
-//! same token for a third of a lease and gets the same deliveries. Each row
-//! is decoded on its own: a row that does not decode is dead-lettered alone.
+//! same token for as long as the fetch's receipt lives (half a lease, less a
+//! margin) and gets the same deliveries; the hard stop ends the retries. Each
+//! row is decoded on its own: a row that does not decode is dead-lettered alone.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -208,9 +209,10 @@ impl Fetcher {
     fn launch(&self, slots: Vec<Slot>, in_flight: &mut InFlight) {
         let inner = self.inner.clone();
         let keys = self.queue().keys.clone();
+        let hard_stop = self.hard_stop.clone();
         in_flight.push(Box::pin(async move {
             let asked = slots.len();
-            let reply = fetch_ready(&inner, &keys, asked).await;
+            let reply = fetch_ready(&inner, &keys, asked, &hard_stop).await;
             (slots, asked, reply)
         }));
     }
@@ -437,7 +439,7 @@ impl Fetcher {
 
     /// LMOVE + claim of up to `count` jobs in one script (see [`fetch_ready`]).
     async fn fetch_ready(&self, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
-        fetch_ready(&self.inner, keys, count).await
+        fetch_ready(&self.inner, keys, count, &self.hard_stop).await
     }
 
     /// Whether the queue's fair-queuing ring exists (some group has waiting
@@ -495,12 +497,19 @@ impl Fetcher {
         };
         let job_id = JobId::from(String::from_utf8_lossy(&id).into_owned());
         let first_sent = tokio::time::Instant::now();
-        same_token_retries(&self.inner, &k, Some(&job_id), "claim", || {
-            let mut conn = self.inner.conn.clone();
-            let claim = &claim;
-            let me = &self.inner.identity.name;
-            async move { claim.run_as(&mut conn, me, stopping || no_slot).await }
-        })
+        same_token_retries(
+            &self.inner,
+            &self.hard_stop,
+            &k,
+            Some(&job_id),
+            "claim",
+            || {
+                let mut conn = self.inner.conn.clone();
+                let claim = &claim;
+                let me = &self.inner.identity.name;
+                async move { claim.run_as(&mut conn, me, stopping || no_slot).await }
+            },
+        )
         .await
         .map(|row| match row {
             ClaimRow::Skipped(id, Skip::Stopping) if no_slot && !stopping => {
@@ -522,6 +531,7 @@ impl Fetcher {
         };
         error!(queue = %keys.queue, job_id = %id, detail = %row.detail, "unreadable claim row: dead-lettering the job");
         let (inner, keys) = (self.inner.clone(), keys.clone());
+        let hard_stop = self.hard_stop.clone();
         tokio::spawn(async move {
             // The detail names the field first, then quotes the whole row
             // (payload included): the reason keeps the start.
@@ -539,7 +549,7 @@ impl Fetcher {
                 // An operator asked to cancel it: fail.lua wrote nothing, the
                 // job ends cancelled (as a runner's would), not leased.
                 Ok(FailReply::CancelRequested) => {
-                    super::cancel::finish_cancel(&inner, &keys, &id, &token, &message)
+                    super::cancel::finish_cancel(&inner, &hard_stop, &keys, &id, &token, &message)
                         .await
                         .map(|_| ())
                 }
@@ -556,11 +566,16 @@ impl Fetcher {
 /// LMOVE + claim of up to `count` jobs in one script (nothing: paused),
 /// retried with the same token base while Redis fails (see
 /// [`same_token_retries`]).
-async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<FetchReply> {
+async fn fetch_ready(
+    inner: &Inner,
+    keys: &QueueKeys,
+    count: usize,
+    hard_stop: &watch::Receiver<bool>,
+) -> Result<FetchReply> {
     let token_base = random_token();
     let mut first_try = true;
     let first_sent = tokio::time::Instant::now();
-    let reply = same_token_retries(inner, keys, None, "fetch", || {
+    let reply = same_token_retries(inner, hard_stop, keys, None, "fetch", || {
         // The base was just drawn: only its first try may skip the receipt.
         let fetch = Fetch {
             keys,
@@ -584,16 +599,26 @@ async fn fetch_ready(inner: &Inner, keys: &QueueKeys, count: usize) -> Result<Fe
 
 /// Runs `op`, a fetch, claim or cancelled end (`finish_cancel.lua`) with one
 /// fixed token, retrying Redis failures (not bad replies) with a doubling
-/// pause for at most a third of a lease. These scripts answer a retry with
-/// the same token as they answered the first try (claim: the hash holds the
-/// token; fetch: its receipt lives half a lease; finish_cancel: the record
-/// keeps it), so a first try that ran but whose reply was lost is not
-/// claimed twice, not answered `busy` or "lease lost", and its jobs run. A row carries
-/// the lease its first try took: the callers stamp it with the first try's
-/// send time, where the local lease clock starts (a retry's send time let
-/// a worker trust its lease up to the retry window beyond the Redis one).
+/// pause for as long as the fetch's receipt lives, less a margin
+/// ([`same_token_window`]), the last retry at the window's end. These
+/// scripts answer a retry with the same token as they answered the first
+/// try (claim: the hash holds the token; fetch: its receipt lives half a
+/// lease; finish_cancel: the record keeps it), so a first try that ran but
+/// whose reply was lost is not claimed twice, not answered `busy` or "lease
+/// lost", and its jobs run. A row carries the lease its first try took: the
+/// callers stamp it with the first try's send time, where the local lease
+/// clock starts (a retry's send time let a worker trust its lease up to the
+/// retry window beyond the Redis one); a reply that comes after that local
+/// deadline gets the late start's extend before its handler runs
+/// (heartbeat.rs). Before, the retries ended after a third of a lease while
+/// the receipt lived half of one: a reply lost for 10 to 15 s (30 s lease)
+/// cost every job of the fetch its attempt (with one attempt, dead-lettered
+/// without running). The hard stop (`hard_stop` true) ends the retries and
+/// their pause: the worker leaves what is leased to the watchdog, and a
+/// fetch retried on would start jobs after the worker stopped.
 pub(super) async fn same_token_retries<T, F, Fut>(
     inner: &Inner,
+    hard_stop: &watch::Receiver<bool>,
     keys: &QueueKeys,
     job_id: Option<&JobId>,
     what: &str,
@@ -603,20 +628,42 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,
 {
-    let window = inner.config.lease / 3;
+    let window = same_token_window(inner.config.lease, inner.config.connection.response_timeout);
+    let mut hard_stop = hard_stop.clone();
     let started = tokio::time::Instant::now();
     let mut pause = FIRST_RETRY_PAUSE;
     loop {
-        match op().await {
-            Err(e) if is_redis_failure(&e) && started.elapsed() + pause < window => {
+        let result = op().await;
+        let left = window.saturating_sub(started.elapsed());
+        match result {
+            Err(e) if is_redis_failure(&e) && !left.is_zero() && !*hard_stop.borrow() => {
+                let wait = pause.min(left);
                 warn!(queue = %keys.queue, job_id = ?job_id.map(JobId::as_str), error = %e,
-                    retry_in_ms = pause.as_millis() as u64, "{what} failed; retrying with the same token");
-                tokio::time::sleep(pause).await;
+                    retry_in_ms = wait.as_millis() as u64, "{what} failed; retrying with the same token");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = super::wait_true(&mut hard_stop) => {
+                        warn!(queue = %keys.queue, job_id = ?job_id.map(JobId::as_str),
+                            "{what}: hard stop, no more retries; what it claimed stays leased for the watchdog");
+                        return Err(e);
+                    }
+                }
                 pause *= 2;
             }
             result => return result,
         }
     }
+}
+
+/// How long a fetch, claim or cancelled end is retried with its token: the
+/// life of the fetch's receipt (half a lease: `scripts/fetch.rs`), less
+/// a margin for the last retry to reach Redis before the receipt expires
+/// (the response timeout, at most a tenth of the lease: 12 s of a 30 s
+/// lease). A retry that lands later anyway is a new fetch, whose rows carry
+/// the first try's send time (a local deadline earlier than their lease's).
+fn same_token_window(lease: Duration, response_timeout: Duration) -> Duration {
+    let receipt = lease / 2;
+    receipt.saturating_sub(response_timeout.min(lease / 10))
 }
 
 /// A failure to reach Redis or run the command (worth retrying), as opposed
