@@ -88,9 +88,25 @@ pub const CORE_JOB_FIELDS: &[&str] = &[
     "batch_of",
 ];
 
+/// The extra fields the scripts read as counts (milliseconds: the start
+/// deadlines of [`EnqueueOptions::expires_in`] and
+/// [`EnqueueOptions::deadline`]). The scripts' own list is
+/// `COUNT_EXTRA_FIELDS` in `prelude.lua`.
+const COUNT_EXTRA_FIELDS: &[&str] = &["expires_at", "expires_after"];
+
+/// Whether `value` is a count as the scripts read one (`as_count`): a
+/// non-negative integer of at most 2^53 − 1.
+fn is_count(value: &str) -> bool {
+    value
+        .parse::<u64>()
+        .is_ok_and(|n| n <= crate::scripts::MAX_MS)
+}
+
 /// Checks extra fields as the enqueue scripts do, before anything is sent:
 /// no empty name, no core job field, no name twice (a second `group` would
-/// route the job by the first and record the last).
+/// route the job by the first and record the last), and a count where the
+/// scripts read one (`expires_at`, `expires_after`: another value, stored,
+/// got the job dead-lettered as corrupt at its first claim).
 pub(crate) fn check_extra_fields(
     queue: &str,
     job_id: Option<&JobId>,
@@ -102,7 +118,13 @@ pub(crate) fn check_extra_fields(
         name: name.to_string(),
         reason,
     };
-    for (i, (name, _)) in fields.iter().enumerate() {
+    for (i, (name, value)) in fields.iter().enumerate() {
+        if COUNT_EXTRA_FIELDS.contains(&name.as_str()) && !is_count(value) {
+            return Err(refuse(
+                name,
+                "its value must be a non-negative integer (milliseconds) of at most 2^53 - 1",
+            ));
+        }
         if name.is_empty() {
             return Err(refuse(name, "an extra field name must not be empty"));
         }

@@ -51,7 +51,8 @@ pub trait Job: Send + Sync + 'static {
     const QUEUE: &'static str;
     /// Deliveries before a failing job is dead-lettered (the first run counts).
     const MAX_ATTEMPTS: u32 = 25;
-    /// Per-attempt handler time limit; `None` means no limit.
+    /// Per-attempt handler time limit; `None` means no limit. Zero is
+    /// refused when the worker is built (`QueueError::Config`).
     const TIMEOUT: Option<Duration> = None;
     /// Payload schema version. A worker dead-letters payloads of an older
     /// version than the registered handler's; a newer one is left for an
@@ -64,7 +65,8 @@ pub trait Job: Send + Sync + 'static {
     /// still running when it passes is stopped and the job dead-lettered
     /// (`deadline exceeded`); a retry due after it is dead-lettered without
     /// running. Distinct from [`TIMEOUT`](Self::TIMEOUT), which bounds one
-    /// attempt. `None` (the default): no deadline. See docs/RESULTS.md.
+    /// attempt. `None` (the default): no deadline; zero is refused when the
+    /// worker is built (`QueueError::Config`). See docs/RESULTS.md.
     const DEADLINE: Option<Duration> = None;
     /// Runs the handler.
     fn run(ctx: JobContext, args: Self::Args) -> BoxFuture<'static, Result<(), JobError>>;

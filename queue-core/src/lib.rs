@@ -102,7 +102,7 @@ pub use limits::{KeyLimits, LimitKind, LimitScope, QueueLimits, RateLimit};
 pub use lock::{Lock, LockError, LockGuard, LockOptions};
 pub use queue::{EnqueueOptions, EnqueueOutcome, Enqueued, Queue};
 pub use registry::Registration;
-pub use results::{JobOutput, WaitError};
+pub use results::{JobOutput, WaitError, MAX_RESULT_BYTES};
 pub use state::JobState;
 pub use watchdog::{ReclaimReport, Watchdog, WatchdogConfig};
 pub use worker::{ShutdownHandle, Worker, WorkerBuilder, WorkerConfig, WorkerIdentity};

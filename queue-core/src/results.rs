@@ -99,7 +99,9 @@ impl JobContext {
     /// Stores the handler's value (MessagePack) for the completion record
     /// the ack writes, where [`Queue::wait_result`] reads it. `#[job]` calls
     /// it with the `T` of a fn returning `Result<T, JobError>`; it replaces
-    /// a [`set_result_ref`](Self::set_result_ref).
+    /// a [`set_result_ref`](Self::set_result_ref). At most
+    /// [`MAX_RESULT_BYTES`]: a larger value dead-letters the job when the
+    /// handler returns `Ok`.
     ///
     /// ```
     /// let ctx = queue_core::JobContext::for_test("job-1", "reports", 1);
@@ -115,6 +117,14 @@ impl JobContext {
         Ok(())
     }
 }
+
+/// The largest result a job may leave in its completion record
+/// ([`JobContext::set_output`], [`JobContext::set_result_ref`]): 4 MiB. A
+/// larger one dead-letters its job (permanent error naming the size) instead
+/// of failing the `ack.lua` call of its whole ack batch (64 jobs by default,
+/// at most 256 MiB of results per call: far below Redis's 512 MB argument
+/// and 1 GB query-buffer limits). docs/RESULTS.md.
+pub const MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
 
 /// The first byte of a `result` field that holds a typed value: `0xc1`,
 /// which MessagePack never uses and UTF-8 never starts with, so the value

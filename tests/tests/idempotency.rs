@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use queue_core::{Lock, LockOptions, QueueKeys};
-use queue_tests::{fast_config, redis_conn, wait_until, Bill, TestEnv, WorkerProcess, BOUND};
+use queue_tests::{bill, fast_config, redis_conn, wait_until, Bill, TestEnv, WorkerProcess, BOUND};
 use redis::AsyncCommands;
 
 const WORKER_BIN: &str = env!("CARGO_BIN_EXE_test-worker");
@@ -57,6 +57,51 @@ async fn a_retried_job_skips_steps_already_done() {
         .pttl(QueueKeys::new("billing").steps(id.as_str()))
         .await
         .unwrap();
+    assert!(ttl > 0, "step results expire with the completion record");
+}
+
+/// A dead job's `ctx.step` results live as long as its dead entry: the
+/// dead-lettering takes their TTL off (`dead_letter()` in the prelude), so a
+/// replay weeks later still finds the completed step and does not run its
+/// side effect again; the replay gives them a live job's TTL back. Before,
+/// they expired 7 days after the last step while the dead entry lived on
+/// (7 days from `dead_at`, or for ever with dead retention 0), and a replay
+/// in between charged twice.
+#[tokio::test]
+async fn a_dead_jobs_step_results_live_as_long_as_the_dead_job() {
+    let env = TestEnv::start().await;
+    // One attempt: the charge step runs, then the job fails and is dead.
+    let opts = queue_core::EnqueueOptions::new().max_attempts(1);
+    let b = Bill {
+        fail_after_charge: 1,
+        ..env.bill(700)
+    };
+    let id = bill::enqueue_with(&env.queue, opts, b)
+        .await
+        .expect("enqueue bill")
+        .id;
+    let worker = env.spawn_billing_worker(billing_config()).await;
+    env.wait_stats("billing", "the job is dead-lettered", |s| s.dead == 1)
+        .await;
+    let steps = QueueKeys::new("billing").steps(id.as_str());
+    let mut conn = env.conn().await;
+    let charged: Vec<String> = conn.hkeys(&steps).await.unwrap();
+    assert_eq!(charged, vec!["charge".to_string()]);
+    let ttl: i64 = conn.pttl(&steps).await.unwrap();
+    assert_eq!(ttl, -1, "step results of a dead job have no TTL");
+    // Replayed: the second attempt passes, with the stored charge.
+    assert!(env.queue.replay_dead("billing", &id, false).await.unwrap());
+    env.wait_completed("billing", 1).await;
+    worker.stop().await;
+    let key = format!("billing:{id}:charge");
+    assert_eq!(
+        env.ledger_hash::<i64>("ledger:charge_calls")
+            .await
+            .get(&key),
+        Some(&1),
+        "the charge step ran once, not again on the replay"
+    );
+    let ttl: i64 = conn.pttl(&steps).await.unwrap();
     assert!(ttl > 0, "step results expire with the completion record");
 }
 

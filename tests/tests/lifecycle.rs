@@ -707,6 +707,136 @@ async fn settings_that_panicked_at_run_time_are_refused_at_build() {
     assert!(matches!(&err, QueueError::Config(m) if m.contains("concurrency limit")));
 }
 
+/// An extra field the scripts read as a count (`expires_at`,
+/// `expires_after`) whose value is none is refused at enqueue, naming the
+/// field, queue and job, single and batched: nothing is written. Before, it
+/// was stored, and the job was dead-lettered "corrupt field" at its first
+/// claim.
+#[tokio::test]
+async fn a_deadline_field_that_is_no_count_is_refused_at_enqueue() {
+    let env = TestEnv::start().await;
+    for (i, (name, value)) in [("expires_at", "tomorrow"), ("expires_after", "-1")]
+        .into_iter()
+        .enumerate()
+    {
+        let id = format!("bad-deadline-{i}");
+        let opts = || {
+            EnqueueOptions::new()
+                .id(id.as_str())
+                .extra_field(name, value)
+        };
+        let single = env
+            .queue
+            .enqueue_raw("tasks", "task", 1, 3, opts(), b"\x80")
+            .await
+            .unwrap_err();
+        let batch = env
+            .queue
+            .enqueue_raw_batch("tasks", "task", 1, 3, vec![(opts(), b"\x80".to_vec())])
+            .await
+            .unwrap_err();
+        for err in [single, batch] {
+            assert!(
+                matches!(&err, QueueError::InvalidExtraField { name: n, .. } if n == name),
+                "{err}"
+            );
+            assert_eq!(err.queue(), Some("tasks"));
+            assert_eq!(err.job_id().map(|j| j.as_str()), Some(id.as_str()));
+        }
+        assert!(env.queue.job("tasks", id.as_str()).await.unwrap().is_none());
+    }
+}
+
+/// A hand-written `Job` with a zero `TIMEOUT`.
+struct ZeroTimeout;
+
+impl queue_core::Job for ZeroTimeout {
+    type Args = u32;
+    const NAME: &'static str = "zero_timeout";
+    const QUEUE: &'static str = "tasks";
+    const TIMEOUT: Option<Duration> = Some(Duration::ZERO);
+    fn run(
+        _: queue_core::JobContext,
+        _: u32,
+    ) -> queue_core::BoxFuture<'static, Result<(), queue_core::JobError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A hand-written `Job` with a zero `DEADLINE`.
+struct ZeroDeadline;
+
+impl queue_core::Job for ZeroDeadline {
+    type Args = u32;
+    const NAME: &'static str = "zero_deadline";
+    const QUEUE: &'static str = "tasks";
+    const DEADLINE: Option<Duration> = Some(Duration::ZERO);
+    fn run(
+        _: queue_core::JobContext,
+        _: u32,
+    ) -> queue_core::BoxFuture<'static, Result<(), queue_core::JobError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A hand-written `Job` whose `TIMEOUT` or `DEADLINE` is zero, and a
+/// `Backoff` whose base is above its max or whose max is beyond 30 days,
+/// are refused at build, naming the type and queue (or the backoff). Before,
+/// they built: every attempt failed "timed out after 0ns", every job was
+/// dead-lettered "deadline exceeded", and a max near `u64` milliseconds
+/// parked a retried job decades away (`#[job]` and `timeout_for` already
+/// refused a zero).
+#[tokio::test]
+async fn zero_job_limits_and_an_unbounded_backoff_are_refused_at_build() {
+    let env = TestEnv::start().await;
+    for (reg, name, what) in [
+        (
+            queue_core::Registration::of::<ZeroTimeout>(),
+            "zero_timeout",
+            "TIMEOUT",
+        ),
+        (
+            queue_core::Registration::of::<ZeroDeadline>(),
+            "zero_deadline",
+            "DEADLINE",
+        ),
+    ] {
+        let err = env
+            .worker("tasks", fast_config())
+            .register(reg)
+            .build()
+            .await
+            .unwrap_err();
+        let QueueError::Config(msg) = &err else {
+            panic!("{name}: {err}");
+        };
+        for needle in [format!("`{name}`"), "queue `tasks`".into(), what.into()] {
+            assert!(msg.contains(&needle), "{needle:?} not in {msg:?}");
+        }
+    }
+    let backoff = |base: Duration, max: Duration| WorkerConfig {
+        backoff: queue_core::Backoff { base, max },
+        ..fast_config()
+    };
+    let day = Duration::from_secs(24 * 3600);
+    for cfg in [
+        backoff(Duration::from_secs(2), Duration::from_secs(1)),
+        backoff(Duration::from_secs(1), Duration::from_millis(u64::MAX)),
+        backoff(Duration::from_secs(1), day * 30 + Duration::from_millis(1)),
+    ] {
+        let b = cfg.backoff;
+        let err = env.worker("tasks", cfg).build().await.unwrap_err();
+        assert!(
+            matches!(&err, QueueError::Config(m) if m.contains("backoff")),
+            "{b:?}: {err}"
+        );
+    }
+    env.worker("tasks", backoff(Duration::ZERO, day * 30))
+        .build()
+        .await
+        .expect("a zero base and a 30-day max are fine");
+}
+
 /// At the largest accepted values (an ack window of a third of the lease,
 /// 10,000 acks per call, concurrency `u32::MAX`) a job runs once, is acked
 /// before its lease runs out, and the worker stops.

@@ -660,3 +660,63 @@ async fn a_wait_that_cannot_connect_after_the_enqueue_names_the_job() {
     );
     assert_eq!(e.queue(), Some(square::QUEUE), "{err}");
 }
+
+/// A job whose result is `Args` bytes long (`set_result_ref`).
+struct SizedResult;
+
+impl queue_core::Job for SizedResult {
+    type Args = usize;
+    const NAME: &'static str = "sized_result";
+    const QUEUE: &'static str = "sized";
+    const MAX_ATTEMPTS: u32 = 3;
+    fn run(
+        ctx: queue_core::JobContext,
+        len: usize,
+    ) -> queue_core::BoxFuture<'static, Result<(), queue_core::JobError>> {
+        Box::pin(async move {
+            ctx.set_result_ref("r".repeat(len));
+            Ok(())
+        })
+    }
+}
+
+/// A result above `MAX_RESULT_BYTES` dead-letters its own job at once
+/// (permanent, the reason naming its size), and the jobs acked with it
+/// complete. Before, the result went into the batch's `ack.lua` call: one
+/// Redis refuses (above its argument or query-buffer limits) failed the
+/// ack of every job of the batch, again at each redelivery.
+#[tokio::test]
+async fn an_oversized_result_dead_letters_only_its_own_job() {
+    let env = TestEnv::start().await;
+    let big = env
+        .queue
+        .enqueue::<SizedResult>(&(queue_core::MAX_RESULT_BYTES + 1))
+        .await
+        .unwrap();
+    let small = env.queue.enqueue::<SizedResult>(&16).await.unwrap();
+    let fits = env
+        .queue
+        .enqueue::<SizedResult>(&queue_core::MAX_RESULT_BYTES)
+        .await
+        .unwrap();
+    let builder = queue_tests::env::worker_on(
+        &env.url,
+        [queue_core::Registration::of::<SizedResult>()],
+        fast_config(),
+    );
+    let worker = WorkerHandle::start(builder).await;
+    env.wait_stats("sized", "two acked, one dead", |s| {
+        s.counters.get("completed") == Some(&2) && s.dead == 1
+    })
+    .await;
+    worker.stop().await;
+    for id in [&small, &fits] {
+        assert!(env.queue.completion("sized", id).await.unwrap().is_some());
+    }
+    let job = env.queue.job("sized", &big).await.unwrap().expect("kept");
+    assert_eq!(job.state(), Some("dead"));
+    assert_eq!(job.attempts(), 1, "permanent: not retried");
+    let reason = job.field("dead_reason").unwrap_or_default();
+    let size = (queue_core::MAX_RESULT_BYTES + 1).to_string();
+    assert!(reason.contains(&size), "{reason}");
+}

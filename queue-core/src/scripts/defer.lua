@@ -89,9 +89,10 @@ if not bad then
       if d >= cap then break end
       d = math.min(d * 2, cap)
     end
-    local run_at = now + d
+    local run_at = math.min(now + d, 9007199254740991)
     local why = 'payload version ' .. ARGV[3] .. ' newer than the handler'
     if ARGV[6] == '' then why = 'no handler for ' .. ARGV[3] .. ' on this worker' end
+    why = error_cut(why) -- the type comes from the job: stored at most 4096 bytes
     ev_hist(KEYS[6], ARGV[1], KEYS[3], 'deferred', why, now)
     local wake = sooner_than_head(KEYS[4], run_at)
     redis.call('ZADD', KEYS[4], int_str(run_at), ARGV[1])
@@ -118,6 +119,7 @@ if not bad then
       .. ARGV[6] .. ')' .. unannounced
   end
 end
+reason = error_cut(reason)
 local member = dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
 if attempts then redis.call('HSET', KEYS[3], 'attempts', attempts) end
 redis.call('HSET', KEYS[3], 'failed_at', now, 'failed_token', ARGV[2])

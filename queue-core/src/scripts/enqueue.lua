@@ -10,8 +10,9 @@
 --       9 enqueue token (OPTIONAL: producers that send 8 arguments keep working),
 --       10.. extra job fields as name, value pairs (OPTIONAL: features such as
 --       deadlines, groups and trace context store their enqueue options on the job
---       hash this way; a name of a core field, or a name given twice, is refused
---       before any write)
+--       hash this way; a name of a core field, or a name given twice, or a value
+--       of `expires_at` / `expires_after` that is not a count, is refused before
+--       any write)
 -- ARGV 6-8 are non-negative integers: anything else refuses the call before any write.
 -- Returns {'new', run_at} | {'exists', state} | {'done'}
 -- The once-marker makes an id enqueueable once per marker lifetime even after
@@ -47,6 +48,10 @@ if #ARGV > 9 then
       return redis.error_reply('ERR invalid argument extra field name: ' .. ARGV[i]
         .. ' given twice')
     end
+    if COUNT_EXTRA_FIELDS[ARGV[i]] and not as_count(ARGV[i + 1]) then
+      return redis.error_reply('ERR invalid argument extra field ' .. ARGV[i] .. ': '
+        .. utf8_cut(ARGV[i + 1], 64) .. ' is not a non-negative integer')
+    end
     seen[ARGV[i]] = true
     extra[#extra + 1] = ARGV[i]
     extra[#extra + 1] = ARGV[i + 1]
@@ -79,6 +84,10 @@ local now, wake, group
 if not answer then
   now = now_ms()
   if run_at > 0 then delay = math.max(run_at - now, 0) end
+  -- The run time at most 2^53 - 1 (a count, as every reader of run_at and
+  -- the delayed score takes it): a delay near the largest one stored a
+  -- run_at the promoter and the checker took as corrupt.
+  delay = math.min(delay, 9007199254740991 - now)
   group = extra_group(extra) -- a `group` extra field: its group list
   if delay > 0 then
     -- Reads delayed: of another type, it raises here, before any write.

@@ -62,6 +62,8 @@ while i <= #ARGV do
       bad = 'extra field name: ' .. ARGV[k] .. ' is empty or a core job field'
     elseif seen and seen[ARGV[k]] then
       bad = 'extra field name: ' .. ARGV[k] .. ' given twice'
+    elseif COUNT_EXTRA_FIELDS[ARGV[k]] and not as_count(ARGV[k + 1]) then
+      bad = 'extra field ' .. ARGV[k] .. ': ' .. utf8_cut(ARGV[k + 1], 64) .. ' is not a non-negative integer'
     elseif ARGV[k] == 'group' then
       grouped = grouped or {}
       grouped[#grouped + 1] = #starts + 1
@@ -183,6 +185,8 @@ local function write(i)
   local n = as_count(ARGV[i + 10])
   local delay, run_at, once = as_count(ARGV[i + 5]), as_count(ARGV[i + 6]), as_count(ARGV[i + 7])
   if run_at > 0 then delay = math.max(run_at - now, 0) end
+  -- The run time at most 2^53 - 1, as enqueue.lua caps it.
+  delay = math.min(delay, 9007199254740991 - now)
   local max_attempts = int_str(math.max(as_count(ARGV[i + 4]), 1))
   -- A generated id sent for the first time (fresh) cannot exist: no reads.
   -- Otherwise what the validation pass read.

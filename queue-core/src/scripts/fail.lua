@@ -7,9 +7,12 @@
 --       8 guard (never written: see keys.rs; the script reaches the history, the
 --         waiters' wake list and the batch)
 -- ARGV: 1 id, 2 token, 3 kind ('retry' | 'permanent'), 4 message, 5 delay_ms
+-- (the message is stored cut to 4096 bytes: error_cut)
 -- Returns {'retry', run_at} | {'dead', reason} | {'lost'} | {'cancel_requested'}
 -- (nothing written: the worker ends the job with finish_cancel.lua).
 local delay = arg_count(ARGV[5], 'delay_ms')
+-- The message cut before any write (the worker sends it cut already).
+local message = error_cut(ARGV[4])
 expect_types(KEYS[1], 'list', KEYS[2], 'zset', KEYS[4], 'zset', KEYS[5], 'list')
 local early, h, bad = failing_delivery(KEYS[3], KEYS[1], ARGV[1], ARGV[2], 'max_attempts')
 if early then return early end
@@ -19,11 +22,13 @@ local now = now_ms()
 local reason = bad
 if not bad then
   if ARGV[3] == 'retry' and attempts < max then
-    local run_at = now + delay
-    ev_hist(KEYS[6], ARGV[1], KEYS[3], 'retried', ARGV[4], now)
+    -- At most 2^53 - 1 (a count, as every reader of run_at takes it): a
+    -- delay near the largest one stored a run_at the promoter took as corrupt.
+    local run_at = math.min(now + delay, 9007199254740991)
+    ev_hist(KEYS[6], ARGV[1], KEYS[3], 'retried', message, now)
     local wake = sooner_than_head(KEYS[4], run_at)
     redis.call('ZADD', KEYS[4], run_at, ARGV[1])
-    redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'state', 'delayed',
+    redis.call('HSET', KEYS[3], 'last_error', message, 'failed_at', now, 'state', 'delayed',
       'run_at', run_at, 'failed_token', ARGV[2])
     redis.call('HDEL', KEYS[3], 'token', 'lease_until')
     -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
@@ -34,13 +39,13 @@ if not bad then
     if wake then wake_promoter(KEYS[7]) end
     return {'retry', run_at}
   end
-  reason = ARGV[4]
+  reason = message
   if ARGV[3] == 'retry' then
-    reason = 'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. ARGV[4]
+    reason = 'attempts exhausted (' .. attempts .. ' of ' .. max .. '): ' .. message
   end
 end
 local member = dead_letter(KEYS[3], KEYS[5], KEYS[6], ARGV[1], reason, now)
-redis.call('HSET', KEYS[3], 'last_error', ARGV[4], 'failed_at', now, 'failed_token', ARGV[2])
+redis.call('HSET', KEYS[3], 'last_error', message, 'failed_at', now, 'failed_token', ARGV[2])
 -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])

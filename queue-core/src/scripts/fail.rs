@@ -40,7 +40,8 @@ pub(crate) struct Fail<'a> {
     pub(crate) id: &'a JobId,
     pub(crate) token: &'a str,
     pub(crate) kind: FailKind,
-    /// The error (retry) or the dead-letter reason (permanent).
+    /// The error (retry) or the dead-letter reason (permanent); sent cut to
+    /// [`MAX_ERROR_BYTES`](super::MAX_ERROR_BYTES).
     pub(crate) message: &'a str,
     /// Retry delay, added to the Redis clock by the script (DESIGN rule 2).
     pub(crate) delay: Duration,
@@ -78,7 +79,7 @@ impl Fail<'_> {
             .arg(id)
             .arg(self.token)
             .arg(self.kind.as_arg())
-            .arg(self.message)
+            .arg(&*super::cut_error(self.message))
             .arg(super::ms(self.delay))
             .run(conn, &k.queue, Some(self.id))
             .await?;

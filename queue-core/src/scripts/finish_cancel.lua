@@ -2,12 +2,15 @@
 -- returned an error: never retried, never dead-lettered. Only while the token matches.
 -- KEYS: 1 processing, 2 leases, 3 job hash, 4 completion record, 5 stats, 6 step results,
 --       7 guard (never written: see keys.rs; the script reaches the history and the batch)
--- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error
+-- ARGV: 1 id, 2 token, 3 retention_ms, 4 the handler's error (stored cut to 4096 bytes:
+--       error_cut)
 -- Returns 1, or 0 when the lease was lost. Idempotent for its token: the record
 -- keeps it, so a retry whose first reply was lost answers 1 again.
 -- At least 1 ms: PEXPIRE 0 would delete the record, and a write after it
 -- would leave one without a TTL (a cancelled id answering done for ever).
 local retention = math.max(arg_count(ARGV[3], 'retention_ms'), 1)
+-- The error cut before any write (the worker sends it cut already).
+local message = error_cut(ARGV[4])
 expect_types(KEYS[1], 'list', KEYS[2], 'zset')
 local h = redis.call('HMGET', KEYS[3], 'token', 'state', 'attempts', 'type', 'enqueued_at', 'batch')
 if h[2] ~= 'active' or h[1] ~= ARGV[2] then
@@ -18,13 +21,13 @@ if h[2] ~= 'active' or h[1] ~= ARGV[2] then
   return 0
 end
 local now = now_ms()
-ev_hist(KEYS[5], ARGV[1], KEYS[3], 'cancelled', ARGV[4], now, retention)
+ev_hist(KEYS[5], ARGV[1], KEYS[3], 'cancelled', message, now, retention)
 cancel_record(KEYS[4], KEYS[6], h[3], h[4], h[5], 'active', retention, now, ARGV[2])
-redis.call('HSET', KEYS[4], 'last_error', ARGV[4])
+redis.call('HSET', KEYS[4], 'last_error', message)
 -- From the tail: a finished or expired delivery is old, near the tail (see ack.lua).
 redis.call('LREM', KEYS[1], -1, ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('DEL', KEYS[3])
 bump(KEYS[5], 'cancelled', 1)
-if h[6] then wf_member_finished(h[6], ARGV[1], 'cancelled', ARGV[4], now, KEYS[5]) end
+if h[6] then wf_member_finished(h[6], ARGV[1], 'cancelled', message, now, KEYS[5]) end
 return 1

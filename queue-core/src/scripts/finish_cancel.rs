@@ -26,7 +26,8 @@ pub(crate) struct FinishCancel<'a> {
     pub(crate) token: &'a str,
     /// How long the completion record is kept.
     pub(crate) retention: Duration,
-    /// The handler's error, kept on the record.
+    /// The handler's error, kept on the record (sent cut to
+    /// [`MAX_ERROR_BYTES`](super::MAX_ERROR_BYTES)).
     pub(crate) message: &'a str,
 }
 
@@ -48,7 +49,7 @@ impl FinishCancel<'_> {
             .arg(id)
             .arg(self.token)
             .arg(super::ms(self.retention).max(1))
-            .arg(self.message)
+            .arg(&*super::cut_error(self.message))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         reply::flag(&k.queue, Some(self.id), "finish_cancel reply", &reply)

@@ -967,11 +967,15 @@ async fn a_claim_past_the_deadline_dead_letters_the_job_as_expired() {
         ("gone", "expires_at", "1"),
         ("now", "expires_after", "0"),
         ("later", "expires_after", "600000"),
-        ("bad", "expires_at", "soon"),
+        ("bad", "expires_at", "1"),
     ] {
         f.enqueue_extra(id, 3, &[(field.to_string(), value.to_string())])
             .await;
     }
+    // Enqueue refuses a deadline that is no count: a hand edit (or an older
+    // producer) stores one.
+    f.cmd(&["HSET", &keys.job("bad"), "expires_at", "soon"])
+        .await;
     let rows = f.fetch(4, "deadlines").await.unwrap();
     assert_eq!(rows[0], ClaimRow::Skipped("gone".into(), Skip::Expired));
     assert_eq!(rows[1], ClaimRow::Skipped("now".into(), Skip::Expired));
@@ -2223,4 +2227,246 @@ async fn retention_trimming_is_not_stopped_by_a_dead_at_that_is_no_time() {
         );
         assert!(fx.job("bad").await.is_empty(), "dead_at {bad}: deleted");
     }
+}
+
+/// The bytes of a reply's bulk string, as UTF-8 (valid: a cut never splits
+/// a character).
+fn utf8_of(v: &Value) -> String {
+    let Value::BulkString(b) = v else {
+        panic!("a bulk string: {v:?}")
+    };
+    String::from_utf8(b.clone()).expect("valid UTF-8")
+}
+
+/// What the fixture's queue keeps of a failure of job `id`: `last_error`
+/// (and `dead_reason` when dead), the history entries' details and the
+/// event stream's details.
+async fn stored_errors(fx: &mut Fixture, id: &str) -> Vec<String> {
+    let job = fx.keys.job(id);
+    let mut out = vec![utf8_of(&fx.cmd(&["HGET", &job, "last_error"]).await)];
+    if let Value::BulkString(_) = fx.cmd(&["HGET", &job, "dead_reason"]).await {
+        out.push(utf8_of(&fx.cmd(&["HGET", &job, "dead_reason"]).await));
+    }
+    let Value::Array(entries) = fx.cmd(&["LRANGE", &fx.keys.hist(id), "0", "-1"]).await else {
+        panic!("history entries")
+    };
+    assert!(!entries.is_empty(), "a history entry");
+    for e in &entries {
+        let entry: serde_json::Value = serde_json::from_str(&utf8_of(e)).unwrap();
+        out.push(entry["d"].as_str().expect("a detail").to_string());
+    }
+    let Value::Array(events) = fx.cmd(&["XRANGE", &fx.keys.events(), "-", "+"]).await else {
+        panic!("events")
+    };
+    let mut details = 0;
+    for ev in &events {
+        let Value::Array(entry) = ev else {
+            panic!("{ev:?}")
+        };
+        let Value::Array(fields) = &entry[1] else {
+            panic!("{ev:?}")
+        };
+        for pair in fields.chunks(2) {
+            if utf8_of(&pair[0]) == "detail" {
+                out.push(utf8_of(&pair[1]));
+                details += 1;
+            }
+        }
+    }
+    assert!(details > 0, "a failure event");
+    out
+}
+
+/// A handler error of 1 MB (multi-byte characters) is stored cut to 4 KB at
+/// a character boundary, saying how long it was, in `last_error`, the
+/// history, the event stream and the dead-letter reason: by the worker's
+/// `Fail` (it sends it cut) and by `fail.lua` itself for a caller that
+/// sends it whole. Before, each retry stored it whole in the job hash, a
+/// history entry (up to 50) and the event stream (~10,000 entries): Redis
+/// ran out of memory.
+#[tokio::test]
+async fn a_huge_failure_message_is_stored_cut() {
+    let mut fx = Fixture::start().await;
+    fx.cmd(&["SET", &fx.keys.events_on(), "10000"]).await;
+    let huge = "é".repeat(512 * 1024);
+    let limit = super::MAX_ERROR_BYTES;
+    // Through the worker's wrapper: retried, then dead.
+    fx.enqueue("big", 2).await;
+    let mut d = fx.fetch_one().await;
+    for attempt in 1..=2 {
+        if attempt == 2 {
+            d = fx.redeliver_after(&d).await;
+        }
+        Fail {
+            keys: &fx.keys,
+            id: &d.id,
+            token: &d.token,
+            kind: FailKind::Retry,
+            message: &huge,
+            delay: Duration::ZERO,
+        }
+        .run(&mut fx.conn)
+        .await
+        .unwrap();
+    }
+    assert_eq!(fx.places("big").await, Places::dead_only());
+    // A caller that sends it whole: the script cuts it before any write.
+    fx.enqueue("raw", 1).await;
+    let d = fx.fetch_one().await;
+    let k = fx.keys.clone();
+    super::fail::SCRIPT
+        .call([
+            k.processing.clone(),
+            k.leases.clone(),
+            k.job("raw"),
+            k.delayed.clone(),
+            k.dead.clone(),
+            k.stats.clone(),
+            k.wake.clone(),
+            k.guard.clone(),
+        ])
+        .arg("raw")
+        .arg(d.token.as_str())
+        .arg("permanent")
+        .arg(huge.as_str())
+        .arg(0)
+        .run(&mut fx.conn, &k.queue, Some(&d.id))
+        .await
+        .unwrap();
+    for id in ["big", "raw"] {
+        let stored = stored_errors(&mut fx, id).await;
+        assert!(stored.len() >= 4, "{id}: {}", stored.len());
+        for s in stored {
+            // `attempts exhausted (2 of 2): ` leads a dead reason.
+            assert!(s.len() <= limit + 64, "{id}: {} bytes stored", s.len());
+            assert!(s.contains("ééé"), "{id}: the message's start is kept");
+            assert!(
+                s.ends_with(&format!("… ({} bytes)", huge.len())),
+                "{id}: says how long it was: {}",
+                &s[s.len() - 40..]
+            );
+        }
+    }
+}
+
+/// A relative delay near the largest one (`Duration::MAX`, sent as 2^53 − 1
+/// ms) stores a run time the scripts read as a count, at enqueue and at a
+/// retry: the job stays delayed (promote leaves it, the checker's reader
+/// takes its `run_at`). Before, `now + delay` went past 2^53 − 1: the stored
+/// run_at (and the delayed score) was no count, and the promoter
+/// dead-lettered the job as corrupt once it came due... never, while the
+/// checker and `jobs show` read garbage.
+#[tokio::test]
+async fn a_delay_near_the_largest_stores_a_run_at_that_is_a_count() {
+    let mut fx = Fixture::start().await;
+    let id = JobId::from("far");
+    Enqueue {
+        delay: Some(Duration::MAX),
+        ..Enqueue::test_job(&fx.keys, &id, 3)
+    }
+    .run(&mut fx.conn)
+    .await
+    .unwrap();
+    fx.enqueue("far-retry", 3).await;
+    let d = fx.fetch_one().await;
+    let reply = Fail {
+        keys: &fx.keys,
+        id: &d.id,
+        token: &d.token,
+        kind: FailKind::Retry,
+        message: "later",
+        delay: Duration::MAX,
+    }
+    .run(&mut fx.conn)
+    .await
+    .unwrap();
+    assert!(matches!(reply, FailReply::Retry { .. }), "{reply:?}");
+    fx.promote().await.unwrap();
+    let max = super::MAX_MS;
+    for id in ["far", "far-retry"] {
+        let job = fx.job(id).await;
+        assert_eq!(
+            job.get("state").map(String::as_str),
+            Some("delayed"),
+            "{id}"
+        );
+        let run_at = job.get("run_at").expect("a run_at");
+        let n: u64 = run_at.parse().unwrap_or_else(|_| panic!("{id}: {run_at}"));
+        assert!(n <= max, "{id}: {n}");
+        let delayed = fx.keys.delayed.clone();
+        let score = utf8_of(&fx.cmd(&["ZSCORE", &delayed, id]).await);
+        assert_eq!(score.parse::<f64>().unwrap(), n as f64, "{id}");
+        assert_eq!(fx.places(id).await, Places::delayed_only(), "{id}");
+    }
+}
+
+/// An extra field the scripts read as a count (`expires_at`,
+/// `expires_after`) with a value that is none is refused at enqueue, before
+/// any write, by `enqueue.lua` and by `enqueue_many.lua`. Before, it was
+/// stored, and the job was dead-lettered "corrupt field" at its first claim.
+#[tokio::test]
+async fn a_count_extra_field_that_is_no_count_is_refused_at_enqueue() {
+    let mut fx = Fixture::start().await;
+    let pair = |n: &str, v: &str| vec![(n.to_string(), v.to_string())];
+    for (i, extra) in [
+        pair("expires_at", "soon"),
+        pair("expires_after", "-5"),
+        pair("expires_after", "1.5"),
+        pair("expires_at", "1e300"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = JobId::from(format!("x{i}"));
+        let err = Enqueue {
+            extra: &extra,
+            ..Enqueue::test_job(&fx.keys, &id, 1)
+        }
+        .run(&mut fx.conn)
+        .await
+        .unwrap_err();
+        assert!(err.to_string().contains(&extra[0].0), "{err}");
+        assert_eq!(fx.places(id.as_str()).await, Places::default());
+        assert_eq!(
+            fx.cmd(&["EXISTS", &fx.keys.job(id.as_str())]).await,
+            Value::Int(0)
+        );
+        // The batch form: that job answers invalid, nothing written.
+        let many = super::enqueue_many::ManyJob {
+            job: Enqueue {
+                extra: &extra,
+                ..Enqueue::test_job(&fx.keys, &id, 1)
+            },
+            token: "",
+            fresh: false,
+        };
+        let replies = super::enqueue_many::run_each(
+            &mut fx.conn,
+            &fx.keys,
+            super::enqueue_many::Mode::Each,
+            &[many],
+        )
+        .await
+        .unwrap();
+        match &replies[..] {
+            [Ok(super::enqueue_many::ManyReply::Invalid(why))] => {
+                assert!(why.contains(&extra[0].0), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            fx.cmd(&["EXISTS", &fx.keys.job(id.as_str())]).await,
+            Value::Int(0)
+        );
+    }
+    // A count is stored.
+    let ok = pair("expires_after", "60000");
+    fx.enqueue_extra("fine", 1, &ok).await;
+    assert_eq!(
+        fx.job("fine")
+            .await
+            .get("expires_after")
+            .map(String::as_str),
+        Some("60000")
+    );
 }

@@ -97,6 +97,29 @@ pub(crate) fn ms(d: std::time::Duration) -> u64 {
     d.as_millis().min(u128::from(MAX_MS)) as u64
 }
 
+/// The most bytes of a handler's error text the scripts store (the job's
+/// `last_error`, its history, the event stream, a dead-letter reason, a
+/// batch's failure detail). The prelude's `error_cut` cuts an argument the
+/// same way, as a backstop.
+pub(crate) const MAX_ERROR_BYTES: usize = 4096;
+
+/// `message` as the scripts store it: whole when it has at most
+/// [`MAX_ERROR_BYTES`] bytes, else cut at a character boundary and followed
+/// by `… (<length> bytes)`, [`MAX_ERROR_BYTES`] in all. Uncut, a 1 MB error
+/// went whole into the job hash, each of its 50 history entries and the
+/// event stream (~10,000 entries) on every retry: Redis ran out of memory.
+pub(crate) fn cut_error(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.len() <= MAX_ERROR_BYTES {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    let suffix = format!("… ({} bytes)", message.len());
+    let mut end = MAX_ERROR_BYTES - suffix.len();
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}{suffix}", &message[..end]))
+}
+
 /// Builds a queue script: an optional Redis 7 shebang line with flags, the
 /// prelude, then the body.
 pub(crate) fn with_prelude(flags: Option<&str>, body: &str) -> Script {

@@ -45,6 +45,12 @@ local CORE_JOB_FIELDS = {id = true, type = true, v = true, payload = true, max_a
   previous_dead_reason = true, progress = true, progress_message = true, progress_at = true,
   notify = true, hist = true, batch_of = true, newer_attempts = true, deferrals = true}
 
+-- The extra fields (set by producers, enqueue.lua / enqueue_many.lua) that
+-- scripts read as counts (deadline_check): a value that is not one is
+-- refused at enqueue, as the Rust side refuses it (check_extra_fields).
+-- Stored, it got the job dead-lettered as corrupt at its first claim.
+local COUNT_EXTRA_FIELDS = {expires_at = true, expires_after = true}
+
 -- A count as stored or passed (attempts, max_attempts, fence, a limit): the
 -- number when it is a finite non-negative integer, else nil (nan, inf, -1, 'x').
 -- Short strings of small counts are parsed once per library load and kept
@@ -180,6 +186,20 @@ local function utf8_cut(s, n)
   return string.sub(s, 1, cut)
 end
 
+-- A handler's error text (or a reason built from stored data) as the scripts
+-- store it: in `last_error`, the history, the event stream, `dead_reason`, a
+-- batch's failure detail. At most ERROR_MAX bytes: a longer one is cut at a
+-- UTF-8 boundary and says how long it was, as the worker cuts it
+-- (scripts::cut_error). Uncut, a 1 MB error went whole into every history
+-- entry and stream entry of each retry, and Redis ran out of memory.
+local ERROR_MAX = 4096
+local function error_cut(s)
+  s = tostring(s)
+  if #s <= ERROR_MAX then return s end
+  local suffix = '\226\128\166 (' .. #s .. ' bytes)'
+  return utf8_cut(s, ERROR_MAX - #suffix) .. suffix
+end
+
 -- The dead-letter reason of a corrupt stored count, naming the field.
 local function corrupt_field(name, v)
   return 'corrupt field ' .. name .. ": '" .. utf8_cut(tostring(v), 64)
@@ -227,6 +247,11 @@ end
 -- (wf_member_finished, after its own removals), whichever script
 -- dead-letters it (fail, defer, the watchdog, a claim that finds corrupt
 -- data or a passed deadline, the promoter).
+-- The job's step results (`q:{Q}:steps:<id>`, `ctx.step`) lose their TTL:
+-- they live as long as the dead entry (dead_trim.lua and purge.lua delete
+-- them with it; replay.lua gives them their TTL back). Expiring 7 days
+-- after the last step while the dead entry lived on, a replay ran the
+-- handler's completed steps again.
 local function dead_letter(jobkey, dead, stats, id, reason, now)
   ev_hist(stats, id, jobkey, 'dead', reason, now)
   local t = redis.call('TYPE', jobkey)['ok']
@@ -234,6 +259,7 @@ local function dead_letter(jobkey, dead, stats, id, reason, now)
   redis.call('LPUSH', dead, id)
   redis.call('HSET', jobkey, 'id', id, 'state', 'dead', 'dead_reason', reason, 'dead_at', now)
   redis.call('HDEL', jobkey, 'token', 'lease_until')
+  redis.pcall('PERSIST', string.sub(stats, 1, #stats - 5) .. 'steps:' .. id)
   bump(stats, 'dead', 1)
   results_wake(jobkey, id)
   if t == 'hash' then return redis.call('HGET', jobkey, 'batch') or nil end

@@ -123,7 +123,7 @@ for i = 1, #expired, 2 do
     -- refuses half-way through the pass (and at every pass after it).
     local backoff = base * 2 ^ math.min(math.max(attempts - 1, 0), 40)
     if backoff > cap then backoff = cap end
-    local run_at = now + math.floor(backoff / 2 + math.random() * backoff / 2)
+    local run_at = math.min(now + math.floor(backoff / 2 + math.random() * backoff / 2), 9007199254740991)
     ev_hist(KEYS[5], id, jobkey, 'reclaimed', msg, now)
     wake = wake or sooner_than_head(KEYS[3], run_at)
     redis.call('ZADD', KEYS[3], run_at, id)

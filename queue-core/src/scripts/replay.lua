@@ -1,9 +1,15 @@
 -- Returns a dead-lettered job to main, only while its state is `dead` (a live
 -- job that reuses the id is never touched). Main before the dead list.
 -- KEYS: 1 dead, 2 main, 3 job hash, 4 stats, 5 guard (never written: see keys.rs; the
---       script reaches the group list, the ring, the history and the batch)
--- ARGV: 1 id, 2 reset attempts ('1' | '0')
+--       script reaches the group list, the ring, the history, the step
+--       results and the batch)
+-- ARGV: 1 id, 2 reset attempts ('1' | '0'), 3 step results ttl_ms (OPTIONAL: the
+--       job's `ctx.step` results, kept without a TTL while it was dead, expire
+--       that long after the replay, as while any job lives; the next step
+--       write or the ack sets it again; an older caller without it leaves them
+--       without a TTL until then)
 -- Returns 1 when replayed, 0 when the job is not dead-lettered.
+local steps_ttl = ARGV[3] and arg_count(ARGV[3], 'steps ttl_ms')
 local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group', 'batch')
 if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return 0
@@ -27,6 +33,9 @@ redis.call('HDEL', KEYS[3], 'dead_reason', 'dead_at', 'expires_at', 'expires_aft
   'failed_token', 'cancel_requested', 'newer_since', 'newer_attempts', 'deferrals',
   'limit_slot')
 if ARGV[2] == '1' then redis.call('HSET', KEYS[3], 'attempts', 0) end
+if steps_ttl and steps_ttl > 0 then
+  redis.pcall('PEXPIRE', ev_base(KEYS[4]) .. 'steps:' .. ARGV[1], int_str(steps_ttl))
+end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 bump(KEYS[4], 'replayed', 1)
 if h[4] then wf_member_unfinish(h[4], ARGV[1], KEYS[4]) end

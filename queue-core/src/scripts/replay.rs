@@ -1,5 +1,6 @@
 //! `replay.lua`: returns a dead-lettered job to main (operator action),
-//! keeping its previous dead-letter reason.
+//! keeping its previous dead-letter reason; its step results (kept without
+//! a TTL while it was dead) get the live job's step TTL back.
 
 use super::reply;
 use super::{lua_script, LuaScript};
@@ -9,7 +10,7 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<5> =
-    lua_script!("replay.lua", keys = 5, args = 2, prelude(None));
+    lua_script!("replay.lua", keys = 5, args = 3, prelude(None));
 
 /// Replays one dead-lettered job.
 pub(crate) struct Replay<'a> {
@@ -42,6 +43,9 @@ impl Replay<'_> {
             ])
             .arg(id)
             .arg(if self.reset_attempts { "1" } else { "0" })
+            // The step results, kept while the job was dead, expire again
+            // as a live job's do.
+            .arg(super::ms(super::step_record::STEP_TTL))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         Ok(

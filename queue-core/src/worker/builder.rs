@@ -28,6 +28,11 @@ pub(crate) const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// the announcement TTL (`promote_interval * 4`) and panicked at start.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
+/// The longest retry backoff ([`WorkerConfig::backoff`]'s `max`): 30 days.
+/// A `max` near `u64` milliseconds put a retried job's run time decades
+/// away (and past what the scripts store as a count).
+const MAX_BACKOFF: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// The most acks per `ack.lua` call ([`WorkerConfig::ack_batch`]): the acker
 /// reserves room for a whole batch up front (a huge value aborted the
 /// process), and a batch far above the fetch sizes (at most 64 by default)
@@ -96,7 +101,8 @@ pub struct WorkerConfig {
     /// runs this version or later: an older one fails on a string record
     /// (docs/OPERATIONS.md, "Compact completion records").
     pub compact_records: bool,
-    /// Retry backoff for retryable handler errors.
+    /// Retry backoff for retryable handler errors. `base` at most `max`,
+    /// `max` at most 30 days (checked by [`WorkerBuilder::build`]).
     pub backoff: Backoff,
     /// The longest the promoter sleeps when nothing wakes it (default 2 s).
     /// It otherwise sleeps until the next delayed job is due, and a job
@@ -512,6 +518,20 @@ impl WorkerBuilder {
                 cfg.lease
             )));
         }
+        // A base above the max is a mistake (every retry waits the max);
+        // a max of decades parks a retried job out of reach.
+        if cfg.backoff.base > cfg.backoff.max {
+            return Err(QueueError::Config(format!(
+                "backoff base ({:?}) must be at most its max ({:?})",
+                cfg.backoff.base, cfg.backoff.max
+            )));
+        }
+        if cfg.backoff.max > MAX_BACKOFF {
+            return Err(QueueError::Config(format!(
+                "backoff max ({:?}) must be at most 30 days",
+                cfg.backoff.max
+            )));
+        }
         // The heartbeat stops when the handler returns: an ack that waits
         // most of a lease for its batch finds the lease expired.
         if cfg.ack_window > cfg.lease / 3 {
@@ -547,6 +567,18 @@ impl WorkerBuilder {
             let mut run = reg.clone();
             if let Some(limit) = self.timeouts.get(reg.name) {
                 run.timeout = Some(*limit);
+            }
+            // A hand-written `Job` impl is not checked by `#[job]`: a zero
+            // timeout failed every attempt ("timed out after 0ns"), a zero
+            // deadline dead-lettered every job ("deadline exceeded").
+            for (what, limit) in [("TIMEOUT", run.timeout), ("DEADLINE", run.deadline)] {
+                if limit.is_some_and(|d| d.is_zero()) {
+                    return Err(QueueError::Config(format!(
+                        "job type `{}` on queue `{}`: its {what} must be more than zero \
+                         (None for no limit)",
+                        reg.name, reg.queue
+                    )));
+                }
             }
             if handlers.insert(key, run).is_some() {
                 return Err(QueueError::Config(format!(

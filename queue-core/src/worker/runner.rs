@@ -27,8 +27,10 @@ use crate::job::{ContextInner, JobContext, JobError};
 use crate::keys::QueueKeys;
 use crate::metrics::JobLabels;
 use crate::registry::Registration;
+use crate::results::MAX_RESULT_BYTES;
 use crate::scripts::ack::AckItem;
 use crate::scripts::claim::Delivery;
+use crate::scripts::cut_error;
 use crate::scripts::fail::{Fail, FailKind, FailReply};
 
 /// Runs one delivery: decode, heartbeat, handler, then ack or fail.
@@ -189,16 +191,23 @@ impl JobRunner {
         let elapsed_ms = elapsed.as_millis() as u64;
         debug!(elapsed_ms, "handler returned");
         let outcome = match result {
-            Ok(Ok(())) => {
-                if let Some(req) = self.complete(d, labels, ctx.take_result_ref(), elapsed) {
-                    // The acker is a whole channel behind: wait for room.
-                    Box::pin(self.send_ack(req)).await;
+            Ok(Ok(())) => match oversized_result(ctx.take_result_ref()) {
+                Ok(result) => {
+                    if let Some(req) = self.complete(d, labels, result, elapsed) {
+                        // The acker is a whole channel behind: wait for room.
+                        Box::pin(self.send_ack(req)).await;
+                    }
+                    return;
                 }
-                return;
+                Err(reason) => Outcome::Dead(reason),
+            },
+            // Cut to what the scripts store (a 1 MB message is not logged
+            // whole at every retry either).
+            Ok(Err(e)) if e.is_retryable() => Outcome::Retry(cut_error(e.message()).into_owned()),
+            Ok(Err(e)) => {
+                Outcome::Dead(cut_error(&format!("permanent error: {}", e.message())).into_owned())
             }
-            Ok(Err(e)) if e.is_retryable() => Outcome::Retry(e.message().to_string()),
-            Ok(Err(e)) => Outcome::Dead(format!("permanent error: {}", e.message())),
-            Err(panic) => Outcome::Retry(panicked(&*panic)),
+            Err(panic) => Outcome::Retry(cut_error(&panicked(&*panic)).into_owned()),
         };
         Box::pin(self.finish(&d, &labels, outcome, Some(elapsed))).await;
     }
@@ -516,6 +525,25 @@ fn execution_budget(
         // Beyond the clock (`Some(Duration::MAX)`): no budget to enforce.
         Some(left) if !left.is_zero() => Ok(d.claim_sent_at.checked_add(left)),
         _ => Err(deadline_reason(Some(limit), "this attempt was not started")),
+    }
+}
+
+/// The result of a handler that returned `Ok`, or the dead-letter reason
+/// when it is larger than [`MAX_RESULT_BYTES`]: one `ack.lua` call carries a
+/// whole batch of acks, so a result Redis refuses (above its
+/// `proto-max-bulk-len`, or a call above `client-query-buffer-limit`) failed
+/// the ack of every job of the batch, again at each redelivery. Refused
+/// here, it fails its own job only (permanently: the handler would return
+/// the same result again).
+fn oversized_result(result: Option<Vec<u8>>) -> std::result::Result<Option<Vec<u8>>, String> {
+    match result {
+        Some(r) if r.len() > MAX_RESULT_BYTES => Err(format!(
+            "permanent error: the job's result is {} bytes, more than the {MAX_RESULT_BYTES} \
+             a completion record keeps (set_output / set_result_ref; store a large result \
+             elsewhere and keep its reference)",
+            r.len()
+        )),
+        other => Ok(other),
     }
 }
 
