@@ -294,8 +294,8 @@ impl JobContext {
 
     /// Records a reference to the job's result (an invoice number, a storage
     /// path, ...) in the completion record written with the ack. At most
-    /// [`MAX_RESULT_BYTES`](crate::MAX_RESULT_BYTES): a longer one
-    /// dead-letters the job when the handler returns `Ok`.
+    /// [`MAX_RESULT_BYTES`](crate::MAX_RESULT_BYTES): a longer one is not
+    /// kept (the job completes without it).
     pub fn set_result_ref(&self, reference: impl Into<String>) {
         if let Ok(mut slot) = self.inner.result_ref.lock() {
             *slot = Some(reference.into().into_bytes());

@@ -100,8 +100,8 @@ impl JobContext {
     /// the ack writes, where [`Queue::wait_result`] reads it. `#[job]` calls
     /// it with the `T` of a fn returning `Result<T, JobError>`; it replaces
     /// a [`set_result_ref`](Self::set_result_ref). At most
-    /// [`MAX_RESULT_BYTES`]: a larger value dead-letters the job when the
-    /// handler returns `Ok`.
+    /// [`MAX_RESULT_BYTES`]: a larger value is not kept (the job completes
+    /// without it).
     ///
     /// ```
     /// let ctx = queue_core::JobContext::for_test("job-1", "reports", 1);
@@ -119,12 +119,14 @@ impl JobContext {
 }
 
 /// The largest result a job may leave in its completion record
-/// ([`JobContext::set_output`], [`JobContext::set_result_ref`]): 4 MiB. A
-/// larger one dead-letters its job (permanent error naming the size) instead
-/// of failing the `ack.lua` call of its whole ack batch (64 jobs by default,
-/// at most 256 MiB of results per call: far below Redis's 512 MB argument
-/// and 1 GB query-buffer limits). docs/RESULTS.md.
-pub const MAX_RESULT_BYTES: usize = 4 * 1024 * 1024;
+/// ([`JobContext::set_output`], [`JobContext::set_result_ref`]): 511 MiB,
+/// below Redis's default 512 MB argument limit (`proto-max-bulk-len`). A
+/// larger one is not kept: the job completes without it (an error is logged
+/// with its size), since its work is done. Acks are sent at most 64 MiB of
+/// results per `ack.lua` call (a larger result alone), so large results do
+/// not fail the acks of the jobs batched with them. Keep results small: they
+/// live in Redis memory for the completion retention. docs/RESULTS.md.
+pub const MAX_RESULT_BYTES: usize = 511 * 1024 * 1024;
 
 /// The first byte of a `result` field that holds a typed value: `0xc1`,
 /// which MessagePack never uses and UTF-8 never starts with, so the value

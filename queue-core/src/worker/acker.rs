@@ -238,24 +238,33 @@ async fn run(
             items.push(req.item);
             jobs.push(req.job);
         }
-        let mut progress = Progress::default();
-        let flushed = AssertUnwindSafe(flush(
-            &inner,
-            &keys,
-            &items,
-            &jobs,
-            &mut stop,
-            &mut progress,
-        ))
-        .catch_unwind()
-        .await;
-        let stopped = match flushed {
-            Ok(stopped) => stopped,
-            Err(panic) => {
-                flush_panicked(&keys, &jobs, &progress, &*panic);
-                false
+        let mut stopped = false;
+        for part in call_parts(&items, ACK_CALL_RESULT_BYTES) {
+            if stopped {
+                // The stop ended an earlier call of this batch: these were
+                // never sent and stay leased.
+                leave_batch(&jobs[part], false);
+                continue;
             }
-        };
+            let mut progress = Progress::default();
+            let flushed = AssertUnwindSafe(flush(
+                &inner,
+                &keys,
+                &items[part.clone()],
+                &jobs[part.clone()],
+                &mut stop,
+                &mut progress,
+            ))
+            .catch_unwind()
+            .await;
+            stopped = match flushed {
+                Ok(stopped) => stopped,
+                Err(panic) => {
+                    flush_panicked(&keys, &jobs[part], &progress, &*panic);
+                    false
+                }
+            };
+        }
         items.clear();
         jobs.clear();
         unflushed.fetch_sub(sent, Ordering::AcqRel);
@@ -263,6 +272,33 @@ async fn run(
             return leave_queued(&mut rx);
         }
     }
+}
+
+/// The results one `ack.lua` call carries at most (64 MiB), unless a single
+/// result is larger: it then goes in a call of its own. Redis refuses a call
+/// above its query-buffer limit (1 GB by default): 64 acks of large results
+/// in one call failed the ack of every job of the batch, again at each
+/// redelivery.
+const ACK_CALL_RESULT_BYTES: usize = 64 * 1024 * 1024;
+
+/// The batch's items split, in order, into the ranges one `ack.lua` call
+/// each sends: as many items as fit in `max_bytes` of results (at least one
+/// per call). A batch of small results is one range.
+fn call_parts(items: &[AckItem], max_bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut parts = Vec::with_capacity(1);
+    let (mut start, mut bytes) = (0, 0usize);
+    for (i, item) in items.iter().enumerate() {
+        let len = item.result_ref.as_ref().map_or(0, Vec::len);
+        if i > start && bytes.saturating_add(len) > max_bytes {
+            parts.push(start..i);
+            (start, bytes) = (i, 0);
+        }
+        bytes = bytes.saturating_add(len);
+    }
+    if start < items.len() {
+        parts.push(start..items.len());
+    }
+    parts
 }
 
 /// At the shutdown's stop: closes the channel (a runner still sending
@@ -444,4 +480,33 @@ fn flush_panicked(
     // A second panic (the same layer on these lines) has been printed by
     // the panic hook; nothing more to do with it.
     let _ = std::panic::catch_unwind(AssertUnwindSafe(report));
+}
+
+#[cfg(test)]
+mod call_parts_tests {
+    use super::{call_parts, AckItem};
+    use crate::job::JobId;
+
+    fn item(result: usize) -> AckItem {
+        AckItem {
+            id: JobId::from("j"),
+            token: String::new(),
+            result_ref: (result > 0).then(|| vec![0; result]),
+            claimed: None,
+        }
+    }
+
+    /// Small results go in one call; large ones are split so that a call
+    /// carries at most the cap, and a result above the cap goes alone.
+    #[test]
+    fn a_batch_is_split_by_its_result_bytes() {
+        let sizes = |v: &[usize]| v.iter().map(|&n| item(n)).collect::<Vec<_>>();
+        assert_eq!(call_parts(&sizes(&[1, 0, 3, 2]), 10), vec![0..4]);
+        assert_eq!(
+            call_parts(&sizes(&[6, 5, 4, 1, 20, 2]), 10),
+            vec![0..1, 1..4, 4..5, 5..6]
+        );
+        assert_eq!(call_parts(&sizes(&[20]), 10), vec![0..1]);
+        assert!(call_parts(&[], 10).is_empty());
+    }
 }

@@ -191,16 +191,14 @@ impl JobRunner {
         let elapsed_ms = elapsed.as_millis() as u64;
         debug!(elapsed_ms, "handler returned");
         let outcome = match result {
-            Ok(Ok(())) => match oversized_result(ctx.take_result_ref()) {
-                Ok(result) => {
-                    if let Some(req) = self.complete(d, labels, result, elapsed) {
-                        // The acker is a whole channel behind: wait for room.
-                        Box::pin(self.send_ack(req)).await;
-                    }
-                    return;
+            Ok(Ok(())) => {
+                let result = kept_result(ctx.take_result_ref(), MAX_RESULT_BYTES);
+                if let Some(req) = self.complete(d, labels, result, elapsed) {
+                    // The acker is a whole channel behind: wait for room.
+                    Box::pin(self.send_ack(req)).await;
                 }
-                Err(reason) => Outcome::Dead(reason),
-            },
+                return;
+            }
             // Cut to what the scripts store (a 1 MB message is not logged
             // whole at every retry either).
             Ok(Err(e)) if e.is_retryable() => Outcome::Retry(cut_error(e.message()).into_owned()),
@@ -528,22 +526,24 @@ fn execution_budget(
     }
 }
 
-/// The result of a handler that returned `Ok`, or the dead-letter reason
-/// when it is larger than [`MAX_RESULT_BYTES`]: one `ack.lua` call carries a
-/// whole batch of acks, so a result Redis refuses (above its
-/// `proto-max-bulk-len`, or a call above `client-query-buffer-limit`) failed
-/// the ack of every job of the batch, again at each redelivery. Refused
-/// here, it fails its own job only (permanently: the handler would return
-/// the same result again).
-fn oversized_result(result: Option<Vec<u8>>) -> std::result::Result<Option<Vec<u8>>, String> {
+/// The result a handler that returned `Ok` leaves in its completion record:
+/// its own, or none when it is larger than `max` ([`MAX_RESULT_BYTES`],
+/// below Redis's 512 MB argument limit, which would refuse the ack at every
+/// redelivery). The job completes either way: its work is done, and
+/// dead-lettering it would invite a replay that does it again. A result
+/// dropped is logged (job id and queue: the runner's span).
+fn kept_result(result: Option<Vec<u8>>, max: usize) -> Option<Vec<u8>> {
     match result {
-        Some(r) if r.len() > MAX_RESULT_BYTES => Err(format!(
-            "permanent error: the job's result is {} bytes, more than the {MAX_RESULT_BYTES} \
-             a completion record keeps (set_output / set_result_ref; store a large result \
-             elsewhere and keep its reference)",
-            r.len()
-        )),
-        other => Ok(other),
+        Some(r) if r.len() > max => {
+            error!(
+                result_bytes = r.len(),
+                max_bytes = max,
+                "the job's result is larger than a completion record keeps: the job completes \
+                 without it (store a large result elsewhere and keep its reference)"
+            );
+            None
+        }
+        other => other,
     }
 }
 
@@ -561,7 +561,16 @@ fn deadline_reason(limit: Option<Duration>, what: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{race, Ended};
+    use super::{kept_result, race, Ended};
+
+    /// A result up to the limit is kept; a larger one is dropped, not turned
+    /// into a failure (the job's work is done).
+    #[test]
+    fn a_result_over_the_limit_is_dropped_and_the_job_still_completes() {
+        assert_eq!(kept_result(Some(vec![1; 8]), 8), Some(vec![1; 8]));
+        assert_eq!(kept_result(Some(vec![1; 9]), 8), None);
+        assert_eq!(kept_result(None, 8), None);
+    }
 
     /// A handler whose future completes in the same poll as the execution
     /// budget's timer, the hard stop and the first heartbeat: its result is
