@@ -197,8 +197,11 @@ pub struct EnqueueArgs {
     /// Run no earlier than this long from now: `500ms`, `30s`, `5m`, `2h`, `1d`.
     #[arg(long, value_parser = crate::commands::parse_delay, conflicts_with = "run_at")]
     pub delay: Option<std::time::Duration>,
-    /// Run no earlier than this time: RFC 3339 (`2030-01-02T03:04:05Z`) or
-    /// Unix milliseconds. Compared with the Redis clock; the past runs now.
+    /// Run no earlier than this time: RFC 3339 (`2030-01-02T03:04:05Z`), or
+    /// Unix time with its unit (`1900000000s`, `1900000000000ms`). A bare
+    /// number is Unix milliseconds; one that looks like seconds (before
+    /// 1973 as milliseconds) or microseconds is refused. Compared with the
+    /// Redis clock; the past runs now.
     #[arg(long, value_parser = crate::commands::parse_run_at)]
     pub run_at: Option<std::time::SystemTime>,
     /// Deliveries before the job is dead-lettered (default: `Job::MAX_ATTEMPTS`'s default).

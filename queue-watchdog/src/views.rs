@@ -22,7 +22,14 @@ pub fn describe_where(d: &queue_core::admin::JobDetail) -> String {
 
 pub fn describe_location(location: &Location) -> String {
     match location {
-        Location::Main { ahead } => format!("main (waiting; {ahead} job(s) ahead of it)"),
+        Location::Main {
+            ahead,
+            at_least: false,
+        } => format!("main (waiting; {ahead} job(s) ahead of it)"),
+        Location::Main {
+            ahead,
+            at_least: true,
+        } => format!("main (waiting; at least {ahead} job(s) ahead of it: not among the next {ahead} to run, not searched further)"),
         Location::Processing {
             lease_left_ms,
             status,
@@ -38,7 +45,14 @@ pub fn describe_location(location: &Location) -> String {
             _ => "processing (taken but not claimed: no lease yet)".to_string(),
         },
         Location::Delayed { .. } => "delayed (retry or scheduled run)".to_string(),
-        Location::Dead { position } => format!("dead-letter list (position {position})"),
+        Location::Dead {
+            position,
+            at_least: false,
+        } => format!("dead-letter list (position {position})"),
+        Location::Dead {
+            position,
+            at_least: true,
+        } => format!("dead-letter list (beyond the {position} newest entries)"),
         Location::Completed => "completed".to_string(),
         Location::Nowhere => {
             "in no list (hash without a list entry: inspect before acting)".to_string()
@@ -151,8 +165,18 @@ mod tests {
         };
         assert_eq!(event_detail(&done), "status done after ? attempt(s)");
         assert_eq!(
-            describe_location(&Location::Main { ahead: 2 }),
+            describe_location(&Location::Main {
+                ahead: 2,
+                at_least: false
+            }),
             "main (waiting; 2 job(s) ahead of it)"
+        );
+        assert_eq!(
+            describe_location(&Location::Main {
+                ahead: 100_000,
+                at_least: true
+            }),
+            "main (waiting; at least 100000 job(s) ahead of it: not among the next 100000 to run, not searched further)"
         );
     }
 }

@@ -129,4 +129,32 @@ fn queue_limit_release_makes_a_keys_deferred_jobs_due() {
     assert!(!score.contains(far), "{score}");
     let slot = server.command(&["HEXISTS", &job, "limit_slot"]).unwrap();
     assert!(slot.contains('0'), "{slot}");
+
+    // With --json the count is in the JSON (before, it was left out: a
+    // script could not tell how many were released).
+    server
+        .command(&["HSET", &job, "run_at", far, "limit_slot", far])
+        .unwrap();
+    server.command(&["ZADD", &k.delayed, far, "j1"]).unwrap();
+    server.command(&["ZADD", &index, "1", "j1"]).unwrap();
+    let (ok, out, err) = run(
+        &[
+            "queue",
+            "limit",
+            "-q",
+            "emails",
+            "--key",
+            "acme",
+            "--release",
+            "--json",
+        ],
+        &url,
+    );
+    assert!(ok, "{out}{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+    assert_eq!(v["released"], 1, "{out}");
+    assert!(
+        v.get("unreadable").is_some(),
+        "still the limits object: {out}"
+    );
 }

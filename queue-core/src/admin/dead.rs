@@ -41,9 +41,11 @@ pub enum DeadSelection {
 pub struct DeadCandidate {
     /// Job id.
     pub id: JobId,
-    /// Job type.
+    /// Job type (cut to [`SELECTED_TEXT_CHARS`] characters in a
+    /// selection of the whole list).
     pub job_type: Option<String>,
-    /// Why it was dead-lettered.
+    /// Why it was dead-lettered (cut to [`SELECTED_TEXT_CHARS`] characters,
+    /// `…` marking the cut, in a selection of the whole list).
     pub reason: Option<String>,
     /// `dead_at` when it was picked: pass it to [`Admin::purge_dead`] so the
     /// purge only deletes that dead-lettering (not a replay that died again since).
@@ -79,6 +81,34 @@ impl DeadCandidate {
             unreadable: row.unreadable,
         }
     }
+
+    /// This candidate as a whole-list selection keeps it: its reason and
+    /// type cut to [`SELECTED_TEXT_CHARS`] characters.
+    fn selected(self) -> Self {
+        DeadCandidate {
+            job_type: preview_text(self.job_type),
+            reason: preview_text(self.reason),
+            ..self
+        }
+    }
+}
+
+/// The characters of a dead letter's reason and type that a selection of
+/// the whole list ([`Admin::select_dead`] with a filter or `All`) keeps:
+/// enough for a preview line. The action needs only the id and `dead_at`;
+/// an error text can be large (a stack trace, a response body), and a
+/// selection holding each in full held gigabytes for a big list.
+pub const SELECTED_TEXT_CHARS: usize = 200;
+
+/// `text` cut to [`SELECTED_TEXT_CHARS`] characters, `…` marking a cut.
+fn preview_text(text: Option<String>) -> Option<String> {
+    let mut text = text?;
+    if let Some((at, _)) = text.char_indices().nth(SELECTED_TEXT_CHARS) {
+        text.truncate(at);
+        text.push('…');
+        text.shrink_to_fit();
+    }
+    Some(text)
 }
 
 /// One chunk of a selection over the dead-letter list
@@ -128,6 +158,13 @@ fn matches(unreadable: bool, reason: Option<&str>, job_type: Option<&str>, needl
             .any(|v| v.is_some_and(|v| v.to_lowercase().contains(needle)))
 }
 
+/// A listed dead entry whose job cannot be read: no fields but `unreadable`.
+fn unreadable_info(id: JobId, why: String) -> JobInfo {
+    let mut info = JobInfo::empty(id);
+    info.fields.insert("unreadable".into(), why);
+    info
+}
+
 impl Queue {
     /// Dead-lettered jobs, newest first: `count` entries from `offset`. An
     /// entry whose job key holds another type (corrupt data) is listed with
@@ -153,28 +190,23 @@ impl Queue {
         for id in ids {
             // An id that is not UTF-8 (no JobId names it) is listed under
             // its lossy form as unreadable, not a failed listing.
-            let id = match utf8_id(id) {
-                Ok(id) => JobId::from(id),
-                Err(shown) => {
-                    let mut info = JobInfo::empty(JobId::from(shown));
-                    info.fields.insert("unreadable".into(), ID_NOT_UTF8.into());
-                    out.push(info);
-                    continue;
-                }
-            };
-            match self.job(queue, &id).await {
-                Ok(info) => out.push(info.unwrap_or_else(|| JobInfo::empty(id))),
-                // A job key of another type (corrupt data) is listed with the
-                // reason in its `unreadable` field, not a failed listing.
-                Err(e) if e.is_data_error() => {
-                    let mut info = JobInfo::empty(id);
-                    info.fields.insert("unreadable".into(), e.to_string());
-                    out.push(info);
-                }
-                Err(e) => return Err(e),
-            }
+            out.push(match utf8_id(id) {
+                Ok(id) => self.dead_info(queue, JobId::from(id)).await?,
+                Err(shown) => unreadable_info(JobId::from(shown), ID_NOT_UTF8.into()),
+            });
         }
         Ok(out)
+    }
+
+    /// Dead entry `id` as a listing shows it: its hash (empty when gone),
+    /// or, for a job key of another type (corrupt data), the reason in its
+    /// `unreadable` field instead of a failed listing.
+    async fn dead_info(&self, queue: &str, id: JobId) -> crate::Result<JobInfo> {
+        match self.job(queue, &id).await {
+            Ok(info) => Ok(info.unwrap_or_else(|| JobInfo::empty(id))),
+            Err(e) if e.is_data_error() => Ok(unreadable_info(id, e.to_string())),
+            Err(e) => Err(e),
+        }
     }
 
     /// Moves a dead-lettered job back to main. With `reset_attempts` its
@@ -199,7 +231,9 @@ impl Queue {
 impl Admin {
     /// Dead-lettered jobs of `queue`, newest first; with `filter`, only those
     /// whose reason or type contains it (case-insensitive), `page` counting
-    /// matching jobs. Reads the list in pages of 500.
+    /// matching jobs. A filter reads the list in chunks of
+    /// [`DEAD_SCAN_CHUNK`] ([`select_dead_chunk`](Self::select_dead_chunk):
+    /// one call each, no payloads) and reads whole only the jobs of the page.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), queue_core::admin::AdminError> {
@@ -232,23 +266,33 @@ impl Admin {
             let jobs = self.queue.dead_letters(queue, page.offset, count).await?;
             return Ok(DeadLetters { total, jobs });
         };
-        const BATCH: u64 = 500;
-        let (mut jobs, mut skipped, mut pos) = (Vec::new(), 0u64, 0u64);
-        while pos < total && (jobs.len() as u64) < page.limit {
-            let batch = self.queue.dead_letters(queue, pos, BATCH).await?;
-            if batch.is_empty() {
-                break;
-            }
-            pos += batch.len() as u64;
-            for job in batch.into_iter().filter(|j| {
-                let unreadable = j.field("unreadable").is_some();
-                matches(unreadable, j.field("dead_reason"), j.field("type"), &needle)
-            }) {
+        // The list is read in chunks by `dead_scan.lua` (type, reason,
+        // `dead_at`: no payloads, one call per chunk) and judged here; only
+        // the matching entries of the page are read whole. Before, every
+        // entry was read whole (HGETALL, payload included), one round trip
+        // each: a million for a long list and a rare filter.
+        let (mut jobs, mut skipped, mut from) = (Vec::new(), 0u64, 0u64);
+        let mut seen = HashSet::new();
+        while from < total && (jobs.len() as u64) < page.limit {
+            let chunk = self.select_dead_chunk(queue, Some(&needle), from).await?;
+            from += chunk.read;
+            for c in chunk.candidates {
+                // Entries pushed at the head between two chunks shift the
+                // list: the next chunk reads some again. Listed once.
+                if !seen.insert((c.id.clone(), c.dead_at.clone())) {
+                    continue;
+                }
                 if skipped < page.offset {
                     skipped += 1;
                 } else if (jobs.len() as u64) < page.limit {
-                    jobs.push(job);
+                    jobs.push(match c.unreadable {
+                        Some(why) if why == ID_NOT_UTF8 => unreadable_info(c.id, why),
+                        _ => self.queue.dead_info(queue, c.id).await?,
+                    });
                 }
+            }
+            if chunk.read == 0 {
+                break;
             }
         }
         Ok(DeadLetters { total, jobs })
@@ -257,7 +301,8 @@ impl Admin {
     /// The jobs `selection` names. Ids are looked up one by one (an id that
     /// is not dead-lettered comes back with `is_dead: false`); a filter or
     /// `All` reads the dead-letter list in chunks ([`select_dead_chunk`](Self::select_dead_chunk):
-    /// no payloads). An entry whose job key cannot be read comes back with
+    /// no payloads) and keeps of each selected entry's reason and type only
+    /// the first [`SELECTED_TEXT_CHARS`] characters. An entry whose job key cannot be read comes back with
     /// [`unreadable`](DeadCandidate::unreadable) set instead of failing the
     /// selection.
     pub async fn select_dead(
@@ -301,7 +346,8 @@ impl Admin {
                 chunk
                     .candidates
                     .into_iter()
-                    .filter(|c| seen.insert((c.id.clone(), c.dead_at.clone()))),
+                    .filter(|c| seen.insert((c.id.clone(), c.dead_at.clone())))
+                    .map(DeadCandidate::selected),
             );
             if chunk.read == 0 || from >= chunk.total {
                 return Ok(out);

@@ -165,7 +165,7 @@ impl Admin {
     /// admin.queue().enqueue_raw("billing", "send_invoice", 1, 5, opts, b"\x80").await?;
     ///
     /// let job = admin.job_detail("billing", "invoice-42").await?.expect("known id");
-    /// assert_eq!(job.location, Location::Main { ahead: 0 });
+    /// assert_eq!(job.location, Location::Main { ahead: 0, at_least: false });
     /// assert_eq!(job.field("state"), Some("queued"));
     /// assert!(matches!(job.history[0].kind, JobEventKind::Enqueued { .. }));
     /// assert!(admin.job_detail("billing", "nope").await?.is_none());

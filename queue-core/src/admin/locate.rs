@@ -1,4 +1,7 @@
-//! [`Location`]: where one job id is now (`locate.lua`, one snapshot).
+//! [`Location`]: where one job id is now (`locate.lua`, one snapshot). The
+//! job hash's `state` names the one list searched (none for a job without a
+//! hash); main is searched from its tail and dead from its head, at most
+//! [`LOCATE_SEARCH`] entries each, so a lookup never scans a whole long list.
 
 use serde::Serialize;
 
@@ -9,14 +12,30 @@ use crate::keys::QueueKeys;
 
 admin_script!(LOCATE, "locate.lua", READ_ONLY);
 
+/// Entries of main (from its tail, where the next job to run is) or of the
+/// dead-letter list (from its head, the newest) one lookup searches at most.
+/// A job further in is reported as [`Location::Main`] / [`Location::Dead`]
+/// with `at_least` set: its `ahead` / `position` is this bound.
+pub const LOCATE_SEARCH: u64 = 100_000;
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// Where a job is.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(tag = "list", rename_all = "snake_case")]
 pub enum Location {
     /// Waiting in main; `ahead` jobs run before it.
     Main {
-        /// Jobs that run before it.
+        /// Jobs that run before it (with `at_least`: at least that many).
         ahead: u64,
+        /// Not among the [`LOCATE_SEARCH`] entries searched from main's
+        /// tail: at least `ahead` jobs run before it (or, in a long main, a
+        /// queued job lost from it: `check` finds that). Left out of JSON
+        /// when false.
+        #[serde(default, skip_serializing_if = "is_false")]
+        at_least: bool,
     },
     /// Taken by a worker.
     Processing {
@@ -34,16 +53,22 @@ pub enum Location {
     },
     /// Dead-lettered; `position` 0 is the newest.
     Dead {
-        /// Index in the dead-letter list.
+        /// Index in the dead-letter list (with `at_least`: at least that).
         position: u64,
+        /// Not among the [`LOCATE_SEARCH`] newest entries searched: its
+        /// position is at least `position`. Left out of JSON when false.
+        #[serde(default, skip_serializing_if = "is_false")]
+        at_least: bool,
     },
     /// Completed (only the completion record is left).
     Completed,
-    /// Not in any list (e.g. a hash whose id was lost from the lists).
+    /// Not in the list its hash's `state` names (e.g. a hash whose id was
+    /// lost from the lists, or a grouped job waiting in its group's list).
     Nowhere,
 }
 
-/// The raw reply of `locate.lua`.
+/// The raw reply of `locate.lua` (an index: -1 absent or not searched,
+/// -2 beyond the [`LOCATE_SEARCH`] entries searched).
 struct Found {
     now: i64,
     in_main: i64,
@@ -58,7 +83,7 @@ struct Found {
 
 impl Found {
     fn location(&self) -> Option<Location> {
-        let listed = self.in_main >= 0 || self.in_processing >= 0 || self.in_dead >= 0;
+        let listed = self.in_main != -1 || self.in_processing >= 0 || self.in_dead != -1;
         if !self.has_hash && !self.has_completion && !listed {
             return None;
         }
@@ -71,12 +96,24 @@ impl Found {
         } else if self.in_main >= 0 {
             Location::Main {
                 ahead: self.main_len.saturating_sub(self.in_main as u64 + 1),
+                at_least: false,
+            }
+        } else if self.in_main == -2 {
+            Location::Main {
+                ahead: LOCATE_SEARCH,
+                at_least: true,
             }
         } else if let Some(run_at) = self.delayed_at {
             Location::Delayed { run_at }
         } else if self.in_dead >= 0 {
             Location::Dead {
                 position: self.in_dead as u64,
+                at_least: false,
+            }
+        } else if self.in_dead == -2 {
+            Location::Dead {
+                position: LOCATE_SEARCH,
+                at_least: true,
             }
         } else if !self.has_hash && self.has_completion {
             Location::Completed
@@ -89,7 +126,9 @@ impl Found {
 impl Admin {
     /// Where job `id` of `queue` is now, or `None` when Redis knows nothing
     /// about it (never enqueued, purged, or completed longer ago than the
-    /// retention).
+    /// retention; also an id left in a list without its hash: `check`
+    /// reports that). Only the list its hash's `state` names is searched,
+    /// at most [`LOCATE_SEARCH`] entries of it.
     pub async fn locate(&self, queue: &str, id: impl Into<JobId>) -> Result<Option<Location>> {
         Ok(self.locate_at(queue, &id.into()).await?.1)
     }
@@ -112,6 +151,7 @@ impl Admin {
                 .key(k.job(id.as_str()))
                 .key(k.done(id.as_str()))
                 .arg(id.as_str())
+                .arg(LOCATE_SEARCH)
                 .invoke_async(&mut self.queue.connection())
                 .await
                 .map_err(|e| QueueError::redis(queue, Some(id), e))?;

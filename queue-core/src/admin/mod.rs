@@ -53,7 +53,10 @@ pub use batches::{
 };
 pub use check::{CheckReport, Scanned, MAX_PROBES, PAGE};
 pub use check_rules::{Place, Violation};
-pub use dead::{DeadCandidate, DeadChunk, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome};
+pub use dead::{
+    DeadCandidate, DeadChunk, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome,
+    SELECTED_TEXT_CHARS,
+};
 pub use dead_scan::{DeadRow, DeadScan, DEAD_SCAN_CHUNK};
 pub use discovery::queue_of_key;
 pub use error::{AdminError, Result};
@@ -62,7 +65,7 @@ pub use history::{JobEvent, JobEventKind};
 pub use jobs::{JobDetail, JobInfo};
 pub use journal::HistoryEntry;
 pub use listings::{LeaseStatus, Listing, Page, ProcessingJob, WaitingJob};
-pub use locate::Location;
+pub use locate::{Location, LOCATE_SEARCH};
 pub use repair::{Repair, RepairAction, MISSING_HASH_REASON};
 pub use stats::{QueueStats, STATS_GROUP_LIMIT};
 

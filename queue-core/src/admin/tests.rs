@@ -251,11 +251,17 @@ async fn a_job_is_located_through_its_life() {
     enqueue(&admin, "k", None).await;
     assert_eq!(
         admin.locate(Q, "j").await.unwrap(),
-        Some(Location::Main { ahead: 0 })
+        Some(Location::Main {
+            ahead: 0,
+            at_least: false
+        })
     );
     assert_eq!(
         admin.locate(Q, "k").await.unwrap(),
-        Some(Location::Main { ahead: 1 })
+        Some(Location::Main {
+            ahead: 1,
+            at_least: false
+        })
     );
 
     let k = QueueKeys::new(Q);
@@ -276,7 +282,13 @@ async fn a_job_is_located_through_its_life() {
     .await;
     raw(&admin, &["LPUSH", &k.dead, "j"]).await;
     let detail = admin.job_detail(Q, "j").await.unwrap().unwrap();
-    assert_eq!(detail.location, Location::Dead { position: 0 });
+    assert_eq!(
+        detail.location,
+        Location::Dead {
+            position: 0,
+            at_least: false
+        }
+    );
     let kinds: Vec<_> = detail.history.iter().map(|e| &e.kind).collect();
     assert!(matches!(kinds[0], JobEventKind::DeadLettered { reason: Some(r) } if r == "boom"));
 
@@ -286,7 +298,10 @@ async fn a_job_is_located_through_its_life() {
     );
     assert_eq!(
         admin.locate(Q, "j").await.unwrap(),
-        Some(Location::Main { ahead: 1 })
+        Some(Location::Main {
+            ahead: 1,
+            at_least: false
+        })
     );
     assert_eq!(admin.job(Q, "j").await.unwrap().unwrap().attempts(), 0);
 
@@ -309,6 +324,242 @@ async fn a_job_is_located_through_its_life() {
             .len()
             == 1
     );
+}
+
+/// Pushes `n` filler ids (`<prefix><n>`) at the head of `list`, 10,000 per
+/// `LPUSH`.
+async fn fill(admin: &Admin, list: &str, prefix: &str, n: usize) {
+    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}{i}")).collect();
+    for chunk in ids.chunks(10_000) {
+        let () = redis::cmd("LPUSH")
+            .arg(list)
+            .arg(chunk)
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+    }
+}
+
+/// A lookup searches only the list the job hash's `state` names: none for
+/// a completed job, the dead list (one bounded `LPOS`) for a dead one, and
+/// main from its tail at most `LOCATE_SEARCH` entries for a waiting one.
+/// Before, `locate.lua` ran `LPOS` from the head without a bound on main,
+/// processing and dead for every `jobs show`, dashboard job page and
+/// search: three full scans of a 200k main for a completed job.
+#[tokio::test]
+async fn locating_a_job_reads_only_its_own_list() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    for id in ["a", "b", "c", "next"] {
+        enqueue(&admin, id, None).await;
+    }
+    fill(&admin, &k.main, "filler-", 200_000).await;
+    enqueue(&admin, "last", None).await;
+    dead_letter(&admin, "dead-old", "boom", "5").await;
+    fill(&admin, &k.dead, "dead-filler-", LOCATE_SEARCH as usize).await;
+    dead_letter(&admin, "dead-new", "boom", "6").await;
+    raw(&admin, &["HSET", &k.done("done"), "status", "done"]).await;
+    // The script is loaded before the stats are reset.
+    assert_eq!(admin.locate(Q, "nope").await.unwrap(), None);
+
+    let lpos = async || command_stat(&admin, "lpos", "calls").await;
+    raw(&admin, &["CONFIG", "RESETSTAT"]).await;
+    assert_eq!(
+        admin.locate(Q, "done").await.unwrap(),
+        Some(Location::Completed)
+    );
+    assert_eq!(lpos().await, 0, "a job without a hash is in no list");
+
+    raw(&admin, &["CONFIG", "RESETSTAT"]).await;
+    assert_eq!(
+        admin.locate(Q, "dead-new").await.unwrap(),
+        Some(Location::Dead {
+            position: 0,
+            at_least: false
+        })
+    );
+    assert_eq!(lpos().await, 1, "the dead list only");
+
+    raw(&admin, &["CONFIG", "RESETSTAT"]).await;
+    assert_eq!(
+        admin.locate(Q, "next").await.unwrap(),
+        Some(Location::Main {
+            ahead: 3,
+            at_least: false
+        })
+    );
+    assert_eq!(lpos().await, 2, "processing (rule 4's window), then main");
+    // Past the bound: at least that many ahead, not a full scan.
+    assert_eq!(
+        admin.locate(Q, "last").await.unwrap(),
+        Some(Location::Main {
+            ahead: LOCATE_SEARCH,
+            at_least: true
+        })
+    );
+    assert_eq!(
+        admin.locate(Q, "dead-old").await.unwrap(),
+        Some(Location::Dead {
+            position: LOCATE_SEARCH,
+            at_least: true
+        })
+    );
+    // Moved by BLMOVE and not claimed yet (state still `queued`).
+    raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
+    assert!(matches!(
+        admin.locate(Q, "a").await.unwrap(),
+        Some(Location::Processing {
+            lease_until: None,
+            status: LeaseStatus::Unleased,
+            ..
+        })
+    ));
+}
+
+/// A selection of the whole dead-letter list (`dead purge --all`, `dead
+/// purge --filter`) keeps of each entry's reason only a preview: the action
+/// needs the id and `dead_at`. Before, every selected entry kept its full
+/// reason: 100k entries of 20 KB stack traces held 2 GB.
+#[tokio::test]
+async fn a_whole_list_selection_keeps_no_full_reasons() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let trace = format!("Timeout: {}", "é at frame\n".repeat(2_000));
+    for i in 0..30 {
+        dead_letter(&admin, &format!("d{i}"), &trace, &i.to_string()).await;
+    }
+    dead_letter(&admin, "short", "refused", "99").await;
+    for selection in [
+        DeadSelection::All,
+        DeadSelection::Matching("timeout".into()),
+    ] {
+        let picked = admin.select_dead(Q, &selection).await.unwrap();
+        assert_eq!(
+            picked.len(),
+            if selection == DeadSelection::All {
+                31
+            } else {
+                30
+            }
+        );
+        for p in &picked {
+            let reason = p.reason.as_deref().unwrap();
+            assert!(
+                reason.chars().count() <= SELECTED_TEXT_CHARS + 1,
+                "{} kept {} bytes of its reason",
+                p.id,
+                reason.len()
+            );
+            assert!(p.dead_at.is_some() && p.is_dead);
+            if p.id.as_str() == "short" {
+                assert_eq!(reason, "refused");
+            } else {
+                assert!(reason.starts_with("Timeout: é at") && reason.ends_with('…'));
+            }
+        }
+    }
+}
+
+/// `dead list --filter` reads the dead list in chunks (`dead_scan.lua`, no
+/// payloads) and reads whole only the page's jobs: the same listing as
+/// reading every entry whole and filtering, in a few calls. Before, it read
+/// every entry with one HGETALL (payload included) each: 2,500 round trips
+/// here, a million on a long list.
+#[tokio::test]
+async fn a_filtered_dead_listing_reads_the_list_in_chunks() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    let payload = "p".repeat(2_000);
+    for start in (0..2_500).step_by(500) {
+        let mut pipe = redis::pipe();
+        for i in start..start + 500 {
+            let id = format!("d{i}");
+            let (t, reason) = match i % 600 {
+                7 => ("send", "SMTP 421 try later"),
+                8 => ("smtp_probe", "refused"),
+                _ => ("send", "refused"),
+            };
+            pipe.cmd("HSET")
+                .arg(k.job(&id))
+                .arg(&["id", &id, "state", "dead", "type", t, "dead_reason", reason])
+                .arg("dead_at")
+                .arg(i)
+                .arg("payload")
+                .arg(&payload)
+                .ignore()
+                .cmd("RPUSH")
+                .arg(&k.dead)
+                .arg(&id)
+                .ignore();
+        }
+        let () = pipe
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+    }
+    raw(&admin, &["DEL", &k.job("d1300")]).await;
+    raw(&admin, &["SET", &k.job("d1300"), "x"]).await;
+
+    // The listing as before: every entry read whole, then filtered.
+    let everything = admin
+        .dead_letters(Q, None, Page::first(5_000))
+        .await
+        .unwrap();
+    let matching: Vec<JobInfo> = everything
+        .jobs
+        .into_iter()
+        .filter(|j| {
+            j.field("unreadable").is_some()
+                || [j.field("dead_reason"), j.field("type")]
+                    .iter()
+                    .any(|v| v.is_some_and(|v| v.to_lowercase().contains("smtp")))
+        })
+        .collect();
+    let ids: Vec<&str> = matching.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "d7", "d8", "d607", "d608", "d1207", "d1208", "d1300", "d1807", "d1808", "d2407",
+            "d2408"
+        ]
+    );
+    assert!(matching[6].field("unreadable").is_some());
+    assert_eq!(matching[0].payload.len(), 2_000);
+
+    // The scan script is loaded before the stats are reset.
+    admin.scan_dead(Q, 0, 1, None, None, 1).await.unwrap();
+    for (offset, limit) in [(0, 100), (3, 4), (10, 5), (11, 5)] {
+        raw(&admin, &["CONFIG", "RESETSTAT"]).await;
+        let page = admin
+            .dead_letters(Q, Some("SMTP"), Page::new(offset, limit))
+            .await
+            .unwrap();
+        let want: Vec<JobInfo> = matching
+            .iter()
+            .skip(offset as usize)
+            .take(limit as usize)
+            .cloned()
+            .collect();
+        assert_eq!(
+            (page.total, &page.jobs),
+            (2_500, &want),
+            "page {offset}+{limit}"
+        );
+        let (whole, scripts) = (
+            command_stat(&admin, "hgetall", "calls").await,
+            command_stat(&admin, "evalsha", "calls").await
+                + command_stat(&admin, "eval", "calls").await,
+        );
+        assert!(
+            whole <= want.len() as u64,
+            "{whole} HGETALL for a page of {}",
+            want.len()
+        );
+        eprintln!("page {offset}+{limit}: {whole} HGETALL, {scripts} script calls");
+        assert!(scripts <= 3, "{scripts} script calls for 2,500 entries");
+    }
 }
 
 #[tokio::test]

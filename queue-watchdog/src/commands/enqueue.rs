@@ -93,14 +93,50 @@ pub fn parse_delay(text: &str) -> std::result::Result<Duration, String> {
         .ok_or_else(|| format!("{text:?}: too long"))
 }
 
-/// `--run-at`: RFC 3339 or Unix milliseconds.
+/// Bare Unix milliseconds `--run-at` takes: from 1973-03-03 up to the year
+/// 5138. A smaller number is Unix seconds taken for milliseconds (a date in
+/// 1970: the job ran at once), a bigger one microseconds or nanoseconds.
+const BARE_MS: std::ops::Range<u64> = 100_000_000_000..100_000_000_000_000;
+
+/// `--run-at`: RFC 3339, or Unix time with its unit (`1700000000s`,
+/// `1700000000000ms`), or a bare number of Unix milliseconds within
+/// [`BARE_MS`]: a bare number in seconds (or micro-, nanoseconds) is refused
+/// saying so. Before, `1700000000` (seconds) was taken as milliseconds, a
+/// time in January 1970: the job ran at once, without a word.
 pub fn parse_run_at(text: &str) -> std::result::Result<SystemTime, String> {
     let text = text.trim();
-    if let Ok(ms) = text.parse::<u64>() {
-        return Ok(UNIX_EPOCH + Duration::from_millis(ms));
+    let unix = |digits: &str, ms_per: u64| {
+        digits
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(ms_per))
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms))
+    };
+    if let Some(at) = text.strip_suffix("ms").and_then(|d| unix(d, 1)) {
+        return Ok(at);
+    }
+    if let Some(at) = text.strip_suffix('s').and_then(|d| unix(d, 1000)) {
+        return Ok(at);
+    }
+    if let Ok(n) = text.parse::<u64>() {
+        if BARE_MS.contains(&n) {
+            return Ok(UNIX_EPOCH + Duration::from_millis(n));
+        }
+        let unit = if n < BARE_MS.start {
+            "Unix seconds"
+        } else {
+            "micro- or nanoseconds"
+        };
+        return Err(format!(
+            "{text:?}: a bare number is Unix milliseconds, and this one looks like {unit}; \
+             give the unit (`{text}s`, `{text}ms`) or an RFC 3339 time"
+        ));
     }
     let at = chrono::DateTime::parse_from_rfc3339(text).map_err(|e| {
-        format!("{text:?}: expected RFC 3339 (2030-01-02T03:04:05Z) or Unix milliseconds: {e}")
+        format!(
+            "{text:?}: expected RFC 3339 (2030-01-02T03:04:05Z), Unix seconds (1700000000s) \
+             or Unix milliseconds (1700000000000 or 1700000000000ms): {e}"
+        )
     })?;
     let ms = u64::try_from(at.timestamp_millis())
         .map_err(|_| format!("{text:?}: before 1970 is not a run time"))?;
@@ -175,5 +211,26 @@ mod tests {
             Ok(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000))
         );
         assert!(parse_run_at("tomorrow").is_err());
+        // Seconds given where milliseconds are expected are refused (they
+        // were a time in January 1970: the job ran at once); with a unit
+        // both are taken.
+        let seconds = parse_run_at("1700000000").unwrap_err();
+        assert!(
+            seconds.contains("Unix seconds") && seconds.contains("1700000000s"),
+            "{seconds}"
+        );
+        assert!(parse_run_at("1700000000000000")
+            .unwrap_err()
+            .contains("micro"));
+        assert_eq!(
+            parse_run_at("1700000000s"),
+            Ok(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000))
+        );
+        assert_eq!(
+            parse_run_at("1700000000000ms"),
+            Ok(UNIX_EPOCH + Duration::from_millis(1_700_000_000_000))
+        );
+        assert_eq!(parse_run_at("0s"), Ok(UNIX_EPOCH));
+        assert!(parse_run_at("12xs").is_err() && parse_run_at("s").is_err());
     }
 }

@@ -10,6 +10,16 @@ use queue_core::{LimitKind, LimitScope, QueueLimits};
 use crate::cli::QueueLimitArgs;
 use crate::error::Result;
 
+/// `queue limit --json`: the limits, with `released` (the jobs made due)
+/// after a `--release`. Before, the count was printed in text mode only.
+#[derive(serde::Serialize)]
+struct LimitsJson<'a> {
+    #[serde(flatten)]
+    limits: &'a QueueLimits,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released: Option<u64>,
+}
+
 /// Applies the requested change, then prints the queue's limits.
 pub async fn limit(url: &str, args: QueueLimitArgs) -> Result<ExitCode> {
     let admin = Admin::connect(url).await?;
@@ -30,11 +40,13 @@ pub async fn limit(url: &str, args: QueueLimitArgs) -> Result<ExitCode> {
             }
         }
     }
+    let mut released = None;
     if args.release {
-        let released = queue.release_deferred(q, args.key.as_deref()).await?;
+        let n = queue.release_deferred(q, args.key.as_deref()).await?;
         if !args.json {
-            println!("queue {q}: {released} deferred jobs made due");
+            println!("queue {q}: {n} deferred jobs made due");
         }
+        released = Some(n);
     }
     let scope = scope.unwrap_or(LimitScope::Queue);
     if let Some(rate) = args.rate {
@@ -45,7 +57,13 @@ pub async fn limit(url: &str, args: QueueLimitArgs) -> Result<ExitCode> {
     }
     let limits = queue.limits(q).await?;
     if args.json {
-        println!("{}", super::to_json(&limits)?);
+        println!(
+            "{}",
+            super::to_json(&LimitsJson {
+                limits: &limits,
+                released
+            })?
+        );
     } else {
         println!("queue {q} limits: {limits}");
     }

@@ -26,7 +26,7 @@ use serde_json::json;
 
 use super::audit::Entry;
 use super::auth::Who;
-use super::dead_scan::{scan, DeadFilter, Scan};
+use super::dead_scan::{scan_with, DeadFilter, DeadRow, Scan};
 use super::security::check_same_origin;
 use super::Shared;
 
@@ -57,9 +57,12 @@ fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
 /// each dead-lettering once (a chunked scan that ran while the list moved
 /// can read an entry twice). Entries whose job key cannot be read (corrupt
 /// data, `DeadRow::unreadable`) are left out, since a replay or purge of one
-/// would be refused.
+/// would be refused. Each row keeps only its id and `dead_at` (what the
+/// action and the digest use; the preview shows ids): a selection holding
+/// every reason in full (error texts can be large) held gigabytes per
+/// request.
 async fn select(state: &Shared, queue: &str, filter: &DeadFilter) -> Result<Scan, Response> {
-    let mut found = scan(state, queue, filter, 0, MAX_SELECTED, u64::MAX)
+    let mut found = scan_with(state, queue, filter, 0, MAX_SELECTED, u64::MAX, selected)
         .await
         .map_err(|e| error(StatusCode::BAD_GATEWAY, e))?;
     let mut seen = std::collections::HashSet::new();
@@ -67,6 +70,19 @@ async fn select(state: &Shared, queue: &str, filter: &DeadFilter) -> Result<Scan
         .rows
         .retain(|r| r.unreadable.is_none() && seen.insert((r.id.clone(), r.dead_at.clone())));
     Ok(found)
+}
+
+/// A row as a selection keeps it: id, `dead_at`, and whether it is
+/// unreadable (its reason dropped: the selection leaves such rows out).
+fn selected(row: DeadRow) -> DeadRow {
+    DeadRow {
+        id: row.id,
+        dead_at: row.dead_at,
+        unreadable: row.unreadable.map(|_| String::new()),
+        job_type: None,
+        reason: None,
+        attempts: None,
+    }
 }
 
 /// A digest of the selected dead-letterings (id and `dead_at`, in list
@@ -219,4 +235,69 @@ async fn run(
         StatusCode::OK
     };
     (status, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use queue_core::admin::Admin;
+    use queue_core::QueueKeys;
+    use queue_testkit::RedisServer;
+
+    use super::*;
+    use crate::dashboard::AppState;
+
+    /// A bulk selection (up to 100,000 rows, read again on every preview
+    /// and action) keeps each row's id and `dead_at`, not its reason or
+    /// type. Before, every row kept its full reason: 100k error texts of
+    /// 20 KB were 2 GB per request.
+    #[tokio::test]
+    async fn a_selection_keeps_ids_and_dead_at_not_reasons() {
+        let server = RedisServer::start().unwrap();
+        let admin = Admin::connect(&server.url()).await.unwrap();
+        let k = QueueKeys::new("q");
+        let trace = format!("Upstream TIMEOUT {}", "at frame 7\n".repeat(2_000));
+        let mut pipe = redis::pipe();
+        for i in 0..20 {
+            let (id, reason) = if i % 4 == 0 {
+                (format!("other-{i}"), "refused".to_string())
+            } else {
+                (format!("slow-{i}"), trace.clone())
+            };
+            pipe.cmd("HSET")
+                .arg(k.job(&id))
+                .arg(&["state", "dead", "type", "render", "dead_at"])
+                .arg(i.to_string())
+                .arg("dead_reason")
+                .arg(reason)
+                .ignore()
+                .cmd("RPUSH")
+                .arg(&k.dead)
+                .arg(&id)
+                .ignore();
+        }
+        let () = pipe
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+        let state = AppState::for_tests(admin);
+        let filter = DeadFilter {
+            job_type: None,
+            contains: Some("timeout".into()),
+        }
+        .normalized();
+        let Ok(found) = select(&state, "q", &filter).await else {
+            panic!("the selection failed");
+        };
+        assert_eq!(found.rows.len(), 15);
+        for r in &found.rows {
+            assert!(r.id.starts_with("slow-"), "{}", r.id);
+            assert!(r.dead_at.is_some(), "{} kept its dead_at", r.id);
+            assert_eq!(
+                (r.reason.as_ref().map(String::len), &r.job_type),
+                (None, &None),
+                "{} kept its reason or type",
+                r.id
+            );
+        }
+    }
 }

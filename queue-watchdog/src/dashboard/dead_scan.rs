@@ -78,6 +78,21 @@ pub async fn scan(
     want: usize,
     max_scan: u64,
 ) -> Result<Scan, CliError> {
+    scan_with(state, queue, filter, from, want, max_scan, |r| r).await
+}
+
+/// [`scan`], each row passed through `shape` as its chunk arrives (a bulk
+/// selection keeps only what its action needs: at most one chunk's full
+/// rows are held at a time).
+pub async fn scan_with(
+    state: &AppState,
+    queue: &str,
+    filter: &DeadFilter,
+    from: u64,
+    want: usize,
+    max_scan: u64,
+    shape: impl Fn(DeadRow) -> DeadRow,
+) -> Result<Scan, CliError> {
     let (mut rows, mut pos, mut scanned) = (Vec::new(), from, 0u64);
     let mut total = 0;
     while rows.len() < want && scanned < max_scan {
@@ -95,7 +110,7 @@ pub async fn scan(
         total = chunk.total;
         scanned += chunk.read;
         pos += chunk.read;
-        rows.extend(chunk.rows);
+        rows.extend(chunk.rows.into_iter().map(&shape));
         if chunk.read == 0 || pos >= total {
             return Ok(Scan {
                 rows,

@@ -83,6 +83,28 @@ pub struct AppState {
 
 type Shared = Arc<AppState>;
 
+#[cfg(test)]
+impl AppState {
+    /// A state over `admin` for unit tests: no auth, audit file, metrics
+    /// or sampler.
+    fn for_tests(admin: Admin) -> Shared {
+        Arc::new(AppState {
+            admin,
+            url: String::new(),
+            named: Vec::new(),
+            known: Mutex::new(Vec::new()),
+            samples: Mutex::new(BTreeMap::new()),
+            capacity: 30,
+            doctor: Mutex::new(None),
+            metrics: None,
+            allowed_hosts: Vec::new(),
+            refresh_ms: 1000,
+            auth: None,
+            audit: audit::Audit::open(None).expect("no file to open"),
+        })
+    }
+}
+
 /// Serves the dashboard until SIGTERM / ctrl-c.
 pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
     let admin = Admin::connect(url).await?;

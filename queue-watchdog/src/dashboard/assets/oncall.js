@@ -64,10 +64,17 @@
       say(action + ': working on ' + count + ' jobs…', 'muted');
       post(action, body).then(function (r) {
         state.bulk = { action: action, status: r.status, body: r.body };
+        // What was done is said in both branches: an action that failed
+        // part-way (a failover mid-purge: 502) has still replayed or purged
+        // `done` jobs, and the operator must know before trying again.
+        var b = r.body || {};
+        var did = typeof b.done === 'number'
+          ? (action === 'replay' ? 'Replayed ' : 'Purged ') + b.done + ' (' + (b.skipped || 0) + ' had changed meanwhile)'
+          : null;
         if (r.ok) {
-          say((action === 'replay' ? 'Replayed ' : 'Purged ') + r.body.done + ' (' + r.body.skipped + ' had changed meanwhile). Reload to see the list now.', 'good');
+          say(did + '. Reload to see the list now.', 'good');
         } else {
-          say(r.body.error || ('HTTP ' + r.status), 'bad');
+          say((b.error || ('HTTP ' + r.status)) + (did ? '. Before it stopped: ' + did + '. Reload to see the list now.' : ''), 'bad');
         }
         count = null; selection = null;
       }, function (e) { say(String(e), 'bad'); });
