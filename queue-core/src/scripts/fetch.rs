@@ -103,7 +103,7 @@ impl Fetch<'_> {
             .arg(super::ms(self.lease))
             .arg(self.token_base)
             .arg(self.count)
-            .arg((super::ms(self.lease) / 2).max(1))
+            .arg(super::ms(receipt_life(self.lease)).max(1))
             .arg(worker)
             .arg(if self.first_try && !conn.may_resend() {
                 "1"
@@ -113,6 +113,14 @@ impl Fetch<'_> {
             .run(conn, &k.queue, None)
             .await
     }
+}
+
+/// How long a fetch's receipt lives (half its lease): a retry with the same
+/// token base within it answers the first try's rows. The fetcher's
+/// same-token retries end early enough to reach Redis within it
+/// (`worker::fetcher::same_token_window`).
+pub(crate) fn receipt_life(lease: Duration) -> Duration {
+    lease / 2
 }
 
 /// What a fetch did.

@@ -14,8 +14,8 @@
 //!
 //! Both scripts are idempotent for their token, so a fetch or claim whose
 //! reply was lost (timeout, dropped connection, failover) is retried with the
-//! same token for as long as the fetch's receipt lives (half a lease, less a
-//! margin) and gets the same deliveries; the hard stop ends the retries. Each
+//! same token for as long as the fetch's receipt lives (half a lease, less the
+//! response timeout) and gets the same deliveries; the hard stop ends the retries. Each
 //! row is decoded on its own: a row that does not decode is dead-lettered alone.
 
 use std::future::Future;
@@ -656,14 +656,43 @@ where
 }
 
 /// How long a fetch, claim or cancelled end is retried with its token: the
-/// life of the fetch's receipt (half a lease: `scripts/fetch.rs`), less
-/// a margin for the last retry to reach Redis before the receipt expires
-/// (the response timeout, at most a tenth of the lease: 12 s of a 30 s
-/// lease). A retry that lands later anyway is a new fetch, whose rows carry
-/// the first try's send time (a local deadline earlier than their lease's).
+/// life of the fetch's receipt (half a lease: `scripts::fetch::receipt_life`)
+/// less the response timeout, so that the last retry, sent by the window's
+/// end, reaches Redis (or is given up by the client) before the receipt
+/// expires: 10 s of a 30 s lease with the default 5 s timeout, 14 s with a
+/// 1 s timeout. A retry that ran after the receipt expired would be a new
+/// fetch under the same token base: its jobs would get the tokens of the
+/// first try's still-leased ones (`<base>:1..n`), and a queue rate limit's
+/// start log, keyed by token, would count them once. A first version of
+/// this window took at most a tenth of the lease as its margin (12 s of
+/// 30 s): a retry sent at 12 s could run up to 17 s, after the receipt.
 fn same_token_window(lease: Duration, response_timeout: Duration) -> Duration {
-    let receipt = lease / 2;
-    receipt.saturating_sub(response_timeout.min(lease / 10))
+    crate::scripts::fetch::receipt_life(lease).saturating_sub(response_timeout)
+}
+
+#[cfg(test)]
+mod window_tests {
+    use super::same_token_window;
+    use crate::scripts::fetch::receipt_life;
+    use std::time::Duration;
+
+    /// The last same-token retry, sent at the window's end and answered
+    /// (or given up) within the response timeout, lands while the receipt
+    /// lives, whatever the lease and timeout.
+    #[test]
+    fn the_last_retry_lands_within_the_receipt() {
+        let s = Duration::from_secs;
+        for lease in [s(1), s(12), s(30), s(300)] {
+            for rt in [Duration::from_millis(250), s(1), s(5), s(10), s(60)] {
+                let w = same_token_window(lease, rt);
+                assert!(
+                    w + rt <= receipt_life(lease) || w.is_zero(),
+                    "{lease:?} {rt:?}: {w:?}"
+                );
+            }
+        }
+        assert_eq!(same_token_window(s(30), s(5)), s(10));
+    }
 }
 
 /// A failure to reach Redis or run the command (worth retrying), as opposed
