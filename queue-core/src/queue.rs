@@ -432,15 +432,19 @@ impl Queue {
         let mut replies: Vec<Option<crate::scripts::enqueue::EnqueueReply>> =
             Vec::with_capacity(items.len());
         let (mut acked, mut refused, mut failed) = (None, None, None);
-        for (w, window) in windows.iter().enumerate() {
+        for window in &windows {
             let window_calls = &calls[window.clone()];
             let (base, end) = (
                 window_calls[0].start,
                 window_calls[window_calls.len() - 1].end,
             );
-            // `WAIT` with the last window only: it waits for this client's
-            // writes so far, the earlier windows' included.
-            let wait = wait.filter(|_| w + 1 == windows.len());
+            // `WAIT` with every window (only when replicas are asked for):
+            // it counts the replicas that have this connection's writes,
+            // and after a reconnect (a failover between windows) the new
+            // connection's `WAIT` knows nothing of an earlier window the old
+            // primary lost. The batch is replicated only as far as its least
+            // replicated window (`least_acked`). A first version sent it with
+            // the last window only.
             let first_id = Some(&ids[base]);
             let mut attempt = 0u32;
             let send = || {
@@ -485,7 +489,9 @@ impl Queue {
             match with_retries(self.retry_window, queue, &ids[base], send).await {
                 Ok((out, window_acked, window_refused)) => {
                     replies.extend(out);
-                    acked = acked.or(window_acked);
+                    if wait.is_some() {
+                        acked = Some(least_acked(acked, window_acked));
+                    }
                     if let Some(e) = window_refused {
                         refused.get_or_insert(e);
                     }
@@ -581,6 +587,18 @@ impl Queue {
         );
         let cap = scripts::ms(response_timeout.saturating_mul(3) / 4).max(1);
         scripts::ms(timeout).clamp(1, cap)
+    }
+}
+
+/// The replication of a batch so far (`so_far`, `None` before its first
+/// window) and one more window's `WAIT` reply: the least replicas count, or
+/// the first refusal (a window without a `WAIT` reply counts as refused).
+fn least_acked(so_far: Option<WaitReply>, window: Option<WaitReply>) -> WaitReply {
+    let window = window.unwrap_or_else(|| Err("no reply".to_string()));
+    match (so_far, window) {
+        (Some(Err(e)), _) | (_, Err(e)) => Err(e),
+        (Some(Ok(a)), Ok(b)) => Ok(a.min(b)),
+        (None, Ok(b)) => Ok(b),
     }
 }
 

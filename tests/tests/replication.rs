@@ -349,3 +349,28 @@ async fn a_zero_replica_wait_is_bounded_and_leaves_the_connection_usable() {
         assert_eq!(stats.expect("the connection is usable").main, i as u64 + 1);
     }
 }
+
+/// A batch sent in several windows (here 5,000 jobs: 256 per call, 8 calls
+/// per window) with `wait_for_replicas` runs `WAIT` with every window, and
+/// is confirmed only as far as its least replicated window: after a failover
+/// between windows, the new connection's `WAIT` knows nothing of a window
+/// the old primary lost. Before, only the last window carried a `WAIT`, and
+/// the batch could be `Ok` with its first windows gone.
+#[tokio::test]
+async fn a_batch_in_several_windows_waits_for_replicas_with_each() {
+    let env = TestEnv::start().await;
+    let replica = replica_of(&env.server);
+    link_up(&replica).await;
+    let opts = EnqueueOptions::new().wait_for_replicas(1, Duration::from_secs(5));
+    let items: Vec<(EnqueueOptions, Vec<u8>)> =
+        (0..5_000).map(|_| (opts.clone(), vec![0xc0])).collect();
+    let before = env.command_calls("wait").await;
+    let written = env
+        .queue
+        .enqueue_raw_batch("tasks", "t", 1, 3, items)
+        .await
+        .expect("replicated");
+    assert_eq!(written.len(), 5_000);
+    let waits = env.command_calls("wait").await - before;
+    assert!(waits >= 3, "one WAIT per window of 2,048 jobs: {waits}");
+}
