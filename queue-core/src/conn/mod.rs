@@ -31,7 +31,8 @@ use single::SingleConnection;
 /// |---|---|
 /// | `Queue::connect*`, `Worker::build`, `Watchdog::connect`, `Admin::connect` | `connection_timeout` (the whole connect, retries included, also against a Redis that accepts TCP but never answers) |
 /// | one command or script (stats, admin reads, lock extend) | `response_timeout` |
-/// | `Queue::enqueue*` | `retry_window + response_timeout` (see `Queue::with_retry_window`) |
+/// | `Queue::enqueue*` (one job) | `retry_window + response_timeout` (see `Queue::with_retry_window`) |
+/// | `Queue::enqueue_many`, `enqueue_batch`, `enqueue_raw_batch` | that per window of at most 2,048 jobs and 4 MiB (each window is one round trip with its own retries), plus each window's `WAIT` timeout when replicas are asked for |
 /// | `Lock::acquire` | `wait + 4 × response_timeout` (a call whose reply was lost is sent again, up to 3 times) |
 /// | `LockGuard::release` | `4 × response_timeout` (the same lost-reply retries) |
 /// | `JobContext::step`, `JobContext::lock` | two commands: `2 × response_timeout` plus the step's own work |
