@@ -399,31 +399,36 @@ impl Drop for InFlight {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (jobs, txs): (Vec<PendingJob>, Vec<_>) = std::mem::take(&mut self.jobs)
-            .into_iter()
-            .zip(std::mem::take(&mut self.txs))
-            .filter(|(_, tx)| tx.is_some())
-            .unzip();
         // Callers that asked to be sent once (a zero retry window, as
         // docs/IDEMPOTENCY.md recommends with `completion_retention` zero)
         // are not sent again: a job the call wrote could be claimed and
         // acked before the resend, which would then write it a second time.
-        // They get "outcome unknown", as for any lost reply.
-        if jobs.iter().any(|j| j.retry_window.is_zero()) {
-            debug!(queue = %self.keys.queue, jobs = jobs.len(),
+        // They get "outcome unknown", as for any lost reply; the other
+        // callers of the call are sent again (before, one zero window took
+        // the resend from every caller of the call).
+        let (once, again): (Vec<_>, Vec<_>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .zip(std::mem::take(&mut self.txs))
+            .filter(|(_, tx)| tx.is_some())
+            .partition(|(job, _)| job.retry_window.is_zero());
+        if !once.is_empty() {
+            debug!(queue = %self.keys.queue, jobs = once.len(),
                 "group commit leader cancelled mid-call; retry window zero: not sent again");
-            for (job, tx) in jobs.iter().zip(txs) {
-                if let Some(tx) = tx {
-                    let _ = tx.send(Err(interrupted(
-                        &self.keys.queue,
-                        &job.id,
-                        "the group commit carrying this enqueue was cancelled with its \
-                         leader's caller, and a zero retry window sends it only once",
-                    )));
-                }
+        }
+        for (job, tx) in once {
+            if let Some(tx) = tx {
+                let _ = tx.send(Err(interrupted(
+                    &self.keys.queue,
+                    &job.id,
+                    "the group commit carrying this enqueue was cancelled with its \
+                     leader's caller, and a zero retry window sends it only once",
+                )));
             }
+        }
+        if again.is_empty() {
             return;
         }
+        let (jobs, txs): (Vec<PendingJob>, Vec<_>) = again.into_iter().unzip();
         let rest = InFlight {
             conn: self.conn.clone(),
             keys: self.keys.clone(),

@@ -367,6 +367,34 @@ async fn a_zero_retry_window_is_not_resent_after_its_leader_is_cancelled() {
     assert_eq!(script_calls(&env).await - before, 1, "no resend");
 }
 
+/// The same cancel, with only the leader's own job sent by a zero retry
+/// window (its `Queue` clone) and the joined callers on the default one:
+/// the leader's job is not sent again, the joined ones are, and each is
+/// enqueued once. Before, one zero window in a call took the resend from
+/// every caller of it: all got "outcome unknown".
+#[tokio::test]
+async fn only_the_zero_window_callers_of_a_cancelled_call_are_not_resent() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let once = env.queue.clone().with_retry_window(Duration::ZERO);
+    pause_writes(&env, Some(10_000)).await;
+    let first = env.task(1);
+    let mut leader = Box::pin(once.enqueue::<task::Job>(&first));
+    assert!(futures::poll!(&mut leader).is_pending());
+    let joined = join_the_lane(&env, &env.queue).await;
+    assert!(futures::poll!(&mut leader).is_pending());
+    env.wait_blocked_in("fcall", None).await;
+    drop(leader);
+    pause_writes(&env, None).await;
+    expect_enqueued(
+        joined,
+        "a caller with a retry window behind a zero-window leader",
+    )
+    .await;
+    // Every job once: the first, the leader's (its held call ran) and the 8.
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
+}
+
 /// A leader whose task panics for a reason of its own (a sibling `join!` or
 /// `select!` branch of a web handler) while its call is in flight still
 /// leaves its joined callers answered: the call is finished in a task of its
