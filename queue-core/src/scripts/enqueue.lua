@@ -87,7 +87,7 @@ if not answer then
   -- The run time at most 2^53 - 1 (a count, as every reader of run_at and
   -- the delayed score takes it): a delay near the largest one stored a
   -- run_at the promoter and the checker took as corrupt.
-  delay = math.min(delay, 9007199254740991 - now)
+  if delay > 9007199254740991 - now then delay = 9007199254740991 - now end
   group = extra_group(extra) -- a `group` extra field: its group list
   if delay > 0 then
     -- Reads delayed: of another type, it raises here, before any write.

@@ -185,8 +185,9 @@ local function write(i)
   local n = as_count(ARGV[i + 10])
   local delay, run_at, once = as_count(ARGV[i + 5]), as_count(ARGV[i + 6]), as_count(ARGV[i + 7])
   if run_at > 0 then delay = math.max(run_at - now, 0) end
-  -- The run time at most 2^53 - 1, as enqueue.lua caps it.
-  delay = math.min(delay, 9007199254740991 - now)
+  -- The run time at most 2^53 - 1, as enqueue.lua caps it (compared, not
+  -- math.min: no call for the usual job, due now).
+  if delay > 9007199254740991 - now then delay = 9007199254740991 - now end
   local max_attempts = int_str(math.max(as_count(ARGV[i + 4]), 1))
   -- A generated id sent for the first time (fresh) cannot exist: no reads.
   -- Otherwise what the validation pass read.
