@@ -35,10 +35,14 @@ local receipt = ARGV[8] ~= '1' and redis.call('LRANGE', KEYS[7], '0', '-1') or {
 if #receipt > 0 then
   -- A retry of this fetch: the same rows, re-read from the jobs (nothing written).
   for i, entry in ipairs(receipt) do
-    local colon = string.find(entry, ':', 1, true)
+    -- An entry without its `tag:` (written by hand: corrupt data) reads as
+    -- a row of nothing claimed; before, it raised a Lua error on every retry.
+    local colon = string.find(entry, ':', 1, true) or 0
     local tag, id = string.sub(entry, 1, colon - 1), string.sub(entry, colon + 1)
     local row = {tag, id}
-    if tag == 'claimed' then
+    if colon == 0 then
+      row = {'busy', entry}
+    elseif tag == 'claimed' then
       local jobkey = ARGV[1] .. id
       local h = read_job(jobkey, unpack(CLAIM_FIELDS))
       row = (h and same_claim(id, ARGV[4] .. ':' .. int_str(i), h, jobkey)) or {'busy', id}

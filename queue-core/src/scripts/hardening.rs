@@ -369,6 +369,24 @@ async fn a_fetch_retried_after_its_reply_was_lost_gets_the_same_deliveries() {
     assert!(fx.fetch(5, "other").await.unwrap().is_empty());
 }
 
+/// A retried fetch whose receipt holds an entry without its `tag:` (written
+/// by hand: corrupt data) answers that entry as a row of nothing claimed
+/// and the others as before. Before, it raised a Lua error at every retry.
+#[tokio::test]
+async fn a_receipt_entry_without_its_tag_is_a_busy_row_not_a_lua_error() {
+    let mut fx = Fixture::start().await;
+    fx.enqueue("j1", 1).await;
+    assert_eq!(fx.fetch(5, "base").await.unwrap().len(), 1);
+    let receipt = fx.keys.fetch_receipt("base");
+    fx.cmd(&["RPUSH", &receipt, "corrupt"]).await;
+    let rows = fx.fetch(5, "base").await.unwrap();
+    assert!(
+        matches!(&rows[..], [ClaimRow::Claimed(d), ClaimRow::Skipped(id, Skip::Busy)]
+            if d.id.as_str() == "j1" && id.as_str() == "corrupt"),
+        "{rows:?}"
+    );
+}
+
 /// The worker's own sequence: a first try that skips the receipt read (a
 /// fresh token base has none), its reply lost, then the retry with the same
 /// base, which reads the receipt the first try wrote.
@@ -1168,6 +1186,51 @@ async fn promote_drops_the_delayed_entry_of_a_job_in_another_state() {
     let main = fx.cmd(&["LRANGE", &k.main, "0", "-1"]).await;
     let main: Vec<String> = redis::from_redis_value(main).unwrap();
     assert_eq!(main.len(), 2, "each waiting job listed once: {main:?}");
+}
+
+/// A delayed entry whose job is not where its state says (a hand edit, an
+/// older bug) is not simply dropped: a `queued` job in no list is made
+/// waiting, a `dead` job missing from the dead list is put back on it, an
+/// `active` job neither in processing nor leased and a state that is no job
+/// state are dead-lettered naming why. Before, each was dropped and the job
+/// left in no list: lost (found by the fuzz review of stop 42).
+#[tokio::test]
+async fn promote_never_strands_a_job_whose_state_is_not_delayed() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for (id, state) in [
+        ("q", "queued"),
+        ("d", "dead"),
+        ("a", "active"),
+        ("x", "x"),
+        ("e", ""),
+    ] {
+        fx.cmd(&["HSET", &k.job(id), "id", id, "type", "t", "state", state])
+            .await;
+        fx.cmd(&["HSET", &k.job(id), "attempts", "0", "max_attempts", "3"])
+            .await;
+        fx.cmd(&["ZADD", &k.delayed, "1", id]).await;
+    }
+    let reply = fx.promote().await.unwrap();
+    assert_eq!(reply.promoted, 4, "{reply:?}");
+    assert_eq!(fx.places("q").await, Places::main_only());
+    assert_eq!(fx.job("q").await["state"], "queued");
+    for id in ["d", "a", "x", "e"] {
+        assert_eq!(fx.places(id).await, Places::dead_only(), "{id}");
+    }
+    let reason = |h: HashMap<String, String>| h.get("dead_reason").cloned().unwrap_or_default();
+    assert!(reason(fx.job("a").await).contains("neither in processing nor leased"));
+    assert!(reason(fx.job("x").await).contains("corrupt field state: 'x'"));
+    assert!(reason(fx.job("e").await).contains("corrupt field state"));
+    assert_eq!(
+        reply
+            .dropped
+            .iter()
+            .map(|(id, s)| (id.as_str(), s.as_str()))
+            .collect::<Vec<_>>(),
+        [("d", "dead")],
+        "the dead job is dropped from delayed and relisted"
+    );
 }
 
 /// A delayed entry whose job completed (its hash gone, its completion

@@ -559,6 +559,8 @@ mod tests {
                     &keys.dead,
                     &keys.stats,
                     &keys.guard,
+                    &keys.processing,
+                    &keys.leases,
                 ])
                 .arg(&keys.job_prefix)
                 .arg(10)

@@ -8,10 +8,19 @@
 -- deferrals and their release) sets that state in the same script. An
 -- entry whose job is in another state (queued, active, dead: a stale entry
 -- left by a hand edit or an older bug) is dropped from the set and the job
--- left where it is (moved, it ran twice or ran while dead); an entry whose
--- hash is gone but whose completion record exists (the job completed) is
--- dropped too, not dead-lettered as "job hash missing". Both are answered.
--- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs)
+-- left where it is (moved, it ran twice or ran while dead), as long as it
+-- *is* somewhere: a `queued` job found neither waiting (main, its group's
+-- list) nor in processing is made waiting (moved, as a promotion); a `dead`
+-- job missing from the dead list is put back on it; an `active` job neither
+-- in processing nor leased, and a state that is none of the job states
+-- (corrupt data), are dead-lettered naming why. Before, each of those was
+-- dropped and the job left in no list (lost; reclaim already applied this
+-- rule to its stale entries). An entry whose hash is gone but whose
+-- completion record exists (the job completed) is dropped too, not
+-- dead-lettered as "job hash missing". Both are answered.
+-- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs),
+--       6 processing, 7 leases (read only, on the rare stale path, through
+--       pcall: one of another type reads as not holding the job)
 -- ARGV: 1 job prefix, 2 limit, 3 completion record prefix
 -- Returns {ids moved or dead-lettered, ms until the earliest remaining job is
 --          due (0: due now) or -1 when the delayed set is empty,
@@ -40,6 +49,26 @@ for i = 1, #due, 2 do
   elseif h and h[1] ~= 'delayed' then
     stale = h[1]
   end
+  -- A stale entry is dropped only when its job is where its state says; a
+  -- rare path (a hand edit, an older bug): the list walks are affordable.
+  local relist_dead, requeue
+  if stale == 'dead' then
+    relist_dead = not redis.call('LPOS', KEYS[3], id)
+  elseif stale == 'queued' then
+    local g = group_of(h[2])
+    local waiting = g and select(2, group_keys(KEYS[2])) .. g or KEYS[2]
+    if type(redis.pcall('LPOS', waiting, id)) ~= 'number'
+        and type(redis.pcall('LPOS', KEYS[6], id)) ~= 'number' then
+      stale, requeue = nil, true
+    end
+  elseif stale == 'active' then
+    if type(redis.pcall('LPOS', KEYS[6], id)) ~= 'number'
+        and type(redis.pcall('ZSCORE', KEYS[7], id)) ~= 'string' then
+      stale, bad = nil, 'state active but neither in processing nor leased (corrupt data)'
+    end
+  elseif stale and stale ~= 'completed' then
+    stale, bad = nil, "corrupt field state: '" .. utf8_cut(stale, 64) .. "'"
+  end
   -- Main was checked above; a group's list and the ring are checked here,
   -- as a corrupt one would fail the pass after earlier jobs moved (and
   -- again every pass): the job is dead-lettered with the reason instead.
@@ -47,10 +76,16 @@ for i = 1, #due, 2 do
     local why = waiting_types_bad(KEYS[2], h[2])
     if why then bad = 'cannot wait in its group: ' .. why .. ' (corrupt data)' end
   end
+  if requeue then
+    redis.log(redis.LOG_WARNING, 'promote: job ' .. id .. ' in state queued was in no list ('
+      .. KEYS[1] .. '): made waiting')
+  end
   local member
   if stale then
+    if relist_dead then redis.call('LPUSH', KEYS[3], id) end
     redis.log(redis.LOG_WARNING, 'promote: dropped the delayed entry of job ' .. id
-      .. ' in state ' .. stale .. ' (' .. KEYS[1] .. '); the job is left where it is')
+      .. ' in state ' .. stale .. ' (' .. KEYS[1] .. '); the job is left where it is'
+      .. (relist_dead and '; relisted on the dead list' or ''))
     dropped[#dropped + 1] = id
     dropped[#dropped + 1] = stale
   elseif bad then

@@ -14,8 +14,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<5> =
-    lua_script!("promote.lua", keys = 5, args = 3, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("promote.lua", keys = 7, args = 3, prelude(super::DRAIN));
 
 /// Promotes at most `limit` due jobs of one queue.
 pub(crate) struct Promote<'a> {
@@ -50,7 +50,15 @@ impl Promote<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<PromoteReply> {
         let k = self.keys;
         let reply = SCRIPT
-            .call([&k.delayed, &k.main, &k.dead, &k.stats, &k.guard])
+            .call([
+                &k.delayed,
+                &k.main,
+                &k.dead,
+                &k.stats,
+                &k.guard,
+                &k.processing,
+                &k.leases,
+            ])
             .arg(&k.job_prefix)
             .arg(self.limit)
             .arg(&k.done_prefix)
@@ -143,7 +151,7 @@ mod tests {
         }
     }
 
-    /// Scenario: a stale delayed entry (its job is active) whose id is not
+    /// Scenario: a stale delayed entry (its job is active, leased) whose id is not
     /// UTF-8 (another producer's bytes). The script drops it and the reply
     /// is read, the id lossily. Before, the dropped list's decode failed
     /// the whole reply after the script had committed: the promoter lost
@@ -153,6 +161,14 @@ mod tests {
         let (_server, mut conn) = test_redis().await;
         let keys = QueueKeys::new("bytes");
         delayed_entry(&mut conn, &keys, b"j\xff", "active", "0").await;
+        // Leased, as an active job is (one in no list is dead-lettered).
+        let _: () = redis::cmd("ZADD")
+            .arg(&keys.leases)
+            .arg("9999999999999")
+            .arg(b"j\xff")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         let reply = promote(&mut conn, &keys).await.unwrap();
         assert_eq!(reply.promoted, 0);
         assert_eq!(reply.dropped.len(), 1);
