@@ -4,6 +4,8 @@ use std::process::Command;
 
 use queue_testkit::RedisServer;
 
+#[path = "support/metrics_run.rs"]
+mod metrics_run;
 #[path = "support/results_seed.rs"]
 mod results_seed;
 
@@ -604,24 +606,16 @@ fn run_serves_prometheus_metrics() {
         &[("state", "queued"), ("type", "send"), ("enqueued_at", "1")],
     );
     server.command(&["LPUSH", "q:{emails}:main", "w1"]).unwrap();
-    let port = queue_testkit::free_port().unwrap();
-    let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new(BIN)
-        .args([
-            "run",
-            "--redis",
-            &url,
-            "-q",
-            "emails",
-            "--interval-ms",
-            "100",
-            "--metrics-listen",
-            &addr,
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let watchdog = metrics_run::run_with_metrics(&[
+        "run",
+        "--redis",
+        &url,
+        "-q",
+        "emails",
+        "--interval-ms",
+        "100",
+    ]);
+    let addr = watchdog.addr.clone();
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
         let body = std::net::TcpStream::connect(&addr).ok().map(|mut s| {
@@ -643,8 +637,7 @@ fn run_serves_prometheus_metrics() {
         assert!(Instant::now() < deadline, "no reclaim metric in time");
         std::thread::sleep(Duration::from_millis(100));
     };
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(watchdog);
     for needle in [
         "# TYPE queue_jobs_reclaimed_total counter",
         "queue_depth{queue=\"emails\",list=\"main\"}",

@@ -8,7 +8,6 @@
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -17,8 +16,10 @@ use queue_testkit::RedisServer;
 use serde::{Deserialize, Serialize};
 
 mod support;
+use metrics_run::MetricsWatchdog;
+#[path = "support/metrics_run.rs"]
+mod metrics_run;
 
-const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 const QUEUE: &str = "obs";
 
 #[derive(Serialize, Deserialize)]
@@ -138,14 +139,6 @@ fn exported(body: &str, name: &str) -> bool {
     })
 }
 
-struct KillOnDrop(Child);
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A job in processing whose lease expired, as a worker killed mid-job leaves it.
 async fn lost_delivery(queue: &Queue, id: &str) {
     let keys = QueueKeys::new(QUEUE);
@@ -197,16 +190,18 @@ fn worker_recorder() -> PrometheusHandle {
 fn the_watchdog_exports_every_metric_the_dashboard_and_the_alert_rules_use() {
     let server = RedisServer::start().unwrap();
     let url = server.url();
-    let addr = format!("127.0.0.1:{}", queue_testkit::free_port().unwrap());
-    let _watchdog = KillOnDrop(
-        Command::new(BIN)
-            .args(["run", "--redis", &url, "-q", QUEUE, "--interval-ms", "200"])
-            .args(["--backoff-base-ms", "1", "--metrics-listen", &addr])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let watchdog = metrics_run::run_with_metrics(&[
+        "run",
+        "--redis",
+        &url,
+        "-q",
+        QUEUE,
+        "--interval-ms",
+        "200",
+        "--backoff-base-ms",
+        "1",
+    ]);
+    let addr = watchdog.addr.clone();
     let worker_metrics = worker_recorder();
 
     // Completed, retried then completed, dead-lettered, lost by a dead worker
@@ -354,7 +349,7 @@ fn scrape_until_counter(addr: &str, counter: &str, want: u64) -> Result<String, 
 /// A redis-server, a `queue-watchdog run` on [`QUEUE`] exporting metrics,
 /// and a producer: the counter-mirror scenarios.
 struct MirrorScene {
-    _watchdog: KillOnDrop,
+    _watchdog: MetricsWatchdog,
     _server: RedisServer,
     addr: String,
     rt: tokio::runtime::Runtime,
@@ -402,18 +397,18 @@ impl MirrorScene {
 }
 
 /// `queue-watchdog run` on [`QUEUE`] every 100 ms with its metrics on a
-/// free port: (the process, killed on drop; the address to scrape).
-fn watchdog_with_metrics(url: &str) -> (KillOnDrop, String) {
-    let addr = format!("127.0.0.1:{}", queue_testkit::free_port().unwrap());
-    let watchdog = KillOnDrop(
-        Command::new(BIN)
-            .args(["run", "--redis", url, "-q", QUEUE, "--interval-ms", "100"])
-            .args(["--metrics-listen", &addr])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+/// port it bound: (the process, killed on drop; the address to scrape).
+fn watchdog_with_metrics(url: &str) -> (MetricsWatchdog, String) {
+    let watchdog = metrics_run::run_with_metrics(&[
+        "run",
+        "--redis",
+        url,
+        "-q",
+        QUEUE,
+        "--interval-ms",
+        "100",
+    ]);
+    let addr = watchdog.addr.clone();
     (watchdog, addr)
 }
 

@@ -22,8 +22,8 @@ use redis::{AsyncCommands, FromRedisValue};
 
 use crate::handles::{add_report, WatchdogHandle, WorkerHandle};
 use crate::{
-    bill, fast_config, fast_watchdog, init_tracing, redis_conn, task, wait_until, Bill, Ledger,
-    Task,
+    bill, fast_config, fast_watchdog, forget_ledger_conn, init_tracing, redis_conn, task,
+    wait_until, Bill, Ledger, Task,
 };
 
 /// How long any wait of this module may take before the test fails: generous,
@@ -55,6 +55,9 @@ impl TestEnv {
         init_tracing();
         let server = RedisServer::start_with(args).expect("redis-server starts");
         let url = server.url();
+        // A ledger connection cached for an earlier server on this port is
+        // dead (and of another test's runtime).
+        forget_ledger_conn(&url);
         let queue = Queue::connect(&url).await.expect("connect");
         TestEnv {
             server,
@@ -70,6 +73,7 @@ impl TestEnv {
     pub fn with_separate_ledger(mut self) -> TestEnv {
         let ledger = RedisServer::start().expect("ledger redis-server starts");
         self.ledger_url = ledger.url();
+        forget_ledger_conn(&self.ledger_url);
         self.ledger_server = Some(ledger);
         self
     }

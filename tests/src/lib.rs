@@ -22,12 +22,13 @@ pub use process::WorkerProcess;
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use queue_core::{job, JobContext, JobError};
-use redis::aio::MultiplexedConnection;
-use redis::AsyncCommands;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncCommands, RedisFuture};
 use serde::{Deserialize, Serialize};
 
 /// The payload of the test job. Each field steers the handler; missing
@@ -105,19 +106,126 @@ pub async fn task(ctx: JobContext, t: Task) -> Result<(), JobError> {
     Ok(())
 }
 
-/// A cached connection per ledger URL (each test has its own server).
-pub async fn ledger_conn(url: &str) -> redis::RedisResult<MultiplexedConnection> {
-    static CONNS: OnceLock<Mutex<HashMap<String, MultiplexedConnection>>> = OnceLock::new();
-    let map = CONNS.get_or_init(Default::default);
-    if let Some(c) = map.lock().expect("ledger map").get(url) {
-        return Ok(c.clone());
+/// A connection to the ledger at `url`, cached per URL and Tokio runtime.
+///
+/// The cache is shared by every test of a binary, and a multiplexed
+/// connection only works while the runtime that created it runs (its driver
+/// is a task of that runtime): an entry whose runtime is gone (an earlier
+/// test, whose server had the port this test's server got) is replaced, not
+/// handed out. A connection that fails with an I/O error (its server
+/// restarted) leaves the cache, and so do the entries of a URL a new
+/// [`TestEnv`] starts a server on ([`forget_ledger_conn`]).
+pub async fn ledger_conn(url: &str) -> redis::RedisResult<LedgerConn> {
+    {
+        let mut map = ledger_conns().lock().expect("ledger map");
+        match map.get(url) {
+            Some(c) if !c.runtime_alive.is_finished() => {
+                return Ok(LedgerConn {
+                    conn: c.conn.clone(),
+                    url: url.to_string(),
+                    id: c.id,
+                });
+            }
+            Some(_) => {
+                map.remove(url);
+            }
+            None => {}
+        }
     }
     let client = redis::Client::open(url)?;
     let conn = client.get_multiplexed_async_connection().await?;
-    map.lock()
-        .expect("ledger map")
-        .insert(url.to_string(), conn.clone());
-    Ok(conn)
+    let id = NEXT_LEDGER_CONN.fetch_add(1, Ordering::Relaxed);
+    // Finishes (cancelled) when this runtime shuts down, taking the
+    // connection's driver with it.
+    let runtime_alive = tokio::spawn(std::future::pending::<()>());
+    ledger_conns().lock().expect("ledger map").insert(
+        url.to_string(),
+        CachedLedgerConn {
+            conn: conn.clone(),
+            id,
+            runtime_alive,
+        },
+    );
+    Ok(LedgerConn {
+        conn,
+        url: url.to_string(),
+        id,
+    })
+}
+
+/// Drops the cached ledger connection of `url` (a new server on its port).
+pub fn forget_ledger_conn(url: &str) {
+    ledger_conns().lock().expect("ledger map").remove(url);
+}
+
+/// A ledger connection from [`ledger_conn`]: a multiplexed connection that
+/// takes itself out of the cache when a call fails with an I/O error, so
+/// the next [`ledger_conn`] connects afresh.
+#[derive(Clone)]
+pub struct LedgerConn {
+    conn: MultiplexedConnection,
+    url: String,
+    id: u64,
+}
+
+impl LedgerConn {
+    fn forget_if_broken<T>(&self, r: &redis::RedisResult<T>) {
+        if let Err(e) = r {
+            if e.is_io_error() || e.is_unrecoverable_error() {
+                let mut map = ledger_conns().lock().expect("ledger map");
+                if map.get(&self.url).is_some_and(|c| c.id == self.id) {
+                    map.remove(&self.url);
+                }
+            }
+        }
+    }
+}
+
+impl ConnectionLike for LedgerConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, redis::Value> {
+        Box::pin(async move {
+            let r = self.conn.req_packed_command(cmd).await;
+            self.forget_if_broken(&r);
+            r
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<redis::Value>> {
+        Box::pin(async move {
+            let r = self.conn.req_packed_commands(pipeline, offset, count).await;
+            self.forget_if_broken(&r);
+            r
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
+/// One cached ledger connection and a task of the runtime that made it.
+struct CachedLedgerConn {
+    conn: MultiplexedConnection,
+    id: u64,
+    runtime_alive: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CachedLedgerConn {
+    fn drop(&mut self) {
+        self.runtime_alive.abort();
+    }
+}
+
+static NEXT_LEDGER_CONN: AtomicU64 = AtomicU64::new(0);
+
+fn ledger_conns() -> &'static Mutex<HashMap<String, CachedLedgerConn>> {
+    static CONNS: OnceLock<Mutex<HashMap<String, CachedLedgerConn>>> = OnceLock::new();
+    CONNS.get_or_init(Default::default)
 }
 
 /// Reads the ledger.
@@ -361,4 +469,63 @@ pub async fn redis_and_queue() -> (queue_testkit::RedisServer, String, queue_cor
     let url = server.url();
     let queue = queue_core::Queue::connect(&url).await.expect("connect");
     (server, url, queue)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ledger_conn;
+    use queue_testkit::RedisServer;
+    use redis::AsyncCommands;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+
+    /// A test's runtime ends with its ledger connection cached; a later test
+    /// whose server got the same port (so the same URL) writes its ledger in
+    /// its own runtime. Before, it was handed the dead runtime's connection:
+    /// every write failed ("broken pipe"), its jobs retried until dead.
+    #[test]
+    fn a_ledger_connection_is_not_handed_out_after_its_runtime_ended() {
+        let server = RedisServer::start().expect("redis-server starts");
+        let url = server.url();
+        let first = runtime();
+        first.block_on(async {
+            let mut c = ledger_conn(&url).await.expect("ledger connection");
+            let _: () = c.incr("ledger:writes", 1).await.expect("first write");
+        });
+        drop(first);
+        runtime().block_on(async {
+            let mut c = ledger_conn(&url).await.expect("ledger connection");
+            let n: u64 = c
+                .incr("ledger:writes", 1)
+                .await
+                .expect("a write from the second runtime");
+            assert_eq!(n, 2);
+        });
+    }
+
+    /// The ledger's server restarts on its port within one test: the
+    /// connection that saw the I/O error leaves the cache and the next
+    /// `ledger_conn` connects afresh. Before, every later write failed.
+    #[test]
+    fn a_ledger_connection_that_failed_with_an_io_error_is_replaced() {
+        let mut server = RedisServer::start().expect("redis-server starts");
+        let url = server.url();
+        runtime().block_on(async {
+            let mut c = ledger_conn(&url).await.expect("ledger connection");
+            let _: () = c.incr("ledger:writes", 1).await.expect("first write");
+            server.restart().expect("redis-server restarts");
+            // The old connection's socket is gone: this write may fail.
+            let _ = c.incr::<_, _, u64>("ledger:writes", 1).await;
+            let mut c = ledger_conn(&url).await.expect("ledger connection");
+            let _: u64 = c
+                .incr("ledger:writes", 1)
+                .await
+                .expect("a write after the restart");
+        });
+    }
 }

@@ -1,6 +1,7 @@
 //! The `limited` test job of `tests/limits.rs` (docs/LIMITS.md): its rate key
 //! is the args' `tenant` (`#[job(rate_key = tenant)]`). Each start appends
-//! `<tenant> <Redis time ms> <attempt>` to `ledger:limited:starts`.
+//! `<tenant> <Redis time ms> <attempt> <claim time ms>` to
+//! `ledger:limited:starts`.
 
 use std::time::Duration;
 
@@ -29,6 +30,11 @@ pub struct Start {
     pub at_ms: i64,
     /// The attempt it started as.
     pub attempt: u32,
+    /// Redis time of the claim that started this delivery (ms): the score
+    /// the limiter logged it with in `<limits>:started` (the claim writes
+    /// both in one script, with one `TIME`), so windows counted over it are
+    /// the limiter's own, without the skew of the handler's start.
+    pub claimed_ms: i64,
 }
 
 /// Records its start (Redis clock), then sleeps `sleep_ms`.
@@ -37,11 +43,12 @@ pub async fn limited(ctx: JobContext, t: Limited) -> Result<(), JobError> {
     let mut c = crate::ledger_conn(&t.ledger).await?;
     let _: () = redis::Script::new(
         "local t = redis.call('TIME') \
-         redis.call('RPUSH', KEYS[1], ARGV[1] .. ' ' .. (t[1] * 1000 + math.floor(t[2] / 1000)) .. ' ' .. ARGV[2])",
+         redis.call('RPUSH', KEYS[1], ARGV[1] .. ' ' .. (t[1] * 1000 + math.floor(t[2] / 1000)) .. ' ' .. ARGV[2] .. ' ' .. ARGV[3])",
     )
     .key("ledger:limited:starts")
     .arg(&t.tenant)
     .arg(ctx.attempt())
+    .arg(ctx.delivered_at_ms())
     .invoke_async(&mut c)
     .await?;
     if t.sleep_ms > 0 {
@@ -64,6 +71,7 @@ pub async fn starts(ledger_url: &str) -> Vec<Start> {
                 tenant: it.next()?.to_string(),
                 at_ms: it.next()?.parse().ok()?,
                 attempt: it.next()?.parse().ok()?,
+                claimed_ms: it.next()?.parse().ok()?,
             })
         })
         .collect()

@@ -245,7 +245,7 @@ async fn lock_is_exclusive_and_release_needs_the_token() {
         queue.connection(),
         "report",
         LockOptions::default()
-            .ttl(Duration::from_millis(300))
+            .ttl(Duration::from_secs(2))
             .no_renew(),
     )
     .await
@@ -257,7 +257,8 @@ async fn lock_is_exclusive_and_release_needs_the_token() {
             .unwrap()
             .is_none()
     );
-    // A bounded wait: gives up after the wait, does not block forever...
+    // A bounded wait: gives up after the wait, does not block forever (nor
+    // until the holder's 2 s TTL runs out: it would then get the lock)...
     let t0 = std::time::Instant::now();
     let waited = Lock::acquire(
         queue.connection(),
@@ -267,12 +268,12 @@ async fn lock_is_exclusive_and_release_needs_the_token() {
     .await
     .unwrap();
     assert!(waited.is_none());
-    assert!(t0.elapsed() < Duration::from_millis(250));
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     // ...and gets it once the holder's lease runs out.
     let b = Lock::acquire(
         queue.connection(),
         "report",
-        LockOptions::default().wait(Duration::from_secs(2)),
+        LockOptions::default().wait(Duration::from_secs(5)),
     )
     .await
     .unwrap()
@@ -294,12 +295,14 @@ async fn auto_renew_keeps_the_lock_and_stops_when_it_is_lost() {
     let guard = Lock::acquire(
         queue.connection(),
         "sync",
-        LockOptions::default().ttl(Duration::from_millis(300)),
+        LockOptions::default().ttl(Duration::from_secs(1)),
     )
     .await
     .unwrap()
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // A renewal every third of the TTL: a stall of up to ~650 ms of a loaded
+    // machine does not lose it (with 300 ms, one of ~170 ms did).
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     assert!(guard.is_held(), "renewed past three leases");
     assert!(
         Lock::acquire(queue.connection(), "sync", LockOptions::default())
@@ -313,7 +316,7 @@ async fn auto_renew_keeps_the_lock_and_stops_when_it_is_lost() {
         .await
         .unwrap()
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("loss noticed");
     assert!(!guard.is_held());

@@ -37,7 +37,10 @@ async fn slow_job_heartbeating(
 #[tokio::test]
 async fn heartbeat_keeps_a_slow_job_from_being_reclaimed() {
     let env = TestEnv::start().await;
-    let (id, worker) = slow_job_heartbeating(&env, 1500, 300).await;
+    // The job runs more than three leases; a heartbeat every 100 ms keeps a
+    // 1 s lease with room for a 900 ms stall of a loaded machine (with a
+    // 300 ms lease, a 200 ms stall let the watchdog reclaim it).
+    let (id, worker) = slow_job_heartbeating(&env, 3500, 1000).await;
     let watchdog = env.spawn_watchdog("tasks").await;
 
     env.wait_completed("tasks", 1).await;

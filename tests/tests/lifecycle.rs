@@ -378,7 +378,7 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
         concurrency: 8,
         lease: Duration::from_secs(20),
         ack_batch: 8,
-        ack_window: Duration::from_secs(3),
+        ack_window: Duration::from_secs(6),
         ..fast_config()
     };
     let worker = env.spawn_worker(cfg).await;
@@ -387,8 +387,9 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
         env.enqueue(env.task(seq)).await;
     }
     env.wait_completed("tasks", 8).await;
+    // Bounds well inside the 6 s window, with slack for a loaded machine.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(4),
         "a full batch of 8 waited {:?}: not sent when full",
         started.elapsed()
     );
@@ -396,8 +397,8 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
     env.enqueue(env.task(8)).await;
     env.wait_completed("tasks", 9).await;
     assert!(
-        lone.elapsed() >= Duration::from_millis(2500),
-        "a lone ack was sent after {:?}, before its 3 s window ended",
+        lone.elapsed() >= Duration::from_secs(5),
+        "a lone ack was sent after {:?}, before its 6 s window ended",
         lone.elapsed()
     );
     // Shutdown does not wait out a window: the last ack is sent at once.
@@ -407,7 +408,7 @@ async fn acks_are_sent_when_a_batch_fills_or_its_window_ends() {
     let stopping = std::time::Instant::now();
     worker.stop().await;
     assert!(
-        stopping.elapsed() < Duration::from_secs(2),
+        stopping.elapsed() < Duration::from_secs(4),
         "stopping took {:?}: the acker waited out its window",
         stopping.elapsed()
     );

@@ -44,9 +44,11 @@ async fn stop(workers: Vec<WorkerHandle>) {
     }
 }
 
-/// The most starts within any `window_ms` (Redis clock).
+/// The most claims within any `window_ms` (Redis clock): counted over the
+/// claim times the limiter logs, not the handlers' start times (which lag
+/// the claims by however long a loaded machine takes to run the handler).
 fn most_in_window(starts: &[&Start], window_ms: i64) -> usize {
-    let mut at: Vec<i64> = starts.iter().map(|s| s.at_ms).collect();
+    let mut at: Vec<i64> = starts.iter().map(|s| s.claimed_ms).collect();
     at.sort_unstable();
     (0..at.len())
         .map(|i| {
@@ -59,10 +61,10 @@ fn most_in_window(starts: &[&Start], window_ms: i64) -> usize {
         .unwrap_or(0)
 }
 
-/// A queue rate of 5 per 500 ms, three workers with 4 slots each: no 400 ms
-/// span has more than 5 starts (handler start times jitter by a few ms
-/// behind the claims the limit counts), the 20 jobs take at least three
-/// windows, and every job runs once on attempt 1 (waiting burns no attempt).
+/// A queue rate of 5 per 500 ms, three workers with 4 slots each: no 500 ms
+/// window has more than 5 starts (claim times, as the limiter counts them),
+/// the 20 jobs take at least three windows, and every job runs once on
+/// attempt 1 (waiting burns no attempt).
 #[tokio::test]
 async fn a_queue_rate_limit_holds_across_workers_and_burns_no_attempt() {
     let env = TestEnv::start().await;
@@ -86,9 +88,9 @@ async fn a_queue_rate_limit_holds_across_workers_and_burns_no_attempt() {
     let all: Vec<&Start> = starts.iter().collect();
     assert_eq!(all.len(), 20, "each job started once");
     assert!(all.iter().all(|s| s.attempt == 1), "{all:?}");
-    assert!(most_in_window(&all, 400) <= 5, "{all:?}");
-    let span =
-        all.iter().map(|s| s.at_ms).max().unwrap() - all.iter().map(|s| s.at_ms).min().unwrap();
+    assert!(most_in_window(&all, 500) <= 5, "{all:?}");
+    let span = all.iter().map(|s| s.claimed_ms).max().unwrap()
+        - all.iter().map(|s| s.claimed_ms).min().unwrap();
     assert!(
         span >= 1_400,
         "20 starts at 5 per 500 ms take three windows: {span} ms"
@@ -176,11 +178,11 @@ async fn a_noisy_key_does_not_hold_back_other_keys() {
     })
     .await;
     let starts = limited::starts(&env.ledger_url).await;
-    let first = starts.iter().map(|s| s.at_ms).min().unwrap();
+    let first = starts.iter().map(|s| s.claimed_ms).min().unwrap();
     let quiet_last = starts
         .iter()
         .filter(|s| s.tenant != "noisy")
-        .map(|s| s.at_ms)
+        .map(|s| s.claimed_ms)
         .max()
         .unwrap();
     assert!(
@@ -189,7 +191,10 @@ async fn a_noisy_key_does_not_hold_back_other_keys() {
         quiet_last - first
     );
     let noisy_starts: Vec<&Start> = starts.iter().filter(|s| s.tenant == "noisy").collect();
-    assert!(most_in_window(&noisy_starts, 900) <= 2, "{noisy_starts:?}");
+    assert!(
+        most_in_window(&noisy_starts, 1_000) <= 2,
+        "{noisy_starts:?}"
+    );
 
     env.queue
         .clear_limit("limited", LimitScope::EveryKey, queue_core::LimitKind::Rate)

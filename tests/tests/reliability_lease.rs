@@ -3,7 +3,9 @@
 //! against its own redis-server, which it pauses (SIGSTOP: connections stay
 //! open, nothing is answered) or restarts.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use queue_core::{
@@ -102,7 +104,9 @@ async fn start_worker(
 #[tokio::test]
 async fn lease_lost_turns_true_when_redis_stops_answering_the_heartbeat() {
     let (server, url, queue) = setup().await;
-    let lease = Duration::from_millis(1000);
+    // A heartbeat every 200 ms keeps a 2 s lease through a stall of ~1.6 s
+    // of a loaded machine (a 1 s lease left 700 ms).
+    let lease = Duration::from_secs(2);
     let cfg = WorkerConfig {
         lease,
         heartbeat: Some(Duration::from_millis(200)),
@@ -725,18 +729,30 @@ async fn a_pass_against_a_hung_redis_ends_the_queues_pass_at_its_first_timeout()
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct Held {
+    /// Whose job it is: the tests that use `held` run at once, each with
+    /// its own tag (its started and released flags).
+    tag: String,
     /// Return a retryable error instead of `Ok`.
     fail: bool,
 }
 
-static HELD_STARTED: AtomicBool = AtomicBool::new(false);
-static HELD_RELEASED: AtomicBool = AtomicBool::new(false);
+/// The tags of `held` jobs whose handler started, and of those released.
+static HELD_STARTED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+static HELD_RELEASED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
-/// Runs until the test releases it, then returns `Ok` (or fails, retryable).
+fn held_started(tag: &str) -> bool {
+    HELD_STARTED.lock().unwrap().contains(tag)
+}
+
+fn release_held(tag: &str) {
+    HELD_RELEASED.lock().unwrap().insert(tag.to_string());
+}
+
+/// Runs until the test releases its tag, then returns `Ok` (or fails, retryable).
 #[job(queue = "held", max_attempts = 3, timeout = "60s")]
 async fn held(_ctx: JobContext, h: Held) -> Result<(), JobError> {
-    HELD_STARTED.store(true, Ordering::SeqCst);
-    while !HELD_RELEASED.load(Ordering::SeqCst) {
+    HELD_STARTED.lock().unwrap().insert(h.tag.clone());
+    while !HELD_RELEASED.lock().unwrap().contains(&h.tag) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     if h.fail {
@@ -758,8 +774,7 @@ async fn held(_ctx: JobContext, h: Held) -> Result<(), JobError> {
 #[tokio::test]
 async fn a_shutdown_against_a_hung_redis_ends_within_the_grace_and_the_hard_stop() {
     for fail in [false, true] {
-        HELD_STARTED.store(false, Ordering::SeqCst);
-        HELD_RELEASED.store(false, Ordering::SeqCst);
+        let tag = format!("hung-redis-shutdown-{fail}");
         let (server, url, queue) = setup().await;
         let response_timeout = Duration::from_secs(2);
         let grace = Duration::from_secs(1);
@@ -773,13 +788,14 @@ async fn a_shutdown_against_a_hung_redis_ends_within_the_grace_and_the_hard_stop
             ..fast_config()
         };
         let (stop, join) = start_worker(&url, |b| b.register(held::handler()), cfg).await;
-        held::enqueue(&queue, Held { fail }).await.unwrap();
-        wait_until(T, "the handler started", || async {
-            HELD_STARTED.load(Ordering::SeqCst)
-        })
-        .await;
+        let job = Held {
+            tag: tag.clone(),
+            fail,
+        };
+        held::enqueue(&queue, job).await.unwrap();
+        wait_until(T, "the handler started", || async { held_started(&tag) }).await;
         let paused = Paused::pause(&server);
-        HELD_RELEASED.store(true, Ordering::SeqCst);
+        release_held(&tag);
         // The handler returns; its result is on its way to the hung Redis.
         tokio::time::sleep(Duration::from_millis(300)).await;
         stop.shutdown();
@@ -815,8 +831,7 @@ async fn a_shutdown_against_a_hung_redis_ends_within_the_grace_and_the_hard_stop
 /// it running), retrying for a lease after the handler returned.
 #[tokio::test]
 async fn a_runner_retrying_its_result_stops_at_the_hard_stop() {
-    HELD_STARTED.store(false, Ordering::SeqCst);
-    HELD_RELEASED.store(false, Ordering::SeqCst);
+    let tag = "retrying-runner";
     let (_server, url, queue) = setup().await;
     let cfg = WorkerConfig {
         lease: Duration::from_secs(20),
@@ -824,24 +839,25 @@ async fn a_runner_retrying_its_result_stops_at_the_hard_stop() {
         ..fast_config()
     };
     let (stop, join) = start_worker(&url, |b| b.register(held::handler()), cfg).await;
-    held::enqueue(&queue, Held { fail: true }).await.unwrap();
-    wait_until(T, "the handler started", || async {
-        HELD_STARTED.load(Ordering::SeqCst)
-    })
-    .await;
+    let job = Held {
+        tag: tag.into(),
+        fail: true,
+    };
+    held::enqueue(&queue, job).await.unwrap();
+    wait_until(T, "the handler started", || async { held_started(tag) }).await;
     let mut c = redis_conn(&url).await;
-    let nobody = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A primary that never answers a sync: a listener bound for the whole
+    // test (no redis-server another test starts can take its port), never
+    // accepting. Before, the port was only picked free and then released.
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nobody_port = nobody.local_addr().unwrap().port();
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
-        .arg(nobody)
+        .arg(nobody_port)
         .query_async(&mut c)
         .await
         .unwrap();
-    HELD_RELEASED.store(true, Ordering::SeqCst);
+    release_held(tag);
     // The handler failed; its retry call is refused and retried.
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.shutdown();
@@ -865,4 +881,5 @@ async fn a_runner_retrying_its_result_stops_at_the_hard_stop() {
         (1, 0),
         "the job stays leased for the watchdog: {s:?}"
     );
+    drop(nobody);
 }

@@ -670,6 +670,23 @@ fn same_token_window(lease: Duration, response_timeout: Duration) -> Duration {
     crate::scripts::fetch::receipt_life(lease).saturating_sub(response_timeout)
 }
 
+/// A failure to reach Redis or run the command (worth retrying), as opposed
+/// to a reply this version does not understand.
+pub(super) fn is_redis_failure(e: &QueueError) -> bool {
+    matches!(
+        e,
+        QueueError::Redis { .. } | QueueError::ReadOnlyReplica { .. }
+    )
+}
+
+/// A fresh random lease token (UUID v4 text) from the thread-local RNG: no
+/// system call per fetch, unlike `Uuid::new_v4`.
+fn random_token() -> String {
+    uuid::Builder::from_random_bytes(rand::random())
+        .into_uuid()
+        .to_string()
+}
+
 #[cfg(test)]
 mod window_tests {
     use super::same_token_window;
@@ -693,21 +710,4 @@ mod window_tests {
         }
         assert_eq!(same_token_window(s(30), s(5)), s(10));
     }
-}
-
-/// A failure to reach Redis or run the command (worth retrying), as opposed
-/// to a reply this version does not understand.
-pub(super) fn is_redis_failure(e: &QueueError) -> bool {
-    matches!(
-        e,
-        QueueError::Redis { .. } | QueueError::ReadOnlyReplica { .. }
-    )
-}
-
-/// A fresh random lease token (UUID v4 text) from the thread-local RNG: no
-/// system call per fetch, unlike `Uuid::new_v4`.
-fn random_token() -> String {
-    uuid::Builder::from_random_bytes(rand::random())
-        .into_uuid()
-        .to_string()
 }
