@@ -210,7 +210,8 @@ fn validate_lock_name(name: &str) -> Result<(), &'static str> {
     }
 }
 
-/// Entry point: [`Lock::acquire`].
+/// Entry point: [`Lock::acquire`] (its docs have a runnable example:
+/// acquire, a second owner refused, release).
 #[derive(Debug)]
 pub struct Lock;
 
@@ -312,6 +313,7 @@ const LOST_REPLY_RETRIES: u32 = 3;
 
 /// A held lock. Dropping it stops the auto-renew and releases the lock in
 /// the background; prefer [`release`](Self::release) to know the outcome.
+/// Made by [`Lock::acquire`], whose docs have a runnable example.
 #[derive(Debug)]
 pub struct LockGuard {
     conn: RedisConnection,

@@ -18,7 +18,13 @@ const MAX_KEY_LEN: usize = JobId::MAX_LEN;
 /// `ctx.inbox(&tx)` on a [`JobContext`]: the inbox of this delivery in the
 /// handler's transaction, on the default table (`queue_inbox`).
 ///
-/// ```no_run
+/// Runnable (needs PostgreSQL, `DATABASE_URL`, default
+/// `postgres://postgres@127.0.0.1:5432/test`, or skipped with
+/// `QUEUE_TEST_SKIP_POSTGRES=1` like the test suite; the hidden
+/// lines give it a throwaway schema with the `charges` and `queue_inbox`
+/// tables):
+///
+/// ```
 /// use queue_core::{job, JobContext, JobError};
 /// use queue_inbox::{InboxError, InboxExt};
 /// use serde::{Deserialize, Serialize};
@@ -43,8 +49,31 @@ const MAX_KEY_LEN: usize = JobId::MAX_LEN;
 ///     tx.commit().await.map_err(JobError::retryable)?; // the charge and "done", or neither
 ///     Ok(())
 /// }
-/// # async fn connect() -> Result<tokio_postgres::Client, JobError> { unimplemented!() }
-/// # fn main() {}
+/// # static DB: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+/// # async fn connect() -> Result<tokio_postgres::Client, JobError> {
+/// #     let (client, conn) = tokio_postgres::connect(DB.get().unwrap(), tokio_postgres::NoTls)
+/// #         .await
+/// #         .map_err(JobError::retryable)?;
+/// #     tokio::spawn(conn);
+/// #     Ok(client)
+/// # }
+/// #
+/// # #[tokio::main] async fn main() -> Result<(), JobError> {
+/// # // Skipped without PostgreSQL, like the test suite (QUEUE_TEST_SKIP_POSTGRES).
+/// # let Some(pg) = queue_testkit::postgres::require() else { return Ok(()) };
+/// # let schema = queue_testkit::postgres::TempSchema::create(&pg)?;
+/// # DB.set(schema.url().to_string()).unwrap();
+/// # let db = connect().await?;
+/// # db.batch_execute("CREATE TABLE charges (customer bigint, month text)").await?;
+/// # queue_inbox::Inbox::new().migrate(&db).await?;
+/// // Two jobs with the same business key (two enqueues of one monthly close):
+/// // the second finds the inbox row done and charges nothing.
+/// let args = || CloseMonth { customer: 7, month: "2026-11".into() };
+/// close_month(JobContext::for_test("close-a", "billing", 1), args()).await?;
+/// close_month(JobContext::for_test("close-b", "billing", 1), args()).await?;
+/// let charges: i64 = db.query_one("SELECT count(*) FROM charges", &[]).await?.get(0);
+/// assert_eq!(charges, 1);
+/// # Ok(()) }
 /// ```
 pub trait InboxExt {
     /// The inbox of this delivery in `tx`, keyed by the job id (see

@@ -127,21 +127,52 @@ impl RelayStep<'_> {
 /// you like): `FOR UPDATE SKIP LOCKED` gives each row to one relay at a time.
 ///
 /// Running until ctrl-c (the [crate example](crate) runs a relay end to end
-/// against a throwaway database and redis-server):
+/// with a worker). Runnable: needs PostgreSQL (`DATABASE_URL`, default
+/// `postgres://postgres@127.0.0.1:5432/test`, or skipped with
+/// `QUEUE_TEST_SKIP_POSTGRES=1`); the hidden
+/// lines give it a throwaway schema and redis-server, stage one row, and end
+/// the run once that row's job is in Redis instead of at ctrl-c:
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
 /// use queue_outbox::{Outbox, Relay};
+/// # use queue_core::{job, JobContext, JobError};
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # pub struct Invoice { pub order: i64 }
+/// # #[job(queue = "billing")]
+/// # async fn send_invoice(_ctx: JobContext, _args: Invoice) -> Result<(), JobError> { Ok(()) }
 ///
-/// # async fn f() -> Result<(), queue_outbox::OutboxError> {
-/// let queue = queue_core::Queue::connect("redis://127.0.0.1:6379/").await?;
-/// let relay = Relay::connect(Outbox::new(), "postgres://app@127.0.0.1/app", queue)
+/// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # // Skipped without PostgreSQL, like the test suite (QUEUE_TEST_SKIP_POSTGRES).
+/// # let Some(pg) = queue_testkit::postgres::require() else { return Ok(()) };
+/// # let schema = queue_testkit::postgres::TempSchema::create(&pg)?;
+/// # let redis = queue_testkit::RedisServer::start()?;
+/// # let (db, redis_url) = (schema.url(), redis.url());
+/// # let mut client = queue_outbox::connect_postgres(db).await?;
+/// # Outbox::new().migrate(&client).await?;
+/// # let tx = client.transaction().await?;
+/// # Outbox::new()
+/// #     .enqueue_in_tx::<send_invoice::Job>(&tx, &Invoice { order: 7 }, Some("invoice-7".into()))
+/// #     .await?;
+/// # tx.commit().await?;
+/// // e.g. db = "postgres://app@127.0.0.1/app", redis_url = "redis://127.0.0.1:6379/"
+/// let queue = queue_core::Queue::connect(&redis_url).await?;
+/// let relay = Relay::connect(Outbox::new(), db, queue.clone())
 ///     .await?
 ///     .batch_size(200);
-/// let summary = relay
-///     .run_until(async { let _ = tokio::signal::ctrl_c().await; }, Duration::from_millis(500))
-///     .await?;
+/// let stop = async { let _ = tokio::signal::ctrl_c().await; };
+/// # let published = async {
+/// #     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+/// #     while queue.job("billing", "invoice-7").await.ok().flatten().is_none()
+/// #         && tokio::time::Instant::now() < deadline
+/// #     {
+/// #         tokio::time::sleep(Duration::from_millis(20)).await;
+/// #     }
+/// # };
+/// # let stop = async { tokio::select! { _ = stop => {}, _ = published => {} } };
+/// let summary = relay.run_until(stop, Duration::from_millis(500)).await?;
 /// println!("published {} rows", summary.published);
+/// # assert_eq!(summary.published, 1);
 /// # Ok(()) }
 /// ```
 pub struct Relay {
