@@ -2,12 +2,12 @@
 //! default; docs/TRACING.md).
 //!
 //! - Enqueue: inside a `tracing` span that an OpenTelemetry layer
-//!   (`tracing-opentelemetry`) follows, [`with_current`] adds the span's
+//!   (`tracing-opentelemetry`) follows, `with_current` adds the span's
 //!   `traceparent` (`00-<trace id>-<span id>-<flags>`) to the job as the extra
 //!   job field [`FIELD`] (`EnqueueOptions::extra_field`). A traceparent the
 //!   caller set explicitly is kept.
 //! - Worker: the claim reads that field with the others (`CLAIM_FIELDS` in
-//!   `prelude.lua`), and [`adopt`] makes it the **parent** of the delivery's
+//!   `prelude.lua`), and `adopt` makes it the **parent** of the delivery's
 //!   `job{...}` span: every attempt is a child of the enqueuing span, in the
 //!   enqueuer's trace, and the ack is logged inside the attempt's span.
 //!
