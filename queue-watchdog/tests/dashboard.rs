@@ -703,11 +703,7 @@ fn the_job_page_shows_progress_and_typed_results() {
 /// Calls of `cmd` since the server started (`INFO commandstats`; 0 before
 /// the first).
 fn calls(server: &RedisServer, cmd: &str) -> u64 {
-    let info = redis(server, &["INFO", "commandstats"]);
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
-        .and_then(|v| v.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    queue_testkit::command_stat(&redis(server, &["INFO", "commandstats"]), cmd, "calls")
 }
 
 /// Without `--queue` and with no queue found yet, a page request serves the

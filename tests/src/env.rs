@@ -343,11 +343,7 @@ impl TestEnv {
             .query_async(&mut self.conn().await)
             .await
             .expect("INFO commandstats");
-        let prefix = format!("cmdstat_{command}:calls=");
-        info.lines()
-            .find_map(|l| l.strip_prefix(prefix.as_str()))
-            .and_then(|rest| rest.split(',').next()?.parse().ok())
-            .unwrap_or(0)
+        queue_testkit::command_stat(&info, command, "calls")
     }
 
     /// Waits until a fetcher other than `except` is blocked in BLMOVE on an

@@ -20,10 +20,9 @@ async fn script_calls(env: &TestEnv) -> u64 {
         .query_async(&mut env.conn().await)
         .await
         .unwrap();
-    ["cmdstat_fcall:calls=", "cmdstat_evalsha:calls="]
+    ["fcall", "evalsha"]
         .iter()
-        .filter_map(|p| info.lines().find_map(|l| l.strip_prefix(*p)))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .map(|c| queue_testkit::command_stat(&info, c, "calls"))
         .sum()
 }
 

@@ -1052,14 +1052,7 @@ async fn command_stat(admin: &Admin, command: &str, field: &str) -> u64 {
         redis::Value::VerbatimString { text, .. } => text,
         other => panic!("{other:?}"),
     };
-    let prefix = format!("cmdstat_{command}:");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|l| {
-            l.split(',')
-                .find_map(|kv| kv.strip_prefix(&format!("{field}=")))
-        })
-        .map_or(0, |v| v.parse().unwrap())
+    queue_testkit::command_stat(&info, command, field)
 }
 
 /// Seeds batch `id` of `members` member ids (`m<n>`, zero-padded), those

@@ -83,11 +83,7 @@ async fn calls(conn: &mut RedisConnection, cmd: &str) -> u64 {
         .query_async(conn)
         .await
         .unwrap();
-    let prefix = format!("cmdstat_{cmd}:calls=");
-    info.lines()
-        .find_map(|l| l.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next()?.parse().ok())
-        .unwrap_or(0)
+    queue_testkit::command_stat(&info, cmd, "calls")
 }
 
 async fn enqueued_stat(conn: &mut RedisConnection, keys: &QueueKeys) -> i64 {

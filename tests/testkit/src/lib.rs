@@ -235,6 +235,25 @@ fn port_taken(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::AddrInUse || e.to_string().contains("Address already in use")
 }
 
+/// Field `field` (`calls`, `usec`) of `command`'s line (lower case:
+/// `fcall`, `lpos`) in the text of `INFO commandstats`; 0 when the command
+/// has not run since the server started or the last `CONFIG RESETSTAT`.
+///
+/// ```
+/// let info = "# Commandstats\r\ncmdstat_lpos:calls=3,usec=12,usec_per_call=4.00\r\n";
+/// assert_eq!(queue_testkit::command_stat(info, "lpos", "calls"), 3);
+/// assert_eq!(queue_testkit::command_stat(info, "lpos", "usec"), 12);
+/// assert_eq!(queue_testkit::command_stat(info, "scan", "calls"), 0);
+/// ```
+pub fn command_stat(info: &str, command: &str, field: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    let key = format!("{field}=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix(key.as_str())))
+        .map_or(0, |v| v.trim().parse().expect("a commandstats count"))
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> std::io::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
