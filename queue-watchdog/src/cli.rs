@@ -243,12 +243,8 @@ pub enum OutboxCommand {
     Prune {
         #[command(flatten)]
         target: OutboxTarget,
-        /// Age of the published rows to delete, in seconds (default 7 days).
-        #[arg(long, default_value_t = 7 * 24 * 3600)]
-        older_than_secs: u64,
-        /// Prune with an age below 24 h anyway.
-        #[arg(long)]
-        force: bool,
+        #[command(flatten)]
+        age: crate::cli_inbox::PruneAge,
     },
     /// Row counts (unpublished, rejected, published) and the age of the
     /// oldest unpublished row: the relay's lag. Exit 1 when a row is rejected.

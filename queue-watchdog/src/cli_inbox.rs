@@ -4,10 +4,41 @@
 
 use clap::{Args, Subcommand};
 
-/// The smallest `inbox prune --older-than-secs` accepted without `--force`:
-/// the default completion retention. Below it a redelivery of a completed job
-/// repeats its effect even without a replay.
+/// The smallest `inbox prune` / `outbox prune --older-than-secs` accepted
+/// without `--force`: the default completion retention. Below it a
+/// redelivery of a completed job repeats its effect even without a replay
+/// (inbox), and reconcile can no longer tell a completed job from a lost one
+/// by its row (outbox).
 pub const MIN_PRUNE_AGE_SECS: u64 = 24 * 3600;
+
+/// How old the rows `inbox prune` and `outbox prune` delete must be.
+#[derive(Debug, Args, Clone, Copy)]
+pub struct PruneAge {
+    /// Age of the rows to delete, in seconds (inbox: done rows by
+    /// finished_at, not below the dead-letter retention; outbox: published
+    /// rows by published_at). Default 7 days.
+    #[arg(long, default_value_t = 7 * 24 * 3600)]
+    pub older_than_secs: u64,
+    /// Prune with an age below 24 h (MIN_PRUNE_AGE_SECS) anyway.
+    #[arg(long)]
+    pub force: bool,
+}
+
+impl PruneAge {
+    /// The age to prune at, or the refusal of one below
+    /// [`MIN_PRUNE_AGE_SECS`] without `--force`: `rows` names them (`inbox
+    /// rows`), `risk` says what pruning them that young breaks.
+    pub fn checked(&self, rows: &str, risk: &str) -> Result<std::time::Duration, String> {
+        if self.older_than_secs < MIN_PRUNE_AGE_SECS && !self.force {
+            return Err(format!(
+                "refusing to prune {rows} younger than 24 h (--older-than-secs {} < \
+                 {MIN_PRUNE_AGE_SECS}): {risk}; pass --force to prune anyway",
+                self.older_than_secs
+            ));
+        }
+        Ok(std::time::Duration::from_secs(self.older_than_secs))
+    }
+}
 
 /// Where the inbox table lives.
 #[derive(Debug, Args, Clone)]
@@ -37,13 +68,8 @@ pub enum InboxCommand {
     Prune {
         #[command(flatten)]
         target: InboxTarget,
-        /// Age of the done rows to delete, by finished_at (default 7 days;
-        /// not below the dead-letter retention).
-        #[arg(long, default_value_t = 7 * 24 * 3600)]
-        older_than_secs: u64,
-        /// Prune with an age below 24 h (MIN_PRUNE_AGE_SECS) anyway.
-        #[arg(long)]
-        force: bool,
+        #[command(flatten)]
+        age: PruneAge,
     },
     /// Per queue: running and done rows, oldest running row, last completion.
     Stats {

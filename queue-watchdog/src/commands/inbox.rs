@@ -8,7 +8,7 @@ use queue_inbox::{Inbox, InboxQueueStats, InboxReconcileOptions, InboxReconcileR
 use queue_outbox::{connect_postgres, Outbox};
 use serde_json::json;
 
-use crate::cli_inbox::{InboxCommand, InboxReconcileArgs, MIN_PRUNE_AGE_SECS};
+use crate::cli_inbox::{InboxCommand, InboxReconcileArgs};
 use crate::error::{CliError, Result};
 
 pub async fn dispatch(cmd: InboxCommand) -> Result<ExitCode> {
@@ -21,26 +21,19 @@ pub async fn dispatch(cmd: InboxCommand) -> Result<ExitCode> {
             println!("inbox table `{}` is ready", inbox.table());
             Ok(ExitCode::SUCCESS)
         }
-        InboxCommand::Prune {
-            target,
-            older_than_secs,
-            force,
-        } => {
-            if older_than_secs < MIN_PRUNE_AGE_SECS && !force {
-                return Err(CliError::Other(format!(
-                    "refusing to prune inbox rows younger than 24 h (--older-than-secs \
-                     {older_than_secs} < {MIN_PRUNE_AGE_SECS}): a job can come back after \
-                     its row is gone (a redelivery within the completion retention, a \
-                     replay of a dead-lettered job within the dead-letter retention) and \
-                     its effect would apply again; keep --older-than-secs above both \
-                     retentions, or pass --force"
-                )));
-            }
+        InboxCommand::Prune { target, age } => {
+            let age = age
+                .checked(
+                    "inbox rows",
+                    "a job can come back after its row is gone (a redelivery within the \
+                     completion retention, a replay of a dead-lettered job within the \
+                     dead-letter retention) and its effect would apply again; keep \
+                     --older-than-secs above both retentions",
+                )
+                .map_err(CliError::Other)?;
             let inbox = Inbox::with_table(&target.table)?;
             let client = connect_postgres(&target.database_url).await?;
-            let n = inbox
-                .prune(&client, Duration::from_secs(older_than_secs))
-                .await?;
+            let n = inbox.prune(&client, age).await?;
             println!("deleted {n} done row(s) from `{}`", inbox.table());
             Ok(ExitCode::SUCCESS)
         }

@@ -11,6 +11,7 @@ use queue_outbox::{
 use serde_json::json;
 
 use crate::cli::{OutboxCommand, OutboxTarget, ReconcileArgs, RelayArgs};
+use crate::cli_inbox::PruneAge;
 use crate::error::{CliError, Result};
 
 pub async fn dispatch(redis_url: &str, cmd: OutboxCommand) -> Result<ExitCode> {
@@ -18,33 +19,22 @@ pub async fn dispatch(redis_url: &str, cmd: OutboxCommand) -> Result<ExitCode> {
         OutboxCommand::Migrate { target } => migrate(&target).await,
         OutboxCommand::Relay(args) => relay(redis_url, args).await,
         OutboxCommand::Reconcile(args) => reconcile(redis_url, args).await,
-        OutboxCommand::Prune {
-            target,
-            older_than_secs,
-            force,
-        } => prune(&target, older_than_secs, force).await,
+        OutboxCommand::Prune { target, age } => prune(&target, age).await,
         OutboxCommand::Stats { target, json } => stats(&target, json).await,
     }
 }
 
-/// Below this age (the workers' default completion retention) `outbox
-/// prune` needs `--force`.
-const MIN_PRUNE_AGE_SECS: u64 = 24 * 3600;
-
-async fn prune(target: &OutboxTarget, older_than_secs: u64, force: bool) -> Result<ExitCode> {
-    if older_than_secs < MIN_PRUNE_AGE_SECS && !force {
-        return Err(CliError::Other(format!(
-            "refusing to prune outbox rows published less than 24 h ago (--older-than-secs \
-             {older_than_secs} < {MIN_PRUNE_AGE_SECS}): until the completion retention has \
-             passed, reconcile still tells a completed job from a lost one by its row; pass \
-             --force to prune anyway"
-        )));
-    }
+async fn prune(target: &OutboxTarget, age: PruneAge) -> Result<ExitCode> {
+    let age = age
+        .checked(
+            "outbox rows published",
+            "until the completion retention has passed, reconcile still tells a completed \
+             job from a lost one by its row",
+        )
+        .map_err(CliError::Other)?;
     let outbox = Outbox::with_table(&target.table)?;
     let client = connect_postgres(&target.database_url).await?;
-    let n = outbox
-        .prune(&client, Duration::from_secs(older_than_secs))
-        .await?;
+    let n = outbox.prune(&client, age).await?;
     println!("deleted {n} published row(s) from `{}`", outbox.table());
     Ok(ExitCode::SUCCESS)
 }
