@@ -799,6 +799,42 @@ mod tests {
         assert_eq!(owner(&conn, "report").await, None);
     }
 
+    /// Scenario: the fencing counter is set back (by hand, or restored from
+    /// an old backup) to a small number after a holder got its number. The
+    /// next acquisition still gets a larger number than that holder's: a
+    /// fenced store must refuse the stale holder's writes. Before, the
+    /// counter went on from the small number (`5` then `6`).
+    #[tokio::test]
+    async fn a_fencing_counter_set_back_still_hands_out_larger_numbers() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        let opts = LockOptions::default().no_renew();
+        let first = Lock::acquire(conn.clone(), "fenced", opts.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        let earlier = first.fencing();
+        assert!(first.release().await.unwrap());
+        for set_back in ["5", "0", "1796632645963651"] {
+            let mut c = conn.clone();
+            redis::cmd("SET")
+                .arg(LockKeys::new("fenced").fence)
+                .arg(set_back)
+                .query_async::<()>(&mut c)
+                .await
+                .unwrap();
+            let next = Lock::acquire(conn.clone(), "fenced", opts.clone())
+                .await
+                .unwrap()
+                .expect("free");
+            assert!(
+                next.fencing() > earlier,
+                "counter set back to {set_back}: {} after {earlier}",
+                next.fencing()
+            );
+            assert!(next.release().await.unwrap());
+        }
+    }
+
     /// Scenario: a holder waits on `lost()` (as in a `select!` around its
     /// work), then shortens its lock to 300 ms; Redis lets it go and another
     /// owner takes it. `lost()` completes. Before, it slept until the 9 s

@@ -86,7 +86,8 @@ use proc_macro::TokenStream;
 ///
 /// All values are checked at compile time: an unknown or duplicate option, a
 /// value of the wrong type, `timeout = "0s"`, `deadline = "0s"`,
-/// `max_attempts = 0` or an invalid cron expression (`"0 0 25 * * *"`) is an
+/// `max_attempts = 0`, an invalid cron expression (`"0 0 25 * * *"`) or one
+/// that never fires (`"0 0 0 30 2 *"`, the 30th of February) is an
 /// error pointing at the offending token; so is a `rate_key` field the args
 /// do not have (at the field's name) and, with `cron`, args without
 /// `Default` (at the cron expression).

@@ -47,6 +47,15 @@ pub(crate) fn parse(regs: &[Registration]) -> Result<Vec<Periodic>> {
                     reg.name, reg.queue
                 ))
             })?;
+            // It parses, but no date after now matches it (the 30th of
+            // February, a year already past): the job would never run.
+            if schedule.upcoming(Utc).next().is_none() {
+                return Err(QueueError::Config(format!(
+                    "job type `{}` on queue `{}`: cron expression {expr:?} never fires \
+                     (no date after now matches it)",
+                    reg.name, reg.queue
+                )));
+            }
             let firing = firing().map_err(|e| {
                 QueueError::Config(format!(
                     "periodic job type `{}` on queue `{}`: {e}",
@@ -231,6 +240,22 @@ mod tests {
             matches!(&err, QueueError::Config(m) if m.contains("`broken`") && m.contains("do not serialize")),
             "{err}"
         );
+    }
+
+    /// A schedule that parses but matches no date after now (a hand-written
+    /// `Registration::periodic`, which the attribute's compile-time check
+    /// does not see) is refused when the worker is built. Before, the
+    /// worker built and the job never ran, without a word.
+    #[test]
+    fn a_schedule_that_never_fires_is_refused_at_build() {
+        for never in ["0 0 0 30 2 *", "0 0 0 31 4 *", "0 0 0 1 1 * 2020"] {
+            let regs = [Registration::periodic::<Broken>(never)];
+            let err = parse(&regs).err().expect("refused");
+            assert!(
+                matches!(&err, QueueError::Config(m) if m.contains("`broken`") && m.contains("never fires") && m.contains(never)),
+                "{never}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -4,9 +4,11 @@
 -- a call with the token that holds the lock (a retry whose reply was lost) answers that
 -- acquisition's number again.
 -- The counter expires `fence_ttl_ms` after the last acquisition (so unused
--- lock names leave nothing behind); a counter created anew starts at the
--- Redis time in microseconds, above any number an earlier counter of this
--- name can have reached (one per acquisition), so fencing numbers only grow.
+-- lock names leave nothing behind); a counter created anew, or found below
+-- the Redis time in microseconds (set back by hand, restored from a
+-- backup), starts at that time, above any number an earlier counter of this
+-- name can have reached (one per acquisition), so fencing numbers only grow
+-- while the Redis clock does.
 -- Everything is checked before the lock is taken: a lock held by a call
 -- that then failed would be unusable for its whole ttl (the caller's retry
 -- finds it taken). The counter is read first (a key of another type refuses
@@ -24,9 +26,17 @@ local counter = redis.call('GET', KEYS[2])
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ttl) then
   -- INCR takes only an integer's canonical text: '007' or '00' would pass
   -- a digits check and then make INCR raise with the lock already taken.
-  if not counter or #counter > 18 or not (counter == '0' or string.match(counter, '^[1-9]%d*$')) then
-    local t = redis.call('TIME')
-    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  -- The counter never starts below the Redis time in microseconds: a
+  -- counter set back by hand or restored from an old backup ('5' after
+  -- numbers near 1.8e15 were handed out) would otherwise hand out numbers
+  -- below those earlier holders had, and a fenced store would take the
+  -- stale holder's writes. Both are canonical digit strings: the shorter
+  -- one is the smaller, and of equal length the text order is the order.
+  local t = redis.call('TIME')
+  local floor = t[1] .. string.format('%06d', tonumber(t[2]))
+  if not counter or #counter > 18 or not (counter == '0' or string.match(counter, '^[1-9]%d*$'))
+      or #counter < #floor or (#counter == #floor and counter < floor) then
+    redis.call('SET', KEYS[2], floor)
   end
   local fence = redis.call('INCR', KEYS[2])
   redis.call('PEXPIRE', KEYS[2], fence_ttl)
