@@ -120,9 +120,9 @@ fn run_once_reclaims_and_dead_letters_and_reports_counts() {
 
 #[test]
 fn unreachable_redis_is_a_clear_error() {
-    let port = queue_testkit::free_port().unwrap();
-    let url = format!("redis://127.0.0.1:{port}/");
-    let (ok, _, stderr) = run(&["stats", "--redis", &url, "--queue", "emails"]);
+    // Held for the whole test: refused, and no other test's server takes it.
+    let nobody = queue_testkit::RefusingPort::bind().unwrap();
+    let (ok, _, stderr) = run(&["stats", "--redis", &nobody.redis_url(), "--queue", "emails"]);
     assert!(!ok);
     assert!(stderr.contains("cannot connect to redis"), "{stderr}");
 }

@@ -371,8 +371,9 @@ fn a_writable_replica_is_called_out() {
 
 #[test]
 fn unreachable_redis_exits_2() {
-    let port = queue_testkit::free_port().unwrap();
-    let (code, out) = doctor(&format!("redis://127.0.0.1:{port}/"), &[]);
+    // Held for the whole test: refused, and no other test's server takes it.
+    let nobody = queue_testkit::RefusingPort::bind().unwrap();
+    let (code, out) = doctor(&nobody.redis_url(), &[]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("cannot connect to redis"), "{out}");
 }

@@ -616,8 +616,10 @@ async fn sentinel_urls_resolve_the_primary_or_fail_clearly() {
     let err = Queue::connect(&wrong).await.unwrap_err();
     assert!(matches!(err, QueueError::Connect { .. }), "{err}");
     assert!(err.to_string().contains("nosuchmaster"), "{err}");
-    // No sentinel answers.
-    let port = queue_testkit::free_port().unwrap();
+    // No sentinel answers (the port is held: no server another test starts
+    // can take it).
+    let nobody = queue_testkit::RefusingPort::bind().unwrap();
+    let port = nobody.port();
     let err = Queue::connect(&format!("redis-sentinel://127.0.0.1:{port}/mymaster"))
         .await
         .unwrap_err();
@@ -643,7 +645,9 @@ async fn a_stale_sentinel_does_not_make_the_connection_reconnect() {
     // Sentinel 0 (listed first in the URL, so the watcher asks it first)
     // names a node nobody runs, with epoch 0; quorum 5 keeps it from ever
     // failing over on its own.
-    let nobody = queue_testkit::free_port().unwrap().to_string();
+    // Held for the whole test: no server another test starts can take it.
+    let nobody_port = queue_testkit::RefusingPort::bind().unwrap();
+    let nobody = nobody_port.port().to_string();
     let name = setup.master_name().to_string();
     setup
         .sentinel_cli(0, &["SENTINEL", "REMOVE", &name])

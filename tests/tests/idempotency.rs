@@ -245,7 +245,7 @@ async fn lock_is_exclusive_and_release_needs_the_token() {
         queue.connection(),
         "report",
         LockOptions::default()
-            .ttl(Duration::from_secs(2))
+            .ttl(Duration::from_secs(6))
             .no_renew(),
     )
     .await
@@ -257,23 +257,26 @@ async fn lock_is_exclusive_and_release_needs_the_token() {
             .unwrap()
             .is_none()
     );
-    // A bounded wait: gives up after the wait, does not block forever (nor
-    // until the holder's 2 s TTL runs out: it would then get the lock)...
-    let t0 = std::time::Instant::now();
-    let waited = Lock::acquire(
-        queue.connection(),
-        "report",
-        LockOptions::default().wait(Duration::from_millis(100)),
+    // A bounded wait: gives up after the wait, does not block forever (the
+    // timeout only catches a hang) nor until the holder's 6 s TTL runs out:
+    // it would then get the lock, so `None` proves it gave up before.
+    let waited = tokio::time::timeout(
+        Duration::from_secs(30),
+        Lock::acquire(
+            queue.connection(),
+            "report",
+            LockOptions::default().wait(Duration::from_millis(100)),
+        ),
     )
     .await
+    .expect("a bounded wait returns")
     .unwrap();
-    assert!(waited.is_none());
-    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(waited.is_none(), "it waited until the holder's TTL ran out");
     // ...and gets it once the holder's lease runs out.
     let b = Lock::acquire(
         queue.connection(),
         "report",
-        LockOptions::default().wait(Duration::from_secs(5)),
+        LockOptions::default().wait(Duration::from_secs(30)),
     )
     .await
     .unwrap()

@@ -4,13 +4,16 @@
 //! The figures of docs/LIMITS.md come from the ignored `measure_*` tests:
 //! `cargo test -p queue-tests --test limits -- --ignored --nocapture`.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use queue_core::{
     Batch, EnqueueOptions, JobSpec, LimitScope, Queue, QueueKeys, RateLimit, WorkerConfig,
 };
 use queue_tests::env::worker_on;
-use queue_tests::limited::{self, limited as limited_job, tenant_sweep, Limited, Start};
+use queue_tests::limited::{
+    self, keyed, limited as limited_job, tenant_sweep, Keyed, Limited, Run, Start,
+};
 use queue_tests::{fast_config, wait_until, TestEnv, WorkerHandle, WorkerProcess, BOUND};
 use redis::AsyncCommands;
 
@@ -286,6 +289,184 @@ async fn a_concurrency_cap_holds_across_processes_and_a_dead_workers_slot_return
         "the short job ran at {finished}, before the dead worker's lease expired at {lease_until}"
     );
     drop(survivor);
+}
+
+/// Per-key limits across three `test-worker` processes: a concurrency cap
+/// of 2 and a rate of 6 per second on every key, 36 jobs over 3 keys, the
+/// deferred jobs released mid-run (`queue limit --release`). By the ledger
+/// (Redis clock): no key ever has more than 2 of its jobs running at once
+/// nor more than 6 claims in a second, and every job runs once on attempt
+/// 1 (deferrals burn none). Then 12 longer jobs, and one process is
+/// SIGKILLed while it runs some: its keys are not stuck (their slots come
+/// back with the dead leases, the watchdog returns its jobs, which run
+/// again elsewhere), every job completes once, and the caps held
+/// throughout, the killed deliveries counted as running until the kill.
+#[tokio::test]
+async fn per_key_limits_hold_across_worker_processes_and_survive_a_killed_one() {
+    const CAP: usize = 2;
+    const RATE: usize = 6;
+    let keys = ["acme", "globex", "initech"];
+    let env = TestEnv::start().await;
+    env.queue
+        .set_concurrency_limit("keyed", LimitScope::EveryKey, CAP as u32)
+        .await
+        .unwrap();
+    env.queue
+        .set_rate_limit(
+            "keyed",
+            LimitScope::EveryKey,
+            RateLimit::per_second(RATE as u32),
+        )
+        .await
+        .unwrap();
+    let job = |i: usize, sleep_ms: u64| Keyed {
+        ledger: env.ledger_url.clone(),
+        key: keys[i % keys.len()].to_string(),
+        sleep_ms,
+    };
+    // Leases of 4 s (heartbeat a third of it): no live worker's lease runs
+    // out on a loaded machine; the killed worker's do.
+    let mut procs: Vec<WorkerProcess> = (0..3)
+        .map(|_| {
+            WorkerProcess::start_with_env(
+                WORKER_BIN,
+                &env.url,
+                4,
+                4000,
+                5000,
+                None,
+                &[(limited::ENV, "1")],
+            )
+        })
+        .collect();
+    let _watchdog = env.spawn_watchdog("keyed").await;
+
+    // Phase 1: no failure. Each key's 12 jobs take at least two windows.
+    let first: Vec<Keyed> = (0..36).map(|i| job(i, 50)).collect();
+    keyed::enqueue_many(&env.queue, &first).await.unwrap();
+    wait_until(BOUND, "some jobs started", || async {
+        limited::runs(&env.ledger_url).await.len() >= 6
+    })
+    .await;
+    // The deferred jobs are made due now: the claims still hold the limits.
+    env.queue.release_deferred("keyed", None).await.unwrap();
+    env.wait_completed("keyed", 36).await;
+    let runs = limited::runs(&env.ledger_url).await;
+    assert_eq!(runs.len(), 36, "each job ran once: {runs:?}");
+    assert!(
+        runs.iter().all(|r| r.attempt == 1 && r.ended_ms.is_some()),
+        "{runs:?}"
+    );
+    assert_eq!(
+        runs.iter().map(|r| &r.id).collect::<BTreeSet<_>>().len(),
+        36
+    );
+    assert_key_limits(&runs, &keys, CAP, RATE, i64::MIN);
+
+    // Phase 2: a process dies (SIGKILL) while it runs jobs.
+    let second: Vec<Keyed> = (0..12).map(|i| job(i, 1500)).collect();
+    keyed::enqueue_many(&env.queue, &second).await.unwrap();
+    let running =
+        |runs: &[Run]| -> Option<u32> { runs.iter().find(|r| r.ended_ms.is_none()).map(|r| r.pid) };
+    wait_until(BOUND, "a phase-2 job runs", || async {
+        running(&limited::runs(&env.ledger_url).await).is_some()
+    })
+    .await;
+    let victim = running(&limited::runs(&env.ledger_url).await).unwrap();
+    let at = procs
+        .iter()
+        .position(|p| p.child.id() == victim)
+        .expect("the pid of one of the processes");
+    procs[at].kill();
+    let killed_at = env.redis_now_ms().await as i64;
+    let in_flight: Vec<Run> = limited::runs(&env.ledger_url)
+        .await
+        .into_iter()
+        .filter(|r| r.pid == victim && r.ended_ms.is_none())
+        .collect();
+    assert!(!in_flight.is_empty());
+
+    env.wait_completed("keyed", 48).await;
+    let runs = limited::runs(&env.ledger_url).await;
+    // Every job ended exactly once outside the killed process, unless its
+    // delivery there ended (and was acked, or is run again).
+    let ids: BTreeSet<&String> = runs.iter().map(|r| &r.id).collect();
+    assert_eq!(ids.len(), 48, "{runs:?}");
+    for id in ids {
+        let of_id: Vec<&Run> = runs.iter().filter(|r| &r.id == id).collect();
+        let ended_alive = of_id
+            .iter()
+            .filter(|r| r.pid != victim && r.ended_ms.is_some())
+            .count();
+        let ended_killed = of_id
+            .iter()
+            .filter(|r| r.pid == victim && r.ended_ms.is_some())
+            .count();
+        assert!(
+            ended_alive == 1 || (ended_alive == 0 && ended_killed == 1),
+            "job {id} ran {ended_alive} times in live processes: {of_id:?}"
+        );
+        assert!(
+            of_id
+                .iter()
+                .all(|r| r.ended_ms.is_some() || r.pid == victim),
+            "only the killed process left a run unfinished: {of_id:?}"
+        );
+    }
+    // The killed process's jobs ran again elsewhere, after the kill.
+    for r in &in_flight {
+        assert!(
+            runs.iter().any(|again| again.id == r.id
+                && again.pid != victim
+                && again.started_ms >= killed_at
+                && again.ended_ms.is_some()),
+            "the killed delivery {r:?} ran again: {runs:?}"
+        );
+    }
+    assert_key_limits(&runs, &keys, CAP, RATE, killed_at);
+    let stats = env.stats("keyed").await;
+    assert_eq!(
+        (
+            stats.counter("completed"),
+            stats.dead,
+            stats.main,
+            stats.delayed
+        ),
+        (48, 0, 0, 0),
+        "{stats:?}"
+    );
+    // No slot is left taken: nothing runs by the leases.
+    let limits = env.queue.limits("keyed").await.unwrap();
+    assert_eq!(limits.running, 0, "{limits:?}");
+}
+
+/// Per key: at most `cap` of its deliveries ran at once (a delivery with no
+/// logged end counted as running until `killed_at`), at most `rate` claims
+/// in any second (the claim times its rate log holds).
+fn assert_key_limits(runs: &[Run], keys: &[&str], cap: usize, rate: usize, killed_at: i64) {
+    for key in keys {
+        let of_key: Vec<&Run> = runs.iter().filter(|r| r.key == *key).collect();
+        let at_once = limited::most_running_at_once(&of_key, killed_at);
+        assert!(
+            at_once <= cap,
+            "{at_once} of key {key} ran at once: {of_key:?}"
+        );
+        let claims: Vec<Start> = of_key
+            .iter()
+            .map(|r| Start {
+                tenant: r.key.clone(),
+                at_ms: r.started_ms,
+                attempt: r.attempt,
+                claimed_ms: r.claimed_ms,
+            })
+            .collect();
+        let claims: Vec<&Start> = claims.iter().collect();
+        let in_window = most_in_window(&claims, 1_000);
+        assert!(
+            in_window <= rate,
+            "{in_window} claims of key {key} in a second: {of_key:?}"
+        );
+    }
 }
 
 /// Figures for docs/LIMITS.md (not a timed assertion): a queue rate of

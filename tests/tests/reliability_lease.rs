@@ -113,13 +113,29 @@ async fn lease_lost_turns_true_when_redis_stops_answering_the_heartbeat() {
         ..fast_config()
     };
     let (stop, join) = start_worker(&url, |b| b.register(probe::handler()), cfg).await;
-    probe::enqueue(&queue, Probe {}).await.unwrap();
+    let id = probe::enqueue(&queue, Probe {}).await.unwrap();
     wait_until(T, "probe started", || async {
         PROBE_STARTED.load(Ordering::SeqCst)
     })
     .await;
-    // While the heartbeat works, the lease holds for several leases.
-    tokio::time::sleep(lease * 3).await;
+    // While the heartbeat works, the lease holds: the lease in Redis moves
+    // forward three times (three confirmed extends, over more than one
+    // lease), and the handler never saw it lost.
+    let leases = QueueKeys::new("lease-probe").leases;
+    let mut c = redis_conn(&url).await;
+    let mut seen: Vec<f64> = Vec::new();
+    let started = Instant::now();
+    while seen.len() <= 3 {
+        assert!(
+            started.elapsed() < T,
+            "three extends of the lease: {seen:?}"
+        );
+        let at: Option<f64> = c.zscore(&leases, id.as_str()).await.unwrap();
+        if let Some(at) = at.filter(|at| seen.last().is_none_or(|last| at > last)) {
+            seen.push(at);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(
         PROBE_LOST_AT_MS.load(Ordering::SeqCst),
         0,
@@ -127,12 +143,16 @@ async fn lease_lost_turns_true_when_redis_stops_answering_the_heartbeat() {
     );
     let paused = Paused::pause(&server);
     let stopped_at = Instant::now();
+    // Nothing but the local deadline can turn it true now: no extend gets
+    // an answer (before, nothing did: it never turned true).
     wait_until(T, "lease_lost() after Redis stopped answering", || async {
         PROBE_LOST_AT_MS.load(Ordering::SeqCst) > 0
     })
     .await;
-    // The deadline (90 % of the lease after the last confirmed extend was
-    // sent) is at most one lease after the pause; allow scheduling slack.
+    // The bound is part of the property (lost before the watchdog could
+    // give the job away, about one lease): the deadline (90 % of the lease
+    // after the last confirmed extend was sent) is at most one lease after
+    // the pause; 5 leases leave 8 s for stalls of a loaded 2-core machine.
     assert!(
         stopped_at.elapsed() < lease * 5,
         "noticed {:?} after the pause",
@@ -160,9 +180,11 @@ async fn a_lock_without_renewal_is_not_held_after_its_ttl() {
     assert!(guard.is_held());
     tokio::time::sleep(ttl).await;
     assert!(!guard.is_held(), "its TTL ran out");
-    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+    // Its deadline passed already: nothing else could complete it (no
+    // renewal runs). The wait only bounds a hang.
+    tokio::time::timeout(T, guard.lost())
         .await
-        .expect("lost() completes at the deadline");
+        .expect("lost() completes once the deadline passed");
     // An explicit extend of a lock whose local deadline passed does not
     // revive the guard (someone else may have held it in between).
     let _ = guard.extend(ttl).await.unwrap();
@@ -170,10 +192,20 @@ async fn a_lock_without_renewal_is_not_held_after_its_ttl() {
 }
 
 /// Auto-renew against a paused Redis: the renewal hangs until the response
-/// timeout (5 s), but the guard turns "not held" when its TTL runs out.
+/// timeout, but the guard turns "not held" when its TTL runs out, and
+/// `lost()` completes. The response timeout (5 min) is longer than every
+/// wait of the test: no renewal fails while it runs, so only the local
+/// deadline can end the guard (before, a 3 s wall-clock bound stood for
+/// "before the 5 s response timeout").
 #[tokio::test]
 async fn a_renewed_lock_is_not_held_once_its_ttl_passes_without_a_renewal() {
-    let (server, _url, queue) = setup().await;
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let cfg = ConnectionConfig {
+        response_timeout: Duration::from_secs(300),
+        ..ConnectionConfig::default()
+    };
+    let queue = Queue::connect_with(&server.url(), &cfg).await.unwrap();
     let ttl = Duration::from_millis(600);
     let guard = Lock::acquire(
         queue.connection(),
@@ -184,16 +216,14 @@ async fn a_renewed_lock_is_not_held_once_its_ttl_passes_without_a_renewal() {
     .unwrap()
     .expect("free");
     let paused = Paused::pause(&server);
-    let stopped_at = Instant::now();
     tokio::time::sleep(ttl).await;
     assert!(
         !guard.is_held(),
         "no renewal could be confirmed within the TTL"
     );
-    tokio::time::timeout(ttl, guard.lost())
+    tokio::time::timeout(T, guard.lost())
         .await
-        .expect("lost() completes");
-    assert!(stopped_at.elapsed() < Duration::from_secs(3));
+        .expect("lost() completes while the renewal still waits for its reply");
     drop(paused);
 }
 
@@ -428,13 +458,16 @@ async fn connecting_to_a_hung_redis_fails_within_the_connection_timeout() {
     init_tracing();
     let server = RedisServer::start().expect("redis-server starts");
     let url = server.url();
-    let timeout = Duration::from_millis(1000);
+    // The bound is the property (the whole connect within the timeout, not
+    // a multiple of it: the old code took about 4x, retrying). A 4 s timeout
+    // leaves 6 s for stalls of a loaded 2-core machine under the bound, and
+    // the old code's 16 s well above it.
+    let timeout = Duration::from_secs(4);
     let connection = ConnectionConfig {
         connection_timeout: timeout,
         response_timeout: timeout,
     };
-    // Generous against a loaded machine, far below the old 4x (retries).
-    let limit = timeout * 2 + Duration::from_millis(500);
+    let limit = timeout + Duration::from_secs(6);
     let _paused = Paused::pause(&server);
 
     let t0 = Instant::now();
@@ -643,7 +676,9 @@ async fn a_lock_fence_expires_and_a_recreated_one_still_grows() {
 async fn a_stop_during_a_pass_against_a_hung_redis_does_not_wait_out_every_queue() {
     init_tracing();
     let server = RedisServer::start().expect("redis-server starts");
-    let timeout = Duration::from_secs(5);
+    // Long enough that returning within one response timeout proves the
+    // pass was abandoned (the stop itself takes next to nothing).
+    let timeout = Duration::from_secs(20);
     let cfg = WatchdogConfig {
         connection: ConnectionConfig {
             connection_timeout: timeout,
@@ -671,8 +706,10 @@ async fn a_stop_during_a_pass_against_a_hung_redis_does_not_wait_out_every_queue
     tokio::time::sleep(Duration::from_millis(500)).await;
     let stopped_at = Instant::now();
     stop_tx.send(()).expect("run_until still runs");
-    // Generous against a loaded machine; the old code takes about 3 × timeout.
-    let bound = timeout * 2;
+    // The bound is the property (the stop does not wait for the hung
+    // pass): one response timeout, 20 s for a stop that takes next to
+    // nothing, where the old code takes about 3 × timeout.
+    let bound = timeout;
     let returned_at = tokio::time::timeout(bound * 6, run)
         .await
         .expect("run_until returned at all")
@@ -695,10 +732,11 @@ async fn a_stop_during_a_pass_against_a_hung_redis_does_not_wait_out_every_queue
 async fn a_pass_against_a_hung_redis_ends_the_queues_pass_at_its_first_timeout() {
     init_tracing();
     let server = RedisServer::start().expect("redis-server starts");
-    let timeout = Duration::from_secs(2);
+    let timeout = Duration::from_secs(5);
     let cfg = WatchdogConfig {
         connection: ConnectionConfig {
-            connection_timeout: timeout,
+            // A reconnect against the paused server adds at most this.
+            connection_timeout: Duration::from_secs(1),
             response_timeout: timeout,
         },
         ..WatchdogConfig::default()
@@ -716,9 +754,11 @@ async fn a_pass_against_a_hung_redis_ends_the_queues_pass_at_its_first_timeout()
     let took = started.elapsed();
     drop(paused);
     assert_eq!(report.failed_queue_passes, 1, "{report:?}");
-    // One timeout (and at most a reconnect) with slack for a loaded machine;
-    // a pass that tries every step waits at least four timeouts.
-    let bound = timeout * 2;
+    // The bound is the property (one step's timeout, not one per step):
+    // one response timeout and at most a reconnect (6 s) with 8 s for
+    // stalls of a loaded 2-core machine; a pass that tries every step waits
+    // at least four response timeouts (20 s).
+    let bound = timeout + Duration::from_secs(9);
     assert!(
         took < bound,
         "the pass took {took:?} against a hung Redis (response timeout {timeout:?})"
@@ -770,7 +810,7 @@ async fn held(_ctx: JobContext, h: Held) -> Result<(), JobError> {
 /// Before, the acker retried the ack until one lease after the handler
 /// returned and the shutdown waited for it (the fail path: the runner's
 /// retry loop ignored the hard stop and held the acker's channel open):
-/// about a lease (20 s here; 60 s in production for a SIGTERM).
+/// about a lease (120 s here; 60 s in production for a SIGTERM).
 #[tokio::test]
 async fn a_shutdown_against_a_hung_redis_ends_within_the_grace_and_the_hard_stop() {
     for fail in [false, true] {
@@ -778,8 +818,10 @@ async fn a_shutdown_against_a_hung_redis_ends_within_the_grace_and_the_hard_stop
         let (server, url, queue) = setup().await;
         let response_timeout = Duration::from_secs(2);
         let grace = Duration::from_secs(1);
+        // The old code waited out about a lease: a long one keeps it far
+        // above the bound.
         let cfg = WorkerConfig {
-            lease: Duration::from_secs(20),
+            lease: Duration::from_secs(120),
             grace,
             connection: ConnectionConfig {
                 connection_timeout: response_timeout,
@@ -799,9 +841,11 @@ async fn a_shutdown_against_a_hung_redis_ends_within_the_grace_and_the_hard_stop
         // The handler returns; its result is on its way to the hung Redis.
         tokio::time::sleep(Duration::from_millis(300)).await;
         stop.shutdown();
-        // The grace, the hard stop's 5 s, a response timeout and slack for a
-        // loaded machine: well under the lease the old code waited out.
-        let bound = grace + Duration::from_secs(5) + response_timeout + Duration::from_secs(3);
+        // The bound is the property (a shutdown must not hang): the grace,
+        // the hard stop's 5 s and a response timeout (8 s), with 24 s for
+        // stalls of a loaded 2-core machine (x4): far under the 120 s lease
+        // the old code waited out.
+        let bound = grace + Duration::from_secs(5) + response_timeout + Duration::from_secs(24);
         tokio::time::timeout(bound, join)
             .await
             .unwrap_or_else(|_| {

@@ -31,6 +31,7 @@ async fn main() {
         .into_iter()
         .chain(queue_tests::workflow_jobs::if_asked())
         .chain(queue_tests::dag_jobs::if_asked())
+        .chain(queue_tests::limited::if_asked())
         .fold(builder, |b, reg| b.register(reg))
         .config(config)
         .build()

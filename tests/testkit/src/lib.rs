@@ -255,9 +255,61 @@ pub fn command_stat(info: &str, command: &str, field: &str) -> u64 {
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
+///
+/// Nothing keeps it free: for an address that must stay unreachable use
+/// [`RefusingPort`].
 pub fn free_port() -> std::io::Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// A port on 127.0.0.1 where nobody listens, for as long as this value
+/// lives: every connect to it is refused at once, and no other process (a
+/// redis-server another test starts) can take it.
+///
+/// A socket is bound to the port and never listens, without `SO_REUSEADDR`,
+/// so a later `bind` of the port fails (`redis-server` then picks another
+/// port through [`retry_on_fresh_port`]) and the kernel hands it to no
+/// outgoing connection. A port from [`free_port`] is only free when picked:
+/// a server started meanwhile could answer on it.
+///
+/// ```
+/// let nobody = queue_testkit::RefusingPort::bind().unwrap();
+/// let refused = std::net::TcpStream::connect(("127.0.0.1", nobody.port())).unwrap_err();
+/// assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+/// ```
+#[derive(Debug)]
+pub struct RefusingPort {
+    _socket: socket2::Socket,
+    port: u16,
+}
+
+impl RefusingPort {
+    /// Binds a fresh port on 127.0.0.1 without listening.
+    pub fn bind() -> std::io::Result<Self> {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let socket = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+        socket.bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())?;
+        let port = socket
+            .local_addr()?
+            .as_socket()
+            .ok_or_else(|| std::io::Error::other("bound socket has no inet address"))?
+            .port();
+        Ok(RefusingPort {
+            _socket: socket,
+            port,
+        })
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>/`: a Redis URL nothing answers on.
+    pub fn redis_url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
 }
 
 #[cfg(test)]
@@ -293,6 +345,24 @@ mod tests {
         });
         assert!(r.is_err());
         assert_eq!(calls, 4, "gives up after a few fresh ports");
+    }
+
+    /// The port refuses connections and cannot be taken while held: a
+    /// listener's bind (std sets `SO_REUSEADDR`, as redis-server does)
+    /// fails.
+    #[test]
+    fn a_refusing_port_refuses_connections_and_cannot_be_taken() {
+        let nobody = super::RefusingPort::bind().unwrap();
+        for _ in 0..3 {
+            let e = std::net::TcpStream::connect(("127.0.0.1", nobody.port())).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+        }
+        let taken = std::net::TcpListener::bind(("127.0.0.1", nobody.port())).unwrap_err();
+        assert_eq!(taken.kind(), ErrorKind::AddrInUse, "{taken}");
+        assert_eq!(
+            nobody.redis_url(),
+            format!("redis://127.0.0.1:{}/", nobody.port())
+        );
     }
 
     #[test]
