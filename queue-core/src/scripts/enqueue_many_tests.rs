@@ -897,7 +897,8 @@ async fn a_fresh_id_whose_job_key_is_corrupt_does_not_lose_the_other_jobs() {
             } else {
                 let err = reply.unwrap_err();
                 assert!(
-                    err.to_string().contains("job c: corrupt job key: holds a string"),
+                    err.to_string()
+                        .contains("job c: corrupt job key: holds a string"),
                     "{case}: {err}"
                 );
                 assert_eq!((main.len(), hashes), (0, 0), "{case}");

@@ -387,6 +387,54 @@ async fn a_receipt_entry_without_its_tag_is_a_busy_row_not_a_lua_error() {
     );
 }
 
+/// A first try (which does not read its receipt: a fresh token base has
+/// none) whose receipt key holds a string (corrupt data), with the queue's
+/// optional keys absent and with events on (one of them present): refused
+/// before any write, naming the key; the jobs stay waiting, unclaimed. Once
+/// the key is repaired, the same first try claims them. Before, the fetch
+/// moved and claimed the jobs, then its RPUSH to the receipt raised: the
+/// worker got an error and the jobs stayed active, run by nobody, until
+/// their leases expired (an attempt spent).
+#[tokio::test]
+async fn a_first_try_whose_receipt_key_is_corrupt_is_refused_before_any_write() {
+    for events in [false, true] {
+        let mut fx = Fixture::start().await;
+        let k = fx.keys.clone();
+        if events {
+            fx.cmd(&["SET", &k.events_on(), "100"]).await;
+        }
+        fx.enqueue("j1", 3).await;
+        fx.enqueue("j2", 3).await;
+        let receipt = k.fetch_receipt("fresh");
+        fx.cmd(&["SET", &receipt, "x"]).await;
+        let mut conn = fx.conn.clone();
+        let err = fx.fetch_try(&mut conn, 2, "fresh", true).await.unwrap_err();
+        assert!(
+            err.to_string().contains("refused before any write")
+                && err.to_string().contains(&receipt),
+            "events {events}: {err}"
+        );
+        for id in ["j1", "j2"] {
+            assert_eq!(
+                fx.places(id).await,
+                Places::main_only(),
+                "events {events}: {id}"
+            );
+            let job = fx.job(id).await;
+            assert_eq!(
+                (job["state"].as_str(), job["attempts"].as_str()),
+                ("queued", "0")
+            );
+        }
+        fx.cmd(&["DEL", &receipt]).await;
+        let rows = fx.fetch_try(&mut conn, 2, "fresh", true).await.unwrap();
+        assert!(
+            matches!(&rows[..], [ClaimRow::Claimed(_), ClaimRow::Claimed(_)]),
+            "events {events}: {rows:?}"
+        );
+    }
+}
+
 /// The worker's own sequence: a first try that skips the receipt read (a
 /// fresh token base has none), its reply lost, then the retry with the same
 /// base, which reads the receipt the first try wrote.
