@@ -1342,6 +1342,60 @@ async fn dead_trim_unlists_an_entry_whose_job_key_is_another_type() {
     );
 }
 
+/// Expired dead entries whose hashes say another state (stale: a hand edit,
+/// an older bug). Each is unlisted and its job left where it is when it is
+/// there (`q-waiting`, in main); otherwise it is put where its state says,
+/// as promote and reclaim do with their stale entries: a `queued` job in no
+/// list is made waiting, a `delayed` one goes back to the delayed set, an
+/// `active` one neither in processing nor leased is dead-lettered again,
+/// naming why. Before, each was unlisted and left in no list: lost.
+#[tokio::test]
+async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for (id, state) in [
+        ("q-lost", "queued"),
+        ("q-waiting", "queued"),
+        ("d-lost", "delayed"),
+        ("a-lost", "active"),
+    ] {
+        let job = k.job(id);
+        fx.cmd(&["HSET", &job, "id", id, "state", state, "dead_at", "1"])
+            .await;
+        fx.cmd(&["HSET", &job, "run_at", "4000000000000"]).await;
+        fx.cmd(&["LPUSH", &k.dead, id]).await;
+    }
+    fx.cmd(&["LPUSH", &k.main, "q-waiting"]).await;
+    let reply = super::dead_trim::DeadTrim {
+        keys: &k,
+        max_len: 0,
+        retention: Duration::from_millis(1),
+        limit: 10,
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    assert_eq!((reply.trimmed, reply.remaining), (4, 1));
+    let mut places = Vec::new();
+    for id in ["q-lost", "q-waiting", "d-lost", "a-lost"] {
+        places.push((id, fx.places(id).await, fx.job(id).await["state"].clone()));
+    }
+    assert_eq!(
+        places,
+        [
+            ("q-lost", Places::main_only(), "queued".to_string()),
+            ("q-waiting", Places::main_only(), "queued".to_string()),
+            ("d-lost", Places::delayed_only(), "delayed".to_string()),
+            ("a-lost", Places::dead_only(), "dead".to_string()),
+        ]
+    );
+    let reason = &fx.job("a-lost").await["dead_reason"];
+    assert!(
+        reason.contains("neither in processing nor leased"),
+        "{reason}"
+    );
+}
+
 /// A cancel or a finished cancel with a list of another type (leases,
 /// processing) is refused before any write: no record without the job's
 /// removal from its lists.
