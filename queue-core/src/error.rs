@@ -190,8 +190,11 @@ pub enum QueueError {
     /// which one failed after earlier ones were written: `source` is that
     /// window's error, naming its first job; when it is "outcome unknown"
     /// the window's jobs not in `written` may or may not have been written;
-    /// the windows after it were not sent.
-    #[error("batch on queue `{queue}` partly written ({} of {total} jobs): {source}", written.len())]
+    /// the windows after it were not sent. When a call of an earlier
+    /// window was refused too, `refused` is that refusal (its jobs are not
+    /// in `written`: they were not written), and the message names it.
+    #[error("batch on queue `{queue}` partly written ({} of {total} jobs): {source}{}",
+        written.len(), refused_suffix(.refused))]
     PartialBatch {
         /// Queue name.
         queue: String,
@@ -202,6 +205,13 @@ pub enum QueueError {
         /// Why the rest was not written.
         #[source]
         source: Box<QueueError>,
+        /// The first refusal of a call of an earlier window (Redis refused
+        /// the call before any write, naming the job it refused), when
+        /// `source` is a later window's failure; `None` when there was none
+        /// or it is `source` itself. Before, it was only logged: the caller
+        /// could not tell those jobs, not written, from the ones the
+        /// failed window may have written.
+        refused: Option<Box<QueueError>>,
     },
 
     /// Invalid configuration (e.g. a worker with no registered job).
@@ -229,6 +239,14 @@ fn not_replicated(acked: u32, wanted: u32, wait_refused: &Option<String>) -> Str
             format!("Redis refused WAIT ({reply}): no replica confirmed it ({wanted} requested)")
         }
         None => format!("only {acked} of {wanted} replicas confirmed it in time"),
+    }
+}
+
+/// The tail of [`QueueError::PartialBatch`]'s message for its `refused`.
+fn refused_suffix(refused: &Option<Box<QueueError>>) -> String {
+    match refused {
+        Some(e) => format!("; an earlier window's call was refused: {e}"),
+        None => String::new(),
     }
 }
 

@@ -520,15 +520,15 @@ impl Queue {
             .collect();
         let created = out.iter().filter(|e| e.is_new()).count() as u64;
         crate::metrics::enqueued(queue, job_type, created);
-        // A window that failed names the jobs whose outcome is unknown; it
-        // goes before a refusal of an earlier window (which is logged).
-        if let Some(refusal) = failed.is_some().then(|| refused.take()).flatten() {
-            debug!(queue, job_type, error = %refusal, "batch enqueue refused a call");
-        }
+        // A window that failed names the jobs whose outcome is unknown: it
+        // is the source; a refusal of an earlier window goes with it
+        // (`refused`). Before, that refusal was only logged at debug level,
+        // and the caller never learnt of it.
+        let earlier_refusal = failed.is_some().then(|| refused.take()).flatten();
         if let Some(source) = failed.or(refused) {
             debug!(queue, job_type, jobs = total, written = out.len(), error = %source,
                 "batch enqueue refused");
-            if out.is_empty() {
+            if out.is_empty() && earlier_refusal.is_none() {
                 return Err(source);
             }
             return Err(QueueError::PartialBatch {
@@ -536,6 +536,7 @@ impl Queue {
                 written: out,
                 total,
                 source: Box::new(source),
+                refused: earlier_refusal.map(Box::new),
             });
         }
         if let Some((wanted, _)) = wait {

@@ -506,6 +506,63 @@ async fn a_batch_refused_after_a_written_call_reports_the_jobs_written() {
     }
 }
 
+/// A batch sent in two windows: in the first, Redis refuses a call (a job
+/// key of another type under a caller's id: nothing of that call written);
+/// the second fails on the connection (its first call carries an argument
+/// over the server's `proto-max-bulk-len`: Redis answers a protocol error
+/// and closes the connection before running anything of it). The error is
+/// the window's failure, and it carries the earlier refusal, naming the
+/// refused job, in `refused` (and in its message). Before, that refusal was
+/// only logged at debug level: the caller could not tell the refused call's
+/// jobs (not written) from the failed window's (outcome unknown).
+#[tokio::test]
+async fn a_refusal_in_an_earlier_window_is_reported_with_a_later_windows_failure() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new("tasks");
+    let mut conn = env.conn().await;
+    let refused = "refused-in-window-1";
+    let _: () = conn.set(keys.job(refused), "corrupt").await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("proto-max-bulk-len")
+        .arg("1mb")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Window 1: calls 0-7 (2,048 jobs), call 1 refused (job 300). Window 2:
+    // call 8 led by a 2 MiB payload, then call 9.
+    let items: Vec<(EnqueueOptions, Vec<u8>)> = (0..2310)
+        .map(|i| match i {
+            300 => (EnqueueOptions::new().id(refused), b"\x80".to_vec()),
+            2048 => (EnqueueOptions::new(), vec![0x80; 2 << 20]),
+            _ => (EnqueueOptions::new(), b"\x80".to_vec()),
+        })
+        .collect();
+    let queue = env.queue.clone().with_retry_window(Duration::ZERO);
+    let err = queue
+        .enqueue_raw_batch("tasks", "send", 1, 3, items)
+        .await
+        .unwrap_err();
+    let QueueError::PartialBatch {
+        written,
+        total,
+        source,
+        refused: earlier,
+        ..
+    } = &err
+    else {
+        panic!("expected a partial batch, got {err}");
+    };
+    assert_eq!((written.len(), *total), (2048 - 256, 2310), "{err}");
+    assert!(source.outcome_unknown(), "the failed window: {source}");
+    let earlier = earlier
+        .as_ref()
+        .unwrap_or_else(|| panic!("the refusal of window 1 is reported: {err}"));
+    assert!(earlier.to_string().contains(refused), "{earlier}");
+    assert!(err.to_string().contains(refused), "{err}");
+    assert_eq!(env.stats("tasks").await.main, 2048 - 256);
+}
+
 /// Seeds job `id`'s key of queue `tasks` with a hash that has no `state`
 /// field (corrupt data, or another writer's), not on any list.
 async fn seed_stateless_job(env: &TestEnv, id: &str) {

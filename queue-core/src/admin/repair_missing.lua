@@ -1,7 +1,8 @@
 -- Repair (checker): entries whose job hash is gone. A job that completed
 -- (its completion record exists, as a hash or a compact string) only loses
 -- its stale entries; any other is dead-lettered with the reason (a minimal
--- hash, as claim() does for a missing hash), so an operator sees it. The dead
+-- hash, as claim() does for a missing hash; its step results lose their TTL,
+-- as dead_letter() does), so an operator sees it. The dead
 -- entry is written before the others are removed; the counter last. Every
 -- entry goes (LREM 0): with no hash, each of them is stale. Only while the
 -- hash is still missing.
@@ -21,6 +22,10 @@ local listed_dead = redis.call('LPOS', KEYS[4], id)
 if not completed then
   redis.call('HSET', KEYS[6], 'id', id, 'state', 'dead', 'dead_reason', ARGV[2], 'dead_at', now_ms())
   if not listed_dead then redis.call('LPUSH', KEYS[4], id) end
+  -- Its step results live as long as the dead entry, as dead_letter() keeps
+  -- them (replay gives them their TTL back): expiring while it stays dead,
+  -- a replay ran the handler's completed steps again.
+  redis.pcall('PERSIST', ev_base(KEYS[8]) .. 'steps:' .. id)
 end
 redis.call('LREM', KEYS[1], 0, id)
 redis.call('LREM', KEYS[2], 0, id)

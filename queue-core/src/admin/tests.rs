@@ -1044,6 +1044,32 @@ async fn a_record_key_of_a_third_type_does_not_make_a_missing_job_completed() {
     assert_eq!(raw(&admin, &["LLEN", &k.main]).await, redis::Value::Int(0));
 }
 
+/// An entry whose hash is gone, dead-lettered by the repair, keeps its step
+/// results as long as the dead entry (no TTL), as every other dead-letter
+/// does (`dead_letter()` in the prelude): a replay then skips the steps
+/// that completed. Before, they kept their TTL and expired while the job
+/// stayed dead: a later replay ran the handler's completed steps again.
+#[tokio::test]
+async fn a_job_dead_lettered_by_the_repair_keeps_its_step_results() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    raw(&admin, &["LPUSH", &k.main, "ghost"]).await;
+    raw(&admin, &["HSET", &k.steps("ghost"), "charge", "x"]).await;
+    raw(&admin, &["PEXPIRE", &k.steps("ghost"), "600000"]).await;
+    let missing = Violation::MissingHash {
+        id: JobId::from("ghost"),
+        places: vec![],
+    };
+    let repair = admin.repair(Q, &missing).await.unwrap().unwrap();
+    assert_eq!(repair.action, RepairAction::DeadLettered);
+    assert_eq!(
+        raw(&admin, &["PTTL", &k.steps("ghost")]).await,
+        redis::Value::Int(-1),
+        "the step results live as long as the dead entry"
+    );
+}
+
 /// A field (`calls`, `usec`) of `INFO commandstats` for `command`, 0 when
 /// it did not run since the last `CONFIG RESETSTAT`.
 async fn command_stat(admin: &Admin, command: &str, field: &str) -> u64 {

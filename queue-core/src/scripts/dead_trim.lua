@@ -8,8 +8,19 @@
 -- or more than a day ahead of the Redis clock (a hand edit): kept, it stopped
 -- every later trim at the tail for good. A day tolerates a failover to a
 -- server whose clock is somewhat behind without deleting recent dead letters.
+-- An entry whose hash says another state is stale (a hand edit, an older
+-- bug): it is unlisted and the job left where it is, as long as it *is*
+-- there (promote.lua's and reclaim.lua's rule for their stale entries): a
+-- `queued` job neither waiting (main, its group's list) nor in processing is
+-- made waiting; a `delayed` one missing from the delayed set goes back there
+-- at its run_at; an `active` job neither in processing nor leased, a
+-- `delayed` one whose run_at is no time, and a state that is none of the job
+-- states (corrupt data) are dead-lettered again naming why (a new dead entry,
+-- at the head). Before, each was unlisted and left in no list: lost.
 -- All reads come before the writes of each id; the counter is bumped last.
--- KEYS: 1 dead, 2 stats, 3 guard
+-- KEYS: 1 dead, 2 stats, 3 guard, 4 main, 5 processing, 6 leases, 7 delayed
+--       (4-7 read through pcall on the rare stale path, and written only to
+--       put a stale entry's job back where its state says)
 -- ARGV: 1 job key prefix, 2 step results key prefix, 3 max_len (0: no limit),
 --       4 retention_ms (0: keep forever), 5 limit (ids per call)
 -- Returns {trimmed, dead list length after}
@@ -34,18 +45,60 @@ while trimmed < limit and len > 0 do
   local jobkey = ARGV[1] .. id
   -- A job key of another type (corrupt data) is unlisted, never deleted,
   -- and does not stop the trim half-way (the RPOPs before it stay).
-  local h = redis.pcall('HMGET', jobkey, 'state', 'dead_at')
-  if h['err'] then h = {'corrupt'} end
+  local h = redis.pcall('HMGET', jobkey, 'state', 'dead_at', 'group', 'run_at')
+  local corrupt_key = h['err'] ~= nil
+  if corrupt_key then h = {'corrupt'} end
   local expire = max_len > 0 and len > max_len
   if not expire and retention > 0 then
     local dead_at = as_count(h[2])
     expire = (not dead_at) or dead_at > now + 86400000 or now - dead_at > retention
   end
   if not expire then break end
+  -- A stale entry: is the job where its state says (read before the writes,
+  -- through pcall: a list of another type reads as not holding it)?
+  local state = h[1]
+  local requeue, relist_at, bad
+  if state == 'queued' then
+    local g = group_of(h[3])
+    local waiting = g and select(2, group_keys(KEYS[4])) .. g or KEYS[4]
+    if type(redis.pcall('LPOS', waiting, id)) ~= 'number' and type(redis.pcall('LPOS', KEYS[5], id)) ~= 'number' then
+      requeue = true
+      local why = waiting_types_bad(KEYS[4], h[3])
+      if why then requeue, bad = nil, 'cannot wait: ' .. why .. ' (corrupt data)' end
+    end
+  elseif state == 'active' then
+    if type(redis.pcall('LPOS', KEYS[5], id)) ~= 'number' and type(redis.pcall('ZSCORE', KEYS[6], id)) ~= 'string' then
+      bad = 'state active but neither in processing nor leased (corrupt data)'
+    end
+  elseif state == 'delayed' then
+    if type(redis.pcall('ZSCORE', KEYS[7], id)) ~= 'string' then
+      relist_at = as_count(h[4])
+      local why = relist_at and key_type_bad(KEYS[7], 'zset')
+      if not relist_at then
+        bad = corrupt_field('run_at', h[4])
+      elseif why then
+        relist_at, bad = nil, 'cannot wait in delayed: ' .. why .. ' (corrupt data)'
+      end
+    end
+  elseif state and state ~= 'dead' and not corrupt_key then
+    bad = "corrupt field state: '" .. utf8_cut(state, 64) .. "'"
+  end
   redis.call('RPOP', KEYS[1])
   if h[1] == false or h[1] == 'dead' then
     redis.call('DEL', jobkey, ARGV[2] .. id)
     hist_close(KEYS[2], id)
+  elseif requeue then
+    push_waiting(KEYS[4], id, h[3])
+    redis.log(redis.LOG_WARNING, 'dead_trim: job ' .. id .. ' in state queued was in no list ('
+      .. KEYS[1] .. '): made waiting')
+  elseif relist_at then
+    redis.call('ZADD', KEYS[7], int_str(relist_at), id)
+    redis.log(redis.LOG_WARNING, 'dead_trim: job ' .. id .. ' in state delayed was in no list ('
+      .. KEYS[1] .. '): relisted in delayed at its run_at')
+  elseif bad then
+    local member = dead_letter(jobkey, KEYS[1], KEYS[2], id, bad, now)
+    len = len + 1
+    dead_member(member, id, bad, now, KEYS[2])
   end
   len = len - 1
   trimmed = trimmed + 1

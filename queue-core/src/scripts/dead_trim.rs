@@ -11,8 +11,8 @@ use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<3> =
-    lua_script!("dead_trim.lua", keys = 3, args = 5, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<7> =
+    lua_script!("dead_trim.lua", keys = 7, args = 5, prelude(super::DRAIN));
 
 /// One trim call on one queue.
 pub(crate) struct DeadTrim<'a> {
@@ -39,7 +39,15 @@ impl DeadTrim<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<DeadTrimReply> {
         let k = self.keys;
         let reply = SCRIPT
-            .call([&k.dead, &k.stats, &k.guard])
+            .call([
+                &k.dead,
+                &k.stats,
+                &k.guard,
+                &k.main,
+                &k.processing,
+                &k.leases,
+                &k.delayed,
+            ])
             .arg(&k.job_prefix)
             .arg(&k.steps_prefix)
             .arg(self.max_len)

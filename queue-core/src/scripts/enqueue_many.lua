@@ -11,7 +11,9 @@
 -- then per job, repeated: id, type, schema version, payload, max_attempts, delay_ms,
 -- run_at_ms (absolute, Redis clock; 0: use the delay), once-marker ttl_ms (0: none),
 -- enqueue token ('' none), fresh ('1': a generated id, which cannot exist, so the
--- dedupe reads are skipped; a retry sends '0'), n, then n extra field name, value pairs.
+-- dedupe reads are skipped; a retry sends '0'; one whose job key holds another type,
+-- corrupt data, is refused as an invalid job is, nothing of it written), n, then n
+-- extra field name, value pairs.
 -- Returns one reply per job, in order: {'new', run_at} (run_at alone in the ':int'
 -- modes) | {'exists', state} | {'done'} | {'invalid', reason}, each as enqueue.lua
 -- answers for one job (same checks: enqueue token, once-marker, completion record,
@@ -131,6 +133,38 @@ if stable then
   end
 end
 
+-- A fresh (generated) id is not read: its key cannot exist. Corrupt data (a
+-- string written at that job key) makes its HSET raise; write() sends it
+-- through pcall and refuses that job alone, undoing its own once-marker, so
+-- in mode 'each' the other jobs are written whole and in mode 'all' a call of
+-- one job (a group commit's job sent alone) writes nothing. A call of mode
+-- 'all' with more jobs is refused here instead, before any write: one EXISTS
+-- for all its fresh job keys (none for the usual call, all new), a TYPE each
+-- only when one exists. Before, the HSET raised after the earlier jobs'
+-- hashes were written and before the LPUSH of the call: they were in no list,
+-- and a retry answered 'new' for them.
+if mode == 'all' and #starts > 1 then
+  local fresh_keys = {}
+  for _, i in ipairs(starts) do
+    if ARGV[i + 9] == '1' then fresh_keys[#fresh_keys + 1] = ARGV[1] .. ARGV[i] end
+  end
+  local present = 0
+  for first = 1, #fresh_keys, 1000 do
+    present = present + redis.call('EXISTS', unpack(fresh_keys, first, math.min(first + 999, #fresh_keys)))
+  end
+  if present > 0 then
+    for _, i in ipairs(starts) do
+      if ARGV[i + 9] == '1' then
+        local t = redis.call('TYPE', ARGV[1] .. ARGV[i])['ok']
+        if t ~= 'hash' and t ~= 'none' then
+          return redis.error_reply('ERR invalid argument job ' .. ARGV[i]
+            .. ': corrupt job key: holds a ' .. t .. ', not a hash')
+        end
+      end
+    end
+  end
+end
+
 -- A grouped job due now goes to its group list (push_waiting): that list and
 -- the ring are checked now, once per group; of another type, the job is
 -- refused, as above (mode 'each': the other jobs of the call are written).
@@ -178,7 +212,23 @@ local head
 -- The reply of every job that waits from now on: one value for all of them.
 local new_now = new_reply(now)
 
--- Writes the job whose arguments start at ARGV[i].
+-- A job whose HSET raised (its job key holds another type: a fresh id is not
+-- checked before, see above): nothing of it is left (its once-marker, set by
+-- this job, is deleted) and it is refused, as the validation refuses one:
+-- {'invalid', reason} in mode 'each', an error reply for the call in mode
+-- 'all' (only a call of one job gets here: nothing else is written).
+local refusal
+local function refuse_write(id, jobkey, once)
+  if once > 0 then redis.call('DEL', ARGV[3] .. id) end
+  local why = 'corrupt job key: holds a ' .. redis.call('TYPE', jobkey)['ok'] .. ', not a hash'
+  if mode == 'all' then
+    refusal = redis.error_reply('ERR invalid argument job ' .. id .. ': ' .. why)
+  end
+  return {'invalid', why}
+end
+
+-- Writes the job whose arguments start at ARGV[i]. Its HSET is the job's first
+-- write but its once-marker, and goes through pcall (refuse_write).
 local function write(i)
   local id, jtype, token = ARGV[i], ARGV[i + 1], ARGV[i + 8]
   local jobkey = ARGV[1] .. id
@@ -214,18 +264,20 @@ local function write(i)
   if known and redis.call('EXISTS', jobkey) == 1 then
     return {'exists', redis.call('HGET', jobkey, 'state') or ''}
   end
-  created = created + 1
   if delay == 0 and n == 0 then
     -- The usual job: due now, no extra field (no table for its fields); the
     -- Queue's group commit sends an enqueue token with each.
+    local r
     if token ~= '' then
-      redis.call('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
+      r = redis.pcall('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
         'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', now_s, 'state', 'queued',
         'enq_token', token)
     else
-      redis.call('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
+      r = redis.pcall('HSET', jobkey, 'id', id, 'type', jtype, 'v', ARGV[i + 2], 'payload', ARGV[i + 3],
         'max_attempts', max_attempts, 'attempts', '0', 'enqueued_at', now_s, 'state', 'queued')
     end
+    if type(r) == 'table' then return refuse_write(id, jobkey, once) end
+    created = created + 1
     to_main[#to_main + 1] = id
     ev(KEYS[3], 'enqueued', id, now, 'type', jtype, 'run_at', now)
     return new_now
@@ -250,7 +302,16 @@ local function write(i)
     local h = redis.call('ZRANGE', KEYS[2], '0', '0', 'WITHSCORES')
     head = tonumber(h[2]) or math.huge
   end
-  call_chunked('HSET', jobkey, fields)
+  -- The first 1,000 values through pcall (the key is then a hash: the
+  -- chunks after it cannot raise), as call_chunked sends them.
+  local nf = #fields
+  if type(redis.pcall('HSET', jobkey, unpack(fields, 1, math.min(nf, 1000)))) == 'table' then
+    return refuse_write(id, jobkey, once)
+  end
+  for first = 1001, nf, 1000 do
+    redis.call('HSET', jobkey, unpack(fields, first, math.min(first + 999, nf)))
+  end
+  created = created + 1
   if delay > 0 then
     if now + delay < head then
       wake = true
@@ -272,6 +333,8 @@ end
 local out = {}
 for k, start in ipairs(starts) do
   if invalid[k] then out[k] = {'invalid', invalid[k]} else out[k] = write(start) end
+  -- refuse_write's error reply (mode 'all', a call of one job).
+  if refusal then return refusal end
 end
 call_chunked('LPUSH', KEYS[1], to_main)
 if created > 0 then bump(KEYS[3], 'enqueued', created) end

@@ -836,3 +836,81 @@ async fn an_extra_field_given_twice_is_refused_before_any_write() {
     let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
     assert_eq!(main, ["b"]);
 }
+
+/// A generated id sent `fresh` (its key is not read) whose job key holds a
+/// string (corrupt data), due now or delayed with a once-marker. Mode each:
+/// that job answers invalid naming its key, its marker is removed, and the
+/// others are written whole (hash and list). Mode all: the call is refused
+/// naming the job, before any write, whether it carries other jobs or that
+/// job alone (a group commit resends an invalid job alone in mode all).
+/// `enqueue.lua` reads every id: refused before any write too. Before, the
+/// fresh job's HSET raised after the earlier jobs' hashes were written and
+/// before the LPUSH of the call: a job in no list, and a retry with the same
+/// tokens answered `new` for it.
+#[tokio::test]
+async fn a_fresh_id_whose_job_key_is_corrupt_does_not_lose_the_other_jobs() {
+    for delayed in [false, true] {
+        for (mode, alone) in [(Mode::Each, false), (Mode::All, false), (Mode::All, true)] {
+            let case = format!("delayed {delayed}, {mode:?}, alone {alone}");
+            let (_s, mut conn, keys) = setup().await;
+            let _: () = conn.set(keys.job("c"), "x").await.unwrap();
+            let ids = job_ids(if alone { &["c"] } else { &["a", "c", "b"] });
+            let jobs: Vec<ManyJob<'_>> = ids
+                .iter()
+                .map(|id| ManyJob {
+                    job: Enqueue {
+                        once_for: (id.as_str() == "c").then_some(Duration::from_secs(60)),
+                        delay: (delayed && id.as_str() == "c").then_some(Duration::from_secs(60)),
+                        ..Enqueue::test_job(&keys, id, 1)
+                    },
+                    token: "t",
+                    fresh: true,
+                })
+                .collect();
+            let reply = run(&mut conn, &keys, mode, &jobs).await;
+            let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+            let hashes: i64 = conn.exists(&[keys.job("a"), keys.job("b")]).await.unwrap();
+            let c: String = conn.get(keys.job("c")).await.unwrap();
+            let marker: i64 = conn.exists(keys.once("c")).await.unwrap();
+            let in_delayed: i64 = conn.zcard(&keys.delayed).await.unwrap();
+            assert_eq!((c.as_str(), marker, in_delayed), ("x", 0, 0), "{case}");
+            if mode == Mode::Each {
+                let replies = reply.unwrap();
+                assert_eq!(
+                    replies[1],
+                    ManyReply::Invalid("corrupt job key: holds a string, not a hash".into()),
+                    "{case}"
+                );
+                assert!(
+                    matches!(
+                        replies[..],
+                        [
+                            ManyReply::Enqueued(EnqueueReply::Created { .. }),
+                            _,
+                            ManyReply::Enqueued(EnqueueReply::Created { .. })
+                        ]
+                    ),
+                    "{case}: {replies:?}"
+                );
+                assert_eq!((main, hashes), (vec!["b".to_string(), "a".to_string()], 2));
+                assert_eq!(enqueued_stat(&mut conn, &keys).await, 2, "{case}");
+            } else {
+                let err = reply.unwrap_err();
+                assert!(
+                    err.to_string()
+                        .contains("job c: corrupt job key: holds a string"),
+                    "{case}: {err}"
+                );
+                assert_eq!((main.len(), hashes), (0, 0), "{case}");
+                assert_eq!(enqueued_stat(&mut conn, &keys).await, 0, "{case}");
+            }
+            // enqueue.lua (no `fresh`: it reads every id) refuses it before
+            // any write as well.
+            let one = &jobs[if alone { 0 } else { 1 }].job;
+            assert!(one.run_with_token(&mut conn, "T").await.is_err(), "{case}");
+            let marker: i64 = conn.exists(keys.once("c")).await.unwrap();
+            let in_delayed: i64 = conn.zcard(&keys.delayed).await.unwrap();
+            assert_eq!((marker, in_delayed), (0, 0), "{case}: enqueue.lua");
+        }
+    }
+}

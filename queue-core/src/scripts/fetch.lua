@@ -17,21 +17,43 @@ local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local count = arg_count(ARGV[5], 'count')
 local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
 -- LRANGE checks main and (on a retry) the receipt, LPUSH processing, before any
--- write. A first try does not check the receipt: its key names a fresh random
+-- write. A first try does not read the receipt: its key names a fresh random
 -- token base (122 random bits) that only the calling fetcher knows, so no other
--- writer can have made it.
+-- writer can have made it; that it does not exist is checked in the EXISTS
+-- below (corrupt data).
 expect_types(KEYS[3], 'zset', KEYS[4], 'list')
 -- The keys of the optional features (pause flag, limits, the groups ring,
 -- the events switch) with one EXISTS: a queue that uses none of them pays
 -- this one call instead of one each (issue #12); otherwise each is looked at.
+-- A first try adds its receipt key to the same EXISTS, five times (EXISTS
+-- counts a key once per time it is given): a count of 5 or more says the
+-- receipt exists, the rest of the count is the optional keys' (at most 4).
+-- Its type is then checked, before any write: a first try answered its rows
+-- only after moving and claiming its jobs, where its RPUSH to a receipt of
+-- another type (corrupt data) raised, and the jobs stayed active with no
+-- worker running them until their leases expired. A list is read, as a
+-- retry's (a token base used twice: the rows of its first use, not a new
+-- batch appended to them).
 local ring = group_keys(KEYS[1])
-local optional = redis.call('EXISTS', KEYS[8], KEYS[9], ring, ev_switch(KEYS[5])) > 0
+local first_try = ARGV[8] == '1'
+local present
+if first_try then
+  present = redis.call('EXISTS', KEYS[8], KEYS[9], ring, ev_switch(KEYS[5]),
+    KEYS[7], KEYS[7], KEYS[7], KEYS[7], KEYS[7])
+  if present >= 5 then
+    expect_types(KEYS[7], 'list')
+    first_try, present = false, present - 5
+  end
+else
+  present = redis.call('EXISTS', KEYS[8], KEYS[9], ring, ev_switch(KEYS[5]))
+end
+local optional = present > 0
 if not optional then ev_off() end
 local lim = optional and limits_load(KEYS[9], KEYS[10]) or nil
 local out = {}
 -- A retry reads the receipt; a first try of a fresh token base knows there is
--- none and skips the call (one call of ~12 per one-job fetch, issue #12).
-local receipt = ARGV[8] ~= '1' and redis.call('LRANGE', KEYS[7], '0', '-1') or {}
+-- none (above) and skips the call (one call of ~12 per one-job fetch, issue #12).
+local receipt = not first_try and redis.call('LRANGE', KEYS[7], '0', '-1') or {}
 if #receipt > 0 then
   -- A retry of this fetch: the same rows, re-read from the jobs (nothing written).
   for i, entry in ipairs(receipt) do

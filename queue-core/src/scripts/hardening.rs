@@ -387,6 +387,54 @@ async fn a_receipt_entry_without_its_tag_is_a_busy_row_not_a_lua_error() {
     );
 }
 
+/// A first try (which does not read its receipt: a fresh token base has
+/// none) whose receipt key holds a string (corrupt data), with the queue's
+/// optional keys absent and with events on (one of them present): refused
+/// before any write, naming the key; the jobs stay waiting, unclaimed. Once
+/// the key is repaired, the same first try claims them. Before, the fetch
+/// moved and claimed the jobs, then its RPUSH to the receipt raised: the
+/// worker got an error and the jobs stayed active, run by nobody, until
+/// their leases expired (an attempt spent).
+#[tokio::test]
+async fn a_first_try_whose_receipt_key_is_corrupt_is_refused_before_any_write() {
+    for events in [false, true] {
+        let mut fx = Fixture::start().await;
+        let k = fx.keys.clone();
+        if events {
+            fx.cmd(&["SET", &k.events_on(), "100"]).await;
+        }
+        fx.enqueue("j1", 3).await;
+        fx.enqueue("j2", 3).await;
+        let receipt = k.fetch_receipt("fresh");
+        fx.cmd(&["SET", &receipt, "x"]).await;
+        let mut conn = fx.conn.clone();
+        let err = fx.fetch_try(&mut conn, 2, "fresh", true).await.unwrap_err();
+        assert!(
+            err.to_string().contains("refused before any write")
+                && err.to_string().contains(&receipt),
+            "events {events}: {err}"
+        );
+        for id in ["j1", "j2"] {
+            assert_eq!(
+                fx.places(id).await,
+                Places::main_only(),
+                "events {events}: {id}"
+            );
+            let job = fx.job(id).await;
+            assert_eq!(
+                (job["state"].as_str(), job["attempts"].as_str()),
+                ("queued", "0")
+            );
+        }
+        fx.cmd(&["DEL", &receipt]).await;
+        let rows = fx.fetch_try(&mut conn, 2, "fresh", true).await.unwrap();
+        assert!(
+            matches!(&rows[..], [ClaimRow::Claimed(_), ClaimRow::Claimed(_)]),
+            "events {events}: {rows:?}"
+        );
+    }
+}
+
 /// The worker's own sequence: a first try that skips the receipt read (a
 /// fresh token base has none), its reply lost, then the retry with the same
 /// base, which reads the receipt the first try wrote.
@@ -1291,6 +1339,60 @@ async fn dead_trim_unlists_an_entry_whose_job_key_is_another_type() {
     assert_eq!(
         fx.cmd(&["TYPE", &k.job("bad")]).await,
         Value::SimpleString("string".into())
+    );
+}
+
+/// Expired dead entries whose hashes say another state (stale: a hand edit,
+/// an older bug). Each is unlisted and its job left where it is when it is
+/// there (`q-waiting`, in main); otherwise it is put where its state says,
+/// as promote and reclaim do with their stale entries: a `queued` job in no
+/// list is made waiting, a `delayed` one goes back to the delayed set, an
+/// `active` one neither in processing nor leased is dead-lettered again,
+/// naming why. Before, each was unlisted and left in no list: lost.
+#[tokio::test]
+async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for (id, state) in [
+        ("q-lost", "queued"),
+        ("q-waiting", "queued"),
+        ("d-lost", "delayed"),
+        ("a-lost", "active"),
+    ] {
+        let job = k.job(id);
+        fx.cmd(&["HSET", &job, "id", id, "state", state, "dead_at", "1"])
+            .await;
+        fx.cmd(&["HSET", &job, "run_at", "4000000000000"]).await;
+        fx.cmd(&["LPUSH", &k.dead, id]).await;
+    }
+    fx.cmd(&["LPUSH", &k.main, "q-waiting"]).await;
+    let reply = super::dead_trim::DeadTrim {
+        keys: &k,
+        max_len: 0,
+        retention: Duration::from_millis(1),
+        limit: 10,
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    assert_eq!((reply.trimmed, reply.remaining), (4, 1));
+    let mut places = Vec::new();
+    for id in ["q-lost", "q-waiting", "d-lost", "a-lost"] {
+        places.push((id, fx.places(id).await, fx.job(id).await["state"].clone()));
+    }
+    assert_eq!(
+        places,
+        [
+            ("q-lost", Places::main_only(), "queued".to_string()),
+            ("q-waiting", Places::main_only(), "queued".to_string()),
+            ("d-lost", Places::delayed_only(), "delayed".to_string()),
+            ("a-lost", Places::dead_only(), "dead".to_string()),
+        ]
+    );
+    let reason = &fx.job("a-lost").await["dead_reason"];
+    assert!(
+        reason.contains("neither in processing nor leased"),
+        "{reason}"
     );
 }
 
