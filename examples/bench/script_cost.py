@@ -82,7 +82,10 @@ def measure(directory, a, keep, label):
             # the `each:int` mode) no enqueue token for a generated id, before
             # one per job.
             stop32 = "'each:int'" in open(os.path.join(directory, "enqueue_many.lua")).read()
-            mode = "each:int" if stop32 else "each"
+            # `--enqueue-mode all`: as `Queue::enqueue_many` sends its batches
+            # (the whole call refused when one job is; group commit sends
+            # `each`).
+            mode = a.enqueue_mode + (":int" if stop32 else "")
             for c in range(0, a.n, a.enqueue_batch):
                 args = [Q + "job:", Q + "done:", Q + "once:", mode]
                 for i in range(c, min(c + a.enqueue_batch, a.n)):
@@ -172,6 +175,8 @@ def main():
     ap.add_argument("--batch", type=int, default=16, help="jobs per fetch and per ack call (default 16)")
     ap.add_argument("--enqueue-batch", type=int, default=0,
                     help="jobs per enqueue_many call (default 0: enqueue.lua, one job per call)")
+    ap.add_argument("--enqueue-mode", choices=["each", "all"], default="each",
+                    help="enqueue_many's mode: each (group commit, default) or all (Queue::enqueue_many)")
     ap.add_argument("--payload", type=int, default=30, help="payload bytes (default 30)")
     ap.add_argument("--backlog", type=int, default=0,
                     help="waiting jobs behind the measured ones (written uncounted; default 0)")
