@@ -89,7 +89,7 @@ mod worker;
 mod workflow;
 
 pub use admin::{JobInfo, QueueStats};
-pub use backoff::Backoff;
+pub use backoff::{Backoff, MAX_BACKOFF};
 pub use conn::{ConnectionConfig, RedisConnection};
 pub use enqueue_options::CORE_JOB_FIELDS;
 pub use error::{QueueError, Result};

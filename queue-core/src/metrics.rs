@@ -20,6 +20,7 @@
 //! | `queue_jobs_retried_total` | counter | queue, job_type |
 //! | `queue_jobs_dead_lettered_total` | counter | queue, job_type (`unknown` when recorded by the watchdog) |
 //! | `queue_jobs_reclaimed_total` | counter | queue |
+//! | `queue_reclaim_dropped_total` | counter | queue (stale processing entries or leases the watchdog dropped, their jobs left where they are) |
 //! | `queue_job_duration_seconds` | histogram | queue, job_type |
 //! | `queue_depth` | gauge | queue, list = main, processing, delayed, dead |
 //! | `queue_oldest_job_age_seconds` | gauge | queue (oldest job waiting in main) |
@@ -215,11 +216,15 @@ pub(crate) fn dead_lettered(queue: &str, job_type: &str, n: u64) {
         .increment(n);
 }
 
-pub(crate) fn reclaimed(queue: &str, reclaimed: u64, dead: u64) {
+pub(crate) fn reclaimed(queue: &str, reclaimed: u64, dead: u64, dropped: u64) {
     metrics::counter!("queue_jobs_reclaimed_total", "queue" => queue.to_string())
         .increment(reclaimed);
     if dead > 0 {
         dead_lettered(queue, "unknown", dead);
+    }
+    if dropped > 0 {
+        metrics::counter!("queue_reclaim_dropped_total", "queue" => queue.to_string())
+            .increment(dropped);
     }
 }
 

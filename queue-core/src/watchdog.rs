@@ -37,6 +37,8 @@ pub struct WatchdogConfig {
     /// at least 1 ([`Watchdog::connect`] refuses 0 with [`QueueError::Config`]).
     pub orphan_scan: usize,
     /// Backoff before a reclaimed job runs again (jittered, by attempts).
+    /// `base` at most `max`, `max` at most 30 days ([`Backoff::validate`],
+    /// checked by [`Watchdog::connect`] as a worker's is at build).
     pub backoff: Backoff,
     /// Read each queue's depths and ages every pass and publish them as
     /// metrics gauges (`queue_depth`, `queue_oldest_job_age_seconds`).
@@ -91,6 +93,14 @@ pub struct ReclaimReport {
     /// Cross-queue relay notices applied to their batches (docs/WORKFLOWS.md,
     /// "Relay"): the watchdog relays every watched queue on each pass.
     pub relayed: u64,
+    /// Expired leases whose entry the reclaim dropped without returning a
+    /// job: a stale processing entry of a job that is not running (`dead`,
+    /// `delayed`, or completed: only its record is left) or a lease with no
+    /// processing entry and no matching active delivery. The job is left
+    /// where it is; each is logged with its id and queue
+    /// (`reclaim.lua`). Non-zero means something wrote the queue's lists
+    /// by hand or a crash left a stale entry: worth a `check`.
+    pub dropped: u64,
 }
 
 impl ReclaimReport {
@@ -102,6 +112,7 @@ impl ReclaimReport {
         self.failed_queue_passes += other.failed_queue_passes;
         self.trimmed += other.trimmed;
         self.relayed += other.relayed;
+        self.dropped += other.dropped;
     }
 
     /// True when the pass changed nothing.
@@ -175,6 +186,9 @@ impl Watchdog {
                 "watchdog orphan_scan must be at least 1".into(),
             ));
         }
+        // The worker's check (base at most max, max at most 30 days): a max
+        // of decades parked a returned job out of reach.
+        config.backoff.validate()?;
         let conn = connect(url, &config.connection).await?;
         Ok(Watchdog {
             conn,
@@ -221,7 +235,12 @@ impl Watchdog {
             let reclaimed = self.reclaim_all(&mut conn, keys, &mut report).await;
             // Right after the reclaim: a later step that fails must not lose
             // what it returned (the scripts already moved those jobs).
-            crate::metrics::reclaimed(&keys.queue, report.reclaimed, report.dead_lettered);
+            crate::metrics::reclaimed(
+                &keys.queue,
+                report.reclaimed,
+                report.dead_lettered,
+                report.dropped,
+            );
             if let Err(e) = reclaimed {
                 if !go_on("reclaim", e) {
                     break 'steps;
@@ -274,6 +293,7 @@ impl Watchdog {
                 adopted = report.adopted,
                 promoted = report.promoted,
                 trimmed = report.trimmed,
+                dropped = report.dropped,
                 failed,
                 "watchdog pass"
             );
@@ -307,6 +327,7 @@ impl Watchdog {
             report.reclaimed += batch.reclaimed;
             report.dead_lettered += batch.dead_lettered;
             report.adopted += batch.adopted;
+            report.dropped += batch.dropped.len() as u64;
             if batch.taken() < self.config.batch as u64 {
                 return Ok(());
             }
@@ -389,6 +410,7 @@ impl Watchdog {
                     promoted = since_summary.promoted,
                     failed_queue_passes = since_summary.failed_queue_passes,
                     trimmed = since_summary.trimmed,
+                    dropped = since_summary.dropped,
                     "watchdog summary (last minute)"
                 );
                 since_summary = ReclaimReport::default();
@@ -405,6 +427,7 @@ impl Watchdog {
             dead_lettered = total.dead_lettered,
             adopted = total.adopted,
             promoted = total.promoted,
+            dropped = total.dropped,
             "watchdog stopped"
         );
         total

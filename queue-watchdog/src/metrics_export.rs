@@ -74,6 +74,10 @@ fn describe() {
         "queue_jobs_reclaimed_total",
         "Expired leases returned by the watchdog (worker died or stalled)"
     );
+    describe_counter!(
+        "queue_reclaim_dropped_total",
+        "Stale processing entries or leases the watchdog dropped without returning a job (the job was not running: dead, delayed or completed); run `queue-watchdog check`"
+    );
     describe_histogram!(
         "queue_job_duration_seconds",
         Unit::Seconds,

@@ -33,17 +33,28 @@ pub fn describe_location(location: &Location) -> String {
         Location::Processing {
             lease_left_ms,
             status,
+            unconfirmed,
             ..
-        } => match (status, lease_left_ms) {
-            (LeaseStatus::Running, Some(ms)) => {
-                format!("processing (running; lease {} left)", fmt_dur(*ms as u64))
+        } => {
+            let how = match (status, lease_left_ms) {
+                (LeaseStatus::Running, Some(ms)) => {
+                    format!("processing (running; lease {} left)", fmt_dur(*ms as u64))
+                }
+                (LeaseStatus::Expired, Some(ms)) => format!(
+                    "processing (LOST: lease expired {} ago; the watchdog returns it on its next pass)",
+                    fmt_dur(ms.unsigned_abs())
+                ),
+                _ => "processing (taken but not claimed: no lease yet)".to_string(),
+            };
+            if *unconfirmed {
+                format!(
+                    "{how}; its entry is not among the {} entries of the processing list searched (not searched further)",
+                    queue_core::admin::LOCATE_SEARCH
+                )
+            } else {
+                how
             }
-            (LeaseStatus::Expired, Some(ms)) => format!(
-                "processing (LOST: lease expired {} ago; the watchdog returns it on its next pass)",
-                fmt_dur(ms.unsigned_abs())
-            ),
-            _ => "processing (taken but not claimed: no lease yet)".to_string(),
-        },
+        }
         Location::Delayed { .. } => "delayed (retry or scheduled run)".to_string(),
         Location::Dead {
             position,

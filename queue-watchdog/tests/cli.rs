@@ -1187,3 +1187,137 @@ fn events_follow_after_foreign_newest_entries_prints_nothing_old() {
         );
     }
 }
+
+/// `run` refuses the backoffs a worker refuses at build (queue-core's
+/// `Backoff::validate`: a base above the max, a max beyond 30 days), with
+/// exit 2 naming the flags, before any pass. Before, they ran: a base above
+/// the max made every return wait the max, and a max near `u64`
+/// milliseconds parked returned jobs for decades. A zero base and a
+/// 30-day max, as the worker, are fine.
+#[test]
+fn run_refuses_a_backoff_the_worker_refuses() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let keys = queue_core::QueueKeys::new("emails");
+    expired_delivery(&server, "lost", 1, 5);
+    let run_with = |base: &str, max: &str| {
+        Command::new(BIN)
+            .args(["run", "--redis", &url, "-q", "emails", "--once"])
+            .args(["--backoff-base-ms", base, "--backoff-max-ms", max])
+            .output()
+            .expect("binary runs")
+    };
+    let month_ms = (30u64 * 24 * 3600 * 1000).to_string();
+    let past_month_ms = (30u64 * 24 * 3600 * 1000 + 1).to_string();
+    for (base, max, says) in [
+        ("2000", "1000", "must be at most its max"),
+        ("1", past_month_ms.as_str(), "must be at most 30 days"),
+        ("1", &u64::MAX.to_string(), "must be at most 30 days"),
+    ] {
+        let out = run_with(base, max);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{base}/{max}: {stderr}");
+        for needle in ["--backoff-base-ms", "--backoff-max-ms", says] {
+            assert!(stderr.contains(needle), "{needle:?} not in {stderr}");
+        }
+        assert!(
+            server
+                .command(&["LRANGE", &keys.processing, "0", "-1"])
+                .unwrap()
+                .contains("lost"),
+            "{base}/{max}: no pass ran"
+        );
+    }
+    let out = run_with("0", &month_ms);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("reclaimed=1"), "{stdout}");
+}
+
+/// A pass that drops stale entries (a lease whose job hash is gone, the
+/// processing entry of a dead job) counts them: `run --once` prints
+/// `dropped=2`, the pass's log line carries it, and `--metrics-listen`
+/// exports `queue_reclaim_dropped_total`. Before, `ReclaimReport` had no
+/// such count: a pass that only dropped entries reported nothing at all
+/// (`reclaimed=0 … `), and its log line was not even written.
+#[test]
+fn run_reports_and_exports_the_stale_entries_a_pass_dropped() {
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    let keys = queue_core::QueueKeys::new("emails");
+    let seed_stale = |n: u32| {
+        // A lease of a job whose hash is gone (no processing entry).
+        let ghost = format!("ghost-{n}");
+        server
+            .command(&["ZADD", &keys.leases, "1", &ghost])
+            .unwrap();
+        // A dead job's stale processing entry (with an expired lease).
+        let dead = format!("dead-{n}");
+        let job = keys.job(&dead);
+        server
+            .command(&["HSET", &job, "state", "dead", "type", "send", "v", "1"])
+            .unwrap();
+        server.command(&["LPUSH", &keys.dead, &dead]).unwrap();
+        server.command(&["LPUSH", &keys.processing, &dead]).unwrap();
+        server.command(&["ZADD", &keys.leases, "1", &dead]).unwrap();
+    };
+    seed_stale(1);
+    let out = Command::new(BIN)
+        .args(["run", "--redis", &url, "-q", "emails", "--once"])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("binary runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("reclaimed=0 dead_lettered=0") && stdout.contains(" dropped=2 "),
+        "{stdout}"
+    );
+    let pass = stderr
+        .lines()
+        .find(|l| l.contains("watchdog pass"))
+        .unwrap_or_else(|| panic!("no pass line in {stderr}"));
+    assert!(pass.contains("dropped=2"), "{pass}");
+    assert_eq!(
+        server.command(&["ZCARD", &keys.leases]).unwrap().trim(),
+        ":0"
+    );
+
+    seed_stale(2);
+    let watchdog = metrics_run::run_with_metrics(&[
+        "run",
+        "--redis",
+        &url,
+        "-q",
+        "emails",
+        "--interval-ms",
+        "100",
+    ]);
+    let addr = watchdog.addr.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body = std::net::TcpStream::connect(&addr).ok().map(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            write!(
+                s,
+                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        });
+        if body.is_some_and(|b| b.contains("queue_reclaim_dropped_total{queue=\"emails\"} 2")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue_reclaim_dropped_total never reached 2"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

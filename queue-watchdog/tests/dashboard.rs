@@ -770,3 +770,52 @@ fn overview_polls_read_no_group_list() {
         "{llens} LLEN calls for 3 overview polls"
     );
 }
+
+/// Without `--queue`, until the sampler's first discovery (a SCAN of the
+/// whole keyspace) ends, the overview and `/api/overview` say discovery is
+/// in progress, not "no queue" (the SCAN is held at a proxy, so "in
+/// progress" lasts as long as the test needs); once it ends they list the
+/// queue. Before, the page said "No queue found" and the API answered an
+/// empty list that read as "there are no queues" for as long as the first
+/// discovery took (minutes on a large Redis).
+#[test]
+fn the_overview_says_discovery_is_in_progress_until_it_ends() {
+    let server = RedisServer::start().unwrap();
+    let keys = queue_core::QueueKeys::new("emails");
+    redis(&server, &["HSET", &keys.job("j1"), "state", "queued"]);
+    redis(&server, &["LPUSH", &keys.main, "j1"]);
+    let gate = queue_testkit::proxy::CommandGate::start(server.port(), "SCAN").unwrap();
+    let (_dash, port) = start_dashboard(&gate.url(), &["--sample-ms", "200"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while gate.held() == 0 {
+        assert!(Instant::now() < deadline, "the sampler never discovered");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let (status, body) = http(port, "GET", "/api/overview", &[]);
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["discovery"]["state"], "in_progress", "{v}");
+    assert_eq!(v["queues"], json!([]), "{v}");
+    let (status, page) = http(port, "GET", "/", &[]);
+    assert_eq!(status, 200);
+    assert!(page.contains("Discovering queues"), "{page}");
+    assert!(!page.contains("No queue found"), "{page}");
+    let (_, found) = http(port, "GET", "/search?id=j1", &[]);
+    assert!(found.contains("queue discovery in progress"), "{found}");
+
+    gate.open();
+    let v = loop {
+        let (_, body) = http(port, "GET", "/api/overview", &[]);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if v["discovery"]["state"] == "done" {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "the discovery never ended: {v}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(v["queues"][0]["queue"], "emails", "{v}");
+    let (_, page) = http(port, "GET", "/", &[]);
+    assert!(!page.contains("Discovering queues"), "{page}");
+    assert!(page.contains(r#"<tr data-queue="emails">"#), "{page}");
+}

@@ -652,3 +652,98 @@ fn on_a_cluster_the_dashboard_needs_its_queues_named() {
     let err = refused(&cluster.url(), &[]);
     assert!(err.contains("--queue"), "{err}");
 }
+
+/// Bytes Redis has sent to all its clients since it started (`INFO stats`).
+fn net_output_bytes(server: &RedisServer) -> u64 {
+    let info = redis(server, &["INFO", "stats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+        .map(|v| v.trim().parse().expect("a byte count"))
+        .expect("total_net_output_bytes in INFO stats")
+}
+
+/// The paged dead-letter list and a bulk preview receive from Redis only
+/// what they use: a preview of each reason (200 characters, `…` marking the
+/// cut) for the page's rows, no reason at all for a bulk selection (ids and
+/// `dead_at`); the filter still reads the whole reason inside Redis. Checked
+/// with Redis's own count of the bytes it sent (100 dead letters of 4,000
+/// byte reasons: 400 KB when each was sent whole). Before, every chunk of
+/// the scan sent each reason whole, to be dropped (bulk) or shown in full
+/// (page).
+#[test]
+fn dead_pages_and_bulk_selections_receive_no_whole_reasons() {
+    const DEAD: usize = 100;
+    let server = RedisServer::start().unwrap();
+    let keys = QueueKeys::new("traces");
+    let reason = format!("TIMEOUT:{}", "x".repeat(3_992));
+    for i in 0..DEAD {
+        let id = format!("d{i}");
+        let at = i.to_string();
+        redis(
+            &server,
+            &[
+                "HSET",
+                &keys.job(&id),
+                "state",
+                "dead",
+                "type",
+                "render",
+                "attempts",
+                "3",
+                "dead_at",
+                &at,
+                "dead_reason",
+                &reason,
+            ],
+        );
+        redis(&server, &["LPUSH", &keys.dead, &id]);
+    }
+    // A sampler that samples once a minute: its first round (the doctor's
+    // reads, one sample) is over before anything is measured.
+    let (_dash, port) = start_dashboard(&server.url(), &["-q", "traces", "--sample-ms", "60000"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, body) = http(port, "GET", "/api/overview", &[]);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if !v["doctor"].is_null() && v["series"]["traces"].is_array() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sampler's first round never ended"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let whole = (DEAD * reason.len()) as u64;
+
+    let before = net_output_bytes(&server);
+    let (status, page) = http(
+        port,
+        "GET",
+        "/queues/traces/dead?limit=100&contains=timeout",
+        &[],
+    );
+    let sent = net_output_bytes(&server) - before;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page.matches("<tr data-id=").count(), DEAD, "{page}");
+    assert!(sent < whole / 4, "{sent} bytes sent for one dead page");
+    let preview = format!("TIMEOUT:{}…", "x".repeat(192));
+    assert!(page.contains(&preview), "a 200-character preview: {page}");
+
+    let before = net_output_bytes(&server);
+    let (status, _, body) = http_full(
+        port,
+        "POST",
+        "/api/queues/traces/bulk-dead/preview",
+        &[
+            ("X-Queue-Dashboard", "1"),
+            ("Content-Type", "application/json"),
+        ],
+        &json!({"contains": "timeout"}).to_string(),
+    );
+    let sent = net_output_bytes(&server) - before;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["count"], DEAD, "{v}");
+    assert!(sent < whole / 20, "{sent} bytes sent for one bulk preview");
+}

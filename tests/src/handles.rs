@@ -133,4 +133,5 @@ pub fn add_report(total: &mut ReclaimReport, other: ReclaimReport) {
     total.adopted += other.adopted;
     total.dead_lettered += other.dead_lettered;
     total.promoted += other.promoted;
+    total.dropped += other.dropped;
 }

@@ -14,6 +14,63 @@ admin_script!(DEAD_SCAN, "dead_scan.lua", READ_ONLY);
 /// Entries one [`Admin::scan_dead`] call reads at most.
 pub const DEAD_SCAN_CHUNK: u64 = 1000;
 
+/// How much of each row's dead reason a scan sends back. The filter
+/// (`contains`) reads the whole reason inside Redis either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeadReasons {
+    /// Each reason whole (up to 4 KB as the scripts store it).
+    #[default]
+    Whole,
+    /// The first [`SELECTED_TEXT_CHARS`](super::SELECTED_TEXT_CHARS)
+    /// characters, `…` marking a cut: enough for a listing line.
+    Preview,
+    /// No reason ([`DeadRow::reason`] is `None`): for a caller that needs
+    /// only ids and `dead_at` (a bulk selection).
+    Omitted,
+}
+
+impl DeadReasons {
+    /// The script's ARGV 7: '' whole, else the characters sent per reason.
+    fn script_arg(self) -> String {
+        match self {
+            DeadReasons::Whole => String::new(),
+            DeadReasons::Preview => super::SELECTED_TEXT_CHARS.to_string(),
+            DeadReasons::Omitted => "0".to_string(),
+        }
+    }
+}
+
+/// One [`Admin::scan_dead_rows`] call: a chunk of the dead-letter list from
+/// `from`, filtered inside Redis.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadScanQuery<'a> {
+    /// List position to read from (0: the newest).
+    pub from: u64,
+    /// Entries to read, at most [`DEAD_SCAN_CHUNK`].
+    pub count: u64,
+    /// Job type, exact (`None`: any).
+    pub job_type: Option<&'a str>,
+    /// Text the dead reason contains, case-insensitive (`None`: any).
+    pub contains: Option<&'a str>,
+    /// Stop after this many matches.
+    pub want: u64,
+    /// How much of each reason comes back.
+    pub reasons: DeadReasons,
+}
+
+impl Default for DeadScanQuery<'_> {
+    fn default() -> Self {
+        DeadScanQuery {
+            from: 0,
+            count: DEAD_SCAN_CHUNK,
+            job_type: None,
+            contains: None,
+            want: DEAD_SCAN_CHUNK,
+            reasons: DeadReasons::Whole,
+        }
+    }
+}
+
 /// A dead letter as a scan returns it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DeadRow {
@@ -126,7 +183,43 @@ impl Admin {
         contains: Option<&str>,
         want: u64,
     ) -> Result<DeadScan> {
+        let query = DeadScanQuery {
+            from,
+            count,
+            job_type,
+            contains,
+            want,
+            reasons: DeadReasons::Whole,
+        };
+        self.scan_dead_rows(queue, &query).await
+    }
+
+    /// [`Admin::scan_dead`] sending back only as much of each reason as
+    /// `query.reasons` asks for ([`DeadReasons::Preview`] for a listing,
+    /// [`DeadReasons::Omitted`] for a selection by id and `dead_at`): the
+    /// filter still reads the whole reason inside Redis.
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::admin::AdminError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use queue_core::admin::{Admin, DeadReasons, DeadScanQuery};
+    ///
+    /// let admin = Admin::connect(&server.url()).await?;
+    /// let query = DeadScanQuery { contains: Some("timeout"), reasons: DeadReasons::Omitted, ..Default::default() };
+    /// let chunk = admin.scan_dead_rows("emails", &query).await?;
+    /// assert_eq!((chunk.total, chunk.read, chunk.rows.len()), (0, 0, 0));
+    /// # Ok(()) }
+    /// ```
+    pub async fn scan_dead_rows(&self, queue: &str, query: &DeadScanQuery<'_>) -> Result<DeadScan> {
         const CAP: u64 = 1 << 40;
+        let DeadScanQuery {
+            from,
+            count,
+            job_type,
+            contains,
+            want,
+            reasons,
+        } = *query;
         let k = QueueKeys::new(queue);
         let (total, read, rows): (u64, u64, Vec<Row>) = DEAD_SCAN
             .key(&k.dead)
@@ -137,6 +230,7 @@ impl Admin {
             .arg(job_type.unwrap_or(""))
             .arg(contains.unwrap_or("").to_lowercase())
             .arg(want.clamp(1, CAP))
+            .arg(reasons.script_arg())
             .invoke_async(&mut self.queue.connection())
             .await
             .map_err(|e| QueueError::redis(queue, None, e))?;
@@ -243,6 +337,50 @@ mod tests {
             .unwrap();
         let gone = admin.scan_dead("q", 0, 1, None, None, 1).await.unwrap();
         assert_eq!(gone.rows[0].job_type, None);
+    }
+
+    /// A preview sends each reason's first 200 characters (`…` marking the
+    /// cut, multi-byte characters whole), an omitted reason none; the
+    /// filter matches text beyond the cut either way (it reads the whole
+    /// reason in Redis).
+    #[tokio::test]
+    async fn a_scan_sends_as_much_of_each_reason_as_asked() {
+        let server = RedisServer::start().unwrap();
+        let admin = seeded(&server).await;
+        let k = QueueKeys::new("q");
+        let long = format!("{}needle at the end", "é".repeat(300));
+        let _: () = redis::cmd("HSET")
+            .arg(k.job("d1"))
+            .arg("dead_reason")
+            .arg(&long)
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+        let scan = async |reasons| {
+            let query = DeadScanQuery {
+                contains: Some("needle"),
+                reasons,
+                ..Default::default()
+            };
+            let chunk = admin.scan_dead_rows("q", &query).await.unwrap();
+            assert_eq!(chunk.rows.len(), 1, "{chunk:?}");
+            chunk.rows[0].reason.clone()
+        };
+        assert_eq!(
+            scan(DeadReasons::Whole).await.as_deref(),
+            Some(long.as_str())
+        );
+        let preview = format!("{}…", "é".repeat(super::super::SELECTED_TEXT_CHARS));
+        assert_eq!(scan(DeadReasons::Preview).await, Some(preview));
+        assert_eq!(scan(DeadReasons::Omitted).await, None);
+        // A short reason is sent whole in a preview.
+        let short = DeadScanQuery {
+            contains: Some("refused"),
+            reasons: DeadReasons::Preview,
+            ..Default::default()
+        };
+        let chunk = admin.scan_dead_rows("q", &short).await.unwrap();
+        assert_eq!(chunk.rows[0].reason.as_deref(), Some("refused"));
     }
 
     /// An entry whose job key holds another type (corrupt data) is a row

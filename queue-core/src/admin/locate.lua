@@ -3,15 +3,19 @@
 -- search of main, processing and dead for every lookup blocked Redis for the
 -- length of all three (a completed job, the usual question, was looked for
 -- to the end of each). Main is searched from its tail (where the next job to
--- run is), dead from its head (newest first), each `cap` entries at most.
+-- run is), dead from its head (newest first), processing from its head for a
+-- `queued` job (just moved there by BLMOVE) and from its tail otherwise (the
+-- oldest deliveries, where a long-running or lost one is), each `cap`
+-- entries at most.
 -- KEYS: 1 main, 2 processing, 3 delayed, 4 dead, 5 leases, 6 job hash, 7 completion record
--- ARGV: 1 id, 2 cap (entries of main or dead searched at most, >= 1)
+-- ARGV: 1 id, 2 cap (entries of main, processing or dead searched at most, >= 1)
 -- Returns {now_ms, index in main, main length, index in processing,
 --          delayed run_at ('' absent), index in dead, lease expiry ('' none),
 --          job hash exists (1/0), completion record exists (1/0)}
 -- An index is -1 when the id is not in that list (or the list was not
 -- searched), -2 when it is not among the `cap` entries searched of a longer
--- list (further from the tail of main, or the head of dead).
+-- list (further from the tail of main, the head of dead, or the end of
+-- processing searched).
 -- state    searched
 -- queued   processing (moved by BLMOVE, not claimed yet: DESIGN rule 4), then
 --          main unless the job has a group (a grouped job waits in its group's list)
@@ -42,14 +46,14 @@ if has_hash == 1 then
   local h = read_job(KEYS[6], 'state', 'group')
   local state = h and h[1]
   if state == 'queued' then
-    in_processing = redis.call('LPOS', KEYS[2], id) or -1
+    in_processing = find(KEYS[2], 1)
     if in_processing < 0 and not group_of(h[2]) then in_main = find(KEYS[1], -1) end
   elseif state == 'active' then
-    in_processing = redis.call('LPOS', KEYS[2], id) or -1
+    in_processing = find(KEYS[2], -1)
   elseif state == 'dead' then
     in_dead = find(KEYS[4], 1)
   elseif state ~= 'delayed' then
-    in_processing = redis.call('LPOS', KEYS[2], id) or -1
+    in_processing = find(KEYS[2], -1)
     in_main = find(KEYS[1], -1)
     in_dead = find(KEYS[4], 1)
   end

@@ -1,7 +1,8 @@
 //! [`Location`]: where one job id is now (`locate.lua`, one snapshot). The
 //! job hash's `state` names the one list searched (none for a job without a
-//! hash); main is searched from its tail and dead from its head, at most
-//! [`LOCATE_SEARCH`] entries each, so a lookup never scans a whole long list.
+//! hash); main is searched from its tail, dead from its head and processing
+//! from the end a job of its state is nearest, at most [`LOCATE_SEARCH`]
+//! entries each, so a lookup never scans a whole long list.
 
 use serde::Serialize;
 
@@ -12,10 +13,13 @@ use crate::keys::QueueKeys;
 
 admin_script!(LOCATE, "locate.lua", READ_ONLY);
 
-/// Entries of main (from its tail, where the next job to run is) or of the
-/// dead-letter list (from its head, the newest) one lookup searches at most.
-/// A job further in is reported as [`Location::Main`] / [`Location::Dead`]
-/// with `at_least` set: its `ahead` / `position` is this bound.
+/// Entries of main (from its tail, where the next job to run is), of the
+/// dead-letter list (from its head, the newest) or of processing (from its
+/// head for a job not claimed yet, else from its tail, the oldest
+/// deliveries) one lookup searches at most. A job further in is reported as
+/// [`Location::Main`] / [`Location::Dead`] with `at_least` set (its `ahead`
+/// / `position` is this bound), or [`Location::Processing`] with
+/// `unconfirmed` set.
 pub const LOCATE_SEARCH: u64 = 100_000;
 
 fn is_false(b: &bool) -> bool {
@@ -45,6 +49,13 @@ pub enum Location {
         lease_left_ms: Option<i64>,
         /// Running, expired (lost) or unleased.
         status: LeaseStatus,
+        /// Not among the [`LOCATE_SEARCH`] entries searched of a longer
+        /// processing list: its hash's state says it is taken (and the
+        /// lease fields say how), but its entry was not seen (it may also
+        /// have been lost from the list: `check` finds that). Left out of
+        /// JSON when false.
+        #[serde(default, skip_serializing_if = "is_false")]
+        unconfirmed: bool,
     },
     /// In the delayed set until `run_at`.
     Delayed {
@@ -83,16 +94,18 @@ struct Found {
 
 impl Found {
     fn location(&self) -> Option<Location> {
-        let listed = self.in_main != -1 || self.in_processing >= 0 || self.in_dead != -1;
+        let listed = self.in_main != -1 || self.in_processing != -1 || self.in_dead != -1;
         if !self.has_hash && !self.has_completion && !listed {
             return None;
         }
+        let processing = |unconfirmed| Location::Processing {
+            lease_until: self.lease_until,
+            lease_left_ms: self.lease_until.map(|t| t - self.now),
+            status: LeaseStatus::at(self.lease_until, self.now),
+            unconfirmed,
+        };
         Some(if self.in_processing >= 0 {
-            Location::Processing {
-                lease_until: self.lease_until,
-                lease_left_ms: self.lease_until.map(|t| t - self.now),
-                status: LeaseStatus::at(self.lease_until, self.now),
-            }
+            processing(false)
         } else if self.in_main >= 0 {
             Location::Main {
                 ahead: self.main_len.saturating_sub(self.in_main as u64 + 1),
@@ -103,6 +116,8 @@ impl Found {
                 ahead: LOCATE_SEARCH,
                 at_least: true,
             }
+        } else if self.in_processing == -2 {
+            processing(true)
         } else if let Some(run_at) = self.delayed_at {
             Location::Delayed { run_at }
         } else if self.in_dead >= 0 {

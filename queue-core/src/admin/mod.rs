@@ -57,7 +57,7 @@ pub use dead::{
     DeadCandidate, DeadChunk, DeadLetters, DeadSelection, PurgeOutcome, ReplayOutcome,
     SELECTED_TEXT_CHARS,
 };
-pub use dead_scan::{DeadRow, DeadScan, DEAD_SCAN_CHUNK};
+pub use dead_scan::{DeadReasons, DeadRow, DeadScan, DeadScanQuery, DEAD_SCAN_CHUNK};
 pub use discovery::queue_of_key;
 pub use error::{AdminError, Result};
 pub use health::QueueHealth;

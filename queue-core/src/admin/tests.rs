@@ -417,6 +417,44 @@ async fn locating_a_job_reads_only_its_own_list() {
     ));
 }
 
+/// A taken job's lookup searches processing at most `LOCATE_SEARCH`
+/// entries, from its tail (the oldest deliveries) for an `active` job: one
+/// further in is reported as processing with `unconfirmed` set (its state
+/// and lease say it is taken; its entry was not seen), one within the bound
+/// as before. Before, `locate.lua` ran `LPOS` over the whole processing list
+/// for every `jobs show`, job page and search of a taken job: the one list
+/// main and dead had been bounded for.
+#[tokio::test]
+async fn locating_a_taken_job_searches_processing_only_up_to_the_bound() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    let lease = (admin.server_time_ms().await.unwrap() + 600_000).to_string();
+    for id in ["old", "deep"] {
+        enqueue(&admin, id, None).await;
+        raw(&admin, &["HSET", &k.job(id), "state", "active"]).await;
+        raw(&admin, &["ZADD", &k.leases, &lease, id]).await;
+        raw(&admin, &["LREM", &k.main, "1", id]).await;
+    }
+    // `old` at the tail, `LOCATE_SEARCH` newer deliveries, `deep` at the head.
+    raw(&admin, &["LPUSH", &k.processing, "old"]).await;
+    fill(&admin, &k.processing, "running-", LOCATE_SEARCH as usize).await;
+    raw(&admin, &["LPUSH", &k.processing, "deep"]).await;
+
+    let json = |l: Option<Location>| serde_json::to_value(l.expect("located")).unwrap();
+    let deep = json(admin.locate(Q, "deep").await.unwrap());
+    assert_eq!(deep["list"], "processing", "{deep}");
+    assert_eq!(deep["status"], "running", "{deep}");
+    assert_eq!(deep["unconfirmed"], true, "beyond the bound: {deep}");
+    let old = json(admin.locate(Q, "old").await.unwrap());
+    assert_eq!(old["list"], "processing", "{old}");
+    assert_eq!(
+        old.get("unconfirmed"),
+        None,
+        "found within the bound: {old}"
+    );
+}
+
 /// A selection of the whole dead-letter list (`dead purge --all`, `dead
 /// purge --filter`) keeps of each entry's reason only a preview: the action
 /// needs the id and `dead_at`. Before, every selected entry kept its full

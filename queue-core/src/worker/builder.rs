@@ -28,11 +28,6 @@ pub(crate) const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// the announcement TTL (`promote_interval * 4`) and panicked at start.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 
-/// The longest retry backoff ([`WorkerConfig::backoff`]'s `max`): 30 days.
-/// A `max` near `u64` milliseconds put a retried job's run time decades
-/// away (and past what the scripts store as a count).
-const MAX_BACKOFF: Duration = Duration::from_secs(30 * 24 * 3600);
-
 /// The most acks per `ack.lua` call ([`WorkerConfig::ack_batch`]): the acker
 /// reserves room for a whole batch up front (a huge value aborted the
 /// process), and a batch far above the fetch sizes (at most 64 by default)
@@ -518,20 +513,8 @@ impl WorkerBuilder {
                 cfg.lease
             )));
         }
-        // A base above the max is a mistake (every retry waits the max);
-        // a max of decades parks a retried job out of reach.
-        if cfg.backoff.base > cfg.backoff.max {
-            return Err(QueueError::Config(format!(
-                "backoff base ({:?}) must be at most its max ({:?})",
-                cfg.backoff.base, cfg.backoff.max
-            )));
-        }
-        if cfg.backoff.max > MAX_BACKOFF {
-            return Err(QueueError::Config(format!(
-                "backoff max ({:?}) must be at most 30 days",
-                cfg.backoff.max
-            )));
-        }
+        // The watchdog makes the same check (Backoff::validate).
+        cfg.backoff.validate()?;
         // The heartbeat stops when the handler returns: an ack that waits
         // most of a lease for its batch finds the lease expired.
         if cfg.ack_window > cfg.lease / 3 {

@@ -20,7 +20,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use queue_core::admin::{PurgeOutcome, ReplayOutcome};
+use queue_core::admin::{DeadReasons, PurgeOutcome, ReplayOutcome};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -60,9 +60,12 @@ fn error(status: StatusCode, msg: impl std::fmt::Display) -> Response {
 /// would be refused. Each row keeps only its id and `dead_at` (what the
 /// action and the digest use; the preview shows ids): a selection holding
 /// every reason in full (error texts can be large) held gigabytes per
-/// request.
+/// request. No reason is even sent by Redis (`DeadReasons::Omitted`: the
+/// filter reads them there): every chunk sent each whole, up to 4 MB a
+/// chunk, to be dropped here.
 async fn select(state: &Shared, queue: &str, filter: &DeadFilter) -> Result<Scan, Response> {
-    let mut found = scan_with(state, queue, filter, 0, MAX_SELECTED, u64::MAX, selected)
+    let omitted = (filter, DeadReasons::Omitted);
+    let mut found = scan_with(state, queue, omitted, 0, MAX_SELECTED, u64::MAX, selected)
         .await
         .map_err(|e| error(StatusCode::BAD_GATEWAY, e))?;
     let mut seen = std::collections::HashSet::new();

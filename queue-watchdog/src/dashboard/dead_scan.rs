@@ -5,7 +5,7 @@
 //! (`dead_page.rs`) and bulk actions (`bulk.rs`).
 
 pub use queue_core::admin::DeadRow;
-use queue_core::admin::DEAD_SCAN_CHUNK;
+use queue_core::admin::{DeadReasons, DeadScanQuery, DEAD_SCAN_CHUNK};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
@@ -69,7 +69,10 @@ pub struct Scan {
 /// Reads the dead-letter list of `queue` from position `from`, keeping rows
 /// that match `filter`, until `want` rows are found, `max_scan` entries were
 /// read, or the list ends. Each call to Redis reads at most
-/// [`DEAD_SCAN_CHUNK`] entries and filters them there (`Admin::scan_dead`).
+/// [`DEAD_SCAN_CHUNK`] entries and filters them there
+/// (`Admin::scan_dead_rows`); each row's reason comes back as a preview
+/// (its first 200 characters, `…` marking a cut: the page's listing line),
+/// not whole.
 pub async fn scan(
     state: &AppState,
     queue: &str,
@@ -78,16 +81,25 @@ pub async fn scan(
     want: usize,
     max_scan: u64,
 ) -> Result<Scan, CliError> {
-    scan_with(state, queue, filter, from, want, max_scan, |r| r).await
+    scan_with(
+        state,
+        queue,
+        (filter, DeadReasons::Preview),
+        from,
+        want,
+        max_scan,
+        |r| r,
+    )
+    .await
 }
 
-/// [`scan`], each row passed through `shape` as its chunk arrives (a bulk
-/// selection keeps only what its action needs: at most one chunk's full
-/// rows are held at a time).
+/// [`scan`] sending back `reasons` of each row (a bulk selection asks for
+/// none: it keeps ids and `dead_at`), each row passed through `shape` as its
+/// chunk arrives (at most one chunk's rows are held at a time).
 pub async fn scan_with(
     state: &AppState,
     queue: &str,
-    filter: &DeadFilter,
+    (filter, reasons): (&DeadFilter, DeadReasons),
     from: u64,
     want: usize,
     max_scan: u64,
@@ -96,17 +108,15 @@ pub async fn scan_with(
     let (mut rows, mut pos, mut scanned) = (Vec::new(), from, 0u64);
     let mut total = 0;
     while rows.len() < want && scanned < max_scan {
-        let chunk = state
-            .admin
-            .scan_dead(
-                queue,
-                pos,
-                DEAD_SCAN_CHUNK.min(max_scan - scanned),
-                filter.job_type.as_deref(),
-                filter.contains.as_deref(),
-                (want - rows.len()) as u64,
-            )
-            .await?;
+        let query = DeadScanQuery {
+            from: pos,
+            count: DEAD_SCAN_CHUNK.min(max_scan - scanned),
+            job_type: filter.job_type.as_deref(),
+            contains: filter.contains.as_deref(),
+            want: (want - rows.len()) as u64,
+            reasons,
+        };
+        let chunk = state.admin.scan_dead_rows(queue, &query).await?;
         total = chunk.total;
         scanned += chunk.read;
         pos += chunk.read;

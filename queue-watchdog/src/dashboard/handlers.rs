@@ -18,7 +18,7 @@ use super::audit::Entry;
 use super::auth::Who;
 use super::sampler::{run_doctor, DoctorSummary};
 use super::security::check_same_origin;
-use super::{pages, AppState, Shared};
+use super::{pages, AppState, Discovery, Shared};
 use crate::error::CliError;
 
 /// Every route, behind the Host check and security headers.
@@ -123,6 +123,12 @@ pub(super) async fn queues(state: &AppState) -> Vec<String> {
     state.known.lock().unwrap().clone()
 }
 
+/// Where the queue list stands: before the sampler's first discovery an
+/// empty list means "not known yet", and the pages say so.
+pub(super) fn discovery(state: &AppState) -> Discovery {
+    state.discovery.lock().unwrap().clone()
+}
+
 /// The overview's numbers of every queue. No group list is read (group
 /// limit 0): nothing on the overview shows `grouped`, and reading it cost
 /// up to 10,000 `LLEN`s per queue at every poll of every open tab.
@@ -141,6 +147,7 @@ async fn overview(State(state): State<Shared>) -> Page {
         &health,
         doctor.as_ref(),
         state.refresh_ms,
+        &discovery(&state),
     )))
 }
 
@@ -189,11 +196,19 @@ struct Overview {
     /// Per queue: `[t_ms, completed/s, enqueued/s, failed/s]` points.
     series: BTreeMap<String, Vec<[f64; 4]>>,
     doctor: Option<DoctorSummary>,
+    /// `named`, `in_progress` (with `error` when the last attempt failed:
+    /// `queues` is empty because no discovery finished yet, not because
+    /// there is no queue) or `done`.
+    discovery: Discovery,
 }
 
 async fn api_overview(
     State(state): State<Shared>,
 ) -> std::result::Result<Json<Overview>, AppError> {
+    // Read before the list: a discovery that ends in between shows its
+    // queues under "in progress" (the next poll says done), never an empty
+    // list under "done".
+    let discovery = discovery(&state);
     let queues = all_health(&state).await?;
     let series = state
         .samples
@@ -224,6 +239,7 @@ async fn api_overview(
         queues,
         series,
         doctor,
+        discovery,
     }))
 }
 

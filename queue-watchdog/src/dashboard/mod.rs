@@ -60,17 +60,34 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use queue_core::admin::Admin;
+use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::cli::DashboardArgs;
 use crate::error::{CliError, Result};
 use sampler::{DoctorSummary, Sample};
 
+/// Where the dashboard's queue list stands, as the overview, the search page
+/// and `/api/overview` (`"discovery": {"state": …}`) say: an empty list
+/// before the first discovery is "not known yet", not "no queue".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Discovery {
+    /// Named with `--queue`: nothing is discovered.
+    Named,
+    /// Without `--queue`, until the sampler's first discovery (a SCAN of the
+    /// whole keyspace) succeeds; `error`: why the last attempt failed.
+    InProgress { error: Option<String> },
+    /// Found by the sampler's discovery (refreshed in the background).
+    Done,
+}
+
 pub struct AppState {
     admin: Admin,
     url: String,
     named: Vec<String>,
     known: Mutex<Vec<String>>,
+    discovery: Mutex<Discovery>,
     samples: Mutex<BTreeMap<String, VecDeque<Sample>>>,
     capacity: usize,
     doctor: Mutex<Option<DoctorSummary>>,
@@ -93,6 +110,7 @@ impl AppState {
             url: String::new(),
             named: Vec::new(),
             known: Mutex::new(Vec::new()),
+            discovery: Mutex::new(Discovery::InProgress { error: None }),
             samples: Mutex::new(BTreeMap::new()),
             capacity: 30,
             doctor: Mutex::new(None),
@@ -151,6 +169,11 @@ pub async fn serve(url: &str, args: DashboardArgs) -> Result<()> {
         url: url.to_string(),
         named: args.selection.queues.clone(),
         known: Mutex::new(args.selection.queues.clone()),
+        discovery: Mutex::new(if args.selection.queues.is_empty() {
+            Discovery::InProgress { error: None }
+        } else {
+            Discovery::Named
+        }),
         samples: Mutex::new(BTreeMap::new()),
         capacity: (600_000 / sample_ms).clamp(30, 3600) as usize,
         doctor: Mutex::new(None),

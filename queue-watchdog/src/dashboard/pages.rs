@@ -8,6 +8,7 @@ use queue_core::admin::{
 
 use super::escape::{html, url_segment};
 use super::sampler::DoctorSummary;
+use super::Discovery;
 use crate::doctor::{Finding, Severity};
 use crate::format::{display_field, fmt_dur, fmt_rel, fmt_ts, payload_json};
 use crate::history_view::{entry_delivery, entry_name};
@@ -78,7 +79,32 @@ fn doctor_banner(d: Option<&DoctorSummary>) -> String {
     }
 }
 
-pub fn overview(queues: &[QueueHealth], doctor: Option<&DoctorSummary>, refresh_ms: u64) -> String {
+/// The overview's row when it lists no queue: "not known yet" while the
+/// first discovery runs (or keeps failing), else "none found".
+fn no_queue_row(discovery: &Discovery) -> String {
+    let text = match discovery {
+        Discovery::InProgress { error: None } => "Discovering queues: the first scan of the keyspace for queue keys is in progress (it can take a while on a large Redis). The list fills in when it ends; name the queues with --queue to skip it.".to_string(),
+        Discovery::InProgress { error: Some(e) } => format!(
+            "Queue discovery has not succeeded yet (last attempt: {}); it is retried in the background. Name the queues with --queue to skip it.",
+            html(e)
+        ),
+        Discovery::Named | Discovery::Done => {
+            "No queue found (nothing enqueued yet, or name them with --queue).".to_string()
+        }
+    };
+    let cls = match discovery {
+        Discovery::InProgress { error: Some(_) } => "bad",
+        _ => "muted",
+    };
+    format!(r#"<tr><td colspan="11" class="{cls}" id="no-queue">{text}</td></tr>"#)
+}
+
+pub fn overview(
+    queues: &[QueueHealth],
+    doctor: Option<&DoctorSummary>,
+    refresh_ms: u64,
+    discovery: &Discovery,
+) -> String {
     let mut rows = String::new();
     for h in queues {
         let q = &h.stats;
@@ -107,10 +133,12 @@ pub fn overview(queues: &[QueueHealth], doctor: Option<&DoctorSummary>, refresh_
         ));
     }
     if queues.is_empty() {
-        rows.push_str(r#"<tr><td colspan="11" class="muted">No queue found (nothing enqueued yet, or name them with --queue).</td></tr>"#);
+        rows.push_str(&no_queue_row(discovery));
     }
+    // The page's script reloads it once the API says the discovery ended.
+    let discovering = matches!(discovery, Discovery::InProgress { .. });
     let body = format!(
-        r#"<div id="page" data-page="overview" data-refresh="{refresh_ms}"></div>
+        r#"<div id="page" data-page="overview" data-refresh="{refresh_ms}" data-discovering="{discovering}"></div>
 {banner}
 <h1>Queues</h1>
 <table class="grid" id="queues">

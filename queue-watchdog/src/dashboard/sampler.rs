@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use serde::Serialize;
 use tracing::warn;
 
-use super::{AppState, Shared};
+use super::{AppState, Discovery, Shared};
 use crate::doctor;
 
 /// One sample of a queue's lifetime counters, for the throughput chart.
@@ -95,8 +95,19 @@ pub async fn sampler(state: Shared, every: Duration) {
             }
             next_discovery = Instant::now() + wait;
             match found {
-                Ok(q) => *state.known.lock().unwrap() = q,
-                Err(e) => warn!(error = %e, "queue discovery failed"),
+                Ok(q) => {
+                    *state.known.lock().unwrap() = q;
+                    *state.discovery.lock().unwrap() = Discovery::Done;
+                }
+                Err(e) => {
+                    warn!(error = %e, "queue discovery failed");
+                    // Before the first success the pages say why the list is
+                    // still empty; after it they keep the last list found.
+                    let mut d = state.discovery.lock().unwrap();
+                    if let Discovery::InProgress { error } = &mut *d {
+                        *error = Some(e.to_string());
+                    }
+                }
             }
         }
         if n.is_multiple_of(redoctor) {

@@ -8,8 +8,8 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
 use super::escape::{html, url_segment};
-use super::handlers::{queues as known_queues, AppError};
-use super::{pages, Shared};
+use super::handlers::{discovery, queues as known_queues, AppError};
+use super::{pages, Discovery, Shared};
 use crate::views::describe_where;
 
 #[derive(Deserialize)]
@@ -24,9 +24,10 @@ pub async fn page(
     Query(q): Query<SearchQuery>,
 ) -> Result<Response, AppError> {
     let id = q.id.trim();
+    let discovery = discovery(&state);
     let queues = known_queues(&state).await;
     if id.is_empty() {
-        return Ok(Html(result_page("", &queues, "")).into_response());
+        return Ok(Html(result_page("", &queues, "", &discovery)).into_response());
     }
     let found = state.admin.find_job(&queues, id).await?;
     if let [one] = found.as_slice() {
@@ -52,15 +53,22 @@ pub async fn page(
     } else {
         StatusCode::OK
     };
-    Ok((status, Html(result_page(id, &queues, &rows))).into_response())
+    Ok((status, Html(result_page(id, &queues, &rows, &discovery))).into_response())
 }
 
-fn result_page(id: &str, queues: &[String], rows: &str) -> String {
-    let searched = queues
+fn result_page(id: &str, queues: &[String], rows: &str, discovery: &Discovery) -> String {
+    let mut searched = queues
         .iter()
         .map(|q| html(q))
         .collect::<Vec<_>>()
         .join(", ");
+    // Before the first discovery the list is not known yet: a miss says so
+    // instead of reading as "in no queue".
+    if let Discovery::InProgress { .. } = discovery {
+        if queues.is_empty() {
+            searched = "no queue yet (queue discovery in progress: try again when it ends, or name the queues with --queue)".to_string();
+        }
+    }
     let result = if id.is_empty() {
         String::new()
     } else if rows.is_empty() {

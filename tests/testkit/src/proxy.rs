@@ -110,3 +110,97 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, drop: Option<(Arc<AtomicBool>, A
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
 }
+
+/// A TCP proxy to a `redis-server` that holds back every request naming one
+/// command (e.g. `SCAN`) until [`CommandGate::open`]: that command is "in
+/// progress" for as long as a test needs, with no sleep and no load. Other
+/// requests pass (a held request holds only its own connection). A request
+/// is recognised by a bulk string equal to the command's name in a chunk the
+/// client sent (the whole chunk is held): use it for a command whose name is
+/// no argument of the test's other requests.
+pub struct CommandGate {
+    port: u16,
+    gate: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    held: Arc<AtomicU64>,
+}
+
+impl CommandGate {
+    /// Listens on a free loopback port and forwards every connection to
+    /// `127.0.0.1:<upstream>`, holding requests of `command` (any case)
+    /// while the gate is closed (it starts closed).
+    pub fn start(upstream: u16, command: &str) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        let port = listener.local_addr()?.port();
+        let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+        let held = Arc::new(AtomicU64::new(0));
+        let name = format!("\r\n${}\r\n{}\r\n", command.len(), command).to_ascii_uppercase();
+        let (g, h) = (gate.clone(), held.clone());
+        thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let (c2, s2) = match (client.try_clone(), server.try_clone()) {
+                    (Ok(c), Ok(s)) => (c, s),
+                    _ => continue,
+                };
+                let (g, h, name) = (g.clone(), h.clone(), name.clone());
+                thread::spawn(move || gated_pipe(client, server, &name, &g, &h));
+                thread::spawn(move || pipe(s2, c2, None));
+            }
+        });
+        Ok(CommandGate { port, gate, held })
+    }
+
+    /// `redis://127.0.0.1:<proxy port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Requests of the command that reached the gate so far (held, or
+    /// passed once it opened).
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Lets every held request through, and every later one.
+    pub fn open(&self) {
+        let (open, wake) = &*self.gate;
+        *open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+    }
+}
+
+/// Copies client `from` to server `to`, holding a chunk that names the
+/// command (`name`: `\r\n$<len>\r\n<NAME>\r\n`, upper case) until the gate opens.
+fn gated_pipe(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    name: &str,
+    gate: &(std::sync::Mutex<bool>, std::sync::Condvar),
+    held: &AtomicU64,
+) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let upper = buf[..n].to_ascii_uppercase();
+        if upper.windows(name.len()).any(|w| w == name.as_bytes()) {
+            held.fetch_add(1, Ordering::SeqCst);
+            let (open, wake) = gate;
+            let mut is_open = open.lock().unwrap_or_else(|e| e.into_inner());
+            while !*is_open {
+                is_open = wake.wait(is_open).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}

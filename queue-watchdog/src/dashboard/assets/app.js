@@ -215,6 +215,13 @@
     fetch('/api/overview', { headers: { Accept: 'application/json' } })
       .then(function (r) { if (!r.ok) throw new Error('HTTP ' + r.status); return r.json(); })
       .then(function (data) {
+        // Rendered while the first queue discovery ran: the rows exist only
+        // on a fresh page.
+        var d = data.discovery || {};
+        if (page.dataset.discovering === 'true' && d.state !== 'in_progress') {
+          window.location.reload();
+          return;
+        }
         updateTable(data.queues || []);
         drawChart(data.series || {});
         state.polls++;
