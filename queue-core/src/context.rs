@@ -115,11 +115,31 @@ impl JobContext {
     /// assert_eq!(ctx.attempt(), 1);
     /// ```
     pub fn for_test(job_id: impl Into<JobId>, queue: &str, attempt: u32) -> Self {
+        Self::test_context("test", job_id.into(), queue, attempt)
+    }
+
+    /// [`for_test`](Self::for_test) with a job type (`for_test` says
+    /// `"test"`), for code that tells job types apart.
+    ///
+    /// ```
+    /// let ctx = queue_core::JobContext::for_test_of_type("send_invoice", "job-1", "emails", 1);
+    /// assert_eq!(ctx.job_type(), "send_invoice");
+    /// ```
+    pub fn for_test_of_type(
+        job_type: &str,
+        job_id: impl Into<JobId>,
+        queue: &str,
+        attempt: u32,
+    ) -> Self {
+        Self::test_context(job_type, job_id.into(), queue, attempt)
+    }
+
+    fn test_context(job_type: &str, job_id: JobId, queue: &str, attempt: u32) -> Self {
         JobContext {
             inner: Arc::new(ContextInner {
-                job_id: job_id.into(),
+                job_id,
                 keys: Arc::new(crate::keys::QueueKeys::new(queue)),
-                job_type: "test".to_string(),
+                job_type: job_type.to_string(),
                 attempt,
                 max_attempts: attempt.max(1),
                 enqueued_at_ms: 0,

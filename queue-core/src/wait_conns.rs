@@ -9,10 +9,16 @@
 //! one dropped mid-`BLPOP` (the caller gave up on the wait) still has that
 //! `BLPOP` blocking on the server, and the next wait's would queue behind it.
 //!
+//! Pooled connections age: one idle for longer than [`MAX_IDLE`] (a
+//! server-side `timeout`, a proxy or load balancer may have closed it in
+//! the meantime) or older than [`MAX_AGE`] (kept for ever through a
+//! failover, it could still point at the old primary, or a node that left)
+//! is dropped instead of handed out, and a new one connects.
+//!
 //! [`Queue::wait_completion`]: crate::Queue::wait_completion
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::conn::{ConnectionConfig, RedisConnection};
 use crate::error::QueueError;
@@ -22,6 +28,25 @@ use crate::job::JobId;
 /// its clones); more waiters at once open their own and drop them after.
 const IDLE_MAX: usize = 16;
 
+/// A pooled connection idle for longer than this is dropped, not handed out:
+/// below the common idle timeouts of proxies and load balancers (60 s and
+/// more) and of a server's `timeout` setting.
+pub(crate) const MAX_IDLE: Duration = Duration::from_secs(30);
+
+/// A connection older than this is not given back to the pool (nor handed
+/// out from it): bounds how long one lives on after a failover or a
+/// topology change that left it working but on the wrong node.
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(10 * 60);
+
+/// An idle connection and its times.
+struct Idle {
+    conn: RedisConnection,
+    /// When it connected.
+    born: Instant,
+    /// When it went back to the pool.
+    since: Instant,
+}
+
 /// The idle blocking connections of one `Queue` (and its clones).
 pub(crate) struct WaitConnections {
     url: String,
@@ -29,7 +54,10 @@ pub(crate) struct WaitConnections {
     /// block (a wait bounds each `BLPOP` itself: [`Self::blpop_bound`]).
     cfg: ConnectionConfig,
     response_timeout: Duration,
-    idle: Mutex<Vec<RedisConnection>>,
+    /// [`MAX_IDLE`] and [`MAX_AGE`] (other values in tests).
+    max_idle: Duration,
+    max_age: Duration,
+    idle: Mutex<Vec<Idle>>,
 }
 
 impl WaitConnections {
@@ -43,8 +71,47 @@ impl WaitConnections {
                 ..cfg.clone()
             },
             response_timeout: cfg.response_timeout,
+            max_idle: MAX_IDLE,
+            max_age: MAX_AGE,
             idle: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Other bounds than [`MAX_IDLE`] and [`MAX_AGE`] (tests).
+    #[cfg(test)]
+    fn with_bounds(mut self, max_idle: Duration, max_age: Duration) -> Self {
+        self.max_idle = max_idle;
+        self.max_age = max_age;
+        self
+    }
+
+    /// Whether a connection born at `born`, idle since `since`, may still
+    /// serve a wait.
+    fn fresh(&self, born: Instant, since: Instant) -> bool {
+        born.elapsed() < self.max_age && since.elapsed() < self.max_idle
+    }
+
+    /// The most recently returned idle connection still fresh; those past
+    /// their bounds are dropped (after the pool's lock is released).
+    fn pop_fresh(&self) -> Option<(RedisConnection, Instant)> {
+        let mut stale = Vec::new();
+        let found = {
+            let mut idle = self.lock();
+            loop {
+                match idle.pop() {
+                    None => break None,
+                    Some(c) if self.fresh(c.born, c.since) => break Some((c.conn, c.born)),
+                    Some(c) => stale.push(c),
+                }
+            }
+        };
+        if !stale.is_empty() {
+            tracing::debug!(
+                dropped = stale.len(),
+                "result waits: dropped pooled connections past their idle time or age"
+            );
+        }
+        found
     }
 
     /// How long a `BLPOP` of `block` may take before its connection is
@@ -57,21 +124,25 @@ impl WaitConnections {
     /// [`QueueError::Redis`] naming the queue and job `id` (a `Connect`
     /// error names neither).
     pub(crate) async fn take(&self, queue: &str, id: &JobId) -> Result<Taken<'_>, QueueError> {
-        let idle = self.lock().pop();
-        let conn = match idle {
-            Some(conn) => conn,
-            None => RedisConnection::connect(&self.url, &self.cfg)
-                .await
-                .map_err(|e| match e {
-                    QueueError::Connect { source, .. } => {
-                        QueueError::redis(queue, Some(id), source)
-                    }
-                    other => other,
-                })?,
+        let (conn, born) = match self.pop_fresh() {
+            Some(idle) => idle,
+            None => {
+                let born = Instant::now();
+                let conn = RedisConnection::connect(&self.url, &self.cfg)
+                    .await
+                    .map_err(|e| match e {
+                        QueueError::Connect { source, .. } => {
+                            QueueError::redis(queue, Some(id), source)
+                        }
+                        other => other,
+                    })?;
+                (conn, born)
+            }
         };
         Ok(Taken {
             pool: self,
             conn: Some(conn),
+            born,
             answered: true,
         })
     }
@@ -83,7 +154,7 @@ impl WaitConnections {
         self.lock().clear();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RedisConnection>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         // A panic while holding this lock cannot leave the Vec half-changed
         // (push, pop and clear are whole): go on with it.
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
@@ -95,6 +166,8 @@ impl WaitConnections {
 pub(crate) struct Taken<'a> {
     pool: &'a WaitConnections,
     conn: Option<RedisConnection>,
+    /// When the connection connected (it ages: [`MAX_AGE`]).
+    born: Instant,
     answered: bool,
 }
 
@@ -122,9 +195,17 @@ impl Taken<'_> {
 impl Drop for Taken<'_> {
     fn drop(&mut self) {
         if let (true, Some(conn)) = (self.answered, self.conn.take()) {
+            let now = Instant::now();
+            if !self.pool.fresh(self.born, now) {
+                return; // too old to serve another wait: dropped
+            }
             let mut idle = self.pool.lock();
             if idle.len() < IDLE_MAX {
-                idle.push(conn);
+                idle.push(Idle {
+                    conn,
+                    born: self.born,
+                    since: now,
+                });
             }
         }
     }
@@ -157,6 +238,70 @@ pub(crate) type SharedWaitConnections = Arc<WaitConnections>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn client_id(conn: &mut RedisConnection) -> i64 {
+        redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(conn)
+            .await
+            .expect("CLIENT ID")
+    }
+
+    /// Takes a connection as a wait does, runs one answered command on it
+    /// and gives it back; its client id.
+    async fn one_wait(pool: &WaitConnections) -> i64 {
+        let mut taken = pool.take("q", &JobId::from("j")).await.expect("take");
+        let id = client_id(taken.for_blpop()).await;
+        taken.answered();
+        id
+    }
+
+    /// A pooled connection that sat idle past `MAX_IDLE`, or lived past
+    /// `MAX_AGE`, is dropped and a new one connects; a fresh one is reused
+    /// (the pool's point). Before, an idle connection was handed out however
+    /// long it had sat (through a server's `timeout`, a proxy's idle cut, a
+    /// failover), and the wait found it broken.
+    #[tokio::test]
+    async fn a_pooled_connection_past_its_idle_time_or_age_is_not_handed_out() {
+        let server = queue_testkit::RedisServer::start().expect("redis-server starts");
+        let pool =
+            WaitConnections::new(&server.url(), &ConnectionConfig::default(), Duration::ZERO);
+        let first = one_wait(&pool).await;
+        assert_eq!(
+            one_wait(&pool).await,
+            first,
+            "a fresh idle connection is reused"
+        );
+
+        // It sat idle for longer than MAX_IDLE.
+        pool.lock()[0].since = Instant::now()
+            .checked_sub(MAX_IDLE + Duration::from_secs(1))
+            .expect("the clock is past MAX_IDLE");
+        let second = one_wait(&pool).await;
+        assert_ne!(
+            second, first,
+            "an idle-too-long connection is not handed out"
+        );
+        assert_eq!(pool.lock().len(), 1, "the stale one left the pool");
+
+        // It connected longer than MAX_AGE ago (though used just now).
+        pool.lock()[0].born = Instant::now()
+            .checked_sub(MAX_AGE + Duration::from_secs(1))
+            .expect("the clock is past MAX_AGE");
+        let third = one_wait(&pool).await;
+        assert_ne!(third, second, "a too-old connection is not handed out");
+
+        // Taken while fresh, too old by the time it is given back: not kept.
+        let aged =
+            WaitConnections::new(&server.url(), &ConnectionConfig::default(), Duration::ZERO)
+                .with_bounds(MAX_IDLE, Duration::ZERO);
+        one_wait(&aged).await;
+        assert_eq!(
+            aged.lock().len(),
+            0,
+            "a connection past its age is not pooled"
+        );
+    }
 
     #[test]
     fn a_data_error_is_not_waited_out_and_a_broken_connection_is() {

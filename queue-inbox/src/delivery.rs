@@ -5,8 +5,10 @@
 use std::sync::OnceLock;
 
 use queue_core::{JobContext, JobId};
-use tokio_postgres::Transaction;
-use tracing::{debug, info};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Transaction};
+use tracing::{debug, info, warn};
 
 use crate::error::{InboxError, Result};
 use crate::inbox::{Inbox, InboxRecord, InboxStatus, DEFAULT_INBOX};
@@ -97,6 +99,7 @@ pub struct InboxTx<'a, 't> {
     ctx: &'a JobContext,
     tx: &'a Transaction<'t>,
     key: String,
+    share_across_types: bool,
 }
 
 impl std::fmt::Debug for InboxTx<'_, '_> {
@@ -117,15 +120,33 @@ impl<'a, 't> InboxTx<'a, 't> {
             ctx,
             tx,
             key: ctx.job_id().as_str().to_string(),
+            share_across_types: false,
         }
     }
 
     /// Keys the row by a business key (`"cust-7:2026-11"`) instead of the job
-    /// id: any job with the same key on the same queue is then done once.
-    /// Checked when the row is claimed (non-empty, at most 512 bytes, no
-    /// control characters).
+    /// id: any job of the same type with the same key on the same queue is
+    /// then done once. Checked when the row is claimed (non-empty, at most
+    /// 512 bytes, no control characters).
+    ///
+    /// A key is per queue: a row claimed by a job of another type is refused
+    /// with [`InboxError::KeyCollision`] (permanent) unless
+    /// [`share_key_across_types`](Self::share_key_across_types) says the
+    /// sharing is meant. Prefix keys with the job type
+    /// (`format!("ship_order:{}", order)`).
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = key.into();
+        self
+    }
+
+    /// The key is meant to be shared with jobs of other types on the queue
+    /// (one effect, whichever type runs first: a job type renamed while jobs
+    /// of the old name are still queued, say): a row claimed or done by a job
+    /// of another type counts as this job's, as it did for every key before
+    /// the row recorded its job type. Without it such a row is refused with
+    /// [`InboxError::KeyCollision`].
+    pub fn share_key_across_types(mut self) -> Self {
+        self.share_across_types = true;
         self
     }
 
@@ -146,8 +167,15 @@ impl<'a, 't> InboxTx<'a, 't> {
     /// A concurrent delivery of the same key waits here until the first one's
     /// transaction ends, then sees `done` (commit) or claims the row (rollback).
     ///
+    /// The wait is bounded by the inbox's lock timeout
+    /// ([`Inbox::with_lock_timeout`], 30 s by default): a transaction that
+    /// holds the row longer (a worker stopped without dying) makes this
+    /// delivery fail with the retryable [`InboxError::LockTimeout`].
+    ///
     /// Errors: [`InboxError::Fenced`] when a newer delivery of this job has
-    /// written the row (this one is stale); [`InboxError::Postgres`] (retryable).
+    /// written the row (this one is stale); [`InboxError::KeyCollision`] when
+    /// a job of another type claimed the key; [`InboxError::LockTimeout`] and
+    /// [`InboxError::Postgres`] (retryable).
     pub async fn already_done(&self) -> Result<bool> {
         self.check_key()?;
         let t = &self.inbox.table;
@@ -155,14 +183,16 @@ impl<'a, 't> InboxTx<'a, 't> {
         let fence = self.fence();
         let attempt = i32::try_from(self.ctx.attempt()).unwrap_or(i32::MAX);
         let worker = worker_identity();
+        let job_type = self.ctx.job_type();
         let inserted = self
-            .tx
-            .query_opt(
+            .bounded_query_opt(
+                "claiming the inbox row",
                 &table::claim_insert_sql(t),
-                &[&queue, &self.key, &job_id, &fence, &attempt, &worker],
+                &[
+                    &queue, &self.key, &job_id, &fence, &attempt, &worker, &job_type,
+                ],
             )
-            .await
-            .map_err(|e| self.pg("claiming the inbox row", e))?;
+            .await?;
         if inserted.is_some() {
             debug!(job_id, queue, key = %self.key, fence, "inbox row claimed");
             return Ok(false);
@@ -172,6 +202,7 @@ impl<'a, 't> InboxTx<'a, 't> {
             // Pruned between the two statements: claim it afresh.
             return Box::pin(self.already_done()).await;
         };
+        self.check_job_type(&row)?;
         match row.status {
             InboxStatus::Done => {
                 info!(
@@ -193,7 +224,9 @@ impl<'a, 't> InboxTx<'a, 't> {
                 self.tx
                     .execute(
                         &table::take_over_sql(t),
-                        &[&queue, &self.key, &job_id, &fence, &attempt, &worker],
+                        &[
+                            &queue, &self.key, &job_id, &fence, &attempt, &worker, &job_type,
+                        ],
                     )
                     .await
                     .map_err(|e| self.pg("taking over the inbox row", e))?;
@@ -255,15 +288,96 @@ impl<'a, 't> InboxTx<'a, 't> {
 
     async fn lock_row(&self) -> Result<Option<InboxRecord>> {
         let row = self
-            .tx
-            .query_opt(
+            .bounded_query_opt(
+                "locking the inbox row",
                 &table::lock_row_sql(&self.inbox.table),
                 &[&self.ctx.queue(), &self.key],
             )
-            .await
-            .map_err(|e| self.pg("locking the inbox row", e))?;
+            .await?;
         row.map(|r| InboxRecord::from_row(self.inbox.table(), &r))
             .transpose()
+    }
+
+    /// A statement that may wait for the row's lock, under the inbox's lock
+    /// timeout: the bound set before it and the transaction's own value put
+    /// back after it, the three sent at once (one round trip, as the
+    /// statement alone; its prepare is one more, as before). The handler's
+    /// own statements keep the transaction's `lock_timeout`.
+    async fn bounded_query_opt(
+        &self,
+        action: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>> {
+        let bound = self.inbox.lock_timeout;
+        if bound.is_zero() {
+            return self
+                .tx
+                .query_opt(sql, params)
+                .await
+                .map_err(|e| self.pg(action, e));
+        }
+        let stmt = self.tx.prepare(sql).await.map_err(|e| self.pg(action, e))?;
+        let set = table::bound_lock_timeout_sql(bound.as_millis());
+        // tokio::join! polls in order, and each request is sent when first
+        // polled: PostgreSQL runs them in this order.
+        let (set, row, restore) = tokio::join!(
+            self.tx.batch_execute(&set),
+            self.tx.query_opt(&stmt, params),
+            self.tx.batch_execute(table::RESTORE_LOCK_TIMEOUT),
+        );
+        set.map_err(|e| self.pg("bounding the inbox's lock wait", e))?;
+        let row = row.map_err(|e| {
+            if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                warn!(
+                    job_id = %self.ctx.job_id(),
+                    queue = %self.ctx.queue(),
+                    key = %self.key,
+                    lock_timeout = ?bound,
+                    "inbox: the row stayed locked by another transaction past the lock timeout; \
+                     the delivery fails (retryable)"
+                );
+                InboxError::LockTimeout {
+                    action,
+                    job_id: self.ctx.job_id().clone(),
+                    queue: self.ctx.queue().to_string(),
+                    key: self.key.clone(),
+                    waited: bound,
+                    source: e,
+                }
+            } else {
+                self.pg(action, e)
+            }
+        })?;
+        restore.map_err(|e| self.pg("restoring the transaction's lock_timeout", e))?;
+        Ok(row)
+    }
+
+    /// Refuses a row claimed by a job of another type (unless the key is
+    /// shared on purpose). A row without a type (written before the column
+    /// existed) is taken as before.
+    fn check_job_type(&self, row: &InboxRecord) -> Result<()> {
+        let Some(owner) = row.job_type.as_deref() else {
+            return Ok(());
+        };
+        if self.share_across_types || owner == self.ctx.job_type() {
+            return Ok(());
+        }
+        warn!(
+            job_id = %self.ctx.job_id(),
+            queue = %self.ctx.queue(),
+            key = %self.key,
+            job_type = %self.ctx.job_type(),
+            owner_type = %owner,
+            owner_job_id = %row.job_id,
+            "inbox: the key belongs to a job of another type; refused"
+        );
+        Err(InboxError::KeyCollision {
+            job_id: self.ctx.job_id().clone(),
+            queue: self.ctx.queue().to_string(),
+            key: self.key.clone(),
+            owner: Box::new(row.clone()),
+        })
     }
 
     /// Refuses when a newer delivery of the same job wrote the row. Fencing

@@ -74,6 +74,53 @@ pub enum InboxError {
         reason: &'static str,
     },
 
+    /// The inbox row of this delivery (or the uncommitted claim of another)
+    /// stayed locked by another transaction for longer than the inbox's lock
+    /// timeout ([`Inbox::with_lock_timeout`](crate::Inbox::with_lock_timeout),
+    /// 30 s by default): most likely the transaction of a worker that stopped
+    /// without dying (its lease expired, its connection still open).
+    /// Retryable: the transaction is lost (PostgreSQL aborted it); the next
+    /// attempt waits again, and finds the row free once that transaction
+    /// ended (committed, rolled back, or killed by the server's
+    /// `idle_in_transaction_session_timeout`).
+    #[error("inbox row (queue `{queue}`, key `{key}`) of job `{job_id}` stayed locked by another transaction for over {waited:?} (the inbox's lock timeout) while {action}; retry later: {source}")]
+    LockTimeout {
+        /// What was being done (`"claiming the inbox row"`, ...).
+        action: &'static str,
+        /// The job.
+        job_id: JobId,
+        /// Its queue.
+        queue: String,
+        /// The inbox key.
+        key: String,
+        /// The bound that ran out.
+        waited: std::time::Duration,
+        /// The driver's error (SQLSTATE `55P03`, lock_not_available).
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// The inbox key is held by a job of another type on the same queue: two
+    /// handlers chose the same key (`.key(..)`, or a job id of one type used
+    /// as the other's key). A key is per queue, not per job type, so this
+    /// delivery would take the other type's effect for its own and skip it
+    /// (or take over its row). Permanent: give each type its own keys
+    /// (`.key(format!("ship_order:{}", id))`), or, when two types are meant
+    /// to share a key (one effect, whichever runs first), say so with
+    /// [`InboxTx::share_key_across_types`](crate::InboxTx::share_key_across_types).
+    #[error("inbox key `{key}` on queue `{queue}` belongs to job type `{}` (job `{}`), not to job `{job_id}` of another type: give each job type its own keys (e.g. prefix them with the type), or call share_key_across_types() where sharing is meant", .owner.job_type.as_deref().unwrap_or("?"), .owner.job_id)]
+    KeyCollision {
+        /// The job (its type is the handler's own).
+        job_id: JobId,
+        /// Its queue.
+        queue: String,
+        /// The inbox key.
+        key: String,
+        /// The row of the other type's job (`owner.job_type`,
+        /// `owner.job_id`, `owner.status`).
+        owner: Box<crate::InboxRecord>,
+    },
+
     /// The inbox table name is not a plain (optionally schema-qualified) identifier.
     #[error("invalid inbox table name {name:?}: {reason}")]
     InvalidTableName {
@@ -116,10 +163,14 @@ impl InboxError {
 
     /// True for errors that retrying the same delivery cannot fix.
     pub fn is_permanent(&self) -> bool {
-        !matches!(self, InboxError::Postgres { .. })
+        !matches!(
+            self,
+            InboxError::Postgres { .. } | InboxError::LockTimeout { .. }
+        )
     }
 
-    /// The handler's error: [`Postgres`](Self::Postgres) is retryable (the
+    /// The handler's error: [`Postgres`](Self::Postgres) and
+    /// [`LockTimeout`](Self::LockTimeout) are retryable (the
     /// transaction rolled back; the next attempt starts over), everything else
     /// is permanent. (A bare `?` in a handler goes through `queue-core`'s
     /// blanket `From<E: Error> for JobError`, which makes every error
@@ -148,7 +199,9 @@ impl InboxError {
             InboxError::Postgres { queue, .. } => queue.as_deref(),
             InboxError::Fenced { queue, .. }
             | InboxError::NotClaimed { queue, .. }
-            | InboxError::InvalidKey { queue, .. } => Some(queue),
+            | InboxError::InvalidKey { queue, .. }
+            | InboxError::LockTimeout { queue, .. }
+            | InboxError::KeyCollision { queue, .. } => Some(queue),
             InboxError::InvalidTableName { .. } => None,
         }
     }
@@ -159,7 +212,9 @@ impl InboxError {
             InboxError::Postgres { job_id, .. } => job_id.as_ref(),
             InboxError::Fenced { job_id, .. }
             | InboxError::NotClaimed { job_id, .. }
-            | InboxError::InvalidKey { job_id, .. } => Some(job_id),
+            | InboxError::InvalidKey { job_id, .. }
+            | InboxError::LockTimeout { job_id, .. }
+            | InboxError::KeyCollision { job_id, .. } => Some(job_id),
             InboxError::InvalidTableName { .. } => None,
         }
     }

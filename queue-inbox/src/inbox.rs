@@ -1,7 +1,7 @@
 //! The inbox table: its name, migration, and reading one row.
 
 use std::sync::LazyLock;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use queue_core::{JobContext, JobId};
 use queue_outbox::TableName;
@@ -14,6 +14,12 @@ use crate::table;
 
 /// The default inbox table name.
 pub const DEFAULT_TABLE: &str = "queue_inbox";
+
+/// How long [`InboxTx::already_done`] waits by default for an inbox row that
+/// another transaction holds (a concurrent delivery of the same key) before
+/// it gives up with the retryable [`InboxError::LockTimeout`]:
+/// [`Inbox::with_lock_timeout`] changes it.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub(crate) static DEFAULT_INBOX: LazyLock<Inbox> = LazyLock::new(Inbox::new);
 
@@ -29,6 +35,7 @@ pub(crate) static DEFAULT_INBOX: LazyLock<Inbox> = LazyLock::new(Inbox::new);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inbox {
     pub(crate) table: TableName,
+    pub(crate) lock_timeout: Duration,
 }
 
 impl Default for Inbox {
@@ -58,8 +65,10 @@ impl InboxStatus {
     }
 }
 
-/// One row of the inbox table.
+/// One row of the inbox table. Read with [`Inbox::record`]; more columns
+/// may come (`#[non_exhaustive]`), so it is not built outside this crate.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct InboxRecord {
     /// Queue of the job.
     pub queue: String,
@@ -81,6 +90,10 @@ pub struct InboxRecord {
     pub started_at: SystemTime,
     /// When it was completed.
     pub finished_at: Option<SystemTime>,
+    /// The type of the job that claimed (and, when done, completed) the
+    /// row; `None` for a row written before the column existed (by a
+    /// version before it, or before [`Inbox::migrate`] added it).
+    pub job_type: Option<String>,
 }
 
 impl InboxRecord {
@@ -106,6 +119,7 @@ impl InboxRecord {
             result_ref: row.try_get(7).map_err(bad)?,
             started_at: row.try_get(8).map_err(bad)?,
             finished_at: row.try_get(9).map_err(bad)?,
+            job_type: row.try_get(10).map_err(bad)?,
         })
     }
 }
@@ -115,6 +129,7 @@ impl Inbox {
     pub fn new() -> Self {
         Inbox {
             table: TableName::try_new(DEFAULT_TABLE).expect("the default table name is valid"),
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
         }
     }
 
@@ -126,7 +141,42 @@ impl Inbox {
             name: name.to_string(),
             reason,
         })?;
-        Ok(Inbox { table })
+        Ok(Inbox {
+            table,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        })
+    }
+
+    /// How long a delivery waits in [`InboxTx::already_done`] (and
+    /// [`InboxTx::complete`]) for its inbox row while another transaction
+    /// holds it ([`DEFAULT_LOCK_TIMEOUT`], 30 s, unless changed): a
+    /// concurrent delivery of the same key whose worker stopped without
+    /// dying (its transaction still open) would otherwise hold the next
+    /// delivery, and its worker slot, for as long as that transaction
+    /// stays open. Past it the delivery fails with the retryable
+    /// [`InboxError::LockTimeout`] naming the job, queue and key. Keep it
+    /// above the time a handler's transaction normally takes (a concurrent
+    /// delivery waiting for a healthy one then sees its commit);
+    /// `Duration::ZERO` waits without a bound (the behaviour before).
+    ///
+    /// The bound is PostgreSQL's `lock_timeout`, set for the inbox's own
+    /// statements only: the handler's statements in the same transaction
+    /// keep the transaction's `lock_timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let inbox = queue_inbox::Inbox::new().with_lock_timeout(Duration::from_secs(5));
+    /// assert_eq!(inbox.lock_timeout(), Duration::from_secs(5));
+    /// assert_eq!(queue_inbox::Inbox::new().lock_timeout(), queue_inbox::DEFAULT_LOCK_TIMEOUT);
+    /// ```
+    pub fn with_lock_timeout(mut self, bound: Duration) -> Self {
+        self.lock_timeout = bound;
+        self
+    }
+
+    /// The bound of [`with_lock_timeout`](Self::with_lock_timeout).
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
     }
 
     /// The table name as given.

@@ -19,13 +19,18 @@
 //!
 //! - **Concurrent deliveries** of the same key: the row (or its uncommitted
 //!   insert) is locked by the first transaction; the second waits in
-//!   `already_done()` and then sees `done` (commit) or claims it (rollback).
+//!   `already_done()` and then sees `done` (commit) or claims it (rollback);
+//!   at most [`Inbox::with_lock_timeout`] (30 s by default), then
+//!   [`InboxError::LockTimeout`] (retryable).
 //! - **Fenced**: the row carries the delivery's fencing token
 //!   ([`JobContext::fencing_token`](queue_core::JobContext::fencing_token));
 //!   a stale delivery finding a row written by a newer delivery of the same
 //!   job is refused with [`InboxError::Fenced`] (permanent).
 //! - **Business keys**: `ctx.inbox(&tx).key("cust-7:2026-11")` makes every job
 //!   with that key on the queue done once, not just every delivery of one job.
+//!   A key belongs to the job type that claimed it: another type finding it
+//!   is refused with [`InboxError::KeyCollision`] unless
+//!   [`InboxTx::share_key_across_types`] says the sharing is meant.
 //! - **Operations**: [`Inbox::prune`], [`Inbox::stats`], [`Inbox::reconcile`]
 //!   (outbox rows of the same database whose effect never committed), also as
 //!   `queue-watchdog inbox migrate | prune | stats | reconcile`.
@@ -110,6 +115,7 @@
 //! | `worker` | text | `hostname:pid` |
 //! | `result_ref` | text | from [`InboxTx::complete`] |
 //! | `started_at`, `finished_at` | timestamptz | PostgreSQL clock |
+//! | `job_type` | text | the type of that job (NULL in rows written before the column was added) |
 //!
 //! plus indexes on `(queue, job_id)` and on `finished_at` of done rows.
 //! Done rows stay until [`Inbox::prune`].
@@ -130,7 +136,7 @@ mod table;
 
 pub use delivery::{worker_identity, InboxExt, InboxTx};
 pub use error::{InboxError, Result};
-pub use inbox::{Inbox, InboxRecord, InboxStatus, DEFAULT_TABLE};
+pub use inbox::{Inbox, InboxRecord, InboxStatus, DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE};
 pub use maintenance::InboxQueueStats;
 pub use reconcile::{InboxReconcileOptions, InboxReconcileRow};
 

@@ -4,8 +4,8 @@
 use queue_outbox::TableName;
 
 /// Columns read into an [`InboxRecord`](crate::InboxRecord), in this order.
-pub(crate) const COLUMNS: &str =
-    "queue, key, job_id, status, fence, attempts, worker, result_ref, started_at, finished_at";
+pub(crate) const COLUMNS: &str = "queue, key, job_id, status, fence, attempts, worker, \
+     result_ref, started_at, finished_at, job_type";
 
 pub(crate) fn migrate_sql(t: &TableName) -> String {
     // Looks everything up first and changes only what is missing (no lock on
@@ -24,9 +24,12 @@ pub(crate) fn migrate_sql(t: &TableName) -> String {
     result_ref  text,
     started_at  timestamptz NOT NULL DEFAULT now(),
     finished_at timestamptz,
+    job_type    text,
     PRIMARY KEY (queue, key)
 ",
-        &[],
+        // Added after the first release: NULL in rows written before it (or
+        // by a worker of an older version during a rolling upgrade).
+        &[("job_type", "text")],
         &[
             ("job_idx", "(queue, job_id)"),
             ("finished_idx", "(finished_at) WHERE status = 'done'"),
@@ -38,8 +41,8 @@ pub(crate) fn migrate_sql(t: &TableName) -> String {
 /// Waits while another transaction holds an uncommitted row with that key.
 pub(crate) fn claim_insert_sql(t: &TableName) -> String {
     format!(
-        "INSERT INTO {} (queue, key, job_id, status, fence, attempts, worker, started_at) \
-         VALUES ($1, $2, $3, 'running', $4, $5, $6, now()) \
+        "INSERT INTO {} (queue, key, job_id, status, fence, attempts, worker, started_at, job_type) \
+         VALUES ($1, $2, $3, 'running', $4, $5, $6, now(), $7) \
          ON CONFLICT (queue, key) DO NOTHING RETURNING 1",
         t.quoted()
     )
@@ -63,7 +66,8 @@ pub(crate) fn select_row_sql(t: &TableName) -> String {
 /// A `running` row (already locked) taken over by this delivery.
 pub(crate) fn take_over_sql(t: &TableName) -> String {
     format!(
-        "UPDATE {} SET job_id = $3, fence = $4, attempts = $5, worker = $6, started_at = now() \
+        "UPDATE {} SET job_id = $3, fence = $4, attempts = $5, worker = $6, started_at = now(), \
+                job_type = $7 \
          WHERE queue = $1 AND key = $2 AND status = 'running'",
         t.quoted()
     )
@@ -120,6 +124,21 @@ pub(crate) fn reconcile_sql(inbox: &TableName, outbox: &TableName) -> String {
         o = outbox.quoted()
     )
 }
+
+/// Saves the transaction's `lock_timeout` (in a custom setting, so the
+/// statement that puts it back needs no answer from this one and can be
+/// sent in the same round trip) and sets the inbox's bound, for the rest
+/// of the transaction until [`RESTORE_LOCK_TIMEOUT`] (both `SET LOCAL`).
+pub(crate) fn bound_lock_timeout_sql(ms: u128) -> String {
+    format!(
+        "SELECT set_config('queue_inbox.saved_lock_timeout', current_setting('lock_timeout'), true); \
+         SET LOCAL lock_timeout = '{ms}ms'"
+    )
+}
+
+/// Puts back the `lock_timeout` that [`bound_lock_timeout_sql`] saved.
+pub(crate) const RESTORE_LOCK_TIMEOUT: &str =
+    "SELECT set_config('lock_timeout', current_setting('queue_inbox.saved_lock_timeout'), true)";
 
 #[cfg(test)]
 mod tests {

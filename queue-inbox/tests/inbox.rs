@@ -414,6 +414,210 @@ async fn a_business_key_is_done_once_across_different_jobs() {
         .is_none());
 }
 
+/// A `ship_order` job keyed by `order-7` on a queue where a `send_invoice`
+/// job with id `order-7` committed its effect. The key is per queue (the
+/// documented contract), so the row is the invoice's: the shipping job is
+/// refused with a permanent `KeyCollision` naming both types instead of
+/// being told "already done" (before: `Ok(true)`, the order was never
+/// shipped and nothing said why). A key shared on purpose still counts; a
+/// row written before the `job_type` column (NULL) counts as before.
+#[tokio::test]
+async fn a_key_claimed_by_another_job_type_is_refused_not_taken_as_done() {
+    let Some(env) = setup().await else { return };
+    let invoice = JobContext::for_test_of_type("send_invoice", "order-7", Q, 1);
+    assert!(!env.deliver(&invoice, None).await.unwrap());
+
+    let ship = JobContext::for_test_of_type("ship_order", "ship-7", Q, 1);
+    let err = env.deliver(&ship, Some("order-7")).await.unwrap_err();
+    match &err {
+        InboxError::KeyCollision {
+            job_id,
+            queue,
+            key,
+            owner,
+        } => {
+            assert_eq!(
+                (job_id.as_str(), queue.as_str(), key.as_str()),
+                ("ship-7", Q, "order-7")
+            );
+            assert_eq!(
+                (
+                    owner.job_type.as_deref(),
+                    owner.job_id.as_str(),
+                    owner.status
+                ),
+                (Some("send_invoice"), "order-7", InboxStatus::Done)
+            );
+        }
+        other => panic!("expected KeyCollision, got {other:?}"),
+    }
+    assert_eq!(err.job_id().map(|id| id.as_str()), Some("ship-7"));
+    assert!(
+        !err.into_job_error().is_retryable(),
+        "a collision is permanent"
+    );
+    assert_eq!(env.effects_of("ship-7").await, 0);
+
+    // The same type with the same key: done once, as before.
+    let again = JobContext::for_test_of_type("send_invoice", "order-7-again", Q, 1);
+    assert!(env.deliver(&again, Some("order-7")).await.unwrap());
+
+    // Sharing on purpose: the other type's done row counts.
+    let mut client = connect(&env.url).await;
+    let tx = client.transaction().await.unwrap();
+    let shared = env
+        .inbox
+        .delivery(&ship, &tx)
+        .key("order-7")
+        .share_key_across_types();
+    assert!(shared.already_done().await.unwrap());
+    tx.rollback().await.unwrap();
+
+    // A row from before the upgrade has no type: it counts for any type.
+    env.client
+        .execute(
+            &format!(
+                "UPDATE \"{}\" SET job_type = NULL WHERE key = 'order-7'",
+                env.inbox.table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(env.deliver(&ship, Some("order-7")).await.unwrap());
+    let rec = env
+        .inbox
+        .record(&env.client, Q, "order-7")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.job_type, None);
+    assert_eq!(rec.job_id.as_str(), "order-7");
+}
+
+/// A table made by a version without the `job_type` column, with a done row:
+/// `migrate` adds the column, the old row reads back (type `None`) and still
+/// stops a redelivery; a new claim records its type.
+#[tokio::test]
+async fn migrate_adds_the_job_type_column_and_rows_from_before_still_count() {
+    let Some(env) = setup().await else { return };
+    let table = env.inbox.table().to_string();
+    env.client
+        .batch_execute(&format!("ALTER TABLE \"{table}\" DROP COLUMN job_type"))
+        .await
+        .unwrap();
+    env.client
+        .execute(
+            &format!(
+                "INSERT INTO \"{table}\" (queue, key, job_id, status, fence, attempts, worker, \
+                 finished_at) VALUES ($1, 'old-1', 'old-1', 'done', 1, 1, 'w:1', now())"
+            ),
+            &[&Q],
+        )
+        .await
+        .unwrap();
+    env.inbox
+        .migrate(&env.client)
+        .await
+        .expect("migrate adds the column");
+    let old = env
+        .inbox
+        .record(&env.client, Q, "old-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((old.status, old.job_type), (InboxStatus::Done, None));
+    let redelivery = JobContext::for_test_of_type("charge", "old-1", Q, 2);
+    assert!(env.deliver(&redelivery, None).await.unwrap());
+    let fresh = JobContext::for_test_of_type("charge", "new-1", Q, 1);
+    assert!(!env.deliver(&fresh, None).await.unwrap());
+    let rec = env
+        .inbox
+        .record(&env.client, Q, "new-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.job_type.as_deref(), Some("charge"));
+}
+
+/// A delivery whose inbox row another transaction holds (the worker of the
+/// first delivery stopped without dying: its transaction stays open) fails
+/// with the retryable `LockTimeout` naming the job and queue once the
+/// inbox's lock timeout ran out, in both places it can wait: the claim's
+/// insert (the other transaction's claim not committed) and the lock of an
+/// existing row. Before, it waited as long as the other transaction stayed
+/// open (the guard below fails on that). The handler's own statements keep
+/// the transaction's `lock_timeout`.
+#[tokio::test]
+async fn a_delivery_behind_a_stuck_transaction_fails_retryably_within_the_lock_timeout() {
+    let Some(mut env) = setup().await else { return };
+    env.inbox = env
+        .inbox
+        .clone()
+        .with_lock_timeout(Duration::from_millis(300));
+    let expect_lock_timeout = |err: InboxError, what: &str| {
+        match &err {
+            InboxError::LockTimeout {
+                job_id, queue, key, ..
+            } => assert_eq!(
+                (job_id.as_str(), queue.as_str(), key.as_str()),
+                ("stuck-1", Q, "stuck-1"),
+                "{what}"
+            ),
+            other => panic!("{what}: expected LockTimeout, got {other:?}"),
+        }
+        assert!(!err.is_permanent(), "{what}");
+        assert!(err.into_job_error().is_retryable(), "{what}");
+    };
+
+    // 1. The first delivery's claim is not committed: the insert waits.
+    let mut stuck = connect(&env.url).await;
+    let open = stuck.transaction().await.unwrap();
+    env.claim_and_apply(&open, &JobContext::for_test("stuck-1", Q, 1))
+        .await;
+    let second = tokio::time::timeout(T, env.deliver(&JobContext::for_test("stuck-1", Q, 2), None))
+        .await
+        .expect("the delivery gives up on the lock instead of waiting for the open transaction");
+    expect_lock_timeout(second.unwrap_err(), "claim behind an uncommitted claim");
+    open.rollback().await.unwrap();
+
+    // 2. A committed row locked by another transaction: the row lock waits.
+    env.claim_and_commit(&JobContext::for_test("stuck-1", Q, 3))
+        .await;
+    let open = stuck.transaction().await.unwrap();
+    open.execute(
+        &format!(
+            "SELECT 1 FROM \"{}\" WHERE queue = $1 AND key = 'stuck-1' FOR UPDATE",
+            env.inbox.table()
+        ),
+        &[&Q],
+    )
+    .await
+    .unwrap();
+    let third = tokio::time::timeout(T, env.deliver(&JobContext::for_test("stuck-1", Q, 4), None))
+        .await
+        .expect("the delivery gives up on the row lock instead of waiting");
+    expect_lock_timeout(third.unwrap_err(), "lock of a committed row");
+    open.rollback().await.unwrap();
+    // Once the transaction ended, the next delivery takes the row over.
+    assert!(!env
+        .deliver(&JobContext::for_test("stuck-1", Q, 5), None)
+        .await
+        .unwrap());
+
+    // The transaction's own lock_timeout is back after already_done().
+    let mut client = connect(&env.url).await;
+    let tx = client.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL lock_timeout = '7s'")
+        .await
+        .unwrap();
+    let ctx = JobContext::for_test("other-1", Q, 1);
+    assert!(!env.inbox.delivery(&ctx, &tx).already_done().await.unwrap());
+    let setting: String = tx.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0);
+    assert_eq!(setting, "7s");
+    tx.rollback().await.unwrap();
+}
+
 #[tokio::test]
 async fn the_context_extension_uses_the_default_table() {
     let Some(url) = postgres::require() else {

@@ -32,7 +32,23 @@ use crate::table::TableName;
 pub const DEFAULT_BATCH_SIZE: usize = 100;
 
 /// What one [`Relay::publish_batch`] did.
+///
+/// `#[non_exhaustive]`: a later version may add a field without breaking
+/// your code. Outside this crate build one (in a test, say) from `Default`
+/// and set its fields; a struct expression does not compile:
+///
+/// ```
+/// let mut expected = queue_outbox::RelayReport::default();
+/// expected.selected = 2;
+/// expected.published = 2;
+/// assert_eq!(expected.failed, 0);
+/// ```
+///
+/// ```compile_fail,E0639
+/// let expected = queue_outbox::RelayReport { published: 2, ..Default::default() };
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RelayReport {
     /// Unpublished rows the batch locked.
     pub selected: usize,

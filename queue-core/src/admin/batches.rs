@@ -109,8 +109,19 @@ pub struct DagStepInfo {
     pub after: Vec<String>,
 }
 
-/// Everything about one batch.
+/// Everything about one batch ([`Admin::batch_detail`](crate::admin::Admin::batch_detail)).
+///
+/// `#[non_exhaustive]`: a later version may add a field without breaking
+/// your code, so it is read, not built, outside this crate (not even from
+/// another one):
+///
+/// ```compile_fail,E0639
+/// fn copy(d: queue_core::admin::BatchDetail) -> queue_core::admin::BatchDetail {
+///     queue_core::admin::BatchDetail { ..d }
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct BatchDetail {
     /// Its home queue.
     pub queue: String,

@@ -1450,20 +1450,31 @@ local function wf_bad_count(name, v)
   return nil
 end
 
--- A child of flow `bkey` counted as failed under the `fail` policy, as `failed_child`
--- names one ('<id>: <reason>'), for a fire whose `failed_child` was cleared (the child it
--- named was replayed: wf_unfinish) while another failure is still counted. Reads the
--- results hash (rare: only then). Never raises; '?' when none is found.
+-- The child of flow `bkey` counted as failed under the `fail` policy first
+-- (in the order the flow counted them: `failed_seq:<id>`, from the `fail_seq`
+-- counter, wf_finished), as `failed_child` names one ('<id>: <reason>'), for
+-- a fire whose `failed_child` was cleared (the child it named was replayed:
+-- wf_unfinish) while another failure is still counted. A child counted
+-- before the sequence was kept (no `failed_seq:`) comes after those with one;
+-- ties go to the lowest id. Before, the first in HGETALL order was named
+-- (the results hash's order: arbitrary). Reads the results hash (rare: only
+-- then). Never raises; '?' when none is found.
 local function wf_first_failed(bkey)
   local r = redis.pcall('HGETALL', bkey .. ':results')
   if type(r) ~= 'table' or r['err'] then return '?' end
   local default = redis.call('HGET', bkey, 'policy')
+  local best, best_seq, best_reason
   for i = 1, #r, 2 do
-    if string.sub(r[i + 1], 1, 4) == 'err:' and (redis.call('HGET', bkey, 'policy:' .. r[i]) or default) == 'fail' then
-      return r[i] .. ': ' .. utf8_cut(string.sub(r[i + 1], 5), 200)
+    local id = r[i]
+    if string.sub(r[i + 1], 1, 4) == 'err:' and (redis.call('HGET', bkey, 'policy:' .. id) or default) == 'fail' then
+      local seq = tonumber(redis.call('HGET', bkey, 'failed_seq:' .. id)) or math.huge
+      if not best or seq < best_seq or (seq == best_seq and id < best) then
+        best, best_seq, best_reason = id, seq, string.sub(r[i + 1], 5)
+      end
     end
   end
-  return '?'
+  if not best then return '?' end
+  return best .. ': ' .. utf8_cut(best_reason, 200)
 end
 
 -- Fires batch `bkey` once it is sealed and every member finished: the
@@ -1561,6 +1572,10 @@ wf_finished = function(bkey, id, outcome, detail, now)
       if policy == 'fail' then
         redis.call('HINCRBY', bkey, 'failed', 1)
         redis.call('HSETNX', bkey, 'failed_child', id .. ': ' .. utf8_cut(detail or outcome, 200))
+        -- Its place among the failures, for wf_first_failed (pcall: a corrupt
+        -- counter leaves the child without a place, after the others).
+        local seq = redis.pcall('HINCRBY', bkey, 'fail_seq', 1)
+        if type(seq) == 'number' then redis.call('HSET', bkey, 'failed_seq:' .. id, seq) end
       end
     end
   end
@@ -1618,6 +1633,7 @@ local function wf_unfinish(bkey, id)
     redis.pcall('HDEL', bkey .. ':results', id)
     if (p[3] or p[4]) == 'fail' then
       redis.call('HINCRBY', bkey, 'failed', -1)
+      redis.call('HDEL', bkey, 'failed_seq:' .. id)
       -- It is no failure any more: the parent's dead reason must not name it (the fire
       -- names another failed child, wf_first_failed). Before, it stayed named.
       local named = redis.call('HGET', bkey, 'failed_child')

@@ -945,6 +945,62 @@ async fn a_replayed_child_that_succeeds_is_not_named_as_the_failure() {
     }
 }
 
+/// A `FailParent` flow of 20 children, 16 of which fail for good in an order
+/// that is not their id order; the first to fail is replayed (its
+/// `failed_child` cleared) and succeeds. The parent's dead reason names the
+/// *second* child to fail, as the flow counted them (`failed_seq:<id>`),
+/// not the first the results hash yields. The results hash is a hashtable
+/// here (`hash-max-listpack-entries 0`), whose order a fresh server's random
+/// seed shuffles: three rounds, each on its own server. Before, the reason
+/// named the first failed child in `HGETALL` order (any of the 15).
+#[tokio::test]
+async fn the_parent_names_the_child_that_failed_first_after_a_replay() {
+    let failing = [
+        7, 4, 12, 1, 19, 9, 2, 15, 0, 11, 5, 17, 8, 14, 3, 10, //
+    ];
+    for round in 0..3 {
+        let mut fx = Fx::start().await;
+        fx.cmd(&["CONFIG", "SET", "hash-max-listpack-entries", "0"])
+            .await;
+        let keys = fx.keys.clone();
+        let job = |id: &str| JobSpec::raw(Q, "t", 1, 1, vec![0xc0]).id(id);
+        let ids: Vec<String> = (0..20).map(|i| format!("c{i:02}")).collect();
+        let mut flow = crate::Flow::new(job("P"));
+        for id in &ids {
+            flow = flow.child(job(id));
+        }
+        flow.enqueue(&fx.queue).await.unwrap();
+        let lease = Duration::from_secs(30);
+        let mut ds = fx.fetch(&keys, ids.len(), lease).await;
+        assert_eq!(ds.len(), ids.len());
+        // Each round its own failure order (rotated), never the id order.
+        let mut order: Vec<String> = failing.iter().map(|i| format!("c{i:02}")).collect();
+        order.rotate_left(round * 5);
+        for id in &order {
+            let i = ds.iter().position(|d| d.id.as_str() == id).unwrap();
+            let d = ds.remove(i);
+            fx.fail_for_good(&d).await;
+        }
+        // The others succeed, but one, which finishes the flow last.
+        let last = ds.pop().unwrap();
+        fx.ack(&keys, &ds).await.unwrap();
+        fx.replay(&order[0]).await;
+        let again = fx.fetch(&keys, 1, lease).await;
+        assert_eq!(again[0].id.as_str(), order[0]);
+        fx.ack(&keys, &again).await.unwrap();
+        fx.ack(&keys, std::slice::from_ref(&last)).await.unwrap();
+        let reason = fx
+            .text(&["HGET", &keys.job("P"), "dead_reason"])
+            .await
+            .expect("the parent is dead");
+        let expected = format!("15 child(ren) failed, first {}: boom", order[1]);
+        assert!(
+            reason.contains(&expected),
+            "round {round}: {reason:?}, expected {expected:?}"
+        );
+    }
+}
+
 /// 101 notices of a cross-queue batch's members, all applicable, behind an
 /// unreadable one, while the members' queue's dead-notice list holds
 /// another type (corrupt data). The relay applies and removes all 101 (the
