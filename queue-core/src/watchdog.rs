@@ -33,8 +33,11 @@ pub struct WatchdogConfig {
     /// An id found in processing without a lease is treated as leased for this
     /// long from the moment the watchdog first sees it (DESIGN rule 4).
     pub orphan_grace: Duration,
-    /// How many of the oldest processing entries each pass checks for a lease;
-    /// at least 1 ([`Watchdog::connect`] refuses 0 with [`QueueError::Config`]).
+    /// How many processing entries each reclaim call checks for a lease,
+    /// from a position that moves on by as many a call (oldest first, back
+    /// to the oldest past the newest: [`QueueKeys::orphan_cursor`]), so every
+    /// entry is checked within `len / orphan_scan` calls; at least 1
+    /// ([`Watchdog::connect`] refuses 0 with [`QueueError::Config`]).
     pub orphan_scan: usize,
     /// Backoff before a reclaimed job runs again (jittered, by attempts).
     pub backoff: Backoff,
