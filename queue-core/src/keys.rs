@@ -28,6 +28,7 @@
 //! | `q:{<queue>}:notify:<id>` | list | wake-ups of the producers waiting for job `<id>`'s result, expires after 60 s |
 //! | `q:{<queue>}:pending` | hash | callback id → batch key of each callback of a sealed batch on this queue not created yet (its waiters count in the batch hash, field `notify:<id>`); written at the seal, removed when the batch fires (docs/RESULTS.md) |
 //! | `q:{<queue>}:relay` | list | cross-queue relay notices written by this queue's batch members for batches on other queues, oldest first; `:relay:seq` numbers them, `:relay:dead` keeps those that could not be applied, with the reason (docs/WORKFLOWS.md) |
+//! | `q:{<queue>}:orphan:cursor` | string | where the watchdog's next orphan scan of processing starts (entries from its tail), absent while it starts at the tail |
 //! | `q:{<queue>}:guard` | never written | declared by scripts that reach undeclared keys, so they never run on a migrating cluster slot |
 //!
 //! ```
@@ -195,6 +196,21 @@ impl QueueKeys {
     /// corrupt), newest first, each `<reason>\n<notice>`.
     pub fn relay_dead(&self) -> String {
         format!("q:{{{}}}:relay:dead", self.queue)
+    }
+
+    /// Where the watchdog's next orphan scan of `processing` starts: a count
+    /// of entries from its tail (a string). Each reclaim call looks at
+    /// `orphan_scan` entries from there for ids without a lease and moves
+    /// it on by as many, back to the tail past the head, so every entry is
+    /// looked at within `len / orphan_scan` calls (`reclaim.lua`). Absent
+    /// while the scan starts at the tail.
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.orphan_cursor(), "q:{emails}:orphan:cursor");
+    /// ```
+    pub fn orphan_cursor(&self) -> String {
+        format!("q:{{{}}}:orphan:cursor", self.queue)
     }
 
     /// The step results of job `id`.

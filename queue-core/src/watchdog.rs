@@ -33,8 +33,11 @@ pub struct WatchdogConfig {
     /// An id found in processing without a lease is treated as leased for this
     /// long from the moment the watchdog first sees it (DESIGN rule 4).
     pub orphan_grace: Duration,
-    /// How many of the oldest processing entries each pass checks for a lease;
-    /// at least 1 ([`Watchdog::connect`] refuses 0 with [`QueueError::Config`]).
+    /// How many processing entries each reclaim call checks for a lease,
+    /// from a position that moves on by as many a call (oldest first, back
+    /// to the oldest past the newest: [`QueueKeys::orphan_cursor`]), so every
+    /// entry is checked within `len / orphan_scan` calls; at least 1
+    /// ([`Watchdog::connect`] refuses 0 with [`QueueError::Config`]).
     pub orphan_scan: usize,
     /// Backoff before a reclaimed job runs again (jittered, by attempts).
     /// `base` at most `max`, `max` at most 30 days ([`Backoff::validate`],
@@ -49,7 +52,9 @@ pub struct WatchdogConfig {
     /// (with their hashes and step results); 0: no limit. Default 10,000.
     pub dead_max_len: usize,
     /// Each pass deletes dead letters older than this; zero: kept forever.
-    /// Default 7 days. At most `batch` dead letters are deleted per pass.
+    /// Default 7 days. At most `batch` dead letters are deleted per script
+    /// call; a pass calls again while a call deleted its whole `batch` and
+    /// more may be due (like the reclaim and the promotion).
     pub dead_retention: Duration,
 }
 
@@ -254,12 +259,9 @@ impl Watchdog {
                     }
                 }
             }
-            match self.trim_dead(&mut conn, keys).await {
-                Ok(n) => report.trimmed += n,
-                Err(e) => {
-                    if !go_on("dead-letter trim", e) {
-                        break 'steps;
-                    }
+            if let Err(e) = self.trim_dead(&mut conn, keys, &mut report).await {
+                if !go_on("dead-letter trim", e) {
+                    break 'steps;
                 }
             }
             // The relay's safety net (a worker relays its own queue's notices
@@ -334,25 +336,41 @@ impl Watchdog {
         }
     }
 
-    /// One bounded trim of the queue's dead-letter list (at most `batch`
-    /// ids); the number of dead letters deleted.
-    async fn trim_dead(&self, conn: &mut RedisConnection, keys: &QueueKeys) -> Result<u64> {
+    /// Trims the queue's dead-letter list, `batch` ids per script call,
+    /// until a call deletes fewer (nothing more is due) or the list is back
+    /// at `dead_max_len` with no retention to apply; the number of dead
+    /// letters deleted, added to `report` as each call answers (the counts
+    /// of the calls before a failing one are kept). Before, one call per
+    /// pass: a dead-letter storm of 3,000 over a cap of 1,000 left 2,500
+    /// after the pass, and the cap held only after several passes.
+    async fn trim_dead(
+        &self,
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        report: &mut ReclaimReport,
+    ) -> Result<()> {
         let cfg = &self.config;
         if cfg.dead_max_len == 0 && cfg.dead_retention.is_zero() {
-            return Ok(0);
+            return Ok(());
         }
-        let reply = DeadTrim {
-            keys,
-            max_len: cfg.dead_max_len,
-            retention: cfg.dead_retention,
-            limit: cfg.batch,
+        loop {
+            let reply = DeadTrim {
+                keys,
+                max_len: cfg.dead_max_len,
+                retention: cfg.dead_retention,
+                limit: cfg.batch,
+            }
+            .run(conn)
+            .await?;
+            report.trimmed += reply.trimmed;
+            if reply.trimmed > 0 {
+                debug!(queue = %keys.queue, trimmed = reply.trimmed, remaining = reply.remaining, "dead letters trimmed");
+            }
+            let capped = cfg.dead_max_len > 0 && reply.remaining <= cfg.dead_max_len as u64;
+            if reply.trimmed < cfg.batch as u64 || (capped && cfg.dead_retention.is_zero()) {
+                return Ok(());
+            }
         }
-        .run(conn)
-        .await?;
-        if reply.trimmed > 0 {
-            debug!(queue = %keys.queue, trimmed = reply.trimmed, remaining = reply.remaining, "dead letters trimmed");
-        }
-        Ok(reply.trimmed)
     }
 
     /// Runs passes every `interval` until `stop` completes, also in the

@@ -556,7 +556,7 @@ async fn exists(c: &mut redis::aio::MultiplexedConnection, key: String) -> bool 
 }
 
 /// Each watchdog pass deletes the oldest dead letters beyond `dead_max_len`
-/// (at most `batch` per pass) and those older than `dead_retention`, with
+/// (at most `batch` per script call) and those older than `dead_retention`, with
 /// their hashes and step results, and counts them.
 #[tokio::test]
 async fn the_watchdog_trims_dead_letters_by_length_and_age_a_bounded_number_per_pass() {
@@ -595,6 +595,48 @@ async fn the_watchdog_trims_dead_letters_by_length_and_age_a_bounded_number_per_
     assert!(exists(&mut c, keys.job("d2")).await && exists(&mut c, keys.steps("d2")).await);
     let trimmed: u64 = c.hget(&keys.stats, "trimmed").await.unwrap();
     assert_eq!(trimmed, 2);
+}
+
+/// Scenario: a dead-letter storm leaves 3 × `batch` dead letters on a
+/// queue whose cap is `batch`. One watchdog pass brings the list back to
+/// the cap: the trim calls again while a call deleted its whole batch and
+/// the list is still over the cap. Before, a pass made one call: 30 over a
+/// cap of 10 left 20 (3,000 over 1,000 left 2,500 with the default batch).
+#[tokio::test]
+async fn one_watchdog_pass_trims_a_dead_letter_storm_back_to_the_cap() {
+    let (_server, url, _queue) = setup().await;
+    let keys = QueueKeys::new("storm");
+    let mut c = redis_conn(&url).await;
+    let batch = 10;
+    for i in 0..3 * batch {
+        dead_letter(&mut c, &keys, &format!("d{i}"), now_ms()).await;
+    }
+    let dog = Watchdog::connect(
+        &url,
+        ["storm"],
+        WatchdogConfig {
+            dead_max_len: batch,
+            dead_retention: Duration::ZERO,
+            batch,
+            ..WatchdogConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let report = dog.run_once().await.unwrap();
+    assert_eq!(report.trimmed, 2 * batch as u64);
+    let len: usize = c.llen(&keys.dead).await.unwrap();
+    assert!(
+        len <= batch,
+        "{len} dead letters left over a cap of {batch}"
+    );
+    // The newest stay (dead_letter pushes at the head).
+    let left: Vec<String> = c.lrange(&keys.dead, 0, -1).await.unwrap();
+    let newest: Vec<String> = (2 * batch..3 * batch)
+        .rev()
+        .map(|i| format!("d{i}"))
+        .collect();
+    assert_eq!(left, newest);
 }
 
 /// Scenario: a queue whose earliest delayed job is due at +inf (another

@@ -1,7 +1,8 @@
 //! `reclaim.lua`: one batch of a watchdog pass. Returns jobs whose lease
 //! expired (jittered backoff) or dead-letters them when attempts are
 //! exhausted, and gives a provisional lease to unleased ids in processing
-//! (the BLMOVE → claim window, DESIGN rule 4). A stale processing entry
+//! (the BLMOVE → claim window, DESIGN rule 4), `orphan_scan` entries a call
+//! from a rotating position. A stale processing entry
 //! (of a dead or delayed job, or of a completed one) or a stale lease is
 //! dropped and the job left where it is (logged here with job id and queue).
 
@@ -17,8 +18,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<7> =
-    lua_script!("reclaim.lua", keys = 7, args = 8, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<8> =
+    lua_script!("reclaim.lua", keys = 8, args = 8, prelude(super::DRAIN));
 
 /// One reclaim batch of one queue.
 pub(crate) struct Reclaim<'a> {
@@ -31,7 +32,8 @@ pub(crate) struct Reclaim<'a> {
     pub(crate) backoff: &'a Backoff,
     /// Seeds the script's jitter.
     pub(crate) seed: u32,
-    /// Oldest processing entries checked for a lease.
+    /// Processing entries checked for a lease per call, from a position
+    /// that moves on by this much a call (`QueueKeys::orphan_cursor`).
     pub(crate) orphan_scan: usize,
 }
 
@@ -89,6 +91,7 @@ impl Reclaim<'_> {
                 &k.stats,
                 &k.guard,
                 &k.wake,
+                &k.orphan_cursor(),
             ])
             .arg(&k.job_prefix)
             .arg(self.batch)
@@ -172,29 +175,76 @@ mod tests {
         }
     }
 
-    /// Scenario: a long processing list (20,000 ids) whose 100 expired
-    /// deliveries sit at its tail, where the oldest deliveries are. The pass
-    /// looks each up from the tail (`LPOS … RANK -1`, as `MONITOR` shows
-    /// the script's calls): a few hundred comparisons each, not a walk of
-    /// the whole list. Before, `LPOS` scanned from the head: with 200,000
-    /// ids and 500 expired, 10^8 comparisons in one script, Redis blocked
-    /// for seconds. (The lookup's answer is only "in the list or not", so
-    /// no outcome tells the directions apart; the calls do, deterministically,
-    /// where a slow-log bound depended on the machine's speed.)
-    #[tokio::test]
-    async fn expired_ids_at_the_tail_of_a_long_processing_list_are_found_from_the_tail() {
-        let (server, mut conn) = test_redis().await;
-        let keys = QueueKeys::new("long");
-        let expired: Vec<String> = (0..100).map(|n| format!("expired-{n}")).collect();
-        rpush_ids(
-            &mut conn,
-            &keys.processing,
-            (0..19_900).map(|n| format!("running-{n}")),
-        )
-        .await;
-        rpush_ids(&mut conn, &keys.processing, expired.iter().cloned()).await;
+    /// The arguments of a `MONITOR` line (`… [0 lua] "LPOS" "key" "id"`),
+    /// the command first.
+    fn monitor_args(line: &str) -> Vec<String> {
+        let Some(first) = line.find('"') else {
+            return Vec::new();
+        };
+        line[first + 1..line.len() - 1]
+            .split("\" \"")
+            .map(String::from)
+            .collect()
+    }
+
+    /// How the script calls went over `list` (of `len` entries before the
+    /// call): lookups (`LPOS`), removals (`LREM`, with their count) and the
+    /// entries read by `LRANGE`.
+    #[derive(Debug, Default)]
+    struct ListCalls {
+        lookups: usize,
+        removal_counts: Vec<i64>,
+        read: usize,
+    }
+
+    impl ListCalls {
+        fn of(calls: &[String], list: &str, len: usize) -> Self {
+            let mut seen = ListCalls::default();
+            for args in calls.iter().map(|l| monitor_args(l)) {
+                if args.get(1).map(String::as_str) != Some(list) {
+                    continue;
+                }
+                let num = |i: usize| args[i].parse::<i64>().unwrap();
+                match args[0].as_str() {
+                    "LPOS" => seen.lookups += 1,
+                    "LREM" => seen.removal_counts.push(num(2)),
+                    "LRANGE" => {
+                        // Both ends counted from the tail (negative), as the
+                        // script reads; the start is clamped to the head.
+                        let (start, stop) = (num(2), num(3));
+                        assert!(start < 0 && stop < 0, "{args:?}");
+                        let first = start.unsigned_abs().min(len as u64);
+                        seen.read += (first + 1).saturating_sub(stop.unsigned_abs()) as usize;
+                    }
+                    _ => {}
+                }
+            }
+            seen
+        }
+
+        /// Walks of the whole list the calls cost at most: each lookup and
+        /// removal one, the entries read as a share of the list.
+        fn walks(&self, len: usize) -> f64 {
+            (self.lookups + self.removal_counts.len()) as f64 + self.read as f64 / len as f64
+        }
+    }
+
+    /// Ids in `processing` (of `len` ids, `running-<n>` from the head), `expired`
+    /// among them where `place` puts them, each leased until 1 (long expired)
+    /// with an `active` job hash; the running ones leased far ahead.
+    async fn long_processing_list(
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        running: usize,
+        expired: &[String],
+        expired_at_head: usize,
+    ) -> Vec<String> {
+        let running: Vec<String> = (0..running).map(|n| format!("running-{n}")).collect();
+        let (head, tail) = expired.split_at(expired_at_head);
+        let listed = head.iter().chain(&running).chain(tail).cloned();
+        rpush_ids(conn, &keys.processing, listed).await;
         let mut pipe = redis::pipe();
-        for id in &expired {
+        for id in expired {
             pipe.cmd("HSET")
                 .arg(keys.job(id))
                 .arg(&[
@@ -205,7 +255,42 @@ mod tests {
                 .ignore();
             pipe.cmd("ZADD").arg(&keys.leases).arg(1).arg(id).ignore();
         }
-        let _: () = pipe.query_async(&mut conn).await.unwrap();
+        for chunk in running.chunks(10_000) {
+            pipe.cmd("ZADD").arg(&keys.leases);
+            for id in chunk {
+                pipe.arg("9000000000000").arg(id);
+            }
+            pipe.ignore();
+        }
+        let _: () = pipe.query_async(conn).await.unwrap();
+        running
+    }
+
+    async fn processing(conn: &mut RedisConnection, keys: &QueueKeys) -> Vec<String> {
+        redis::cmd("LRANGE")
+            .arg(&keys.processing)
+            .arg(0)
+            .arg(-1)
+            .query_async(conn)
+            .await
+            .unwrap()
+    }
+
+    /// Scenario: a long processing list (20,000 ids) whose 100 expired
+    /// deliveries sit at its tail, where the oldest deliveries are. The pass
+    /// finds them from the tail: it reads a few hundred entries there and
+    /// removes them with one `LREM` from the tail, not a walk of the whole
+    /// list (as `MONITOR` shows the script's calls). Before an earlier fix, `LPOS`
+    /// scanned from the head: with 200,000 ids and 500 expired, 10^8
+    /// comparisons in one script, Redis blocked for seconds. The calls tell
+    /// the costs apart deterministically, where a slow-log bound depended on
+    /// the machine's speed. Every running id stays, in its order.
+    #[tokio::test]
+    async fn expired_ids_at_the_tail_of_a_long_processing_list_are_found_from_the_tail() {
+        let (server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("long");
+        let expired: Vec<String> = (0..100).map(|n| format!("expired-{n}")).collect();
+        let running = long_processing_list(&mut conn, &keys, 19_900, &expired, 0).await;
 
         let reclaim = Reclaim {
             batch: 100,
@@ -218,18 +303,126 @@ mod tests {
             assert_eq!(done.reclaimed, 100);
         })
         .await;
-        let lookups: Vec<&String> = calls.iter().filter(|l| l.contains("\"LPOS\"")).collect();
-        assert_eq!(lookups.len(), expired.len(), "one lookup per expired id");
-        let from_head: Vec<&&String> = lookups
-            .iter()
-            .filter(|l| !l.ends_with("\"RANK\" \"-1\""))
-            .collect();
+        let list = ListCalls::of(&calls, &keys.processing, 20_000);
+        assert_eq!(list.lookups, 0, "{list:?}");
+        assert_eq!(list.removal_counts, [-100], "one LREM, from the tail");
         assert!(
-            from_head.is_empty(),
-            "{} lookups from the head, e.g. {:?}",
-            from_head.len(),
-            from_head.first()
+            list.read <= 4 * expired.len(),
+            "read {} entries to find {} at the tail",
+            list.read,
+            expired.len()
         );
+        assert_eq!(processing(&mut conn, &keys).await, running);
+    }
+
+    /// Scenario: the same list with its 100 expired deliveries at the head,
+    /// behind 20,000 running ones (long-running jobs that extend their
+    /// leases, and short ones of a worker that died). The pass walks the
+    /// list a bounded number of times whatever the batch: it reads it once
+    /// from the tail and removes the taken entries with one `LREM`. Before,
+    /// each expired id cost one `LPOS` and one `LREM` from the tail over
+    /// the whole list: 200 walks here; with 100,000 running and 500 expired,
+    /// 1.7 s in one script, and past the 5 s response timeout at ~300,000.
+    /// Every running id stays, in its order.
+    #[tokio::test]
+    async fn expired_ids_at_the_head_of_a_long_processing_list_cost_a_bounded_number_of_walks() {
+        let (server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("long");
+        let expired: Vec<String> = (0..100).map(|n| format!("expired-{n}")).collect();
+        let running = long_processing_list(&mut conn, &keys, 20_000, &expired, 100).await;
+
+        let reclaim = Reclaim {
+            batch: 100,
+            orphan_scan: 1,
+            ..Reclaim::for_tests(&keys)
+        };
+        let mut c = conn.clone();
+        let calls = script_commands(&server.url(), &mut conn, async move {
+            let done = reclaim.run(&mut c).await.unwrap();
+            assert_eq!(done.reclaimed, 100);
+        })
+        .await;
+        let len = running.len() + expired.len();
+        let list = ListCalls::of(&calls, &keys.processing, len);
+        assert!(
+            list.walks(len) <= 3.0,
+            "the pass walked processing {:.1} times: {list:?}",
+            list.walks(len)
+        );
+        assert_eq!(processing(&mut conn, &keys).await, running);
+    }
+
+    /// Scenario: 100 expired deliveries, 95 at the tail of a 20,000-id list
+    /// and 5 at its head. The walk finds the 95 in its first chunk; the 5
+    /// left are looked up one by one (`LPOS`, cheaper than reading the rest
+    /// of the list for so few), and their positions, counted from the head,
+    /// mark the right entries: all 100 leave processing, every running id
+    /// stays, in its order.
+    #[tokio::test]
+    async fn expired_ids_at_both_ends_of_a_long_processing_list_are_all_taken() {
+        let (server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("ends");
+        let expired: Vec<String> = (0..100).map(|n| format!("expired-{n}")).collect();
+        let running = long_processing_list(&mut conn, &keys, 20_000, &expired, 5).await;
+
+        let reclaim = Reclaim {
+            batch: 100,
+            orphan_scan: 1,
+            ..Reclaim::for_tests(&keys)
+        };
+        let mut c = conn.clone();
+        let calls = script_commands(&server.url(), &mut conn, async move {
+            let done = reclaim.run(&mut c).await.unwrap();
+            assert_eq!((done.reclaimed, done.dead_lettered), (100, 0));
+        })
+        .await;
+        let list = ListCalls::of(&calls, &keys.processing, running.len() + expired.len());
+        assert_eq!(list.lookups, 5, "{list:?}");
+        assert_eq!(processing(&mut conn, &keys).await, running);
+    }
+
+    /// Scenario: 200 deliveries whose workers extend their leases, and at
+    /// the head of processing one id without a lease (its worker died
+    /// between BLMOVE and the claim), with an orphan scan of 100. The scan
+    /// moves on by 100 entries a call, so the third call reaches the head
+    /// and gives the id its provisional lease; the position then goes back
+    /// to the tail. Before, every call looked at the oldest 100 entries
+    /// only: the orphan waited until 101 of the 200 had finished.
+    #[tokio::test]
+    async fn an_orphan_behind_more_running_deliveries_than_the_scan_is_adopted() {
+        let (_server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("behind");
+        let running = long_processing_list(&mut conn, &keys, 200, &[], 0).await;
+        let _: () = redis::cmd("LPUSH")
+            .arg(&keys.processing)
+            .arg("orphan")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let reclaim = Reclaim::for_tests(&keys);
+        assert_eq!(reclaim.orphan_scan, 100);
+
+        let mut adopted = 0;
+        for _ in 0..3 {
+            adopted += reclaim.run(&mut conn).await.unwrap().adopted;
+        }
+        assert_eq!(adopted, 1);
+        let lease: Option<f64> = redis::cmd("ZSCORE")
+            .arg(&keys.leases)
+            .arg("orphan")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(lease.is_some(), "the orphan has its provisional lease");
+        let mut listed = vec!["orphan".to_string()];
+        listed.extend(running);
+        assert_eq!(processing(&mut conn, &keys).await, listed);
+        let cursor: Option<String> = redis::cmd("GET")
+            .arg(keys.orphan_cursor())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(cursor, None, "back to the tail after the head");
     }
 
     /// An orphan scan of 0 is refused before any write. Before, the pass
