@@ -50,6 +50,11 @@ pub struct Task {
     pub permanent: bool,
     /// Track how many `task`s run at once (`ledger:running`, `ledger:max_running`).
     pub probe_concurrency: bool,
+    /// With `probe_concurrency`: once counted as running, wait until this
+    /// many `task`s have run at once (`ledger:max_running`; at most a
+    /// minute) before the sleep, so a cap of that many is reached however
+    /// slow the machine is. Only the first jobs wait.
+    pub hold_until_running: u64,
     /// During the sleep, stop when an operator cancels the job: record it in
     /// `ledger:cancelled` and return a retryable error.
     pub cooperative_cancel: bool,
@@ -80,6 +85,14 @@ pub async fn task(ctx: JobContext, t: Task) -> Result<(), JobError> {
         .key("ledger:max_running")
         .invoke_async(&mut c)
         .await?;
+        let held = std::time::Instant::now();
+        while t.hold_until_running > 0 && held.elapsed() < Duration::from_secs(60) {
+            let most: u64 = c.get("ledger:max_running").await?;
+            if most >= t.hold_until_running {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     if t.sleep_ms > 0 && (t.sleep_attempts == 0 || ctx.attempt() <= t.sleep_attempts) {
         let sleep = tokio::time::sleep(Duration::from_millis(t.sleep_ms));
@@ -373,6 +386,11 @@ pub struct Bill {
     /// Sleep after the charge step on the first attempt (a window in which
     /// to kill the worker).
     pub sleep_after_charge_ms: u64,
+    /// With `sleep_after_charge_ms`: the first attempt's sleep also ends
+    /// once another delivery of the job recorded its receipt, so the first
+    /// delivery outlives its redelivery however slow the machine is.
+    #[serde(default)]
+    pub until_redelivered: bool,
 }
 
 /// A fake payment API: deduplicates by idempotency key, like real providers.
@@ -412,7 +430,15 @@ pub async fn bill(ctx: JobContext, b: Bill) -> Result<(), JobError> {
         })
         .await?;
     if b.sleep_after_charge_ms > 0 && ctx.attempt() == 1 {
-        tokio::time::sleep(Duration::from_millis(b.sleep_after_charge_ms)).await;
+        let sleep = tokio::time::sleep(Duration::from_millis(b.sleep_after_charge_ms));
+        if b.until_redelivered {
+            tokio::select! {
+                _ = sleep => {}
+                r = receipt_recorded(&b.ledger, ctx.job_id().as_str()) => r?,
+            }
+        } else {
+            sleep.await;
+        }
     }
     if ctx.attempt() <= b.fail_after_charge {
         return Err(JobError::retryable("mail provider unavailable"));
@@ -425,6 +451,18 @@ pub async fn bill(ctx: JobContext, b: Bill) -> Result<(), JobError> {
     .await?;
     ctx.set_result_ref(charge_id);
     Ok(())
+}
+
+/// Returns once job `id`'s receipt is in the ledger (polled every 20 ms).
+async fn receipt_recorded(ledger: &str, id: &str) -> Result<(), JobError> {
+    let mut c = ledger_conn(ledger).await?;
+    loop {
+        let recorded: bool = c.hexists("ledger:receipts", id).await?;
+        if recorded {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A job on queue `high`, for priority tests: appends `high:<seq>` to `ledger:prio`.

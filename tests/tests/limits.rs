@@ -180,18 +180,28 @@ async fn a_noisy_key_does_not_hold_back_other_keys() {
             == 5
     })
     .await;
+    // Not held back, counted in the noisy key's claims rather than in
+    // milliseconds (a stalled worker process delays the quiet claims by the
+    // Redis clock, while the noisy key's windows go on): no noisy job beyond
+    // its first window's 2 was claimed before the last quiet one. The noisy
+    // jobs past the limit are deferred (out of main) and promoted back
+    // behind the quiet ones. Held back, the quiet jobs would wait for all
+    // 20 (about 10 s). (Before: within 1,000 ms of the first claim by the
+    // Redis clock, which a stall of a loaded machine could pass.)
     let starts = limited::starts(&env.ledger_url).await;
-    let first = starts.iter().map(|s| s.claimed_ms).min().unwrap();
     let quiet_last = starts
         .iter()
         .filter(|s| s.tenant != "noisy")
         .map(|s| s.claimed_ms)
         .max()
         .unwrap();
+    let noisy_ahead = starts
+        .iter()
+        .filter(|s| s.tenant == "noisy" && s.claimed_ms < quiet_last)
+        .count();
     assert!(
-        quiet_last - first < 1_000,
-        "quiet keys waited {} ms: {starts:?}",
-        quiet_last - first
+        noisy_ahead <= 2,
+        "{noisy_ahead} noisy jobs were claimed before the last quiet one: {starts:?}"
     );
     let noisy_starts: Vec<&Start> = starts.iter().filter(|s| s.tenant == "noisy").collect();
     assert!(
@@ -239,9 +249,14 @@ async fn a_concurrency_cap_holds_across_processes_and_a_dead_workers_slot_return
     let mut procs: Vec<WorkerProcess> = (0..2)
         .map(|_| WorkerProcess::start(WORKER_BIN, &env.url, 4, 2000, 5000))
         .collect();
+    // The first job, once running, waits until a second one runs too: the
+    // cap is reached however slowly the processes claim (before, 150 ms
+    // jobs that a slow machine might never overlap); each job then runs
+    // 150 ms, in which a third one at once would show.
     env.enqueue_tasks(8, |t| queue_tests::Task {
         sleep_ms: 150,
         probe_concurrency: true,
+        hold_until_running: 2,
         ..t
     })
     .await;

@@ -134,23 +134,40 @@ mod tests {
         out
     }
 
+    /// The worker's arguments with `--metrics-listen` on a free port, its
+    /// listener already serving. A port picked free can be taken before it
+    /// is bound: the listener is then tried on a fresh one (4 tries). The
+    /// recorder is only installed once the listener is bound, so a failed
+    /// try leaves nothing installed.
+    fn args_serving_metrics(redis: &str) -> (Args, SocketAddr) {
+        let mut last = String::new();
+        for _ in 0..4 {
+            let port = queue_testkit::free_port().unwrap();
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            let args = Args::parse_from([
+                "worker",
+                "--redis",
+                redis,
+                "--metrics-listen",
+                &addr.to_string(),
+                "--concurrency",
+                "2",
+            ]);
+            match serve_metrics(addr) {
+                Ok(()) => return (args, addr),
+                Err(e) if e.contains("in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("no free port for the metrics listener after 4 tries: {last}")
+    }
+
     /// `--metrics-listen`: after a job ran, /metrics shows the counters and
     /// the duration histogram with queue and job_type labels.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn metrics_listen_exports_job_metrics() {
         let server = queue_testkit::RedisServer::start().expect("redis-server");
-        let port = queue_testkit::free_port().unwrap();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let args = Args::parse_from([
-            "worker",
-            "--redis",
-            &server.url(),
-            "--metrics-listen",
-            &addr.to_string(),
-            "--concurrency",
-            "2",
-        ]);
-        serve_metrics(args.metrics_listen.unwrap()).unwrap();
+        let (args, addr) = args_serving_metrics(&server.url());
         let queue = queue_core::Queue::connect(&server.url()).await.unwrap();
         send_welcome::enqueue(
             &queue,
@@ -171,16 +188,26 @@ mod tests {
         .await
         .unwrap();
         let worker = build(&args).await.unwrap();
-        let q = queue.clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn(worker.run_until(async move {
-            for _ in 0..100 {
-                let s = q.stats("emails").await.unwrap();
-                if s.counter("completed") == 1 && s.dead == 1 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let _ = stopped.await;
         }));
+        // Polled with a generous deadline that fails the test by itself
+        // (before, a 10 s loop that ended without failing, and the metric
+        // asserts below failed instead).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = queue.stats("emails").await.unwrap();
+            if s.counter("completed") == 1 && s.dead == 1 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "one job completed and one dead within 60 s: {s:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = stop.send(());
         run.await.unwrap().unwrap();
         let body = tokio::task::spawn_blocking(move || scrape(addr))
             .await

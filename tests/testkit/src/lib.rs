@@ -61,6 +61,9 @@ impl RedisServer {
             n
         ));
         std::fs::create_dir_all(&dir)?;
+        // Reserved until the value drops (through kills and restarts): no
+        // other server of this process is started on it meanwhile.
+        reserve_port(port);
         let mut server = RedisServer {
             child: None,
             port,
@@ -167,20 +170,34 @@ impl RedisServer {
 
     /// Starts the server again on the same port, directory and arguments
     /// (so an AOF or RDB file written before a [`kill`](Self::kill) is loaded).
+    ///
+    /// The same port, since clients reconnect to it. No server of this
+    /// process takes it while it is down: the port stays reserved for this
+    /// value ([`free_port`] never hands it out). Another process could still
+    /// bind it: the spawn is retried for 30 s (a socket on the port, say an
+    /// outgoing connection, may go away), then the error names the port.
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.kill();
-        // The port may linger briefly; retry the spawn for a few seconds.
         let start = Instant::now();
         loop {
             match self.spawn() {
                 Ok(()) => return Ok(()),
-                Err(e) if start.elapsed() < Duration::from_secs(10) => {
+                Err(e) if start.elapsed() < RESTART_RETRY => {
                     self.child.take().map(|mut c| {
                         let _ = c.kill();
                         c.wait()
                     });
                     let _ = e;
                     std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) if port_taken(&e) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::AddrInUse,
+                        format!(
+                            "redis-server cannot restart on port {}: another process bound it while the server was down, and kept it for {RESTART_RETRY:?} (clients reconnect to that port, so no other one will do): {e}",
+                            self.port
+                        ),
+                    ))
                 }
                 Err(e) => return Err(e),
             }
@@ -206,8 +223,43 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
+        release_port(self.port);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// How long [`RedisServer::restart`] retries binding its port.
+const RESTART_RETRY: Duration = Duration::from_secs(30);
+
+/// Ports of this process's [`RedisServer`]s, kept from the start until the
+/// value drops: a server being restarted is down for a moment, and its port
+/// must not go to another test's server meanwhile (its clients would
+/// reconnect to the wrong server, and the restart would fail).
+fn reserved_ports() -> &'static std::sync::Mutex<std::collections::HashSet<u16>> {
+    static PORTS: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<u16>>> =
+        std::sync::OnceLock::new();
+    PORTS.get_or_init(Default::default)
+}
+
+fn reserve_port(port: u16) {
+    reserved_ports()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(port);
+}
+
+fn release_port(port: u16) {
+    reserved_ports()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&port);
+}
+
+fn port_reserved(port: u16) -> bool {
+    reserved_ports()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&port)
 }
 
 /// Attempts of [`retry_on_fresh_port`].
@@ -254,13 +306,34 @@ pub fn command_stat(info: &str, command: &str, field: &str) -> u64 {
         .map_or(0, |v| v.trim().parse().expect("a commandstats count"))
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, and not the port
+/// of a [`RedisServer`] of this process (one that is down while it
+/// restarts has no socket on it, and the kernel could hand it out).
 ///
 /// Nothing keeps it free: for an address that must stay unreachable use
 /// [`RefusingPort`].
 pub fn free_port() -> std::io::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    free_port_from(|| TcpListener::bind("127.0.0.1:0"))
+}
+
+/// [`free_port`] with the listeners from `bind`: the first one on a port
+/// that is not reserved; the others stay bound until then, so the kernel
+/// does not hand the same port back.
+fn free_port_from(mut bind: impl FnMut() -> std::io::Result<TcpListener>) -> std::io::Result<u16> {
+    let mut skipped = Vec::new();
+    loop {
+        let listener = bind()?;
+        let port = listener.local_addr()?.port();
+        if !port_reserved(port) {
+            return Ok(port);
+        }
+        if skipped.len() >= 64 {
+            return Err(std::io::Error::other(
+                "every free port picked was reserved by a RedisServer",
+            ));
+        }
+        skipped.push(listener);
+    }
 }
 
 /// A port on 127.0.0.1 where nobody listens, for as long as this value
@@ -314,8 +387,34 @@ impl RefusingPort {
 
 #[cfg(test)]
 mod tests {
-    use super::retry_on_fresh_port;
+    use super::{free_port_from, retry_on_fresh_port, RedisServer};
     use std::io::{Error, ErrorKind};
+    use std::net::TcpListener;
+
+    /// A server killed for a restart has no socket on its port: the kernel
+    /// may hand the port to the next `bind(0)`, here forced by binding it
+    /// first. `free_port` passes over it, and the restart gets it back.
+    /// (Before, another test's server could be started on it meanwhile.)
+    #[test]
+    fn the_port_of_a_server_down_for_a_restart_is_not_handed_out() {
+        let mut server = RedisServer::start().expect("redis-server starts");
+        let port = server.port();
+        server.kill();
+        let mut first = true;
+        let picked = free_port_from(|| {
+            let addr = if std::mem::take(&mut first) {
+                ("127.0.0.1", port)
+            } else {
+                ("127.0.0.1", 0)
+            };
+            TcpListener::bind(addr)
+        })
+        .unwrap();
+        assert_ne!(picked, port, "the restarting server's port was handed out");
+        server.restart().expect("restarts on its port");
+        assert_eq!(server.port(), port);
+        assert!(server.command(&["PING"]).unwrap().contains("PONG"));
+    }
 
     #[test]
     fn a_taken_port_is_retried_and_other_errors_are_not() {
