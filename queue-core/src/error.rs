@@ -195,6 +195,7 @@ pub enum QueueError {
     /// in `written`: they were not written), and the message names it.
     #[error("batch on queue `{queue}` partly written ({} of {total} jobs): {source}{}",
         written.len(), refused_suffix(.refused))]
+    #[non_exhaustive]
     PartialBatch {
         /// Queue name.
         queue: String,

@@ -264,8 +264,13 @@ mod tests {
     #[tokio::test]
     async fn a_pooled_connection_past_its_idle_time_or_age_is_not_handed_out() {
         let server = queue_testkit::RedisServer::start().expect("redis-server starts");
+        // Bounds of seconds, not MAX_IDLE and MAX_AGE: the times below are
+        // set back by a bound, and `Instant` cannot go before the machine's
+        // boot (a CI machine up for less than MAX_AGE).
+        let (max_idle, max_age) = (Duration::from_secs(10), Duration::from_secs(20));
         let pool =
-            WaitConnections::new(&server.url(), &ConnectionConfig::default(), Duration::ZERO);
+            WaitConnections::new(&server.url(), &ConnectionConfig::default(), Duration::ZERO)
+                .with_bounds(max_idle, max_age);
         let first = one_wait(&pool).await;
         assert_eq!(
             one_wait(&pool).await,
@@ -273,10 +278,10 @@ mod tests {
             "a fresh idle connection is reused"
         );
 
-        // It sat idle for longer than MAX_IDLE.
+        // It sat idle for longer than its bound.
         pool.lock()[0].since = Instant::now()
-            .checked_sub(MAX_IDLE + Duration::from_secs(1))
-            .expect("the clock is past MAX_IDLE");
+            .checked_sub(max_idle + Duration::from_secs(1))
+            .expect("the machine is up for longer than the idle bound");
         let second = one_wait(&pool).await;
         assert_ne!(
             second, first,
@@ -284,10 +289,10 @@ mod tests {
         );
         assert_eq!(pool.lock().len(), 1, "the stale one left the pool");
 
-        // It connected longer than MAX_AGE ago (though used just now).
+        // It connected longer than its bound ago (though used just now).
         pool.lock()[0].born = Instant::now()
-            .checked_sub(MAX_AGE + Duration::from_secs(1))
-            .expect("the clock is past MAX_AGE");
+            .checked_sub(max_age + Duration::from_secs(1))
+            .expect("the machine is up for longer than the age bound");
         let third = one_wait(&pool).await;
         assert_ne!(third, second, "a too-old connection is not handed out");
 

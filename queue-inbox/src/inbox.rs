@@ -169,8 +169,32 @@ impl Inbox {
     /// assert_eq!(inbox.lock_timeout(), Duration::from_secs(5));
     /// assert_eq!(queue_inbox::Inbox::new().lock_timeout(), queue_inbox::DEFAULT_LOCK_TIMEOUT);
     /// ```
+    ///
+    /// PostgreSQL takes whole milliseconds up to `i32::MAX` (about 24.8
+    /// days): a bound below a millisecond waits one (`0 ms` would mean no
+    /// bound), and one at or above `i32::MAX` ms (`Duration::MAX` as "wait
+    /// without a bound") is `Duration::ZERO`, no bound. [`lock_timeout`]
+    /// answers the bound used.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let inbox = queue_inbox::Inbox::new();
+    /// assert_eq!(inbox.clone().with_lock_timeout(Duration::MAX).lock_timeout(), Duration::ZERO);
+    /// assert_eq!(
+    ///     inbox.with_lock_timeout(Duration::from_micros(10)).lock_timeout(),
+    ///     Duration::from_millis(1)
+    /// );
+    /// ```
+    ///
+    /// [`lock_timeout`]: Self::lock_timeout
     pub fn with_lock_timeout(mut self, bound: Duration) -> Self {
-        self.lock_timeout = bound;
+        const MAX_MS: u128 = i32::MAX as u128;
+        self.lock_timeout = match bound.as_millis() {
+            _ if bound.is_zero() => Duration::ZERO,
+            0 => Duration::from_millis(1),
+            ms if ms >= MAX_MS => Duration::ZERO,
+            _ => bound,
+        };
         self
     }
 

@@ -618,6 +618,33 @@ async fn a_delivery_behind_a_stuck_transaction_fails_retryably_within_the_lock_t
     tx.rollback().await.unwrap();
 }
 
+/// A bound PostgreSQL cannot take (`lock_timeout` is at most `i32::MAX`
+/// ms; `0 ms` is no bound) still lets deliveries claim their rows: a
+/// `Duration::MAX` or 40-day bound waits without one, a sub-millisecond one
+/// waits a millisecond. Before, the 40-day bound was sent as is, PostgreSQL
+/// refused it, and every delivery failed (retried until dead-lettered,
+/// never run); the sub-millisecond one was sent as `0ms`, no bound at all.
+#[tokio::test]
+async fn a_lock_timeout_postgres_cannot_take_does_not_fail_deliveries() {
+    let Some(mut env) = setup().await else { return };
+    for (n, bound) in [
+        Duration::MAX,
+        Duration::from_secs(40 * 86_400),
+        Duration::from_micros(10),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        env.inbox = env.inbox.clone().with_lock_timeout(bound);
+        let id = format!("bound-{n}");
+        let done = env
+            .deliver(&JobContext::for_test(&id, Q, 1), None)
+            .await
+            .unwrap_or_else(|e| panic!("{bound:?}: {e:?}"));
+        assert!(!done, "{bound:?}: a new key is claimed");
+    }
+}
+
 #[tokio::test]
 async fn the_context_extension_uses_the_default_table() {
     let Some(url) = postgres::require() else {

@@ -47,14 +47,21 @@ pub(crate) fn parse(regs: &[Registration]) -> Result<Vec<Periodic>> {
                     reg.name, reg.queue
                 ))
             })?;
-            // It parses, but no date after now matches it (the 30th of
-            // February, a year already past): the job would never run.
-            if schedule.upcoming(Utc).next().is_none() {
+            // It parses, but no date at all matches it (the 30th of
+            // February): the job would never run. A schedule whose dates
+            // are all past (`"0 0 9 * * * 2026"` in 2027) is only warned of:
+            // refused, every restart after its last date would fail the
+            // whole worker, whatever else it runs.
+            if schedule.after(&DateTime::<Utc>::UNIX_EPOCH).next().is_none() {
                 return Err(QueueError::Config(format!(
                     "job type `{}` on queue `{}`: cron expression {expr:?} never fires \
-                     (no date after now matches it)",
+                     (no date matches it: a day the month does not have?)",
                     reg.name, reg.queue
                 )));
+            }
+            if schedule.upcoming(Utc).next().is_none() {
+                warn!(job_type = reg.name, queue = reg.queue, cron = expr,
+                    "periodic job's schedule has no date after now: it will not fire again");
             }
             let firing = firing().map_err(|e| {
                 QueueError::Config(format!(
@@ -242,13 +249,15 @@ mod tests {
         );
     }
 
-    /// A schedule that parses but matches no date after now (a hand-written
+    /// A schedule that parses but matches no date at all (a hand-written
     /// `Registration::periodic`, which the attribute's compile-time check
     /// does not see) is refused when the worker is built. Before, the
-    /// worker built and the job never ran, without a word.
+    /// worker built and the job never ran, without a word. One whose dates
+    /// are all past builds (a warning): refusing it would fail every
+    /// restart of the whole worker after the schedule's last date.
     #[test]
     fn a_schedule_that_never_fires_is_refused_at_build() {
-        for never in ["0 0 0 30 2 *", "0 0 0 31 4 *", "0 0 0 1 1 * 2020"] {
+        for never in ["0 0 0 30 2 *", "0 0 0 31 4 *"] {
             let regs = [Registration::periodic::<Broken>(never)];
             let err = parse(&regs).err().expect("refused");
             assert!(
@@ -256,6 +265,11 @@ mod tests {
                 "{never}: {err}"
             );
         }
+        let past = [Registration::periodic::<Broken>("0 0 0 1 1 * 2020")];
+        assert!(
+            matches!(parse(&past), Err(QueueError::Config(m)) if m.contains("do not serialize")),
+            "a schedule whose dates are past is not refused for it"
+        );
     }
 
     #[test]
