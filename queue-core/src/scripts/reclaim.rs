@@ -129,7 +129,7 @@ mod tests {
     use super::Reclaim;
     use crate::conn::RedisConnection;
     use crate::keys::QueueKeys;
-    use crate::scripts::test_redis;
+    use crate::scripts::{monitor_args, script_commands, test_redis};
 
     /// Ids pushed to the tail of `list`, in pipelines of 10,000.
     async fn rpush_ids(conn: &mut RedisConnection, list: &str, ids: impl Iterator<Item = String>) {
@@ -142,49 +142,6 @@ mod tests {
                 .await
                 .unwrap();
         }
-    }
-
-    /// The commands scripts ran (`MONITOR` lines of the `lua` client)
-    /// while `run` ran, in order.
-    async fn script_commands<F: std::future::Future<Output = ()>>(
-        url: &str,
-        conn: &mut RedisConnection,
-        run: F,
-    ) -> Vec<String> {
-        use futures::StreamExt;
-        let client = redis::Client::open(url).unwrap();
-        let monitor = client.get_async_monitor().await.unwrap();
-        run.await;
-        // Monitored after everything `run` sent: the end of its lines.
-        let _: String = redis::cmd("ECHO")
-            .arg("end-of-run")
-            .query_async(conn)
-            .await
-            .unwrap();
-        let mut lines = monitor.into_on_message::<String>();
-        let mut seen = Vec::new();
-        loop {
-            let next = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next());
-            let line = next.await.expect("monitor lines").expect("monitor open");
-            if line.contains("\"end-of-run\"") {
-                return seen;
-            }
-            if line.contains(" lua] ") {
-                seen.push(line);
-            }
-        }
-    }
-
-    /// The arguments of a `MONITOR` line (`… [0 lua] "LPOS" "key" "id"`),
-    /// the command first.
-    fn monitor_args(line: &str) -> Vec<String> {
-        let Some(first) = line.find('"') else {
-            return Vec::new();
-        };
-        line[first + 1..line.len() - 1]
-            .split("\" \"")
-            .map(String::from)
-            .collect()
     }
 
     /// How the script calls went over `list` (of `len` entries before the
