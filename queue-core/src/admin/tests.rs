@@ -455,6 +455,47 @@ async fn locating_a_taken_job_searches_processing_only_up_to_the_bound() {
     );
 }
 
+/// A `queued` job is looked for in processing from its head, at most
+/// `LOCATE_SEARCH` entries; not among them in a longer list, it is not
+/// reported as taken: `unconfirmed` says "its state and lease say it is
+/// taken", which a queued job's do not. A grouped job waiting in its
+/// group's list (main is not searched for it) is `Nowhere`, as on a short
+/// processing list; an ungrouped one is found in main. Before, both were
+/// `Processing { unconfirmed: true }` whenever processing was longer than
+/// the bound.
+#[tokio::test]
+async fn a_queued_job_beyond_the_processing_bound_is_not_reported_taken() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    admin
+        .queue()
+        .enqueue_raw(
+            Q,
+            "send",
+            1,
+            3,
+            EnqueueOptions::new().id("grouped").group("G"),
+            b"\x80",
+        )
+        .await
+        .unwrap();
+    enqueue(&admin, "plain", None).await;
+    fill(&admin, &k.processing, "running-", LOCATE_SEARCH as usize + 1).await;
+
+    assert_eq!(
+        admin.locate(Q, "grouped").await.unwrap(),
+        Some(Location::Nowhere)
+    );
+    assert_eq!(
+        admin.locate(Q, "plain").await.unwrap(),
+        Some(Location::Main {
+            ahead: 0,
+            at_least: false
+        })
+    );
+}
+
 /// Leftover reclaim marks (a reclaim call that failed half-way between its
 /// `LSET`s and its `LREM`) in processing, one of them leased by an older
 /// reclaim's adoption: `check` skips them (counted in `reclaim_marks`),
