@@ -481,7 +481,13 @@ async fn a_queued_job_beyond_the_processing_bound_is_not_reported_taken() {
         .await
         .unwrap();
     enqueue(&admin, "plain", None).await;
-    fill(&admin, &k.processing, "running-", LOCATE_SEARCH as usize + 1).await;
+    fill(
+        &admin,
+        &k.processing,
+        "running-",
+        LOCATE_SEARCH as usize + 1,
+    )
+    .await;
 
     assert_eq!(
         admin.locate(Q, "grouped").await.unwrap(),
@@ -513,7 +519,11 @@ async fn leftover_reclaim_marks_are_no_jobs_for_check_or_the_listing() {
     enqueue(&admin, "a", None).await;
     // Moved by BLMOVE and not claimed yet (state still `queued`, unleased).
     raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
-    raw(&admin, &["RPUSH", &k.processing, RECLAIM_MARK, RECLAIM_MARK]).await;
+    raw(
+        &admin,
+        &["RPUSH", &k.processing, RECLAIM_MARK, RECLAIM_MARK],
+    )
+    .await;
     raw(&admin, &["ZADD", &k.leases, "9000000000000", RECLAIM_MARK]).await;
 
     let report = admin.check(Q, true).await.unwrap();

@@ -1410,8 +1410,15 @@ async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
 async fn dead_trim_searches_long_lists_for_a_stale_entry_only_up_to_a_bound() {
     let mut fx = Fixture::start().await;
     let k = fx.keys.clone();
-    let filler = |name: &str| (0..3_000).map(|n| format!("{name}-{n}")).collect::<Vec<_>>();
-    for (list, ids) in [(&k.main, filler("waiting")), (&k.processing, filler("running"))] {
+    let filler = |name: &str| {
+        (0..3_000)
+            .map(|n| format!("{name}-{n}"))
+            .collect::<Vec<_>>()
+    };
+    for (list, ids) in [
+        (&k.main, filler("waiting")),
+        (&k.processing, filler("running")),
+    ] {
         let mut args = vec!["RPUSH", list.as_str()];
         args.extend(ids.iter().map(String::as_str));
         fx.cmd(&args).await;

@@ -425,7 +425,6 @@ pub(crate) fn monitor_args(line: &str) -> Vec<String> {
         .collect()
 }
 
-
 #[cfg(test)]
 mod tests {
     /// The entries of a `-- KEYS:` or `-- ARGV:` header, which may continue
