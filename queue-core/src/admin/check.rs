@@ -31,6 +31,7 @@ use super::{admin_script, Admin, AdminError, Result, READ_ONLY};
 use crate::error::QueueError;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
+use crate::scripts::reclaim::RECLAIM_MARK;
 
 admin_script!(CHECK, "check.lua", READ_ONLY);
 
@@ -56,6 +57,10 @@ pub struct Scanned {
     pub job_keys: u64,
     /// Ids probed atomically (suspicious from a page).
     pub probed: u64,
+    /// Leftover reclaim marks read in processing or the leases (a reclaim
+    /// call that failed half-way left them; the watchdog's next reclaims
+    /// remove them): no job, skipped, never reported or repaired as one.
+    pub reclaim_marks: u64,
 }
 
 /// The result of [`Admin::check`].
@@ -364,6 +369,10 @@ impl Walk<'_> {
             }
             let n = found.len();
             for (id, leased, row) in found {
+                if id == RECLAIM_MARK && matches!(place, Some(Place::Processing) | None) {
+                    self.report.scanned.reclaim_marks += 1;
+                    continue;
+                }
                 let fp = fingerprint(&id);
                 let places = self.seen.entry(fp).or_insert(0);
                 let suspicious = match place {
@@ -516,6 +525,9 @@ impl Admin {
             }
         }
         let mut report = walk.report;
+        if report.scanned.reclaim_marks > 0 {
+            tracing::warn!(queue, marks = report.scanned.reclaim_marks, "check: leftover reclaim marks in processing or the leases (no job; the watchdog's reclaim removes them)");
+        }
         let relay_dead: Option<u64> = redis::cmd("LLEN")
             .arg(QueueKeys::new(queue).relay_dead())
             .query_async(&mut self.queue.connection())

@@ -15,7 +15,9 @@
 -- An index is -1 when the id is not in that list (or the list was not
 -- searched), -2 when it is not among the `cap` entries searched of a longer
 -- list (further from the tail of main, the head of dead, or the end of
--- processing searched).
+-- processing searched), except for a `queued` job in processing: -1 then
+-- (not taken as far as its state says: the caller reports -2 in processing
+-- as a taken job whose entry was not seen).
 -- state    searched
 -- queued   processing (moved by BLMOVE, not claimed yet: DESIGN rule 4), then
 --          main unless the job has a group (a grouped job waits in its group's list)
@@ -46,7 +48,10 @@ if has_hash == 1 then
   local h = read_job(KEYS[6], 'state', 'group')
   local state = h and h[1]
   if state == 'queued' then
-    in_processing = find(KEYS[2], 1)
+    -- Not among the `cap` entries searched is not found (-1), never -2: the
+    -- caller reads -2 as "its state and lease say it is taken, its entry
+    -- was not seen" (unconfirmed), which a queued job's state does not say.
+    in_processing = math.max(find(KEYS[2], 1), -1)
     if in_processing < 0 and not group_of(h[2]) then in_main = find(KEYS[1], -1) end
   elseif state == 'active' then
     in_processing = find(KEYS[2], -1)

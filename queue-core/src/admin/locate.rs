@@ -18,8 +18,9 @@ admin_script!(LOCATE, "locate.lua", READ_ONLY);
 /// head for a job not claimed yet, else from its tail, the oldest
 /// deliveries) one lookup searches at most. A job further in is reported as
 /// [`Location::Main`] / [`Location::Dead`] with `at_least` set (its `ahead`
-/// / `position` is this bound), or [`Location::Processing`] with
-/// `unconfirmed` set.
+/// / `position` is this bound), or, for an `active` job, as
+/// [`Location::Processing`] with `unconfirmed` set (a `queued` one not seen
+/// in processing is looked for in main, or is [`Location::Nowhere`]).
 pub const LOCATE_SEARCH: u64 = 100_000;
 
 fn is_false(b: &bool) -> bool {
@@ -50,10 +51,13 @@ pub enum Location {
         /// Running, expired (lost) or unleased.
         status: LeaseStatus,
         /// Not among the [`LOCATE_SEARCH`] entries searched of a longer
-        /// processing list: its hash's state says it is taken (and the
-        /// lease fields say how), but its entry was not seen (it may also
-        /// have been lost from the list: `check` finds that). Left out of
-        /// JSON when false.
+        /// processing list: its hash's state says it is taken (`active`,
+        /// or no readable state) and the lease fields say how, but its
+        /// entry was not seen (it may also have been lost from the list:
+        /// `check` finds that). Never set for a `queued` job: one not seen
+        /// there is looked for in main, or is [`Location::Nowhere`] (a
+        /// grouped job waiting in its group's list). Left out of JSON when
+        /// false.
         #[serde(default, skip_serializing_if = "is_false")]
         unconfirmed: bool,
     },

@@ -455,6 +455,90 @@ async fn locating_a_taken_job_searches_processing_only_up_to_the_bound() {
     );
 }
 
+/// A `queued` job is looked for in processing from its head, at most
+/// `LOCATE_SEARCH` entries; not among them in a longer list, it is not
+/// reported as taken: `unconfirmed` says "its state and lease say it is
+/// taken", which a queued job's do not. A grouped job waiting in its
+/// group's list (main is not searched for it) is `Nowhere`, as on a short
+/// processing list; an ungrouped one is found in main. Before, both were
+/// `Processing { unconfirmed: true }` whenever processing was longer than
+/// the bound.
+#[tokio::test]
+async fn a_queued_job_beyond_the_processing_bound_is_not_reported_taken() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    admin
+        .queue()
+        .enqueue_raw(
+            Q,
+            "send",
+            1,
+            3,
+            EnqueueOptions::new().id("grouped").group("G"),
+            b"\x80",
+        )
+        .await
+        .unwrap();
+    enqueue(&admin, "plain", None).await;
+    fill(
+        &admin,
+        &k.processing,
+        "running-",
+        LOCATE_SEARCH as usize + 1,
+    )
+    .await;
+
+    assert_eq!(
+        admin.locate(Q, "grouped").await.unwrap(),
+        Some(Location::Nowhere)
+    );
+    assert_eq!(
+        admin.locate(Q, "plain").await.unwrap(),
+        Some(Location::Main {
+            ahead: 0,
+            at_least: false
+        })
+    );
+}
+
+/// Leftover reclaim marks (a reclaim call that failed half-way between its
+/// `LSET`s and its `LREM`) in processing, one of them leased by an older
+/// reclaim's adoption: `check` skips them (counted in `reclaim_marks`),
+/// reports no violation and, with `repair`, repairs nothing, so no junk job
+/// is dead-lettered; the processing listing shows only the real delivery.
+/// Before, each mark was a "missing hash" entry (and a duplicate), which
+/// `--repair` dead-lettered as a job `\0reclaimed`, and the listing showed
+/// the marks as jobs.
+#[tokio::test]
+async fn leftover_reclaim_marks_are_no_jobs_for_check_or_the_listing() {
+    use crate::scripts::reclaim::RECLAIM_MARK;
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    enqueue(&admin, "a", None).await;
+    // Moved by BLMOVE and not claimed yet (state still `queued`, unleased).
+    raw(&admin, &["LMOVE", &k.main, &k.processing, "RIGHT", "LEFT"]).await;
+    raw(
+        &admin,
+        &["RPUSH", &k.processing, RECLAIM_MARK, RECLAIM_MARK],
+    )
+    .await;
+    raw(&admin, &["ZADD", &k.leases, "9000000000000", RECLAIM_MARK]).await;
+
+    let report = admin.check(Q, true).await.unwrap();
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+    assert!(report.repairs.is_empty(), "{:?}", report.repairs);
+    assert_eq!(report.scanned.reclaim_marks, 3);
+    assert_eq!(raw(&admin, &["LLEN", &k.dead]).await, redis::Value::Int(0));
+    assert_eq!(
+        raw(&admin, &["EXISTS", &k.job(RECLAIM_MARK)]).await,
+        redis::Value::Int(0)
+    );
+    let listing = admin.processing(Q, Page::first(10)).await.unwrap();
+    assert_eq!(ids(&listing, |j| &j.id), ["a"]);
+}
+
 /// A selection of the whole dead-letter list (`dead purge --all`, `dead
 /// purge --filter`) keeps of each entry's reason only a preview: the action
 /// needs the id and `dead_at`. Before, every selected entry kept its full

@@ -1396,6 +1396,97 @@ async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
     );
 }
 
+/// Stale dead entries (state `queued` or `active`) over a main and a
+/// processing list each longer than the trim's lookup bound (1,000 entries
+/// from the tail). Every `LPOS` the trim sends carries `MAXLEN` (as
+/// `MONITOR` shows the script's calls): a stale entry costs a bounded search,
+/// where each one walked the whole list before (500 of them over a main of
+/// 200,500: 1.5 s of blocked Redis in one call). A job not among the
+/// entries searched counts as somewhere: only its dead entry goes. No job
+/// is listed twice: `q-head`, waiting at the far end of main, is not pushed
+/// again, and `a-head`, taken at the far end of processing, is not
+/// dead-lettered again.
+#[tokio::test]
+async fn dead_trim_searches_long_lists_for_a_stale_entry_only_up_to_a_bound() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    let filler = |name: &str| {
+        (0..3_000)
+            .map(|n| format!("{name}-{n}"))
+            .collect::<Vec<_>>()
+    };
+    for (list, ids) in [
+        (&k.main, filler("waiting")),
+        (&k.processing, filler("running")),
+    ] {
+        let mut args = vec!["RPUSH", list.as_str()];
+        args.extend(ids.iter().map(String::as_str));
+        fx.cmd(&args).await;
+    }
+    for (id, state) in [
+        ("q-head", "queued"),
+        ("q-tail", "queued"),
+        ("q-nowhere", "queued"),
+        ("a-head", "active"),
+    ] {
+        fx.cmd(&["HSET", &k.job(id), "id", id, "state", state, "dead_at", "1"])
+            .await;
+        fx.cmd(&["LPUSH", &k.dead, id]).await;
+    }
+    fx.cmd(&["LPUSH", &k.main, "q-head"]).await;
+    fx.cmd(&["RPUSH", &k.main, "q-tail"]).await;
+    fx.cmd(&["LPUSH", &k.processing, "a-head"]).await;
+
+    let mut conn = fx.conn.clone();
+    let mut c = conn.clone();
+    let calls = super::script_commands(&fx.server.url(), &mut conn, async {
+        let reply = super::dead_trim::DeadTrim {
+            keys: &k,
+            max_len: 0,
+            retention: Duration::from_millis(1),
+            limit: 10,
+        }
+        .run(&mut c)
+        .await
+        .unwrap();
+        assert_eq!((reply.trimmed, reply.remaining), (4, 0));
+    })
+    .await;
+    let lookups: Vec<Vec<String>> = calls
+        .iter()
+        .map(|l| super::monitor_args(l))
+        .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
+        .collect();
+    assert!(!lookups.is_empty(), "{calls:?}");
+    for args in &lookups {
+        assert!(
+            args.iter().any(|a| a.eq_ignore_ascii_case("MAXLEN")),
+            "an unbounded search of a list: {args:?}"
+        );
+    }
+    for (id, listed) in [
+        ("q-head", 1),
+        ("q-tail", 1),
+        ("q-nowhere", 0),
+        ("a-head", 0),
+    ] {
+        let Value::Array(at) = fx.cmd(&["LPOS", &k.main, id, "COUNT", "0"]).await else {
+            panic!("LPOS COUNT answers an array");
+        };
+        assert_eq!(at.len(), listed, "{id}: entries in main");
+    }
+    let places = fx.places("a-head").await;
+    assert_eq!(
+        places,
+        Places {
+            processing: true,
+            ..Places::default()
+        }
+    );
+    assert_eq!(fx.job("a-head").await["state"], "active");
+    assert_eq!(fx.job("q-head").await["state"], "queued");
+}
+
 /// A cancel or a finished cancel with a list of another type (leases,
 /// processing) is refused before any write: no record without the job's
 /// removal from its lists.

@@ -381,6 +381,51 @@ pub(crate) async fn test_redis() -> (queue_testkit::RedisServer, RedisConnection
 }
 
 #[cfg(test)]
+/// The commands scripts ran (`MONITOR` lines of the `lua` client)
+/// while `run` ran, in order.
+pub(crate) async fn script_commands<F: std::future::Future<Output = ()>>(
+    url: &str,
+    conn: &mut RedisConnection,
+    run: F,
+) -> Vec<String> {
+    use futures::StreamExt;
+    let client = redis::Client::open(url).unwrap();
+    let monitor = client.get_async_monitor().await.unwrap();
+    run.await;
+    // Monitored after everything `run` sent: the end of its lines.
+    let _: String = redis::cmd("ECHO")
+        .arg("end-of-run")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let mut lines = monitor.into_on_message::<String>();
+    let mut seen = Vec::new();
+    loop {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next());
+        let line = next.await.expect("monitor lines").expect("monitor open");
+        if line.contains("\"end-of-run\"") {
+            return seen;
+        }
+        if line.contains(" lua] ") {
+            seen.push(line);
+        }
+    }
+}
+
+#[cfg(test)]
+/// The arguments of a `MONITOR` line (`… [0 lua] "LPOS" "key" "id"`),
+/// the command first.
+pub(crate) fn monitor_args(line: &str) -> Vec<String> {
+    let Some(first) = line.find('"') else {
+        return Vec::new();
+    };
+    line[first + 1..line.len() - 1]
+        .split("\" \"")
+        .map(String::from)
+        .collect()
+}
+
+#[cfg(test)]
 mod tests {
     /// The entries of a `-- KEYS:` or `-- ARGV:` header, which may continue
     /// on the following `--` lines that start with a number: `1 main`,

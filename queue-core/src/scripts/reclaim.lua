@@ -28,6 +28,12 @@
 -- the head), so every entry is looked at within len / scan calls; before,
 -- only the oldest `scan` were, and an orphan behind that many long-running
 -- deliveries waited for them to finish.
+-- A mark is never a job: one left in processing (a call that failed
+-- half-way between its LSETs and its LREM: Redis keeps a script's writes
+-- up to an error) is skipped by the orphan scan and removed (one `LREM` of
+-- the mark, counted in the reply and logged), and a lease on one (adopted
+-- by an older reclaim) is dropped; before, the scan adopted the mark as an
+-- orphan and the next pass dead-lettered a junk job `\0reclaimed`.
 -- KEYS: 1 processing, 2 leases, 3 delayed, 4 dead, 5 stats, 6 guard (never written: see keys.rs),
 --       7 promoter wake list,
 --       8 orphan scan position (optional: absent from older callers, who scan the oldest entries)
@@ -35,7 +41,8 @@
 --       6 random seed, 7 orphan scan length,
 --       8 completion record prefix (optional: absent from older callers, whose missing hashes are dead-lettered)
 -- Returns {reclaimed, dead_lettered, adopted,
---          {id, state or 'completed' or 'lease only (<state>)', ...} of the entries dropped}
+--          {id, state or 'completed' or 'lease only (<state>)', ...} of the entries dropped,
+--          leftover marks removed (entries and leases)}
 local limit = arg_count(ARGV[2], 'limit')
 local grace = arg_count(ARGV[3], 'orphan grace')
 local base = arg_count(ARGV[4], 'backoff base')
@@ -102,7 +109,21 @@ local function locate(list, ids)
   return at
 end
 
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local expired = {}
+-- A lease on a mark (adopted by an older reclaim) is no job's: dropped
+-- after the batch, never looked up as one.
+local mark_leased = false
+do
+  local all = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+  for i = 1, #all, 2 do
+    if all[i] == TAKEN then
+      mark_leased = true
+    else
+      expired[#expired + 1] = all[i]
+      expired[#expired + 1] = all[i + 1]
+    end
+  end
+end
 -- Read before any write. After a walk nothing below moves an entry of
 -- processing until the LREM after the loop (LSET replaces in place), so the
 -- positions hold; a short batch's ids are looked up and removed by value.
@@ -247,13 +268,24 @@ if rotate then
     redis.call('SET', KEYS[8], int_str(next_from))
   end
 end
+local marks_seen = false
 for _, id in ipairs(window) do
-  if not redis.call('ZSCORE', KEYS[2], id) then
+  if id == TAKEN then
+    marks_seen = true
+  elseif not redis.call('ZSCORE', KEYS[2], id) then
     redis.call('ZADD', KEYS[2], now + grace, id)
     adopted = adopted + 1
   end
 end
+-- Leftover marks (see the header): rare, so one LREM of the whole list.
+local marks = 0
+if marks_seen then marks = redis.call('LREM', KEYS[1], 0, TAKEN) end
+if mark_leased then marks = marks + redis.call('ZREM', KEYS[2], TAKEN) end
+if marks > 0 then
+  redis.log(redis.LOG_WARNING, 'reclaim: removed ' .. marks .. ' leftover reclaim mark(s) (entries or leases, no job) from '
+    .. KEYS[1] .. ' / ' .. KEYS[2])
+end
 if reclaimed > 0 then bump(KEYS[5], 'reclaimed', reclaimed) end
 if adopted > 0 then bump(KEYS[5], 'adopted', adopted) end
 if wake then wake_promoter(KEYS[7]) end
-return {reclaimed, dead, adopted, dropped}
+return {reclaimed, dead, adopted, dropped, marks}

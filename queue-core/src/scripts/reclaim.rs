@@ -21,6 +21,13 @@ use crate::keys::QueueKeys;
 pub(crate) static SCRIPT: LuaScript<8> =
     lua_script!("reclaim.lua", keys = 8, args = 8, prelude(super::DRAIN));
 
+/// What `reclaim.lua` writes over a taken processing entry until its one
+/// `LREM` at the end of the call (a control character: no job id has one,
+/// PROTOCOL.md section 1). One left in processing (a call that failed
+/// half-way) is no job: the reclaim removes it, and the admin readers of
+/// processing skip it.
+pub(crate) const RECLAIM_MARK: &str = "\0reclaimed";
+
 /// One reclaim batch of one queue.
 pub(crate) struct Reclaim<'a> {
     pub(crate) keys: &'a QueueKeys,
@@ -48,6 +55,10 @@ pub(crate) struct ReclaimReply {
     /// completion record exists) or `lease only (<state>)` (a lease with no
     /// processing entry and no matching active delivery).
     pub(crate) dropped: Vec<(JobId, String)>,
+    /// Leftover reclaim marks removed from processing (entries the orphan
+    /// scan met) and from the leases (an older reclaim adopted one): no
+    /// job's, logged here.
+    pub(crate) marks_removed: u64,
 }
 
 impl ReclaimReply {
@@ -103,7 +114,7 @@ impl Reclaim<'_> {
             .arg(&k.done_prefix)
             .run(conn, &k.queue, None)
             .await?;
-        // {reclaimed, dead_lettered, adopted, {id, state, ...}}
+        // {reclaimed, dead_lettered, adopted, {id, state, ...}, marks removed}
         let f = Fields::new(&k.queue, None, "reclaim reply", &reply)?;
         // Absent from a three-element reply (the script before it answered them).
         let dropped = if f.len() > 3 {
@@ -111,6 +122,15 @@ impl Reclaim<'_> {
         } else {
             Vec::new()
         };
+        // Absent from a four-element reply (the script before it removed none).
+        let marks_removed = if f.len() > 4 {
+            f.u64(4, "marks removed")?
+        } else {
+            0
+        };
+        if marks_removed > 0 {
+            warn!(queue = %k.queue, marks_removed, "reclaim: removed leftover reclaim marks (no job) from processing or the leases: a reclaim call failed half-way before");
+        }
         for (job_id, state) in &dropped {
             warn!(queue = %k.queue, %job_id, %state, "reclaim: dropped a stale processing entry or lease (the job is not running); the job is left where it is");
         }
@@ -119,6 +139,7 @@ impl Reclaim<'_> {
             dead_lettered: f.u64(1, "dead_lettered")?,
             adopted: f.u64(2, "adopted")?,
             dropped,
+            marks_removed,
         })
     }
 }
@@ -129,7 +150,7 @@ mod tests {
     use super::Reclaim;
     use crate::conn::RedisConnection;
     use crate::keys::QueueKeys;
-    use crate::scripts::test_redis;
+    use crate::scripts::{monitor_args, script_commands, test_redis};
 
     /// Ids pushed to the tail of `list`, in pipelines of 10,000.
     async fn rpush_ids(conn: &mut RedisConnection, list: &str, ids: impl Iterator<Item = String>) {
@@ -142,49 +163,6 @@ mod tests {
                 .await
                 .unwrap();
         }
-    }
-
-    /// The commands scripts ran (`MONITOR` lines of the `lua` client)
-    /// while `run` ran, in order.
-    async fn script_commands<F: std::future::Future<Output = ()>>(
-        url: &str,
-        conn: &mut RedisConnection,
-        run: F,
-    ) -> Vec<String> {
-        use futures::StreamExt;
-        let client = redis::Client::open(url).unwrap();
-        let monitor = client.get_async_monitor().await.unwrap();
-        run.await;
-        // Monitored after everything `run` sent: the end of its lines.
-        let _: String = redis::cmd("ECHO")
-            .arg("end-of-run")
-            .query_async(conn)
-            .await
-            .unwrap();
-        let mut lines = monitor.into_on_message::<String>();
-        let mut seen = Vec::new();
-        loop {
-            let next = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next());
-            let line = next.await.expect("monitor lines").expect("monitor open");
-            if line.contains("\"end-of-run\"") {
-                return seen;
-            }
-            if line.contains(" lua] ") {
-                seen.push(line);
-            }
-        }
-    }
-
-    /// The arguments of a `MONITOR` line (`… [0 lua] "LPOS" "key" "id"`),
-    /// the command first.
-    fn monitor_args(line: &str) -> Vec<String> {
-        let Some(first) = line.find('"') else {
-            return Vec::new();
-        };
-        line[first + 1..line.len() - 1]
-            .split("\" \"")
-            .map(String::from)
-            .collect()
     }
 
     /// How the script calls went over `list` (of `len` entries before the
@@ -485,5 +463,68 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(state.as_deref(), Some("active"));
+    }
+
+    /// Scenario: two reclaim marks left in processing beside a running
+    /// delivery (a call failed half-way between its `LSET`s and its `LREM`:
+    /// Redis keeps a script's writes up to an error), and a third adopted by
+    /// an older reclaim (a lease on the mark, expired). Reclaim passes
+    /// remove the marks and that lease, adopt nothing, dead-letter nothing
+    /// and create no job hash; the running delivery stays. Before, the
+    /// orphan scan adopted the marks as orphans and the next pass
+    /// dead-lettered a junk job `\0reclaimed` ("job hash missing").
+    #[tokio::test]
+    async fn leftover_reclaim_marks_are_removed_and_never_taken_for_jobs() {
+        use super::RECLAIM_MARK;
+        let (_server, mut conn) = test_redis().await;
+        let keys = QueueKeys::new("marks");
+        let running = long_processing_list(&mut conn, &keys, 1, &[], 0).await;
+        rpush_ids(
+            &mut conn,
+            &keys.processing,
+            std::iter::repeat_n(RECLAIM_MARK.to_string(), 2),
+        )
+        .await;
+        let _: () = redis::cmd("ZADD")
+            .arg(&keys.leases)
+            .arg(1)
+            .arg(RECLAIM_MARK)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+
+        let reclaim = Reclaim::for_tests(&keys);
+        let (mut adopted, mut dead, mut dropped, mut marks) = (0, 0, 0, 0);
+        for _ in 0..3 {
+            let done = reclaim.run(&mut conn).await.unwrap();
+            adopted += done.adopted;
+            dead += done.dead_lettered;
+            dropped += done.dropped.len();
+            marks += done.marks_removed;
+        }
+        assert_eq!((adopted, dead, dropped, marks), (0, 0, 0, 3));
+        assert_eq!(processing(&mut conn, &keys).await, running);
+        let dead_list: Vec<String> = redis::cmd("LRANGE")
+            .arg(&keys.dead)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(dead_list.is_empty(), "{dead_list:?}");
+        let hash: i64 = redis::cmd("EXISTS")
+            .arg(keys.job(RECLAIM_MARK))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(hash, 0, "no job hash for a mark");
+        let leased: Vec<String> = redis::cmd("ZRANGE")
+            .arg(&keys.leases)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(leased, running);
     }
 }
