@@ -18,14 +18,12 @@
 -- states (corrupt data) are dead-lettered again naming why (a new dead entry,
 -- at the head). Before, each was unlisted and left in no list: lost.
 -- Each of those lookups (`LPOS` of main or the group's list, and of
--- processing) searches at most STALE_SEARCH entries from the tail (where
--- long-waiting jobs and the oldest deliveries are): a stale entry costs
--- O(STALE_SEARCH), a call at most `limit` times two of them. A job not
--- among the entries searched of a longer list may be further in: it counts
--- as somewhere, and only its dead entry is unlisted (never pushed to main a
--- second time, never dead-lettered again; `check` finds a job in no list).
--- Before, each lookup walked the whole list: 500 stale queued entries over
--- a main of 200,500 blocked Redis for 1.5 s in one call.
+-- processing) searches STALE_SEARCH entries from the tail, then walks a
+-- longer list whole at most STALE_WALKS times per call (prelude's
+-- listed_near_tail): past that the call ends before the entry's writes
+-- and the next call goes on from it. Before, every lookup walked the whole
+-- list: 500 stale queued entries over a main of 200,500 blocked Redis for
+-- 1.5 s in one call.
 -- All reads come before the writes of each id; the counter is bumped last.
 -- KEYS: 1 dead, 2 stats, 3 guard, 4 main, 5 processing, 6 leases, 7 delayed
 --       (4-7 read through pcall on the rare stale path, and written only to
@@ -46,21 +44,8 @@ local retention, e2 = count(ARGV[4], 'retention_ms')
 if e2 then return e2 end
 local limit, e3 = count(ARGV[5], 'limit')
 if e3 then return e3 end
--- Entries of a list one stale entry's lookup searches at most (see above).
-local STALE_SEARCH = 1000
--- Whether `id` is in list `key`: true (found), false (not there: the whole
--- list was searched, or the key holds another type, which reads as not
--- holding it) or nil (not among the STALE_SEARCH entries searched from the
--- tail of a longer list: unknown).
-local function listed_near_tail(key, id)
-  local i = redis.pcall('LPOS', key, id, 'RANK', -1, 'MAXLEN', STALE_SEARCH)
-  if type(i) == 'number' then return true end
-  if type(i) == 'table' then return false end
-  local n = redis.pcall('LLEN', key)
-  if type(n) == 'number' and n > STALE_SEARCH then return nil end
-  return false
-end
 local now = now_ms()
+local walks = {left = STALE_WALKS}
 local len = redis.call('LLEN', KEYS[1])
 local trimmed = 0
 while trimmed < limit and len > 0 do
@@ -84,8 +69,8 @@ while trimmed < limit and len > 0 do
   if state == 'queued' then
     local g = group_of(h[3])
     local waiting = g and select(2, group_keys(KEYS[4])) .. g or KEYS[4]
-    local w = listed_near_tail(waiting, id)
-    local p = w ~= true and listed_near_tail(KEYS[5], id)
+    local w = listed_near_tail(waiting, id, walks)
+    local p = w ~= true and listed_near_tail(KEYS[5], id, walks)
     if w == false and p == false then
       requeue = true
       local why = waiting_types_bad(KEYS[4], h[3])
@@ -97,7 +82,7 @@ while trimmed < limit and len > 0 do
     end
   elseif state == 'active' then
     if type(redis.pcall('ZSCORE', KEYS[6], id)) ~= 'string' then
-      local p = listed_near_tail(KEYS[5], id)
+      local p = listed_near_tail(KEYS[5], id, walks)
       if p == false then
         bad = 'state active but neither in processing nor leased (corrupt data)'
       elseif p == nil then
@@ -117,6 +102,8 @@ while trimmed < limit and len > 0 do
   elseif state and state ~= 'dead' and not corrupt_key then
     bad = "corrupt field state: '" .. utf8_cut(state, 64) .. "'"
   end
+  -- The lookup's whole walks are used up: this entry waits for the next call.
+  if unsure then break end
   redis.call('RPOP', KEYS[1])
   if h[1] == false or h[1] == 'dead' then
     redis.call('DEL', jobkey, ARGV[2] .. id)
@@ -133,10 +120,6 @@ while trimmed < limit and len > 0 do
     local member = dead_letter(jobkey, KEYS[1], KEYS[2], id, bad, now)
     len = len + 1
     dead_member(member, id, bad, now, KEYS[2])
-  elseif unsure then
-    redis.log(redis.LOG_WARNING, 'dead_trim: job ' .. id .. ' in state ' .. utf8_cut(state, 64)
-      .. ' not among the last ' .. STALE_SEARCH .. ' entries of ' .. unsure .. ' (' .. KEYS[1]
-      .. '): only its dead entry was unlisted (check finds it if it is in no list)')
   end
   len = len - 1
   trimmed = trimmed + 1

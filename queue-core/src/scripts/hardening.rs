@@ -1281,6 +1281,99 @@ async fn promote_never_strands_a_job_whose_state_is_not_delayed() {
     );
 }
 
+/// Stale delayed entries (the job's state says it is elsewhere) over long
+/// lists: a promote call walks a list whole at most `STALE_WALKS` (4) times
+/// (`MONITOR` shows the script's `LPOS` calls), where each lookup walked
+/// the whole of main, processing or dead before (a pass over many stale
+/// entries blocked Redis for seconds); the entry needing a fifth walk waits
+/// for the next call, which finishes it. No job is listed twice or left in
+/// none: `q-head` waits at the far end of main (not pushed again),
+/// `q-nowhere` is in no list (made waiting), `a-head` is taken at the far
+/// end of processing (not dead-lettered), `d-head` is at the far end of the
+/// dead list (not relisted) and `d-gone` missing from it (relisted).
+#[tokio::test]
+async fn promote_walks_long_lists_for_stale_entries_a_bounded_number_of_times() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    let filler = |name: &str| {
+        (0..3_000)
+            .map(|n| format!("{name}-{n}"))
+            .collect::<Vec<_>>()
+    };
+    for (list, ids) in [
+        (&k.main, filler("waiting")),
+        (&k.processing, filler("running")),
+        (&k.dead, filler("buried")),
+    ] {
+        let mut args = vec!["RPUSH", list.as_str()];
+        args.extend(ids.iter().map(String::as_str));
+        fx.cmd(&args).await;
+    }
+    // Promoted in score order: q-head (one walk), q-nowhere (two), a-head
+    // (one), then d-head and d-gone (one each) in the next call.
+    for (score, id, state) in [
+        ("1", "q-head", "queued"),
+        ("2", "q-nowhere", "queued"),
+        ("3", "a-head", "active"),
+        ("4", "d-head", "dead"),
+        ("5", "d-gone", "dead"),
+    ] {
+        fx.cmd(&["HSET", &k.job(id), "id", id, "type", "t", "state", state])
+            .await;
+        fx.cmd(&["HSET", &k.job(id), "attempts", "0", "max_attempts", "3"])
+            .await;
+        fx.cmd(&["ZADD", &k.delayed, score, id]).await;
+    }
+    fx.cmd(&["LPUSH", &k.main, "q-head"]).await;
+    fx.cmd(&["LPUSH", &k.processing, "a-head"]).await;
+    fx.cmd(&["LPUSH", &k.dead, "d-head"]).await;
+
+    let mut conn = fx.conn.clone();
+    let mut left = Vec::new();
+    for _ in 0..2 {
+        let mut c = conn.clone();
+        let calls = super::script_commands(&fx.server.url(), &mut conn, async {
+            Promote {
+                keys: &k,
+                limit: 100,
+            }
+            .run(&mut c)
+            .await
+            .unwrap();
+        })
+        .await;
+        let walks = calls
+            .iter()
+            .map(|l| super::monitor_args(l))
+            .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
+            .filter(|a| !a.iter().any(|x| x.eq_ignore_ascii_case("MAXLEN")))
+            .count();
+        assert!(walks <= 4, "{walks} whole walks in one call: {calls:?}");
+        match fx.cmd(&["ZCARD", &k.delayed]).await {
+            Value::Int(n) => left.push(n),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        left,
+        [2, 0],
+        "the entries needing a fifth walk wait for the next call"
+    );
+    for (list, id, listed) in [
+        (&k.main, "q-head", 1),
+        (&k.main, "q-nowhere", 1),
+        (&k.main, "a-head", 0),
+        (&k.dead, "a-head", 0),
+        (&k.dead, "d-head", 1),
+        (&k.dead, "d-gone", 1),
+    ] {
+        let Value::Array(at) = fx.cmd(&["LPOS", list, id, "COUNT", "0"]).await else {
+            panic!("LPOS COUNT answers an array");
+        };
+        assert_eq!(at.len(), listed, "{id}: entries in {list}");
+    }
+}
+
 /// A delayed entry whose job completed (its hash gone, its completion
 /// record kept) is dropped, not dead-lettered as "job hash missing"; one
 /// whose hash is gone with no record still is.
@@ -1397,17 +1490,17 @@ async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
 }
 
 /// Stale dead entries (state `queued` or `active`) over a main and a
-/// processing list each longer than the trim's lookup bound (1,000 entries
-/// from the tail). Every `LPOS` the trim sends carries `MAXLEN` (as
-/// `MONITOR` shows the script's calls): a stale entry costs a bounded search,
-/// where each one walked the whole list before (500 of them over a main of
-/// 200,500: 1.5 s of blocked Redis in one call). A job not among the
-/// entries searched counts as somewhere: only its dead entry goes. No job
-/// is listed twice: `q-head`, waiting at the far end of main, is not pushed
-/// again, and `a-head`, taken at the far end of processing, is not
-/// dead-lettered again.
+/// processing list each longer than the trim's first search (1,000 entries
+/// from the tail). A call walks a list whole at most `STALE_WALKS` (4)
+/// times (`MONITOR` shows the script's `LPOS` calls): where each lookup
+/// walked the whole list before (500 of them over a main of 200,500: 1.5 s
+/// of blocked Redis in one call). The entry that needs a fifth walk waits
+/// for the next call, which finishes it. No job is listed twice or left in
+/// none: `q-head`, waiting at the far end of main, is not pushed again;
+/// `q-nowhere` and `q-nowhere-2`, in no list, are made waiting; `a-head`,
+/// taken at the far end of processing, is not dead-lettered again.
 #[tokio::test]
-async fn dead_trim_searches_long_lists_for_a_stale_entry_only_up_to_a_bound() {
+async fn dead_trim_walks_long_lists_for_stale_entries_a_bounded_number_of_times() {
     let mut fx = Fixture::start().await;
     let k = fx.keys.clone();
     let filler = |name: &str| {
@@ -1423,11 +1516,13 @@ async fn dead_trim_searches_long_lists_for_a_stale_entry_only_up_to_a_bound() {
         args.extend(ids.iter().map(String::as_str));
         fx.cmd(&args).await;
     }
+    // Trimmed from the tail: in this order.
     for (id, state) in [
         ("q-head", "queued"),
         ("q-tail", "queued"),
         ("q-nowhere", "queued"),
         ("a-head", "active"),
+        ("q-nowhere-2", "queued"),
     ] {
         fx.cmd(&["HSET", &k.job(id), "id", id, "state", state, "dead_at", "1"])
             .await;
@@ -1438,36 +1533,40 @@ async fn dead_trim_searches_long_lists_for_a_stale_entry_only_up_to_a_bound() {
     fx.cmd(&["LPUSH", &k.processing, "a-head"]).await;
 
     let mut conn = fx.conn.clone();
-    let mut c = conn.clone();
-    let calls = super::script_commands(&fx.server.url(), &mut conn, async {
-        let reply = super::dead_trim::DeadTrim {
-            keys: &k,
-            max_len: 0,
-            retention: Duration::from_millis(1),
-            limit: 10,
-        }
-        .run(&mut c)
-        .await
-        .unwrap();
-        assert_eq!((reply.trimmed, reply.remaining), (4, 0));
-    })
-    .await;
-    let lookups: Vec<Vec<String>> = calls
-        .iter()
-        .map(|l| super::monitor_args(l))
-        .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
-        .collect();
-    assert!(!lookups.is_empty(), "{calls:?}");
-    for args in &lookups {
-        assert!(
-            args.iter().any(|a| a.eq_ignore_ascii_case("MAXLEN")),
-            "an unbounded search of a list: {args:?}"
-        );
+    let mut replies = Vec::new();
+    for _ in 0..2 {
+        let mut c = conn.clone();
+        let calls = super::script_commands(&fx.server.url(), &mut conn, async {
+            let r = super::dead_trim::DeadTrim {
+                keys: &k,
+                max_len: 0,
+                retention: Duration::from_millis(1),
+                limit: 10,
+            }
+            .run(&mut c)
+            .await
+            .unwrap();
+            replies.push((r.trimmed, r.remaining));
+        })
+        .await;
+        let walks = calls
+            .iter()
+            .map(|l| super::monitor_args(l))
+            .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
+            .filter(|a| !a.iter().any(|x| x.eq_ignore_ascii_case("MAXLEN")))
+            .count();
+        assert!(walks <= 4, "{walks} whole walks in one call: {calls:?}");
     }
+    assert_eq!(
+        replies,
+        [(4, 1), (1, 0)],
+        "the entry needing a fifth walk waits for the next call"
+    );
     for (id, listed) in [
         ("q-head", 1),
         ("q-tail", 1),
-        ("q-nowhere", 0),
+        ("q-nowhere", 1),
+        ("q-nowhere-2", 1),
         ("a-head", 0),
     ] {
         let Value::Array(at) = fx.cmd(&["LPOS", &k.main, id, "COUNT", "0"]).await else {

@@ -174,6 +174,29 @@ end
 -- bytes are dropped (a character has at most 4); bytes that are not UTF-8
 -- to begin with are the reader's to decode lossily. Any value is read as
 -- its `tostring` (never an error on a number or a false).
+-- A stale entry is one whose job's state says it is elsewhere (dead_trim,
+-- promote): the job is put back only when it is in none of the lists its
+-- state names. Each lookup first searches STALE_SEARCH entries from the
+-- tail; a longer list is then walked whole, at most STALE_WALKS times per
+-- call (`walks.left`), after which the lookup answers nil and the caller
+-- stops before that entry's writes, leaving it for its next call. A call's
+-- cost stays bounded (a whole walk per stale entry made 500 of them over a
+-- main of 200,500 block Redis for 1.5 s) and no job is left in no list or
+-- listed twice.
+local STALE_SEARCH, STALE_WALKS = 1000, 4
+-- Whether `id` is in list `key`: true or false (a key of another type reads
+-- as not holding it), or nil when the answer needs a whole walk and `walks`
+-- has none left.
+local function listed_near_tail(key, id, walks)
+  local i = redis.pcall('LPOS', key, id, 'RANK', -1, 'MAXLEN', STALE_SEARCH)
+  if type(i) == 'number' then return true end
+  if type(i) == 'table' then return false end
+  local n = redis.pcall('LLEN', key)
+  if type(n) ~= 'number' or n <= STALE_SEARCH then return false end
+  if walks.left <= 0 then return nil end
+  walks.left = walks.left - 1
+  return type(redis.pcall('LPOS', key, id, 'RANK', -1)) == 'number'
+end
 local function utf8_cut(s, n)
   s = tostring(s)
   if #s <= n then return s end

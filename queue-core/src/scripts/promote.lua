@@ -17,7 +17,11 @@
 -- dropped and the job left in no list (lost; reclaim already applied this
 -- rule to its stale entries). An entry whose hash is gone but whose
 -- completion record exists (the job completed) is dropped too, not
--- dead-lettered as "job hash missing". Both are answered.
+-- dead-lettered as "job hash missing". Both are answered. Each list lookup
+-- of a stale entry searches STALE_SEARCH entries from the tail, then walks
+-- a longer list whole at most STALE_WALKS times per call (prelude's
+-- listed_near_tail): past that the call ends before the entry's writes and
+-- the next call goes on from it (its wait answers 0: due now).
 -- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs),
 --       6 processing, 7 leases (read only, on the rare stale path, through
 --       pcall: one of another type reads as not holding the job)
@@ -31,6 +35,7 @@ expect_types(KEYS[1], 'zset', KEYS[2], 'list', KEYS[3], 'list')
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 local moved, dropped = 0, {}
+local walks = {left = STALE_WALKS}
 for i = 1, #due, 2 do
   local id = due[i]
   local jobkey = ARGV[1] .. id
@@ -50,21 +55,31 @@ for i = 1, #due, 2 do
     stale = h[1]
   end
   -- A stale entry is dropped only when its job is where its state says; a
-  -- rare path (a hand edit, an older bug): the list walks are affordable.
-  local relist_dead, requeue
+  -- rare path (a hand edit, an older bug). Each list lookup is bounded
+  -- (listed_near_tail); nil: its whole walks are used up, and this entry
+  -- waits for the next call (stopped before its writes, below).
+  local relist_dead, requeue, unsure
   if stale == 'dead' then
-    relist_dead = not redis.call('LPOS', KEYS[3], id)
+    local d = listed_near_tail(KEYS[3], id, walks)
+    relist_dead, unsure = d == false, d == nil
   elseif stale == 'queued' then
     local g = group_of(h[2])
     local waiting = g and select(2, group_keys(KEYS[2])) .. g or KEYS[2]
-    if type(redis.pcall('LPOS', waiting, id)) ~= 'number'
-        and type(redis.pcall('LPOS', KEYS[6], id)) ~= 'number' then
+    local w = listed_near_tail(waiting, id, walks)
+    local p = w ~= true and listed_near_tail(KEYS[6], id, walks)
+    if w == false and p == false then
       stale, requeue = nil, true
+    elseif (w == nil and p ~= true) or p == nil then
+      unsure = true
     end
   elseif stale == 'active' then
-    if type(redis.pcall('LPOS', KEYS[6], id)) ~= 'number'
-        and type(redis.pcall('ZSCORE', KEYS[7], id)) ~= 'string' then
-      stale, bad = nil, 'state active but neither in processing nor leased (corrupt data)'
+    if type(redis.pcall('ZSCORE', KEYS[7], id)) ~= 'string' then
+      local p = listed_near_tail(KEYS[6], id, walks)
+      if p == false then
+        stale, bad = nil, 'state active but neither in processing nor leased (corrupt data)'
+      elseif p == nil then
+        unsure = true
+      end
     end
   elseif stale and stale ~= 'completed' then
     stale, bad = nil, "corrupt field state: '" .. utf8_cut(stale, 64) .. "'"
@@ -76,6 +91,7 @@ for i = 1, #due, 2 do
     local why = waiting_types_bad(KEYS[2], h[2])
     if why then bad = 'cannot wait in its group: ' .. why .. ' (corrupt data)' end
   end
+  if unsure then break end
   if requeue then
     redis.log(redis.LOG_WARNING, 'promote: job ' .. id .. ' in state queued was in no list ('
       .. KEYS[1] .. '): made waiting')
