@@ -197,6 +197,17 @@ local function listed_near_tail(key, id, walks)
   walks.left = walks.left - 1
   return type(redis.pcall('LPOS', key, id, 'RANK', -1)) == 'number'
 end
+-- enqueue_many: a fresh (generated) id whose first write, its HSET, raised
+-- (its job key holds another type, corrupt data): nothing of the job is left
+-- (its once-marker, set by this job, deleted) and it is refused:
+-- {'invalid', reason}, and for a call of one job in mode 'all'
+-- (`whole_call`) the error reply the call answers instead.
+local function fresh_key_refused(once_prefix, id, jobkey, once, whole_call)
+  if once > 0 then redis.call('DEL', once_prefix .. id) end
+  local why = 'corrupt job key: holds a ' .. redis.call('TYPE', jobkey)['ok'] .. ', not a hash'
+  return {'invalid', why},
+    whole_call and redis.error_reply('ERR invalid argument job ' .. id .. ': ' .. why) or nil
+end
 local function utf8_cut(s, n)
   s = tostring(s)
   if #s <= n then return s end
