@@ -1168,6 +1168,49 @@ async fn an_oversized_row_is_rejected_and_the_rows_behind_it_published() {
     assert!(env.queue.job(MAIL_Q, "huge-1").await.unwrap().is_none());
 }
 
+/// Staging refuses a payload, or an extra field value, longer than
+/// `Outbox::with_max_arg_len` (the server's `proto-max-bulk-len`) with the
+/// reason, writing nothing: the relay could never send it. Before, it was
+/// staged and only the relay found out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_job_is_refused_when_staged() {
+    let Some(mut env) = setup().await else { return };
+    let limit = 256;
+    let outbox = env.outbox.clone().with_max_arg_len(limit);
+    let big = Mail {
+        to: "x".repeat(limit * 2),
+        n: 0,
+    };
+    let tx = env.client.transaction().await.unwrap();
+    for (opts, args, what) in [
+        (EnqueueOptions::new().id("huge-1"), &big, "payload"),
+        (
+            EnqueueOptions::new()
+                .id("huge-2")
+                .extra_field("group", "g".repeat(limit + 1)),
+            &mail(2),
+            "extra field `group`",
+        ),
+    ] {
+        let err = outbox
+            .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, args)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OutboxError::InvalidJob { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(what) && text.contains(&format!("{limit} bytes")),
+            "{text}"
+        );
+    }
+    outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(3), Some("fine-3".into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(env.scalar("SELECT count(*) FROM $T").await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extra_fields_reach_the_job_through_the_relay() {
     let Some(mut env) = setup().await else { return };
