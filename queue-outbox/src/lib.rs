@@ -93,9 +93,9 @@
 //! | `job_type`, `schema_version`, `max_attempts`, `payload` | text, int, int, bytea | what the relay enqueues (MessagePack payload) |
 //! | `created_at` | timestamptz default now() | |
 //! | `published_at` | timestamptz | set by the relay's commit |
-//! | `rejected_at` | timestamptz | set when a row can never be published (e.g. a hand-written invalid job id) |
+//! | `rejected_at` | timestamptz | set when a row can never be published (e.g. a hand-written invalid job id, a payload longer than the relay's `Queue::with_max_arg_len`) |
 //! | `attempts`, `last_error` | int, text | committed publish attempts and the last Redis error (kept after success) |
-//! | `run_at` | timestamptz | from [`EnqueueOptions::delay`](queue_core::EnqueueOptions::delay) or `run_at` |
+//! | `run_at` | timestamptz | from [`EnqueueOptions::delay`](queue_core::EnqueueOptions::delay) (counted from the insert: `clock_timestamp()`) or `run_at` |
 //! | `extra` | text[] (name, value, …) | the job's extra fields: rate key, group, start deadline ([`OutboxRow::extra_fields`]); added to an older table by [`Outbox::migrate`] |
 //! | `next_attempt_at` | timestamptz | after Redis refused the row on its own: not sent again before this (1 s doubling to 10 min by `attempts`; NULL: at once); added to an older table by [`Outbox::migrate`] |
 //!

@@ -27,7 +27,13 @@ pub const DEFAULT_TABLE: &str = "queue_outbox";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outbox {
     table: TableName,
+    /// The longest payload or extra field staged ([`Outbox::with_max_arg_len`]).
+    max_arg_len: usize,
 }
+
+/// Default of [`Outbox::with_max_arg_len`]: the default of
+/// `Queue::with_max_arg_len`, Redis' default `proto-max-bulk-len`.
+const DEFAULT_MAX_ARG_LEN: usize = 512 << 20;
 
 impl Default for Outbox {
     fn default() -> Self {
@@ -224,6 +230,7 @@ impl Outbox {
     pub fn new() -> Self {
         Outbox {
             table: TableName::parse(DEFAULT_TABLE).expect("the default table name is valid"),
+            max_arg_len: DEFAULT_MAX_ARG_LEN,
         }
     }
 
@@ -233,7 +240,31 @@ impl Outbox {
     pub fn with_table(name: &str) -> Result<Self> {
         Ok(Outbox {
             table: TableName::parse(name)?,
+            max_arg_len: DEFAULT_MAX_ARG_LEN,
         })
+    }
+
+    /// The longest payload, or extra field name or value, that
+    /// [`enqueue_in_tx_with`](Self::enqueue_in_tx_with) stages, in bytes: a
+    /// longer one is refused with [`OutboxError::InvalidJob`] before
+    /// anything is written. Default 512 MiB, Redis' default
+    /// `proto-max-bulk-len`, as `Queue::with_max_arg_len`. Set both to the
+    /// server's `proto-max-bulk-len` when that is lower: the relay's `Queue`
+    /// rejects a longer row it finds (written before, or by another
+    /// program), and Redis closes the connection on one sent anyway.
+    ///
+    /// ```
+    /// let outbox = queue_outbox::Outbox::new().with_max_arg_len(1 << 20);
+    /// assert_eq!(outbox.max_arg_len(), 1 << 20);
+    /// ```
+    pub fn with_max_arg_len(mut self, bytes: usize) -> Self {
+        self.max_arg_len = bytes;
+        self
+    }
+
+    /// The current argument limit (see [`with_max_arg_len`](Self::with_max_arg_len)).
+    pub fn max_arg_len(&self) -> usize {
+        self.max_arg_len
     }
 
     /// The table name as given.
@@ -343,6 +374,10 @@ impl Outbox {
     /// publishes later enqueues the job with whatever remains of it. `run_at`
     /// takes precedence over `delay`, as in `queue-core`.
     ///
+    /// A payload, or an extra field name or value, longer than
+    /// [`with_max_arg_len`](Self::with_max_arg_len) is refused with
+    /// [`OutboxError::InvalidJob`]: the relay could never send it.
+    ///
     /// `once_for` and `wait_for_replicas` are refused with
     /// [`OutboxError::InvalidJob`] rather than silently dropped: the outbox
     /// does not store the first, and the second is a relay setting
@@ -394,14 +429,29 @@ impl Outbox {
                 extra.push(("rate_key".to_string(), key));
             }
         }
-        let extra: Option<Vec<String>> =
-            (!extra.is_empty()).then(|| extra.into_iter().flat_map(|(n, v)| [n, v]).collect());
         let payload = rmp_serde::to_vec_named(args).map_err(|source| OutboxError::Encode {
             queue: queue.to_string(),
             job_type: J::NAME.to_string(),
             job_id: id.clone(),
             source,
         })?;
+        let limit = self.max_arg_len;
+        let too_long = |what: &str, len: usize| {
+            invalid(&format!(
+                "its {what} is {len} bytes, more than the {limit} bytes Redis takes as one \
+                 argument (Outbox::with_max_arg_len): the relay could never send it"
+            ))
+        };
+        if payload.len() > limit {
+            return Err(too_long("payload", payload.len()));
+        }
+        for (name, value) in &extra {
+            if let Some(len) = [name.len(), value.len()].into_iter().find(|&l| l > limit) {
+                return Err(too_long(&format!("extra field `{name:.64}`"), len));
+            }
+        }
+        let extra: Option<Vec<String>> =
+            (!extra.is_empty()).then(|| extra.into_iter().flat_map(|(n, v)| [n, v]).collect());
         let rows = tx
             .query(
                 &self.table.insert_sql(),

@@ -656,12 +656,17 @@ fn row_only(e: &QueueError) -> bool {
     }
 }
 
-/// A send error that no retry can fix: queue-core refused the job id, or the
-/// enqueue script refused the call for the job's own arguments — a name of a
-/// core job field (`state`, `token`, …) or an empty name among its extra
-/// fields, numbers that are not counts, an empty id. Such a refusal answers
-/// the same arguments the same way every time, so the row is rejected with
-/// it. The script's other `invalid argument` refusals are about data in
+/// A send error that no retry can fix: queue-core refused the job id, the
+/// queue name, an extra field, or an argument longer than the relay's
+/// `Queue` sends ([`QueueError::ArgumentTooLarge`]: the payload or an extra
+/// field above [`Queue::with_max_arg_len`]), or the enqueue script refused
+/// the call for the job's own arguments — a name of a core job field
+/// (`state`, `token`, …) or an empty name among its extra fields, numbers
+/// that are not counts, an empty id. Such a refusal answers the same
+/// arguments the same way every time, so the row is rejected with it.
+/// Before, an oversized payload was taken for a failure of Redis: the row
+/// was marked failed, the batch stopped, and every later batch selected it
+/// first again, so no row behind it was ever published. The script's other `invalid argument` refusals are about data in
 /// Redis (a corrupt key of the job or of its group) that an operator can
 /// repair: they stay failures, retried after a backoff.
 fn refused_for_good(e: &QueueError, id: &JobId) -> bool {
@@ -675,7 +680,8 @@ fn refused_for_good(e: &QueueError, id: &JobId) -> bool {
     match e {
         QueueError::InvalidJobId { .. }
         | QueueError::InvalidQueueName { .. }
-        | QueueError::InvalidExtraField { .. } => true,
+        | QueueError::InvalidExtraField { .. }
+        | QueueError::ArgumentTooLarge { .. } => true,
         QueueError::Redis { source, .. } if source.code() == Some("ERR") => {
             let text = source.to_string();
             let prefix = format!("invalid argument job {id}: ");

@@ -234,11 +234,14 @@ $queue_migrate$;",
         )
     }
 
+    /// The delay counts from the insert: `clock_timestamp()`, not `now()`
+    /// (the start of the caller's transaction). Before, a job staged late
+    /// in a long business transaction lost that part of its delay.
     pub(crate) fn insert_sql(&self) -> String {
         format!(
             "INSERT INTO {} (job_id, queue, job_type, schema_version, max_attempts, payload, run_at, extra) \
              VALUES ($1, $2, $3, $4, $5, $6, \
-                     COALESCE($8::timestamptz, now() + $7::bigint * interval '1 microsecond'), $9) \
+                     COALESCE($8::timestamptz, clock_timestamp() + $7::bigint * interval '1 microsecond'), $9) \
              ON CONFLICT (queue, job_id) DO NOTHING RETURNING id",
             self.quoted
         )

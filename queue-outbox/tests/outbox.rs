@@ -1113,6 +1113,104 @@ async fn a_row_run_at_infinity_is_rejected_and_the_others_published() {
 /// A job's extra fields (a group, a rate key) go through the outbox: the
 /// relay enqueues the job with them, so fair queuing and per-key limits
 /// apply to it. Before, the outbox dropped them without a word.
+/// A row whose payload is longer than the relay's `Queue` sends
+/// (`Queue::with_max_arg_len`, set to the server's `proto-max-bulk-len`)
+/// is rejected with the reason, and the rows behind it, of its queue and of
+/// another, are published. Before, queue-core's refusal was taken for a
+/// failure of Redis: the row was marked failed, the batch stopped, and
+/// every later batch selected it first again, so nothing behind it was
+/// ever published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_row_is_rejected_and_the_rows_behind_it_published() {
+    let Some(mut env) = setup().await else { return };
+    let limit = 256;
+    let big = Mail {
+        to: "x".repeat(limit * 2),
+        n: 0,
+    };
+    env.stage::<send_mail::Job>("huge-1", &big).await;
+    env.stage::<send_mail::Job>("fine-2", &mail(2)).await;
+    env.stage::<idle::Job>("fine-3", &mail(3)).await;
+    let queue = env.queue.clone().with_max_arg_len(limit);
+    let mut relay = Relay::connect(env.outbox.clone(), &env.db_url, queue)
+        .await
+        .expect("relay connects");
+
+    let report = relay.publish_batch(100).await.unwrap();
+    assert_eq!(
+        (
+            report.published,
+            report.rejected,
+            report.failed,
+            report.stopped
+        ),
+        (2, 1, 0, false),
+        "{report:?}"
+    );
+    assert!(env.row("fine-2").await.0 && env.row("fine-3").await.0);
+    assert_eq!(
+        (env.enqueued(MAIL_Q).await, env.enqueued(IDLE_Q).await),
+        (1, 1)
+    );
+    let (published, _, last_error) = env.row("huge-1").await;
+    let last_error = last_error.unwrap_or_default();
+    assert!(!published, "{last_error}");
+    assert!(
+        last_error.contains("payload") && last_error.contains(&format!("{limit} bytes")),
+        "the reason names the payload and the limit: {last_error}"
+    );
+    assert_eq!(env.outbox.stats(&env.client).await.unwrap().rejected, 1);
+    assert_eq!(
+        relay.publish_batch(100).await.unwrap(),
+        RelayReport::default(),
+        "not picked again"
+    );
+    assert!(env.queue.job(MAIL_Q, "huge-1").await.unwrap().is_none());
+}
+
+/// Staging refuses a payload, or an extra field value, longer than
+/// `Outbox::with_max_arg_len` (the server's `proto-max-bulk-len`) with the
+/// reason, writing nothing: the relay could never send it. Before, it was
+/// staged and only the relay found out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_job_is_refused_when_staged() {
+    let Some(mut env) = setup().await else { return };
+    let limit = 256;
+    let outbox = env.outbox.clone().with_max_arg_len(limit);
+    let big = Mail {
+        to: "x".repeat(limit * 2),
+        n: 0,
+    };
+    let tx = env.client.transaction().await.unwrap();
+    for (opts, args, what) in [
+        (EnqueueOptions::new().id("huge-1"), &big, "payload"),
+        (
+            EnqueueOptions::new()
+                .id("huge-2")
+                .extra_field("group", "g".repeat(limit + 1)),
+            &mail(2),
+            "extra field `group`",
+        ),
+    ] {
+        let err = outbox
+            .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, args)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, OutboxError::InvalidJob { .. }), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(what) && text.contains(&format!("{limit} bytes")),
+            "{text}"
+        );
+    }
+    outbox
+        .enqueue_in_tx::<send_mail::Job>(&tx, &mail(3), Some("fine-3".into()))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(env.scalar("SELECT count(*) FROM $T").await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extra_fields_reach_the_job_through_the_relay() {
     let Some(mut env) = setup().await else { return };
@@ -1281,6 +1379,47 @@ async fn a_delay_counts_from_the_insert_and_reaches_redis() {
     );
     let now = env.queue.job(MAIL_Q, "now-1").await.unwrap().unwrap();
     assert_eq!(now.state(), Some("queued"));
+}
+
+/// A delay counts from the insert, not from the start of the business
+/// transaction that staged it. Before, `run_at` was `now() + delay`, and
+/// `now()` is the transaction's start: a job staged 1.5 s into its
+/// transaction lost 1.5 s of its delay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_counts_from_the_insert_not_from_the_transaction_start() {
+    let Some(env) = setup().await else { return };
+    let mut client = connect_postgres(&env.db_url).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    tx.execute("SELECT pg_sleep(1.5)", &[]).await.unwrap();
+    let before: std::time::SystemTime = tx
+        .query_one("SELECT clock_timestamp()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let opts = EnqueueOptions::new()
+        .id("later-1")
+        .delay(Duration::from_secs(5));
+    env.outbox
+        .enqueue_in_tx_with::<send_mail::Job>(&tx, opts, &mail(1))
+        .await
+        .unwrap();
+    let sql = format!(
+        "SELECT run_at, clock_timestamp() FROM \"{}\" WHERE job_id = 'later-1'",
+        env.table()
+    );
+    let row = tx.query_one(&sql, &[]).await.unwrap();
+    let (run_at, after): (std::time::SystemTime, std::time::SystemTime) = (row.get(0), row.get(1));
+    tx.commit().await.unwrap();
+    let from_before = run_at.duration_since(before).unwrap_or_default();
+    assert!(
+        from_before >= Duration::from_secs(5),
+        "run_at is 5 s after a time read before the insert: {from_before:?}"
+    );
+    let from_after = run_at.duration_since(after).unwrap_or_default();
+    assert!(
+        from_after >= Duration::from_millis(4_500),
+        "run_at is about 5 s after the insert: {from_after:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -281,6 +281,14 @@ pub struct RelayArgs {
     /// Replica wait timeout (ms).
     #[arg(long, default_value_t = 1000)]
     pub wait_timeout_ms: u64,
+    /// The longest payload (or extra field) sent to Redis, in bytes
+    /// (`Queue::with_max_arg_len`; default 512 MiB, Redis' default
+    /// `proto-max-bulk-len`). Set it to the server's `proto-max-bulk-len`
+    /// when that is lower: a longer row is then rejected with its reason
+    /// instead of being sent, which would make Redis close the connection
+    /// and stop every batch at that row.
+    #[arg(long)]
+    pub max_arg_len: Option<usize>,
 }
 
 #[derive(Debug, Args)]

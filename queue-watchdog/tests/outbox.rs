@@ -153,6 +153,65 @@ async fn relay_once_exits_1_when_it_rejected_a_row() {
     assert_eq!(code, 1, "{out}{err}");
 }
 
+/// `relay --max-arg-len` is the relay's `Queue::with_max_arg_len` (set to a
+/// server's lower `proto-max-bulk-len`): a row whose payload is longer is
+/// rejected with its reason, and the row behind it is published. Without
+/// the flag an operator could not match a lower server limit, and such a
+/// row made Redis close the connection at every batch.
+#[tokio::test]
+async fn relay_max_arg_len_rejects_a_longer_row_and_publishes_the_others() {
+    let Some(db) = require() else { return };
+    let redis = RedisServer::start().unwrap();
+    let table = unique_name("cli_outbox");
+    let _drop = DropTable::new(&db, &table);
+    let mut client = connect_postgres(&db).await.unwrap();
+    let outbox = Outbox::with_table(&table).unwrap();
+    outbox.migrate(&client).await.unwrap();
+    // MessagePack: 4821 is 3 bytes, 7 is 1 byte.
+    for (id, amount) in [("invoice-big", 4821), ("invoice-small", 7)] {
+        let tx = client.transaction().await.unwrap();
+        outbox
+            .enqueue_in_tx::<Invoice>(&tx, &amount, Some(id.into()))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    let once = [
+        "outbox",
+        "relay",
+        "--table",
+        &table,
+        "--once",
+        "--max-arg-len",
+        "2",
+    ];
+    let (code, out, err) = cli(Some(&redis.url()), &db, &once);
+    assert!(
+        out.contains("published=1") && out.contains("failed=0") && out.contains("rejected=1"),
+        "{out}{err}"
+    );
+    assert_eq!(code, 1, "a rejected row exits 1: {out}{err}");
+    let queue = Queue::connect(&redis.url()).await.unwrap();
+    assert!(queue
+        .job("billing", "invoice-small")
+        .await
+        .unwrap()
+        .is_some());
+    assert!(queue.job("billing", "invoice-big").await.unwrap().is_none());
+    let reason: String = client
+        .query_one(
+            &format!("SELECT last_error FROM \"{table}\" WHERE rejected_at IS NOT NULL"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        reason.contains("invoice-big") && reason.contains("payload"),
+        "{reason}"
+    );
+}
+
 /// `outbox stats` counts rows; `outbox prune` deletes published rows older
 /// than its age (7 days by default), refuses an age below 24 h without
 /// --force, and leaves unpublished rows alone.

@@ -89,7 +89,10 @@ async fn migrate(target: &OutboxTarget) -> Result<ExitCode> {
 async fn relay(redis_url: &str, args: RelayArgs) -> Result<ExitCode> {
     let target = &args.target;
     let outbox = Outbox::with_table(&target.table)?;
-    let queue = Queue::connect(redis_url).await?;
+    let mut queue = Queue::connect(redis_url).await?;
+    if let Some(bytes) = args.max_arg_len {
+        queue = queue.with_max_arg_len(bytes);
+    }
     if args.migrate {
         outbox
             .migrate(&connect_postgres(&target.database_url).await?)
