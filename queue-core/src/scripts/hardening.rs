@@ -33,6 +33,17 @@ struct Fixture {
     keys: QueueKeys,
 }
 
+/// The `LPOS` calls among a script's `calls` (`MONITOR` lines) that walk a
+/// whole list (no `MAXLEN`).
+fn whole_walks(calls: &[String]) -> usize {
+    calls
+        .iter()
+        .map(|l| super::monitor_args(l))
+        .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
+        .filter(|a| !a.iter().any(|x| x.eq_ignore_ascii_case("MAXLEN")))
+        .count()
+}
+
 /// Where a job id is found.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Places {
@@ -205,6 +216,17 @@ impl Fixture {
 
     async fn reclaim(&mut self) -> Result<super::reclaim::ReclaimReply> {
         Reclaim::for_tests(&self.keys).run(&mut self.conn).await
+    }
+
+    /// Pushes 3,000 filler ids (`<name>-<n>`) on each list: longer than a
+    /// stale entry's first search (1,000 entries from the tail).
+    async fn fill_lists(&mut self, lists: &[(&String, &str)]) {
+        for (list, name) in lists {
+            let ids: Vec<String> = (0..3_000).map(|n| format!("{name}-{n}")).collect();
+            let mut args = vec!["RPUSH", list.as_str()];
+            args.extend(ids.iter().map(String::as_str));
+            self.cmd(&args).await;
+        }
     }
 
     async fn promote(&mut self) -> Result<super::promote::PromoteReply> {
@@ -1295,20 +1317,12 @@ async fn promote_never_strands_a_job_whose_state_is_not_delayed() {
 async fn promote_walks_long_lists_for_stale_entries_a_bounded_number_of_times() {
     let mut fx = Fixture::start().await;
     let k = fx.keys.clone();
-    let filler = |name: &str| {
-        (0..3_000)
-            .map(|n| format!("{name}-{n}"))
-            .collect::<Vec<_>>()
-    };
-    for (list, ids) in [
-        (&k.main, filler("waiting")),
-        (&k.processing, filler("running")),
-        (&k.dead, filler("buried")),
-    ] {
-        let mut args = vec!["RPUSH", list.as_str()];
-        args.extend(ids.iter().map(String::as_str));
-        fx.cmd(&args).await;
-    }
+    fx.fill_lists(&[
+        (&k.main, "waiting"),
+        (&k.processing, "running"),
+        (&k.dead, "buried"),
+    ])
+    .await;
     // Promoted in score order: q-head (one walk), q-nowhere (two), a-head
     // (one), then d-head and d-gone (one each) in the next call.
     for (score, id, state) in [
@@ -1342,12 +1356,7 @@ async fn promote_walks_long_lists_for_stale_entries_a_bounded_number_of_times() 
             .unwrap();
         })
         .await;
-        let walks = calls
-            .iter()
-            .map(|l| super::monitor_args(l))
-            .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
-            .filter(|a| !a.iter().any(|x| x.eq_ignore_ascii_case("MAXLEN")))
-            .count();
+        let walks = whole_walks(&calls);
         assert!(walks <= 4, "{walks} whole walks in one call: {calls:?}");
         match fx.cmd(&["ZCARD", &k.delayed]).await {
             Value::Int(n) => left.push(n),
@@ -1503,19 +1512,8 @@ async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
 async fn dead_trim_walks_long_lists_for_stale_entries_a_bounded_number_of_times() {
     let mut fx = Fixture::start().await;
     let k = fx.keys.clone();
-    let filler = |name: &str| {
-        (0..3_000)
-            .map(|n| format!("{name}-{n}"))
-            .collect::<Vec<_>>()
-    };
-    for (list, ids) in [
-        (&k.main, filler("waiting")),
-        (&k.processing, filler("running")),
-    ] {
-        let mut args = vec!["RPUSH", list.as_str()];
-        args.extend(ids.iter().map(String::as_str));
-        fx.cmd(&args).await;
-    }
+    fx.fill_lists(&[(&k.main, "waiting"), (&k.processing, "running")])
+        .await;
     // Trimmed from the tail: in this order.
     for (id, state) in [
         ("q-head", "queued"),
@@ -1549,12 +1547,7 @@ async fn dead_trim_walks_long_lists_for_stale_entries_a_bounded_number_of_times(
             replies.push((r.trimmed, r.remaining));
         })
         .await;
-        let walks = calls
-            .iter()
-            .map(|l| super::monitor_args(l))
-            .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
-            .filter(|a| !a.iter().any(|x| x.eq_ignore_ascii_case("MAXLEN")))
-            .count();
+        let walks = whole_walks(&calls);
         assert!(walks <= 4, "{walks} whole walks in one call: {calls:?}");
     }
     assert_eq!(

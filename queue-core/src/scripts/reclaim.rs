@@ -244,6 +244,29 @@ mod tests {
         running
     }
 
+    /// One reclaim call of batch 100 over `keys`, watched: its reply and
+    /// the calls it made to the processing list (of `len` entries).
+    async fn watched_reclaim(
+        server: &queue_testkit::RedisServer,
+        conn: &mut RedisConnection,
+        keys: &QueueKeys,
+        len: usize,
+    ) -> (super::ReclaimReply, ListCalls) {
+        let reclaim = Reclaim {
+            batch: 100,
+            orphan_scan: 1,
+            ..Reclaim::for_tests(keys)
+        };
+        let mut c = conn.clone();
+        let mut reply = None;
+        let calls = script_commands(&server.url(), conn, async {
+            reply = Some(reclaim.run(&mut c).await.unwrap());
+        })
+        .await;
+        let reply = reply.expect("the call answered");
+        (reply, ListCalls::of(&calls, &keys.processing, len))
+    }
+
     async fn processing(conn: &mut RedisConnection, keys: &QueueKeys) -> Vec<String> {
         redis::cmd("LRANGE")
             .arg(&keys.processing)
@@ -270,18 +293,8 @@ mod tests {
         let expired: Vec<String> = (0..100).map(|n| format!("expired-{n}")).collect();
         let running = long_processing_list(&mut conn, &keys, 19_900, &expired, 0).await;
 
-        let reclaim = Reclaim {
-            batch: 100,
-            orphan_scan: 1,
-            ..Reclaim::for_tests(&keys)
-        };
-        let mut c = conn.clone();
-        let calls = script_commands(&server.url(), &mut conn, async move {
-            let done = reclaim.run(&mut c).await.unwrap();
-            assert_eq!(done.reclaimed, 100);
-        })
-        .await;
-        let list = ListCalls::of(&calls, &keys.processing, 20_000);
+        let (done, list) = watched_reclaim(&server, &mut conn, &keys, 20_000).await;
+        assert_eq!(done.reclaimed, 100);
         assert_eq!(list.lookups, 0, "{list:?}");
         assert_eq!(list.removal_counts, [-100], "one LREM, from the tail");
         assert!(
@@ -309,19 +322,9 @@ mod tests {
         let expired: Vec<String> = (0..100).map(|n| format!("expired-{n}")).collect();
         let running = long_processing_list(&mut conn, &keys, 20_000, &expired, 100).await;
 
-        let reclaim = Reclaim {
-            batch: 100,
-            orphan_scan: 1,
-            ..Reclaim::for_tests(&keys)
-        };
-        let mut c = conn.clone();
-        let calls = script_commands(&server.url(), &mut conn, async move {
-            let done = reclaim.run(&mut c).await.unwrap();
-            assert_eq!(done.reclaimed, 100);
-        })
-        .await;
         let len = running.len() + expired.len();
-        let list = ListCalls::of(&calls, &keys.processing, len);
+        let (done, list) = watched_reclaim(&server, &mut conn, &keys, len).await;
+        assert_eq!(done.reclaimed, 100);
         assert!(
             list.walks(len) <= 3.0,
             "the pass walked processing {:.1} times: {list:?}",
@@ -343,18 +346,9 @@ mod tests {
         let expired: Vec<String> = (0..100).map(|n| format!("expired-{n}")).collect();
         let running = long_processing_list(&mut conn, &keys, 20_000, &expired, 5).await;
 
-        let reclaim = Reclaim {
-            batch: 100,
-            orphan_scan: 1,
-            ..Reclaim::for_tests(&keys)
-        };
-        let mut c = conn.clone();
-        let calls = script_commands(&server.url(), &mut conn, async move {
-            let done = reclaim.run(&mut c).await.unwrap();
-            assert_eq!((done.reclaimed, done.dead_lettered), (100, 0));
-        })
-        .await;
-        let list = ListCalls::of(&calls, &keys.processing, running.len() + expired.len());
+        let len = running.len() + expired.len();
+        let (done, list) = watched_reclaim(&server, &mut conn, &keys, len).await;
+        assert_eq!((done.reclaimed, done.dead_lettered), (100, 0));
         assert_eq!(list.lookups, 5, "{list:?}");
         assert_eq!(processing(&mut conn, &keys).await, running);
     }
