@@ -69,16 +69,13 @@ while trimmed < limit and len > 0 do
   if state == 'queued' then
     local g = group_of(h[3])
     local waiting = g and select(2, group_keys(KEYS[4])) .. g or KEYS[4]
-    local w = listed_near_tail(waiting, id, walks)
-    local p = w ~= true and listed_near_tail(KEYS[5], id, walks)
-    if w == false and p == false then
+    local listed = queued_job_listed(waiting, KEYS[5], id, walks)
+    if listed == false then
       requeue = true
       local why = waiting_types_bad(KEYS[4], h[3])
       if why then requeue, bad = nil, 'cannot wait: ' .. why .. ' (corrupt data)' end
-    elseif w == nil and p ~= true then
-      unsure = waiting
-    elseif p == nil then
-      unsure = KEYS[5]
+    elseif listed == nil then
+      unsure = true
     end
   elseif state == 'active' then
     if type(redis.pcall('ZSCORE', KEYS[6], id)) ~= 'string' then
@@ -86,7 +83,7 @@ while trimmed < limit and len > 0 do
       if p == false then
         bad = 'state active but neither in processing nor leased (corrupt data)'
       elseif p == nil then
-        unsure = KEYS[5]
+        unsure = true
       end
     end
   elseif state == 'delayed' then

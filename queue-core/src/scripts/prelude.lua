@@ -197,6 +197,17 @@ local function listed_near_tail(key, id, walks)
   walks.left = walks.left - 1
   return type(redis.pcall('LPOS', key, id, 'RANK', -1)) == 'number'
 end
+-- Whether a stale entry's `queued` job is waiting (`waiting`: main or its
+-- group's list) or taken (`processing`): true, false (in neither), or nil
+-- when a lookup needs a whole walk and `walks` has none left.
+local function queued_job_listed(waiting, processing, id, walks)
+  local w = listed_near_tail(waiting, id, walks)
+  if w then return true end
+  local p = listed_near_tail(processing, id, walks)
+  if p ~= false then return p end
+  return w
+end
+
 -- enqueue_many: a fresh (generated) id whose first write, its HSET, raised
 -- (its job key holds another type, corrupt data): nothing of the job is left
 -- (its once-marker, set by this job, deleted) and it is refused:

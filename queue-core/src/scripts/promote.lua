@@ -65,11 +65,10 @@ for i = 1, #due, 2 do
   elseif stale == 'queued' then
     local g = group_of(h[2])
     local waiting = g and select(2, group_keys(KEYS[2])) .. g or KEYS[2]
-    local w = listed_near_tail(waiting, id, walks)
-    local p = w ~= true and listed_near_tail(KEYS[6], id, walks)
-    if w == false and p == false then
+    local listed = queued_job_listed(waiting, KEYS[6], id, walks)
+    if listed == false then
       stale, requeue = nil, true
-    elseif (w == nil and p ~= true) or p == nil then
+    elseif listed == nil then
       unsure = true
     end
   elseif stale == 'active' then
