@@ -130,7 +130,7 @@ fn unreachable_redis_is_a_clear_error() {
 // ------------------------------------------------------------------------
 // stats, jobs show, dead list/replay/purge, run --metrics-listen, --help
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use queue_core::{
@@ -615,28 +615,10 @@ fn run_serves_prometheus_metrics() {
         "--interval-ms",
         "100",
     ]);
-    let addr = watchdog.addr.clone();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
-        let body = std::net::TcpStream::connect(&addr).ok().map(|mut s| {
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            write!(
-                s,
-                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            )
-            .unwrap();
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out);
-            out
-        });
-        if let Some(b) =
-            body.filter(|b| b.contains("queue_jobs_reclaimed_total{queue=\"emails\"} 1"))
-        {
-            break b;
-        }
-        assert!(Instant::now() < deadline, "no reclaim metric in time");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let body = watchdog.wait_for(
+        "queue_jobs_reclaimed_total{queue=\"emails\"} 1",
+        Duration::from_secs(20),
+    );
     drop(watchdog);
     for needle in [
         "# TYPE queue_jobs_reclaimed_total counter",
@@ -1297,27 +1279,8 @@ fn run_reports_and_exports_the_stale_entries_a_pass_dropped() {
         "--interval-ms",
         "100",
     ]);
-    let addr = watchdog.addr.clone();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let body = std::net::TcpStream::connect(&addr).ok().map(|mut s| {
-            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-            write!(
-                s,
-                "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            )
-            .unwrap();
-            let mut out = String::new();
-            let _ = s.read_to_string(&mut out);
-            out
-        });
-        if body.is_some_and(|b| b.contains("queue_reclaim_dropped_total{queue=\"emails\"} 2")) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "queue_reclaim_dropped_total never reached 2"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    watchdog.wait_for(
+        "queue_reclaim_dropped_total{queue=\"emails\"} 2",
+        Duration::from_secs(20),
+    );
 }

@@ -3,12 +3,11 @@
 
 use queue_core::JobContext;
 use queue_inbox::Inbox;
-use queue_outbox::{connect_postgres, Outbox};
 use queue_testkit::postgres::{require, unique_name, DropTable};
 
 #[path = "support/billing_cli.rs"]
 mod billing_cli;
-use billing_cli::{cli, stage_published_days_ago, Invoice};
+use billing_cli::{cli, migrated_outbox, stage_published_days_ago, Invoice};
 
 #[tokio::test]
 async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
@@ -25,9 +24,7 @@ async fn migrate_stats_reconcile_and_prune_from_the_command_line() {
     assert!(out.contains("is ready"), "{out}");
 
     // Two events in the outbox; the first one's effect commits through the inbox.
-    let mut client = connect_postgres(&db).await.unwrap();
-    let outbox = Outbox::with_table(&outbox_table).unwrap();
-    outbox.migrate(&client).await.unwrap();
+    let (mut client, outbox) = migrated_outbox(&db, &outbox_table).await;
     let tx = client.transaction().await.unwrap();
     for id in ["invoice-1", "invoice-2"] {
         outbox
@@ -115,14 +112,12 @@ async fn reconcile_by_default_leaves_out_rows_older_than_the_prune_age() {
         DropTable::new(&db, &table),
         DropTable::new(&db, &outbox_table),
     ];
-    let mut client = connect_postgres(&db).await.unwrap();
+    let (mut client, outbox) = migrated_outbox(&db, &outbox_table).await;
     Inbox::with_table(&table)
         .unwrap()
         .migrate(&client)
         .await
         .unwrap();
-    let outbox = Outbox::with_table(&outbox_table).unwrap();
-    outbox.migrate(&client).await.unwrap();
     stage_published_days_ago(&mut client, &outbox, &outbox_table, "invoice-old", 8).await;
 
     let reconcile = [

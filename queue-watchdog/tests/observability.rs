@@ -6,7 +6,6 @@
 //! the watchdog alone; the dashboard's worker row by a worker's exporter).
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use queue_testkit::RedisServer;
 use serde::{Deserialize, Serialize};
 
 mod support;
-use metrics_run::MetricsWatchdog;
+use metrics_run::{scrape, MetricsWatchdog};
 #[path = "support/metrics_run.rs"]
 mod metrics_run;
 
@@ -116,19 +115,6 @@ fn alert_rules() -> Vec<(String, String)> {
         }
     }
     rules
-}
-
-fn scrape(addr: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
 }
 
 /// True when the exposition has a sample of `name` (any labels).

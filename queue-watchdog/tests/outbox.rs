@@ -8,7 +8,7 @@ use queue_testkit::RedisServer;
 
 #[path = "support/billing_cli.rs"]
 mod billing_cli;
-use billing_cli::{cli, stage_published_days_ago, Invoice};
+use billing_cli::{cli, migrated_outbox, stage_published_days_ago, Invoice};
 
 #[tokio::test]
 async fn migrate_relay_and_reconcile_from_the_command_line() {
@@ -91,9 +91,7 @@ async fn reconcile_by_default_leaves_out_rows_older_than_the_completion_retentio
     let redis = RedisServer::start().unwrap();
     let table = unique_name("cli_outbox");
     let _drop = DropTable::new(&db, &table);
-    let mut client = connect_postgres(&db).await.unwrap();
-    let outbox = Outbox::with_table(&table).unwrap();
-    outbox.migrate(&client).await.unwrap();
+    let (mut client, outbox) = migrated_outbox(&db, &table).await;
     stage_published_days_ago(&mut client, &outbox, &table, "invoice-old", 2).await;
 
     let reconcile = [
@@ -127,9 +125,7 @@ async fn relay_once_exits_1_when_it_rejected_a_row() {
     let redis = RedisServer::start().unwrap();
     let table = unique_name("cli_outbox");
     let _drop = DropTable::new(&db, &table);
-    let client = connect_postgres(&db).await.unwrap();
-    let outbox = Outbox::with_table(&table).unwrap();
-    outbox.migrate(&client).await.unwrap();
+    let (client, _outbox) = migrated_outbox(&db, &table).await;
     client
         .execute(
             &format!(
@@ -164,9 +160,7 @@ async fn relay_max_arg_len_rejects_a_longer_row_and_publishes_the_others() {
     let redis = RedisServer::start().unwrap();
     let table = unique_name("cli_outbox");
     let _drop = DropTable::new(&db, &table);
-    let mut client = connect_postgres(&db).await.unwrap();
-    let outbox = Outbox::with_table(&table).unwrap();
-    outbox.migrate(&client).await.unwrap();
+    let (mut client, outbox) = migrated_outbox(&db, &table).await;
     // MessagePack: 4821 is 3 bytes, 7 is 1 byte.
     for (id, amount) in [("invoice-big", 4821), ("invoice-small", 7)] {
         let tx = client.transaction().await.unwrap();
@@ -220,9 +214,7 @@ async fn outbox_prune_and_stats_from_the_command_line() {
     let Some(db) = require() else { return };
     let table = unique_name("cli_outbox");
     let _drop = DropTable::new(&db, &table);
-    let mut client = connect_postgres(&db).await.unwrap();
-    let outbox = Outbox::with_table(&table).unwrap();
-    outbox.migrate(&client).await.unwrap();
+    let (mut client, outbox) = migrated_outbox(&db, &table).await;
     stage_published_days_ago(&mut client, &outbox, &table, "invoice-old", 2).await;
     let tx = client.transaction().await.unwrap();
     outbox

@@ -67,9 +67,19 @@ fn job_ids(names: &[&str]) -> Vec<JobId> {
 
 /// One test job per id, each with a fresh enqueue token.
 fn fresh_jobs<'a>(keys: &'a QueueKeys, ids: &'a [JobId]) -> Vec<ManyJob<'a>> {
+    shaped_fresh_jobs(keys, ids, |_, job| job)
+}
+
+/// As [`fresh_jobs`], each job as `shape` makes it from the plain test job
+/// of its id.
+fn shaped_fresh_jobs<'a>(
+    keys: &'a QueueKeys,
+    ids: &'a [JobId],
+    shape: impl Fn(&JobId, Enqueue<'a>) -> Enqueue<'a>,
+) -> Vec<ManyJob<'a>> {
     ids.iter()
         .map(|id| ManyJob {
-            job: Enqueue::test_job(keys, id, 1),
+            job: shape(id, Enqueue::test_job(keys, id, 1)),
             token: "t",
             fresh: true,
         })
@@ -697,17 +707,10 @@ async fn a_corrupt_group_list_or_ring_refuses_only_its_job_before_any_write() {
             let (_s, mut conn, keys) = setup().await;
             corrupt_group_key(&mut conn, &keys, corrupt).await;
             let ids = job_ids(&["a", "g", "c"]);
-            let jobs: Vec<ManyJob<'_>> = ids
-                .iter()
-                .map(|id| ManyJob {
-                    job: Enqueue {
-                        extra: if id.as_str() == "g" { &group } else { &[] },
-                        ..Enqueue::test_job(&keys, id, 1)
-                    },
-                    token: "t",
-                    fresh: true,
-                })
-                .collect();
+            let jobs = shaped_fresh_jobs(&keys, &ids, |id, job| Enqueue {
+                extra: if id.as_str() == "g" { &group } else { &[] },
+                ..job
+            });
             let reply = run(&mut conn, &keys, mode, &jobs).await;
             let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
             let g: i64 = conn.exists(keys.job("g")).await.unwrap();
@@ -857,18 +860,11 @@ async fn a_fresh_id_whose_job_key_is_corrupt_does_not_lose_the_other_jobs() {
             let (_s, mut conn, keys) = setup().await;
             let _: () = conn.set(keys.job("c"), "x").await.unwrap();
             let ids = job_ids(if alone { &["c"] } else { &["a", "c", "b"] });
-            let jobs: Vec<ManyJob<'_>> = ids
-                .iter()
-                .map(|id| ManyJob {
-                    job: Enqueue {
-                        once_for: (id.as_str() == "c").then_some(Duration::from_secs(60)),
-                        delay: (delayed && id.as_str() == "c").then_some(Duration::from_secs(60)),
-                        ..Enqueue::test_job(&keys, id, 1)
-                    },
-                    token: "t",
-                    fresh: true,
-                })
-                .collect();
+            let jobs = shaped_fresh_jobs(&keys, &ids, |id, job| Enqueue {
+                once_for: (id.as_str() == "c").then_some(Duration::from_secs(60)),
+                delay: (delayed && id.as_str() == "c").then_some(Duration::from_secs(60)),
+                ..job
+            });
             let reply = run(&mut conn, &keys, mode, &jobs).await;
             let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
             let hashes: i64 = conn.exists(&[keys.job("a"), keys.job("b")]).await.unwrap();

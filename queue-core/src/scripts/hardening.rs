@@ -33,6 +33,23 @@ struct Fixture {
     keys: QueueKeys,
 }
 
+/// One dead-list trim (no length cap) of the entries older than 1 ms, at
+/// most 10 of them.
+async fn trim_expired(
+    keys: &QueueKeys,
+    conn: &mut RedisConnection,
+) -> super::dead_trim::DeadTrimReply {
+    super::dead_trim::DeadTrim {
+        keys,
+        max_len: 0,
+        retention: Duration::from_millis(1),
+        limit: 10,
+    }
+    .run(conn)
+    .await
+    .unwrap()
+}
+
 /// The `LPOS` calls among a script's `calls` (`MONITOR` lines) that walk a
 /// whole list (no `MAXLEN`).
 fn whole_walks(calls: &[String]) -> usize {
@@ -1428,15 +1445,7 @@ async fn dead_trim_unlists_an_entry_whose_job_key_is_another_type() {
     fx.cmd(&["LPUSH", &k.dead, "bad"]).await;
     fx.cmd(&["SET", &k.job("bad"), "x"]).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let reply = super::dead_trim::DeadTrim {
-        keys: &k,
-        max_len: 0,
-        retention: Duration::from_millis(1),
-        limit: 10,
-    }
-    .run(&mut fx.conn.clone())
-    .await
-    .unwrap();
+    let reply = trim_expired(&k, &mut fx.conn.clone()).await;
     assert_eq!((reply.trimmed, reply.remaining), (2, 0));
     assert_eq!(
         fx.cmd(&["TYPE", &k.job("bad")]).await,
@@ -1468,15 +1477,7 @@ async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
         fx.cmd(&["LPUSH", &k.dead, id]).await;
     }
     fx.cmd(&["LPUSH", &k.main, "q-waiting"]).await;
-    let reply = super::dead_trim::DeadTrim {
-        keys: &k,
-        max_len: 0,
-        retention: Duration::from_millis(1),
-        limit: 10,
-    }
-    .run(&mut fx.conn.clone())
-    .await
-    .unwrap();
+    let reply = trim_expired(&k, &mut fx.conn.clone()).await;
     assert_eq!((reply.trimmed, reply.remaining), (4, 1));
     let mut places = Vec::new();
     for id in ["q-lost", "q-waiting", "d-lost", "a-lost"] {
@@ -1535,15 +1536,7 @@ async fn dead_trim_walks_long_lists_for_stale_entries_a_bounded_number_of_times(
     for _ in 0..2 {
         let mut c = conn.clone();
         let calls = super::script_commands(&fx.server.url(), &mut conn, async {
-            let r = super::dead_trim::DeadTrim {
-                keys: &k,
-                max_len: 0,
-                retention: Duration::from_millis(1),
-                limit: 10,
-            }
-            .run(&mut c)
-            .await
-            .unwrap();
+            let r = trim_expired(&k, &mut c).await;
             replies.push((r.trimmed, r.remaining));
         })
         .await;

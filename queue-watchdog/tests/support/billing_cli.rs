@@ -1,12 +1,12 @@
 //! What the outbox and inbox command-line tests share: the `invoice` job they
-//! stage in PostgreSQL and a runner of the `queue-watchdog` binary with
+//! stage in PostgreSQL, an outbox table made ready for it, and a runner of the `queue-watchdog` binary with
 //! `DATABASE_URL` (and `--redis` when given) that returns its exit code and
 //! output.
 
 use std::process::Command;
 
 use queue_core::{BoxFuture, Job, JobContext, JobError};
-use queue_outbox::{tokio_postgres::Client, Outbox};
+use queue_outbox::{connect_postgres, tokio_postgres::Client, Outbox};
 
 const BIN: &str = env!("CARGO_BIN_EXE_queue-watchdog");
 
@@ -19,6 +19,15 @@ impl Job for Invoice {
     fn run(_: JobContext, _: u32) -> BoxFuture<'static, Result<(), JobError>> {
         Box::pin(async { Ok(()) })
     }
+}
+
+/// A connection to `db` and the outbox on `table`, migrated (the table is
+/// the caller's to drop).
+pub async fn migrated_outbox(db: &str, table: &str) -> (Client, Outbox) {
+    let client = connect_postgres(db).await.unwrap();
+    let outbox = Outbox::with_table(table).unwrap();
+    outbox.migrate(&client).await.unwrap();
+    (client, outbox)
 }
 
 /// Runs `queue-watchdog [--redis URL] args…` with `DATABASE_URL=db`:

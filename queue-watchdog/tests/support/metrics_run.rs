@@ -3,10 +3,11 @@
 //! between the pick and the bind (another test's server got it). The
 //! exporter binds before the first pass: the process logs "serving
 //! Prometheus metrics" once its listener is bound, or exits with "cannot
-//! serve metrics". Shared by `cli.rs` and `observability.rs` with `#[path]`.
+//! serve metrics". Shared by `cli.rs` and `observability.rs` with `#[path]`,
+//! with the scrape of a `/metrics` endpoint.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -28,6 +29,39 @@ impl Drop for MetricsWatchdog {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+impl MetricsWatchdog {
+    /// Scrapes its metrics every 100 ms until the exposition contains
+    /// `needle`, and answers it; panics after `within`.
+    pub fn wait_for(&self, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(body) = scrape(&self.addr).filter(|b| b.contains(needle)) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no `{needle}` in the metrics within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// One `GET /metrics` of the exporter at `addr` (the whole HTTP response);
+/// `None` when it could not be read.
+pub fn scrape(addr: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
 }
 
 /// Starts `queue-watchdog <args…> --metrics-listen 127.0.0.1:<port>` and

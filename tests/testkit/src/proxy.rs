@@ -36,14 +36,8 @@ impl ReplyDropper {
         thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let port = to.load(Ordering::SeqCst);
-                let Ok(server) = TcpStream::connect(("127.0.0.1", port)) else {
+                let Some((client, server, c2, s2)) = connect_upstream(client, port) else {
                     continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (c2, s2) = match (client.try_clone(), server.try_clone()) {
-                    (Ok(c), Ok(s)) => (c, s),
-                    _ => continue,
                 };
                 thread::spawn(move || pipe(client, server, None));
                 let (flag, count) = (flag.clone(), count.clone());
@@ -85,6 +79,21 @@ impl ReplyDropper {
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::SeqCst)
     }
+}
+
+/// Connects an accepted `client` to the server on `port` (no Nagle delay
+/// either way): the client and server streams and a second handle of each,
+/// for the two directions' threads; `None` when the server cannot be
+/// reached or a handle cannot be cloned (the client is then dropped).
+fn connect_upstream(
+    client: TcpStream,
+    port: u16,
+) -> Option<(TcpStream, TcpStream, TcpStream, TcpStream)> {
+    let server = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let _ = client.set_nodelay(true);
+    let _ = server.set_nodelay(true);
+    let (c2, s2) = (client.try_clone().ok()?, server.try_clone().ok()?);
+    Some((client, server, c2, s2))
 }
 
 /// Copies `from` to `to` until either closes; on the reply side (`drop`
@@ -137,14 +146,8 @@ impl CommandGate {
         let (g, h) = (gate.clone(), held.clone());
         thread::spawn(move || {
             for client in listener.incoming().flatten() {
-                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                let Some((client, server, c2, s2)) = connect_upstream(client, upstream) else {
                     continue;
-                };
-                let _ = client.set_nodelay(true);
-                let _ = server.set_nodelay(true);
-                let (c2, s2) = match (client.try_clone(), server.try_clone()) {
-                    (Ok(c), Ok(s)) => (c, s),
-                    _ => continue,
                 };
                 let (g, h, name) = (g.clone(), h.clone(), name.clone());
                 thread::spawn(move || gated_pipe(client, server, &name, &g, &h));
