@@ -24,8 +24,8 @@ import tempfile
 import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_modes import ROOT, callgrind_dump, callgrind_redis, callgrind_total, connect, free_port  # noqa: E402
-from script_cost import library_of, scripts_of  # noqa: E402
+from script_modes import callgrind_dump, callgrind_redis, callgrind_total, connect, free_port  # noqa: E402
+from script_cost import add_source_args, labelled_sources, library_of  # noqa: E402
 
 Q = "q:{bench}:"
 KEYS = [Q + k for k in ("processing", "leases", "delayed", "dead", "stats", "guard", "wake", "orphan:cursor")]
@@ -88,18 +88,15 @@ def measure(directory, label, scenarios):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("sources", nargs="*", help="script directories (default: the working tree's)")
-    ap.add_argument("--rev", action="append", default=[], help="a git revision to measure first (repeatable)")
+    add_source_args(ap)
     ap.add_argument("--only", default="", help="the scenarios whose name contains this text")
     a = ap.parse_args()
     scenarios = [sc for sc in SCENARIOS if a.only in sc[0]]
-    sources = a.rev + (a.sources or [os.path.join(ROOT, "queue-core", "src", "scripts")])
     tmp = tempfile.mkdtemp()
     try:
         results = []
-        for source in sources:
-            label = os.path.basename(os.path.normpath(source)) if os.path.isdir(source) else source
-            results.append((label, measure(scripts_of(source, tmp), label, scenarios)))
+        for label, directory in labelled_sources(a, tmp):
+            results.append((label, measure(directory, label, scenarios)))
         print("instructions of one reclaim call inside FCALL (callgrind)")
         print("| scenario | " + " | ".join(label for label, _ in results) + " |")
         print("|---|" + "---:|" * len(results))

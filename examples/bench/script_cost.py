@@ -56,6 +56,19 @@ def scripts_of(source, tmp):
     return out
 
 
+def add_source_args(ap):
+    """The script sets to measure: directories, and git revisions first."""
+    ap.add_argument("sources", nargs="*", help="script directories (default: the working tree's)")
+    ap.add_argument("--rev", action="append", default=[], help="a git revision to measure first (repeatable)")
+
+
+def labelled_sources(a, tmp):
+    """(label, script directory) for each set `add_source_args` named, in order."""
+    sources = a.rev + (a.sources or [os.path.join(ROOT, "queue-core", "src", "scripts")])
+    return [(os.path.basename(os.path.normpath(s)) if os.path.isdir(s) else s, scripts_of(s, tmp))
+            for s in sources]
+
+
 def library_of(directory):
     read = lambda n: open(os.path.join(directory, n)).read()  # noqa: E731
     bodies = {os.path.basename(f)[:-4]: read(os.path.basename(f))
@@ -169,8 +182,7 @@ def measure(directory, a, keep, label):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("sources", nargs="*", help="script directories (default: the working tree's)")
-    ap.add_argument("--rev", action="append", default=[], help="a git revision to measure first (repeatable)")
+    add_source_args(ap)
     ap.add_argument("--n", type=int, default=2000, help="jobs (default 2000)")
     ap.add_argument("--batch", type=int, default=16, help="jobs per fetch and per ack call (default 16)")
     ap.add_argument("--enqueue-batch", type=int, default=0,
@@ -185,7 +197,6 @@ def main():
                     help="acks write compact completion records (WorkerConfig::compact_records)")
     ap.add_argument("--keep", help="keep the callgrind files in this directory")
     a = ap.parse_args()
-    sources = a.rev + (a.sources or [os.path.join(ROOT, "queue-core", "src", "scripts")])
     if a.keep:
         os.makedirs(a.keep, exist_ok=True)
     tmp = tempfile.mkdtemp()
@@ -196,9 +207,8 @@ def main():
         print(f"| scripts | {enq} | fetch | ack | fetch + ack |")
         print("|---|---:|---:|---:|---:|")
         first = None
-        for source in sources:
-            label = os.path.basename(os.path.normpath(source)) if os.path.isdir(source) else source
-            t = measure(scripts_of(source, tmp), a, a.keep, label)
+        for label, directory in labelled_sources(a, tmp):
+            t = measure(directory, a, a.keep, label)
             t["fetch + ack"] = t["fetch"] + t["ack"]
             first = first or t
             cells = []
