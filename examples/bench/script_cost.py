@@ -76,6 +76,29 @@ def library_of(directory):
     return library(read("prelude.lua"), bodies)
 
 
+def ack_args(ack_text, q, deliveries, compact):
+    """ARGV of one ack.lua call (its text `ack_text`: the layout changed over
+    the stops) for `deliveries` as claimed_delivery reads them."""
+    # Since stop 27 ack.lua takes the record format (ARGV 6); older scripts do not.
+    args = [q + "job:", q + "done:", q + "steps:", "86400000", q + "tput:"]
+    if "record format" in ack_text:
+        args.append("compact" if compact else "hash")
+    # Since stop 32 the worker's name follows (ARGV 7) and each delivery
+    # carries its claimed fields, so the ack does not read them; since stop
+    # 44 also its position (its distance from the tail of processing).
+    claimed = "groups of 7" in ack_text or "groups of 8" in ack_text
+    positioned = "groups of 8" in ack_text
+    if claimed:
+        args.append("bench-worker")
+    for job_id, token, attempts, jtype, enqueued_at, delivered_at, position in deliveries:
+        args += [job_id, token, ""]
+        if claimed:
+            args += [attempts, jtype, enqueued_at, delivered_at]
+        if positioned:
+            args.append(position)
+    return args
+
+
 def measure(directory, a, keep, label):
     port = free_port()
     out = os.path.join(tempfile.mkdtemp(), "cg")
@@ -144,22 +167,11 @@ def measure(directory, a, keep, label):
             # since stop 32: attempts, type, enqueued_at, delivered_at.
             deliveries += [d for d in map(claimed_delivery, rows) if d]
         dump()  # part 3: fetch
-        # Since stop 27 ack.lua takes the record format (ARGV 6); older scripts do not.
-        fmt = ["compact" if a.compact else "hash"] if "record format" in open(
-            os.path.join(directory, "ack.lua")).read() else []
-        if a.compact and not fmt:
+        ack_text = open(os.path.join(directory, "ack.lua")).read()
+        if a.compact and "record format" not in ack_text:
             raise SystemExit(f"{label}: these scripts have no compact records")
-        # Since stop 32 the worker's name follows (ARGV 7) and each delivery
-        # carries its claimed fields, so the ack does not read them.
-        claimed = "groups of 7" in open(os.path.join(directory, "ack.lua")).read()
         for c in range(0, len(deliveries), a.batch):
-            args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:"] + fmt
-            if claimed:
-                args.append("bench-worker")
-            for job_id, token, attempts, jtype, enqueued_at, delivered_at in deliveries[c:c + a.batch]:
-                args += [job_id, token, ""]
-                if claimed:
-                    args += [attempts, jtype, enqueued_at, delivered_at]
+            args = ack_args(ack_text, Q, deliveries[c:c + a.batch], a.compact)
             codes = r.fcall("ack", 4, Q + "processing", Q + "leases", Q + "stats", Q + "guard", *args)
             # One digit per delivery since stop 34 (b"111..."), a list of integers before.
             if any(code not in (1, ord("1")) for code in codes):

@@ -74,11 +74,12 @@ def callgrind_total(path):
 
 
 def claimed_delivery(row):
-    """(id, token, attempts, type, enqueued_at, delivered_at) of a fetch
-    reply's row when it is a claimed delivery, else None. Since stop 34 a
-    claimed row is one string (`claimed_row` in prelude.lua: each field its
+    """(id, token, attempts, type, enqueued_at, delivered_at, position) of a
+    fetch reply's row when it is a claimed delivery, else None. Since stop 34
+    a claimed row is one string (`claimed_row` in prelude.lua: each field its
     length in decimal, ':' and its bytes); before, an array led by
-    b"claimed"."""
+    b"claimed". Since stop 44 it carries the delivery's position (its
+    distance from the tail of processing) before the payload; b"" before."""
     if isinstance(row, bytes):
         fields, at = [], 0
         while at < len(row):
@@ -86,9 +87,10 @@ def claimed_delivery(row):
             n = int(row[at:colon])
             fields.append(row[colon + 1:colon + 1 + n])
             at = colon + 1 + n
-        return fields[0], fields[1], fields[4], fields[2], fields[6], fields[7]
+        position = fields[11] if len(fields) == 13 else b""
+        return fields[0], fields[1], fields[4], fields[2], fields[6], fields[7], position
     if row[0] == b"claimed":
-        return row[1], row[2], row[6], row[3], row[8], row[9]
+        return row[1], row[2], row[6], row[3], row[8], row[9], b""
     return None
 
 
@@ -158,8 +160,8 @@ def main():
             r.config_resetstat()
             for c in range(0, len(items), a.batch):
                 args = [Q + "job:", Q + "done:", Q + "steps:", "86400000", Q + "tput:", "hash", "bench-worker"]
-                for job_id, token, attempts, jtype, enqueued_at, delivered_at in items[c:c + a.batch]:
-                    args += [job_id, token, "", attempts, jtype, enqueued_at, delivered_at]
+                for job_id, token, attempts, jtype, enqueued_at, delivered_at, position in items[c:c + a.batch]:
+                    args += [job_id, token, "", attempts, jtype, enqueued_at, delivered_at, position]
                 call(mode, "ack", [Q + "processing", Q + "leases", Q + "stats", Q + "guard"], args)
             return fetch_us, usec(mode) / len(items)
 

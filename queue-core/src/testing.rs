@@ -188,6 +188,7 @@ pub async fn ack(
         token: token.to_string(),
         result_ref: None,
         claimed: None,
+        far_from_tail: false,
     }];
     let reply = Ack {
         keys: &keys,
@@ -228,6 +229,7 @@ pub async fn fail(
         },
         message: "model failure",
         delay,
+        far_from_tail: false,
     }
     .run(conn)
     .await?;

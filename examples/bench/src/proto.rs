@@ -21,8 +21,9 @@ use crate::{Noop, Res};
 
 const PRELUDE: &str = include_str!("../../../queue-core/src/scripts/prelude.lua");
 const FETCH: &str = include_str!("../../../queue-core/src/scripts/fetch.lua");
-/// A claimed job: id, token, and the fields its ack sends back for the
-/// completion record (attempts, type, enqueued_at, delivered_at).
+/// A claimed job: id, token, and the fields its ack sends back: for the
+/// completion record (attempts, type, enqueued_at, delivered_at), and its
+/// claim row's `far` flag.
 type Claimed = (Vec<u8>, Vec<u8>, Vec<Vec<u8>>);
 
 const ACK: &str = include_str!("../../../queue-core/src/scripts/ack.lua");
@@ -39,9 +40,10 @@ fn script(body: &str) -> Script {
 /// The fields of a claimed row (one string: each field its length in
 /// decimal, `:` and its bytes; `claimed_row` in prelude.lua): id, token,
 /// type, v, attempts, max_attempts, enqueued_at, delivered_at, fence,
-/// traceparent, first_started_at, payload. `None` when it does not split.
+/// traceparent, first_started_at, far, payload. `None` when it does not
+/// split.
 fn claimed_fields(row: &[u8]) -> Option<Vec<&[u8]>> {
-    let mut fields = Vec::with_capacity(12);
+    let mut fields = Vec::with_capacity(13);
     let mut rest = row;
     while !rest.is_empty() {
         let colon = rest.iter().position(|&b| b == b':')?;
@@ -50,7 +52,7 @@ fn claimed_fields(row: &[u8]) -> Option<Vec<&[u8]>> {
         fields.push(field);
         rest = &rest[colon + 1 + len..];
     }
-    (fields.len() == 12).then_some(fields)
+    (fields.len() == 13).then_some(fields)
 }
 
 /// Runs `n` preloaded jobs through `fetchers` loops that each fetch up to
@@ -117,11 +119,12 @@ pub async fn run(url: &str, n: u64, fetchers: usize, batch: usize, batched_ack: 
                     };
                     let (id, token) = (f[0].to_vec(), f[1].to_vec());
                     // "Run" the job: decode its payload like the worker does.
-                    let _args: Noop = rmp_serde::from_slice(f[11])?;
-                    // The ack sends back what the claim answered for the
-                    // record: attempts, type, enqueued_at, delivered_at.
+                    let _args: Noop = rmp_serde::from_slice(f[12])?;
+                    // The ack sends back what the claim answered: for the
+                    // record attempts, type, enqueued_at, delivered_at; and
+                    // the far flag.
                     let record: Vec<Vec<u8>> =
-                        [4, 2, 6, 7].iter().map(|&i| f[i].to_vec()).collect();
+                        [4, 2, 6, 7, 11].iter().map(|&i| f[i].to_vec()).collect();
                     claimed.push((id, token, record));
                 }
                 // One ack.lua call for the batch, or one per job (in flight together).

@@ -958,6 +958,7 @@ async fn a_repaired_orphan_with_a_live_lease_stays_with_its_worker() {
         token: "t".into(),
         result_ref: None,
         claimed: None,
+        far_from_tail: false,
     }];
     let acked = Ack {
         keys: &k,

@@ -28,6 +28,10 @@ pub(crate) struct AckItem {
     /// What the delivery's claim answered, for the completion record; `None`:
     /// the script reads it from the job hash (a field read each).
     pub(crate) claimed: Option<Claimed>,
+    /// Claimed far from the tail of processing
+    /// ([`Delivery::far_from_tail`]): the script may look for it from the
+    /// head.
+    pub(crate) far_from_tail: bool,
 }
 
 /// The fields of a delivery's completion record that its claim answered
@@ -59,6 +63,7 @@ impl AckItem {
         AckItem {
             id: d.id,
             token: d.token,
+            far_from_tail: d.far_from_tail,
             result_ref,
             claimed: times.map(|(enqueued_at_ms, delivered_at_ms)| Claimed {
                 attempt: d.attempt,
@@ -139,6 +144,7 @@ impl Ack<'_> {
                     .repeated_arg("")
                     .repeated_arg(""),
             };
+            call = call.repeated_arg(super::far_arg(item.far_from_tail));
         }
         let reply = call.run(conn, &k.queue, self.only_job()).await?;
         self.decode(&reply)
@@ -252,6 +258,7 @@ mod tests {
             first_started_at_ms: 200,
             claim_sent_at: tokio::time::Instant::now(),
             traceparent: None,
+            far_from_tail: false,
         }
     }
 
@@ -424,6 +431,7 @@ mod tests {
             .repeated_arg(fields[1])
             .repeated_arg(fields[2])
             .repeated_arg(fields[3])
+            .repeated_arg(super::super::far_arg(d.far_from_tail))
             .run(c, &keys.queue, Some(&d.id))
             .await
     }

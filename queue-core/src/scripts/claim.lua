@@ -15,7 +15,8 @@
 local lease_ms = arg_count(ARGV[4], 'lease_ms')
 expect_types(KEYS[2], 'zset', KEYS[3], 'list', KEYS[7], 'list') -- LPOS checks processing itself
 local lim = limits_load(KEYS[8], KEYS[9])
-if not redis.call('LPOS', KEYS[1], ARGV[1]) then
+local at = redis.call('LPOS', KEYS[1], ARGV[1])
+if not at then
   return {'gone', ARGV[1]}
 end
 local now = now_ms()
@@ -36,5 +37,8 @@ if stopping or paused or room == 0 then
     return {'limited', ARGV[1], wait}
   end
 end
+-- The row says whether the delivery is far from the tail of processing, for
+-- its ack (claimed_row): its distance is the list's length less its index
+-- from the head, less one.
 return limits_claim(lim, KEYS[9], KEYS[10], ARGV[1], KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[2],
-  ARGV[3], lease_ms, ARGV[5], now, ARGV[6])
+  ARGV[3], lease_ms, ARGV[5], now, ARGV[6], redis.call('LLEN', KEYS[1]) - 1 - at)

@@ -111,12 +111,21 @@ pub(crate) struct Delivery {
     pub(crate) claim_sent_at: tokio::time::Instant,
     /// The enqueuing span's W3C `traceparent` (job field `traceparent`), if any.
     pub(crate) traceparent: Option<String>,
+    /// Claimed with at least 256 older entries between it and the tail of
+    /// the processing list (the row's `far`), which ack and fail send back:
+    /// entries only join processing at the head, so a delivery claimed near
+    /// the tail is still near it, and is looked for from the tail alone; a
+    /// far one may be nearer the head by the time it ends (longer
+    /// deliveries still running behind it), and is looked for at both ends
+    /// (`unlist_delivery` in the prelude). False also when not known (a
+    /// retried fetch's rows, a fetch of one or two jobs).
+    pub(crate) far_from_tail: bool,
 }
 
 /// The fields of a claimed row, in order (`claimed_row` in prelude.lua):
 /// one string, each field written as its length in decimal, `:` and its
 /// bytes. The payload is last, so that it can keep the reply's buffer.
-const PACKED_FIELDS: [&str; 12] = [
+const PACKED_FIELDS: [&str; 13] = [
     "id",
     "token",
     "type",
@@ -128,6 +137,7 @@ const PACKED_FIELDS: [&str; 12] = [
     "fence",
     "traceparent",
     "first_started_at",
+    "far",
     "payload",
 ];
 
@@ -226,7 +236,7 @@ impl Delivery {
         };
         let field_error =
             |i: usize| format!("field {i} ({}) missing or malformed", PACKED_FIELDS[i]);
-        let mut ranges: [std::ops::Range<usize>; 12] = Default::default();
+        let mut ranges: [std::ops::Range<usize>; 13] = Default::default();
         let mut fields = Packed::new(&buf);
         for (i, range) in ranges.iter_mut().enumerate() {
             match fields.next() {
@@ -270,13 +280,15 @@ impl Delivery {
                 },
                 claim_sent_at: tokio::time::Instant::now(),
                 traceparent: text(9).filter(|t| !t.is_empty()).map(str::to_string),
+                // Only a hint, never a reason to refuse the delivery.
+                far_from_tail: &buf[ranges[11].clone()] == b"1",
             })
         };
         let mut delivery = match read() {
             Ok(d) => d,
             Err(i) => return Err(refuse(buf, field_error(i))),
         };
-        let payload_at = ranges[11].start;
+        let payload_at = ranges[12].start;
         let mut payload = buf;
         payload.drain(..payload_at);
         delivery.payload = payload;
@@ -482,7 +494,7 @@ mod tests {
     /// The fields of a claimed row, in `PACKED_FIELDS` order.
     fn claimed_fields() -> Vec<Vec<u8>> {
         [
-            "j1", "tok", "send", "2", "1", "5", "100", "200", "4", "", "", "",
+            "j1", "tok", "send", "2", "1", "5", "100", "200", "4", "", "", "", "",
         ]
         .iter()
         .map(|f| f.as_bytes().to_vec())
@@ -518,6 +530,7 @@ mod tests {
         assert_eq!(d.fence, 4);
         assert!(d.payload.is_empty());
         assert_eq!(d.traceparent, None, "an empty traceparent is none");
+        assert!(!d.far_from_tail, "an empty far is not far");
         assert_eq!(
             d.first_started_at_ms, 200,
             "no first start: the delivery time"
@@ -526,7 +539,7 @@ mod tests {
 
     /// Each field lands in its own place: a payload (last, keeping the
     /// reply's buffer), an id that is not UTF-8 (read lossily), a
-    /// traceparent and a first start.
+    /// traceparent, a first start and the far flag.
     #[test]
     fn decodes_every_field_in_its_place() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
@@ -534,11 +547,13 @@ mod tests {
         f[0] = b"j\xff1".to_vec();
         f[9] = tp.as_bytes().to_vec();
         f[10] = b"150".to_vec();
-        f[11] = vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9];
+        f[11] = b"1".to_vec();
+        f[12] = vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9];
         let d = delivery(&f);
         assert_eq!(d.id.as_str(), "j\u{fffd}1");
         assert_eq!(d.traceparent.as_deref(), Some(tp));
         assert_eq!(d.first_started_at_ms, 150);
+        assert!(d.far_from_tail);
         assert_eq!(d.payload, vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9]);
         assert_eq!((d.token.as_str(), d.fence), ("tok", 4));
     }
@@ -589,6 +604,17 @@ mod tests {
             "12a",
         ] {
             assert_eq!(super::decimal(t.as_bytes()), t.parse::<i64>().ok(), "{t:?}");
+        }
+    }
+
+    /// The far flag is only a hint for finding the delivery in processing:
+    /// anything but `1` is not far, and the delivery still runs.
+    #[test]
+    fn a_far_flag_that_does_not_read_is_not_far() {
+        for bad in [&b"x1"[..], b"11", b"0"] {
+            let mut f = claimed_fields();
+            f[11] = bad.to_vec();
+            assert!(!delivery(&f).far_from_tail, "{bad:?}");
         }
     }
 
@@ -748,6 +774,7 @@ mod fencing {
             kind,
             message: "planned",
             delay: Duration::ZERO,
+            far_from_tail: false,
         };
         fail.run(conn).await.unwrap();
     }

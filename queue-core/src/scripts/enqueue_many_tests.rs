@@ -86,16 +86,6 @@ fn shaped_fresh_jobs<'a>(
         .collect()
 }
 
-/// Calls of `cmd` since the last `CONFIG RESETSTAT` (`INFO commandstats`).
-async fn calls(conn: &mut RedisConnection, cmd: &str) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    queue_testkit::command_stat(&info, cmd, "calls")
-}
-
 async fn enqueued_stat(conn: &mut RedisConnection, keys: &QueueKeys) -> i64 {
     let v: Option<i64> = conn.hget(&keys.stats, "enqueued").await.unwrap();
     v.unwrap_or(0)
@@ -162,11 +152,7 @@ async fn main_jobs_of_a_call_are_pushed_in_order_with_one_lpush() {
             fresh: true,
         })
         .collect();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    super::reset_command_stats(&mut conn).await;
     run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
     let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
     assert_eq!(
@@ -180,7 +166,7 @@ async fn main_jobs_of_a_call_are_pushed_in_order_with_one_lpush() {
     assert_eq!(delayed, ["late"]);
     // One LPUSH for main's three jobs, one for the group list, one to wake
     // the promoter for the delayed job (one per main job before: 5).
-    assert_eq!(calls(&mut conn, "lpush").await, 3);
+    assert_eq!(super::command_calls(&mut conn, "lpush").await, 3);
 }
 
 #[tokio::test]
@@ -368,20 +354,16 @@ async fn one_time_and_one_counter_per_call_and_no_dedupe_read_for_fresh_ids() {
         .collect();
     // Loads the script outside the counted window.
     let _: () = super::enqueue_many::load(&mut conn).await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    super::reset_command_stats(&mut conn).await;
     let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
     assert_eq!(replies.len(), 20);
-    assert_eq!(calls(&mut conn, "time").await, 1);
-    assert_eq!(calls(&mut conn, "hincrby").await, 1);
+    assert_eq!(super::command_calls(&mut conn, "time").await, 1);
+    assert_eq!(super::command_calls(&mut conn, "hincrby").await, 1);
     // The one EXISTS is push_waiting's (the ring, for the group's first job):
     // none for the dedupe of the 20 fresh ids.
-    assert_eq!(calls(&mut conn, "exists").await, 1);
-    assert_eq!(calls(&mut conn, "hset").await, 20);
-    assert_eq!(calls(&mut conn, "zrange").await, 1);
+    assert_eq!(super::command_calls(&mut conn, "exists").await, 1);
+    assert_eq!(super::command_calls(&mut conn, "hset").await, 20);
+    assert_eq!(super::command_calls(&mut conn, "zrange").await, 1);
     let delayed: i64 = conn.zcard(&keys.delayed).await.unwrap();
     let main: i64 = conn.llen(&keys.main).await.unwrap();
     let grouped: Vec<String> = conn.lrange(keys.group("g1"), 0, -1).await.unwrap();

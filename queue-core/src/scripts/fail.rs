@@ -14,7 +14,7 @@ use crate::job::JobId;
 use crate::keys::QueueKeys;
 
 pub(crate) static SCRIPT: LuaScript<8> =
-    lua_script!("fail.lua", keys = 8, args = 5, prelude(super::DRAIN));
+    lua_script!("fail.lua", keys = 8, args = 6, prelude(super::DRAIN));
 
 /// How the attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +45,10 @@ pub(crate) struct Fail<'a> {
     pub(crate) message: &'a str,
     /// Retry delay, added to the Redis clock by the script (DESIGN rule 2).
     pub(crate) delay: Duration,
+    /// Claimed far from the tail of processing
+    /// ([`Delivery::far_from_tail`](super::claim::Delivery::far_from_tail)):
+    /// the script may look for it from the head.
+    pub(crate) far_from_tail: bool,
 }
 
 /// What the script did.
@@ -81,6 +85,7 @@ impl Fail<'_> {
             .arg(self.kind.as_arg())
             .arg(&*super::cut_error(self.message))
             .arg(super::ms(self.delay))
+            .arg(super::far_arg(self.far_from_tail))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         crate::workflow::relay::hint_if_marked(&k.queue, &reply, 2);

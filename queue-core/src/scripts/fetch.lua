@@ -9,7 +9,8 @@
 --       8 '1' when this is the first try of a fresh token base, so no receipt can exist and
 --         it is not read (optional: absent or anything else, the receipt is read first)
 -- Returns a list of claim rows (see claim() in the prelude: a claimed row is
--- one string, claimed_row()), or 'paused'
+-- one string, claimed_row(), saying whether the delivery was claimed far
+-- from the tail of processing, for its ack), or 'paused'
 -- (nothing moved; a retry of a fetch that already ran still gets its rows),
 -- or 'limited:<ms>' when a queue limit lets no job start for that long
 -- (docs/LIMITS.md; a job deferred for its rate key is a row {'deferred', id, run_at}).
@@ -93,12 +94,12 @@ if not lim and not fair then
   -- already done is still skipped, without an EXISTS per job (issue #12).
   -- The batch moves with one LRANGE + LPUSH + LTRIM and its leases with one
   -- ZADD (all expire at the same time), not one LMOVE and ZADD per job.
-  local ids = move_batch(KEYS[1], KEYS[2], count)
+  local ids, position = move_batch(KEYS[1], KEYS[2], count)
   local no_record = none_done(ARGV[2], ids)
   local leased = {}
   for i, id in ipairs(ids) do
     local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
-      lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7], no_record, leased)
+      lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7], no_record, leased, position and position + i - 1)
     out[i] = row
     entries[i] = row_tag(row) .. ':' .. id
   end
@@ -112,8 +113,10 @@ else
     i = i + 1
     local id = next_waiting(KEYS[1], KEYS[2], fair)
     if not id then break end
+    -- Just pushed at the head: its distance from the tail (claimed_row).
     local row = limits_claim(lim, KEYS[10], KEYS[11], id, KEYS[2], KEYS[3], KEYS[4], KEYS[5],
-      ARGV[1], ARGV[2], lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7])
+      ARGV[1], ARGV[2], lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7],
+      redis.call('LLEN', KEYS[2]) - 1)
     local tag = row_tag(row)
     if tag ~= 'deferred' then taken = taken + 1 end
     out[i] = row

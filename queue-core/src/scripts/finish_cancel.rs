@@ -15,7 +15,7 @@ use crate::keys::QueueKeys;
 pub(crate) static SCRIPT: LuaScript<7> = lua_script!(
     "finish_cancel.lua",
     keys = 7,
-    args = 4,
+    args = 5,
     prelude(super::DRAIN)
 );
 
@@ -29,6 +29,9 @@ pub(crate) struct FinishCancel<'a> {
     /// The handler's error, kept on the record (sent cut to
     /// [`MAX_ERROR_BYTES`](super::MAX_ERROR_BYTES)).
     pub(crate) message: &'a str,
+    /// Claimed far from the tail of processing
+    /// ([`Delivery::far_from_tail`](super::claim::Delivery::far_from_tail)).
+    pub(crate) far_from_tail: bool,
 }
 
 impl FinishCancel<'_> {
@@ -50,6 +53,7 @@ impl FinishCancel<'_> {
             .arg(self.token)
             .arg(super::ms(self.retention).max(1))
             .arg(&*super::cut_error(self.message))
+            .arg(super::far_arg(self.far_from_tail))
             .run(conn, &k.queue, Some(self.id))
             .await?;
         reply::flag(&k.queue, Some(self.id), "finish_cancel reply", &reply)

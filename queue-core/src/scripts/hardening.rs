@@ -190,6 +190,7 @@ impl Fixture {
             kind,
             message: "planned",
             delay: Duration::ZERO,
+            far_from_tail: false,
         }
         .run(&mut self.conn)
         .await
@@ -520,6 +521,7 @@ async fn a_fail_retried_after_its_reply_was_lost_gets_the_same_outcome() {
         kind: FailKind::Retry,
         message: "planned",
         delay: Duration::from_secs(60),
+        far_from_tail: false,
     };
     fx.lose_reply(async |c| fail.run(c).await).await;
     fx.wait_state("j1", "delayed").await;
@@ -563,6 +565,7 @@ async fn a_finish_cancel_retried_after_its_reply_was_lost_answers_cancelled() {
         token: &d.token,
         retention: Duration::from_secs(60),
         message: "cancelled",
+        far_from_tail: false,
     };
     fx.lose_reply(async |c| finish.run(c).await).await;
     let start = Instant::now();
@@ -774,6 +777,7 @@ async fn a_cancel_record_with_a_retention_of_zero_still_expires() {
         .arg(&d.token)
         .arg(0)
         .arg("stopped")
+        .arg(super::far_arg(d.far_from_tail))
         .run(&mut fx.conn, &k.queue, Some(&d.id))
         .await
         .unwrap();
@@ -1606,6 +1610,7 @@ async fn a_cancel_with_a_queue_key_of_another_type_is_refused_before_any_write()
         token: &d.token,
         retention: Duration::from_secs(60),
         message: "cancelled",
+        far_from_tail: false,
     }
     .run(&mut fx.conn.clone())
     .await
@@ -2645,6 +2650,7 @@ async fn a_huge_failure_message_is_stored_cut() {
             kind: FailKind::Retry,
             message: &huge,
             delay: Duration::ZERO,
+            far_from_tail: false,
         }
         .run(&mut fx.conn)
         .await
@@ -2671,6 +2677,7 @@ async fn a_huge_failure_message_is_stored_cut() {
         .arg("permanent")
         .arg(huge.as_str())
         .arg(0)
+        .arg(super::far_arg(d.far_from_tail))
         .run(&mut fx.conn, &k.queue, Some(&d.id))
         .await
         .unwrap();
@@ -2717,6 +2724,7 @@ async fn a_delay_near_the_largest_stores_a_run_at_that_is_a_count() {
         kind: FailKind::Retry,
         message: "later",
         delay: Duration::MAX,
+        far_from_tail: false,
     }
     .run(&mut fx.conn)
     .await

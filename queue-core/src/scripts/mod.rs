@@ -68,6 +68,8 @@ mod hardening;
 #[cfg(test)]
 mod limits_tests;
 #[cfg(test)]
+mod unlist_tests;
+#[cfg(test)]
 mod wf_hardening_tests;
 
 #[cfg(test)]
@@ -95,6 +97,19 @@ pub(crate) const MAX_MS: u64 = (1 << 53) - 1;
 /// completion record (or a refused `SET`).
 pub(crate) fn ms(d: std::time::Duration) -> u64 {
     d.as_millis().min(u128::from(MAX_MS)) as u64
+}
+
+/// A delivery's `far` flag as ack and fail send it: `"1"` when it was
+/// claimed far from the tail of processing
+/// ([`Delivery::far_from_tail`](claim::Delivery::far_from_tail)), `""`
+/// otherwise. Only a hint for finding the delivery in processing
+/// (`unlist_delivery` in the prelude).
+pub(crate) fn far_arg(far_from_tail: bool) -> &'static str {
+    if far_from_tail {
+        "1"
+    } else {
+        ""
+    }
 }
 
 /// The most bytes of a handler's error text the scripts store (the job's
@@ -378,6 +393,29 @@ pub(crate) async fn test_redis() -> (queue_testkit::RedisServer, RedisConnection
         .await
         .unwrap();
     (server, conn)
+}
+
+/// Starts the count of commands run (scripts' calls included) over:
+/// `CONFIG RESETSTAT`, for [`command_calls`].
+#[cfg(test)]
+pub(crate) async fn reset_command_stats(conn: &mut RedisConnection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
+/// How many times `cmd` ran since the last [`reset_command_stats`], scripts'
+/// calls included (`INFO commandstats`).
+#[cfg(test)]
+pub(crate) async fn command_calls(conn: &mut RedisConnection, cmd: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    queue_testkit::command_stat(&info, cmd, "calls")
 }
 
 #[cfg(test)]

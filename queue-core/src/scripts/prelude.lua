@@ -119,10 +119,11 @@ end
 -- write would leave the script half-applied. 1,000 keeps HSET's pairs whole;
 -- LPUSH in chunks pushes in the order one LPUSH of all would.
 local function call_chunked(cmd, key, args)
-  local n = #args
+  local n, reply = #args, nil
   for first = 1, n, 1000 do
-    redis.call(cmd, key, unpack(args, first, math.min(first + 999, n)))
+    reply = redis.call(cmd, key, unpack(args, first, math.min(first + 999, n)))
   end
+  return reply
 end
 
 -- A lifetime counter. Counters come last and never block a move: a corrupt
@@ -326,19 +327,29 @@ end
 local CLAIM_FIELDS = {'state', 'type', 'v', 'payload', 'attempts', 'max_attempts', 'enqueued_at',
   'fence', 'traceparent', 'expires_at', 'expires_after', 'first_started_at'}
 
+-- Below this distance from the tail of processing a finished delivery is
+-- looked for from the tail alone (unlist_delivery): a scan of at most FAR
+-- entries (~3.6 µs) costs about what the LPOS calls that would look from the
+-- head cost.
+local FAR = 256
+
 -- The row of a claimed delivery, as the reply carries it: one string of
--- twelve fields, each written as its length in decimal, ':' and its bytes
+-- thirteen fields, each written as its length in decimal, ':' and its bytes
 -- (id, token, type, v, attempts, max_attempts, enqueued_at, delivered_at,
--- fence, traceparent, first_started_at, payload). Every argument is a
--- string. The traceparent is '' when the job has none, first_started_at ''
--- on a first delivery (it is then delivered_at). One reply value per job
--- instead of 11-13: each value cost Redis ~0.8k instructions to reply and the
--- worker's RESP parser ~1.3k to read (issue #12). One concatenation, with
--- the lengths' text from int_str's cache (no formatting for lengths under
--- 1024). Every other row stays a table led by its tag (row_tag()). Decoded
--- by `ClaimRow::decode_owned` (claim.rs).
+-- fence, traceparent, first_started_at, far, payload). Every argument but
+-- `position` is a string. The traceparent is '' when the job has none,
+-- first_started_at '' on a first delivery (it is then delivered_at).
+-- `position` (a number; nil: not known) is the delivery's distance from the
+-- tail of processing when it was claimed; the row's `far` is '1' when it is
+-- at least FAR, '' otherwise, and the delivery's ack and fail send it back
+-- (unlist_delivery): a flag, not the number, so no formatting per job.
+-- One reply value per job instead of 11-13: each value cost Redis ~0.8k
+-- instructions to reply and the worker's RESP parser ~1.3k to read (issue
+-- #12). One concatenation, with the lengths' text from int_str's cache (no
+-- formatting for lengths under 1024). Every other row stays a table led by
+-- its tag (row_tag()). Decoded by `ClaimRow::decode_owned` (claim.rs).
 local function claimed_row(id, token, jtype, v, attempts, max, enqueued_at, delivered_at, fence,
-                           traceparent, first_started_at, payload)
+                           traceparent, first_started_at, payload, position)
   if first_started_at == delivered_at then first_started_at = '' end
   local n = small_strs
   return (n[#id] or int_str(#id)) .. ':' .. id .. (n[#token] or int_str(#token)) .. ':' .. token
@@ -349,6 +360,7 @@ local function claimed_row(id, token, jtype, v, attempts, max, enqueued_at, deli
     .. (n[#fence] or int_str(#fence)) .. ':' .. fence
     .. (n[#traceparent] or int_str(#traceparent)) .. ':' .. traceparent
     .. (n[#first_started_at] or int_str(#first_started_at)) .. ':' .. first_started_at
+    .. ((position or 0) >= FAR and '1:1' or '0:')
     .. (n[#payload] or int_str(#payload)) .. ':' .. payload
 end
 
@@ -396,6 +408,52 @@ local function drop_delivery(processing, leases, id)
   redis.call('ZREM', leases, id)
 end
 
+-- Takes a finished delivery `id` out of `processing` (ack, fail,
+-- finish_cancel). Fetches push at the head, so a delivery is usually old by
+-- the time it ends, near the tail: `LREM -1` finds it in O(1). Not when
+-- deliveries that run long sit between it and the tail: each of them cost
+-- the scan ~14 ns (1,000 long deliveries: 14 µs per ack; 100,000: 1.5 ms).
+-- `far` is the claim row's (claimed_row), sent back by the worker: '' when
+-- the delivery had fewer than FAR entries between it and the tail when it
+-- was claimed (or when not known). Entries only ever join processing at the
+-- head, so that distance can only have shrunk since: `LREM -1` at once, as
+-- before, at most FAR compares. A far one is looked for from both ends in
+-- growing windows (NEAR, then 4× each round up to NEAR_MOST), one `LPOS`
+-- each, and removed from the end that holds it: the compares are a small
+-- multiple of its distance from the nearer end, whichever end that is (the
+-- older deliveries ended: the tail; they still run: the head). Beyond both
+-- largest windows, the old scan from the tail: at most ~2 × 11k compares
+-- over the old cost, however the list looks. Always removes one entry of
+-- `id` when there is one (`far` is only a hint).
+-- `found` (optional): the end that held the previous far delivery of the
+-- same call, which this one returns ('1' the head, '-1' the tail):
+-- deliveries acked together mostly ended the same way, so that end is
+-- looked at first.
+local NEAR, NEAR_MOST = 128, 8192
+local function unlist_delivery(processing, id, far, found)
+  if far == '' then
+    redis.call('LREM', processing, '-1', id)
+    return found
+  end
+  local first, second = '-1', '1'
+  if found == '1' then first, second = '1', '-1' end
+  local window = NEAR
+  while window <= NEAR_MOST do
+    local w = int_str(window)
+    if redis.call('LPOS', processing, id, 'RANK', first, 'MAXLEN', w) then
+      redis.call('LREM', processing, first, id)
+      return first
+    end
+    if redis.call('LPOS', processing, id, 'RANK', second, 'MAXLEN', w) then
+      redis.call('LREM', processing, second, id)
+      return second
+    end
+    window = window * 4
+  end
+  redis.call('LREM', processing, '-1', id)
+  return found
+end
+
 -- Claims `id`, which the caller knows sits in the processing list: attempts+1,
 -- delivered_at, a fresh lease token and the next fencing token (`fence`, +1 on
 -- every delivery and never reset, so a later delivery always carries a larger
@@ -408,8 +466,10 @@ end
 -- its whole batch with one EXISTS). `lease_batch` (optional): a list the caller
 -- registers in the leases zset itself, with one variadic ZADD after the batch
 -- (`lease_batch_add`); a claimed id is appended to it instead of its own ZADD.
+-- `position` (optional): the id's distance from the tail of processing, for
+-- the row (claimed_row).
 local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token, now, worker,
-  no_record, lease_batch)
+  no_record, lease_batch, position)
   local jobkey = jobprefix .. id
   if not no_record and redis.call('EXISTS', doneprefix .. id) == 1 then
     local corrupt = record_type_bad(doneprefix .. id)
@@ -481,7 +541,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     'first_started_at', h[12] or now_s)
   ev(stats, 'started', id, now, 'attempt', attempts, 'worker', worker or '')
   return claimed_row(id, token, h[2] or '', h[3] or '0', attempts_s, int_str(max), h[7] or '0', now_s,
-    fence_s, h[9] or '', h[12] or now_s, h[4] or '')
+    fence_s, h[9] or '', h[12] or now_s, h[4] or '', position)
 end
 
 -- The leases of a fetch batch's claimed ids (`claim(..., lease_batch)`), all
@@ -504,7 +564,9 @@ end
 -- in the order `count` LMOVE RIGHT LEFT calls would (oldest first), with three
 -- calls per 1,000 ids instead of one per id: LRANGE, then LPUSH into processing
 -- (the destination first), then LTRIM of main. Two ids or fewer: LMOVE each
--- (cheaper than three calls). Returns the ids, oldest first.
+-- (cheaper than three calls). Returns the ids, oldest first, and the first
+-- one's distance from the tail of processing (ids[i]'s is that + i - 1):
+-- the LPUSH answers processing's length; after LMOVEs, one LLEN.
 local function move_batch(main, processing, count)
   local ids = {}
   if count <= 2 then
@@ -513,13 +575,17 @@ local function move_batch(main, processing, count)
       if not id then break end
       ids[i] = id
     end
-    return ids
+    -- One LLEN for the distance (+2.2% of a one-job fetch): a worker whose
+    -- slots long-running jobs hold fetches one or two jobs at a time, the
+    -- case the distance is for.
+    if #ids == 0 then return ids end
+    return ids, redis.call('LLEN', processing) - #ids
   end
   local moved = redis.call('LRANGE', main, int_str(-count), '-1')
   for i = #moved, 1, -1 do ids[#ids + 1] = moved[i] end
-  call_chunked('LPUSH', processing, ids)
+  local len = call_chunked('LPUSH', processing, ids)
   if #ids > 0 then redis.call('LTRIM', main, '0', int_str(-#ids - 1)) end
-  return ids
+  return ids, (len or 0) - #ids
 end
 
 -- Promoter wake-up (background/promoter.rs): true when a job due at `score`
@@ -927,7 +993,7 @@ end
 -- key is over its limit is deferred instead (row {'deferred', id, run_at}).
 -- Queue-level room is the caller's (limits_room).
 local function limits_claim(lim, delayed, wake, id, processing, leases, dead, stats, jobprefix,
-                            doneprefix, lease_ms, token, now, worker)
+                            doneprefix, lease_ms, token, now, worker, position)
   local k, marked = limits_job_key(lim, jobprefix .. id)
   if k then
     local wait = limits_key_wait(lim, k, leases, now)
@@ -949,7 +1015,7 @@ local function limits_claim(lim, delayed, wake, id, processing, leases, dead, st
     end
   end
   local row = claim(id, processing, leases, dead, stats, jobprefix, doneprefix, lease_ms, token,
-    now, worker)
+    now, worker, nil, nil, position)
   if lim and row_tag(row) == 'claimed' then limits_started(lim, k, id, token, now + lease_ms, now) end
   -- Claimed, or gone without a delivery (dead-lettered expired or corrupt,
   -- already done: the other rows leave `marked` nil): the mark goes.

@@ -106,6 +106,7 @@ mod tests {
             kind: FailKind::Permanent,
             message: "bad",
             delay: Duration::ZERO,
+            far_from_tail: false,
         };
         assert_eq!(
             fail.run(&mut conn).await.unwrap(),

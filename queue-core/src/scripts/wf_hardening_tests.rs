@@ -493,6 +493,7 @@ async fn a_permanent_fail_of_a_member_whose_batch_count_is_not_canonical_answers
         kind: FailKind::Permanent,
         message: "bad input",
         delay: Duration::ZERO,
+        far_from_tail: false,
     }
     .run(&mut fx.conn)
     .await
@@ -877,6 +878,7 @@ impl Fx {
             kind: FailKind::Permanent,
             message: "boom",
             delay: Duration::ZERO,
+            far_from_tail: false,
         }
         .run(&mut self.conn)
         .await

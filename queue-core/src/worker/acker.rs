@@ -493,6 +493,7 @@ mod call_parts_tests {
             token: String::new(),
             result_ref: (result > 0).then(|| vec![0; result]),
             claimed: None,
+            far_from_tail: false,
         }
     }
 

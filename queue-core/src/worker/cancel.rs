@@ -28,6 +28,7 @@ impl JobRunner {
             &d.id,
             &d.token,
             message,
+            d.far_from_tail,
         )
         .await?
         {
@@ -48,6 +49,7 @@ pub(super) async fn finish_cancel(
     id: &JobId,
     token: &str,
     message: &str,
+    far_from_tail: bool,
 ) -> Result<bool> {
     let finish = FinishCancel {
         keys,
@@ -55,6 +57,7 @@ pub(super) async fn finish_cancel(
         token,
         retention: inner.config.completion_retention,
         message,
+        far_from_tail,
     };
     same_token_retries(inner, hard_stop, keys, Some(id), "cancel", || {
         let mut conn = inner.conn.clone();

@@ -544,15 +544,16 @@ impl Fetcher {
                 kind: FailKind::Permanent,
                 message: &message,
                 delay: Duration::ZERO,
+                far_from_tail: false,
             };
             let ended = match fail.run(&mut inner.conn.clone()).await {
                 // An operator asked to cancel it: fail.lua wrote nothing, the
                 // job ends cancelled (as a runner's would), not leased.
-                Ok(FailReply::CancelRequested) => {
-                    super::cancel::finish_cancel(&inner, &hard_stop, &keys, &id, &token, &message)
-                        .await
-                        .map(|_| ())
-                }
+                Ok(FailReply::CancelRequested) => super::cancel::finish_cancel(
+                    &inner, &hard_stop, &keys, &id, &token, &message, false,
+                )
+                .await
+                .map(|_| ()),
                 other => other.map(|_| ()),
             };
             if let Err(e) = ended {

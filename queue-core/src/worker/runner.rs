@@ -363,6 +363,7 @@ impl JobRunner {
             kind,
             message,
             delay,
+            far_from_tail: d.far_from_tail,
         }
         .run(&mut conn)
         .await?;
