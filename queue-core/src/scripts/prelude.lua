@@ -1563,9 +1563,10 @@ end
 
 -- The child of flow `bkey` counted as failed under the `fail` policy first
 -- (in the order the flow counted them: `failed_seq:<id>`, from the `fail_seq`
--- counter, wf_finished), as `failed_child` names one ('<id>: <reason>'), for
--- a fire whose `failed_child` was cleared (the child it named was replayed:
--- wf_unfinish) while another failure is still counted. A child counted
+-- counter, wf_finished), as `failed_child` names one ('<id>: <reason>'): what
+-- `failed_child` becomes when the child it named is replayed (wf_unfinish)
+-- while another failure is still counted, and what a fire names when
+-- `failed_child` is missing (a batch an older version left so). A child counted
 -- before the sequence was kept (no `failed_seq:`) comes after those with one;
 -- ties go to the lowest id. Before, the first in HGETALL order was named
 -- (the results hash's order: arbitrary). Reads the results hash (rare: only
@@ -1745,11 +1746,19 @@ local function wf_unfinish(bkey, id)
     if (p[3] or p[4]) == 'fail' then
       redis.call('HINCRBY', bkey, 'failed', -1)
       redis.call('HDEL', bkey, 'failed_seq:' .. id)
-      -- It is no failure any more: the parent's dead reason must not name it (the fire
-      -- names another failed child, wf_first_failed). Before, it stayed named.
+      -- It is no failure any more: the parent's dead reason must not name it (before, it
+      -- stayed named). The field then names the first of the failures still counted
+      -- (wf_first_failed), so a later failure of another child does not take its place
+      -- (wf_finished's HSETNX), and this child's next failure comes last. Before, the
+      -- field was only cleared: the next failure of any child filled it, although an
+      -- earlier one was still counted.
       local named = redis.call('HGET', bkey, 'failed_child')
       if named and string.sub(named, 1, #id + 2) == id .. ': ' then
         redis.call('HDEL', bkey, 'failed_child')
+        if (as_count(p[5]) or 0) > 1 then
+          local first = wf_first_failed(bkey)
+          if first ~= '?' then redis.call('HSET', bkey, 'failed_child', first) end
+        end
       end
     end
   end

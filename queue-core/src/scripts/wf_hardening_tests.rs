@@ -1003,6 +1003,66 @@ async fn the_parent_names_the_child_that_failed_first_after_a_replay() {
     }
 }
 
+impl Fx {
+    /// A `FailParent` flow on queue `wfh`: parent `parent`, children `children`
+    /// (one attempt each).
+    async fn flow(&self, parent: &str, children: &[&str]) {
+        let job = |id: &str| JobSpec::raw(Q, "t", 1, 1, vec![0xc0]).id(id);
+        let mut flow = crate::Flow::new(job(parent));
+        for id in children {
+            flow = flow.child(job(id));
+        }
+        flow.enqueue(&self.queue).await.unwrap();
+    }
+
+    /// The dead reason of job `id` of queue `wfh`, which must be dead.
+    async fn dead_reason(&mut self, id: &str) -> String {
+        let job = self.keys.job(id);
+        self.text(&["HGET", &job, "dead_reason"])
+            .await
+            .unwrap_or_else(|| panic!("{id} is not dead"))
+    }
+}
+
+/// Takes the delivery of job `id` out of `ds`.
+fn take(ds: &mut Vec<Delivery>, id: &str) -> Delivery {
+    let i = ds.iter().position(|d| d.id.as_str() == id);
+    ds.remove(i.unwrap_or_else(|| panic!("no delivery of {id} in {ds:?}")))
+}
+
+/// A `FailParent` flow of four children: `a` fails for good, then `b`; `a`
+/// is replayed, then `c` fails; `a` runs again and succeeds (or fails
+/// again), `d` succeeds. The parent's dead reason names `b`, the first
+/// failure still counted (`a`'s second failure comes last). Before, the
+/// replay only cleared `failed_child`, and `c`'s failure filled it (HSETNX)
+/// although `b` had failed first: the reason named `c`.
+#[tokio::test]
+async fn a_failure_after_a_replay_does_not_take_an_earlier_failures_place() {
+    for (a_again, failed) in [("succeeds", 2), ("fails", 3)] {
+        let mut fx = Fx::start().await;
+        let keys = fx.keys.clone();
+        fx.flow("P", &["a", "b", "c", "d"]).await;
+        let lease = Duration::from_secs(30);
+        let mut ds = fx.fetch(&keys, 4, lease).await;
+        for id in ["a", "b"] {
+            fx.fail_for_good(&take(&mut ds, id)).await;
+        }
+        fx.replay("a").await;
+        fx.fail_for_good(&take(&mut ds, "c")).await;
+        let again = fx.fetch(&keys, 1, lease).await;
+        assert_eq!(again[0].id.as_str(), "a");
+        if a_again == "fails" {
+            fx.fail_for_good(&again[0]).await;
+        } else {
+            fx.ack(&keys, &again).await.unwrap();
+        }
+        fx.ack(&keys, &ds).await.unwrap();
+        let reason = fx.dead_reason("P").await;
+        let expected = format!("flow: {failed} child(ren) failed, first b: boom");
+        assert!(reason.contains(&expected), "a {a_again}: {reason:?}");
+    }
+}
+
 /// 101 notices of a cross-queue batch's members, all applicable, behind an
 /// unreadable one, while the members' queue's dead-notice list holds
 /// another type (corrupt data). The relay applies and removes all 101 (the
