@@ -1,7 +1,13 @@
 -- Seals a batch once all its members are registered and enqueued: from now
 -- on it fires as soon as every member finished (at once, if they already
 -- have). The open TTL (batch_open.lua) is dropped: a sealed batch waits for
--- its members as long as they take. Sealing again changes nothing.
+-- its members as long as they take. Sealing a sealed batch again only checks
+-- whether it fires (wf_maybe_fire): the operator's re-check once a count
+-- that kept it from firing (`count_error` "batch not fired: ...") is
+-- repaired, since nothing else would check it again (a member's end counts
+-- once). Idempotent: a batch that does not fire yet, or fired already,
+-- changes nothing. Before, a sealed batch was left as it was, and one held
+-- back by a corrupt count never fired once repaired.
 -- The batch's callbacks (not created until it fires) enter the queue's
 -- pending hash, callback id -> batch key, so that a producer waiting for one
 -- before then waits (result_wait.lua) instead of finding nothing; the fire
@@ -43,6 +49,6 @@ if state == 'open' then
       end
     end
   end
-  wf_maybe_fire(KEYS[1], now)
 end
+if state == 'open' or state == 'sealed' then wf_maybe_fire(KEYS[1], now) end
 return {redis.call('HGET', KEYS[1], 'state') or 'missing'}

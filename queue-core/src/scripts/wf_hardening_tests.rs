@@ -13,6 +13,7 @@ use redis::Value;
 
 use super::ack::{Ack, AckItem, AckReply};
 use super::batch_add::BatchAdd;
+use super::batch_seal::BatchSeal;
 use super::claim::{ClaimRow, Delivery, Skip};
 use super::enqueue::Enqueue;
 use super::fail::{Fail, FailKind, FailReply};
@@ -1144,6 +1145,68 @@ async fn a_non_canonical_count_never_fires_early() {
         );
         assert_eq!(err.lines().count(), 1, "{field}: recorded once: {err}");
     }
+}
+
+impl Fx {
+    /// Seals batch `bkey` of queue `wfh` (again); its state after.
+    async fn seal(&mut self, bkey: &str) -> String {
+        BatchSeal {
+            queue: Q,
+            key: bkey,
+        }
+        .run(&mut self.conn)
+        .await
+        .unwrap()
+    }
+}
+
+/// A sealed batch whose `cancelled` reads "00" (corrupt: `tonumber` takes it,
+/// HINCRBY does not) is held back when both members succeed (`count_error`
+/// "batch not fired"). The operator repairs the field and seals it again
+/// (the producer's `Batch::enqueue` once more): it fires, its callback is
+/// created. Sealing the fired batch again creates nothing twice. Before, a
+/// seal left a sealed batch as it was, and nothing else checked it again (a
+/// member's end counts once): the batch stayed sealed for good.
+#[tokio::test]
+async fn a_batch_held_back_by_a_corrupt_count_fires_when_sealed_again_after_repair() {
+    let mut fx = Fx::start().await;
+    let keys = fx.keys.clone();
+    let bkey = fx.batch(Q, &["m1", "m2"], 3).await;
+    fx.cmd(&["HSET", &bkey, "cancelled", "00"]).await;
+    let ds = fx.fetch(&keys, 2, Duration::from_secs(30)).await;
+    fx.ack(&keys, &ds).await.unwrap();
+    assert_eq!(fx.seal(&bkey).await, "sealed", "still held back");
+    let err = fx.count_error(&bkey).await;
+    assert!(err.contains("batch not fired"), "{err}");
+    assert_eq!(err.lines().count(), 1, "recorded once: {err}");
+
+    fx.cmd(&["HSET", &bkey, "cancelled", "0"]).await;
+    assert_eq!(fx.batch(Q, &["m1", "m2"], 3).await, bkey);
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+        Some("fired")
+    );
+    assert_eq!(
+        fx.text(&["HGET", &keys.job("cb"), "batch_of"])
+            .await
+            .as_deref(),
+        Some(bkey.as_str())
+    );
+    assert_eq!(
+        fx.int(&["LLEN", &keys.main]).await,
+        1,
+        "the callback, queued"
+    );
+    let fired_at = fx.text(&["HGET", &bkey, "fired_at"]).await;
+
+    assert_eq!(fx.seal(&bkey).await, "fired");
+    assert_eq!(fx.int(&["LLEN", &keys.main]).await, 1, "queued once");
+    assert_eq!(fx.text(&["HGET", &bkey, "fired_at"]).await, fired_at);
+    assert_eq!(
+        fx.text(&["HGET", &keys.stats, "enqueued"]).await.as_deref(),
+        Some("3"),
+        "two members and one callback"
+    );
 }
 
 /// A member on another queue ends after its batch is gone (deleted here;
