@@ -1502,8 +1502,10 @@ end
 -- created at all, is counted there as dead: the outer batch fires on it.
 -- Before, a nested parent that was not created (its id taken) was never
 -- counted, and the outer flow never fired.
--- Returns true when it wrote a relay notice.
-local function wf_fire(bkey, p, s, problem, dead_bad, reason, now)
+-- That count is not made here: it is appended to `after` (wf_cascade's
+-- work list: {batch field, member id, outcome, detail, here}), which the
+-- caller's cascade runs once this fire's own writes are done.
+local function wf_fire(bkey, p, s, problem, dead_bad, reason, now, after)
   if problem then
     reason = 'callback not queued: ' .. problem .. (reason and ('; ' .. reason) or '')
   end
@@ -1512,14 +1514,14 @@ local function wf_fire(bkey, p, s, problem, dead_bad, reason, now)
   if reason and dead_bad then
     local msg = what .. ' not created: ' .. reason .. '; cannot be dead-lettered: ' .. dead_bad
     wf_error(bkey, 'fire_error', msg)
-    return outer and wf_member_finished(outer, s[2], 'dead', msg, now, bkey) or false
+    if outer then after[#after + 1] = {outer, s[2], 'dead', msg, bkey} end
+    return
   end
   if problem then wf_error(bkey, 'fire_error', what .. ' dead-lettered: ' .. problem) end
   local created, taken = wf_spawn(bkey, s, now, reason)
   if outer and (taken or (created and reason)) then
-    return wf_member_finished(outer, s[2], 'dead', taken or reason, now, bkey)
+    after[#after + 1] = {outer, s[2], 'dead', taken or reason, bkey}
   end
-  return false
 end
 
 -- Batch `bkey` fired: its callbacks leave its queue's pending hash (`q:{Q}:pending`,
@@ -1598,40 +1600,40 @@ end
 -- fire the batch and is kept visible (`count_error`, once per text). Before,
 -- `as_count` read '1e3' as 1000: the batch fired early; a corrupt `total`
 -- kept it from firing with nothing recorded.
-local function wf_maybe_fire(bkey, now)
+-- The counts its fire makes in other batches (a nested flow's parent, a DAG
+-- step's dependents) are appended to `after` (wf_fire), not made here.
+local function wf_try_fire(bkey, now, after)
   local b = redis.call('HMGET', bkey, 'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed',
     'failed_child')
-  if b[1] ~= 'sealed' then return false end
+  if b[1] ~= 'sealed' then return end
   for i, name in ipairs({'total', 'succeeded', 'dead', 'cancelled'}) do
     local bad = wf_bad_count(name, b[i + 1])
     if bad then
       local msg = 'batch not fired: ' .. bad
       local prev = redis.call('HGET', bkey, 'count_error')
       if not (prev and string.find(prev, msg, 1, true)) then wf_error(bkey, 'count_error', msg) end
-      return false
+      return
     end
   end
   local total, ok = as_count(b[2]), as_count(b[3]) or 0
   local finished = ok + (as_count(b[4]) or 0) + (as_count(b[5]) or 0)
-  if not total or finished < total then return false end
+  if not total or finished < total then return end
   local s, s_problem, s_dead
   if ok == total then s, s_problem, s_dead = wf_spec(bkey, 's_') end
   local c, c_problem, c_dead = wf_spec(bkey, 'c_')
   redis.call('HSET', bkey, 'state', 'fired', 'fired_at', now)
-  local noted = false
-  if s then noted = wf_fire(bkey, 's_', s, s_problem, s_dead, nil, now) end
+  if s then wf_fire(bkey, 's_', s, s_problem, s_dead, nil, now, after) end
   if c then
     local reason
     if (as_count(b[6]) or 0) > 0 then
       reason = 'flow: ' .. b[6] .. ' child(ren) failed, first ' .. (b[7] or wf_first_failed(bkey))
     end
-    if wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now) then noted = true end
+    wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now, after)
   end
   wf_unpend(bkey)
   for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
     redis.call('PEXPIRE', k, WF_KEEP_MS)
   end
-  return noted
 end
 
 -- A count of batch `bkey` that member `id` would change is not an integer
@@ -1652,29 +1654,29 @@ end
 -- Called by ack, fail, reclaim, cancel and finish_cancel after their own
 -- writes: never raises. The counts it changes are checked before its first
 -- write; a corrupt one leaves the member uncounted, reported (wf_count_error)
--- and returned as the second value. Returns true first when it wrote a relay
--- notice.
-wf_finished = function(bkey, id, outcome, detail, now)
+-- and returned. The counts a fire makes in other batches are appended to
+-- `after` (wf_try_fire). wf_finished below is the entry point.
+local function wf_count(bkey, id, outcome, detail, now, after)
   local t = redis.call('TYPE', bkey)['ok']
   if t ~= 'hash' then
     if t ~= 'none' then
       redis.log(redis.LOG_WARNING, 'batch ' .. bkey .. ' holds a ' .. t .. " (corrupt data): member '" .. id
         .. "' not counted")
     end
-    return false
+    return nil
   end
   t = redis.call('TYPE', bkey .. ':done')['ok']
   if t ~= 'set' and t ~= 'none' then
     redis.log(redis.LOG_WARNING, 'batch ' .. bkey .. ':done holds a ' .. t .. " (corrupt data): member '" .. id
       .. "' not counted")
-    return false
+    return nil
   end
   local p = redis.call('HMGET', bkey, outcome, 'policy:' .. id, 'policy', 'failed')
   local policy = p[2] or p[3]
   local bad = wf_bad_count(outcome, p[1])
   if not bad and policy == 'fail' and outcome ~= 'succeeded' then bad = wf_bad_count('failed', p[4]) end
-  if bad then return false, wf_count_error(bkey, id, bad) end
-  if redis.call('SADD', bkey .. ':done', id) == 0 then return false end
+  if bad then return wf_count_error(bkey, id, bad) end
+  if redis.call('SADD', bkey .. ':done', id) == 0 then return nil end
   redis.call('HINCRBY', bkey, outcome, 1)
   if policy then
     if outcome == 'succeeded' then
@@ -1691,7 +1693,68 @@ wf_finished = function(bkey, id, outcome, detail, now)
       end
     end
   end
-  return wf_maybe_fire(bkey, now)
+  wf_try_fire(bkey, now, after)
+  return nil
+end
+
+-- Runs the counts a member's end causes, to the last: `work` lists
+-- {batch field, member id, outcome, detail, here} (as wf_member_finished
+-- takes them), in order. Each batch of a field is counted in turn
+-- (wf_count), or gets a relay notice when it lives on another queue than
+-- `here`'s; a fire's own counts in other batches (wf_try_fire's `after`) run
+-- next, before the rest of the list: the order the recursion had (a batch's
+-- fire, then what it caused, then the next batch of the field), but each
+-- fire finishes its own writes (unpend, expiry) first. A loop over a stack,
+-- so a chain of any length (a FailParent DAG s0 -> ... -> sN on one queue,
+-- whose root failed: each step's fire dead-letters the next) runs at one
+-- call depth. Before, each step was four nested Lua calls (wf_member_finished
+-- -> wf_finished -> wf_maybe_fire -> wf_fire): about 8,190 steps overflowed
+-- the Lua stack and the script raised after dead-lettering them, the rest
+-- stayed sealed for good. Returns true when it wrote a relay notice.
+local function wf_cascade(work, now)
+  local stack, noted = {}, false
+  local function push(items)
+    for i = #items, 1, -1 do
+      local it, keys = items[i], {}
+      for bkey in string.gmatch(it[1], '[^\n]+') do keys[#keys + 1] = bkey end
+      for j = #keys, 1, -1 do stack[#stack + 1] = {keys[j], it[2], it[3], it[4], it[5]} end
+    end
+  end
+  push(work)
+  while #stack > 0 do
+    local it = stack[#stack]
+    stack[#stack] = nil
+    local bkey, id, outcome, detail, here = it[1], it[2], it[3], it[4], it[5]
+    local base = here and wf_base(here)
+    if base and wf_base(bkey) ~= base then
+      wf_notice(base, 'f', bkey, id, outcome, detail)
+      noted = true
+    else
+      local after = {}
+      wf_count(bkey, id, outcome, detail, now, after)
+      push(after)
+    end
+  end
+  return noted
+end
+
+-- Member `id` of batch `bkey` (on the caller's queue) finished: wf_count,
+-- then what its fire causes (wf_cascade). Returns true first when it wrote a
+-- relay notice; second, the message when a corrupt count left the member
+-- uncounted (wf_count_error). relay_apply's entry point.
+wf_finished = function(bkey, id, outcome, detail, now)
+  local after = {}
+  local bad = wf_count(bkey, id, outcome, detail, now, after)
+  return wf_cascade(after, now), bad
+end
+
+-- Fires batch `bkey` when it is sealed and every member finished
+-- (wf_try_fire), with what the fire causes (wf_cascade): batch_seal's entry
+-- point. Returns true when it wrote a relay notice.
+local function wf_maybe_fire(bkey, now)
+  local after = {}
+  wf_try_fire(bkey, now, after)
+  return wf_cascade(after, now)
 end
 
 -- The one entry point of the scripts that end a job: member `id` whose job
@@ -1705,18 +1768,10 @@ end
 -- a relay notice for it is appended to this queue's relay list instead, in
 -- this same script (wf_notice). Returns true when it wrote a notice (the
 -- caller's reply says so, and a worker relays at once; docs/WORKFLOWS.md).
+-- The counts a batch's fire causes in turn run in the same loop
+-- (wf_cascade), not nested.
 wf_member_finished = function(field, id, outcome, detail, now, here)
-  local base = here and wf_base(here)
-  local noted = false
-  for bkey in string.gmatch(field, '[^\n]+') do
-    if base and wf_base(bkey) ~= base then
-      wf_notice(base, 'f', bkey, id, outcome, detail)
-      noted = true
-    elseif wf_finished(bkey, id, outcome, detail, now) then
-      noted = true
-    end
-  end
-  return noted
+  return wf_cascade({{field, id, outcome, detail, here}}, now)
 end
 
 -- A dead member of batch `bkey` was replayed: while the batch has not fired

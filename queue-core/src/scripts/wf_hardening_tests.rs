@@ -24,7 +24,7 @@ use super::replay::{Replay, ReplayReply};
 use crate::conn::RedisConnection;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
-use crate::{Batch, JobSpec, Queue};
+use crate::{Batch, ConnectionConfig, Dag, JobSpec, Queue};
 
 const Q: &str = "wfh";
 
@@ -1281,4 +1281,65 @@ async fn a_nested_parent_whose_id_another_job_took_still_ends_the_outer_flow() {
             "{taken}"
         );
     }
+}
+
+impl Fx {
+    /// Replaces the connection by one that waits up to a minute for a reply
+    /// (one script that runs for seconds).
+    async fn patient(&mut self) {
+        let cfg = ConnectionConfig {
+            response_timeout: Duration::from_secs(60),
+            ..ConnectionConfig::default()
+        };
+        let url = self._server.url();
+        self.conn = crate::RedisConnection::connect(&url, &cfg).await.unwrap();
+    }
+
+    /// Field `field` of each of hashes `keys` (one pipeline).
+    async fn field_of_each(&mut self, keys: &[String], field: &str) -> Vec<Option<String>> {
+        let mut pipe = redis::pipe();
+        for k in keys {
+            pipe.hget(k, field);
+        }
+        pipe.query_async(&mut self.conn).await.unwrap()
+    }
+}
+
+/// A `FailParent` DAG of 10,000 steps in a line on one queue (`s0 -> s1 ->
+/// ... -> s9999`) whose root fails for good: the fail answers Dead, and in
+/// that one script every batch fires and every later step is dead-lettered
+/// (each step's fire dead-letters the next, in a loop: wf_cascade). Before,
+/// each step nested four Lua calls: after about 8,190 steps the script
+/// raised "stack overflow", half-applied; the rest of the batches stayed
+/// sealed for good, and the worker's retry answered from the dead job.
+#[tokio::test]
+async fn a_failparent_chain_of_ten_thousand_steps_ends_in_one_fail() {
+    const STEPS: usize = 10_000;
+    let mut fx = Fx::start().await;
+    let keys = fx.keys.clone();
+    let spec = || JobSpec::raw(Q, "t", 1, 1, vec![0xc0]);
+    let mut dag = Dag::new("line").step("s0", spec());
+    for i in 1..STEPS {
+        dag = dag
+            .step(format!("s{i}"), spec())
+            .after([format!("s{}", i - 1)]);
+    }
+    dag.enqueue(&fx.queue).await.unwrap();
+    let root = fx.fetch(&keys, 1, Duration::from_secs(60)).await;
+    assert_eq!(root[0].id.as_str(), "line:s0");
+
+    fx.patient().await;
+    fx.fail_for_good(&root[0]).await;
+    let steps: Vec<String> = (0..STEPS).map(|i| format!("line:s{i}")).collect();
+    let batches: Vec<String> = steps[1..].iter().map(|id| keys.batch(id)).collect();
+    let states = fx.field_of_each(&batches, "state").await;
+    let fired = states.iter().filter(|s| s.as_deref() == Some("fired"));
+    assert_eq!(fired.count(), STEPS - 1, "every batch fired");
+    let jobs: Vec<String> = steps.iter().map(|id| keys.job(id)).collect();
+    let states = fx.field_of_each(&jobs, "state").await;
+    let dead = states.iter().filter(|s| s.as_deref() == Some("dead"));
+    assert_eq!(dead.count(), STEPS, "every step dead");
+    assert_eq!(fx.int(&["LLEN", &keys.dead]).await, STEPS as i64);
+    let last = fx.dead_reason("line:s9999").await;
+    assert!(last.contains("first line:s9998: flow:"), "{last}");
 }
