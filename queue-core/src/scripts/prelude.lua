@@ -1627,7 +1627,7 @@ local function wf_maybe_fire(bkey, now)
     if wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now) then noted = true end
   end
   wf_unpend(bkey)
-  for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
+  for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results', bkey .. ':where'}) do
     redis.call('PEXPIRE', k, WF_KEEP_MS)
   end
   return noted

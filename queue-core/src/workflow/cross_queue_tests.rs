@@ -1,19 +1,21 @@
 //! Operator paths of batches whose members are on other queues than the
 //! batch (docs/WORKFLOWS.md, "Relay" and "Operating batches"), against a
 //! real redis-server, each step driven by hand (no worker, no watchdog, no
-//! timing): a replay of such a member is relayed by the replay call itself.
+//! timing): a replay of such a member is relayed by the replay call itself,
+//! and `batches show` reads such members' state on their own queue.
 
 use std::time::Duration;
 
 use redis::Value;
 
+use crate::admin::{Admin, BatchMember, OUTCOME_ELSEWHERE};
 use crate::conn::RedisConnection;
 use crate::keys::QueueKeys;
 use crate::scripts::ack::{Ack, AckItem, AckReply};
 use crate::scripts::claim::{ClaimRow, Delivery};
 use crate::scripts::fail::{Fail, FailKind, FailReply};
 use crate::scripts::fetch::Fetch;
-use crate::{Flow, JobSpec, Queue};
+use crate::{Batch, Flow, JobSpec, Queue};
 
 const ORDERS: &str = "orders";
 const EMAILS: &str = "emails";
@@ -189,4 +191,95 @@ async fn a_cross_queue_child_replayed_before_its_flow_fires_no_longer_fails_the_
         .await
         .unwrap();
     assert!(result.starts_with("ok:"), "{result}");
+    // X's queue was recorded, and expires with the fired batch.
+    let place = format!("{bkey}:where");
+    assert_eq!(
+        fx.text(&["HGET", &place, "X"]).await.as_deref(),
+        Some(EMAILS)
+    );
+    assert_eq!(fx.text(&["HGET", &place, "Y"]).await, None, "home queue");
+    assert!(
+        fx.int(&["PTTL", &place]).await > 0,
+        "expires with the batch"
+    );
+}
+
+/// `batches show` of a batch on `orders` whose members are on `emails`:
+/// `m1` queued, `m2` running, `m3` dead-lettered with its notice not yet
+/// relayed, and `home` queued on `orders`; an unrelated job `m2` waits on
+/// `orders`. Each member is shown with its real state on its own queue,
+/// naming that queue (never the unrelated job). Before, every member on
+/// `emails` was looked up on `orders`: `m1` and `m3` showed as "not
+/// enqueued" and `m2` as the unrelated job's `queued`. A batch opened by an
+/// older version (no `:where`) shows a member it cannot find on its queue as
+/// possibly elsewhere, never a confident wrong state.
+#[tokio::test]
+async fn batch_detail_reads_members_on_other_queues_on_their_own_queue() {
+    let mut fx = Fx::start().await;
+    let job = |queue: &str, id: &str| JobSpec::raw(queue, "t", 1, 1, vec![0xc0]).id(id);
+    let unrelated = crate::EnqueueOptions::default().id("m2");
+    fx.queue
+        .enqueue_raw(ORDERS, "other", 1, 1, unrelated, b"\xc0")
+        .await
+        .unwrap();
+    Batch::new(&fx.queue)
+        .id("b1")
+        .home(ORDERS)
+        .add(job(EMAILS, "m2"))
+        .add(job(EMAILS, "m3"))
+        .add(job(EMAILS, "m1"))
+        .add(job(ORDERS, "home"))
+        .enqueue()
+        .await
+        .unwrap();
+    let taken = fx.fetch(EMAILS, 2).await;
+    let ids: Vec<&str> = taken.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["m2", "m3"]);
+    fx.fail_for_good(EMAILS, &taken[1]).await;
+    assert_eq!(
+        fx.int(&["LLEN", &QueueKeys::new(EMAILS).relay()]).await,
+        1,
+        "m3's notice waits"
+    );
+
+    let admin = Admin::new(fx.queue.clone());
+    let shown = |d: &crate::admin::BatchDetail| -> Vec<(String, bool, String, Option<String>)> {
+        d.members
+            .iter()
+            .map(|m: &BatchMember| (m.id.clone(), m.counted, m.outcome.clone(), m.queue.clone()))
+            .collect()
+    };
+    let row = |id: &str, outcome: &str, queue: Option<&str>| {
+        (
+            id.to_string(),
+            false,
+            outcome.to_string(),
+            queue.map(str::to_string),
+        )
+    };
+    let detail = admin.batch_detail(ORDERS, "b1").await.unwrap().unwrap();
+    assert_eq!(
+        shown(&detail),
+        [
+            row("home", "queued", None),
+            row("m1", "queued", Some(EMAILS)),
+            row("m2", "active", Some(EMAILS)),
+            row("m3", "dead", Some(EMAILS)),
+        ]
+    );
+
+    // The same batch as an older version left it: no `:where`, no marker.
+    let bkey = QueueKeys::new(ORDERS).batch("b1");
+    fx.cmd(&["DEL", &format!("{bkey}:where")]).await;
+    fx.cmd(&["HDEL", &bkey, "where"]).await;
+    let detail = admin.batch_detail(ORDERS, "b1").await.unwrap().unwrap();
+    assert_eq!(
+        shown(&detail),
+        [
+            row("home", "queued", None),
+            row("m1", OUTCOME_ELSEWHERE, None),
+            row("m2", OUTCOME_ELSEWHERE, None),
+            row("m3", OUTCOME_ELSEWHERE, None),
+        ]
+    );
 }
