@@ -209,6 +209,84 @@ fn relay_retry_dead_applies_a_set_aside_notice_once_its_batch_is_repaired() {
     assert!(ok && out.contains("\"notices\":[]"), "{out}");
 }
 
+/// `batches show` of a batch on `orders` whose members are on `emails`
+/// (one waiting, one dead-lettered whose notice the relay has not applied
+/// yet): each is shown with its state on `emails`, naming that queue, in
+/// text and JSON. Before, both were looked up on `orders` and shown as
+/// "not enqueued".
+#[test]
+fn batches_show_reads_members_on_other_queues_there() {
+    use queue_core::QueueKeys;
+    let server = RedisServer::start().unwrap();
+    let url = server.url();
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let queue = Queue::connect(&url).await.unwrap();
+        Batch::new(&queue)
+            .id("b-x")
+            .on_complete(JobSpec::raw("orders", "close", 1, 3, vec![0xc0]).id("b-x-done"))
+            .add(JobSpec::raw("emails", "send", 1, 3, vec![0xc0]).id("m-wait"))
+            .add(JobSpec::raw("emails", "send", 1, 3, vec![0xc0]).id("m-dead"))
+            .enqueue()
+            .await
+            .unwrap();
+    });
+    // m-dead as a dead-letter leaves it (the notice not relayed yet).
+    let k = QueueKeys::new("emails");
+    server.command(&["LREM", &k.main, "0", "m-dead"]).unwrap();
+    server.command(&["LPUSH", &k.dead, "m-dead"]).unwrap();
+    server
+        .command(&[
+            "HSET",
+            &k.job("m-dead"),
+            "state",
+            "dead",
+            "dead_reason",
+            "smtp-down",
+        ])
+        .unwrap();
+    let (ok, out, err) = run(&["batches", "show", "b-x", "--redis", &url, "-q", "orders"]);
+    assert!(ok, "{out}{err}");
+    let line = |id: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(id))
+            .unwrap_or_else(|| panic!("no line for {id}: {out}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(
+        line("m-wait"),
+        "m-wait pending queued (queue emails)",
+        "{out}"
+    );
+    assert_eq!(
+        line("m-dead"),
+        "m-dead pending dead (queue emails)",
+        "{out}"
+    );
+    let (ok, out, _) = run(&[
+        "batches", "show", "b-x", "--redis", &url, "-q", "orders", "--json",
+    ]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let members = v["members"].as_array().unwrap();
+    let shown: Vec<(&str, &str, &str)> = members
+        .iter()
+        .map(|m| {
+            (
+                m["id"].as_str().unwrap(),
+                m["outcome"].as_str().unwrap(),
+                m["queue"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [("m-dead", "dead", "emails"), ("m-wait", "queued", "emails")],
+        "{out}"
+    );
+}
+
 /// A DAG whose name carries a bidi override (U+202E, which a producer may
 /// put in an id: only control characters are refused): `batches list` and
 /// `batches show` print the batch id, the DAG and the member ids as

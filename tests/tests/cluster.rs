@@ -1067,6 +1067,7 @@ async fn a_primary_restarted_from_its_aof_loses_nothing_and_other_shards_keep_wo
 /// Every relay script touches one slot (a cross-slot script would fail with
 /// CROSSSLOT); the parent runs once and reads both children's results, and
 /// a producer that waited for the parent before it existed gets its record.
+/// `batches show` reads each child's state on its own queue's primary.
 #[tokio::test]
 async fn a_cross_queue_flow_is_relayed_between_primaries() {
     use queue_core::{Flow, JobSpec};
@@ -1103,6 +1104,25 @@ async fn a_cross_queue_flow_is_relayed_between_primaries() {
     .enqueue(&env.queue)
     .await
     .unwrap();
+    // `batches show` reads each child on its own queue's primary (one
+    // read-only script per queue: no CROSSSLOT).
+    let detail = queue_core::admin::Admin::new(env.queue.clone())
+        .batch_detail(wf::ORDERS, "o-1:close")
+        .await
+        .unwrap()
+        .unwrap();
+    let shown: Vec<(&str, &str, Option<&str>)> = detail
+        .members
+        .iter()
+        .map(|m| (m.id.as_str(), m.outcome.as_str(), m.queue.as_deref()))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            ("o-1:charge", "queued", Some(wf::BILLING)),
+            ("o-1:email", "queued", Some(wf::EMAILS)),
+        ]
+    );
     // A producer waits for the parent before it exists (docs/RESULTS.md):
     // result_wait.lua reaches the batch hash in the parent's slot only.
     let waiter = {

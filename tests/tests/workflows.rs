@@ -927,10 +927,11 @@ async fn a_crash_between_apply_and_remove_counts_once() {
 
 /// Replay across queues: a dead member on `emails` of a batch on `orders`
 /// is replayed before the batch fired; the replay's notice (unfinished)
-/// follows the death's notice (finished) in order. A stale copy of the
-/// death's notice applied again afterwards (a relayer that read the list
-/// before the replay) changes nothing: the batch waits for the member's
-/// next outcome, then fires once.
+/// follows the death's notice (finished) in order, and the replay call
+/// relays both before it returns (the death's found already applied). A
+/// stale copy of the death's notice applied again afterwards (a relayer
+/// that read the list before the replay) changes nothing: the batch waits
+/// for the member's next outcome, then fires once.
 #[tokio::test]
 async fn a_replay_across_queues_is_relayed_in_order_and_a_stale_notice_changes_nothing() {
     let env = TestEnv::start().await;
@@ -956,8 +957,11 @@ async fn a_replay_across_queues_is_relayed_in_order_and_a_stale_notice_changes_n
         .replay_dead(EMAILS, "rp-dead", true)
         .await
         .unwrap());
+    // Relayed by the replay call: both notices removed, nothing left to do.
+    assert_eq!(relay_len(&env, EMAILS).await, 0);
+    assert_eq!(env.stats(EMAILS).await.counter("relayed"), 2);
     let r = env.queue.relay(EMAILS).await.unwrap();
-    assert_eq!((r.applied, r.already, r.dead), (1, 1, 0), "{r:?}");
+    assert_eq!((r.applied, r.already, r.dead), (0, 0, 0), "{r:?}");
     let after = batch().await;
     assert_eq!(
         (after.state.as_str(), after.dead),

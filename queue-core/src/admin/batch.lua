@@ -6,10 +6,19 @@
 -- lists a sample: the first ARGV[3] that SSCAN yields (not the first by id),
 -- so the call costs O(cap), never O(members) (SMEMBERS + sort of 200k
 -- members blocked Redis 610 ms).
+-- A member on another queue (recorded in `<batch>:where` by batch_add.lua)
+-- is not looked up here: its keys are on another queue (another cluster
+-- slot); its row names that queue, and the caller reads its state there
+-- (batch_members.lua). A job hash here that does not name this batch in
+-- its `batch` field is another job of the same id, not the member. A batch
+-- opened before `:where` was kept (no field `where`) cannot tell a member
+-- on another queue from one never enqueued: such a member, not found here,
+-- has `?` as its queue.
 -- KEYS: 1 batch hash, 2 guard (never written)
 -- ARGV: 1 job prefix, 2 completion record prefix, 3 member cap
 -- Returns {} when there is no such batch, else {now_ms, pttl, {name, value,
---          ...}, members registered, {{id, counted 0/1, result, state, done 0/1} ...},
+--          ...}, members registered, {{id, counted 0/1, result, state, done 0/1,
+--          queue ('' this one, a queue name, or '?' unknown)} ...},
 --          sample 0/1 (1: more members than listed)}
 if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return {} end
 local names = {'state', 'total', 'succeeded', 'dead', 'cancelled', 'failed', 'failed_child',
@@ -53,18 +62,30 @@ if #members > 0 and redis.call('TYPE', done_key)['ok'] == 'set' then
 end
 local results = KEYS[1] .. ':results'
 local has_results = redis.call('TYPE', results)['ok'] == 'hash'
+local where = {}
+if #members > 0 and redis.call('TYPE', KEYS[1] .. ':where')['ok'] == 'hash' then
+  where = redis.call('HMGET', KEYS[1] .. ':where', unpack(members))
+end
+local kept = redis.call('HGET', KEYS[1], 'where') == '1'
 local rows = {}
 for i = 1, #members do
   local id = members[i]
   local result = ''
   if has_results then result = redis.call('HGET', results, id) or '' end
-  local state = ''
-  local jobkey = ARGV[1] .. id
-  if redis.call('TYPE', jobkey)['ok'] == 'hash' then
-    state = redis.call('HGET', jobkey, 'state') or ''
+  local state, queue, record = '', where[i] or '', 0
+  if queue == '' then
+    local jobkey = ARGV[1] .. id
+    if redis.call('TYPE', jobkey)['ok'] == 'hash' then
+      local h = redis.call('HMGET', jobkey, 'state', 'batch')
+      -- One batch key a line (a DAG step feeding several batches).
+      if h[2] and string.find('\n' .. h[2] .. '\n', '\n' .. KEYS[1] .. '\n', 1, true) then
+        state = h[1] or ''
+      end
+    end
+    record = redis.call('EXISTS', ARGV[2] .. id)
+    if state == '' and not kept then queue = '?' end
   end
-  rows[#rows + 1] = {id, done[i] or 0, result, state,
-    redis.call('EXISTS', ARGV[2] .. id)}
+  rows[#rows + 1] = {id, done[i] or 0, result, state, record, queue}
 end
 return {now_ms(), redis.call('PTTL', KEYS[1]), fields, registered, rows,
   #members < registered and 1 or 0}

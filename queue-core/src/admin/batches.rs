@@ -2,9 +2,10 @@
 //! queue's batches, newest first, from the index `batch_open.lua` writes
 //! ([`Admin::batches`], `batches.lua`), and everything about one batch —
 //! counts, TTL, callbacks or parent, members with their outcomes, the DAG it
-//! belongs to ([`Admin::batch_detail`], `batch.lua`). Both are read-only
-//! scripts (one snapshot each); [`batch_links`] names the batches a job's
-//! hash points to (its page links to them).
+//! belongs to ([`Admin::batch_detail`], `batch.lua`, then
+//! `batch_members.lua` on each other queue its members are on). All are
+//! read-only scripts (one snapshot each per queue); [`batch_links`] names the
+//! batches a job's hash points to (its page links to them).
 
 use std::collections::HashMap;
 
@@ -19,6 +20,12 @@ use crate::workflow::parse_key;
 
 admin_script!(LIST, "batches.lua", READ_ONLY);
 admin_script!(DETAIL, "batch.lua", READ_ONLY);
+admin_script!(MEMBERS, "batch_members.lua", READ_ONLY);
+
+/// The outcome of a member of a batch opened before members on other queues
+/// were recorded, not found on the batch's queue and not counted: it may be
+/// on another queue (its state unknown here) or never enqueued.
+pub const OUTCOME_ELSEWHERE: &str = "on another queue or not enqueued";
 
 /// Members listed at most by [`Admin::batch_detail`].
 pub const BATCH_MEMBER_CAP: u64 = 500;
@@ -93,11 +100,17 @@ pub struct BatchMember {
     /// Counted by the batch (it finished).
     pub counted: bool,
     /// `succeeded`, `failed` (flows: with `reason`), the job's state while
-    /// its hash exists (`queued`, `running`, `dead`, ...), `completed` (a
-    /// completion record), `finished`, or `not enqueued`.
+    /// its hash exists (`queued`, `active`, `dead`, ...; read on the
+    /// member's own queue), `completed` (a completion record), `finished`,
+    /// `not enqueued`, or [`OUTCOME_ELSEWHERE`] (a batch opened by an older
+    /// version: a member not on the batch's queue may be on another one).
     pub outcome: String,
     /// Why it failed, when the batch recorded it.
     pub reason: Option<String>,
+    /// Its queue when it is not the batch's (recorded when it was
+    /// registered); `None`: the batch's queue (or unknown, see
+    /// [`OUTCOME_ELSEWHERE`]).
+    pub queue: Option<String>,
 }
 
 /// A step of the DAG a batch belongs to.
@@ -364,38 +377,21 @@ impl Admin {
                     .collect()
             })
             .unwrap_or_default();
-        let mut members = Vec::new();
+        let mut rows = Vec::new();
         for item in f.list(4, "members")? {
             let r = Fields::new(queue, None, "batch member", item)?;
-            let id = r.text(0, "id")?;
-            let counted = r.u64(1, "counted")? == 1;
-            // Bytes: a child's typed value (`0xc1` + MessagePack) is no UTF-8.
-            let result = r.bytes(2, "result")?;
-            let state = r.text(3, "state")?;
-            let completed = r.u64(4, "done")? == 1;
-            let (outcome, reason) = if result.starts_with(b"ok:") {
-                ("succeeded".to_string(), None)
-            } else if let Some(reason) = result.strip_prefix(b"err:") {
-                (
-                    "failed".to_string(),
-                    Some(String::from_utf8_lossy(reason).into_owned()),
-                )
-            } else if !state.is_empty() {
-                (state, None)
-            } else if completed {
-                ("completed".to_string(), None)
-            } else if counted {
-                ("finished".to_string(), None)
-            } else {
-                ("not enqueued".to_string(), None)
-            };
-            members.push(BatchMember {
-                id,
-                counted,
-                outcome,
-                reason,
+            rows.push(MemberRow {
+                id: r.text(0, "id")?,
+                counted: r.u64(1, "counted")? == 1,
+                // Bytes: a child's typed value (`0xc1` + MessagePack) is no UTF-8.
+                result: r.bytes(2, "result")?,
+                state: r.text(3, "state")?,
+                completed: r.u64(4, "done")? == 1,
+                place: r.text(5, "queue")?,
             });
         }
+        self.read_members_elsewhere(&k.batch(id), &mut rows).await?;
+        let members = rows.into_iter().map(MemberRow::member).collect();
         Ok(Some(BatchDetail {
             queue: queue.to_string(),
             now_ms,
@@ -414,6 +410,95 @@ impl Admin {
             dag_steps: dag_steps(&get("m_steps")),
             row,
         }))
+    }
+}
+
+/// A member as `batch.lua` listed it, its state read on its own queue.
+struct MemberRow {
+    id: String,
+    counted: bool,
+    result: Vec<u8>,
+    state: String,
+    completed: bool,
+    /// `""` the batch's queue, `"?"` unknown (a batch of an older version),
+    /// else the member's queue.
+    place: String,
+}
+
+impl MemberRow {
+    fn member(self) -> BatchMember {
+        let elsewhere = self.place == "?";
+        let (outcome, reason) = if self.result.starts_with(b"ok:") {
+            ("succeeded".to_string(), None)
+        } else if let Some(reason) = self.result.strip_prefix(b"err:") {
+            (
+                "failed".to_string(),
+                Some(String::from_utf8_lossy(reason).into_owned()),
+            )
+        } else if !self.state.is_empty() {
+            (self.state, None)
+        } else if elsewhere && !self.counted {
+            (OUTCOME_ELSEWHERE.to_string(), None)
+        } else if self.completed {
+            ("completed".to_string(), None)
+        } else if self.counted {
+            ("finished".to_string(), None)
+        } else {
+            ("not enqueued".to_string(), None)
+        };
+        BatchMember {
+            id: self.id,
+            counted: self.counted,
+            outcome,
+            reason,
+            queue: (!self.place.is_empty() && !elsewhere).then_some(self.place),
+        }
+    }
+}
+
+impl Admin {
+    /// Fills in the state and completion record of the `rows` on other
+    /// queues than the batch's (`batch` its key): one read-only script per
+    /// queue, on that queue's own keys (another cluster slot, maybe).
+    async fn read_members_elsewhere(&self, batch: &str, rows: &mut [MemberRow]) -> Result<()> {
+        let mut queues: Vec<String> = Vec::new();
+        for r in rows.iter() {
+            if !r.place.is_empty() && r.place != "?" && !queues.contains(&r.place) {
+                queues.push(r.place.clone());
+            }
+        }
+        for q in queues {
+            let k = QueueKeys::new(&q);
+            let idx: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].place == q).collect();
+            let mut call = MEMBERS.key(&k.guard);
+            call.arg(batch).arg(&k.job_prefix).arg(&k.done_prefix);
+            for &i in &idx {
+                call.arg(&rows[i].id);
+            }
+            let reply: Value = call
+                .invoke_async(&mut self.queue.connection())
+                .await
+                .map_err(|e| QueueError::redis(&q, None, e))?;
+            let items = crate::scripts::reply::array(&reply).unwrap_or_default();
+            if items.len() != idx.len() {
+                return Err(QueueError::protocol(
+                    &q,
+                    None,
+                    format!(
+                        "batch members reply: {} rows for {} members",
+                        items.len(),
+                        idx.len()
+                    ),
+                )
+                .into());
+            }
+            for (item, &i) in items.iter().zip(&idx) {
+                let r = Fields::new(&q, None, "batch member", item)?;
+                rows[i].state = r.text(0, "state")?;
+                rows[i].completed = r.u64(1, "done")? == 1;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,8 +1,11 @@
 //! Dead letters: listing (newest first, with a reason/type filter and
 //! paging), selecting the jobs a replay or purge acts on, replay
-//! (`replay.lua`) and purge (`purge.lua`), one script each (DESIGN rule 1).
+//! (`replay.lua`, then the relay of a notice it wrote for a batch on another
+//! queue) and purge (`purge.lua`), one script each (DESIGN rule 1).
 
 use std::collections::HashSet;
+
+use tracing::{debug, warn};
 
 use super::dead_scan::{utf8_id, DeadRow, DEAD_SCAN_CHUNK, ID_NOT_UTF8};
 use super::jobs::JobInfo;
@@ -211,6 +214,15 @@ impl Queue {
 
     /// Moves a dead-lettered job back to main. With `reset_attempts` its
     /// attempt count restarts at 0. Returns false when `id` is not dead-lettered.
+    ///
+    /// A member of a batch on another queue (a cross-queue flow's child)
+    /// is counted as unfinished again through a relay notice the replay
+    /// writes on `queue`: this call relays `queue` before it returns, so the
+    /// batch stops counting the member as dead within the call, not at the
+    /// next relay run (a watchdog pass). Before, a sibling finishing in
+    /// between fired the batch with the member still dead (a `FailParent`
+    /// parent was dead-lettered). A relay that fails is logged, not an
+    /// error (the job is replayed; the next relay run applies the notice).
     pub async fn replay_dead(
         &self,
         queue: &str,
@@ -224,7 +236,22 @@ impl Queue {
             id: &id,
             reset_attempts,
         };
-        Ok(replay.run(&mut self.connection()).await? == ReplayReply::Replayed)
+        let mut conn = self.connection();
+        match replay.run(&mut conn).await? {
+            ReplayReply::NotDead => Ok(false),
+            ReplayReply::Replayed => Ok(true),
+            ReplayReply::ReplayedNoticed => {
+                match crate::workflow::relay::relay_queue(&mut conn, queue).await {
+                    Ok(r) => debug!(queue = %queue, job_id = %id, applied = r.applied,
+                        "replayed a member of a batch on another queue: its notice relayed"),
+                    Err(e) => warn!(queue = %queue, job_id = %id, error = %e,
+                        "replayed a member of a batch on another queue, but relaying its notice \
+                         failed: the batch counts it as dead until the next relay run (a worker \
+                         of the queue, the watchdog's next pass)"),
+                }
+                Ok(true)
+            }
+        }
     }
 }
 

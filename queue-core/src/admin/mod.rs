@@ -49,7 +49,7 @@ use crate::queue::Queue;
 
 pub use batches::{
     batch_links, BatchCallback, BatchDetail, BatchLink, BatchListing, BatchMember, BatchRow,
-    DagStepInfo, BATCH_MEMBER_CAP,
+    DagStepInfo, BATCH_MEMBER_CAP, OUTCOME_ELSEWHERE,
 };
 pub use check::{CheckReport, Scanned, MAX_PROBES, PAGE};
 pub use check_rules::{Place, Violation};

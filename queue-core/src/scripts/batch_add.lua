@@ -3,21 +3,28 @@
 -- again, e.g. by a producer's retry or a re-run member, changes nothing).
 -- Allowed while the batch is open or sealed: a running member adds more
 -- before its own ack, so the batch cannot fire in between.
--- KEYS: 1 batch hash, 2 members set
--- ARGV: 1 policy of these members ('' : the batch's default), then member ids
+-- Members on another queue than the batch's have it recorded in the batch's
+-- `:where` hash (member id -> queue; the first registration's stays), so
+-- that `batches show` reads their state on their own queue (admin/batch.lua,
+-- batch_members.lua); members on the batch's queue have no entry.
+-- KEYS: 1 batch hash, 2 members set, 3 where hash (`<batch>:where`)
+-- ARGV: 1 policy of these members ('' : the batch's default), 2 their queue when it is
+--       not the batch's ('' : the batch's), then member ids
 -- Returns {'added', new members} | {'fired'} | {'missing'}; an error before any
 -- write when `total` is not an integer (corrupt)
 local policy = ARGV[1]
 if policy ~= '' and policy ~= 'fail' and policy ~= 'continue' and policy ~= 'ignore' then
   return redis.error_reply('ERR invalid argument policy: ' .. tostring(policy))
 end
+local where = ARGV[2]
 expect_types(KEYS[1], 'hash', KEYS[2], 'set')
+if where ~= '' then expect_types(KEYS[3], 'hash') end
 local b = redis.call('HMGET', KEYS[1], 'state', 'total')
 local state = b[1]
 if not state then return {'missing'} end
 if state == 'fired' then
   -- A producer's retry after the batch fired: fine when nothing is new.
-  for i = 2, #ARGV do
+  for i = 3, #ARGV do
     if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then return {'fired'} end
   end
   return {'added', 0}
@@ -31,11 +38,14 @@ if wf_bad_count('total', b[2]) then
     .. "' is not a non-negative integer (corrupt): refused before any write")
 end
 local added = 0
-for i = 2, #ARGV do
+for i = 3, #ARGV do
   if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
     added = added + 1
     if policy ~= '' then redis.call('HSET', KEYS[1], 'policy:' .. ARGV[i], policy) end
   end
+  -- Also for an id registered before (a retry): a batch registered by an
+  -- older version gets the entry then.
+  if where ~= '' then redis.call('HSETNX', KEYS[3], ARGV[i], where) end
 end
 if added > 0 then redis.call('HINCRBY', KEYS[1], 'total', added) end
 return {'added', added}

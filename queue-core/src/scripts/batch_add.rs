@@ -1,13 +1,14 @@
 //! `batch_add.lua`: registers member ids of a batch before they are
-//! enqueued; each id counts in `total` once (docs/WORKFLOWS.md).
+//! enqueued; each id counts in `total` once (docs/WORKFLOWS.md). Members on
+//! another queue than the batch's have it recorded (`<batch>:where`).
 
 use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::Result;
 
-pub(crate) static SCRIPT: LuaScript<2> =
-    lua_script!("batch_add.lua", keys = 2, args = 1, prelude(None));
+pub(crate) static SCRIPT: LuaScript<3> =
+    lua_script!("batch_add.lua", keys = 3, args = 2, prelude(None));
 
 /// Registers members of one batch.
 pub(crate) struct BatchAdd<'a> {
@@ -17,6 +18,8 @@ pub(crate) struct BatchAdd<'a> {
     pub(crate) key: &'a str,
     /// Policy of these members (`""`: the batch's default).
     pub(crate) policy: &'a str,
+    /// The members' queue when it is not the batch's (`""`: the batch's).
+    pub(crate) member_queue: &'a str,
     /// Member ids.
     pub(crate) ids: &'a [String],
 }
@@ -36,7 +39,11 @@ impl BatchAdd<'_> {
     /// Runs the script.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<BatchAddReply> {
         let members = format!("{}:members", self.key);
-        let mut call = SCRIPT.call([self.key, members.as_str()]).arg(self.policy);
+        let where_ = format!("{}:where", self.key);
+        let mut call = SCRIPT
+            .call([self.key, members.as_str(), where_.as_str()])
+            .arg(self.policy)
+            .arg(self.member_queue);
         for id in self.ids {
             call = call.repeated_arg(id.as_str());
         }

@@ -512,7 +512,7 @@ mod tests {
     /// stop at the first undeclared key that moved, after its earlier writes
     /// (docs/SCALE-OUT.md, "Live resharding"). A script not listed reaches
     /// only the keys it declares. `admin/` scripts included.
-    const GUARDED: [&str; 30] = [
+    const GUARDED: [&str; 31] = [
         "ack.lua",
         "batch_open.lua",
         "batch_seal.lua",
@@ -535,6 +535,7 @@ mod tests {
         "stats.lua",
         // admin/
         "batch.lua",
+        "batch_members.lua",
         "batches.lua",
         "check.lua",
         "dead_scan.lua",
@@ -547,8 +548,12 @@ mod tests {
     ];
 
     /// The `admin/` scripts (sent as `EVALSHA`, not in the library).
-    const ADMIN: [(&str, &str); 14] = [
+    const ADMIN: [(&str, &str); 15] = [
         ("batch.lua", include_str!("../admin/batch.lua")),
+        (
+            "batch_members.lua",
+            include_str!("../admin/batch_members.lua"),
+        ),
         ("batches.lua", include_str!("../admin/batches.lua")),
         ("check.lua", include_str!("../admin/check.lua")),
         ("dead_scan.lua", include_str!("../admin/dead_scan.lua")),

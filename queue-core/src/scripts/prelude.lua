@@ -1631,7 +1631,7 @@ local function wf_try_fire(bkey, now, after)
     wf_fire(bkey, 'c_', c, c_problem, c_dead, reason, now, after)
   end
   wf_unpend(bkey)
-  for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results'}) do
+  for _, k in ipairs({bkey, bkey .. ':done', bkey .. ':members', bkey .. ':results', bkey .. ':where'}) do
     redis.call('PEXPIRE', k, WF_KEEP_MS)
   end
 end

@@ -8,7 +8,9 @@
 --       that long after the replay, as while any job lives; the next step
 --       write or the ack sets it again; an older caller without it leaves them
 --       without a TTL until then)
--- Returns 1 when replayed, 0 when the job is not dead-lettered.
+-- Returns 1 when replayed, 2 when replayed and it wrote a relay notice (a
+-- member of a batch on another queue: the caller relays the queue at once,
+-- docs/WORKFLOWS.md "Relay"), 0 when the job is not dead-lettered.
 local steps_ttl = ARGV[3] and arg_count(ARGV[3], 'steps ttl_ms')
 local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group', 'batch')
 if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
@@ -38,5 +40,5 @@ if steps_ttl and steps_ttl > 0 then
 end
 redis.call('LREM', KEYS[1], 1, ARGV[1])
 bump(KEYS[4], 'replayed', 1)
-if h[4] then wf_member_unfinish(h[4], ARGV[1], KEYS[4]) end
+if h[4] and wf_member_unfinish(h[4], ARGV[1], KEYS[4]) then return 2 end
 return 1

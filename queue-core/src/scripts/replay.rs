@@ -1,6 +1,8 @@
 //! `replay.lua`: returns a dead-lettered job to main (operator action),
 //! keeping its previous dead-letter reason; its step results (kept without
-//! a TTL while it was dead) get the live job's step TTL back.
+//! a TTL while it was dead) get the live job's step TTL back. A member of a
+//! batch on another queue gets a relay notice (unfinished), which the reply
+//! reports ([`ReplayReply::ReplayedNoticed`]): the caller relays it at once.
 
 use super::reply;
 use super::{lua_script, LuaScript};
@@ -25,6 +27,11 @@ pub(crate) struct Replay<'a> {
 pub(crate) enum ReplayReply {
     /// Back in main.
     Replayed,
+    /// Back in main, and a relay notice was written for a batch on another
+    /// queue (the job is a member of it): relay the queue now, or the batch
+    /// still counts the member as dead until the next relay run
+    /// (docs/WORKFLOWS.md, "Relay").
+    ReplayedNoticed,
     /// The id is not in the dead-letter list.
     NotDead,
 }
@@ -48,12 +55,16 @@ impl Replay<'_> {
             .arg(super::ms(super::step_record::STEP_TTL))
             .run(conn, &k.queue, Some(self.id))
             .await?;
-        Ok(
-            match reply::flag(&k.queue, Some(self.id), "replay reply", &reply)? {
-                true => ReplayReply::Replayed,
-                false => ReplayReply::NotDead,
-            },
-        )
+        match reply::integer(&k.queue, Some(self.id), "replay reply", &reply)? {
+            1 => Ok(ReplayReply::Replayed),
+            2 => Ok(ReplayReply::ReplayedNoticed),
+            0 => Ok(ReplayReply::NotDead),
+            n => Err(crate::error::QueueError::protocol(
+                &k.queue,
+                Some(self.id),
+                format!("replay reply: expected 0, 1 or 2, got {n}"),
+            )),
+        }
     }
 }
 

@@ -399,6 +399,7 @@ async fn batch_add_refuses_a_corrupt_total_before_any_write() {
             queue: Q,
             key: &bkey,
             policy: "",
+            member_queue: "",
             ids: &ids,
         }
         .run(&mut fx.conn)

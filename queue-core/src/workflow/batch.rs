@@ -175,7 +175,13 @@ impl Batch {
         )?;
         let mut conn = self.queue.connection();
         batch.open(&mut conn, "", &spec).await?;
-        batch.register(&mut conn, "", &ids).await?;
+        let registered: Vec<(&str, &str)> = self
+            .members
+            .iter()
+            .zip(&ids)
+            .map(|(m, id)| (m.queue.as_str(), id.as_str()))
+            .collect();
+        batch.register(&mut conn, "", &registered).await?;
         let members = batch.enqueue_members(&self.queue, self.members).await?;
         let state = batch.seal(&mut conn).await?;
         debug!(queue = %home, batch = %id, members = ids.len(), %state, "batch enqueued");

@@ -93,7 +93,7 @@ impl JobContext {
         // no member can join it, now or on a retry. Refused for good, naming
         // the batch (before, retried until the adder's attempts ran out).
         batch
-            .register(&mut conn.clone(), "", &[id])
+            .register(&mut conn.clone(), "", &[(job.queue.as_str(), id.as_str())])
             .await
             .map_err(|e| match e {
                 QueueError::Workflow { .. } => JobError::permanent(format!("batch_add: {e}")),

@@ -488,12 +488,17 @@ impl Dag {
                 ChildPolicy::Continue,
                 ChildPolicy::Ignore,
             ] {
-                let ids: Vec<String> = s
+                let ids: Vec<(&str, String)> = s
                     .deps
                     .iter()
                     .filter(|(_, p)| *p == policy)
-                    .map(|(d, _)| Self::step_id(&id, d))
+                    .map(|(d, _)| {
+                        let queue = self.steps[index[d.as_str()]].spec.queue.as_str();
+                        (queue, Self::step_id(&id, d))
+                    })
                     .collect();
+                let ids: Vec<(&str, &str)> =
+                    ids.iter().map(|(q, step)| (*q, step.as_str())).collect();
                 batch
                     .register(&mut conn, policy.as_arg(), &ids)
                     .await

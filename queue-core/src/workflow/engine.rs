@@ -98,29 +98,48 @@ impl BatchRef {
         .map(drop)
     }
 
-    /// Registers member ids under `policy` (`""`: the batch's default).
+    /// Registers members, given as (queue, id), under `policy` (`""`: the
+    /// batch's default): one `batch_add.lua` call per queue, which records
+    /// a queue other than the batch's (`<batch>:where`) for `batches show`.
     pub(crate) async fn register(
         &self,
         conn: &mut RedisConnection,
         policy: &str,
-        ids: &[String],
+        members: &[(&str, &str)],
     ) -> Result<u64> {
-        if ids.is_empty() {
-            return Ok(0);
+        let mut queues: Vec<&str> = Vec::new();
+        for (q, _) in members {
+            if !queues.contains(q) {
+                queues.push(q);
+            }
         }
-        let reply = BatchAdd {
-            queue: &self.queue,
-            key: &self.key,
-            policy,
-            ids,
+        let mut added = 0;
+        for q in queues {
+            let ids: Vec<String> = members
+                .iter()
+                .filter(|(mq, _)| *mq == q)
+                .map(|(_, id)| id.to_string())
+                .collect();
+            let reply = BatchAdd {
+                queue: &self.queue,
+                key: &self.key,
+                policy,
+                member_queue: if q == self.queue { "" } else { q },
+                ids: &ids,
+            }
+            .run(conn)
+            .await?;
+            added += match reply {
+                BatchAddReply::Added(n) => n,
+                BatchAddReply::Fired => {
+                    return Err(self.error("already fired: no member can be added"))
+                }
+                BatchAddReply::Missing => {
+                    return Err(self.error("no such batch (never opened, or expired)"))
+                }
+            };
         }
-        .run(conn)
-        .await?;
-        match reply {
-            BatchAddReply::Added(n) => Ok(n),
-            BatchAddReply::Fired => Err(self.error("already fired: no member can be added")),
-            BatchAddReply::Missing => Err(self.error("no such batch (never opened, or expired)")),
-        }
+        Ok(added)
     }
 
     /// Enqueues registered members, each carrying the batch key; one pipeline
@@ -350,7 +369,7 @@ mod tests {
         let batch = BatchRef::new("sealq", "gone-1");
         batch.open(&mut conn, "", &[]).await.unwrap();
         batch
-            .register(&mut conn, "", &["m1".to_string()])
+            .register(&mut conn, "", &[("sealq", "m1")])
             .await
             .unwrap();
         let _: () = redis::cmd("DEL")

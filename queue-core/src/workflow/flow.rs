@@ -235,13 +235,15 @@ impl Flow {
         Box::pin(async move {
             let id = self.parent.ensure_id().to_string();
             let batch = BatchRef::new(&self.parent.queue, &id);
-            let mut ids: Vec<(ChildPolicy, String)> = Vec::new();
+            // (policy, queue, id) of each child (a nested flow: its parent).
+            let mut ids: Vec<(ChildPolicy, String, String)> = Vec::new();
             for (policy, child) in &mut self.children {
                 let spec = match child {
                     Child::Job(j) => j,
                     Child::Flow(f) => &mut f.parent,
                 };
-                ids.push((*policy, spec.ensure_id().to_string()));
+                let child_id = spec.ensure_id().to_string();
+                ids.push((*policy, spec.queue.clone(), child_id));
             }
             let spec = self
                 .parent
@@ -255,10 +257,10 @@ impl Flow {
                 ChildPolicy::Continue,
                 ChildPolicy::Ignore,
             ] {
-                let these: Vec<String> = ids
+                let these: Vec<(&str, &str)> = ids
                     .iter()
-                    .filter(|(p, _)| *p == policy)
-                    .map(|(_, id)| id.clone())
+                    .filter(|(p, _, _)| *p == policy)
+                    .map(|(_, q, id)| (q.as_str(), id.as_str()))
                     .collect();
                 batch.register(&mut conn, policy.as_arg(), &these).await?;
             }

@@ -8,6 +8,8 @@
 
 mod batch;
 mod context;
+#[cfg(test)]
+mod cross_queue_tests;
 mod dag;
 mod engine;
 mod flow;

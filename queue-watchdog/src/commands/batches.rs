@@ -125,11 +125,17 @@ fn print_detail(b: &BatchDetail) {
             .map(|r| format!(": {}", printable(r)))
             .unwrap_or_default();
         let counted = if m.counted { "counted" } else { "pending" };
+        let place = m
+            .queue
+            .as_deref()
+            .map(|q| format!(" (queue {})", printable(q)))
+            .unwrap_or_default();
         println!(
-            "    {:<32} {:<8} {}{}",
+            "    {:<32} {:<8} {}{}{}",
             printable(&m.id),
             counted,
             printable(&m.outcome),
+            place,
             reason
         );
     }

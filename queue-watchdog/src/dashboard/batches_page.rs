@@ -167,9 +167,15 @@ fn detail(b: &BatchDetail) -> String {
             _ => "",
         };
         members.push_str(&format!(
-            r#"<tr data-id="{ida}"><td><a href="{href}">{ida}</a></td><td>{counted}</td><td class="{cls}">{outcome}</td><td>{reason}</td></tr>"#,
+            r#"<tr data-id="{ida}"><td><a href="{href}">{ida}</a>{place}</td><td>{counted}</td><td class="{cls}">{outcome}</td><td>{reason}</td></tr>"#,
             ida = html(&m.id),
-            href = job_href(q, &m.id),
+            // A member on another queue: its job page is there.
+            href = job_href(m.queue.as_deref().unwrap_or(q), &m.id),
+            place = m
+                .queue
+                .as_deref()
+                .map(|mq| format!(r#" <span class="muted member-queue">({})</span>"#, html(mq)))
+                .unwrap_or_default(),
             counted = if m.counted { "counted" } else { "pending" },
             outcome = html(&m.outcome),
             reason = html(m.reason.as_deref().unwrap_or("")),
