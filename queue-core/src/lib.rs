@@ -121,6 +121,6 @@ pub use queue_macros::job;
 /// misbehaving.
 #[doc(hidden)]
 pub mod __private_v1 {
-    pub use crate::results::store_output;
+    pub use crate::results::{store_output, unread_result, UnreadJobResult};
     pub use std::time::Duration;
 }

@@ -154,6 +154,38 @@ pub fn store_output<T: Serialize>(
     ctx.set_output(&result?)
 }
 
+/// The return type of a `#[job]` fn that the macro cannot read as
+/// `Result<T, JobError>` (its last path segment is not `Result`: a type
+/// alias such as `JobResult<T>`): it must be `Result<(), JobError>`, as the
+/// generated `Job::run` takes it; any other type is this trait's error,
+/// which says what to write. Before, such an alias of `Result<T, JobError>`
+/// failed with an error about a `Result<(), JobError>` the user never wrote.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "#[job] cannot read the value type of the return type `{Self}`",
+    label = "write the return type as `Result<T, JobError>`",
+    note = "#[job] reads the value `T` it stores from the tokens `Result<T, JobError>`: \
+            through a type alias (`JobResult<T>`) it sees none, and then the type must be \
+            `Result<(), JobError>`"
+)]
+pub trait UnreadJobResult {
+    /// The fn's result, as `Job::run` returns it.
+    fn into_job_result(self) -> Result<(), JobError>;
+}
+
+impl UnreadJobResult for Result<(), JobError> {
+    fn into_job_result(self) -> Result<(), JobError> {
+        self
+    }
+}
+
+/// What `#[job]` generates for a fn whose return type it cannot read
+/// ([`UnreadJobResult`]).
+#[doc(hidden)]
+pub fn unread_result<R: UnreadJobResult>(result: R) -> Result<(), JobError> {
+    result.into_job_result()
+}
+
 impl Queue {
     /// Waits for job `id` of `J`'s queue to finish and returns its value,
     /// without polling: the job is checked, then this call blocks (its own

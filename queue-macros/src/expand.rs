@@ -180,10 +180,11 @@ fn job_type(
     let call = quote_spanned!(user_span(fn_ident)=> super::#fn_ident(#ctx, args));
     // A fn returning `Result<T, E>` with `T` other than `()`: the value is
     // stored for the completion record (`JobContext::set_output`).
-    let (boxed, output_ty) = match value_type(sig) {
-        Some(mut value_ty) => {
+    let at_output = Span::call_site().located_at(sig.output_span);
+    let (boxed, output_ty) = match returns(sig) {
+        Returns::Value(mut value_ty) => {
             rebase_type(&mut value_ty);
-            let boxed = quote_spanned!(Span::call_site().located_at(sig.output_span)=>
+            let boxed = quote_spanned!(at_output=>
                 ::std::boxed::Box::pin(async move {
                     let __ctx = ::core::clone::Clone::clone(&ctx);
                     ::queue_core::__private_v1::store_output(&__ctx, #call.await)
@@ -191,13 +192,27 @@ fn job_type(
             );
             (boxed, quote!(#value_ty))
         }
-        None => (
-            quote_spanned!(Span::call_site().located_at(sig.output_span)=>
-                ::std::boxed::Box::pin(#call)
+        Returns::Unit => (
+            quote_spanned!(at_output=> ::std::boxed::Box::pin(#call)),
+            quote!(()),
+        ),
+        // An alias of `Result<T, JobError>` with `T` other than `()` fails
+        // the `UnreadJobResult` bound, whose message says what to write.
+        Returns::Unread => (
+            quote_spanned!(at_output=>
+                ::std::boxed::Box::pin(async move {
+                    let __result = #call.await;
+                    ::queue_core::__private_v1::unread_result(__result)
+                })
             ),
             quote!(()),
         ),
     };
+    // At the user's types: a type less visible than the generated `Job`
+    // (E0446, "private type in public interface") is reported at the
+    // argument or return type, not at the attribute.
+    let args_item = quote_spanned!(user_span(&sig.args_ty)=> type Args = #args_ty;);
+    let output_item = quote_spanned!(at_output=> type Output = #output_ty;);
 
     quote! {
         #[doc = #job_doc]
@@ -210,7 +225,7 @@ fn job_type(
         #vis struct Job;
 
         impl ::queue_core::Job for Job {
-            type Args = #args_ty;
+            #args_item
             const NAME: &'static str = #job_name;
             const QUEUE: &'static str = #queue;
             #max_attempts
@@ -231,29 +246,45 @@ fn job_type(
         }
 
         impl ::queue_core::JobOutput for Job {
-            type Output = #output_ty;
+            #output_item
         }
     }
 }
 
-/// The `T` of a declared `Result<T, E>` return type when `T` is not `()`.
-fn value_type(sig: &JobSignature) -> Option<Type> {
-    let Type::Path(path) = signature::strip(sig.output_ty.as_ref()?) else {
-        return None;
+/// How the declared return type reads.
+enum Returns {
+    /// `Result<T, E>` with `T` not `()`: the value is stored.
+    Value(Box<Type>),
+    /// `Result<(), E>`, a `Result` without a value type, or a type that is
+    /// not a path: nothing stored (a wrong type is reported by the call).
+    Unit,
+    /// A path whose last segment is not `Result` (a type alias such as
+    /// `JobResult<T>`): the macro cannot see a `T` in it, so it must be
+    /// `Result<(), JobError>` (checked by `queue_core`'s `UnreadJobResult`,
+    /// whose message asks for `Result<T, JobError>` written out).
+    Unread,
+}
+
+/// Reads the declared return type.
+fn returns(sig: &JobSignature) -> Returns {
+    let Some(Type::Path(path)) = sig.output_ty.as_ref().map(signature::strip) else {
+        return Returns::Unit;
     };
-    let last = path.path.segments.last()?;
+    let Some(last) = path.path.segments.last() else {
+        return Returns::Unit;
+    };
     if last.ident != "Result" {
-        return None;
+        return Returns::Unread;
     }
     let PathArguments::AngleBracketed(args) = &last.arguments else {
-        return None;
+        return Returns::Unit;
     };
     let Some(GenericArgument::Type(value)) = args.args.first() else {
-        return None;
+        return Returns::Unit;
     };
     match signature::strip(value) {
-        Type::Tuple(t) if t.elems.is_empty() => None,
-        _ => Some(value.clone()),
+        Type::Tuple(t) if t.elems.is_empty() => Returns::Unit,
+        _ => Returns::Value(Box::new(value.clone())),
     }
 }
 
@@ -463,6 +494,35 @@ mod tests {
             rebased(parse_quote!(Vec<(self::A, [super::B; 2])>)),
             "Vec < (super :: A , [super :: super :: B ; 2]) >"
         );
+    }
+
+    /// The return type as the macro reads it: a value type only from
+    /// tokens `Result<T, _>`; a path with another last segment (an alias) is
+    /// left to `queue_core`'s `UnreadJobResult` check.
+    #[test]
+    fn return_types() {
+        let read = |ret: Type| {
+            let sig = JobSignature {
+                ctx_ty: parse_quote!(JobContext),
+                args_ty: parse_quote!(A),
+                output_span: Span::call_site(),
+                output_ty: Some(ret),
+            };
+            match returns(&sig) {
+                Returns::Value(t) => format!("value {}", t.to_token_stream()),
+                Returns::Unit => "unit".to_string(),
+                Returns::Unread => "unread".to_string(),
+            }
+        };
+        assert_eq!(read(parse_quote!(Result<(), JobError>)), "unit");
+        assert_eq!(read(parse_quote!(Result<u32, JobError>)), "value u32");
+        assert_eq!(
+            read(parse_quote!(std::result::Result<Vec<u8>, JobError>)),
+            "value Vec < u8 >"
+        );
+        assert_eq!(read(parse_quote!(JobResult<u32>)), "unread");
+        assert_eq!(read(parse_quote!(JobResult)), "unread");
+        assert_eq!(read(parse_quote!(())), "unit");
     }
 
     #[test]

@@ -65,7 +65,12 @@ use proc_macro::TokenStream;
 ///   `T: Serialize + DeserializeOwned + Send + 'static`: on success the value
 ///   is stored in the job's completion record, where
 ///   `Queue::wait_result::<name::Job>(id, timeout)` and `jobs show` read it
-///   (docs/RESULTS.md);
+///   (docs/RESULTS.md). The macro reads `T` from the tokens, so write
+///   `Result<T, JobError>` out (any path ending in `Result`, e.g.
+///   `std::result::Result<T, JobError>`): through a type alias
+///   (`type JobResult<T> = Result<T, JobError>`) it sees no `T`, and the type
+///   must then be `Result<(), JobError>`; an alias of a `Result` with a value
+///   is a compile error at the return type asking for `Result<T, JobError>`;
 /// - the returned future must be `Send`.
 ///
 /// The function itself is kept unchanged, so tests can call it directly with
@@ -115,6 +120,17 @@ use proc_macro::TokenStream;
 /// function, `pub(crate)` for `pub(crate)`, `pub(super)` or `pub(in ..)`
 /// functions, and `pub(super)` (visible where the function is) for a private
 /// function, so private argument types cause no `private_interfaces` warnings.
+///
+/// So the argument type and the value type `T` must be at least as visible
+/// as those items: `pub` types for a `pub` function, `pub(crate)` or more for
+/// a `pub(crate)`, `pub(super)` or `pub(in ..)` one (a private function takes
+/// private types). rustc alone only warns about a less visible type in a
+/// function's signature (`private_interfaces`), but `Job`'s `type Args` and
+/// `type Output` make it error E0446 ("private type in public interface"),
+/// reported at the type in the signature: make the type as visible as the
+/// function, or the function no more visible than the type. (The items
+/// cannot take the types' visibility instead: the macro does not know it,
+/// and code outside the module names `name::Job` and `name::enqueue`.)
 ///
 /// # Limitations
 ///

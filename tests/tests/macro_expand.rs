@@ -366,3 +366,31 @@ async fn daily_cleanup(_ctx: JobContext, _args: ()) -> Result<(), JobError> {
 fn a_shorthand_cron_schedule_is_accepted() {
     assert_eq!(daily_cleanup::handler().cron(), Some("@daily"));
 }
+
+// A return type through an alias of `Result<(), JobError>`: `#[job]` cannot
+// see a value type in it, and needs none (an alias of `Result<T, JobError>`
+// with a value is refused with a message asking for `Result<T, JobError>`
+// written out: ui/aliased_value_return.rs).
+type Outcome<T = ()> = Result<T, JobError>;
+
+#[job(queue = "misc")]
+async fn aliased_unit(_ctx: JobContext, args: u32) -> Outcome {
+    match args {
+        0 => Err(JobError::permanent("zero")),
+        _ => Ok(()),
+    }
+}
+
+#[tokio::test]
+async fn a_unit_result_through_an_alias_runs() {
+    let ctx = JobContext::for_test("id", "misc", 1);
+    assert_eq!(
+        <aliased_unit::Job as Job>::run(ctx.clone(), 1).await,
+        Ok(())
+    );
+    let err = <aliased_unit::Job as Job>::run(ctx, 0).await.unwrap_err();
+    assert!(!err.is_retryable());
+    same_output::<aliased_unit::Job, ()>();
+}
+
+fn same_output<J: queue_core::JobOutput<Output = O>, O>() {}

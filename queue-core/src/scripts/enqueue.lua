@@ -13,7 +13,8 @@
 --       hash this way; a name of a core field, or a name given twice, or a value
 --       of `expires_at` / `expires_after` that is not a count, is refused before
 --       any write)
--- ARGV 6-8 are non-negative integers: anything else refuses the call before any write.
+-- ARGV 6-8 are non-negative integers, ARGV 3 a decimal integer 0..4294967295 (is_version):
+-- anything else refuses the call before any write.
 -- Returns {'new', run_at} | {'exists', state} | {'done'}
 -- The once-marker makes an id enqueueable once per marker lifetime even after
 -- its completion record is gone (periodic jobs fire once per period).
@@ -29,6 +30,11 @@ local max_attempts = int_str(math.max(arg_count(ARGV[5], 'max_attempts'), 1))
 local delay = arg_count(ARGV[6], 'delay_ms')
 local run_at = arg_count(ARGV[7], 'run_at_ms')
 local once = arg_count(ARGV[8], 'once ttl_ms')
+-- The schema version, stored unread here and read by every claim of the job.
+if not is_version(ARGV[3]) then
+  return redis.error_reply('ERR invalid argument schema version: ' .. utf8_cut(tostring(ARGV[3]), 64)
+    .. ' is not an integer 0..4294967295')
+end
 -- Extra fields: validated before anything is read or written. The names the
 -- core scripts own are refused.
 local extra = {}

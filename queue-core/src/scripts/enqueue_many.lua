@@ -10,7 +10,8 @@
 --       'all:int' and 'each:int' the same, but a job written now answers its run_at as a
 --       bare integer instead of {'new', run_at} (what Queue sends: a table in a script's
 --       reply costs Redis ~4k instructions to send, 7% of this script per job, issue #12)
--- then per job, repeated: id, type, schema version, payload, max_attempts, delay_ms,
+-- then per job, repeated: id, type, schema version (a decimal integer 0..4294967295, else
+-- the job is invalid), payload, max_attempts, delay_ms,
 -- run_at_ms (absolute, Redis clock; 0: use the delay), once-marker ttl_ms (0: none),
 -- enqueue token ('' none), fresh ('1': a generated id, which cannot exist, so the
 -- dedupe reads are skipped; a retry sends '0'; one whose job key holds another type,
@@ -56,6 +57,10 @@ while i <= #ARGV do
   if ARGV[i] == '' then bad = 'empty id' end
   if not (as_count(ARGV[i + 4]) and as_count(ARGV[i + 5]) and as_count(ARGV[i + 6]) and as_count(ARGV[i + 7])) then
     bad = 'max_attempts, delay_ms, run_at_ms and once ttl_ms must be counts'
+  end
+  -- The schema version is stored unread, and read by every claim of the job.
+  if not is_version(ARGV[i + 2]) then
+    bad = 'schema version: ' .. utf8_cut(ARGV[i + 2], 64) .. ' is not an integer 0..4294967295'
   end
   -- A name given twice is refused, as enqueue.lua does (a second `group`
   -- would route the job by the first and record the last); the names seen

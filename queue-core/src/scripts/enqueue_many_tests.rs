@@ -46,11 +46,22 @@ async fn raw_enqueue(
     id: &str,
     numbers: [&str; 4],
 ) -> crate::Result<redis::Value> {
+    raw_enqueue_as(conn, keys, id, "1", numbers).await
+}
+
+/// [`raw_enqueue`] with a raw schema `version` too.
+async fn raw_enqueue_as(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    id: &str,
+    version: &str,
+    numbers: [&str; 4],
+) -> crate::Result<redis::Value> {
     let mut call = super::enqueue::SCRIPT
         .call(super::enqueue::script_keys(keys, id))
         .arg(id)
         .arg("t")
-        .arg(1)
+        .arg(version)
         .arg("");
     for n in numbers {
         call = call.arg(n);
@@ -892,5 +903,135 @@ async fn a_fresh_id_whose_job_key_is_corrupt_does_not_lose_the_other_jobs() {
             let in_delayed: i64 = conn.zcard(&keys.delayed).await.unwrap();
             assert_eq!((marker, in_delayed), (0, 0), "{case}: enqueue.lua");
         }
+    }
+}
+
+/// Schema versions a worker cannot read from the claim row (a u32 in
+/// decimal): what a producer in another language may send.
+const UNREADABLE_VERSIONS: [&str; 7] = ["1.0", "v2", "-1", "4294967296", "", "1e3", " 1"];
+
+/// `enqueue_many.lua` in `mode` (`each` or `all`) for jobs `j0`, `j1`, ...,
+/// one per raw schema version of `versions` (type `t`, empty payload, a
+/// stable id, token `T`).
+async fn raw_many(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    mode: &str,
+    versions: &[&str],
+) -> crate::Result<redis::Value> {
+    let mut call = super::enqueue_many::SCRIPT
+        .call([
+            keys.main.clone(),
+            keys.delayed.clone(),
+            keys.stats.clone(),
+            keys.wake.clone(),
+            keys.guard.clone(),
+        ])
+        .arg(&keys.job_prefix)
+        .arg(&keys.done_prefix)
+        .arg(keys.once(""))
+        .arg(mode);
+    for (i, v) in versions.iter().enumerate() {
+        call = call
+            .repeated_arg(format!("j{i}"))
+            .repeated_arg("t")
+            .repeated_arg(*v)
+            .repeated_arg("")
+            .repeated_arg(3)
+            .repeated_arg(0)
+            .repeated_arg(0)
+            .repeated_arg(0)
+            .repeated_arg("T")
+            .repeated_arg("0")
+            .repeated_arg(0);
+    }
+    call.run(conn, &keys.queue, None).await
+}
+
+/// `enqueue.lua` with a schema version a worker cannot read ("1.0" from a
+/// JSON float, "v2", a number past u32): refused with an error naming it,
+/// nothing written. The largest u32 and 0 (an old version no handler knows,
+/// dead-lettered as such) are written. Before, the version was stored
+/// unchecked: the script answered `new`, the claim row of the job did not
+/// decode and the worker dead-lettered it as an unreadable claim row (a
+/// replay failed the same way).
+#[tokio::test]
+async fn enqueue_refuses_a_schema_version_a_worker_cannot_read() {
+    let (_s, mut conn, keys) = setup().await;
+    for v in UNREADABLE_VERSIONS {
+        let err = raw_enqueue_as(&mut conn, &keys, "bad", v, ["3", "0", "0", "0"])
+            .await
+            .expect_err(v);
+        assert!(err.to_string().contains("schema version"), "{v:?}: {err}");
+        let written: i64 = conn
+            .exists(&[keys.job("bad"), keys.main.clone()])
+            .await
+            .unwrap();
+        assert_eq!(written, 0, "{v:?}");
+    }
+    for v in ["4294967295", "0", "7"] {
+        let id = format!("ok-{v}");
+        raw_enqueue_as(&mut conn, &keys, &id, v, ["3", "0", "0", "0"])
+            .await
+            .unwrap_or_else(|e| panic!("{v}: {e}"));
+        let stored: Option<String> = conn.hget(keys.job(&id), "v").await.unwrap();
+        assert_eq!(stored.as_deref(), Some(v));
+    }
+    assert_eq!(enqueued_stat(&mut conn, &keys).await, 3);
+}
+
+/// `enqueue_many.lua` with a job whose schema version a worker cannot read:
+/// mode `each` answers `invalid` (naming the version) for that job and
+/// writes the others; mode `all` refuses the call, nothing written. Before,
+/// every job was written (see the test above).
+#[tokio::test]
+async fn enqueue_many_refuses_a_schema_version_a_worker_cannot_read() {
+    let (_s, mut conn, keys) = setup().await;
+    for v in UNREADABLE_VERSIONS {
+        let err = raw_many(&mut conn, &keys, "all", &["1", v, "2"])
+            .await
+            .expect_err(v);
+        assert!(
+            err.to_string().contains("job j1: schema version"),
+            "{v:?}: {err}"
+        );
+        let written: i64 = conn
+            .exists(&[
+                keys.job("j0"),
+                keys.job("j1"),
+                keys.job("j2"),
+                keys.main.clone(),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(written, 0, "{v:?}");
+    }
+    for v in UNREADABLE_VERSIONS {
+        let reply = raw_many(&mut conn, &keys, "each", &["1", v, "2"])
+            .await
+            .unwrap_or_else(|e| panic!("{v:?}: {e}"));
+        let rows: Vec<Vec<String>> = super::reply::array(&reply)
+            .unwrap()
+            .iter()
+            .map(|row| {
+                super::reply::array(row)
+                    .unwrap()
+                    .iter()
+                    .map(|f| super::reply::text(f).unwrap_or_default())
+                    .collect()
+            })
+            .collect();
+        let kinds: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+        assert_eq!(kinds, ["new", "invalid", "new"], "{v:?}: {rows:?}");
+        assert!(rows[1][1].contains("schema version"), "{v:?}: {rows:?}");
+        let j1: i64 = conn.exists(keys.job("j1")).await.unwrap();
+        assert_eq!(j1, 0, "{v:?}");
+        // The next round finds j0 and j2 written (`new` again: their token).
+    }
+    let main: Vec<String> = conn.lrange(&keys.main, 0, -1).await.unwrap();
+    assert_eq!(main, ["j2", "j0"]);
+    for (id, v) in [("j0", "1"), ("j2", "2")] {
+        let stored: Option<String> = conn.hget(keys.job(id), "v").await.unwrap();
+        assert_eq!(stored.as_deref(), Some(v));
     }
 }

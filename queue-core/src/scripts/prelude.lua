@@ -74,6 +74,23 @@ local function arg_count(v, name)
   return n
 end
 
+-- Whether `v` is a schema version as a worker reads it from the claim row (a
+-- u32): decimal digits only, at most 4294967295 ('1.0', 'v2', '-1', '1e3' and
+-- '' are not; as_count takes '1.0'). enqueue.lua and enqueue_many.lua store
+-- it unread: before, a version a worker could not read was stored, and every
+-- claim of the job dead-lettered it as an unreadable claim row. Short
+-- versions that pass are kept, as small_counts keeps counts (no pattern match
+-- per job of a call).
+local good_versions = {}
+local function is_version(v)
+  if good_versions[v] then return true end
+  if type(v) ~= 'string' or not string.find(v, '^%d+$') or tonumber(v) > 4294967295 then
+    return false
+  end
+  if #v <= 4 then good_versions[v] = true end
+  return true
+end
+
 -- Why `key` cannot be used as a `want` ("<key> holds a <type>, not a
 -- <want>"), or nil when it is one or is missing. One TYPE call. A script
 -- that has written already uses the reason (a dead-letter reason, a log
