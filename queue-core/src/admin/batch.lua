@@ -6,12 +6,12 @@
 -- lists a sample: the first ARGV[3] that SSCAN yields (not the first by id),
 -- so the call costs O(cap), never O(members) (SMEMBERS + sort of 200k
 -- members blocked Redis 610 ms).
--- A member on another queue (recorded in `<batch>:where` by batch_add.lua)
+-- A member on another queue (recorded in the batch field `where:<id>` by batch_add.lua)
 -- is not looked up here: its keys are on another queue (another cluster
 -- slot); its row names that queue, and the caller reads its state there
 -- (batch_members.lua). A job hash here that does not name this batch in
 -- its `batch` field is another job of the same id, not the member. A batch
--- opened before `:where` was kept (no field `where`) cannot tell a member
+-- opened before members' queues were kept (no field `where`) cannot tell a member
 -- on another queue from one never enqueued: such a member, not found here,
 -- has `?` as its queue.
 -- KEYS: 1 batch hash, 2 guard (never written)
@@ -63,8 +63,10 @@ end
 local results = KEYS[1] .. ':results'
 local has_results = redis.call('TYPE', results)['ok'] == 'hash'
 local where = {}
-if #members > 0 and redis.call('TYPE', KEYS[1] .. ':where')['ok'] == 'hash' then
-  where = redis.call('HMGET', KEYS[1] .. ':where', unpack(members))
+if #members > 0 then
+  local fields = {}
+  for i = 1, #members do fields[i] = 'where:' .. members[i] end
+  where = redis.call('HMGET', KEYS[1], unpack(fields))
 end
 local kept = redis.call('HGET', KEYS[1], 'where') == '1'
 local rows = {}

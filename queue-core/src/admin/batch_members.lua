@@ -1,5 +1,5 @@
 -- Read-only: the members of a batch homed on another queue that live on this
--- queue (batch_add.lua recorded them in the batch's `:where`), for
+-- queue (batch_add.lua recorded them in the batch's `where:<id>` fields), for
 -- `batches show` and the dashboard's batch page (admin/batches.rs). Run on
 -- the members' queue, after batch.lua on the batch's: the two queues may be
 -- on two cluster slots, so one script cannot read both.

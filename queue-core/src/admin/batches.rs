@@ -148,7 +148,9 @@ pub struct BatchDetail {
     pub ttl_ms: Option<i64>,
     /// The default member policy (`fail` for flows and DAGs; none: a batch).
     pub policy: Option<String>,
-    /// The first fail-parent member that failed, with its reason.
+    /// The first fail-parent member that failed, with its reason. `None`
+    /// also while a replay of the member it named left others counted: the
+    /// fire works the first of them out.
     pub failed_child: Option<String>,
     /// What the batch could not do because its data was corrupt (a
     /// callback not queued, a member not counted; docs/WORKFLOWS.md), one
@@ -397,7 +399,9 @@ impl Admin {
             now_ms,
             ttl_ms: (pttl >= 0).then_some(pttl),
             policy: map.get("policy").cloned(),
-            failed_child: map.get("failed_child").cloned(),
+            // '': a replay cleared the named child; the fire works the first
+            // failure out (prelude.lua wf_unfinish).
+            failed_child: map.get("failed_child").filter(|f| !f.is_empty()).cloned(),
             errors: batch_errors(&map),
             callbacks,
             parent_feeds,

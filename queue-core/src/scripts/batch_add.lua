@@ -3,11 +3,14 @@
 -- again, e.g. by a producer's retry or a re-run member, changes nothing).
 -- Allowed while the batch is open or sealed: a running member adds more
 -- before its own ack, so the batch cannot fire in between.
--- Members on another queue than the batch's have it recorded in the batch's
--- `:where` hash (member id -> queue; the first registration's stays), so
+-- Members on another queue than the batch's have it recorded in the batch
+-- hash (field `where:<id>` -> queue; the first registration's stays), so
 -- that `batches show` reads their state on their own queue (admin/batch.lua,
--- batch_members.lua); members on the batch's queue have no entry.
--- KEYS: 1 batch hash, 2 members set, 3 where hash (`<batch>:where`)
+-- batch_members.lua); members on the batch's queue have no field. In the
+-- batch hash, not a key of its own: it expires with the batch whichever
+-- version fires it (an older version's fire expired the batch's keys it
+-- knew, and a `:where` hash would have been left without a TTL).
+-- KEYS: 1 batch hash, 2 members set
 -- ARGV: 1 policy of these members ('' : the batch's default), 2 their queue when it is
 --       not the batch's ('' : the batch's), then member ids
 -- Returns {'added', new members} | {'fired'} | {'missing'}; an error before any
@@ -18,7 +21,6 @@ if policy ~= '' and policy ~= 'fail' and policy ~= 'continue' and policy ~= 'ign
 end
 local where = ARGV[2]
 expect_types(KEYS[1], 'hash', KEYS[2], 'set')
-if where ~= '' then expect_types(KEYS[3], 'hash') end
 local b = redis.call('HMGET', KEYS[1], 'state', 'total')
 local state = b[1]
 if not state then return {'missing'} end
@@ -45,7 +47,7 @@ for i = 3, #ARGV do
   end
   -- Also for an id registered before (a retry): a batch registered by an
   -- older version gets the entry then.
-  if where ~= '' then redis.call('HSETNX', KEYS[3], ARGV[i], where) end
+  if where ~= '' then redis.call('HSETNX', KEYS[1], 'where:' .. ARGV[i], where) end
 end
 if added > 0 then redis.call('HINCRBY', KEYS[1], 'total', added) end
 return {'added', added}

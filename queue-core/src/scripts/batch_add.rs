@@ -1,14 +1,14 @@
 //! `batch_add.lua`: registers member ids of a batch before they are
 //! enqueued; each id counts in `total` once (docs/WORKFLOWS.md). Members on
-//! another queue than the batch's have it recorded (`<batch>:where`).
+//! another queue than the batch's have it recorded (batch field `where:<id>`).
 
 use super::reply::Fields;
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
 use crate::error::Result;
 
-pub(crate) static SCRIPT: LuaScript<3> =
-    lua_script!("batch_add.lua", keys = 3, args = 2, prelude(None));
+pub(crate) static SCRIPT: LuaScript<2> =
+    lua_script!("batch_add.lua", keys = 2, args = 2, prelude(None));
 
 /// Registers members of one batch.
 pub(crate) struct BatchAdd<'a> {
@@ -39,9 +39,8 @@ impl BatchAdd<'_> {
     /// Runs the script.
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<BatchAddReply> {
         let members = format!("{}:members", self.key);
-        let where_ = format!("{}:where", self.key);
         let mut call = SCRIPT
-            .call([self.key, members.as_str(), where_.as_str()])
+            .call([self.key, members.as_str()])
             .arg(self.policy)
             .arg(self.member_queue);
         for id in self.ids {

@@ -9,12 +9,12 @@
 -- the open sweeps a few index entries from a rotating rank: an entry whose
 -- batch hash expired leaves the index, with the batch's leftover sets.
 -- A new batch starts with empty sets: the `:members` / `:done` / `:results`
--- / `:where` left by an earlier batch of this id whose hash expired (a
+-- left by an earlier batch of this id whose hash expired (a
 -- producer that died before the seal, retrying after the open TTL) are
 -- deleted first. Kept, they made every id of the retry "already registered"
 -- (`total` 0) and the seal fired the batch before any member ran.
 -- A new batch's field `where` (1) says that its members on other queues
--- are recorded in `:where` (batch_add.lua): `batches show` reads the others
+-- are recorded in its `where:<id>` fields (batch_add.lua): `batches show` reads the others
 -- on the batch's queue; a batch opened by an older version has no such
 -- field, and a member not found there is shown as possibly elsewhere.
 -- KEYS: 1 batch hash, 2 batch index (zset), 3 sweep cursor (string), 4 guard of the
@@ -59,7 +59,7 @@ end
 expect_types(KEYS[2], 'zset', KEYS[3], 'string')
 local now = now_ms()
 -- DEL cannot fail (any type): the stale sets go before the first HSET.
-redis.call('DEL', KEYS[1] .. ':members', KEYS[1] .. ':done', KEYS[1] .. ':results', KEYS[1] .. ':where')
+redis.call('DEL', KEYS[1] .. ':members', KEYS[1] .. ':done', KEYS[1] .. ':results')
 redis.call('HSET', KEYS[1], 'state', 'open', 'total', 0, 'succeeded', 0, 'dead', 0,
   'cancelled', 0, 'failed', 0, 'created_at', now, 'expires_at', now + ttl, 'where', 1)
 if policy ~= '' then redis.call('HSET', KEYS[1], 'policy', policy) end
@@ -76,7 +76,7 @@ for _, other in ipairs(seen) do
   local bkey = prefix .. other
   if redis.call('EXISTS', bkey) == 0 then
     redis.call('ZREM', KEYS[2], other)
-    redis.call('DEL', bkey .. ':members', bkey .. ':done', bkey .. ':results', bkey .. ':where')
+    redis.call('DEL', bkey .. ':members', bkey .. ':done', bkey .. ':results')
   else
     kept = kept + 1
   end

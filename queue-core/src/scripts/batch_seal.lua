@@ -18,7 +18,9 @@
 --       3 its guard `q:{Q}:guard` (never written: see keys.rs; a fire reaches the batch's
 --         sets, the callbacks' job hashes and lists, the waiters' wake lists)
 -- ARGV: none
--- Returns {'sealed' | 'fired'} | {'missing'}
+-- Returns {'sealed' | 'fired'} | {'missing'}; {'fired', 'relay'} when the fire wrote relay
+-- notices (a dead-lettered parent or step counted in a batch on another queue): the
+-- caller relays the queue at once (before, they waited for a watchdog pass).
 local base = wf_base(KEYS[1])
 if not base or KEYS[2] ~= base .. 'pending' then
   return redis.error_reply('ERR batch_seal: ' .. tostring(KEYS[2]) .. ' is not the pending hash of ' .. KEYS[1])
@@ -50,5 +52,8 @@ if state == 'open' then
     end
   end
 end
-if state == 'open' or state == 'sealed' then wf_maybe_fire(KEYS[1], now) end
-return {redis.call('HGET', KEYS[1], 'state') or 'missing'}
+local relayed = false
+if state == 'open' or state == 'sealed' then relayed = wf_maybe_fire(KEYS[1], now) end
+local after = redis.call('HGET', KEYS[1], 'state') or 'missing'
+if relayed then return {after, 'relay'} end
+return {after}

@@ -23,12 +23,21 @@ pub(crate) struct BatchSeal<'a> {
 impl BatchSeal<'_> {
     /// Runs the script; the batch's state after it (`sealed`, `fired`, or
     /// `missing`).
+    #[cfg(test)]
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<String> {
+        Ok(self.run_marked(conn).await?.0)
+    }
+
+    /// Runs the script; the batch's state after it, and whether its fire
+    /// wrote relay notices (the caller relays the batch's queue).
+    pub(crate) async fn run_marked(&self, conn: &mut RedisConnection) -> Result<(String, bool)> {
         let keys = QueueKeys::new(self.queue);
         let reply = SCRIPT
             .call([self.key.to_string(), keys.pending(), keys.guard])
             .run(conn, self.queue, None)
             .await?;
-        Fields::new(self.queue, None, "batch_seal reply", &reply)?.tag()
+        let f = Fields::new(self.queue, None, "batch_seal reply", &reply)?;
+        let relay = f.text(1, "relay").is_ok_and(|t| t == "relay");
+        Ok((f.tag()?, relay))
     }
 }

@@ -191,17 +191,17 @@ async fn a_cross_queue_child_replayed_before_its_flow_fires_no_longer_fails_the_
         .await
         .unwrap();
     assert!(result.starts_with("ok:"), "{result}");
-    // X's queue was recorded, and expires with the fired batch.
-    let place = format!("{bkey}:where");
+    // X's queue was recorded in the batch hash, and expires with it.
     assert_eq!(
-        fx.text(&["HGET", &place, "X"]).await.as_deref(),
+        fx.text(&["HGET", &bkey, "where:X"]).await.as_deref(),
         Some(EMAILS)
     );
-    assert_eq!(fx.text(&["HGET", &place, "Y"]).await, None, "home queue");
-    assert!(
-        fx.int(&["PTTL", &place]).await > 0,
-        "expires with the batch"
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "where:Y"]).await,
+        None,
+        "home queue"
     );
+    assert!(fx.int(&["PTTL", &bkey]).await > 0, "expires with the batch");
 }
 
 /// `batches show` of a batch on `orders` whose members are on `emails`:
@@ -268,9 +268,11 @@ async fn batch_detail_reads_members_on_other_queues_on_their_own_queue() {
         ]
     );
 
-    // The same batch as an older version left it: no `:where`, no marker.
+    // The same batch as an older version left it: no `where:<id>`, no marker.
     let bkey = QueueKeys::new(ORDERS).batch("b1");
-    fx.cmd(&["DEL", &format!("{bkey}:where")]).await;
+    for m in ["m1", "m2", "m3"] {
+        fx.cmd(&["HDEL", &bkey, &format!("where:{m}")]).await;
+    }
     fx.cmd(&["HDEL", &bkey, "where"]).await;
     let detail = admin.batch_detail(ORDERS, "b1").await.unwrap().unwrap();
     assert_eq!(

@@ -100,7 +100,7 @@ impl BatchRef {
 
     /// Registers members, given as (queue, id), under `policy` (`""`: the
     /// batch's default): one `batch_add.lua` call per queue, which records
-    /// a queue other than the batch's (`<batch>:where`) for `batches show`.
+    /// a queue other than the batch's (batch field `where:<id>`) for `batches show`.
     pub(crate) async fn register(
         &self,
         conn: &mut RedisConnection,
@@ -301,12 +301,26 @@ impl BatchRef {
     /// an error: its members are counted nowhere and its callbacks would
     /// never run.
     pub(crate) async fn seal(&self, conn: &mut RedisConnection) -> Result<String> {
-        let state = BatchSeal {
+        let (state, relay) = BatchSeal {
             queue: &self.queue,
             key: &self.key,
         }
-        .run(conn)
+        .run_marked(conn)
         .await?;
+        if relay {
+            // The fire counted a dead-lettered parent or step in a batch on
+            // another queue: its notice is relayed now, not at the
+            // watchdog's next pass.
+            match super::relay::relay_queue(conn, &self.queue).await {
+                Ok(r) => {
+                    tracing::debug!(queue = %self.queue, batch = %self.key, applied = r.applied,
+                    "the seal fired the batch: its relay notices relayed")
+                }
+                Err(e) => tracing::warn!(queue = %self.queue, batch = %self.key, error = %e,
+                    "the seal fired the batch, but relaying its notices failed: the next relay \
+                     run (a worker of the queue, the watchdog's next pass) applies them"),
+            }
+        }
         if state == "missing" {
             return Err(self.error(
                 "no such batch at its seal (its open TTL ran out before the seal, or it was \

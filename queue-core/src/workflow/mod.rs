@@ -20,6 +20,8 @@ mod summary;
 pub use batch::{Batch, BatchCreated};
 pub use dag::{Dag, DagCreated, DagError, DEFAULT_OPEN_TTL};
 pub(crate) use engine::parse_key;
+#[cfg(test)]
+pub(crate) use engine::BatchRef;
 pub use flow::{ChildPolicy, Flow, FlowCreated};
 pub use relay::{DeadNotice, RelayReport, RelayRetryReport};
 pub use spec::JobSpec;
