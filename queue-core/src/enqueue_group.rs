@@ -2,39 +2,18 @@
 //! (its clones share it, as they share the multiplexed connection).
 //!
 //! A call that finds no enqueue of its queue in flight leads the next call:
-//! it lets the scheduler run once (`yield_now`, no timer). When nobody joined
-//! it meanwhile, it takes its job back out of the lane, which removes the
-//! lane, and sends it alone inside its own future, with no task (a lone
-//! producer leads every call; a task per call cost it a spawn and a wake-up
-//! per enqueue, issue #12). The first call that joins a lane whose leader has
-//! not taken its job out yet takes the lane from it: it spawns a task that,
-//! after one scheduler turn of its own, sends everything waiting (the
-//! leader's job first) in one `enqueue_many.lua` call (at most
-//! [`MAX_JOBS_PER_CALL`](crate::scripts::enqueue_many::MAX_JOBS_PER_CALL));
-//! the leader then only awaits its own reply. Calls that arrive while that
-//! task's call is in flight wait in the lane; when it returns, the lane is
-//! handed on to another task, and so on until the lane is empty; a call that
-//! returns with nobody waiting removes the lane at once. A job waits at most
-//! for the call ahead of it and one scheduler turn; a trickle of enqueues
-//! sees no added latency beyond that turn. A full lane (4 calls' worth) sends
-//! the newcomer alone.
-//!
-//! No caller waits on another caller's future: a call carrying more than its
-//! own caller's job runs in a task, and a leader's lone call is out of the
-//! lane. A leader kept alive but not polled (a `select!` on `&mut fut` whose
-//! other branch, or the code after it, enqueues on the same queue; a future
-//! stored and forgotten) holds up nobody, and cannot hang its own task.
-//! Before, the leader sent every call it led inside its own future and kept
-//! the lane until that future ended: the callers that joined it, and every
-//! enqueue of its queue after them, waited until it was polled again or
-//! dropped; in one task, for ever (a "futurelock").
-//!
-//! Order: a lane's calls are in flight one at a time, each with the jobs
-//! that waited longest; a leader's lone call and the next lane's call can be
-//! in flight together (their requests leave on the connection in the order
-//! they were sent, but a retry after a connection failure can put one behind
-//! the other). So jobs of enqueues that overlap in time have no order among
-//! them in main; an enqueue started after another returned is after it.
+//! it lets the scheduler run once (`yield_now`, no timer), then sends its own
+//! job with every call that joined meanwhile. Calls that arrive while one is
+//! in flight wait in the queue's lane; when the call in flight returns, the
+//! lane is handed on to a task that, after one scheduler turn of its own,
+//! sends everything waiting in one `enqueue_many.lua` call (at most
+//! [`MAX_JOBS_PER_CALL`](crate::scripts::enqueue_many::MAX_JOBS_PER_CALL)),
+//! and so on until the lane is empty. A call that returns with nobody
+//! waiting removes the lane at once, with no task: the next caller leads (a
+//! lone producer leads every call; a hand-on task per call cost it a spawn
+//! and a wake-up per enqueue, issue #12). A job waits at most for the call ahead
+//! of it and one scheduler turn; a trickle of enqueues sees no added latency
+//! beyond that turn. A full lane (4 calls' worth) sends the newcomer alone.
 //!
 //! The scheduler turn is what keeps the calls full under load: the callers a
 //! call just answered, when they enqueue again at once (a producer loop, a
@@ -49,14 +28,25 @@
 //! call gave them: their jobs were written); a failed call fails each of its
 //! callers with the error naming that caller's job. Retries follow
 //! `Queue::retry_window` (the shortest of the call's callers), with each
-//! job's own enqueue token, and never skip the dedupe reads; a call dropped
-//! mid-call (a lone leader cancelled, a task dropped by its runtime) is
-//! finished once in a task of its own (`InFlight`), unless a caller's retry
-//! window is zero.
+//! job's own enqueue token, and never skip the dedupe reads; a call whose
+//! leader is cancelled mid-call is finished once in a task of its own
+//! (`InFlight`), unless a caller's retry window is zero.
+//!
+//! One thing a caller must not do: keep an enqueue future alive without
+//! polling it while it waits for another enqueue on the same queue (e.g.
+//! `tokio::select!` on `&mut fut` whose other branch awaits a second
+//! enqueue). The calls behind a leader's in-flight call are answered when
+//! the leader's future is polled on (or dropped): such code waits for ever
+//! ("futurelock"). Poll every enqueue to its end or drop it, or use
+//! `with_group_commit(false)` for that handle. A change that sent every
+//! joined call from a task of its own (stop 44) lost the batching this
+//! module exists for (16 looping producers: 12–14 jobs per call instead of
+//! 16, callgrind-free count of `enqueue_many` calls) and was not kept; a
+//! design that lets the waiting callers drive the leader's call (a shared
+//! future) is the way to remove the hazard without that cost.
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -94,24 +84,17 @@ struct Waiter {
     tx: oneshot::Sender<Result<EnqueueReply>>,
 }
 
-/// The enqueues of one queue waiting for the lane's next call. A lane
-/// exists while its first caller gathers that call, or while a task holds
-/// its turn (gathering, or with a call in flight).
+/// The enqueues of one queue waiting behind the call in flight. A lane
+/// exists while a call is in flight (its presence is the "in flight" flag).
+#[derive(Default)]
 struct Lane {
     waiting: Vec<Waiter>,
-    /// `Some(n)`: [`Lead`] `n`, the caller that made the lane, still holds
-    /// it in its own future (in its scheduler turn), and its job is the only
-    /// one waiting. `None`: a task holds the lane's turn ([`Turn`]).
-    led_by: Option<u64>,
 }
 
 /// The lanes of one `Queue` and its clones, one per queue name.
 #[derive(Default)]
 pub(crate) struct GroupCommit {
     lanes: Mutex<HashMap<String, Lane>>,
-    /// The number of the next [`Lead`] (a lane removed and made again has a
-    /// new leader, told apart by its number).
-    leads: AtomicU64,
 }
 
 /// Waiters beyond this many (per queue) send alone: bounded memory.
@@ -119,21 +102,14 @@ const MAX_WAITING: usize = 4 * MAX_JOBS_PER_CALL;
 
 /// What [`GroupCommit::admit`] decided for a call.
 enum Admit {
-    /// Nothing in flight: the caller made the lane and leads it
-    /// ([`Lead::send`]: its job alone after one scheduler turn, unless
-    /// another caller took the lane meanwhile), then awaits its own reply.
-    Lead(oneshot::Receiver<Result<EnqueueReply>>, Lead),
-    /// Joined the next call: await the reply. With a runtime handle: this
-    /// caller took the lane from its leading caller, and spawns on it the
-    /// task that sends the lane's next call (after `admit` let go of the
-    /// lock: a `spawn` on a runtime shutting down drops the task at once,
-    /// and that drop takes the lock).
-    Joined(
-        oneshot::Receiver<Result<EnqueueReply>>,
-        Option<tokio::runtime::Handle>,
-    ),
-    /// The lane is full, or led by a caller while this one has no runtime
-    /// to spawn a task on: send alone, outside the group.
+    /// Nothing in flight: the caller runs the lane's next call itself
+    /// ([`Turn::send_waiting`]: its own job and whoever joined within one
+    /// scheduler turn), then awaits its own reply; the turn hands the lane on
+    /// when dropped.
+    Lead(oneshot::Receiver<Result<EnqueueReply>>, Turn),
+    /// Joined the next call: await the reply.
+    Joined(oneshot::Receiver<Result<EnqueueReply>>),
+    /// The lane is full: send alone, outside the group.
     Alone(PendingJob),
 }
 
@@ -152,21 +128,13 @@ impl GroupCommit {
     ) -> Result<EnqueueReply> {
         let id = job.id.clone();
         let rx = match self.admit(conn, &keys, job) {
-            Admit::Lead(rx, lead) => {
-                lead.send().await;
+            Admit::Lead(rx, turn) => {
+                turn.send_waiting().await;
                 rx
             }
-            Admit::Joined(rx, took) => {
-                if let Some(rt) = took {
-                    let turn = Turn::fresh(self.clone(), conn.clone(), keys.clone());
-                    drop(rt.spawn(turn.send_waiting()));
-                }
-                rx
-            }
+            Admit::Joined(rx) => rx,
             Admit::Alone(job) => return send_alone(conn, &keys, &job).await,
         };
-        // Answered by this caller's own call, or by a task: never by
-        // another caller's future (module doc).
         rx.await
             .unwrap_or_else(|_| Err(abandoned(&keys.queue, &id)))
     }
@@ -192,119 +160,27 @@ impl GroupCommit {
         match lanes.get_mut(&keys.queue) {
             None => {
                 let (tx, rx) = oneshot::channel();
-                let n = self.leads.fetch_add(1, Ordering::Relaxed);
                 lanes.insert(
                     keys.queue.clone(),
                     Lane {
                         waiting: vec![Waiter { job, tx }],
-                        led_by: Some(n),
                     },
                 );
-                let lead = Lead {
-                    group: self.clone(),
-                    conn: conn.clone(),
-                    keys: keys.clone(),
-                    n,
-                    done: false,
-                };
-                Admit::Lead(rx, lead)
+                Admit::Lead(rx, Turn::lead(self.clone(), conn.clone(), keys.clone()))
             }
-            // The lane's call now carries another caller's job: it goes to
-            // a task, so that nobody waits on the leader's future. Without a
-            // runtime to spawn it on, the newcomer goes alone instead.
-            Some(lane) if lane.led_by.is_some() => match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    let (tx, rx) = oneshot::channel();
-                    lane.waiting.push(Waiter { job, tx });
-                    lane.led_by = None;
-                    Admit::Joined(rx, Some(rt))
-                }
-                Err(_) => Admit::Alone(job),
-            },
             Some(lane) if lane.waiting.len() < MAX_WAITING => {
                 let (tx, rx) = oneshot::channel();
                 lane.waiting.push(Waiter { job, tx });
-                Admit::Joined(rx, None)
+                Admit::Joined(rx)
             }
             Some(_) => Admit::Alone(job),
         }
     }
 }
 
-/// The lead of a caller that made its queue's lane: the right to send the
-/// lane's next call from its own future while that call carries only its
-/// own job ([`Lane::led_by`]).
-struct Lead {
-    group: Arc<GroupCommit>,
-    conn: RedisConnection,
-    /// The keys of the lane's queue (`keys.queue` names the lane).
-    keys: Arc<QueueKeys>,
-    /// Its number, in [`Lane::led_by`] while it holds the lane.
-    n: u64,
-    /// [`send`](Self::send) took its job out, or found the lane taken:
-    /// nothing left for `drop`.
-    done: bool,
-}
-
-impl Lead {
-    /// One scheduler turn (module doc); then, if the lane is still this
-    /// lead's (nobody joined), takes its job out, which removes the lane (a
-    /// caller arriving from now on leads its own), and sends it alone. If
-    /// another caller took the lane meanwhile, a task sends this job with
-    /// theirs: nothing to do.
-    async fn send(mut self) {
-        tokio::task::yield_now().await;
-        let lane = {
-            let mut lanes = self.group.lanes();
-            match lanes.get(&self.keys.queue) {
-                Some(lane) if lane.led_by == Some(self.n) => lanes.remove(&self.keys.queue),
-                _ => None,
-            }
-        };
-        self.done = true;
-        let Some(lane) = lane else { return };
-        // Its own job only: a caller that joins a led lane takes it from its
-        // lead (or, with no runtime to spawn a task on, goes alone).
-        debug!(queue = %self.keys.queue, jobs = lane.waiting.len(), "group commit, lone call");
-        InFlight::new(self.conn.clone(), self.keys.clone(), lane.waiting)
-            .answer(true)
-            .await;
-    }
-}
-
-impl Drop for Lead {
-    /// A lead dropped in its scheduler turn (its caller cancelled, or its
-    /// task panicking) leaves its job to a task, as a cancelled waiter leaves
-    /// its job in the lane: the task sends it with whoever joins meanwhile.
-    /// With no runtime (it is shutting down) the lane goes: its waiters get
-    /// `abandoned` (outcome unknown).
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let mut lanes = self.group.lanes();
-        let Some(lane) = lanes.get_mut(&self.keys.queue) else {
-            return;
-        };
-        if lane.led_by != Some(self.n) {
-            return;
-        }
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                lane.led_by = None;
-                drop(lanes);
-                let turn = Turn::fresh(self.group.clone(), self.conn.clone(), self.keys.clone());
-                drop(rt.spawn(turn.send_waiting()));
-            }
-            Err(_) => drop(lanes.remove(&self.keys.queue)),
-        }
-    }
-}
-
-/// The turn of a lane held by a task: the right to send the lane's next
-/// call. Dropped (after its call returned, or when its task is dropped by
-/// its runtime), it hands the lane on to another task that sends what waits
-/// then, or removes the lane when none wait.
+/// The right to send the next call of a lane. Dropped (after its call
+/// returned, or when its task is cancelled or panics), it hands the lane on
+/// to a task that sends what waits then, or removes the lane when none wait.
 pub(crate) struct Turn {
     group: Arc<GroupCommit>,
     conn: RedisConnection,
@@ -316,24 +192,25 @@ pub(crate) struct Turn {
 /// What dropping a [`Turn`] does.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum TurnState {
-    /// It sent (or is sending) a call: hand the lane on.
+    /// A lead's turn, or one that sent (or is sending) a call: hand the lane
+    /// on (a lead cancelled by its caller leaves its job and the joined ones
+    /// to the next turn, as a cancelled waiter leaves its job in the lane).
     Sent,
-    /// A task not yet run (dropped unrun: its runtime is shutting down):
-    /// remove the lane, so its waiters get `abandoned`.
+    /// A hand-on task not yet run (dropped unrun: its runtime is shutting
+    /// down): remove the lane, so its waiters get `abandoned`.
     Fresh,
     /// It found the lane empty and removed it: nothing left to do.
     Closed,
 }
 
 impl Turn {
-    /// The turn of a task about to be spawned for a lane already marked as
-    /// held by a task (`led_by` `None`).
-    fn fresh(group: Arc<GroupCommit>, conn: RedisConnection, keys: Arc<QueueKeys>) -> Self {
+    /// The turn of a caller that found no lane (its job is the lane's first).
+    fn lead(group: Arc<GroupCommit>, conn: RedisConnection, keys: Arc<QueueKeys>) -> Self {
         Turn {
             group,
             conn,
             keys,
-            state: TurnState::Fresh,
+            state: TurnState::Sent,
         }
     }
 }
@@ -345,12 +222,17 @@ impl Drop for Turn {
             TurnState::Sent => match tokio::runtime::Handle::try_current() {
                 // Nobody joined while the call was in flight: the lane goes
                 // now, and the next caller leads (its own scheduler turn
-                // gathers whoever comes with it), instead of a task that
-                // yields, finds the lane empty and removes it.
+                // gathers whoever comes with it), instead of a hand-on task
+                // per call that yields, finds the lane empty and removes it
+                // (a task spawn and a wake-up per call of a lone producer).
                 Ok(_) if self.group.close_if_idle(&self.keys.queue) => {}
                 Ok(rt) => {
-                    let next =
-                        Turn::fresh(self.group.clone(), self.conn.clone(), self.keys.clone());
+                    let next = Turn {
+                        group: self.group.clone(),
+                        conn: self.conn.clone(),
+                        keys: self.keys.clone(),
+                        state: TurnState::Fresh,
+                    };
                     drop(rt.spawn(next.send_waiting()));
                 }
                 // No runtime (it is shutting down): dropping the waiters drops
@@ -366,7 +248,8 @@ impl Turn {
     /// Sends one call with the lane's waiters (at most one call's worth) and
     /// answers each; dropping `self` then hands the lane on. One scheduler
     /// turn first, so that callers just answered can join (module doc); an
-    /// empty lane then is removed. Always run in a task of its own.
+    /// empty lane then is removed. A lead awaits it in its own task; a
+    /// hand-on runs it in a task of its own.
     async fn send_waiting(mut self) {
         tokio::task::yield_now().await;
         let batch: Vec<Waiter> = {
@@ -392,18 +275,15 @@ impl Turn {
 }
 
 /// A call's jobs from the moment they left the lane until each caller has
-/// its answer. Dropped while the call is in flight (a lone leader's caller
-/// cancelled: a request handler dropped, a `timeout`, a `select!`; or the
-/// task of a lane's call dropped by its runtime), it finishes the call in a
-/// task of its own for the callers not answered yet (sent again as a retry:
-/// the dedupe reads and each job's enqueue token make a job the first call
-/// wrote answer as written, not twice). That resend happens once at most
-/// (`resent`), and never for callers whose retry window is zero ("send
-/// once": they get "outcome unknown"). A call carrying other callers' jobs
-/// runs in a task, so their leader's cancel does not reach it (before, the
-/// leader sent it in its own future, and a cancel of the leader's caller
-/// took it down with it; before that, every caller of it got "outcome
-/// unknown").
+/// its answer. The leader sends its call inside its own caller's future: if
+/// that caller is cancelled (a request handler dropped, a `timeout`, a
+/// `select!`) while the call is in flight, dropping this finishes the call in
+/// a task of its own for the callers not answered yet (sent again as a
+/// retry: the dedupe reads and each job's enqueue token make a job the first
+/// call wrote answer as written, not twice). Before, they all got
+/// "outcome unknown" for a cancel that was not theirs. That resend happens
+/// once at most (`resent`), and never for callers whose retry window is
+/// zero ("send once": they get "outcome unknown").
 struct InFlight {
     conn: RedisConnection,
     keys: Arc<QueueKeys>,
@@ -575,8 +455,7 @@ impl Drop for InFlight {
     }
 }
 
-/// Sends one job alone (group commit off, a full lane, an invalid job's
-/// resend).
+/// Sends one job alone (a lead call, a full lane, an invalid job's resend).
 pub(crate) async fn send_alone(
     conn: &RedisConnection,
     keys: &QueueKeys,
@@ -735,50 +614,5 @@ mod tests {
             assert!(err.outcome_unknown(), "{err}");
             assert!(err.to_string().contains("panicked"), "{err}");
         }
-    }
-
-    /// A call dropped while in flight with callers of both kinds (a lone
-    /// leader's caller cancelled, a lane's task dropped): the callers with a
-    /// zero retry window get "outcome unknown" and their jobs are not sent
-    /// again; the others are sent again in a task of their own and answered.
-    /// Before, one zero window in a call took the resend from every caller
-    /// of it. (A lane's call runs in a task since the first caller joined a
-    /// leader, so a leader's cancel no longer drops a call with callers of
-    /// both kinds: this is the rule, pinned without the lane.)
-    #[tokio::test]
-    async fn a_dropped_call_resends_only_its_callers_with_a_retry_window() {
-        let (_server, conn) = crate::scripts::test_redis().await;
-        let keys = Arc::new(QueueKeys::new("tasks"));
-        let job = |id: &str, retry_window| PendingJob {
-            job_type: "send".to_string(),
-            payload: b"\x80".to_vec(),
-            token: format!("token-{id}"),
-            retry_window,
-            ..pending(id)
-        };
-        let (once_tx, once_rx) = oneshot::channel();
-        let (again_tx, again_rx) = oneshot::channel();
-        let batch = vec![
-            Waiter {
-                job: job("once", Duration::ZERO),
-                tx: once_tx,
-            },
-            Waiter {
-                job: job("again", Duration::from_secs(5)),
-                tx: again_tx,
-            },
-        ];
-        drop(InFlight::new(conn.clone(), keys.clone(), batch));
-        let err = once_rx.await.expect("answered").unwrap_err();
-        assert!(err.outcome_unknown(), "{err}");
-        assert_eq!(err.job_id().map(JobId::as_str), Some("once"), "{err}");
-        assert!(err.to_string().contains("zero retry window"), "{err}");
-        let again = again_rx.await.expect("answered").expect("sent again");
-        assert!(matches!(again, EnqueueReply::Created { .. }), "{again:?}");
-        let mut c = conn.clone();
-        let main: Vec<String> = redis::AsyncCommands::lrange(&mut c, &keys.main, 0, -1)
-            .await
-            .unwrap();
-        assert_eq!(main, ["again"]);
     }
 }

@@ -151,14 +151,17 @@ impl Queue {
     /// of one script call each. A call with nothing in flight is sent after
     /// one scheduler turn (`yield_now`, no timer: the calls that arrive in
     /// that turn go with it), so a trickle of enqueues sees no added latency
-    /// beyond it. No call waits on another caller's future being polled (a
-    /// call carrying others' jobs runs in a task): an enqueue future kept
-    /// alive but not polled, e.g. by a `select!` on `&mut fut`, holds up no
-    /// other enqueue. Each call still
+    /// beyond it. Each call still
     /// gets its own result, `Ok` only once Redis wrote its job; a job the
     /// script refuses fails only its own call. `false`: every call is sent
     /// alone (one script call per job, as before 0.2). The setting applies
     /// to this handle and the clones made from it afterwards.
+    ///
+    /// Poll every enqueue future to its end or drop it: one kept alive
+    /// unpolled (`tokio::select!` on `&mut fut` whose other branch awaits
+    /// another enqueue on the same queue) holds up the calls that joined it,
+    /// and in one task waits for ever. Code that must do that uses
+    /// `with_group_commit(false)` (docs/OPERATIONS.md, group commit).
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {

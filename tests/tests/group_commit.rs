@@ -291,31 +291,25 @@ async fn expect_enqueued(joined: Vec<JoinHandle<Result<JobId, QueueError>>>, who
     }
 }
 
-/// A leader cancelled by its caller while the call carrying its joined
-/// callers is in flight still leaves them answered, each job once. That call
-/// runs in a task of its own since the first caller joined (module doc of
-/// `enqueue_group.rs`), so the leader's cancel does not reach it; writes are
-/// paused so that it is still in flight when the leader is dropped. Before
-/// (stop 36), the leader sent it in its own future and its cancel made each
-/// of them "outcome unknown"; then, the call was finished in a task of its
-/// own, sent again as a retry.
+/// A leader cancelled by its caller while its call is in flight (the batch
+/// taken from the lane, the request sent or about to be) still answers the
+/// callers that joined it: the call is finished in a task of its own, sent
+/// again as a retry (the dedupe reads and each job's token keep a job the
+/// first call wrote from being written twice). Before, each of them got
+/// "outcome unknown" for a cancel that was not theirs.
 #[tokio::test]
 async fn a_leader_cancelled_mid_call_leaves_its_joined_callers_answered() {
     let env = TestEnv::start().await;
     env.enqueue(env.task(0)).await;
-    pause_writes(&env, Some(10_000)).await;
     let first = env.task(1);
     let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
     // First poll: the leader is admitted and yields its scheduler turn.
     assert!(futures::poll!(&mut leader).is_pending());
     let joined = join_the_lane(&env, &env.queue).await;
-    // The call carrying the leader's job and the joined ones is held by the
-    // pause; the leader, polled again, waits for its reply. Then it is
-    // cancelled.
-    env.wait_blocked_in("fcall", None).await;
+    // Second poll: the leader takes the lane's jobs and sends the call; its
+    // reply cannot have come back within this poll. Then it is cancelled.
     assert!(futures::poll!(&mut leader).is_pending());
     drop(leader);
-    pause_writes(&env, None).await;
     expect_enqueued(joined, "a caller behind a leader cancelled mid-call").await;
     // Every job once: the first, the cancelled leader's and the 8 joined.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
@@ -332,72 +326,51 @@ async fn pause_writes(env: &TestEnv, ms: Option<u64>) {
     let _: () = cmd.query_async(&mut env.conn().await).await.unwrap();
 }
 
-/// A caller with a zero retry window ("send once", docs/IDEMPOTENCY.md §1)
-/// that leads a call alone and is cancelled while it is in flight: its call
-/// is not sent again (a job the call wrote could be claimed and acked before
-/// a resend, which would write it a second time; with
-/// `completion_retention` zero nothing tells it ran). The callers that joined
-/// a zero-window leader are carried by a call in a task of its own, which
-/// the leader's cancel does not reach: each gets its own `Ok`, and nothing is
-/// sent twice. Before, the call was always sent again once in a task of its
-/// own; then, the joined callers' call went down with their leader's cancel
-/// and each got "outcome unknown".
+/// Callers with a zero retry window ("send once", docs/IDEMPOTENCY.md §1)
+/// whose group-commit leader is cancelled while the call is in flight get
+/// "outcome unknown", and their call is not sent again: a job the call wrote
+/// could be claimed and acked before a resend, which would write it a
+/// second time (with `completion_retention` zero nothing tells it ran).
+/// Before, the call was always sent again once in a task of its own.
 #[tokio::test]
 async fn a_zero_retry_window_is_not_resent_after_its_leader_is_cancelled() {
     let env = TestEnv::start().await;
     env.enqueue(env.task(0)).await;
     let queue = env.queue.clone().with_retry_window(Duration::ZERO);
-    let keys = QueueKeys::new("tasks");
-    let metrics = tokio::runtime::Handle::current().metrics();
-
-    // A lone leader: its call (its own job) is in its own future.
     let before = script_calls(&env).await;
     pause_writes(&env, Some(10_000)).await;
     let first = env.task(1);
     let mut leader = Box::pin(queue.enqueue::<task::Job>(&first));
     assert!(futures::poll!(&mut leader).is_pending());
+    let joined = join_the_lane(&env, &queue).await;
+    // The leader sends the call with the joined jobs; the pause holds it.
     assert!(futures::poll!(&mut leader).is_pending());
     env.wait_blocked_in("fcall", None).await;
-    let tasks = metrics.num_alive_tasks();
     drop(leader);
-    assert_eq!(
-        metrics.num_alive_tasks(),
-        tasks,
-        "the cancelled zero-window call was sent again in a task"
-    );
     pause_writes(&env, None).await;
+    for j in joined {
+        let r = tokio::time::timeout(BOUND, j)
+            .await
+            .expect("answered")
+            .expect("the task ran");
+        let err = r.expect_err("a zero retry window is not sent again");
+        assert!(err.outcome_unknown(), "{err}");
+        assert!(err.job_id().is_some(), "{err}");
+    }
     // The call held by the pause ran once, when the pause ended.
+    let keys = QueueKeys::new("tasks");
     queue_tests::wait_until(BOUND, "the held call ran", || async {
-        env.list(&keys.main).await.len() == 2
+        env.list(&keys.main).await.len() == 10
     })
     .await;
-    assert_eq!(script_calls(&env).await - before, 1, "no resend");
-
-    // A leader with callers behind it, cancelled while their call is in
-    // flight.
-    let before = script_calls(&env).await;
-    pause_writes(&env, Some(10_000)).await;
-    let mut leader = Box::pin(queue.enqueue::<task::Job>(&first));
-    assert!(futures::poll!(&mut leader).is_pending());
-    let joined = join_the_lane(&env, &queue).await;
-    env.wait_blocked_in("fcall", None).await;
-    assert!(futures::poll!(&mut leader).is_pending());
-    drop(leader);
-    pause_writes(&env, None).await;
-    expect_enqueued(joined, "a zero-window caller behind a cancelled leader").await;
-    // The first, the lone leader's, this leader's and the 8 joined; one call.
-    assert_eq!(env.list(&keys.main).await.len(), 11);
     assert_eq!(script_calls(&env).await - before, 1, "no resend");
 }
 
 /// The same cancel, with only the leader's own job sent by a zero retry
 /// window (its `Queue` clone) and the joined callers on the default one:
-/// each is enqueued once. Before, one zero window in a call took the resend
-/// from every caller of it: all got "outcome unknown". (Their call now runs
-/// in a task that the leader's cancel does not reach; the rule for a call
-/// dropped in flight with callers of both kinds is pinned by
-/// `enqueue_group::tests::a_dropped_call_resends_only_its_callers_with_a_retry_window`,
-/// queue-core lib.)
+/// the leader's job is not sent again, the joined ones are, and each is
+/// enqueued once. Before, one zero window in a call took the resend from
+/// every caller of it: all got "outcome unknown".
 #[tokio::test]
 async fn only_the_zero_window_callers_of_a_cancelled_call_are_not_resent() {
     let env = TestEnv::start().await;
@@ -422,19 +395,16 @@ async fn only_the_zero_window_callers_of_a_cancelled_call_are_not_resent() {
 }
 
 /// A leader whose task panics for a reason of its own (a sibling `join!` or
-/// `select!` branch of a web handler) while the call carrying its joined
-/// callers is in flight still leaves them answered: that call runs in a task
-/// of its own (writes are paused so that it is still in flight at the
-/// panic). Before, the drop during the unwinding saw `thread::panicking()`
-/// and dropped their senders: each got "abandoned / outcome unknown" for a
-/// panic that was not theirs.
+/// `select!` branch of a web handler) while its call is in flight still
+/// leaves its joined callers answered: the call is finished in a task of its
+/// own, as for a cancel. Before, the drop during the unwinding saw
+/// `thread::panicking()` and dropped their senders: each got "abandoned /
+/// outcome unknown" for a panic that was not theirs.
 #[tokio::test]
 async fn a_leader_whose_task_panics_mid_call_leaves_its_joined_callers_answered() {
     use tokio::sync::oneshot;
-    const PANIC: &str = "a sibling branch of the leader's task panicked";
     let env = TestEnv::start().await;
     env.enqueue(env.task(0)).await;
-    pause_writes(&env, Some(10_000)).await;
     let (admitted_tx, admitted_rx) = oneshot::channel();
     let (joined_tx, joined_rx) = oneshot::channel::<()>();
     let (queue, first) = (env.queue.clone(), env.task(1));
@@ -444,101 +414,18 @@ async fn a_leader_whose_task_panics_mid_call_leaves_its_joined_callers_answered(
         assert!(futures::poll!(&mut enqueue).is_pending());
         let _ = admitted_tx.send(());
         let _ = joined_rx.await;
-        // Its job is in the call held by the pause; then its task panics.
+        // It takes the lane's jobs and sends the call; then its task panics.
         assert!(futures::poll!(&mut enqueue).is_pending());
-        panic!("{PANIC}");
+        panic!("a sibling branch of the leader's task panicked");
     });
     admitted_rx.await.expect("the leader was admitted");
     let joined = join_the_lane(&env, &env.queue).await;
-    env.wait_blocked_in("fcall", None).await;
     joined_tx.send(()).unwrap();
-    let panicked = tokio::time::timeout(BOUND, leader)
-        .await
-        .expect("ended")
-        .expect_err("the leader's task panicked");
-    let payload = panicked.into_panic();
-    assert_eq!(
-        payload.downcast_ref::<String>().map(String::as_str),
-        Some(PANIC)
-    );
-    pause_writes(&env, None).await;
+    let panicked = tokio::time::timeout(BOUND, leader).await.expect("ended");
+    assert!(panicked.is_err_and(|e| e.is_panic()));
     expect_enqueued(joined, "a caller behind a leader whose task panicked").await;
     // Every job once: the first, the panicked leader's and the 8 joined.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
-}
-
-/// A leader kept alive but not polled after it sent its call (a
-/// `tokio::select!` on `&mut fut` whose other branch won, a future stored and
-/// forgotten) holds up no other enqueue of its queue: here the same task
-/// enqueues again, which would hang for ever if it waited on the leader (a
-/// "futurelock"), and eight callers in tasks of their own enqueue after it.
-/// Dropped afterwards, the leader's job is there once. Before, the leader
-/// kept its queue's lane until its future ended: every later enqueue joined
-/// the lane and waited for a leader nobody polled.
-#[tokio::test]
-async fn a_leader_kept_unpolled_mid_call_holds_up_no_other_enqueue() {
-    let env = TestEnv::start().await;
-    env.enqueue(env.task(0)).await;
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let tasks = metrics.num_alive_tasks();
-    let first = env.task(1);
-    let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
-    // Admitted, it yields its scheduler turn; then it sends its call (its
-    // reply cannot have come back within the poll). Not polled again.
-    assert!(futures::poll!(&mut leader).is_pending());
-    assert!(futures::poll!(&mut leader).is_pending());
-    let other = env.task(2);
-    tokio::time::timeout(BOUND, env.queue.enqueue::<task::Job>(&other))
-        .await
-        .expect("an enqueue behind a leader kept unpolled is not held up")
-        .expect("enqueued");
-    let joined = (3..11)
-        .map(|i| {
-            let queue = env.queue.clone();
-            let t = env.task(i);
-            tokio::spawn(async move { queue.enqueue::<task::Job>(&t).await })
-        })
-        .collect();
-    expect_enqueued(joined, "a caller behind a leader kept unpolled").await;
-    // Dropped with its reply unread: its call is finished again in a task
-    // of its own (the dedupe answers its job as written); let it end.
-    drop(leader);
-    queue_tests::wait_until(BOUND, "the dropped leader's call finished", || async {
-        metrics.num_alive_tasks() <= tasks
-    })
-    .await;
-    // Every job once: the first, the leader's, the other and the 8.
-    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
-}
-
-/// A leader kept alive but not polled in its scheduler turn (admitted, its
-/// call not gathered yet) holds up no other enqueue of its queue either: the
-/// first caller that joins it hands the call to a task, which sends both
-/// jobs; the leader, polled again, has its own answer. Here both are in one
-/// task: waiting on the leader would hang it for ever. Before, the caller
-/// joined the leader's lane and waited for the leader to send the call.
-#[tokio::test]
-async fn a_leader_kept_unpolled_in_its_turn_holds_up_no_other_enqueue() {
-    let env = TestEnv::start().await;
-    env.enqueue(env.task(0)).await;
-    let first = env.task(1);
-    let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
-    assert!(futures::poll!(&mut leader).is_pending());
-    let other = env.task(2);
-    let other = tokio::time::timeout(BOUND, env.queue.enqueue::<task::Job>(&other))
-        .await
-        .expect("an enqueue behind a leader kept unpolled is not held up")
-        .expect("enqueued");
-    let led = tokio::time::timeout(BOUND, leader)
-        .await
-        .expect("the leader is answered")
-        .expect("enqueued");
-    assert_ne!(led, other);
-    let main = env.list(&QueueKeys::new("tasks").main).await;
-    assert_eq!(main.len(), 3, "{main:?}");
-    for id in [&led, &other] {
-        assert!(main.contains(&id.to_string()), "{id} in main: {main:?}");
-    }
 }
 
 /// A retry window too long for the clock (`Duration::MAX`: "keep trying")
