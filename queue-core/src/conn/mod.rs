@@ -12,6 +12,7 @@ mod health;
 mod sentinel;
 mod single;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -19,6 +20,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::error::{QueueError, Result};
+use crate::scripts::library::{self, LoadGate};
 use cluster::connect_cluster;
 use sentinel::{SentinelConnection, SentinelTarget};
 use single::SingleConnection;
@@ -104,6 +106,11 @@ impl Default for ConnectionConfig {
 #[derive(Clone)]
 pub struct RedisConnection {
     kind: Kind,
+    /// One load of the function library at a time, its outcome shared with
+    /// the calls in flight meanwhile (`scripts/library.rs`): shared by every
+    /// connection of the process to the same URL (a fresh one for a
+    /// connection wrapped with `from_manager` / `from_cluster`).
+    library: Arc<LoadGate>,
 }
 
 #[derive(Clone)]
@@ -166,6 +173,7 @@ impl RedisConnection {
             let conn = connect_cluster(rest, cfg).await.map_err(err)?;
             return Ok(RedisConnection {
                 kind: Kind::Cluster(conn),
+                library: library::gate_for(&load_target(url)),
             });
         }
         if let Some(rest) = url.strip_prefix("redis-sentinel://") {
@@ -175,6 +183,7 @@ impl RedisConnection {
             conn.current().await.map_err(err)?;
             return Ok(RedisConnection {
                 kind: Kind::Sentinel(conn),
+                library: library::gate_for(&load_target(url)),
             });
         }
         let client = redis::Client::open(url).map_err(err)?;
@@ -188,6 +197,7 @@ impl RedisConnection {
             .map_err(err)?;
         Ok(RedisConnection {
             kind: Kind::Single(conn),
+            library: library::gate_for(&load_target(url)),
         })
     }
 
@@ -197,6 +207,7 @@ impl RedisConnection {
     pub fn from_manager(conn: ConnectionManager) -> Self {
         RedisConnection {
             kind: Kind::Single(SingleConnection::wrap(conn)),
+            library: Arc::default(),
         }
     }
 
@@ -204,6 +215,7 @@ impl RedisConnection {
     pub fn from_cluster(conn: ClusterConnection) -> Self {
         RedisConnection {
             kind: Kind::Cluster(conn),
+            library: Arc::default(),
         }
     }
 
@@ -221,6 +233,11 @@ impl RedisConnection {
     /// id twice. One read more per call, on clusters only.
     pub(crate) fn may_resend(&self) -> bool {
         self.is_cluster()
+    }
+
+    /// The library loads' gate of this connection's server(s).
+    pub(crate) fn library_gate(&self) -> Arc<LoadGate> {
+        self.library.clone()
     }
 
     /// True for a Sentinel-managed primary (`redis-sentinel://`).
@@ -293,6 +310,16 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// What names a connection's server(s) for the library loads' gate: the URL
+/// without its credentials and its query (`redis://h:1/0`,
+/// `redis-sentinel://s1:1,s2:2/m`). Two users of one server share it.
+fn load_target(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (_, rest) = split_userinfo(rest);
+    let rest = rest.split('?').next().unwrap_or_default();
+    format!("{scheme}://{rest}")
+}
+
 /// Connects with the given timeouts. Fails at once when Redis is unreachable.
 pub(crate) async fn connect(url: &str, cfg: &ConnectionConfig) -> Result<RedisConnection> {
     RedisConnection::connect(url, cfg).await
@@ -310,5 +337,10 @@ mod tests {
             redact("redis-sentinel://:pw@h:1/m"),
             "redis-sentinel://***@h:1/m"
         );
+        assert_eq!(
+            load_target("redis-sentinel://u:pw@s1:1,s2:2/m?check_interval_ms=0"),
+            "redis-sentinel://s1:1,s2:2/m"
+        );
+        assert_eq!(load_target("redis://:pw@h:1/0"), "redis://h:1/0");
     }
 }
