@@ -350,7 +350,12 @@ impl QueueError {
     /// type). Sending the same call again fails the same way. Every other
     /// failure is the server's condition or the connection's (out of memory,
     /// busy with a long script, loading, a replica, a primary gone, a
-    /// cluster redirect, a timeout) and may pass when sent again later.
+    /// cluster redirect, a timeout) and may pass when sent again later —
+    /// among them the `ERR Function not found` of a server that lacks the
+    /// function library (the call's load reached another node than its
+    /// resend, or the library was flushed in between): the next call loads
+    /// it. Before, that `ERR` counted as an error of the data, and the
+    /// workflow relay set its notices aside in `relay:dead` for good.
     ///
     /// ```
     /// let e = queue_core::QueueError::Config("x".into());
@@ -360,6 +365,7 @@ impl QueueError {
         match self {
             QueueError::Redis { source, .. } => {
                 matches!(source.code(), Some("ERR" | "WRONGTYPE"))
+                    && !crate::scripts::is_unloaded(source)
             }
             _ => false,
         }

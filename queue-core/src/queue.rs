@@ -643,6 +643,7 @@ async fn send_chunks(
         if let Some((replicas, timeout_ms)) = wait {
             pipe.cmd("WAIT").arg(replicas).arg(timeout_ms);
         }
+        let sent = std::time::Instant::now();
         let mut got: Vec<Value> = pipe
             .query_async(conn)
             .await
@@ -686,7 +687,7 @@ async fn send_chunks(
                 acked,
             ));
         }
-        enqueue_many::load(conn)
+        enqueue_many::load(conn, sent)
             .await
             .map_err(|e| QueueError::redis(queue, first_id, e))?;
         loaded = true;

@@ -1240,3 +1240,45 @@ async fn a_call_the_cluster_client_resends_after_a_lost_reply_runs_once() {
         .unwrap();
     assert_eq!(at.len(), 1, "the generated id is queued once: {at:?}");
 }
+
+/// One primary loses the function library (`FUNCTION FLUSH` on it; a
+/// restart without persistence) while the others keep it: the calls of a
+/// queue on that primary find it missing, and one load — `FUNCTION LOAD`
+/// without `REPLACE`, sent to every primary — loads it there, while the
+/// others answer "already exists" (success: nothing compiled again, nothing
+/// in their replication streams); every call answers. Before, each call that
+/// found it missing sent `FUNCTION LOAD REPLACE` to every primary: the
+/// library compiled again on each of them, once per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_lost_the_library_gets_it_back_from_one_load() {
+    let env = ClusterEnv::three().await;
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 0);
+    let primary = env.cluster.master_of_queue("tasks").expect("slot owner");
+    env.cluster.cli(primary, &["FUNCTION", "FLUSH"]).unwrap();
+    for i in 0..env.cluster.len() {
+        env.cluster.cli(i, &["CONFIG", "RESETSTAT"]).unwrap();
+    }
+    let payload = rmp_serde::to_vec_named(&job(&env.lurl, 1)).unwrap();
+    let sends = (0..20).map(|n| {
+        let (queue, payload) = (env.queue.clone(), payload.clone());
+        async move {
+            let opts = EnqueueOptions::new().id(format!("after-flush-{n}"));
+            queue
+                .enqueue_raw("tasks", "task", 1, 3, opts, &payload)
+                .await
+        }
+    });
+    for sent in futures::future::join_all(sends).await {
+        assert!(sent.expect("enqueued after the load").is_new());
+    }
+    for i in 0..env.cluster.len() {
+        let info = env.cluster.cli(i, &["INFO", "commandstats"]).unwrap();
+        let stat = |field| queue_testkit::command_stat(&info, "function|load", field);
+        let loaded = stat("calls") - stat("failed_calls");
+        let expected = u64::from(i == primary);
+        assert_eq!(
+            loaded, expected,
+            "node {i} (the flushed primary is {primary}): {loaded} successful loads"
+        );
+    }
+}

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queue_core::{EnqueueOptions, Queue, QueueError, Watchdog};
-use queue_testkit::sentinel::SentinelSetup;
+use queue_testkit::sentinel::{FakeSentinel, SentinelSetup};
 use queue_testkit::RedisServer;
 use queue_tests::env::worker_on;
 use queue_tests::handles::stop_all;
@@ -679,4 +679,240 @@ async fn a_stale_sentinel_does_not_make_the_connection_reconnect() {
     let opened = received() - before;
     assert!(opened < 3, "{opened} new connections to the primary in 2 s");
     assert_eq!(queue.connection().sentinel_primary(), Some(real));
+}
+
+/// `INFO replication`'s `role:` of `server` (`master`, `slave`).
+fn role_of(server: &RedisServer) -> String {
+    server
+        .command(&["INFO", "replication"])
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("role:"))
+                .map(|r| r.trim().to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// A primary and its replica, the link up.
+async fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start().unwrap();
+    let port = primary.port().to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    wait_until(T, "replication link up", || async {
+        replica
+            .command(&["INFO", "replication"])
+            .is_ok_and(|i| i.contains("master_link_status:up"))
+    })
+    .await;
+    (primary, replica)
+}
+
+/// A batch enqueue's window (two `enqueue_many.lua` calls in one pipeline,
+/// ids generated, sent as fresh: no dedupe read) whose primary is demoted
+/// between the two calls (`FAILOVER`; `REPLICAOF` alike): the first call
+/// ran and was replicated, the second answered `READONLY`. The Sentinel
+/// connection leaves the demoted node but sends the pipeline to the new
+/// primary again only when its *first* reply is `READONLY`: here the
+/// replies are returned as they are, the batch reports the first call's
+/// 256 jobs written and the last refused (`PartialBatch`, source
+/// `ReadOnlyReplica`), and each id is in main once. Before, the whole
+/// pipeline was sent again: the first call's 256 ids were written and
+/// pushed to main a second time (513 entries for 257 jobs; DESIGN rule 5).
+///
+/// A proxy holds the rest of the pipeline after its first `FCALL`
+/// (`PipelineSplitter`) while the test runs `FAILOVER`; a fake sentinel
+/// names the proxied primary, then the new one (a real sentinel would also
+/// `CLIENT KILL` the demoted node's clients, which is another case: an I/O
+/// error, never sent again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_window_split_by_a_demotion_is_not_sent_again_whole() {
+    init_tracing();
+    let _serial = serial().await;
+    let (primary, replica) = primary_and_replica().await;
+    let split = queue_testkit::proxy::PipelineSplitter::start(primary.port(), "FCALL").unwrap();
+    let sentinel = FakeSentinel::start("mymaster", split.port(), 1).unwrap();
+    let queue = Queue::connect(&sentinel.url(None)).await.unwrap();
+    // Loads the library (replicated to the replica) through the proxy.
+    assert_eq!(queue.stats("split").await.unwrap().main, 0);
+    let main = queue_core::QueueKeys::new("split").main;
+    let llen = |server: &RedisServer| {
+        let out = server.command(&["LLEN", &main]).unwrap_or_default();
+        out.trim()
+            .trim_start_matches(':')
+            .parse::<usize>()
+            .unwrap_or(0)
+    };
+
+    split.arm();
+    let items: Vec<(EnqueueOptions, Vec<u8>)> = (0..257)
+        .map(|i| (EnqueueOptions::default(), format!("job {i}").into_bytes()))
+        .collect();
+    let q = queue.clone();
+    let batch =
+        tokio::spawn(async move { q.enqueue_raw_batch("split", "task", 1, 3, items).await });
+    wait_until(
+        T,
+        "the first call ran, the rest of the pipeline held",
+        || {
+            let ran = split.held() == 1 && llen(&primary) == 256;
+            async move { ran }
+        },
+    )
+    .await;
+    assert!(primary.command(&["FAILOVER"]).unwrap().contains("OK"));
+    wait_until(T, "the primary demoted, the replica promoted", || {
+        let done = role_of(&primary) == "slave" && role_of(&replica) == "master";
+        async move { done }
+    })
+    .await;
+    sentinel.name(replica.port(), 2);
+    split.release();
+
+    let res = tokio::time::timeout(T, batch)
+        .await
+        .expect("the batch answers")
+        .unwrap();
+    let mut c = redis::Client::open(replica.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let ids: Vec<String> = redis::cmd("LRANGE")
+        .arg(&main)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+    assert_eq!(
+        ids.len(),
+        distinct.len(),
+        "ids pushed to main twice: {} entries, {} ids",
+        ids.len(),
+        distinct.len()
+    );
+    match res {
+        Err(QueueError::PartialBatch {
+            written,
+            total,
+            source,
+            ..
+        }) => {
+            assert_eq!((written.len(), total), (256, 257));
+            assert!(
+                matches!(*source, QueueError::ReadOnlyReplica { .. }),
+                "{source}"
+            );
+            for e in &written {
+                assert!(distinct.contains(&e.id.to_string()), "{} not in main", e.id);
+            }
+        }
+        other => panic!("expected the last call refused: {other:?}"),
+    }
+    assert_eq!(ids.len(), 256);
+}
+
+/// An application's ACL user on the data nodes without `ROLE` (`+@all
+/// -@dangerous`: `ROLE` is `@admin @dangerous`) connects through the
+/// sentinels: the node they name is taken as the primary, and the queue
+/// works. Before, every resolution failed on `ROLE` (`NOPERM`): such a user
+/// could never connect with a `redis-sentinel://` URL, while `redis://`
+/// worked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_url_works_for_a_user_without_role() {
+    init_tracing();
+    let _serial = serial().await;
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 1)).unwrap();
+    for i in 0..setup.len() {
+        let out = setup
+            .server_cli(
+                i,
+                &[
+                    "ACL",
+                    "SETUSER",
+                    "app",
+                    "on",
+                    ">app-secret",
+                    "~*",
+                    "&*",
+                    "+@all",
+                    "-@dangerous",
+                ],
+            )
+            .unwrap();
+        assert!(out.contains("OK"), "{out}");
+    }
+    let primary = setup.primary_index().unwrap();
+    let refused = setup
+        .server_cli(primary, &["--user", "app", "--pass", "app-secret", "ROLE"])
+        .unwrap();
+    assert!(refused.contains("NOPERM"), "ROLE is refused: {refused}");
+
+    let url = setup
+        .url()
+        .replace("redis-sentinel://", "redis-sentinel://app:app-secret@");
+    let queue = Queue::connect(&url).await.expect("connects without ROLE");
+    assert_eq!(
+        queue.connection().sentinel_primary(),
+        Some(format!("127.0.0.1:{}", setup.server(primary).port()))
+    );
+    let job = queue
+        .enqueue_raw(
+            "acl",
+            "task",
+            1,
+            3,
+            EnqueueOptions::default(),
+            b"payload".as_slice(),
+        )
+        .await
+        .expect("enqueued as the app user");
+    assert!(job.is_new());
+    assert_eq!(queue.stats("acl").await.unwrap().main, 1);
+}
+
+/// A Sentinel connection whose call lost its reply (the connection dropped
+/// at the `FCALL`) and whose primary then cannot be resolved in time (the
+/// sentinels name a node that accepts connections and never answers): an
+/// enqueue returns its error within `retry_window + response_timeout`
+/// (here 1 s + 1 s, checked with 5 s of margin as a hang detector). The
+/// connect timeout is 10 s, as a slow network may need. Before, the retry
+/// waited in the resolution, up to its connect timeout (10 s), before its
+/// response timeout was even looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_call_is_bounded_while_the_primary_cannot_be_resolved() {
+    init_tracing();
+    let _serial = serial().await;
+    let server = RedisServer::start().unwrap();
+    let proxy = queue_testkit::proxy::ReplyDropper::start(server.port()).unwrap();
+    let sentinel = FakeSentinel::start("mymaster", proxy.port(), 1).unwrap();
+    let cfg = queue_core::ConnectionConfig {
+        response_timeout: Duration::from_secs(1),
+        connection_timeout: Duration::from_secs(10),
+    };
+    let queue = Queue::connect_with(&sentinel.url(None), &cfg)
+        .await
+        .unwrap()
+        .with_retry_window(Duration::from_secs(1));
+    assert_eq!(queue.stats("hung").await.unwrap().main, 0);
+
+    proxy.hang_new_connections();
+    proxy.drop_next_reply();
+    let bound = queue.retry_window() + cfg.response_timeout + Duration::from_secs(5);
+    let enqueue = queue.enqueue_raw(
+        "hung",
+        "task",
+        1,
+        3,
+        EnqueueOptions::default(),
+        b"payload".as_slice(),
+    );
+    let err = tokio::time::timeout(bound, enqueue)
+        .await
+        .unwrap_or_else(|_| panic!("the enqueue still waited after {bound:?}"))
+        .expect_err("no primary to answer");
+    assert!(err.outcome_unknown(), "the first reply was lost: {err}");
+    assert_eq!(proxy.dropped(), 1);
 }

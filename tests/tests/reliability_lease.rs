@@ -969,3 +969,50 @@ async fn a_runner_retrying_its_result_stops_at_the_hard_stop() {
     );
     drop(nobody);
 }
+
+/// A `redis://` enqueue whose reply is lost (the connection dropped at the
+/// `FCALL`) while every new connection is accepted and never answered (a
+/// node that came back half up, an address whose proxy forwards nowhere):
+/// the retry waits for the client's reconnect, and returns within
+/// `retry_window + response_timeout` (1 s + 1 s here, checked with 5 s of
+/// margin as a hang detector), its outcome unknown (the job was written).
+/// Before, nothing bounded a call's wait for the reconnect but the
+/// client's own 4 attempts of `connection_timeout` (10 s here, as a slow
+/// network may need) and their backoff: over 40 s. (The reviewer's repro,
+/// with the default 5 s timeouts: 21 s instead of 10 s.)
+#[tokio::test]
+async fn an_enqueue_is_bounded_while_the_client_reconnects_to_a_server_that_never_answers() {
+    init_tracing();
+    let server = RedisServer::start().expect("redis-server starts");
+    let proxy = queue_testkit::proxy::ReplyDropper::start(server.port()).unwrap();
+    let cfg = ConnectionConfig {
+        response_timeout: Duration::from_secs(1),
+        connection_timeout: Duration::from_secs(10),
+    };
+    let queue = Queue::connect_with(&proxy.url(), &cfg)
+        .await
+        .unwrap()
+        .with_retry_window(Duration::from_secs(1));
+    assert_eq!(queue.stats("hung").await.unwrap().main, 0);
+
+    proxy.hang_new_connections();
+    proxy.drop_next_reply();
+    let bound = queue.retry_window() + cfg.response_timeout + Duration::from_secs(5);
+    let enqueue = queue.enqueue_raw(
+        "hung",
+        "task",
+        1,
+        3,
+        EnqueueOptions::default(),
+        b"payload".as_slice(),
+    );
+    let err = tokio::time::timeout(bound, enqueue)
+        .await
+        .unwrap_or_else(|_| panic!("the enqueue still waited after {bound:?}"))
+        .expect_err("no server answers");
+    assert!(err.outcome_unknown(), "the first reply was lost: {err}");
+    assert_eq!(proxy.dropped(), 1);
+    let mut conn = redis_conn(&server.url()).await;
+    let main: i64 = conn.llen(QueueKeys::new("hung").main).await.unwrap();
+    assert_eq!(main, 1, "the first send wrote the job");
+}

@@ -12,6 +12,7 @@ mod health;
 mod sentinel;
 mod single;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -19,6 +20,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::error::{QueueError, Result};
+use crate::scripts::library::{self, LoadGate};
 use cluster::connect_cluster;
 use sentinel::{SentinelConnection, SentinelTarget};
 use single::SingleConnection;
@@ -30,7 +32,7 @@ use single::SingleConnection;
 /// | call | upper bound |
 /// |---|---|
 /// | `Queue::connect*`, `Worker::build`, `Watchdog::connect`, `Admin::connect` | `connection_timeout` (the whole connect, retries included, also against a Redis that accepts TCP but never answers) |
-/// | one command or script (stats, admin reads, lock extend) | `response_timeout` |
+/// | one command or script (stats, admin reads, lock extend) | `response_timeout`, a wait for the client's reconnect (`redis://`) or for the primary's resolution (Sentinel) included |
 /// | `Queue::enqueue*` (one job) | `retry_window + response_timeout` (see `Queue::with_retry_window`) |
 /// | `Queue::enqueue_many`, `enqueue_batch`, `enqueue_raw_batch` | that per window of at most 2,048 jobs and 4 MiB (each window is one round trip with its own retries), plus each window's `WAIT` timeout when replicas are asked for |
 /// | `Lock::acquire` | `wait + 4 × response_timeout` (a call whose reply was lost is sent again, up to 3 times) |
@@ -79,12 +81,16 @@ impl Default for ConnectionConfig {
 /// are asked without authentication). The primary is resolved when
 /// connecting: every sentinel is asked, the named nodes are tried from the
 /// highest configuration epoch down, and a node is used only if `ROLE` says
-/// it is a primary. After an I/O error, a timeout or a `READONLY` reply (a
-/// demoted primary) the connection asks the sentinels again and switches to
-/// the new primary. A command refused with `READONLY` did not run, so it is
-/// sent once more to the new primary; any other error is returned to the
-/// caller (the command may or may not have run), and the next command uses
-/// the new primary. In the background, every `check_interval_ms` (default
+/// it is a primary (a user that may not run `ROLE`, `NOPERM`, takes the
+/// first named node that connects, and a `READONLY` from it makes the
+/// connection ask again). After an I/O error, a timeout or a `READONLY`
+/// reply (a demoted primary) the connection asks the sentinels again and
+/// switches to the new primary. A command refused with `READONLY` did not
+/// run, so it is sent once more to the new primary — a pipeline only when
+/// its first reply is `READONLY` (nothing of it ran; a later one means the
+/// commands before it ran, and the replies are returned as they are); any
+/// other error is returned to the caller (the command may or may not have
+/// run), and the next command uses the new primary. In the background, every `check_interval_ms` (default
 /// 500, 0 = never) a sentinel is asked whether the primary moved — after a
 /// controlled failover the old primary keeps accepting writes for seconds —
 /// and the connection switches when it did.
@@ -104,6 +110,11 @@ impl Default for ConnectionConfig {
 #[derive(Clone)]
 pub struct RedisConnection {
     kind: Kind,
+    /// One load of the function library at a time, its outcome shared with
+    /// the calls in flight meanwhile (`scripts/library.rs`): shared by every
+    /// connection of the process to the same URL (a fresh one for a
+    /// connection wrapped with `from_manager` / `from_cluster`).
+    library: Arc<LoadGate>,
 }
 
 #[derive(Clone)]
@@ -166,6 +177,7 @@ impl RedisConnection {
             let conn = connect_cluster(rest, cfg).await.map_err(err)?;
             return Ok(RedisConnection {
                 kind: Kind::Cluster(conn),
+                library: library::gate_for(&load_target(url)),
             });
         }
         if let Some(rest) = url.strip_prefix("redis-sentinel://") {
@@ -175,6 +187,7 @@ impl RedisConnection {
             conn.current().await.map_err(err)?;
             return Ok(RedisConnection {
                 kind: Kind::Sentinel(conn),
+                library: library::gate_for(&load_target(url)),
             });
         }
         let client = redis::Client::open(url).map_err(err)?;
@@ -183,11 +196,18 @@ impl RedisConnection {
             .set_connection_timeout(Some(cfg.connection_timeout))
             .set_number_of_retries(3)
             .set_max_delay(Duration::from_secs(2));
-        let conn = SingleConnection::connect(client, mgr_cfg, cfg.connection_timeout, redact(url))
-            .await
-            .map_err(err)?;
+        let conn = SingleConnection::connect(
+            client,
+            mgr_cfg,
+            cfg.connection_timeout,
+            cfg.response_timeout,
+            redact(url),
+        )
+        .await
+        .map_err(err)?;
         Ok(RedisConnection {
             kind: Kind::Single(conn),
+            library: library::gate_for(&load_target(url)),
         })
     }
 
@@ -197,6 +217,7 @@ impl RedisConnection {
     pub fn from_manager(conn: ConnectionManager) -> Self {
         RedisConnection {
             kind: Kind::Single(SingleConnection::wrap(conn)),
+            library: Arc::default(),
         }
     }
 
@@ -204,6 +225,7 @@ impl RedisConnection {
     pub fn from_cluster(conn: ClusterConnection) -> Self {
         RedisConnection {
             kind: Kind::Cluster(conn),
+            library: Arc::default(),
         }
     }
 
@@ -221,6 +243,11 @@ impl RedisConnection {
     /// id twice. One read more per call, on clusters only.
     pub(crate) fn may_resend(&self) -> bool {
         self.is_cluster()
+    }
+
+    /// The library loads' gate of this connection's server(s).
+    pub(crate) fn library_gate(&self) -> Arc<LoadGate> {
+        self.library.clone()
     }
 
     /// True for a Sentinel-managed primary (`redis-sentinel://`).
@@ -245,6 +272,33 @@ fn split_userinfo(rest: &str) -> (Option<&str>, &str) {
     match rest[..authority_end].rfind('@') {
         Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
         None => (None, rest),
+    }
+}
+
+/// The error of a call that got no reply within the response timeout
+/// although the connection's own timeout did not fire (it waited for a
+/// reconnect, or for the Sentinel primary to be resolved): the error a
+/// response timeout gives (an I/O `TimedOut`), so callers read it the same
+/// way — the command may have run ([`QueueError::outcome_unknown`]), and
+/// an enqueue retries it within its window.
+fn no_reply_within(limit: Duration) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("no reply within the response timeout ({limit:?}); the command may have run"),
+    ))
+}
+
+/// `call`, failed with [`no_reply_within`] once `limit` passed (no bound
+/// for `None`).
+async fn within<T>(
+    limit: Option<Duration>,
+    call: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> redis::RedisResult<T> {
+    match limit {
+        Some(limit) => tokio::time::timeout(limit, call)
+            .await
+            .unwrap_or_else(|_| Err(no_reply_within(limit))),
+        None => call.await,
     }
 }
 
@@ -293,6 +347,16 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
+/// What names a connection's server(s) for the library loads' gate: the URL
+/// without its credentials and its query (`redis://h:1/0`,
+/// `redis-sentinel://s1:1,s2:2/m`). Two users of one server share it.
+fn load_target(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let (_, rest) = split_userinfo(rest);
+    let rest = rest.split('?').next().unwrap_or_default();
+    format!("{scheme}://{rest}")
+}
+
 /// Connects with the given timeouts. Fails at once when Redis is unreachable.
 pub(crate) async fn connect(url: &str, cfg: &ConnectionConfig) -> Result<RedisConnection> {
     RedisConnection::connect(url, cfg).await
@@ -310,5 +374,10 @@ mod tests {
             redact("redis-sentinel://:pw@h:1/m"),
             "redis-sentinel://***@h:1/m"
         );
+        assert_eq!(
+            load_target("redis-sentinel://u:pw@s1:1,s2:2/m?check_interval_ms=0"),
+            "redis-sentinel://s1:1,s2:2/m"
+        );
+        assert_eq!(load_target("redis://:pw@h:1/0"), "redis://h:1/0");
     }
 }

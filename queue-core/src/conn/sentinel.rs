@@ -2,12 +2,15 @@
 //! through the sentinels, checked in the background, and replaced after a
 //! failover, an I/O error, a timeout or a `READONLY` reply (see
 //! [`RedisConnection`](super::RedisConnection) and docs/SCALE-OUT.md).
+//! Each call, a resolution it waits for included, is bounded by the
+//! response timeout.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use futures::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind,
@@ -16,7 +19,8 @@ use redis::{
 use tracing::{debug, info, warn};
 
 use super::health::{health_of, is_readonly_value, Health};
-use super::{invalid_url, split_userinfo, ConnectionConfig};
+use super::{invalid_url, no_reply_within, split_userinfo, ConnectionConfig};
+
 /// After a failed resolution, commands fail fast with the same error for
 /// this long instead of asking the sentinels again (a burst of callers during
 /// a failover then costs one round of sentinel queries, not one each).
@@ -127,9 +131,34 @@ struct SentinelShared {
     /// The primary in use; `None` after a failure until the next command
     /// resolves it again.
     current: RwLock<Option<Current>>,
-    /// Serializes resolutions; holds the last failed one (time, error).
-    resolving: tokio::sync::Mutex<Option<(Instant, RedisError)>>,
+    /// The resolution running, and the last failed one.
+    resolving: Mutex<Resolving>,
     generation: AtomicU64,
+}
+
+/// A resolution of the primary: a task of its own, awaited by every command
+/// that needs it.
+type Resolution = Shared<BoxFuture<'static, RedisResult<Current>>>;
+
+#[derive(Default)]
+struct Resolving {
+    /// The one running (one at a time).
+    running: Option<Resolution>,
+    /// The last failed one (time, error).
+    failed: Option<(Instant, RedisError)>,
+}
+
+/// Clears the running resolution when its task ends, however it ends.
+struct Running(Arc<SentinelShared>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0
+            .resolving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .running = None;
+    }
 }
 
 #[derive(Clone)]
@@ -158,7 +187,7 @@ impl SentinelConnection {
                 target,
                 cfg,
                 current: RwLock::new(None),
-                resolving: tokio::sync::Mutex::new(None),
+                resolving: Mutex::new(Resolving::default()),
                 generation: AtomicU64::new(0),
             }),
         };
@@ -240,20 +269,65 @@ impl SentinelConnection {
     }
 
     /// The primary to use, resolving it through the sentinels when needed.
+    ///
+    /// The resolution runs as a task of its own, one at a time, which every
+    /// command that needs it awaits: a command whose response timeout ends
+    /// meanwhile leaves it running for the next ones. (Awaited in the
+    /// command itself, a resolution slower than the response timeout — a
+    /// sentinel or a named node that accepts connections and never answers
+    /// costs up to `connection_timeout` each — was cancelled by every
+    /// command's timeout and never ended.)
     pub(super) async fn current(&self) -> RedisResult<Current> {
         if let Some(c) = self.read_current() {
             return Ok(c);
         }
-        let mut last_failure = self.shared.resolving.lock().await;
-        if let Some(c) = self.read_current() {
-            return Ok(c);
-        }
-        if let Some((at, e)) = last_failure.as_ref() {
-            if at.elapsed() < RESOLVE_BACKOFF {
-                return Err(e.clone());
+        let running = {
+            let mut resolving = self
+                .shared
+                .resolving
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(c) = self.read_current() {
+                return Ok(c);
             }
-        }
-        match self.resolve().await {
+            match &resolving.running {
+                Some(running) => running.clone(),
+                None => {
+                    if let Some((at, e)) = resolving.failed.as_ref() {
+                        if at.elapsed() < RESOLVE_BACKOFF {
+                            return Err(e.clone());
+                        }
+                    }
+                    let me = self.clone();
+                    let task = tokio::spawn(async move { me.resolve_and_use().await });
+                    let running = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(RedisError::from(std::io::Error::other(format!(
+                                "sentinel: the resolution of the primary failed: {e}"
+                            ))))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    resolving.running = Some(running.clone());
+                    running
+                }
+            }
+        };
+        running.await
+    }
+
+    /// Resolves the primary and uses it, or records the failure (the body
+    /// of the resolution task).
+    async fn resolve_and_use(&self) -> RedisResult<Current> {
+        let _running = Running(self.shared.clone());
+        let resolved = self.resolve().await;
+        let mut resolving = self
+            .shared
+            .resolving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match resolved {
             Ok((epoch, addr, conn)) => {
                 let generation = self.shared.generation.fetch_add(1, Ordering::SeqCst) + 1;
                 let cur = Current {
@@ -268,12 +342,12 @@ impl SentinelConnection {
                     .current
                     .write()
                     .unwrap_or_else(|p| p.into_inner()) = Some(cur.clone());
-                *last_failure = None;
+                resolving.failed = None;
                 Ok(cur)
             }
             Err(e) => {
                 debug!(master = %self.shared.target.master, error = %e, "sentinel: no usable primary yet");
-                *last_failure = Some((Instant::now(), e.clone()));
+                resolving.failed = Some((Instant::now(), e.clone()));
                 Err(e)
             }
         }
@@ -393,7 +467,21 @@ impl SentinelConnection {
         let mut conn = client
             .get_multiplexed_async_connection_with_config(&self.async_config())
             .await?;
-        let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+        let role: Vec<Value> = match redis::cmd("ROLE").query_async(&mut conn).await {
+            Ok(role) => role,
+            // An ACL user without `+role` (`ROLE` is `@admin @dangerous`: an
+            // app user `+@all -@dangerous` lacks it): the node the sentinels
+            // name, from the highest epoch, is taken as the primary. If it
+            // is not one (yet), its first write answers `READONLY` and the
+            // connection asks the sentinels again. Before, such a user could
+            // never connect (docs/OPERATIONS.md recommends `+role`).
+            Err(e) if e.code() == Some("NOPERM") => {
+                debug!(primary = %addr, error = %e,
+                    "sentinel: ROLE refused to this user; taking the node the sentinels name as the primary");
+                return Ok(conn);
+            }
+            Err(e) => return Err(e),
+        };
         match role.first() {
             Some(Value::BulkString(r)) if r == b"master" => Ok(conn),
             Some(Value::SimpleString(r)) if r == "master" => Ok(conn),
@@ -405,13 +493,20 @@ impl SentinelConnection {
         }
     }
 
+    /// Sends `cmd` to the primary, within the response timeout (a
+    /// resolution of the primary it waits for included); a `READONLY` reply
+    /// (the command did not run) is sent once more, to the primary the
+    /// sentinels then name.
     pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let limit = self.shared.cfg.response_timeout;
+        // `None`: a timeout too long for the clock, no bound.
+        let deadline = tokio::time::Instant::now().checked_add(limit);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let cur = self.current().await?;
+            let cur = by(deadline, limit, self.current()).await?;
             let mut conn = cur.conn.clone();
-            let res = conn.req_packed_command(cmd).await;
+            let res = by(deadline, limit, conn.req_packed_command(cmd)).await;
             match health_of(&res, is_readonly_value) {
                 Health::Fine => return res,
                 Health::Broken => {
@@ -428,18 +523,32 @@ impl SentinelConnection {
         }
     }
 
+    /// Sends a pipeline, within the response timeout as
+    /// [`command`](Self::command). A `READONLY` reply leaves the primary; the
+    /// pipeline is sent again (once) only when its *first* reply is
+    /// `READONLY` ([`resend_whole`]); otherwise the replies are returned as
+    /// they are, each refused command's `READONLY` with them, for the
+    /// caller's per-command handling.
     pub(super) async fn commands(
         &self,
         pipeline: &Pipeline,
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        let limit = self.shared.cfg.response_timeout;
+        // `None`: a timeout too long for the clock, no bound.
+        let deadline = tokio::time::Instant::now().checked_add(limit);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let cur = self.current().await?;
+            let cur = by(deadline, limit, self.current()).await?;
             let mut conn = cur.conn.clone();
-            let res = conn.req_packed_commands(pipeline, offset, count).await;
+            let res = by(
+                deadline,
+                limit,
+                conn.req_packed_commands(pipeline, offset, count),
+            )
+            .await;
             match health_of(&res, |vs: &Vec<Value>| vs.iter().any(is_readonly_value)) {
                 Health::Fine => return res,
                 Health::Broken => {
@@ -448,7 +557,7 @@ impl SentinelConnection {
                 }
                 Health::Demoted => {
                     self.invalidate(cur.generation, "READONLY: the primary was demoted");
-                    if attempt >= 2 {
+                    if attempt >= 2 || !resend_whole(&res) {
                         return res;
                     }
                 }
@@ -457,9 +566,63 @@ impl SentinelConnection {
     }
 }
 
+/// `call`, failed with the error of a response timeout (`limit`) at
+/// `deadline` (no bound for `None`).
+async fn by<T>(
+    deadline: Option<tokio::time::Instant>,
+    limit: Duration,
+    call: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, call)
+            .await
+            .unwrap_or_else(|_| Err(no_reply_within(limit))),
+        None => call.await,
+    }
+}
+
+/// Whether a pipeline answered `READONLY` may be sent again whole: only when
+/// its first reply is `READONLY`. Then nothing of it ran — the server was a
+/// replica when it read the first command, and a replica does not turn
+/// primary again between two commands of one pipeline — so every write is
+/// refused and sending it again runs it once. A `READONLY` after the first
+/// reply means the server was demoted mid-pipeline (`FAILOVER`,
+/// `REPLICAOF`): the commands before it ran. Before, the whole pipeline was
+/// sent again: an enqueue window's calls that had run were run again on the
+/// new primary, their generated ids (sent as fresh, with no dedupe read)
+/// written and pushed to main twice (DESIGN rule 5).
+fn resend_whole(res: &RedisResult<Vec<Value>>) -> bool {
+    match res {
+        Ok(replies) => replies.first().is_some_and(is_readonly_value),
+        // Which of its commands ran is not known.
+        Err(_) => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pipeline is sent again whole only when its first reply is
+    /// `READONLY` (nothing of it ran); one refused after its first command
+    /// ran (the server demoted mid-pipeline) is returned as it is.
+    #[test]
+    fn a_pipeline_is_sent_again_only_when_its_first_reply_is_readonly() {
+        let readonly = || {
+            redis::parse_redis_value(b"-READONLY You can't write against a read only replica.\r\n")
+                .unwrap()
+        };
+        assert!(is_readonly_value(&readonly()), "{:?}", readonly());
+        assert!(resend_whole(&Ok(vec![readonly(), readonly()])));
+        assert!(resend_whole(&Ok(vec![readonly(), Value::Okay])));
+        assert!(!resend_whole(&Ok(vec![Value::Int(1), readonly()])));
+        assert!(!resend_whole(&Ok(vec![Value::Okay, Value::Okay])));
+        assert!(!resend_whole(&Ok(vec![])));
+        assert!(!resend_whole(&Err(RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ReadOnly),
+            "READONLY"
+        )))));
+    }
 
     #[test]
     fn sentinel_urls_parse() {

@@ -16,6 +16,7 @@ use redis::{Cmd, Pipeline, RedisResult, Value};
 use tracing::{debug, info, warn};
 
 use super::health::{health_of, is_readonly_value, Health};
+use super::within;
 
 /// The first reconnect after a `READONLY` starts at once; while the server
 /// reached keeps answering `READONLY` (the name has not moved yet, or the URL
@@ -41,6 +42,17 @@ struct Shared {
     current: RwLock<Current>,
     /// Shared with the reconnect task's [`InFlight`] guard.
     reconnects: Arc<Mutex<Reconnects>>,
+    /// Bound of one whole call, a wait for the manager's reconnect included
+    /// (`None` for a wrapped manager: its settings are not known here).
+    /// The manager's own response timeout bounds only the round trip: a
+    /// call sent while it reconnects waits for the reconnect, up to its 4
+    /// attempts of `connection_timeout` each plus their backoff (21 s with
+    /// the defaults, against a server that accepts connections and never
+    /// answers). Before, nothing else bounded it: an enqueue whose reply
+    /// was lost took 21 s, not its documented `retry_window +
+    /// response_timeout`, and a worker's same-token fetch retry could run
+    /// after the fetch's receipt expired.
+    response_timeout: Option<Duration>,
 }
 
 struct Source {
@@ -113,10 +125,12 @@ impl Drop for InFlight {
 impl SingleConnection {
     /// Connects with `cfg`, within `timeout` (the caller bounds the first
     /// connect itself); `url` (password removed) names the server in logs.
+    /// Each call is bounded by `response_timeout`, reconnects included.
     pub(super) async fn connect(
         client: redis::Client,
         cfg: ConnectionManagerConfig,
         timeout: Duration,
+        response_timeout: Duration,
         url: String,
     ) -> RedisResult<Self> {
         let conn = ConnectionManager::new_with_config(client.clone(), cfg.clone()).await?;
@@ -128,16 +142,21 @@ impl SingleConnection {
                 url,
             }),
             conn,
+            Some(response_timeout),
         ))
     }
 
     /// Wraps a manager made elsewhere: it is never replaced (no URL to
     /// connect again to), only reconnects by itself after I/O errors.
     pub(super) fn wrap(conn: ConnectionManager) -> Self {
-        Self::new(None, conn)
+        Self::new(None, conn, None)
     }
 
-    fn new(source: Option<Source>, conn: ConnectionManager) -> Self {
+    fn new(
+        source: Option<Source>,
+        conn: ConnectionManager,
+        response_timeout: Option<Duration>,
+    ) -> Self {
         SingleConnection {
             shared: Arc::new(Shared {
                 source,
@@ -146,6 +165,7 @@ impl SingleConnection {
                     conn,
                 }),
                 reconnects: Arc::new(Mutex::new(Reconnects::default())),
+                response_timeout,
             }),
         }
     }
@@ -162,7 +182,8 @@ impl SingleConnection {
         self.current().conn.get_db()
     }
 
-    /// Sends `cmd`. A `READONLY` reply is returned as it is (the command did
+    /// Sends `cmd`, within the response timeout (a wait for a reconnect
+    /// included). A `READONLY` reply is returned as it is (the command did
     /// not run: a script's first write was refused, so it wrote nothing; the
     /// callers retry) and starts a reconnect for the next commands.
     pub(super) async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
@@ -170,14 +191,15 @@ impl SingleConnection {
             generation,
             mut conn,
         } = self.current();
-        let res = conn.req_packed_command(cmd).await;
+        let res = within(self.shared.response_timeout, conn.req_packed_command(cmd)).await;
         if health_of(&res, is_readonly_value) == Health::Demoted {
             self.demoted(generation);
         }
         res
     }
 
-    /// Sends a pipeline; `READONLY` as for [`command`](Self::command).
+    /// Sends a pipeline, within the response timeout; `READONLY` as for
+    /// [`command`](Self::command).
     pub(super) async fn commands(
         &self,
         pipeline: &Pipeline,
@@ -188,7 +210,11 @@ impl SingleConnection {
             generation,
             mut conn,
         } = self.current();
-        let res = conn.req_packed_commands(pipeline, offset, count).await;
+        let res = within(
+            self.shared.response_timeout,
+            conn.req_packed_commands(pipeline, offset, count),
+        )
+        .await;
         if health_of(&res, |vs: &Vec<Value>| vs.iter().any(is_readonly_value)) == Health::Demoted {
             self.demoted(generation);
         }

@@ -136,9 +136,13 @@ pub(crate) fn add_to(pipe: &mut Pipeline, keys: &QueueKeys, mode: Mode, jobs: &[
     call(keys, mode, jobs).add_to(pipe);
 }
 
-/// Loads the script (after a pipeline got NOSCRIPT).
-pub(crate) async fn load(conn: &mut RedisConnection) -> redis::RedisResult<()> {
-    SCRIPT.load(conn).await
+/// Loads the library after a pipeline sent at `sent` found it missing (or
+/// takes the outcome of a load that ended after: `library::load_after`).
+pub(crate) async fn load(
+    conn: &mut RedisConnection,
+    sent: std::time::Instant,
+) -> redis::RedisResult<()> {
+    super::library::load_after(conn, sent).await
 }
 
 /// One reply per job, in order: an integer (the run_at of a job written, as

@@ -364,7 +364,7 @@ async fn one_time_and_one_counter_per_call_and_no_dedupe_read_for_fresh_ids() {
         })
         .collect();
     // Loads the script outside the counted window.
-    let _: () = super::enqueue_many::load(&mut conn).await.unwrap();
+    super::library::load(&mut conn).await.unwrap();
     super::reset_command_stats(&mut conn).await;
     let replies = run(&mut conn, &keys, Mode::Each, &jobs).await.unwrap();
     assert_eq!(replies.len(), 20);

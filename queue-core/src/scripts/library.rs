@@ -20,6 +20,17 @@
 //! server without persistence, a new primary that never had it, a
 //! `FUNCTION FLUSH`) loads it and is sent again ([`super::Call::invoke`]).
 //!
+//! The load is single-flight: `FUNCTION LOAD` without `REPLACE` (one name
+//! is one text, so a library already there is this one: "already exists"
+//! is success, and Redis answers it before compiling anything), and one
+//! load at a time per server in a process ([`LoadGate`]), whose outcome
+//! every call that was in flight while it ran takes as its own. Before,
+//! every call that found the library missing sent `FUNCTION LOAD REPLACE`
+//! of the whole text (~225 KB): after a `FUNCTION FLUSH` or a restart
+//! without persistence, 1,000 calls in flight made 1,000 loads, seconds of
+//! Redis time that every other client waited behind, and 225 MB of
+//! replication stream.
+//!
 //! In the library the prelude's locals live as long as the library, not one
 //! call: every function starts with `call_begin()` (end of `prelude.lua`),
 //! which resets the per-call caches.
@@ -28,8 +39,10 @@
 //! needs that: producers in other languages (docs/PROTOCOL.md) and the
 //! operator scripts of `admin/` (rare, and some take a variable key count).
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::Instant;
 
 use redis::RedisResult;
 
@@ -131,17 +144,79 @@ fn build() -> Library {
     }
 }
 
-/// Loads the library (`FUNCTION LOAD REPLACE`: loading it again is
-/// harmless, and two processes may race to load it). On a cluster it goes to
-/// every primary.
+/// One load of the library at a time for one server (all the connections of
+/// the process to one URL share it: [`gate_for`]), and the outcome of the
+/// last one: when it ended, and how.
+#[derive(Default)]
+pub(crate) struct LoadGate {
+    last: tokio::sync::Mutex<Option<(Instant, RedisResult<()>)>>,
+}
+
+/// The gates of the servers this process talks to, by target (the URL
+/// without credentials); an entry lives as long as a connection holds it.
+static GATES: LazyLock<Mutex<HashMap<String, Weak<LoadGate>>>> = LazyLock::new(Default::default);
+
+/// The gate of `target`, shared with every other connection to it.
+pub(crate) fn gate_for(target: &str) -> Arc<LoadGate> {
+    let mut gates = GATES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(gate) = gates.get(target).and_then(Weak::upgrade) {
+        return gate;
+    }
+    gates.retain(|_, g| g.strong_count() > 0);
+    let gate = Arc::new(LoadGate::default());
+    gates.insert(target.to_string(), Arc::downgrade(&gate));
+    gate
+}
+
+/// Loads the library, or takes the outcome of a load that ended after
+/// `sent` (the moment the call that found it missing was sent: such a load
+/// ran while the call was in flight, or after it, and answers for it too).
+/// One load at a time per server ([`LoadGate`]): concurrent callers wait
+/// for the one running, then take its outcome — an OOM refusal included
+/// (the caller's `EVAL` fallback), and an error of the connection — instead
+/// of each sending the ~225 KB text again.
+pub(crate) async fn load_after(conn: &mut RedisConnection, sent: Instant) -> RedisResult<()> {
+    let gate = conn.library_gate();
+    let mut last = gate.last.lock().await;
+    if let Some((ended, outcome)) = last.as_ref() {
+        if *ended > sent {
+            return outcome.clone();
+        }
+    }
+    let outcome = load_text(conn).await;
+    *last = Some((Instant::now(), outcome.clone()));
+    outcome
+}
+
+/// Loads the library (through the gate: a load running meanwhile answers
+/// for this one). On a cluster it goes to every primary.
+#[cfg(test)]
 pub(crate) async fn load(conn: &mut RedisConnection) -> RedisResult<()> {
-    redis::cmd("FUNCTION")
+    load_after(conn, Instant::now()).await
+}
+
+/// `FUNCTION LOAD` of the text, without `REPLACE`: a library of this name
+/// holds this text (the name is the text's hash), so one already there is
+/// success. Redis answers "already exists" before compiling the text, and
+/// does not replicate the refusal: two processes racing to load it cost one
+/// compile and one copy in the replication stream, not one each.
+async fn load_text(conn: &mut RedisConnection) -> RedisResult<()> {
+    match redis::cmd("FUNCTION")
         .arg("LOAD")
-        .arg("REPLACE")
         .arg(LIBRARY.text.as_str())
         .query_async::<redis::Value>(conn)
         .await
-        .map(drop)
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_loaded_already(&e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `e` is Redis' "Library '<this library>' already exists".
+fn is_loaded_already(e: &redis::RedisError) -> bool {
+    e.to_string()
+        .contains(&format!("Library '{}' already exists", library_name()))
 }
 
 #[cfg(test)]
@@ -162,8 +237,15 @@ mod tests {
         assert_eq!(listed, files, "add the script to library.rs defs()");
     }
 
+    /// One name is one text (what lets a load skip `REPLACE`): the name's
+    /// hash is that of the text with the hash marked out.
     #[test]
     fn names_carry_the_hash_of_the_text() {
+        let marked = LIBRARY.text.replace(&LIBRARY.hash, HASH_MARK);
+        assert_eq!(
+            &redis::Script::new(&marked).get_hash()[..12],
+            LIBRARY.hash.as_str()
+        );
         assert_eq!(LIBRARY.hash.len(), 12);
         assert!(!LIBRARY.text.contains(HASH_MARK));
         assert_eq!(function_name("ack.lua"), format!("qc_{}_ack", LIBRARY.hash));
@@ -179,6 +261,9 @@ mod tests {
         let (_server, mut conn) = crate::scripts::test_redis().await;
         load(&mut conn).await.unwrap();
         load(&mut conn).await.expect("loading it again is harmless");
+        load_text(&mut conn)
+            .await
+            .expect("a library already there is success");
         let list: redis::Value = redis::cmd("FUNCTION")
             .arg("LIST")
             .arg("LIBRARYNAME")

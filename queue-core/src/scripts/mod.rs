@@ -242,8 +242,10 @@ macro_rules! lua_script {
 pub(crate) use lua_script;
 
 impl<const KEYS: usize> LuaScript<KEYS> {
-    /// Loads the library (`FUNCTION LOAD`), e.g. after a pipeline found it
-    /// missing ([`is_unloaded`]).
+    /// Loads the library (`FUNCTION LOAD`), for tests that count a call's
+    /// commands without the load (pipelines load it with
+    /// `library::load_after`).
+    #[cfg(test)]
     pub(crate) async fn load(&'static self, conn: &mut RedisConnection) -> RedisResult<()> {
         library::load(conn).await
     }
@@ -310,10 +312,15 @@ impl Call {
     /// load. Without it, a process whose library was not loaded (a new
     /// version deployed into a full Redis, a `FUNCTION FLUSH`) could never
     /// drain the queue that would free the memory.
+    ///
+    /// The load is single-flight (`library::load_after`): the calls in
+    /// flight when the library went missing wait for one load, then are
+    /// sent again; before, each sent its own `FUNCTION LOAD REPLACE`.
     pub(crate) async fn invoke(&self, conn: &mut RedisConnection) -> RedisResult<Value> {
         self.check_args();
+        let sent = std::time::Instant::now();
         match self.cmd.query_async(conn).await {
-            Err(e) if is_unloaded(&e) => match library::load(conn).await {
+            Err(e) if is_unloaded(&e) => match library::load_after(conn, sent).await {
                 Ok(()) => self.cmd.query_async(conn).await,
                 Err(load) if load.code() == Some("OOM") && self.def.runs_at_oom() => {
                     self.eval(conn).await
@@ -362,7 +369,7 @@ impl Call {
     }
 
     /// Adds the call to a pipeline. The caller handles a missing library for
-    /// the whole pipeline ([`is_unloaded`], [`LuaScript::load`], resend).
+    /// the whole pipeline ([`is_unloaded`], `library::load_after`, resend).
     pub(crate) fn add_to(self, pipe: &mut Pipeline) {
         self.check_args();
         pipe.add_command(self.cmd);
@@ -684,6 +691,128 @@ mod tests {
             .await
             .unwrap_err();
         assert!(!super::is_unloaded(&other), "{other}");
+    }
+
+    /// `INFO commandstats` of `FUNCTION LOAD`: (calls, failed_calls,
+    /// rejected_calls) since the last `CONFIG RESETSTAT`.
+    async fn function_loads(conn: &mut crate::conn::RedisConnection) -> (u64, u64, u64) {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let stat = |field| queue_testkit::command_stat(&info, "function|load", field);
+        (stat("calls"), stat("failed_calls"), stat("rejected_calls"))
+    }
+
+    /// 50 calls in flight on clones of one connection when the library goes
+    /// missing (`FUNCTION FLUSH`; a restart without persistence, a new
+    /// version's first calls): each finds it missing, one load runs, and
+    /// each call is sent again and answers. Before, every call sent its own
+    /// `FUNCTION LOAD REPLACE` of the whole library: 50 loads, each a compile
+    /// of ~225 KB of Lua that every other client waited behind and a copy in
+    /// the replication stream.
+    #[tokio::test]
+    async fn calls_that_find_the_library_missing_share_one_load() {
+        let (_server, mut conn) = super::test_redis().await;
+        let keys: Vec<_> = (0..50)
+            .map(|i| crate::keys::QueueKeys::new(&format!("herd{i}")))
+            .collect();
+        super::library::load(&mut conn).await.unwrap();
+        let _: () = redis::cmd("FUNCTION")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        super::reset_command_stats(&mut conn).await;
+        let calls = keys.iter().map(|k| {
+            let mut conn = conn.clone();
+            async move {
+                super::pause::SCRIPT
+                    .call([k.paused()])
+                    .invoke(&mut conn)
+                    .await
+            }
+        });
+        for reply in futures::future::join_all(calls).await {
+            reply.expect("each call answers after the load");
+        }
+        let (calls, failed, rejected) = function_loads(&mut conn).await;
+        assert!(
+            calls - failed <= 1,
+            "{} successful loads (calls {calls}, failed {failed}, rejected {rejected})",
+            calls - failed
+        );
+        assert!(calls + rejected <= 1, "one load sent: {calls} + {rejected}");
+        for k in &keys {
+            let paused: bool = redis::cmd("EXISTS")
+                .arg(k.paused())
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(paused, "{}", k.queue);
+        }
+    }
+
+    /// A process that finds the library there already (another process
+    /// loaded it between its call and its load) loads nothing: the load
+    /// without `REPLACE` answers "already exists", which is success, and
+    /// the server compiles nothing (no successful load counted).
+    #[tokio::test]
+    async fn a_library_already_loaded_is_not_loaded_again() {
+        let (_server, mut conn) = super::test_redis().await;
+        super::library::load(&mut conn).await.unwrap();
+        super::reset_command_stats(&mut conn).await;
+        let mut other = crate::conn::connect(&_server.url(), &Default::default())
+            .await
+            .unwrap();
+        super::library::load(&mut other)
+            .await
+            .expect("already there");
+        let (calls, failed, _) = function_loads(&mut conn).await;
+        assert_eq!((calls, failed), (1, 1), "refused as already there");
+    }
+
+    /// The same at `maxmemory` (`noeviction`): the one load is refused with
+    /// OOM, every call that waited for it takes that refusal and a call that
+    /// runs at OOM is sent as `EVAL` of its text (the queue still drains).
+    #[tokio::test]
+    async fn calls_that_find_the_library_missing_at_oom_share_the_refusal_and_run_as_eval() {
+        let (_server, mut conn) = super::test_redis().await;
+        let keys: Vec<_> = (0..20)
+            .map(|i| crate::keys::QueueKeys::new(&format!("full{i}")))
+            .collect();
+        for (name, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        super::reset_command_stats(&mut conn).await;
+        let calls = keys.iter().map(|k| {
+            let mut conn = conn.clone();
+            async move {
+                super::pause::SCRIPT
+                    .call([k.paused()])
+                    .invoke(&mut conn)
+                    .await
+            }
+        });
+        for reply in futures::future::join_all(calls).await {
+            reply.expect("a call that runs at OOM answers as EVAL");
+        }
+        let (calls, failed, rejected) = function_loads(&mut conn).await;
+        assert_eq!(calls - failed, 0, "nothing loaded at OOM");
+        assert!(
+            calls + rejected <= 1,
+            "one load tried: {calls} + {rejected}"
+        );
+        let evals = super::command_calls(&mut conn, "eval").await
+            + super::command_calls(&mut conn, "evalsha").await;
+        assert!(evals >= 20, "{evals} EVAL / EVALSHA");
     }
 
     #[test]

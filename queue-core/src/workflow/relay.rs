@@ -596,4 +596,43 @@ mod tests {
         assert!(busy.to_string().contains("BUSY"), "{busy}");
         assert!(is_transient(&busy), "{busy}");
     }
+
+    /// A server that lacks the function library answers a call's resend
+    /// `ERR Function not found` when the load reached another node (a
+    /// failover between the two) or the library was flushed in between:
+    /// not an error of the notices' data, retried by the next relay run
+    /// with every notice kept. Before, it was an `ERR` like a script's
+    /// refusal: the notices went to `relay:dead` for good.
+    #[test]
+    fn a_missing_function_library_is_transient() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let alone = redis::cmd("FCALL")
+            .arg(crate::scripts::relay_apply::SCRIPT.function.as_str())
+            .arg(0)
+            .query::<redis::Value>(&mut c)
+            .unwrap_err();
+        assert_eq!(alone.code(), Some("ERR"), "{alone}");
+        let alone = QueueError::redis("q", None, alone);
+        assert!(!alone.is_data_error(), "{alone}");
+        assert!(is_transient(&alone), "{alone}");
+        // The same reply as one of a pipeline's (a batch's calls).
+        let piped: Vec<redis::Value> = redis::pipe()
+            .cmd("PING")
+            .cmd("FCALL")
+            .arg("qc_none_x")
+            .arg(0)
+            .ignore_errors()
+            .query(&mut c)
+            .unwrap();
+        let redis::Value::ServerError(e) = piped[1].clone() else {
+            panic!("{piped:?}")
+        };
+        let piped = QueueError::redis("q", None, e.into());
+        assert!(!piped.is_data_error(), "{piped}");
+        assert!(is_transient(&piped), "{piped}");
+    }
 }

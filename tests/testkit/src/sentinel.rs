@@ -34,6 +34,7 @@
 //! had an answer from the new primary ([`SentinelSetup::wait_settled`]), and
 //! keeps the restarted node at `replica-priority 0` until it has synced.
 
+mod fake;
 mod switches;
 
 use std::io;
@@ -42,6 +43,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub use fake::FakeSentinel;
 pub use switches::Switch;
 use switches::SwitchLog;
 
