@@ -180,8 +180,15 @@ async fn newer_payload_waits_for_an_upgraded_worker_without_burning_attempts() {
     // and its one allowed attempt is not used.
     assert_given_back_unburned(&env, &id).await;
 
-    // The upgraded worker starts, announces version 2 and runs the job.
+    // The upgraded worker starts and announces version 2; the old one stops
+    // (a rolling deploy), and the upgraded one runs the job. While both
+    // run, each give-back by the old worker doubles the job's delay (up to
+    // a minute, by design: docs/OPERATIONS.md, rolling deploys), so which
+    // of the two fetched it decided whether the job ran within seconds or
+    // a minute: the test timed out under load.
     let new = start_worker(&env, Registration::of::<RenderV2>(), BOUND).await;
+    wait_announced(&env, "render:2").await;
+    old.stop().await;
     env.wait_completed(QUEUE, 1).await;
     assert_eq!(
         runs_of(&RAN_V2, &id),
@@ -198,7 +205,20 @@ async fn newer_payload_waits_for_an_upgraded_worker_without_burning_attempts() {
         .expect("HGETALL versions");
     assert!(versions.contains_key("render:1") && versions.contains_key("render:2"));
     new.stop().await;
-    old.stop().await;
+}
+
+/// Waits until a worker announced `field` (`type:version`) in the queue's
+/// versions hash.
+async fn wait_announced(env: &TestEnv, field: &str) {
+    let key = QueueKeys::new(QUEUE).versions();
+    for _ in 0..600 {
+        let at: Option<u64> = env.conn().await.hget(&key, field).await.expect("HGET");
+        if at.is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{field} never announced");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,6 +327,10 @@ async fn a_new_job_type_waits_for_a_worker_that_has_it_without_burning_attempts(
         .register(Registration::of::<Thumbnail>())
         .config(deploy_config(BOUND));
     let new = WorkerHandle::start(builder).await;
+    // The old worker stops once it did (see the test above: while both run,
+    // each give-back by the old one doubles the job's delay).
+    wait_announced(&env, "thumbnail:1").await;
+    old.stop().await;
     env.wait_completed(QUEUE, 1).await;
     assert_eq!(
         runs_of(&RAN_THUMBNAIL, &id),
@@ -315,7 +339,6 @@ async fn a_new_job_type_waits_for_a_worker_that_has_it_without_burning_attempts(
     );
     assert!(dead(&env).await.is_empty());
     new.stop().await;
-    old.stop().await;
 }
 
 /// A job type no live worker has announced (a typo in a producer, a rollout
