@@ -509,6 +509,52 @@ pub async fn redis_and_queue() -> (queue_testkit::RedisServer, String, queue_cor
     (server, url, queue)
 }
 
+/// The connection settings of the reconnect-bound tests: a 1 s response
+/// timeout, a 10 s connect timeout (longer than the bound, so only the
+/// response timeout can end the wait).
+pub fn reconnect_bound_config() -> queue_core::ConnectionConfig {
+    queue_core::ConnectionConfig {
+        response_timeout: Duration::from_secs(1),
+        connection_timeout: Duration::from_secs(10),
+    }
+}
+
+/// Connects `url` (through `proxy`) with [`reconnect_bound_config`] and a
+/// 1 s retry window, then loses the next reply and leaves every new
+/// connection unanswered: an enqueue must fail, outcome unknown, within
+/// retry window + response timeout (+5 s of slack for a loaded machine; a
+/// hang detector, not a timing check). Returns the queue for the caller's
+/// own checks.
+pub async fn enqueue_fails_within_the_bound_while_reconnecting(
+    url: &str,
+    proxy: &queue_testkit::proxy::ReplyDropper,
+) -> queue_core::Queue {
+    let cfg = reconnect_bound_config();
+    let queue = queue_core::Queue::connect_with(url, &cfg)
+        .await
+        .unwrap()
+        .with_retry_window(Duration::from_secs(1));
+    assert_eq!(queue.stats("hung").await.unwrap().main, 0);
+    proxy.hang_new_connections();
+    proxy.drop_next_reply();
+    let bound = queue.retry_window() + cfg.response_timeout + Duration::from_secs(5);
+    let enqueue = queue.enqueue_raw(
+        "hung",
+        "task",
+        1,
+        3,
+        queue_core::EnqueueOptions::default(),
+        b"payload".as_slice(),
+    );
+    let err = tokio::time::timeout(bound, enqueue)
+        .await
+        .unwrap_or_else(|_| panic!("the enqueue still waited after {bound:?}"))
+        .expect_err("nothing answers");
+    assert!(err.outcome_unknown(), "the first reply was lost: {err}");
+    assert_eq!(proxy.dropped(), 1);
+    queue
+}
+
 #[cfg(test)]
 mod tests {
     use super::ledger_conn;

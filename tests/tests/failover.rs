@@ -888,31 +888,6 @@ async fn a_sentinel_call_is_bounded_while_the_primary_cannot_be_resolved() {
     let server = RedisServer::start().unwrap();
     let proxy = queue_testkit::proxy::ReplyDropper::start(server.port()).unwrap();
     let sentinel = FakeSentinel::start("mymaster", proxy.port(), 1).unwrap();
-    let cfg = queue_core::ConnectionConfig {
-        response_timeout: Duration::from_secs(1),
-        connection_timeout: Duration::from_secs(10),
-    };
-    let queue = Queue::connect_with(&sentinel.url(None), &cfg)
-        .await
-        .unwrap()
-        .with_retry_window(Duration::from_secs(1));
-    assert_eq!(queue.stats("hung").await.unwrap().main, 0);
-
-    proxy.hang_new_connections();
-    proxy.drop_next_reply();
-    let bound = queue.retry_window() + cfg.response_timeout + Duration::from_secs(5);
-    let enqueue = queue.enqueue_raw(
-        "hung",
-        "task",
-        1,
-        3,
-        EnqueueOptions::default(),
-        b"payload".as_slice(),
-    );
-    let err = tokio::time::timeout(bound, enqueue)
-        .await
-        .unwrap_or_else(|_| panic!("the enqueue still waited after {bound:?}"))
-        .expect_err("no primary to answer");
-    assert!(err.outcome_unknown(), "the first reply was lost: {err}");
-    assert_eq!(proxy.dropped(), 1);
+    queue_tests::enqueue_fails_within_the_bound_while_reconnecting(&sentinel.url(None), &proxy)
+        .await;
 }

@@ -985,33 +985,7 @@ async fn an_enqueue_is_bounded_while_the_client_reconnects_to_a_server_that_neve
     init_tracing();
     let server = RedisServer::start().expect("redis-server starts");
     let proxy = queue_testkit::proxy::ReplyDropper::start(server.port()).unwrap();
-    let cfg = ConnectionConfig {
-        response_timeout: Duration::from_secs(1),
-        connection_timeout: Duration::from_secs(10),
-    };
-    let queue = Queue::connect_with(&proxy.url(), &cfg)
-        .await
-        .unwrap()
-        .with_retry_window(Duration::from_secs(1));
-    assert_eq!(queue.stats("hung").await.unwrap().main, 0);
-
-    proxy.hang_new_connections();
-    proxy.drop_next_reply();
-    let bound = queue.retry_window() + cfg.response_timeout + Duration::from_secs(5);
-    let enqueue = queue.enqueue_raw(
-        "hung",
-        "task",
-        1,
-        3,
-        EnqueueOptions::default(),
-        b"payload".as_slice(),
-    );
-    let err = tokio::time::timeout(bound, enqueue)
-        .await
-        .unwrap_or_else(|_| panic!("the enqueue still waited after {bound:?}"))
-        .expect_err("no server answers");
-    assert!(err.outcome_unknown(), "the first reply was lost: {err}");
-    assert_eq!(proxy.dropped(), 1);
+    queue_tests::enqueue_fails_within_the_bound_while_reconnecting(&proxy.url(), &proxy).await;
     let mut conn = redis_conn(&server.url()).await;
     let main: i64 = conn.llen(QueueKeys::new("hung").main).await.unwrap();
     assert_eq!(main, 1, "the first send wrote the job");

@@ -402,6 +402,35 @@ pub(crate) async fn test_redis() -> (queue_testkit::RedisServer, RedisConnection
     (server, conn)
 }
 
+/// One raw command's reply (tests: setting up or reading keys by hand).
+#[cfg(test)]
+pub(crate) async fn raw_cmd(conn: &mut RedisConnection, args: &[&str]) -> Value {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(conn).await.unwrap()
+}
+
+/// [`raw_cmd`] whose reply is a string or nil.
+#[cfg(test)]
+pub(crate) async fn raw_text(conn: &mut RedisConnection, args: &[&str]) -> Option<String> {
+    match raw_cmd(conn, args).await {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Value::Nil => None,
+        other => panic!("{args:?}: {other:?}"),
+    }
+}
+
+/// [`raw_cmd`] whose reply is an integer.
+#[cfg(test)]
+pub(crate) async fn raw_int(conn: &mut RedisConnection, args: &[&str]) -> i64 {
+    match raw_cmd(conn, args).await {
+        Value::Int(n) => n,
+        other => panic!("{args:?}: {other:?}"),
+    }
+}
+
 /// Starts the count of commands run (scripts' calls included) over:
 /// `CONFIG RESETSTAT`, for [`command_calls`].
 #[cfg(test)]

@@ -99,26 +99,15 @@ impl Fx {
     }
 
     async fn cmd(&mut self, args: &[&str]) -> Value {
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query_async(&mut self.conn).await.unwrap()
+        crate::scripts::raw_cmd(&mut self.conn, args).await
     }
 
     async fn text(&mut self, args: &[&str]) -> Option<String> {
-        match self.cmd(args).await {
-            Value::BulkString(b) => Some(String::from_utf8_lossy(&b).into_owned()),
-            Value::Nil => None,
-            other => panic!("{args:?}: {other:?}"),
-        }
+        crate::scripts::raw_text(&mut self.conn, args).await
     }
 
     async fn int(&mut self, args: &[&str]) -> i64 {
-        match self.cmd(args).await {
-            Value::Int(n) => n,
-            other => panic!("{args:?}: {other:?}"),
-        }
+        crate::scripts::raw_int(&mut self.conn, args).await
     }
 }
 
