@@ -63,11 +63,10 @@ pub(crate) fn call(keys: &QueueKeys, mode: Mode, jobs: &[ManyJob<'_>]) -> Call {
     call_in_mode(keys, mode, jobs)
 }
 
-/// The call for `jobs` with the script's `mode` argument as given (the
-/// documented `all` / `each` of producers in other languages, or their
-/// `:int` forms).
-pub(crate) fn call_in_mode(keys: &QueueKeys, mode: &str, jobs: &[ManyJob<'_>]) -> Call {
-    let mut call = SCRIPT
+/// The call's keys and numbered arguments for queue `keys` in `mode`,
+/// before the jobs (each job's fields follow as the repeated tail).
+pub(crate) fn call_head(keys: &QueueKeys, mode: &str) -> Call {
+    SCRIPT
         .call([
             keys.main.clone(),
             keys.delayed.clone(),
@@ -78,7 +77,14 @@ pub(crate) fn call_in_mode(keys: &QueueKeys, mode: &str, jobs: &[ManyJob<'_>]) -
         .arg(&keys.job_prefix)
         .arg(&keys.done_prefix)
         .arg(keys.once(""))
-        .arg(mode);
+        .arg(mode)
+}
+
+/// The call for `jobs` with the script's `mode` argument as given (the
+/// documented `all` / `each` of producers in other languages, or their
+/// `:int` forms).
+pub(crate) fn call_in_mode(keys: &QueueKeys, mode: &str, jobs: &[ManyJob<'_>]) -> Call {
+    let mut call = call_head(keys, mode);
     for m in jobs {
         let j = &m.job;
         call = call

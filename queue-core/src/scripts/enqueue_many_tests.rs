@@ -919,18 +919,7 @@ async fn raw_many(
     mode: &str,
     versions: &[&str],
 ) -> crate::Result<redis::Value> {
-    let mut call = super::enqueue_many::SCRIPT
-        .call([
-            keys.main.clone(),
-            keys.delayed.clone(),
-            keys.stats.clone(),
-            keys.wake.clone(),
-            keys.guard.clone(),
-        ])
-        .arg(&keys.job_prefix)
-        .arg(&keys.done_prefix)
-        .arg(keys.once(""))
-        .arg(mode);
+    let mut call = super::enqueue_many::call_head(keys, mode);
     for (i, v) in versions.iter().enumerate() {
         call = call
             .repeated_arg(format!("j{i}"))

@@ -741,6 +741,24 @@ mod tests {
     /// `FUNCTION LOAD REPLACE` of the whole library: 50 loads, each a compile
     /// of ~225 KB of Lua that every other client waited behind and a copy in
     /// the replication stream.
+    /// `pause.lua` for each queue of `keys`, all sent at once on clones of
+    /// `conn`: calls in flight together when the library is missing.
+    async fn pause_each_at_once(
+        conn: &crate::conn::RedisConnection,
+        keys: &[crate::keys::QueueKeys],
+    ) -> Vec<redis::RedisResult<redis::Value>> {
+        let calls = keys.iter().map(|k| {
+            let mut conn = conn.clone();
+            async move {
+                super::pause::SCRIPT
+                    .call([k.paused()])
+                    .invoke(&mut conn)
+                    .await
+            }
+        });
+        futures::future::join_all(calls).await
+    }
+
     #[tokio::test]
     async fn calls_that_find_the_library_missing_share_one_load() {
         let (_server, mut conn) = super::test_redis().await;
@@ -754,16 +772,7 @@ mod tests {
             .await
             .unwrap();
         super::reset_command_stats(&mut conn).await;
-        let calls = keys.iter().map(|k| {
-            let mut conn = conn.clone();
-            async move {
-                super::pause::SCRIPT
-                    .call([k.paused()])
-                    .invoke(&mut conn)
-                    .await
-            }
-        });
-        for reply in futures::future::join_all(calls).await {
+        for reply in pause_each_at_once(&conn, &keys).await {
             reply.expect("each call answers after the load");
         }
         let (calls, failed, rejected) = function_loads(&mut conn).await;
@@ -821,16 +830,7 @@ mod tests {
                 .unwrap();
         }
         super::reset_command_stats(&mut conn).await;
-        let calls = keys.iter().map(|k| {
-            let mut conn = conn.clone();
-            async move {
-                super::pause::SCRIPT
-                    .call([k.paused()])
-                    .invoke(&mut conn)
-                    .await
-            }
-        });
-        for reply in futures::future::join_all(calls).await {
+        for reply in pause_each_at_once(&conn, &keys).await {
             reply.expect("a call that runs at OOM answers as EVAL");
         }
         let (calls, failed, rejected) = function_loads(&mut conn).await;
