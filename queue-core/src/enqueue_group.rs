@@ -1,19 +1,21 @@
 //! Group commit of concurrent single enqueues on one [`Queue`](crate::Queue)
 //! (its clones share it, as they share the multiplexed connection).
 //!
-//! A call that finds no enqueue of its queue in flight leads the next call:
-//! it lets the scheduler run once (`yield_now`, no timer), then sends its own
-//! job with every call that joined meanwhile. Calls that arrive while one is
-//! in flight wait in the queue's lane; when the call in flight returns, the
-//! lane is handed on to a task that, after one scheduler turn of its own,
-//! sends everything waiting in one `enqueue_many.lua` call (at most
-//! [`MAX_JOBS_PER_CALL`](crate::scripts::enqueue_many::MAX_JOBS_PER_CALL)),
-//! and so on until the lane is empty. A call that returns with nobody
-//! waiting removes the lane at once, with no task: the next caller leads (a
-//! lone producer leads every call; a hand-on task per call cost it a spawn
-//! and a wake-up per enqueue, issue #12). A job waits at most for the call ahead
-//! of it and one scheduler turn; a trickle of enqueues sees no added latency
-//! beyond that turn. A full lane (4 calls' worth) sends the newcomer alone.
+//! The enqueues of one queue that overlap wait in the queue's lane, and the
+//! lane's calls go out one at a time: each `enqueue_many.lua` call carries
+//! everything waiting when it leaves (at most
+//! [`MAX_JOBS_PER_CALL`](crate::scripts::enqueue_many::MAX_JOBS_PER_CALL)).
+//! The lane's sender is one future, its *driver*, shared by every caller
+//! waiting in the lane: each caller awaits its own reply and, meanwhile,
+//! polls the driver, so the lane moves while any of its callers is polled
+//! and no caller depends on another being polled. The driver lets the
+//! scheduler run once (`yield_now`, no timer) before it takes the waiting
+//! jobs, sends them, answers each caller, and goes on with whoever joined
+//! meanwhile; a call that returns with nobody waiting removes the lane at
+//! once. No task is spawned: a lone producer sends each enqueue in its own
+//! future (issue #12: a hand-on task per call cost it a spawn and a wake-up
+//! per enqueue). A job waits at most for the call ahead of it and one
+//! scheduler turn. A full lane (4 calls' worth) sends the newcomer alone.
 //!
 //! The scheduler turn is what keeps the calls full under load: the callers a
 //! call just answered, when they enqueue again at once (a producer loop, a
@@ -28,28 +30,34 @@
 //! call gave them: their jobs were written); a failed call fails each of its
 //! callers with the error naming that caller's job. Retries follow
 //! `Queue::retry_window` (the shortest of the call's callers), with each
-//! job's own enqueue token, and never skip the dedupe reads; a call whose
-//! leader is cancelled mid-call is finished once in a task of its own
-//! (`InFlight`), unless a caller's retry window is zero.
+//! job's own enqueue token, and never skip the dedupe reads.
 //!
-//! One thing a caller must not do: keep an enqueue future alive without
-//! polling it while it waits for another enqueue on the same queue (e.g.
-//! `tokio::select!` on `&mut fut` whose other branch awaits a second
-//! enqueue). The calls behind a leader's in-flight call are answered when
-//! the leader's future is polled on (or dropped): such code waits for ever
-//! ("futurelock"). Poll every enqueue to its end or drop it, or use
-//! `with_group_commit(false)` for that handle. A change that sent every
-//! joined call from a task of its own (stop 44) lost the batching this
-//! module exists for (16 looping producers: 12–14 jobs per call instead of
-//! 16, callgrind-free count of `enqueue_many` calls) and was not kept; a
-//! design that lets the waiting callers drive the leader's call (a shared
-//! future) is the way to remove the hazard without that cost.
+//! A caller that stops waiting (cancelled, or its task panics) leaves its
+//! job in the lane: the lane's next call carries it, as before. When every
+//! caller of a lane has stopped waiting, the driver is dropped: a call in
+//! flight then is finished once in a task of its own (`InFlight`, unless a
+//! caller's retry window is zero), and jobs still waiting go with the call
+//! of the lane's next caller, which starts a new driver.
+//!
+//! Before (stops 28–44), the first caller of a lane sent its calls inside
+//! its own future and the others waited for it: an enqueue future kept alive
+//! without being polled while its task awaited another enqueue on the same
+//! queue (`tokio::select!` on `&mut fut`) held up every enqueue that joined
+//! it, for ever in one task (a "futurelock"); a stop-44 change that sent
+//! joined calls from a task of their own removed that but lost the batching
+//! (16 looping producers: 12–14 jobs per call instead of 16), and was not
+//! kept.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 use std::time::Duration;
 
+use futures::future::{BoxFuture, Shared, WeakShared};
 use futures::FutureExt;
 use tokio::sync::oneshot;
 use tracing::{debug, error};
@@ -84,17 +92,77 @@ struct Waiter {
     tx: oneshot::Sender<Result<EnqueueReply>>,
 }
 
-/// The enqueues of one queue waiting behind the call in flight. A lane
-/// exists while a call is in flight (its presence is the "in flight" flag).
+/// A lane's sender ([`drive`]), shared by the callers waiting in the lane,
+/// with the scheduler turns it waits ([`Turns`]).
+#[derive(Clone)]
+struct Driver {
+    future: Shared<BoxFuture<'static, ()>>,
+    turns: Arc<Turns>,
+}
+
+/// The scheduler turns of one driver: turn `n` has passed once `passed`
+/// reaches `n` ([`SchedulerTurn`]).
+#[derive(Default)]
+struct Turns {
+    /// The number of the turn the driver waits on (or last waited on).
+    started: AtomicU64,
+    /// The highest turn known to have passed.
+    passed: AtomicU64,
+    /// The last turn whose deferred wake came at once (no scheduler on the
+    /// thread that started it): its pollers' second polls end it.
+    immediate: AtomicU64,
+}
+
+impl Driver {
+    /// Polls the driver for a poller that last saw it wait on turn `seen`:
+    /// in a turn without a deferred wake (see [`SchedulerTurn`]), a poller
+    /// polled again within it was woken and run again since, so the turn
+    /// has passed.
+    fn poll_for(&mut self, seen: &mut Option<u64>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let turns = &self.turns;
+        let turn = turns.started.load(Ordering::Acquire);
+        if *seen == Some(turn) && turns.immediate.load(Ordering::Acquire) == turn {
+            turns.pass(turn);
+        }
+        let polled = Pin::new(&mut self.future).poll(cx);
+        if polled.is_pending() {
+            *seen = Some(self.turns.started.load(Ordering::Acquire));
+        }
+        polled
+    }
+
+    /// Polls the driver to its end (a task a dropped driver hands its lane
+    /// to).
+    async fn run(mut self) {
+        let mut seen = None;
+        std::future::poll_fn(move |cx| self.poll_for(&mut seen, cx)).await
+    }
+}
+
+impl Turns {
+    fn pass(&self, turn: u64) {
+        self.passed.fetch_max(turn, Ordering::AcqRel);
+    }
+}
+
+/// The enqueues of one queue waiting for the lane's next call. A lane exists
+/// while its driver has work (its presence is the "in flight" flag).
 #[derive(Default)]
 struct Lane {
     waiting: Vec<Waiter>,
+    /// The lane's driver, held by its waiting callers only: when all of them
+    /// have stopped waiting it is dropped and this no longer upgrades.
+    driver: Option<(WeakShared<BoxFuture<'static, ()>>, Arc<Turns>)>,
+    /// Which driver `driver` is (see [`DriverEnd`]).
+    generation: u64,
 }
 
 /// The lanes of one `Queue` and its clones, one per queue name.
 #[derive(Default)]
 pub(crate) struct GroupCommit {
     lanes: Mutex<HashMap<String, Lane>>,
+    /// Numbers the drivers, so that a dropped one touches only its own lane.
+    generations: AtomicU64,
 }
 
 /// Waiters beyond this many (per queue) send alone: bounded memory.
@@ -102,15 +170,11 @@ const MAX_WAITING: usize = 4 * MAX_JOBS_PER_CALL;
 
 /// What [`GroupCommit::admit`] decided for a call.
 enum Admit {
-    /// Nothing in flight: the caller runs the lane's next call itself
-    /// ([`Turn::send_waiting`]: its own job and whoever joined within one
-    /// scheduler turn), then awaits its own reply; the turn hands the lane on
-    /// when dropped.
-    Lead(oneshot::Receiver<Result<EnqueueReply>>, Turn),
-    /// Joined the next call: await the reply.
-    Joined(oneshot::Receiver<Result<EnqueueReply>>),
-    /// The lane is full: send alone, outside the group.
-    Alone(PendingJob),
+    /// Waits in the lane: await the reply while driving the lane.
+    Wait(oneshot::Receiver<Result<EnqueueReply>>, Driver),
+    /// The lane is full: send alone, outside the group (boxed: the rare
+    /// case keeps the common one small).
+    Alone(Box<PendingJob>),
 }
 
 impl GroupCommit {
@@ -118,8 +182,8 @@ impl GroupCommit {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Enqueues `job` through the lane of `queue`: leads its next call,
-    /// joins it, or (the lane full) goes alone; answers the job's own reply.
+    /// Enqueues `job` through the lane of `queue` (or, the lane full, alone)
+    /// and answers the job's own reply.
     pub(crate) async fn enqueue(
         self: &Arc<Self>,
         conn: &RedisConnection,
@@ -127,20 +191,67 @@ impl GroupCommit {
         job: PendingJob,
     ) -> Result<EnqueueReply> {
         let id = job.id.clone();
-        let rx = match self.admit(conn, &keys, job) {
-            Admit::Lead(rx, turn) => {
-                turn.send_waiting().await;
-                rx
-            }
-            Admit::Joined(rx) => rx,
-            Admit::Alone(job) => return send_alone(conn, &keys, &job).await,
+        match self.admit(conn, &keys, job) {
+            Admit::Wait(rx, driver) => reply_driving(rx, driver)
+                .await
+                .unwrap_or_else(|_| Err(abandoned(&keys.queue, &id))),
+            Admit::Alone(job) => send_alone(conn, &keys, &job).await,
+        }
+    }
+
+    /// Puts `job` in the lane of its queue and hands back the lane's driver,
+    /// starting one when the lane has none (a new lane, or one whose callers
+    /// all stopped waiting: its jobs go with this caller's call). A full lane
+    /// with a driver sends `job` alone.
+    fn admit(
+        self: &Arc<Self>,
+        conn: &RedisConnection,
+        keys: &Arc<QueueKeys>,
+        job: PendingJob,
+    ) -> Admit {
+        let mut lanes = self.lanes();
+        let lane = match lanes.get_mut(&keys.queue) {
+            Some(lane) => lane,
+            None => lanes.entry(keys.queue.clone()).or_default(),
         };
-        rx.await
-            .unwrap_or_else(|_| Err(abandoned(&keys.queue, &id)))
+        let live = lane.driver.as_ref().and_then(|(future, turns)| {
+            Some(Driver {
+                future: future.upgrade()?,
+                turns: turns.clone(),
+            })
+        });
+        if live.is_some() && lane.waiting.len() >= MAX_WAITING {
+            // The lock first: were this the driver's last handle, its drop
+            // would take the lock.
+            drop(lanes);
+            drop(live);
+            return Admit::Alone(Box::new(job));
+        }
+        let (tx, rx) = oneshot::channel();
+        lane.waiting.push(Waiter { job, tx });
+        let driver = live.unwrap_or_else(|| DriverEnd::start(self, conn, keys, lane, false));
+        Admit::Wait(rx, driver)
+    }
+
+    /// Takes the next call's worth of the lane's jobs; an empty lane is
+    /// removed instead (`None`), in one hold of the lock, so that no caller
+    /// can join it in between.
+    fn take(&self, queue: &str) -> Option<Vec<Waiter>> {
+        let mut lanes = self.lanes();
+        match lanes.get_mut(queue) {
+            Some(lane) if !lane.waiting.is_empty() => {
+                let n = lane.waiting.len().min(MAX_JOBS_PER_CALL);
+                Some(lane.waiting.drain(..n).collect())
+            }
+            _ => {
+                lanes.remove(queue);
+                None
+            }
+        }
     }
 
     /// Removes the lane of `queue` when nobody waits in it (true), in one
-    /// hold of the lock, so that no caller can join it in between.
+    /// hold of the lock.
     fn close_if_idle(&self, queue: &str) -> bool {
         let mut lanes = self.lanes();
         let idle = lanes.get(queue).is_none_or(|lane| lane.waiting.is_empty());
@@ -149,128 +260,227 @@ impl GroupCommit {
         }
         idle
     }
+}
 
-    fn admit(
-        self: &Arc<Self>,
-        conn: &RedisConnection,
-        keys: &Arc<QueueKeys>,
-        job: PendingJob,
-    ) -> Admit {
-        let mut lanes = self.lanes();
-        match lanes.get_mut(&keys.queue) {
-            None => {
-                let (tx, rx) = oneshot::channel();
-                lanes.insert(
-                    keys.queue.clone(),
-                    Lane {
-                        waiting: vec![Waiter { job, tx }],
-                    },
-                );
-                Admit::Lead(rx, Turn::lead(self.clone(), conn.clone(), keys.clone()))
-            }
-            Some(lane) if lane.waiting.len() < MAX_WAITING => {
-                let (tx, rx) = oneshot::channel();
-                lane.waiting.push(Waiter { job, tx });
-                Admit::Joined(rx)
-            }
-            Some(_) => Admit::Alone(job),
+/// Awaits `rx`, polling the lane's `driver` meanwhile (it answers `rx`).
+async fn reply_driving(
+    mut rx: oneshot::Receiver<Result<EnqueueReply>>,
+    driver: Driver,
+) -> std::result::Result<Result<EnqueueReply>, oneshot::error::RecvError> {
+    let mut driver = Some(driver);
+    let mut seen = None;
+    std::future::poll_fn(move |cx| loop {
+        if let Poll::Ready(reply) = Pin::new(&mut rx).poll(cx) {
+            return Poll::Ready(reply);
         }
+        // A finished driver has answered (or dropped) every sender it took,
+        // this one included: `rx` is ready on the next turn of the loop.
+        match driver.as_mut().map(|d| d.poll_for(&mut seen, cx)) {
+            Some(Poll::Ready(())) => driver = None,
+            _ => return Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// A lane's sender: one scheduler turn, then the waiting jobs in one call,
+/// each caller answered; again while jobs wait, and the lane removed when
+/// none do. Polled by the lane's waiting callers ([`reply_driving`]).
+async fn drive(mut end: DriverEnd) {
+    let sent = AssertUnwindSafe(async {
+        let (group, conn, keys, turns) = (&end.group, &end.conn, &end.keys, &end.turns);
+        loop {
+            SchedulerTurn::new(turns).await;
+            let Some(batch) = group.take(&keys.queue) else {
+                return;
+            };
+            debug!(queue = %keys.queue, jobs = batch.len(), "group commit");
+            InFlight::new(conn.clone(), keys.clone(), batch)
+                .answer(true)
+                .await;
+            if group.close_if_idle(&keys.queue) {
+                return;
+            }
+        }
+    })
+    .catch_unwind()
+    .await;
+    if sent.is_err() {
+        // Not the sending (`InFlight::answer` catches its panics): a bug of
+        // the lane itself. Its waiters get `abandoned` rather than a driver
+        // that panics for every caller after.
+        error!(queue = %end.keys.queue,
+            "group commit lane panicked; its waiting callers are answered with an error");
+        end.remove_lane(|_| true);
+    }
+    end.finished = true;
+}
+
+/// One scheduler turn of a driver, whoever polls it: it ends at the first
+/// poll after the runtime ran every task ready now and read the
+/// connections' replies (a deferred wake, as `tokio::task::yield_now`
+/// registers). Where there is no scheduler to defer to (the thread of a
+/// multi-threaded runtime's `block_on`, another executor), the wake comes at
+/// once, and the turn ends once a caller of the lane has been woken and
+/// polled again ([`Driver::poll_for`]): the callers polled with it (a
+/// `join_all` of producers) have joined by then. `yield_now` itself ends at
+/// its second poll: in a driver shared by the callers of a lane, the next
+/// caller's poll ended it before the others had enqueued (16 producers
+/// joined in one future: two calls per round instead of one). Ending every
+/// turn at a caller's second poll instead cost the batching of producers in
+/// tasks of their own (a caller that answered itself is woken again at
+/// once): 9.7 jobs per call instead of 15 for 16 of them on two threads.
+struct SchedulerTurn<'a> {
+    turns: &'a Arc<Turns>,
+    /// The turn waited on, once started.
+    turn: Option<u64>,
+}
+
+impl<'a> SchedulerTurn<'a> {
+    fn new(turns: &'a Arc<Turns>) -> Self {
+        SchedulerTurn { turns, turn: None }
     }
 }
 
-/// The right to send the next call of a lane. Dropped (after its call
-/// returned, or when its task is cancelled or panics), it hands the lane on
-/// to a task that sends what waits then, or removes the lane when none wait.
-pub(crate) struct Turn {
+/// The deferred wake of a turn: marks it passed (unless it came at once,
+/// while it was being registered) and wakes the driver's pollers.
+struct TurnWaker {
+    turns: Arc<Turns>,
+    turn: u64,
+    /// Registered: a wake now is the deferred one.
+    armed: AtomicBool,
+    then: std::task::Waker,
+}
+
+impl std::task::Wake for TurnWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.armed.load(Ordering::Acquire) {
+            self.turns.pass(self.turn);
+        } else {
+            self.turns.immediate.store(self.turn, Ordering::Release);
+        }
+        self.then.wake_by_ref();
+    }
+}
+
+impl Future for SchedulerTurn<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        if let Some(turn) = self.turn {
+            return match self.turns.passed.load(Ordering::Acquire) >= turn {
+                true => Poll::Ready(()),
+                false => Poll::Pending,
+            };
+        }
+        let turn = self.turns.started.fetch_add(1, Ordering::AcqRel) + 1;
+        let waker = Arc::new(TurnWaker {
+            turns: self.turns.clone(),
+            turn,
+            armed: AtomicBool::new(false),
+            then: cx.waker().clone(),
+        });
+        let deferred = std::task::Waker::from(waker.clone());
+        let _ = std::pin::pin!(tokio::task::yield_now())
+            .poll(&mut std::task::Context::from_waker(&deferred));
+        waker.armed.store(true, Ordering::Release);
+        self.turn = Some(turn);
+        Poll::Pending
+    }
+}
+
+/// A driver's lane and what the driver leaves when it ends: nothing when it
+/// finished (it removed its lane). Dropped unfinished (every caller of its
+/// lane stopped waiting, or its runtime ended), it removes its lane if
+/// nobody waits in it, and otherwise hands the waiting jobs (cancelled
+/// callers' jobs, sent as before) to a new driver in a task of its own; that
+/// one, dropped unfinished in its turn (a runtime shutting down drops it
+/// inside the `spawn`), removes the lane: its waiters get `abandoned`.
+struct DriverEnd {
     group: Arc<GroupCommit>,
     conn: RedisConnection,
     /// The keys of the lane's queue (`keys.queue` names the lane).
     keys: Arc<QueueKeys>,
-    state: TurnState,
+    /// The driver's scheduler turns (shared with its callers).
+    turns: Arc<Turns>,
+    /// Which driver of the lane this is ([`Lane::generation`]).
+    generation: u64,
+    /// Runs in a task a dropped driver handed its lane to.
+    handed_on: bool,
+    finished: bool,
 }
 
-/// What dropping a [`Turn`] does.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum TurnState {
-    /// A lead's turn, or one that sent (or is sending) a call: hand the lane
-    /// on (a lead cancelled by its caller leaves its job and the joined ones
-    /// to the next turn, as a cancelled waiter leaves its job in the lane).
-    Sent,
-    /// A hand-on task not yet run (dropped unrun: its runtime is shutting
-    /// down): remove the lane, so its waiters get `abandoned`.
-    Fresh,
-    /// It found the lane empty and removed it: nothing left to do.
-    Closed,
-}
+impl DriverEnd {
+    /// Starts a driver for `lane` (of `group`), recorded as the lane's one.
+    fn start(
+        group: &Arc<GroupCommit>,
+        conn: &RedisConnection,
+        keys: &Arc<QueueKeys>,
+        lane: &mut Lane,
+        handed_on: bool,
+    ) -> Driver {
+        let generation = group.generations.fetch_add(1, Ordering::Relaxed);
+        let turns = Arc::new(Turns::default());
+        let end = DriverEnd {
+            group: group.clone(),
+            conn: conn.clone(),
+            keys: keys.clone(),
+            turns: turns.clone(),
+            generation,
+            handed_on,
+            finished: false,
+        };
+        let future = drive(end).boxed().shared();
+        lane.driver = future.downgrade().map(|weak| (weak, turns.clone()));
+        lane.generation = generation;
+        Driver { future, turns }
+    }
 
-impl Turn {
-    /// The turn of a caller that found no lane (its job is the lane's first).
-    fn lead(group: Arc<GroupCommit>, conn: RedisConnection, keys: Arc<QueueKeys>) -> Self {
-        Turn {
-            group,
-            conn,
-            keys,
-            state: TurnState::Sent,
+    /// Removes this driver's lane when `when` holds for it (its waiters then
+    /// get `abandoned`: outcome unknown).
+    fn remove_lane(&self, when: impl FnOnce(&Lane) -> bool) {
+        let mut lanes = self.group.lanes();
+        if lanes
+            .get(&self.keys.queue)
+            .is_some_and(|l| l.generation == self.generation && when(l))
+        {
+            lanes.remove(&self.keys.queue);
         }
     }
 }
 
-impl Drop for Turn {
+impl Drop for DriverEnd {
     fn drop(&mut self) {
-        match self.state {
-            TurnState::Closed => {}
-            TurnState::Sent => match tokio::runtime::Handle::try_current() {
-                // Nobody joined while the call was in flight: the lane goes
-                // now, and the next caller leads (its own scheduler turn
-                // gathers whoever comes with it), instead of a hand-on task
-                // per call that yields, finds the lane empty and removes it
-                // (a task spawn and a wake-up per call of a lone producer).
-                Ok(_) if self.group.close_if_idle(&self.keys.queue) => {}
-                Ok(rt) => {
-                    let next = Turn {
-                        group: self.group.clone(),
-                        conn: self.conn.clone(),
-                        keys: self.keys.clone(),
-                        state: TurnState::Fresh,
-                    };
-                    drop(rt.spawn(next.send_waiting()));
-                }
-                // No runtime (it is shutting down): dropping the waiters drops
-                // their senders; each caller gets `abandoned` (outcome unknown).
-                Err(_) => drop(self.group.lanes().remove(&self.keys.queue)),
-            },
-            TurnState::Fresh => drop(self.group.lanes().remove(&self.keys.queue)),
+        if self.finished {
+            return;
         }
-    }
-}
-
-impl Turn {
-    /// Sends one call with the lane's waiters (at most one call's worth) and
-    /// answers each; dropping `self` then hands the lane on. One scheduler
-    /// turn first, so that callers just answered can join (module doc); an
-    /// empty lane then is removed. A lead awaits it in its own task; a
-    /// hand-on runs it in a task of its own.
-    async fn send_waiting(mut self) {
-        tokio::task::yield_now().await;
-        let batch: Vec<Waiter> = {
-            let mut lanes = self.group.lanes();
-            match lanes.get_mut(&self.keys.queue) {
-                Some(lane) if !lane.waiting.is_empty() => {
-                    let n = lane.waiting.len().min(MAX_JOBS_PER_CALL);
-                    lane.waiting.drain(..n).collect()
-                }
-                _ => {
-                    lanes.remove(&self.keys.queue);
-                    self.state = TurnState::Closed;
-                    return;
-                }
+        let rt = match tokio::runtime::Handle::try_current() {
+            Ok(rt) if !self.handed_on => rt,
+            _ => {
+                self.remove_lane(|_| true);
+                return;
             }
         };
-        self.state = TurnState::Sent;
-        debug!(queue = %self.keys.queue, jobs = batch.len(), "group commit");
-        InFlight::new(self.conn.clone(), self.keys.clone(), batch)
-            .answer(true)
-            .await;
+        let mut lanes = self.group.lanes();
+        let Some(lane) = lanes
+            .get_mut(&self.keys.queue)
+            .filter(|l| l.generation == self.generation)
+        else {
+            return;
+        };
+        if lane.waiting.is_empty() {
+            lanes.remove(&self.keys.queue);
+            return;
+        }
+        let next = DriverEnd::start(&self.group, &self.conn, &self.keys, lane, true);
+        // The lock first: a runtime shutting down drops `next` inside the
+        // `spawn`, and its drop takes the lock.
+        drop(lanes);
+        drop(rt.spawn(next.run()));
     }
 }
 
@@ -614,5 +824,50 @@ mod tests {
             assert!(err.outcome_unknown(), "{err}");
             assert!(err.to_string().contains("panicked"), "{err}");
         }
+    }
+
+    /// A call dropped while in flight with callers of both kinds (its lane's
+    /// driver dropped: every caller of the lane stopped waiting): the
+    /// callers with a zero retry window get "outcome unknown" and their jobs
+    /// are not sent again; the others are sent again in a task of their own
+    /// and answered. Before, one zero window in a call took the resend from
+    /// every caller of it. (Callers still waiting keep driving their call,
+    /// so a cancel no longer drops a call with a caller still listening:
+    /// this is the rule, pinned without the lane.)
+    #[tokio::test]
+    async fn a_dropped_call_resends_only_its_callers_with_a_retry_window() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        let keys = Arc::new(QueueKeys::new("tasks"));
+        let job = |id: &str, retry_window| PendingJob {
+            job_type: "send".to_string(),
+            payload: b"\x80".to_vec(),
+            token: format!("token-{id}"),
+            retry_window,
+            ..pending(id)
+        };
+        let (once_tx, once_rx) = oneshot::channel();
+        let (again_tx, again_rx) = oneshot::channel();
+        let batch = vec![
+            Waiter {
+                job: job("once", Duration::ZERO),
+                tx: once_tx,
+            },
+            Waiter {
+                job: job("again", Duration::from_secs(5)),
+                tx: again_tx,
+            },
+        ];
+        drop(InFlight::new(conn.clone(), keys.clone(), batch));
+        let err = once_rx.await.expect("answered").unwrap_err();
+        assert!(err.outcome_unknown(), "{err}");
+        assert_eq!(err.job_id().map(JobId::as_str), Some("once"), "{err}");
+        assert!(err.to_string().contains("zero retry window"), "{err}");
+        let again = again_rx.await.expect("answered").expect("sent again");
+        assert!(matches!(again, EnqueueReply::Created { .. }), "{again:?}");
+        let mut c = conn.clone();
+        let main: Vec<String> = redis::AsyncCommands::lrange(&mut c, &keys.main, 0, -1)
+            .await
+            .unwrap();
+        assert_eq!(main, ["again"]);
     }
 }

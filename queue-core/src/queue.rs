@@ -149,19 +149,19 @@ impl Queue {
     /// clones waits for it, then goes to Redis in one `enqueue_many.lua`
     /// call with every call that arrived meanwhile (at most 256), instead
     /// of one script call each. A call with nothing in flight is sent after
-    /// one scheduler turn (`yield_now`, no timer: the calls that arrive in
-    /// that turn go with it), so a trickle of enqueues sees no added latency
+    /// one scheduler turn (a deferred wake, no timer: the calls that arrive
+    /// in that turn go with it), so a trickle of enqueues sees no added latency
     /// beyond it. Each call still
     /// gets its own result, `Ok` only once Redis wrote its job; a job the
     /// script refuses fails only its own call. `false`: every call is sent
     /// alone (one script call per job, as before 0.2). The setting applies
     /// to this handle and the clones made from it afterwards.
     ///
-    /// Poll every enqueue future to its end or drop it: one kept alive
-    /// unpolled (`tokio::select!` on `&mut fut` whose other branch awaits
-    /// another enqueue on the same queue) holds up the calls that joined it,
-    /// and in one task waits for ever. Code that must do that uses
-    /// `with_group_commit(false)` (docs/OPERATIONS.md, group commit).
+    /// No call depends on another call's future being polled: every call
+    /// waiting for a queue's next script call drives it, so an enqueue
+    /// future kept alive unpolled (`tokio::select!` on `&mut fut`) holds up
+    /// no other enqueue (it did until stop 44: docs/OPERATIONS.md, group
+    /// commit). No task is spawned for it.
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), queue_core::QueueError> {

@@ -171,6 +171,29 @@ async fn a_server_killed_mid_batch_leaves_every_caller_an_error_or_a_written_job
 /// followed in another, twice the calls (issue #12).
 #[tokio::test]
 async fn producers_answered_together_enqueue_again_in_one_call() {
+    looping_producers_fill_each_call().await;
+}
+
+/// The same producers joined in the future a multi-threaded runtime's
+/// `block_on` runs (not one of its workers: a `#[tokio::main]` body, the
+/// benchmark's producers), where a deferred wake is an immediate one: the
+/// turn still waits until every producer has enqueued again. A first stop-45
+/// version ended the turn at the next poll of the lane's sender by any
+/// caller: two calls per round (16 producers, 30,000 jobs: 3,750 calls
+/// instead of 1,875).
+#[test]
+fn producers_in_block_on_of_a_multi_threaded_runtime_fill_each_call() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(looping_producers_fill_each_call());
+}
+
+/// 16 producers each enqueue 40 jobs one after another, joined in one
+/// future; expects about one script call per round.
+async fn looping_producers_fill_each_call() {
     let env = TestEnv::start().await;
     env.enqueue(env.task(0)).await;
     const PRODUCERS: u64 = 16;
@@ -261,6 +284,107 @@ async fn a_cancelled_leader_leaves_the_callers_behind_it_answered() {
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
 }
 
+/// A caller alone in its lane and cancelled in its scheduler turn (polled
+/// once, then dropped) leaves its job to the lane, and the lane sends it
+/// without waiting for another enqueue: a dropped driver with jobs waiting
+/// hands them to a task of its own, which ends when the lane is empty. Run
+/// on several threads, where the drop of a lane's last driver handle can
+/// meet an enqueue on another thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_lone_caller_leaves_its_job_to_the_lane() {
+    use futures::FutureExt;
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new("tasks");
+    let metrics = tokio::runtime::Handle::current().metrics();
+    for round in 0..20u64 {
+        let tasks = metrics.num_alive_tasks();
+        let first = env.task(round);
+        assert!(env
+            .queue
+            .enqueue::<task::Job>(&first)
+            .now_or_never()
+            .is_none());
+        queue_tests::wait_until(BOUND, "the cancelled caller's job is sent", || async {
+            env.list(&keys.main).await.len() as u64 == round + 1
+        })
+        .await;
+        queue_tests::wait_until(BOUND, "no task left behind", || async {
+            metrics.num_alive_tasks() <= tasks
+        })
+        .await;
+    }
+}
+
+/// Sixteen producer tasks on two threads, some of whose enqueues are
+/// cancelled at any point (a timeout of a few microseconds: before they are
+/// admitted, in their scheduler turn, while their call is in flight): every
+/// enqueue that returns `Ok` has its job in main, exactly once; a cancelled
+/// one's job is there at most once; nobody waits past the bound, and the
+/// lanes leave no task behind. The drivers' drop paths (a lane's last
+/// waiting caller gone, its jobs handed on) meet enqueues on the other
+/// thread here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn producers_with_cancelled_enqueues_lose_and_double_nothing() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks = metrics.num_alive_tasks();
+    const PRODUCERS: u64 = 16;
+    const ROUNDS: u64 = 100;
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let queue = env.queue.clone();
+            let t = env.task(p);
+            tokio::spawn(async move {
+                let (mut ok, mut cancelled) = (Vec::new(), Vec::new());
+                for r in 0..ROUNDS {
+                    let id = format!("p{p}-r{r}");
+                    let enqueue =
+                        queue.enqueue_with::<task::Job>(EnqueueOptions::new().id(&id), &t);
+                    if (p + r) % 3 == 0 {
+                        let bound = Duration::from_micros((p * 37 + r * 11) % 400);
+                        match tokio::time::timeout(bound, enqueue).await {
+                            Ok(done) => ok.push((id, done.map(|_| ()))),
+                            Err(_) => cancelled.push(id),
+                        }
+                    } else {
+                        ok.push((id, enqueue.await.map(|_| ())));
+                    }
+                }
+                (ok, cancelled)
+            })
+        })
+        .collect();
+    let (mut ok, mut cancelled) = (HashSet::new(), HashSet::new());
+    for p in producers {
+        let (o, c) = tokio::time::timeout(BOUND, p)
+            .await
+            .expect("every producer done")
+            .expect("the task ran");
+        for (id, r) in o {
+            r.unwrap_or_else(|e| panic!("{id}: {e}"));
+            ok.insert(id);
+        }
+        cancelled.extend(c);
+    }
+    queue_tests::wait_until(BOUND, "no task left behind", || async {
+        metrics.num_alive_tasks() <= tasks
+    })
+    .await;
+    let main = env.list(&QueueKeys::new("tasks").main).await;
+    let mut seen = HashSet::new();
+    for id in &main {
+        assert!(seen.insert(id.clone()), "{id} twice in main");
+    }
+    for id in &ok {
+        assert!(seen.contains(id), "{id} answered Ok but not in main");
+    }
+    for id in seen.iter().filter(|id| id.starts_with('p')) {
+        assert!(ok.contains(id) || cancelled.contains(id), "{id} unknown");
+    }
+    assert!(!cancelled.is_empty() && ok.len() > cancelled.len());
+}
+
 /// Eight callers (tasks 2 to 9) on `queue` that join the lane of a leader
 /// admitted but not yet sending, each in a task of its own; returned once
 /// they wait in the lane.
@@ -291,28 +415,41 @@ async fn expect_enqueued(joined: Vec<JoinHandle<Result<JobId, QueueError>>>, who
     }
 }
 
-/// A leader cancelled by its caller while its call is in flight (the batch
-/// taken from the lane, the request sent or about to be) still answers the
-/// callers that joined it: the call is finished in a task of its own, sent
-/// again as a retry (the dedupe reads and each job's token keep a job the
-/// first call wrote from being written twice). Before, each of them got
-/// "outcome unknown" for a cancel that was not theirs.
+/// A leader cancelled by its caller while the call carrying its joined
+/// callers is in flight still leaves them answered, each job once: they
+/// drive the call themselves (module doc of `enqueue_group.rs`), so the
+/// leader's cancel does not reach it; writes are paused so that it is still
+/// in flight when the leader is dropped. Before (stop 36), the leader sent
+/// it in its own future and its cancel made each of them "outcome unknown";
+/// then (stops 36–44), the call was finished in a task of its own, sent
+/// again as a retry.
 #[tokio::test]
 async fn a_leader_cancelled_mid_call_leaves_its_joined_callers_answered() {
     let env = TestEnv::start().await;
     env.enqueue(env.task(0)).await;
+    pause_writes(&env, Some(10_000)).await;
     let first = env.task(1);
     let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
     // First poll: the leader is admitted and yields its scheduler turn.
     assert!(futures::poll!(&mut leader).is_pending());
     let joined = join_the_lane(&env, &env.queue).await;
-    // Second poll: the leader takes the lane's jobs and sends the call; its
-    // reply cannot have come back within this poll. Then it is cancelled.
+    // The call carrying the leader's job and the joined ones is held by the
+    // pause; the leader, polled again, waits for its reply. Then it is
+    // cancelled.
+    env.wait_blocked_in("fcall", None).await;
     assert!(futures::poll!(&mut leader).is_pending());
     drop(leader);
+    pause_writes(&env, None).await;
     expect_enqueued(joined, "a caller behind a leader cancelled mid-call").await;
     // Every job once: the first, the cancelled leader's and the 8 joined.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
+}
+
+/// Lets a lane's scheduler turn pass: the runtime runs out of ready tasks
+/// (here the test's own sleeps) and wakes the lane's callers; a leader polled
+/// after this sends its call.
+async fn let_the_turn_pass() {
+    tokio::time::sleep(Duration::from_millis(20)).await;
 }
 
 /// `CLIENT PAUSE <ms> WRITE` (or `CLIENT UNPAUSE` when `ms` is `None`) on
@@ -326,43 +463,63 @@ async fn pause_writes(env: &TestEnv, ms: Option<u64>) {
     let _: () = cmd.query_async(&mut env.conn().await).await.unwrap();
 }
 
-/// Callers with a zero retry window ("send once", docs/IDEMPOTENCY.md §1)
-/// whose group-commit leader is cancelled while the call is in flight get
-/// "outcome unknown", and their call is not sent again: a job the call wrote
-/// could be claimed and acked before a resend, which would write it a
-/// second time (with `completion_retention` zero nothing tells it ran).
-/// Before, the call was always sent again once in a task of its own.
+/// A caller with a zero retry window ("send once", docs/IDEMPOTENCY.md §1)
+/// alone in its lane and cancelled while its call is in flight: the call is
+/// not sent again (a job the call wrote could be claimed and acked before a
+/// resend, which would write it a second time; with `completion_retention`
+/// zero nothing tells it ran), and no task is left behind. Callers that
+/// joined a zero-window caller's call go on driving it when that caller is
+/// cancelled (module doc of `enqueue_group.rs`): each gets its own `Ok`, and
+/// nothing is sent twice. Before (stop 44), the first caller sent the call
+/// in its own future: its cancel sent nothing again and every joined caller
+/// got "outcome unknown" for a cancel that was not theirs; before stop 36,
+/// the call was always sent again once in a task of its own.
 #[tokio::test]
 async fn a_zero_retry_window_is_not_resent_after_its_leader_is_cancelled() {
     let env = TestEnv::start().await;
     env.enqueue(env.task(0)).await;
     let queue = env.queue.clone().with_retry_window(Duration::ZERO);
+    let keys = QueueKeys::new("tasks");
+    let metrics = tokio::runtime::Handle::current().metrics();
+
+    // A lone leader: its call (its own job) is in its own future.
     let before = script_calls(&env).await;
     pause_writes(&env, Some(10_000)).await;
     let first = env.task(1);
     let mut leader = Box::pin(queue.enqueue::<task::Job>(&first));
     assert!(futures::poll!(&mut leader).is_pending());
-    let joined = join_the_lane(&env, &queue).await;
-    // The leader sends the call with the joined jobs; the pause holds it.
+    let_the_turn_pass().await;
     assert!(futures::poll!(&mut leader).is_pending());
     env.wait_blocked_in("fcall", None).await;
+    let tasks = metrics.num_alive_tasks();
     drop(leader);
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        tasks,
+        "the cancelled zero-window call was sent again in a task"
+    );
     pause_writes(&env, None).await;
-    for j in joined {
-        let r = tokio::time::timeout(BOUND, j)
-            .await
-            .expect("answered")
-            .expect("the task ran");
-        let err = r.expect_err("a zero retry window is not sent again");
-        assert!(err.outcome_unknown(), "{err}");
-        assert!(err.job_id().is_some(), "{err}");
-    }
     // The call held by the pause ran once, when the pause ended.
-    let keys = QueueKeys::new("tasks");
     queue_tests::wait_until(BOUND, "the held call ran", || async {
-        env.list(&keys.main).await.len() == 10
+        env.list(&keys.main).await.len() == 2
     })
     .await;
+    assert_eq!(script_calls(&env).await - before, 1, "no resend");
+
+    // A leader with callers behind it, cancelled while their call is in
+    // flight.
+    let before = script_calls(&env).await;
+    pause_writes(&env, Some(10_000)).await;
+    let mut leader = Box::pin(queue.enqueue::<task::Job>(&first));
+    assert!(futures::poll!(&mut leader).is_pending());
+    let joined = join_the_lane(&env, &queue).await;
+    env.wait_blocked_in("fcall", None).await;
+    assert!(futures::poll!(&mut leader).is_pending());
+    drop(leader);
+    pause_writes(&env, None).await;
+    expect_enqueued(joined, "a zero-window caller behind a cancelled leader").await;
+    // The first, the lone leader's, this leader's and the 8 joined; one call.
+    assert_eq!(env.list(&keys.main).await.len(), 11);
     assert_eq!(script_calls(&env).await - before, 1, "no resend");
 }
 
@@ -426,6 +583,83 @@ async fn a_leader_whose_task_panics_mid_call_leaves_its_joined_callers_answered(
     expect_enqueued(joined, "a caller behind a leader whose task panicked").await;
     // Every job once: the first, the panicked leader's and the 8 joined.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 10);
+}
+
+/// A leader kept alive but not polled after it sent its call (a
+/// `tokio::select!` on `&mut fut` whose other branch won, a future stored and
+/// forgotten) holds up no other enqueue of its queue: here the same task
+/// enqueues again, which would hang for ever if it waited on the leader (a
+/// "futurelock"), and eight callers in tasks of their own enqueue after it.
+/// The enqueue that joins drives the lane's call in flight itself (its
+/// driver is shared by every caller waiting in the lane); dropped
+/// afterwards, the leader's job is there once. Before (stops 28–44), the
+/// leader sent the lane's calls in its own future: every later enqueue
+/// joined the lane and waited for a leader nobody polled.
+#[tokio::test]
+async fn a_leader_kept_unpolled_mid_call_holds_up_no_other_enqueue() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks = metrics.num_alive_tasks();
+    let first = env.task(1);
+    let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
+    // Admitted, it yields its scheduler turn; then it sends its call (its
+    // reply cannot have come back within the poll). Not polled again.
+    assert!(futures::poll!(&mut leader).is_pending());
+    let_the_turn_pass().await;
+    assert!(futures::poll!(&mut leader).is_pending());
+    let other = env.task(2);
+    tokio::time::timeout(BOUND, env.queue.enqueue::<task::Job>(&other))
+        .await
+        .expect("an enqueue behind a leader kept unpolled is not held up")
+        .expect("enqueued");
+    let joined = (3..11)
+        .map(|i| {
+            let queue = env.queue.clone();
+            let t = env.task(i);
+            tokio::spawn(async move { queue.enqueue::<task::Job>(&t).await })
+        })
+        .collect();
+    expect_enqueued(joined, "a caller behind a leader kept unpolled").await;
+    // Dropped with its reply already given (the joined caller drove the
+    // call): nothing is sent again, no task is left.
+    drop(leader);
+    queue_tests::wait_until(BOUND, "no task left behind", || async {
+        metrics.num_alive_tasks() <= tasks
+    })
+    .await;
+    // Every job once: the first, the leader's, the other and the 8.
+    assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
+}
+
+/// A leader kept alive but not polled in its scheduler turn (admitted, its
+/// call not gathered yet) holds up no other enqueue of its queue either: the
+/// caller that joins it drives the lane, which sends both jobs in one call;
+/// the leader, polled again, has its own answer. Here both are in one task:
+/// waiting on the leader would hang it for ever. Before, the caller joined
+/// the leader's lane and waited for the leader to send the call.
+#[tokio::test]
+async fn a_leader_kept_unpolled_in_its_turn_holds_up_no_other_enqueue() {
+    let env = TestEnv::start().await;
+    env.enqueue(env.task(0)).await;
+    let first = env.task(1);
+    let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
+    assert!(futures::poll!(&mut leader).is_pending());
+    let other = env.task(2);
+    let other = tokio::time::timeout(BOUND, env.queue.enqueue::<task::Job>(&other))
+        .await
+        .expect("an enqueue behind a leader kept unpolled is not held up")
+        .expect("enqueued");
+    let led = tokio::time::timeout(BOUND, leader)
+        .await
+        .expect("the leader is answered")
+        .expect("enqueued");
+    assert_ne!(led, other);
+    let main = env.list(&QueueKeys::new("tasks").main).await;
+    assert_eq!(main.len(), 3, "{main:?}");
+    for id in [&led, &other] {
+        assert!(main.contains(&id.to_string()), "{id} in main: {main:?}");
+    }
 }
 
 /// A retry window too long for the clock (`Duration::MAX`: "keep trying")

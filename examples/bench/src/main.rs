@@ -10,6 +10,7 @@ mod cost;
 mod proto;
 mod stats;
 
+use futures::FutureExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -114,6 +115,11 @@ struct ProduceArgs {
     /// Offered load in jobs/s across all producers; 0: as fast as possible.
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
+    /// Each producer in a task of its own on the runtime's workers (as a web
+    /// server's request handlers are); default: all producers joined in the
+    /// benchmark's own future.
+    #[arg(long)]
+    spawned: bool,
 }
 
 #[derive(Debug, Clone, clap::Parser)]
@@ -408,7 +414,7 @@ async fn produce(queue: &Queue, p: &ProduceArgs, call_latency: &Hist) -> Res<()>
         // Each producer's share of the offered load: one call every `every`.
         let every =
             (rate > 0.0).then(|| Duration::from_secs_f64(batch as f64 * producers as f64 / rate));
-        tasks.push(async move {
+        let producer = async move {
             let mut lat = Vec::new();
             let mut sent = 0u64;
             let mut k = 0u32;
@@ -440,6 +446,13 @@ async fn produce(queue: &Queue, p: &ProduceArgs, call_latency: &Hist) -> Res<()>
                 sent += m;
             }
             Ok::<_, BoxError>(lat)
+        };
+        tasks.push(match p.spawned {
+            true => {
+                let task = tokio::spawn(producer);
+                async move { task.await? }.boxed()
+            }
+            false => producer.boxed(),
         });
     }
     for lat in futures::future::try_join_all(tasks).await? {
@@ -474,7 +487,7 @@ async fn enqueue(url: &str, p: &ProduceArgs) -> Res<Value> {
     let after = stats::snapshot(&mut conn).await?;
     let round_trips = p.n.div_ceil(p.batch.max(1) as u64);
     Ok(json!({
-        "workload": "enqueue", "n": p.n, "producers": p.producers, "batch": p.batch, "payload": p.payload,
+        "workload": "enqueue", "n": p.n, "producers": p.producers, "spawned": p.spawned, "batch": p.batch, "payload": p.payload,
         "rate": p.rate,
         "seconds": round3(secs), "jobs_per_s": (p.n as f64 / secs).round(),
         "enqueue_call_latency": calls.summary_ms(),
@@ -495,6 +508,7 @@ async fn preload(url: &str, n: u64, payload: usize) -> Res<()> {
         batch: 1000,
         payload,
         rate: 0.0,
+        spawned: false,
     };
     produce(&queue, &p, &Hist::new()).await
 }
@@ -597,7 +611,7 @@ async fn e2e(url: &str, p: &ProduceArgs, w: &WorkerArgs, _cli: &Cli) -> Res<Valu
     let secs = end_us.saturating_sub(t0) as f64 / 1e6;
     Ok(json!({
         "workload": if p.rate > 0.0 { "e2e-rate" } else { "e2e" },
-        "n": p.n, "producers": p.producers, "batch": p.batch, "payload": p.payload, "rate": p.rate,
+        "n": p.n, "producers": p.producers, "spawned": p.spawned, "batch": p.batch, "payload": p.payload, "rate": p.rate,
         "concurrency": w.concurrency, "fetch_batch": w.fetch_batch, "retention_s": w.retention_s,
         "compact_records": w.compact_records,
         "seconds": round3(secs), "jobs_per_s": (p.n as f64 / secs).round(),
