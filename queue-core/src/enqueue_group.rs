@@ -126,7 +126,18 @@ impl Driver {
         }
         let polled = Pin::new(&mut self.future).poll(cx);
         if polled.is_pending() {
-            *seen = Some(self.turns.started.load(Ordering::Acquire));
+            let now = turns.started.load(Ordering::Acquire);
+            // A turn without a deferred wake, seen here for the first time
+            // and not passed: its one wake may have gone to another poller
+            // (one kept unpolled, say), and nothing else is bound to poll
+            // this one again: come back once, to end it.
+            if *seen != Some(now)
+                && turns.immediate.load(Ordering::Acquire) == now
+                && turns.passed.load(Ordering::Acquire) < now
+            {
+                cx.waker().wake_by_ref();
+            }
+            *seen = Some(now);
         }
         polled
     }

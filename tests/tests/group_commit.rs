@@ -662,6 +662,41 @@ async fn a_leader_kept_unpolled_in_its_turn_holds_up_no_other_enqueue() {
     }
 }
 
+/// A leader on the thread of a multi-threaded runtime's `block_on` (where
+/// its scheduler turn has no deferred wake: the wake comes at once, to the
+/// leader), polled once and kept unpolled, holds up no enqueue in a task on
+/// the runtime's workers: that caller, polling the lane's sender for the
+/// first time in the turn, comes back once to end it. Before (the first
+/// stop-45 version, found by review), it waited for a second poll that
+/// nothing would cause: for ever.
+#[test]
+fn a_leader_kept_unpolled_in_block_on_holds_up_no_enqueue_in_a_task() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let env = TestEnv::start().await;
+            env.enqueue(env.task(0)).await;
+            let first = env.task(1);
+            let mut leader = Box::pin(env.queue.enqueue::<task::Job>(&first));
+            assert!(futures::poll!(&mut leader).is_pending());
+            let (queue, t) = (env.queue.clone(), env.task(2));
+            let other = tokio::spawn(async move { queue.enqueue::<task::Job>(&t).await });
+            tokio::time::timeout(BOUND, other)
+                .await
+                .expect("an enqueue in a task is not held up by a leader kept unpolled")
+                .expect("the task ran")
+                .expect("enqueued");
+            tokio::time::timeout(BOUND, leader)
+                .await
+                .expect("the leader is answered")
+                .expect("enqueued");
+            assert_eq!(env.queue.stats("tasks").await.unwrap().main, 3);
+        });
+}
+
 /// A retry window too long for the clock (`Duration::MAX`: "keep trying")
 /// means no deadline. Before, `Instant::now() + window` panicked in every
 /// enqueue; with group commit the panic was inside the call in flight, whose
