@@ -36,8 +36,8 @@
 //! job in the lane: the lane's next call carries it, as before. When every
 //! caller of a lane has stopped waiting, the driver is dropped: a call in
 //! flight then is finished once in a task of its own (`InFlight`, unless a
-//! caller's retry window is zero), and jobs still waiting go with the call
-//! of the lane's next caller, which starts a new driver.
+//! caller's retry window is zero), and jobs still waiting are handed to a
+//! new driver in a task of its own (`DriverEnd`).
 //!
 //! Before (stops 28–44), the first caller of a lane sent its calls inside
 //! its own future and the others waited for it: an enqueue future kept alive
@@ -383,10 +383,20 @@ impl Future for SchedulerTurn<'_> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
         if let Some(turn) = self.turn {
-            return match self.turns.passed.load(Ordering::Acquire) >= turn {
-                true => Poll::Ready(()),
-                false => Poll::Pending,
-            };
+            if self.turns.passed.load(Ordering::Acquire) >= turn {
+                return Poll::Ready(());
+            }
+            // A turn whose wake came at once has no wake left to come: wake
+            // the driver's pollers again, so that one polled again within
+            // the turn ([`Driver::poll_for`]) ends it, whichever of them is
+            // still waiting (review: without it, a caller answered in the
+            // turn's first poll stopped polling, and the one left waiting
+            // was never polled again: threads looping on `Handle::block_on`
+            // hung after one enqueue).
+            if self.turns.immediate.load(Ordering::Acquire) == turn {
+                cx.waker().wake_by_ref();
+            }
+            return Poll::Pending;
         }
         let turn = self.turns.started.fetch_add(1, Ordering::AcqRel) + 1;
         let waker = Arc::new(TurnWaker {
@@ -496,13 +506,12 @@ impl Drop for DriverEnd {
 }
 
 /// A call's jobs from the moment they left the lane until each caller has
-/// its answer. The leader sends its call inside its own caller's future: if
-/// that caller is cancelled (a request handler dropped, a `timeout`, a
-/// `select!`) while the call is in flight, dropping this finishes the call in
-/// a task of its own for the callers not answered yet (sent again as a
-/// retry: the dedupe reads and each job's enqueue token make a job the first
-/// call wrote answer as written, not twice). Before, they all got
-/// "outcome unknown" for a cancel that was not theirs. That resend happens
+/// its answer. It lives in the lane's driver, which the waiting callers
+/// poll: if every one of them stops waiting (cancelled: a request handler
+/// dropped, a `timeout`, a `select!`) while the call is in flight, dropping
+/// this finishes the call in a task of its own for the callers not answered
+/// yet (sent again as a retry: the dedupe reads and each job's enqueue token
+/// make a job the first call wrote answer as written, not twice). That resend happens
 /// once at most (`resent`), and never for callers whose retry window is
 /// zero ("send once": they get "outcome unknown").
 struct InFlight {

@@ -697,6 +697,74 @@ fn a_leader_kept_unpolled_in_block_on_holds_up_no_enqueue_in_a_task() {
         });
 }
 
+/// Producers on plain threads, each looping on `Handle::block_on` of one
+/// multi-threaded runtime (sync code calling the queue), and producers in a
+/// `FuturesUnordered` inside `block_on` (which polls only the futures woken):
+/// every enqueue is answered. Their scheduler turns have no deferred wake;
+/// in the first stop-45 version such a turn ended only when a caller that
+/// had seen it was polled again, and the caller answered in the turn's first
+/// poll stopped polling: the threads hung after one enqueue (review).
+#[test]
+fn producers_looping_on_block_on_are_all_answered() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let env = rt.block_on(TestEnv::start());
+    rt.block_on(env.enqueue(env.task(0)));
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 300;
+    let done = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..THREADS)
+        .map(|p| {
+            let (handle, queue, t) = (rt.handle().clone(), env.queue.clone(), env.task(p));
+            let done = done.clone();
+            std::thread::spawn(move || {
+                for _ in 0..ROUNDS {
+                    handle.block_on(queue.enqueue::<task::Job>(&t)).unwrap();
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    rt.block_on(queue_tests::wait_until(
+        BOUND,
+        "every thread's enqueues answered",
+        || {
+            let n = done.load(Ordering::SeqCst);
+            async move { n == THREADS * ROUNDS }
+        },
+    ));
+    for t in threads {
+        t.join().unwrap();
+    }
+    rt.block_on(async {
+        let unordered: futures::stream::FuturesUnordered<_> = (0..3u64)
+            .map(|p| {
+                let (queue, t) = (env.queue.clone(), env.task(p));
+                async move {
+                    for r in 0..ROUNDS {
+                        if p == 0 && r % 10 == 0 {
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                        }
+                        queue.enqueue::<task::Job>(&t).await.unwrap();
+                    }
+                }
+            })
+            .collect();
+        tokio::time::timeout(BOUND, futures::StreamExt::collect::<Vec<()>>(unordered))
+            .await
+            .expect("every producer in the FuturesUnordered answered");
+        assert_eq!(
+            env.queue.stats("tasks").await.unwrap().main,
+            1 + THREADS * ROUNDS + 3 * ROUNDS
+        );
+    });
+}
+
 /// A retry window too long for the clock (`Duration::MAX`: "keep trying")
 /// means no deadline. Before, `Instant::now() + window` panicked in every
 /// enqueue; with group commit the panic was inside the call in flight, whose
