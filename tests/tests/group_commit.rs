@@ -525,8 +525,9 @@ async fn a_zero_retry_window_is_not_resent_after_its_leader_is_cancelled() {
 
 /// The same cancel, with only the leader's own job sent by a zero retry
 /// window (its `Queue` clone) and the joined callers on the default one:
-/// the leader's job is not sent again, the joined ones are, and each is
-/// enqueued once. Before, one zero window in a call took the resend from
+/// the joined callers drive the call on (since stop 45; before, the joined
+/// jobs were sent again and the leader's was not), and each job is enqueued
+/// once. Before, one zero window in a call took the resend from
 /// every caller of it: all got "outcome unknown".
 #[tokio::test]
 async fn only_the_zero_window_callers_of_a_cancelled_call_are_not_resent() {
@@ -553,8 +554,9 @@ async fn only_the_zero_window_callers_of_a_cancelled_call_are_not_resent() {
 
 /// A leader whose task panics for a reason of its own (a sibling `join!` or
 /// `select!` branch of a web handler) while its call is in flight still
-/// leaves its joined callers answered: the call is finished in a task of its
-/// own, as for a cancel. Before, the drop during the unwinding saw
+/// leaves its joined callers answered: they drive the call themselves (since
+/// stop 45; from stop 36, it was finished in a task of its own, as for a
+/// cancel). Before, the drop during the unwinding saw
 /// `thread::panicking()` and dropped their senders: each got "abandoned /
 /// outcome unknown" for a panic that was not theirs.
 #[tokio::test]
