@@ -308,10 +308,7 @@ async fn a_cancelled_lone_caller_leaves_its_job_to_the_lane() {
             env.list(&keys.main).await.len() as u64 == round + 1
         })
         .await;
-        queue_tests::wait_until(BOUND, "no task left behind", || async {
-            metrics.num_alive_tasks() <= tasks
-        })
-        .await;
+        no_task_left_behind(tasks).await;
     }
 }
 
@@ -367,10 +364,7 @@ async fn producers_with_cancelled_enqueues_lose_and_double_nothing() {
         }
         cancelled.extend(c);
     }
-    queue_tests::wait_until(BOUND, "no task left behind", || async {
-        metrics.num_alive_tasks() <= tasks
-    })
-    .await;
+    no_task_left_behind(tasks).await;
     let main = env.list(&QueueKeys::new("tasks").main).await;
     let mut seen = HashSet::new();
     for id in &main {
@@ -383,6 +377,16 @@ async fn producers_with_cancelled_enqueues_lose_and_double_nothing() {
         assert!(ok.contains(id) || cancelled.contains(id), "{id} unknown");
     }
     assert!(!cancelled.is_empty() && ok.len() > cancelled.len());
+}
+
+/// Waits (within the bound) until the runtime has no more tasks alive than
+/// `tasks`, counted before the enqueues under test: they left none behind.
+async fn no_task_left_behind(tasks: usize) {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    queue_tests::wait_until(BOUND, "no task left behind", || async {
+        metrics.num_alive_tasks() <= tasks
+    })
+    .await;
 }
 
 /// Eight callers (tasks 2 to 9) on `queue` that join the lane of a leader
@@ -626,10 +630,7 @@ async fn a_leader_kept_unpolled_mid_call_holds_up_no_other_enqueue() {
     // Dropped with its reply already given (the joined caller drove the
     // call): nothing is sent again, no task is left.
     drop(leader);
-    queue_tests::wait_until(BOUND, "no task left behind", || async {
-        metrics.num_alive_tasks() <= tasks
-    })
-    .await;
+    no_task_left_behind(tasks).await;
     // Every job once: the first, the leader's, the other and the 8.
     assert_eq!(env.queue.stats("tasks").await.unwrap().main, 11);
 }
