@@ -431,3 +431,61 @@ async fn a_deadline_of_for_ever_runs_the_job() {
     worker.stop().await;
     assert_eq!(env.completion_attempts(ForEver::QUEUE, &id).await, 1);
 }
+
+/// Panics when dropped: a guard that must be committed, or a blocking client
+/// dropped in async code.
+struct PanicsWhenDropped;
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        panic!("dropped without being committed");
+    }
+}
+
+/// A handler that outlives its timeout holding a [`PanicsWhenDropped`].
+struct TimesOutAndPanicsWhenDropped;
+impl Job for TimesOutAndPanicsWhenDropped {
+    type Args = ();
+    const NAME: &'static str = "times_out_and_panics_when_dropped";
+    const QUEUE: &'static str = "drop_panics";
+    const MAX_ATTEMPTS: u32 = 2;
+    const TIMEOUT: Option<Duration> = Some(Duration::from_millis(1500));
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        Box::pin(async {
+            let _guard = PanicsWhenDropped;
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            Ok(())
+        })
+    }
+}
+
+/// A handler whose future panics when dropped at its timeout, after its
+/// heartbeat started (lease 2 s, first beat at ~0.67 s, timeout 1.5 s): the
+/// timeout is recorded as a retry, then the job is dead-lettered after its 2
+/// attempts. Before, the drop's panic unwound the runner and dropped the
+/// heartbeat's handle, which detaches the task: it went on extending the
+/// lease of a job nothing ran any more, and the job stayed active for ever
+/// (the watchdog never saw its lease expire).
+#[tokio::test]
+async fn a_handler_that_panics_when_dropped_at_its_timeout_is_retried_not_kept_leased() {
+    let env = TestEnv::start().await;
+    let id = env
+        .queue
+        .enqueue::<TimesOutAndPanicsWhenDropped>(&())
+        .await
+        .unwrap();
+    let worker = env
+        .spawn_worker_for(
+            Registration::of::<TimesOutAndPanicsWhenDropped>(),
+            fast_config(),
+        )
+        .await;
+    let queue = TimesOutAndPanicsWhenDropped::QUEUE;
+    env.wait_stats(queue, "dead-lettered after 2 timed-out attempts", |s| {
+        s.dead == 1
+    })
+    .await;
+    let job = env.queue.job(queue, &id).await.unwrap().expect("dead job");
+    let reason = job.field("last_error").unwrap_or_default().to_string();
+    assert!(reason.contains("timed out"), "{reason}");
+    worker.stop().await;
+}

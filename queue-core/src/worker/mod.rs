@@ -10,6 +10,7 @@
 //! | `runner.rs` | one delivery: handler, timeout, panic, ack / retry / dead-letter |
 //! | `acker.rs` | one task per queue: batched acks (`ack_batch`, `ack_window`) |
 //! | `heartbeat.rs` | extending a running job's lease |
+//! | `handler_guard.rs` | what ends with a run however it ends: the handler's future (panics caught when polled and when dropped), the heartbeat task (aborted on drop) |
 //! | `paused.rs` | a fetcher's wait while its queue is paused |
 //! | `cancel.rs` | ending a cancelled delivery |
 //! | `identity.rs` | [`WorkerIdentity`]: the name on the job span and in the job hash |
@@ -23,6 +24,7 @@ mod builder;
 mod cancel;
 mod defer;
 mod fetcher;
+mod handler_guard;
 mod heartbeat;
 mod identity;
 mod paused;

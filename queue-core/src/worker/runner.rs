@@ -15,11 +15,11 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use tokio::sync::watch;
 use tracing::{debug, error, warn, Instrument};
 
 use super::acker::{AckRequest, AckSender, AckedJob};
+use super::handler_guard::{GuardedHandler, HeartbeatTask};
 use super::heartbeat::{heartbeat_after_first_interval, keep_lease_at_late_start, next_beat};
 use super::{wait_true, Inner};
 use crate::error::{QueueError, Result};
@@ -123,14 +123,11 @@ impl JobRunner {
                 None => std::future::pending().await,
             }
         };
-        let mut heartbeat: Option<tokio::task::JoinHandle<()>> = None;
-        let stop_heartbeat = |h: &mut Option<tokio::task::JoinHandle<()>>| {
-            if let Some(h) = h.take() {
-                h.abort();
-            }
-        };
+        // Aborted however the run ends, an unwinding runner included
+        // (handler_guard.rs).
+        let mut heartbeat = HeartbeatTask::default();
 
-        let guarded = AssertUnwindSafe(fut).catch_unwind();
+        let guarded = GuardedHandler::new(fut);
         let timed = async {
             match reg.timeout {
                 Some(limit) => match tokio::time::timeout(limit, guarded).await {
@@ -154,7 +151,7 @@ impl JobRunner {
             over_budget,
             wait_true(&mut self.hard_stop),
             || {
-                heartbeat = Some(tokio::spawn(
+                heartbeat.start(tokio::spawn(
                     heartbeat_after_first_interval(
                         self.inner.clone(),
                         self.keys.clone(),
@@ -170,7 +167,7 @@ impl JobRunner {
         let result = match ended {
             Ended::Returned(r) => r,
             Ended::OverBudget => {
-                stop_heartbeat(&mut heartbeat);
+                heartbeat.stop();
                 let reason = deadline_reason(reg.deadline, "the handler was stopped");
                 return Box::pin(self.finish(
                     &d,
@@ -181,12 +178,12 @@ impl JobRunner {
                 .await;
             }
             Ended::HardStop => {
-                stop_heartbeat(&mut heartbeat);
+                heartbeat.stop();
                 warn!("shutdown grace over: job left leased; the watchdog will return it");
                 return;
             }
         };
-        stop_heartbeat(&mut heartbeat);
+        heartbeat.stop();
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
         debug!(elapsed_ms, "handler returned");
