@@ -5,10 +5,11 @@
 -- its rate key (it carries `limit_slot`, docs/LIMITS.md) leaves its key's
 -- index; with the index's last entry the key's booking goes too
 -- (limits_unmark): kept, the key's next job waited behind the empty slots of
--- the cancelled chain.
+-- the cancelled chain. A cancel that empties a group's list takes the group
+-- out of the ring (ring_drop), so that its next job joins the ring once.
 -- KEYS: 1 main, 2 processing, 3 leases, 4 delayed, 5 job hash, 6 completion record,
 --       7 stats, 8 step results, 9 guard (never written: see keys.rs), 10 limits hash
---   (The guard: the script reaches the group list, the history, the waiters' wake
+--   (The guard: the script reaches the group list and the ring, the history, the waiters' wake
 --   list, the batch, and the rate key's index and booking named after KEYS 10.)
 -- ARGV: 1 id, 2 retention_ms
 -- Returns {'cancelled', state it was in} | {'requested', 1 if newly set else 0}
@@ -31,7 +32,7 @@ if state == 'active' then
   redis.call('HSET', KEYS[5], 'cancel_requested', now)
   return {'requested', 1}
 end
-local source
+local source, grouped
 if state == 'queued' then
   if redis.call('LPOS', KEYS[1], id) then
     source = KEYS[1]
@@ -39,6 +40,7 @@ if state == 'queued' then
     source = KEYS[2]
   else
     source = waiting_group_list(KEYS[1], id, h[6])
+    grouped = source ~= nil
   end
 elseif state == 'delayed' and redis.call('ZSCORE', KEYS[4], id) then
   source = KEYS[4]
@@ -52,6 +54,7 @@ else
   -- From processing: the BLMOVE's claim finds the id gone and runs nothing.
   redis.call('LREM', source, 1, id)
   redis.call('ZREM', KEYS[3], id)
+  if grouped and redis.call('LLEN', source) == 0 then ring_drop(KEYS[1], h[6]) end
 end
 redis.call('DEL', KEYS[5])
 bump(KEYS[7], 'cancelled', 1)

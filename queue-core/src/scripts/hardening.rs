@@ -2819,3 +2819,78 @@ async fn a_count_extra_field_that_is_no_count_is_refused_at_enqueue() {
         Some("60000")
     );
 }
+
+/// The entries of the fair-queuing ring naming `group`.
+async fn ring_entries(fx: &mut Fixture, group: &str) -> usize {
+    let ring = fx.keys.groups();
+    match fx.cmd(&["LRANGE", &ring, "0", "-1"]).await {
+        Value::Array(entries) => entries
+            .iter()
+            .filter(|e| matches!(e, Value::BulkString(b) if b == group.as_bytes()))
+            .count(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Due grouped jobs of groups with no job waiting, promoted while the ring
+/// holds many other groups, join the ring once each without a walk of it.
+/// Before, each one's group was looked for in the whole ring first (an
+/// `LPOS` per job): 1,000 due retries promoted into a ring of 100,000
+/// groups kept Redis busy for 6 s in one call (stop 46 review). A group
+/// whose last waiting job is cancelled leaves the ring, so that its next
+/// job joins it once too.
+#[tokio::test]
+async fn grouped_jobs_join_the_ring_once_without_walking_it() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for i in 0..200 {
+        let group = [("group".to_string(), format!("other{i}"))];
+        fx.enqueue_extra(&format!("o{i}"), 3, &group).await;
+    }
+    for j in 0..20 {
+        let (id, group) = (format!("due{j}"), format!("new{j}"));
+        fx.cmd(&["HSET", &k.job(&id), "id", &id, "type", "t", "v", "1"])
+            .await;
+        fx.cmd(&["HSET", &k.job(&id), "payload", "", "state", "delayed"])
+            .await;
+        fx.cmd(&["HSET", &k.job(&id), "attempts", "1", "max_attempts", "3"])
+            .await;
+        fx.cmd(&["HSET", &k.job(&id), "group", &group]).await;
+        fx.cmd(&["ZADD", &k.delayed, "1", &id]).await;
+    }
+    let (url, mut conn, mut c) = (fx.server.url(), fx.conn.clone(), fx.conn.clone());
+    let calls = super::script_commands(&url, &mut conn, async {
+        let reply = Promote {
+            keys: &k,
+            limit: 100,
+        }
+        .run(&mut c)
+        .await
+        .unwrap();
+        assert_eq!(reply.promoted, 20, "{reply:?}");
+    })
+    .await;
+    assert_eq!(whole_walks(&calls), 0, "{calls:?}");
+    for j in 0..20 {
+        let group = format!("new{j}");
+        assert_eq!(ring_entries(&mut fx, &group).await, 1, "{group}");
+        assert_eq!(fx.cmd(&["LLEN", &k.group(&group)]).await, Value::Int(1));
+    }
+
+    super::cancel::Cancel {
+        keys: &k,
+        id: &JobId::from("o0"),
+        retention: Duration::from_secs(60),
+    }
+    .run(&mut fx.conn.clone())
+    .await
+    .unwrap();
+    assert_eq!(
+        ring_entries(&mut fx, "other0").await,
+        0,
+        "emptied by a cancel"
+    );
+    let group = [("group".to_string(), "other0".to_string())];
+    fx.enqueue_extra("o0-again", 3, &group).await;
+    assert_eq!(ring_entries(&mut fx, "other0").await, 1);
+}
