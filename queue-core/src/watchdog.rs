@@ -330,7 +330,12 @@ impl Watchdog {
             report.dead_lettered += batch.dead_lettered;
             report.adopted += batch.adopted;
             report.dropped += batch.dropped.len() as u64;
-            if batch.taken() < self.config.batch as u64 {
+            // A call cut short by its bound on dead-list walks (stale
+            // entries of dead jobs) goes on at once: the real expired leases
+            // behind them are not left for the next pass. Each such call
+            // takes at least one entry.
+            let more = batch.cut && batch.taken() > 0;
+            if batch.taken() < self.config.batch as u64 && !more {
                 return Ok(());
             }
         }

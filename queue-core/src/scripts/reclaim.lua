@@ -42,7 +42,9 @@
 --       8 completion record prefix (optional: absent from older callers, whose missing hashes are dead-lettered)
 -- Returns {reclaimed, dead_lettered, adopted,
 --          {id, state or 'completed' or 'lease only (<state>)', ...} of the entries dropped,
---          leftover marks removed (entries and leases)}
+--          leftover marks removed (entries and leases),
+--          1 when the call stopped before an entry whose dead-list lookup needed
+--          more whole walks than a call allows (call again), else 0}
 local limit = arg_count(ARGV[2], 'limit')
 local grace = arg_count(ARGV[3], 'orphan grace')
 local base = arg_count(ARGV[4], 'backoff base')
@@ -134,6 +136,11 @@ if #expired > 2 * WALK_COST then
   position = locate(KEYS[1], ids)
 end
 local taken = 0
+-- The dead-list lookups of stale entries of dead jobs (a rare path): each
+-- bounded as promote's and dead_trim's (listed_near_tail); the entry whose
+-- lookup needs a whole walk past STALE_WALKS waits, before its writes, for
+-- the next call (`cut`, answered so that the watchdog calls again at once).
+local walks, cut = {left = STALE_WALKS}, false
 for i = 1, #expired, 2 do
   local id, score = expired[i], expired[i + 1]
   local jobkey = ARGV[1] .. id
@@ -168,8 +175,12 @@ for i = 1, #expired, 2 do
         msg = 'taken from main but never claimed: the worker died between BLMOVE and claim'
       elseif state == 'dead' then
         stale = 'dead'
-        -- A rare path (a stale entry): a walk of the dead list is affordable.
-        relist_dead = not redis.call('LPOS', KEYS[4], id)
+        local d = listed_near_tail(KEYS[4], id, walks)
+        if d == nil then
+          cut = true
+          break
+        end
+        relist_dead = d == false
       elseif state == 'delayed' then
         stale = 'delayed'
         if not redis.call('ZSCORE', KEYS[3], id) then
@@ -288,4 +299,4 @@ end
 if reclaimed > 0 then bump(KEYS[5], 'reclaimed', reclaimed) end
 if adopted > 0 then bump(KEYS[5], 'adopted', adopted) end
 if wake then wake_promoter(KEYS[7]) end
-return {reclaimed, dead, adopted, dropped, marks}
+return {reclaimed, dead, adopted, dropped, marks, cut and 1 or 0}

@@ -59,6 +59,10 @@ pub(crate) struct ReclaimReply {
     /// scan met) and from the leases (an older reclaim adopted one): no
     /// job's, logged here.
     pub(crate) marks_removed: u64,
+    /// The call stopped before an expired entry whose dead-list lookup
+    /// needed more whole walks than a call allows (a stale entry of a dead
+    /// job): call again for the rest.
+    pub(crate) cut: bool,
 }
 
 impl ReclaimReply {
@@ -114,7 +118,7 @@ impl Reclaim<'_> {
             .arg(&k.done_prefix)
             .run(conn, &k.queue, None)
             .await?;
-        // {reclaimed, dead_lettered, adopted, {id, state, ...}, marks removed}
+        // {reclaimed, dead_lettered, adopted, {id, state, ...}, marks removed, cut}
         let f = Fields::new(&k.queue, None, "reclaim reply", &reply)?;
         // Absent from a three-element reply (the script before it answered them).
         let dropped = if f.len() > 3 {
@@ -128,6 +132,7 @@ impl Reclaim<'_> {
         } else {
             0
         };
+        let cut = f.len() > 5 && f.u64(5, "cut")? == 1;
         if marks_removed > 0 {
             warn!(queue = %k.queue, marks_removed, "reclaim: removed leftover reclaim marks (no job) from processing or the leases: a reclaim call failed half-way before");
         }
@@ -140,6 +145,7 @@ impl Reclaim<'_> {
             adopted: f.u64(2, "adopted")?,
             dropped,
             marks_removed,
+            cut,
         })
     }
 }
