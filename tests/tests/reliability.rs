@@ -28,12 +28,13 @@ fn a_task(url: &str) -> Task {
     }
 }
 
-/// Runs a watchdog in the background until the returned sender fires.
-fn start_watchdog(url: &str) -> tokio::sync::oneshot::Sender<()> {
+/// Runs a watchdog of `queue` in the background until the returned sender
+/// fires.
+fn start_watchdog(url: &str, queue: &'static str) -> tokio::sync::oneshot::Sender<()> {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let url = url.to_string();
     tokio::spawn(async move {
-        let watchdog = Watchdog::connect(&url, ["tasks"], fast_watchdog())
+        let watchdog = Watchdog::connect(&url, [queue], fast_watchdog())
             .await
             .unwrap();
         watchdog
@@ -60,7 +61,7 @@ async fn a_fetch_whose_reply_was_lost_still_runs_its_job_once() {
     cfg.lease = Duration::from_secs(6);
     cfg.connection.response_timeout = Duration::from_millis(250);
     let (stop, join) = spawn_worker(&url, cfg).await;
-    let watchdog = start_watchdog(&url);
+    let watchdog = start_watchdog(&url, "tasks");
     // A first job loads the function library (a lost FCALL of a function
     // not loaded yet would only get "Function not found", and never run).
     task::enqueue(&queue, a_task(&url)).await.unwrap();
@@ -488,4 +489,76 @@ async fn a_handler_that_panics_when_dropped_at_its_timeout_is_retried_not_kept_l
     let reason = job.field("last_error").unwrap_or_default().to_string();
     assert!(reason.contains("timed out"), "{reason}");
     worker.stop().await;
+}
+
+/// Runs of [`CountsRuns`].
+static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A job that counts its runs.
+struct CountsRuns;
+impl Job for CountsRuns {
+    type Args = ();
+    const NAME: &'static str = "counts_runs";
+    const QUEUE: &'static str = "bytes_ids";
+    const MAX_ATTEMPTS: u32 = 2;
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A job whose id is not UTF-8 (another producer's bytes, which
+/// docs/PROTOCOL.md forbids and the script does not check) is never run:
+/// the worker could not ack it (every call after the claim names the job by
+/// its id's text, which is not its key), so it is left leased and the
+/// watchdog dead-letters it when its attempts run out. Before, it ran, its
+/// ack answered "lease lost", and it ran again at every delivery: its side
+/// effect repeated `max_attempts` times, then it was dead-lettered anyway
+/// (stop 46 review).
+#[tokio::test]
+async fn a_job_whose_id_is_not_utf8_is_never_run() {
+    let env = TestEnv::start().await;
+    let keys = QueueKeys::new(CountsRuns::QUEUE);
+    let id: &[u8] = b"a\xffb";
+    let mut jobkey = keys.job_prefix.as_bytes().to_vec();
+    jobkey.extend_from_slice(id);
+    let mut c = redis_conn(&env.url).await;
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut c).await.unwrap();
+    let enqueued_at = (now.0 * 1000 + now.1 / 1000).to_string();
+    let _: () = redis::cmd("HSET")
+        .arg(&jobkey)
+        .arg(&[&b"id"[..], id])
+        .arg(&["type", CountsRuns::NAME, "v", "1", "max_attempts", "2"])
+        .arg(&[
+            "attempts",
+            "0",
+            "state",
+            "queued",
+            "enqueued_at",
+            &enqueued_at,
+        ])
+        .arg("payload")
+        .arg(&b"\xc0"[..])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("LPUSH")
+        .arg(&keys.main)
+        .arg(id)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let watchdog = start_watchdog(&env.url, CountsRuns::QUEUE);
+    let worker = env
+        .spawn_worker_for(Registration::of::<CountsRuns>(), fast_config())
+        .await;
+    env.wait_stats(
+        CountsRuns::QUEUE,
+        "dead-lettered, its attempts spent",
+        |s| s.dead == 1,
+    )
+    .await;
+    assert_eq!(RUNS.load(std::sync::atomic::Ordering::SeqCst), 0);
+    worker.stop().await;
+    let _ = watchdog.send(());
 }

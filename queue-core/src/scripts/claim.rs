@@ -263,7 +263,11 @@ impl Delivery {
         let read = || -> std::result::Result<Delivery, usize> {
             let delivered_at_ms = need(num(7), 7)?;
             Ok(Delivery {
-                id: JobId::from(lossy(&buf[ranges[0].clone()])),
+                // An id that is not UTF-8 (another producer's bytes) could
+                // not be acked, extended or failed: every later call names
+                // the job by its text, which is not its key. The row is
+                // unreadable without its token (see `unreadable`).
+                id: JobId::from(need(text(0), 0)?),
                 token: need(text(1), 1)?.to_string(),
                 job_type: need(text(2), 2)?.to_string(),
                 version: need(small(3), 3)?,
@@ -389,8 +393,17 @@ impl ClaimRow {
     fn unreadable(reply: &Value, e: &QueueError) -> Self {
         let (id, token) = match reply {
             Value::BulkString(packed) => {
+                // The token only with an id that is UTF-8: a job the
+                // worker cannot name by its key is not failed by its text
+                // (that call answers "lease lost" and changes nothing); it
+                // is left leased for the watchdog, which dead-letters it
+                // when its attempts run out, without it ever running.
+                let id_is_text = Packed::new(packed)
+                    .next()
+                    .is_some_and(|r| std::str::from_utf8(&packed[r]).is_ok());
                 let token = Packed::new(packed)
                     .nth(1)
+                    .filter(|_| id_is_text)
                     .and_then(|r| std::str::from_utf8(&packed[r]).ok().map(str::to_string));
                 (packed_id(packed), token)
             }
@@ -477,6 +490,7 @@ mod tests {
     use redis::Value;
 
     use super::{ClaimRow, Skip, PACKED_FIELDS};
+    use crate::job::JobId;
 
     /// An id that is valid UTF-8 reads as itself; invalid bytes are
     /// replaced, as everywhere a job id is read.
@@ -538,24 +552,41 @@ mod tests {
     }
 
     /// Each field lands in its own place: a payload (last, keeping the
-    /// reply's buffer), an id that is not UTF-8 (read lossily), a
-    /// traceparent, a first start and the far flag.
+    /// reply's buffer), an id that is not ASCII, a traceparent, a first
+    /// start and the far flag.
     #[test]
     fn decodes_every_field_in_its_place() {
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         let mut f = claimed_fields();
-        f[0] = b"j\xff1".to_vec();
+        f[0] = "j\u{e9}1".as_bytes().to_vec();
         f[9] = tp.as_bytes().to_vec();
         f[10] = b"150".to_vec();
         f[11] = b"1".to_vec();
         f[12] = vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9];
         let d = delivery(&f);
-        assert_eq!(d.id.as_str(), "j\u{fffd}1");
+        assert_eq!(d.id.as_str(), "j\u{e9}1");
         assert_eq!(d.traceparent.as_deref(), Some(tp));
         assert_eq!(d.first_started_at_ms, 150);
         assert!(d.far_from_tail);
         assert_eq!(d.payload, vec![0x81, 0xa1, b'x', 0x01, 0, 0, 0, 9]);
         assert_eq!((d.token.as_str(), d.fence), ("tok", 4));
+    }
+
+    /// A claimed row whose id is not UTF-8 is unreadable, names its job
+    /// lossily, and comes without its token: the worker cannot name the job
+    /// by its key in any later call (its ack answered "lease lost" and the
+    /// job ran again at every delivery), so it leaves it leased for the
+    /// watchdog instead of running it or failing it by the wrong name.
+    #[test]
+    fn a_claimed_row_whose_id_is_not_utf8_is_unreadable_without_its_token() {
+        let mut f = claimed_fields();
+        f[0] = b"j\xff1".to_vec();
+        let ClaimRow::Unreadable(u) = ClaimRow::take_or_unreadable("q", packed(&f)) else {
+            panic!("a row whose id is not UTF-8 is unreadable")
+        };
+        assert_eq!(u.id.as_ref().map(JobId::as_str), Some("j\u{fffd}1"));
+        assert_eq!(u.token, None);
+        assert!(u.detail.contains("field 0 (id)"), "{}", u.detail);
     }
 
     /// An attempt or max_attempts above u32::MAX (a producer may store any
