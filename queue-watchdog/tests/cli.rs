@@ -1284,3 +1284,35 @@ fn run_reports_and_exports_the_stale_entries_a_pass_dropped() {
         Duration::from_secs(20),
     );
 }
+
+/// A `dead purge --json` stopped by an error part-way (here the third
+/// purge's request is held: the connection's response timeout) still
+/// prints what it purged before the error, with the error, and exits with an
+/// error. Before, stdout was empty: the
+/// purges done (irreversible) were reported nowhere (stop 46 review).
+#[test]
+fn a_purge_stopped_by_an_error_says_what_it_purged() {
+    let server = RedisServer::start().unwrap();
+    for id in ["p1", "p2", "p3"] {
+        seed_dead(&server, id, "send", "invalid-address");
+    }
+    // The dead list is p3 p2 p1, purged in that order: the third call,
+    // p1's, is the only request naming p1's step results.
+    let keys = queue_core::QueueKeys::new("emails");
+    let gate = queue_testkit::proxy::CommandGate::start(server.port(), &keys.steps("p1")).unwrap();
+    let url = gate.url();
+    let (ok, stdout, stderr) = run(&[
+        "dead", "purge", "--redis", &url, "-q", "emails", "--all", "--yes", "--json",
+    ]);
+    // The held request is still held: p1 was not purged.
+    assert!(lrange(&server, &keys.dead).contains("p1"));
+    gate.open();
+    assert!(!ok, "{stderr}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect(&stdout);
+    assert_eq!(v["purged"], serde_json::json!(["p3", "p2"]), "{v}");
+    assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+    assert!(
+        stderr.contains("stopped by an error after it purged 2 job(s)"),
+        "{stderr}"
+    );
+}

@@ -142,15 +142,23 @@ enum ReplayStep {
 
 async fn replay(admin: &Admin, args: DeadReplayArgs) -> Result<ExitCode> {
     let mut tally = Tally::default();
+    match replay_all(admin, &args, &mut tally).await {
+        Ok(()) => Ok(replay_done(&args, &tally)),
+        Err(e) => Err(stopped(&args.queue, "replayed", args.json, &tally, e)),
+    }
+}
+
+/// A replay run, each job reported as it is done (`tally`).
+async fn replay_all(admin: &Admin, args: &DeadReplayArgs, tally: &mut Tally) -> Result<()> {
     let filter = match args.target.selection() {
         DeadSelection::Ids(ids) => {
             let picked = admin
                 .select_dead(&args.queue, &DeadSelection::Ids(ids))
                 .await?;
             for p in &picked {
-                replay_one(admin, &args, &mut tally, p).await?;
+                replay_one(admin, args, tally, p).await?;
             }
-            return Ok(replay_done(&args, &tally));
+            return Ok(());
         }
         DeadSelection::Matching(text) => Some(text),
         DeadSelection::All => None,
@@ -167,14 +175,14 @@ async fn replay(admin: &Admin, args: DeadReplayArgs) -> Result<ExitCode> {
         let mut left = 0;
         for p in &chunk.candidates {
             if seen.insert(p.id.to_string())
-                && replay_one(admin, &args, &mut tally, p).await? == ReplayStep::Replayed
+                && replay_one(admin, args, tally, p).await? == ReplayStep::Replayed
             {
                 left += 1;
             }
         }
         from = (from + chunk.read).saturating_sub(left);
         if chunk.read == 0 || from >= chunk.total.saturating_sub(left) {
-            return Ok(replay_done(&args, &tally));
+            return Ok(());
         }
     }
 }
@@ -262,6 +270,29 @@ fn unreadable_note(tally: &Tally) -> String {
     }
 }
 
+/// A replay or purge stopped by `e` (Redis unreachable, a failover) after
+/// it changed some jobs: what it did is said before the error is returned,
+/// as the JSON summary with `"error"` (`--json`: nothing else was printed)
+/// or a line on stderr (each job's line was printed as it was done).
+/// Before, `--json` printed nothing at all: 25,000 purges done before a
+/// failover were reported nowhere.
+fn stopped(queue: &str, verb: &str, json: bool, tally: &Tally, e: CliError) -> CliError {
+    if json {
+        println!(
+            "{}",
+            json!({"queue": queue, "dry_run": false, verb: tally.done,
+                   "changed": tally.changed, "not_found": tally.missing,
+                   "unreadable": tally.unreadable, "error": e.to_string()})
+        );
+    }
+    eprintln!(
+        "stopped by an error after it {verb} {} job(s){}",
+        tally.done.len(),
+        unreadable_note(tally)
+    );
+    e
+}
+
 // ---- purge ----
 
 async fn purge(admin: &Admin, args: DeadPurgeArgs) -> Result<ExitCode> {
@@ -286,9 +317,13 @@ async fn purge(admin: &Admin, args: DeadPurgeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     for p in todo {
-        let outcome = admin
+        let outcome = match admin
             .purge_dead(&args.queue, &p.id, p.dead_at.as_deref())
-            .await?;
+            .await
+        {
+            Ok(outcome) => outcome,
+            Err(e) => return Err(stopped(&args.queue, "purged", args.json, &tally, e.into())),
+        };
         report_purge(&mut tally, p, outcome, args.json);
     }
     if args.json {
