@@ -506,8 +506,15 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
   end
   local h, bad = read_job(jobkey, unpack(CLAIM_FIELDS))
   if h and not h[1] then
-    dead_letter(jobkey, dead, stats, id, 'job hash missing (key deleted or evicted)', now)
+    -- A hash without `state` (corrupt data) is named as such, and counted
+    -- in its batch like any dead-lettered member (dead_letter answers the
+    -- batch of a hash; nil for a missing key). Before, the reason said
+    -- "missing" of a hash that exists, and the batch never fired.
+    local why = redis.call('EXISTS', jobkey) == 1 and 'corrupt field state: missing'
+      or 'job hash missing (key deleted or evicted)'
+    local member = dead_letter(jobkey, dead, stats, id, why, now)
     drop_delivery(processing, leases, id)
+    dead_member(member, id, why, now, stats)
     return {'missing', id}
   end
   if h then

@@ -1464,3 +1464,42 @@ async fn a_failparent_chain_of_ten_thousand_steps_ends_in_one_fail() {
     let last = fx.dead_reason("line:s9999").await;
     assert!(last.contains("first line:s9998: flow:"), "{last}");
 }
+
+/// A member whose job hash lost its `state` field (corrupt data), taken by a
+/// fetch: it is dead-lettered naming the missing field, and counted in its
+/// batch as dead, so the batch fires (its callback is queued). Before, the
+/// claim dead-lettered it as "job hash missing" of a hash that exists and
+/// never counted it: the sealed batch waited for ever (stop 46 review).
+#[tokio::test]
+async fn a_member_whose_hash_lost_its_state_is_counted_dead_and_its_batch_fires() {
+    let mut fx = Fx::start().await;
+    let bkey = fx.batch(Q, &["m"], 3).await;
+    let keys = fx.keys.clone();
+    fx.cmd(&["HDEL", &keys.job("m"), "state"]).await;
+    let rows = Fetch {
+        keys: &keys,
+        lease: Duration::from_secs(30),
+        token_base: "base",
+        count: 1,
+        first_try: true,
+    }
+    .run(&mut fx.conn)
+    .await
+    .unwrap();
+    assert!(
+        matches!(rows.as_slice(), [ClaimRow::Skipped(id, _)] if id.as_str() == "m"),
+        "not run: {rows:?}"
+    );
+    assert!(fx.in_list(&keys.dead, "m").await);
+    assert_eq!(
+        fx.text(&["HGET", &keys.job("m"), "dead_reason"])
+            .await
+            .as_deref(),
+        Some("corrupt field state: missing")
+    );
+    assert!(fx.counted(&bkey, "m").await, "counted in its batch");
+    assert_eq!(
+        fx.text(&["HGET", &bkey, "state"]).await.as_deref(),
+        Some("fired")
+    );
+}
