@@ -337,7 +337,7 @@ impl Skip {
     pub(crate) fn reason(self) -> &'static str {
         match self {
             Skip::Done => "completion record exists: acked without running the handler again",
-            Skip::Missing => "job hash missing: dead-lettered",
+            Skip::Missing => "job hash missing or without a state: dead-lettered",
             Skip::Busy => "another delivery owns this job",
             Skip::Gone => "already returned by the watchdog before the claim",
             Skip::Paused => "queue paused: returned to the queue unclaimed",

@@ -100,8 +100,8 @@ if not answer then
     wake = sooner_than_head(KEYS[4], now + delay)
   elseif once > 0 or group then
     -- The lists the push writes, checked before the marker's SET (the first
-    -- write) or before a group list's LPUSH (push_waiting's LPOS of the ring
-    -- comes after it). A plain job needs no check: its LPUSH main is the
+    -- write) or before a group list's LPUSH (push_waiting's RPUSH of the
+    -- ring comes after it). A plain job needs no check: its LPUSH main is the
     -- first write.
     expect_waiting_types(KEYS[1], group)
   end

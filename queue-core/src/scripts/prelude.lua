@@ -215,6 +215,17 @@ local function listed_near_tail(key, id, walks)
   walks.left = walks.left - 1
   return type(redis.pcall('LPOS', key, id, 'RANK', -1)) == 'number'
 end
+-- Whether dead job `id` is on dead list `dead`: as listed_near_tail, after
+-- a search of STALE_SEARCH entries from the head, where dead letters are
+-- pushed (a job dead-lettered lately). Without it a stale entry of a recent
+-- dead letter walked the whole list from the tail: 500 of them over a dead
+-- list of 1,000,000 cost reclaim 125 calls and 19.8 s of Redis, where an
+-- LPOS from the head had stopped at once (stop 46 review).
+local function dead_listed(dead, id, walks)
+  local i = redis.pcall('LPOS', dead, id, 'MAXLEN', STALE_SEARCH)
+  if type(i) == 'number' then return true end
+  return listed_near_tail(dead, id, walks)
+end
 -- Whether a stale entry's `queued` job is waiting (`waiting`: main or its
 -- group's list) or taken (`processing`): true, false (in neither), or nil
 -- when a lookup needs a whole walk and `walks` has none left.

@@ -20,7 +20,8 @@
 -- dead-lettered as "job hash missing". Both are answered. Each list lookup
 -- of a stale entry searches STALE_SEARCH entries from the tail, then walks
 -- a longer list whole at most STALE_WALKS times per call (prelude's
--- listed_near_tail): past that the call ends before the entry's writes and
+-- listed_near_tail; the dead list's head first, dead_listed): past that the
+-- call ends before the entry's writes and
 -- the next call goes on from it (its wait answers 0: due now).
 -- KEYS: 1 delayed, 2 main, 3 dead, 4 stats, 5 guard (never written: see keys.rs),
 --       6 processing, 7 leases (read only, on the rare stale path, through
@@ -60,7 +61,7 @@ for i = 1, #due, 2 do
   -- waits for the next call (stopped before its writes, below).
   local relist_dead, requeue, unsure
   if stale == 'dead' then
-    local d = listed_near_tail(KEYS[3], id, walks)
+    local d = dead_listed(KEYS[3], id, walks)
     relist_dead, unsure = d == false, d == nil
   elseif stale == 'queued' then
     local g = group_of(h[2])

@@ -137,7 +137,8 @@ if #expired > 2 * WALK_COST then
 end
 local taken = 0
 -- The dead-list lookups of stale entries of dead jobs (a rare path): each
--- bounded as promote's and dead_trim's (listed_near_tail); the entry whose
+-- bounded as promote's (dead_listed: 1,000 entries from the head, where
+-- recent dead letters are, then from the tail); the entry whose
 -- lookup needs a whole walk past STALE_WALKS waits, before its writes, for
 -- the next call (`cut`, answered so that the watchdog calls again at once).
 local walks, cut = {left = STALE_WALKS}, false
@@ -175,7 +176,7 @@ for i = 1, #expired, 2 do
         msg = 'taken from main but never claimed: the worker died between BLMOVE and claim'
       elseif state == 'dead' then
         stale = 'dead'
-        local d = listed_near_tail(KEYS[4], id, walks)
+        local d = dead_listed(KEYS[4], id, walks)
         if d == nil then
           cut = true
           break

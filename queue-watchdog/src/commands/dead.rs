@@ -102,6 +102,9 @@ struct Tally {
     missing: Vec<String>,
     /// Entries whose job key cannot be read (corrupt data): skipped.
     unreadable: Vec<String>,
+    /// The job whose replay or purge call is on its way: in doubt when that
+    /// call fails (its reply lost, it may have run).
+    current: Option<String>,
 }
 
 impl Tally {
@@ -144,7 +147,14 @@ async fn replay(admin: &Admin, args: DeadReplayArgs) -> Result<ExitCode> {
     let mut tally = Tally::default();
     match replay_all(admin, &args, &mut tally).await {
         Ok(()) => Ok(replay_done(&args, &tally)),
-        Err(e) => Err(stopped(&args.queue, "replayed", args.json, &tally, e)),
+        Err(e) => Err(stopped(
+            &args.queue,
+            "replayed",
+            args.dry_run,
+            args.json,
+            &tally,
+            e,
+        )),
     }
 }
 
@@ -201,10 +211,12 @@ async fn replay_one(
     } else if args.dry_run {
         ReplayStep::WouldReplay
     } else {
-        match admin
+        tally.current = Some(p.id.to_string());
+        let outcome = admin
             .replay_dead(&args.queue, &p.id, args.reset_attempts)
-            .await?
-        {
+            .await?;
+        tally.current = None;
+        match outcome {
             ReplayOutcome::Replayed => ReplayStep::Replayed,
             ReplayOutcome::NotDead => ReplayStep::NotDead,
         }
@@ -270,24 +282,45 @@ fn unreadable_note(tally: &Tally) -> String {
     }
 }
 
-/// A replay or purge stopped by `e` (Redis unreachable, a failover) after
-/// it changed some jobs: what it did is said before the error is returned,
-/// as the JSON summary with `"error"` (`--json`: nothing else was printed)
-/// or a line on stderr (each job's line was printed as it was done).
+/// A replay or purge (`verb`: "replayed", "purged"; a replay's dry run
+/// names only) stopped by `e` (Redis unreachable, a failover) part-way: what
+/// it did is said before the error is returned, as the JSON summary with
+/// `"error"` (`--json`: nothing else was printed) or a line on stderr (each
+/// job's line was printed as it was done), with the job whose call was on
+/// its way when it failed as `in_doubt` (its reply lost: it may have run).
 /// Before, `--json` printed nothing at all: 25,000 purges done before a
 /// failover were reported nowhere.
-fn stopped(queue: &str, verb: &str, json: bool, tally: &Tally, e: CliError) -> CliError {
+fn stopped(
+    queue: &str,
+    verb: &str,
+    dry_run: bool,
+    json: bool,
+    tally: &Tally,
+    e: CliError,
+) -> CliError {
+    let in_doubt: Vec<&String> = tally.current.iter().collect();
     if json {
         println!(
             "{}",
-            json!({"queue": queue, "dry_run": false, verb: tally.done,
+            json!({"queue": queue, "dry_run": dry_run, verb: tally.done,
                    "changed": tally.changed, "not_found": tally.missing,
-                   "unreadable": tally.unreadable, "error": e.to_string()})
+                   "unreadable": tally.unreadable, "in_doubt": in_doubt,
+                   "error": e.to_string()})
         );
     }
+    let doubt = match &tally.current {
+        Some(id) => format!(
+            "; {} in doubt (its call may have run: look it up with `jobs show`)",
+            printable(id)
+        ),
+        None => String::new(),
+    };
+    let did = match dry_run {
+        true => format!("named {} job(s) it would replay", tally.done.len()),
+        false => format!("{verb} {} job(s)", tally.done.len()),
+    };
     eprintln!(
-        "stopped by an error after it {verb} {} job(s){}",
-        tally.done.len(),
+        "stopped by an error after it {did}{}{doubt}",
         unreadable_note(tally)
     );
     e
@@ -317,13 +350,24 @@ async fn purge(admin: &Admin, args: DeadPurgeArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     for p in todo {
+        tally.current = Some(p.id.to_string());
         let outcome = match admin
             .purge_dead(&args.queue, &p.id, p.dead_at.as_deref())
             .await
         {
             Ok(outcome) => outcome,
-            Err(e) => return Err(stopped(&args.queue, "purged", args.json, &tally, e.into())),
+            Err(e) => {
+                return Err(stopped(
+                    &args.queue,
+                    "purged",
+                    false,
+                    args.json,
+                    &tally,
+                    e.into(),
+                ))
+            }
         };
+        tally.current = None;
         report_purge(&mut tally, p, outcome, args.json);
     }
     if args.json {
