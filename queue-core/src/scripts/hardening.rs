@@ -2993,3 +2993,26 @@ impl Fixture {
         (reply.expect("the call ran"), walks)
     }
 }
+
+/// A job hash that lost its `state` field (corrupt data), met by a promote
+/// (its delayed entry) or a reclaim (its processing entry, lease expired):
+/// dead-lettered as `corrupt field state: missing`, as a claim names it.
+/// Before, both said "job hash missing" of a hash that exists.
+#[tokio::test]
+async fn a_hash_without_state_is_named_as_such_by_promote_and_reclaim() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    for id in ["late", "held"] {
+        fx.cmd(&["HSET", &k.job(id), "id", id, "type", "t", "attempts", "1"])
+            .await;
+    }
+    fx.cmd(&["ZADD", &k.delayed, "1", "late"]).await;
+    fx.stale_entry("held").await;
+    fx.promote().await.unwrap();
+    fx.reclaim().await.unwrap();
+    for id in ["late", "held"] {
+        assert_eq!(fx.places(id).await, Places::dead_only(), "{id}");
+        let job = fx.job(id).await;
+        assert_eq!(job["dead_reason"], "corrupt field state: missing", "{id}");
+    }
+}

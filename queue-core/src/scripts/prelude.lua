@@ -340,6 +340,15 @@ local function dead_letter(jobkey, dead, stats, id, reason, now)
   return nil
 end
 
+-- The dead-letter reason of a job whose hash has no `state`: the key is gone
+-- (deleted, evicted), or it is a hash that lost the field (corrupt data:
+-- named as such, not as "missing", which sent an operator looking for a
+-- key that exists).
+local function stateless_reason(jobkey)
+  if redis.call('EXISTS', jobkey) == 1 then return 'corrupt field state: missing' end
+  return 'job hash missing (key deleted or evicted)'
+end
+
 -- Counts dead-lettered member `id` in its batch: `member` is what
 -- dead_letter() returned (nil: not a member). Called last, after the
 -- caller's own removals. True when it wrote a relay notice.
@@ -521,8 +530,7 @@ local function claim(id, processing, leases, dead, stats, jobprefix, doneprefix,
     -- in its batch like any dead-lettered member (dead_letter answers the
     -- batch of a hash; nil for a missing key). Before, the reason said
     -- "missing" of a hash that exists, and the batch never fired.
-    local why = redis.call('EXISTS', jobkey) == 1 and 'corrupt field state: missing'
-      or 'job hash missing (key deleted or evicted)'
+    local why = stateless_reason(jobkey)
     local member = dead_letter(jobkey, dead, stats, id, why, now)
     drop_delivery(processing, leases, id)
     dead_member(member, id, why, now, stats)

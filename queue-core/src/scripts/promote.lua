@@ -50,7 +50,7 @@ for i = 1, #due, 2 do
         and not record_type_bad(record) then
       stale = 'completed'
     else
-      bad = 'job hash missing (key deleted or evicted)'
+      bad = stateless_reason(jobkey)
     end
   elseif h and h[1] ~= 'delayed' then
     stale = h[1]

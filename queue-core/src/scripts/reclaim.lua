@@ -166,7 +166,7 @@ for i = 1, #expired, 2 do
           and not record_type_bad(doneprefix .. id) then
         stale = 'completed'
       else
-        bad = 'job hash missing (key deleted or evicted)'
+        bad = stateless_reason(jobkey)
       end
     elseif h then
       local state = h[1]
