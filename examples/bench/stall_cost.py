@@ -117,7 +117,6 @@ def main():
                 r = connect(port, 10.0)
                 r.function_load(library_of(directory), replace=True)
                 print("%s: %s" % (label, promote_case(r, a.groups, a.due)), flush=True)
-                r.flushall()
                 for where in ("head", "middle", "tail"):
                     r.flushall()
                     print("%s: %s" % (label, reclaim_case(r, a.dead, a.stale, where)), flush=True)

@@ -53,10 +53,16 @@ async fn trim_expired(
 /// The `LPOS` calls among a script's `calls` (`MONITOR` lines) that walk a
 /// whole list (no `MAXLEN`).
 fn whole_walks(calls: &[String]) -> usize {
+    whole_walks_of(calls, None)
+}
+
+/// [`whole_walks`] of list `key` only (`None`: of any list).
+fn whole_walks_of(calls: &[String], key: Option<&str>) -> usize {
     calls
         .iter()
         .map(|l| super::monitor_args(l))
         .filter(|a| a.first().map(String::as_str) == Some("LPOS"))
+        .filter(|a| key.is_none_or(|k| a.get(1).map(String::as_str) == Some(k)))
         .filter(|a| !a.iter().any(|x| x.eq_ignore_ascii_case("MAXLEN")))
         .count()
 }
@@ -2984,12 +2990,7 @@ impl Fixture {
             reply = Some(Reclaim::for_tests(&k).run(&mut c).await.unwrap());
         })
         .await;
-        let walks = calls
-            .iter()
-            .map(|l| super::monitor_args(l))
-            .filter(|a| a.len() > 1 && a[0] == "LPOS" && a[1] == k.dead)
-            .filter(|a| !a.iter().any(|x| x.eq_ignore_ascii_case("MAXLEN")))
-            .count();
+        let walks = whole_walks_of(&calls, Some(&k.dead));
         (reply.expect("the call ran"), walks)
     }
 }

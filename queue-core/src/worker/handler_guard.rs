@@ -37,6 +37,19 @@ impl GuardedHandler {
     pub(super) fn new(fut: BoxFuture<'static, Result<(), JobError>>) -> Self {
         GuardedHandler { fut: Some(fut) }
     }
+
+    /// Drops the handler's future (once), its drop's panic caught and
+    /// logged.
+    fn drop_handler(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(fut))) {
+                error!(
+                    panic = %super::panic_message(&*panic),
+                    "the handler's future panicked while it was dropped; the run's outcome stands"
+                );
+            }
+        }
+    }
 }
 
 impl Future for GuardedHandler {
@@ -54,19 +67,6 @@ impl Future for GuardedHandler {
                 // is guarded like any other.
                 self.drop_handler();
                 Poll::Ready(Err(panic))
-            }
-        }
-    }
-}
-
-impl GuardedHandler {
-    fn drop_handler(&mut self) {
-        if let Some(fut) = self.fut.take() {
-            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(move || drop(fut))) {
-                error!(
-                    panic = %super::panic_message(&*panic),
-                    "the handler's future panicked while it was dropped; the run's outcome stands"
-                );
             }
         }
     }

@@ -298,15 +298,12 @@ fn stopped(
     tally: &Tally,
     e: CliError,
 ) -> CliError {
-    let in_doubt: Vec<&String> = tally.current.iter().collect();
     if json {
-        println!(
-            "{}",
-            json!({"queue": queue, "dry_run": dry_run, verb: tally.done,
-                   "changed": tally.changed, "not_found": tally.missing,
-                   "unreadable": tally.unreadable, "in_doubt": in_doubt,
-                   "error": e.to_string()})
-        );
+        let mut summary = tally_json(queue, verb, dry_run, tally);
+        let in_doubt: Vec<&String> = tally.current.iter().collect();
+        summary["in_doubt"] = json!(in_doubt);
+        summary["error"] = json!(e.to_string());
+        println!("{summary}");
     }
     let doubt = match &tally.current {
         Some(id) => format!(
@@ -324,6 +321,15 @@ fn stopped(
         unreadable_note(tally)
     );
     e
+}
+
+/// The JSON summary of a replay or purge run (`verb`: its key for the jobs
+/// done): what `dead purge --json` prints, and what a stopped run prints
+/// before its error.
+fn tally_json(queue: &str, verb: &str, dry_run: bool, tally: &Tally) -> serde_json::Value {
+    json!({"queue": queue, "dry_run": dry_run, verb: tally.done,
+           "changed": tally.changed, "not_found": tally.missing,
+           "unreadable": tally.unreadable})
 }
 
 // ---- purge ----
@@ -371,12 +377,7 @@ async fn purge(admin: &Admin, args: DeadPurgeArgs) -> Result<ExitCode> {
         report_purge(&mut tally, p, outcome, args.json);
     }
     if args.json {
-        println!(
-            "{}",
-            json!({"queue": args.queue, "dry_run": false, "purged": tally.done,
-                   "changed": tally.changed, "not_found": tally.missing,
-                   "unreadable": tally.unreadable})
-        );
+        println!("{}", tally_json(&args.queue, "purged", false, &tally));
     }
     eprintln!(
         "purged {} job(s){}",
