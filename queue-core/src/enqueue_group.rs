@@ -111,6 +111,8 @@ struct Turns {
     /// The last turn whose deferred wake came at once (no scheduler on the
     /// thread that started it): its pollers' second polls end it.
     immediate: AtomicU64,
+    /// The highest turn the driver has seen passed (and gone on from).
+    observed: AtomicU64,
 }
 
 impl Driver {
@@ -127,13 +129,20 @@ impl Driver {
         let polled = Pin::new(&mut self.future).poll(cx);
         if polled.is_pending() {
             let now = turns.started.load(Ordering::Acquire);
-            // A turn without a deferred wake, seen here for the first time
-            // and not passed: its one wake may have gone to another poller
-            // (one kept unpolled, say), and nothing else is bound to poll
-            // this one again: come back once, to end it.
-            if *seen != Some(now)
-                && turns.immediate.load(Ordering::Acquire) == now
-                && turns.passed.load(Ordering::Acquire) < now
+            // A turn without a deferred wake that the driver has not gone on
+            // from: no event will wake its pollers again. Its one wake may
+            // have gone to another poller (one kept unpolled, or answered and
+            // gone), and `Shared` wakes only the pollers registered when the
+            // driver wakes it: a poller that found another one inside the
+            // driver (on another thread) got `Pending` without polling it,
+            // and may have missed the wake, or passed the turn where the
+            // driver did not look. Come back until the driver has gone on:
+            // the second visit passes the turn, and the next poll of the
+            // driver sees it (review of a CI hang: threads looping on
+            // `Handle::block_on` waited for ever, 1 run in ~180 on a loaded
+            // machine, when this came back only on a first visit).
+            if turns.immediate.load(Ordering::Acquire) == now
+                && turns.observed.load(Ordering::Acquire) < now
             {
                 cx.waker().wake_by_ref();
             }
@@ -384,6 +393,7 @@ impl Future for SchedulerTurn<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
         if let Some(turn) = self.turn {
             if self.turns.passed.load(Ordering::Acquire) >= turn {
+                self.turns.observed.fetch_max(turn, Ordering::AcqRel);
                 return Poll::Ready(());
             }
             // A turn whose wake came at once has no wake left to come: wake
@@ -814,6 +824,96 @@ mod tests {
             generated: false,
             retry_window: Duration::ZERO,
         }
+    }
+
+    /// Counts the wakes of a poller.
+    #[derive(Default)]
+    struct Wakes(AtomicU64);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// A poller that visits the driver twice while another poller is inside
+    /// it (on another thread, in a turn without a deferred wake: the thread
+    /// of a `Handle::block_on`) gets `Pending` from `Shared` both times
+    /// without polling the driver, so the driver never sees the turn its
+    /// second visit passed, and the turn's one wake went out before it was
+    /// registered. It must come back by itself: the driver then goes on at
+    /// its next poll. Before, only a first visit came back, and when the
+    /// poller inside the driver was answered and left, the lane hung (CI:
+    /// `producers_looping_on_block_on_are_all_answered`, 1 run in ~180).
+    #[test]
+    fn a_poller_that_finds_the_driver_busy_in_an_immediate_turn_comes_back() {
+        type Visit = Box<dyn FnOnce() + Send>;
+        let turns = Arc::new(Turns::default());
+        let visit: Arc<Mutex<Option<Visit>>> = Arc::default();
+        let future = {
+            let (turns, visit) = (turns.clone(), visit.clone());
+            async move {
+                let mut turn = SchedulerTurn::new(&turns);
+                std::future::poll_fn(|cx| {
+                    let polled = Pin::new(&mut turn).poll(cx);
+                    // The other poller comes while this one is inside.
+                    if let Some(visit) = visit.lock().unwrap().take() {
+                        visit();
+                    }
+                    polled
+                })
+                .await
+            }
+            .boxed()
+            .shared()
+        };
+        let mut inside = Driver {
+            future: future.clone(),
+            turns: turns.clone(),
+        };
+        let other = Arc::new(Mutex::new((
+            Driver {
+                future,
+                turns: turns.clone(),
+            },
+            None,
+        )));
+        let wakes = Arc::new(Wakes::default());
+        let waker = std::task::Waker::from(wakes.clone());
+        let woken_at_visits = Arc::new(Mutex::new(Vec::new()));
+        *visit.lock().unwrap() = Some(Box::new({
+            let (other, waker, wakes, woken) = (
+                other.clone(),
+                waker.clone(),
+                wakes.clone(),
+                woken_at_visits.clone(),
+            );
+            move || {
+                let (driver, seen) = &mut *other.lock().unwrap();
+                for _ in 0..2 {
+                    let mut cx = std::task::Context::from_waker(&waker);
+                    assert!(driver.poll_for(seen, &mut cx).is_pending());
+                    woken.lock().unwrap().push(wakes.0.load(Ordering::SeqCst));
+                }
+            }
+        }));
+        let mut seen = None;
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        assert!(inside.poll_for(&mut seen, &mut cx).is_pending());
+        // The poller inside was answered, and leaves.
+        drop(inside);
+        let woken = woken_at_visits.lock().unwrap().clone();
+        assert_eq!(woken.len(), 2, "the other poller visited twice");
+        assert!(
+            woken[1] > woken[0],
+            "woken again at its second visit (wakes after each visit: {woken:?})"
+        );
+        let (driver, seen) = &mut *other.lock().unwrap();
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(
+            driver.poll_for(seen, &mut cx).is_ready(),
+            "the driver goes on at the poller's next visit"
+        );
     }
 
     /// A panic of a group call's own sending answers each of its callers
