@@ -491,6 +491,78 @@ async fn a_handler_that_panics_when_dropped_at_its_timeout_is_retried_not_kept_l
     worker.stop().await;
 }
 
+/// Runs of [`TracedRuns`].
+static TRACED_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A job that counts its runs, in a queue of its own.
+struct TracedRuns;
+impl Job for TracedRuns {
+    type Args = ();
+    const NAME: &'static str = "traced_runs";
+    const QUEUE: &'static str = "traced";
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        TRACED_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A tracing layer of the user's that panics at the first job span it sees.
+#[derive(Default)]
+struct PanicsAtFirstJobSpan(std::sync::atomic::AtomicBool);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicsAtFirstJobSpan {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() == "job"
+            && !self.0.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            panic!("a tracing layer that panics");
+        }
+    }
+}
+
+/// A panic in the fetcher's task (here a tracing layer of the user's, which
+/// the fetcher calls when it opens each job's span) does not end the
+/// queue's fetching: the fetcher starts again, and the jobs of the fetch it
+/// was dispatching, left leased, are returned by the watchdog and run.
+/// Before, the fetcher's task ended with the panic and the worker went on
+/// without it: the queue was never served again by that worker (stop 47).
+#[tokio::test]
+async fn a_fetcher_that_panics_is_started_again() {
+    use tracing_subscriber::layer::SubscriberExt;
+    // The test's runtime has one thread: the worker's tasks run on it.
+    let _tracing = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(PanicsAtFirstJobSpan::default()),
+    );
+    let env = TestEnv::start().await;
+    for _ in 0..2 {
+        env.queue.enqueue::<TracedRuns>(&()).await.unwrap();
+    }
+    let stop_watchdog = start_watchdog(&env.url, TracedRuns::QUEUE);
+    let worker = env
+        .spawn_worker_for(Registration::of::<TracedRuns>(), fast_config())
+        .await;
+    wait_until(BOUND, "both jobs run once the fetcher is back", || async {
+        TRACED_RUNS.load(std::sync::atomic::Ordering::SeqCst) == 2
+    })
+    .await;
+    env.queue.enqueue::<TracedRuns>(&()).await.unwrap();
+    wait_until(BOUND, "a job enqueued after is run", || async {
+        TRACED_RUNS.load(std::sync::atomic::Ordering::SeqCst) == 3
+    })
+    .await;
+    env.wait_stats(TracedRuns::QUEUE, "all three acked", |s| {
+        (s.main, s.processing, s.dead) == (0, 0, 0) && s.counters.get("completed") == Some(&3)
+    })
+    .await;
+    worker.stop().await;
+    let _ = stop_watchdog.send(());
+}
+
 /// Runs of [`CountsRuns`].
 static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 

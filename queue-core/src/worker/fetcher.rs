@@ -55,6 +55,9 @@ type InFlight = FuturesUnordered<Pin<Box<dyn Future<Output = Landed> + Send>>>;
 /// First pause before a fetch or claim is retried with the same token.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
+/// Pause before a fetcher that panicked starts again.
+const RESTART_PAUSE: Duration = Duration::from_secs(1);
+
 /// Longest decoding error kept in the dead-letter reason of an unreadable row.
 const REASON_CHARS: usize = 300;
 
@@ -84,8 +87,37 @@ impl Fetcher {
         crate::background::stop_requested(&self.stop)
     }
 
+    /// [`run`](Self::run), started again after a panic: a bug of the
+    /// fetcher, or code of the user's it runs in its task (a tracing layer,
+    /// called at each job's span), would otherwise end the queue's fetching
+    /// for good while the worker kept running, with nothing but one log line
+    /// to say so. The jobs of the fetch it was dispatching stay leased until
+    /// the watchdog returns them; the pause before the restart ends early at
+    /// the stop.
+    pub(super) async fn run_supervised(mut self) {
+        loop {
+            let ran = AssertUnwindSafe(self.run()).catch_unwind().await;
+            let Err(panic) = ran else {
+                return;
+            };
+            error!(queue = %self.queue().keys.queue, panic = %super::panic_message(&*panic),
+                "fetcher panicked; restarting it in {} ms (jobs it had fetched stay leased until the watchdog returns them)",
+                RESTART_PAUSE.as_millis());
+            if self.stopping() {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RESTART_PAUSE) => {}
+                _ = self.stop.changed() => {}
+            }
+            if self.stopping() {
+                return;
+            }
+        }
+    }
+
     /// Fetches and dispatches until the stop flag turns true.
-    pub(super) async fn run(mut self) {
+    async fn run(&mut self) {
         let queue = self.queue().keys.queue.clone();
         let mut error_delay = Duration::from_millis(100);
         // The last blocking wait timed out: the queue was empty, so the next

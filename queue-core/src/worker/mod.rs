@@ -396,7 +396,7 @@ async fn spawn_tasks(
             hard_stop: hard_rx.clone(),
             ackers: ackers.clone(),
         };
-        tasks.push(tokio::spawn(fetcher.run()));
+        tasks.push(tokio::spawn(fetcher.run_supervised()));
     }
     let mut announced = defer::announced_fields(inner).into_iter();
     for (q, promoting) in inner.queues.iter().zip(promoting) {
