@@ -8,7 +8,10 @@
 //! The lane's sender is one future, its *driver*, shared by every caller
 //! waiting in the lane: each caller awaits its own reply and, meanwhile,
 //! polls the driver, so the lane moves while any of its callers is polled
-//! and no caller depends on another being polled. The driver lets the
+//! and no caller depends on another being polled. A caller that finds
+//! another one inside the driver (on another thread) comes back until its
+//! own poll gets inside: `Shared` wakes only the callers registered when the
+//! driver wakes it ([`Driver::poll_for`]). The driver lets the
 //! scheduler run once (`yield_now`, no timer) before it takes the waiting
 //! jobs, sends them, answers each caller, and goes on with whoever joined
 //! meanwhile; a call that returns with nobody waiting removes the lane at
@@ -111,8 +114,24 @@ struct Turns {
     /// The last turn whose deferred wake came at once (no scheduler on the
     /// thread that started it): its pollers' second polls end it.
     immediate: AtomicU64,
-    /// The highest turn the driver has seen passed (and gone on from).
-    observed: AtomicU64,
+}
+
+thread_local! {
+    /// Set when a driver is polled on this thread ([`Inside`]): tells
+    /// [`Driver::poll_for`] whether its poll reached the driver.
+    static INSIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A driver's future, marking the thread [`INSIDE`] at each poll.
+struct Inside(BoxFuture<'static, ()>);
+
+impl Future for Inside {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        INSIDE.with(|inside| inside.set(true));
+        self.0.as_mut().poll(cx)
+    }
 }
 
 impl Driver {
@@ -126,23 +145,28 @@ impl Driver {
         if *seen == Some(turn) && turns.immediate.load(Ordering::Acquire) == turn {
             turns.pass(turn);
         }
+        let outer = INSIDE.with(|inside| inside.replace(false));
         let polled = Pin::new(&mut self.future).poll(cx);
+        let reached = INSIDE.with(|inside| inside.replace(outer));
         if polled.is_pending() {
             let now = turns.started.load(Ordering::Acquire);
-            // A turn without a deferred wake that the driver has not gone on
-            // from: no event will wake its pollers again. Its one wake may
-            // have gone to another poller (one kept unpolled, or answered and
-            // gone), and `Shared` wakes only the pollers registered when the
-            // driver wakes it: a poller that found another one inside the
-            // driver (on another thread) got `Pending` without polling it,
-            // and may have missed the wake, or passed the turn where the
-            // driver did not look. Come back until the driver has gone on:
-            // the second visit passes the turn, and the next poll of the
-            // driver sees it (review of a CI hang: threads looping on
-            // `Handle::block_on` waited for ever, 1 run in ~180 on a loaded
-            // machine, when this came back only on a first visit).
-            if turns.immediate.load(Ordering::Acquire) == now
-                && turns.observed.load(Ordering::Acquire) < now
+            // Another poller was inside the driver (on another thread):
+            // `Shared` answered `Pending` without polling it, and wakes only
+            // the pollers registered when the driver wakes it. The driver
+            // may have woken them (a reply, a turn's wake) before this one
+            // was registered, or not have seen the turn this visit passed;
+            // if the poller inside then leaves (answered, or cancelled), no
+            // wake is left to come: come back until a visit gets inside
+            // (futures-rs issue 2706; stop 47: threads looping on
+            // `Handle::block_on` hung, 1 CI run in ~180 on a loaded machine).
+            // A turn without a deferred wake, seen here for the first time
+            // and not passed: its one wake may have gone to another poller
+            // (one kept unpolled, say), and nothing else is bound to poll
+            // this one again: come back once, to end it.
+            if !reached
+                || (*seen != Some(now)
+                    && turns.immediate.load(Ordering::Acquire) == now
+                    && turns.passed.load(Ordering::Acquire) < now)
             {
                 cx.waker().wake_by_ref();
             }
@@ -369,7 +393,24 @@ struct TurnWaker {
     turn: u64,
     /// Registered: a wake now is the deferred one.
     armed: AtomicBool,
+    /// Woken (at once or deferred).
+    fired: AtomicBool,
     then: std::task::Waker,
+}
+
+impl Drop for TurnWaker {
+    /// Dropped unwoken: the deferred wake was thrown away (deferred into a
+    /// current-thread runtime's `block_on` that then returned: tokio drops
+    /// that list unwoken, taking it for the call's own future, while here
+    /// it stands for every caller of the lane). Nothing else passes a turn
+    /// with a deferred wake: pass it here and wake the pollers, or every
+    /// caller of the lane waits for ever (stop 47 review).
+    fn drop(&mut self) {
+        if !self.fired.load(Ordering::Acquire) {
+            self.turns.pass(self.turn);
+            self.then.wake_by_ref();
+        }
+    }
 }
 
 impl std::task::Wake for TurnWaker {
@@ -378,6 +419,7 @@ impl std::task::Wake for TurnWaker {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
+        self.fired.store(true, Ordering::Release);
         if self.armed.load(Ordering::Acquire) {
             self.turns.pass(self.turn);
         } else {
@@ -393,7 +435,6 @@ impl Future for SchedulerTurn<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
         if let Some(turn) = self.turn {
             if self.turns.passed.load(Ordering::Acquire) >= turn {
-                self.turns.observed.fetch_max(turn, Ordering::AcqRel);
                 return Poll::Ready(());
             }
             // A turn whose wake came at once has no wake left to come: wake
@@ -413,6 +454,7 @@ impl Future for SchedulerTurn<'_> {
             turns: self.turns.clone(),
             turn,
             armed: AtomicBool::new(false),
+            fired: AtomicBool::new(false),
             then: cx.waker().clone(),
         });
         let deferred = std::task::Waker::from(waker.clone());
@@ -465,7 +507,7 @@ impl DriverEnd {
             handed_on,
             finished: false,
         };
-        let future = drive(end).boxed().shared();
+        let future = Inside(drive(end).boxed()).boxed().shared();
         lane.driver = future.downgrade().map(|weak| (weak, turns.clone()));
         lane.generation = generation;
         Driver { future, turns }
@@ -852,7 +894,7 @@ mod tests {
         let visit: Arc<Mutex<Option<Visit>>> = Arc::default();
         let future = {
             let (turns, visit) = (turns.clone(), visit.clone());
-            async move {
+            let future = async move {
                 let mut turn = SchedulerTurn::new(&turns);
                 std::future::poll_fn(|cx| {
                     let polled = Pin::new(&mut turn).poll(cx);
@@ -864,8 +906,8 @@ mod tests {
                 })
                 .await
             }
-            .boxed()
-            .shared()
+            .boxed();
+            Inside(future).boxed().shared()
         };
         let mut inside = Driver {
             future: future.clone(),
@@ -914,6 +956,103 @@ mod tests {
             driver.poll_for(seen, &mut cx).is_ready(),
             "the driver goes on at the poller's next visit"
         );
+    }
+
+    /// A scheduler turn whose deferred wake is thrown away unwoken (the
+    /// wake was deferred into a current-thread runtime's `block_on` that
+    /// then returned: tokio drops that list without waking it, as it
+    /// belongs to the call's own future) still passes, and wakes the
+    /// driver's pollers. Before, nothing else could pass a turn with a
+    /// deferred wake: every caller of the lane waited for ever (review).
+    #[test]
+    fn a_turn_whose_deferred_wake_is_dropped_unwoken_passes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let turns = Arc::new(Turns::default());
+        let wakes = Arc::new(Wakes::default());
+        let waker = std::task::Waker::from(wakes.clone());
+        rt.block_on(async {
+            let mut turn = SchedulerTurn::new(&turns);
+            let mut cx = std::task::Context::from_waker(&waker);
+            assert!(Pin::new(&mut turn).poll(&mut cx).is_pending());
+        });
+        assert_eq!(turns.immediate.load(Ordering::SeqCst), 0, "deferred");
+        assert!(
+            turns.passed.load(Ordering::SeqCst) >= 1,
+            "the turn passed when its wake was dropped"
+        );
+        assert!(wakes.0.load(Ordering::SeqCst) > 0, "its pollers were woken");
+    }
+
+    /// A poller that finds another one inside the driver, which then wakes
+    /// the driver's pollers (a deferred turn's wake, a Redis reply) before
+    /// this one was registered, and leaves: `Shared` gives it `Pending`
+    /// without polling the driver, and no wake is left to come. It must come
+    /// back by itself whatever the turn: the driver then goes on at its next
+    /// poll. Before, only a poller in a turn without a deferred wake came
+    /// back (review: futures-rs issue 2706's lost wake).
+    #[test]
+    fn a_poller_that_finds_the_driver_busy_in_any_turn_comes_back() {
+        type Visit = Box<dyn FnOnce() + Send>;
+        let turns = Arc::new(Turns::default());
+        let visit: Arc<Mutex<Option<Visit>>> = Arc::default();
+        let inner_polls = Arc::new(AtomicU64::new(0));
+        let future = {
+            let (visit, inner_polls) = (visit.clone(), inner_polls.clone());
+            let future = std::future::poll_fn(move |cx| {
+                if inner_polls.fetch_add(1, Ordering::SeqCst) > 0 {
+                    return Poll::Ready(());
+                }
+                // The driver's pollers are woken (a reply came)...
+                cx.waker().wake_by_ref();
+                // ...before the other poller comes, while this one is inside.
+                if let Some(visit) = visit.lock().unwrap().take() {
+                    visit();
+                }
+                Poll::Pending
+            })
+            .boxed();
+            Inside(future).boxed().shared()
+        };
+        let mut inside = Driver {
+            future: future.clone(),
+            turns: turns.clone(),
+        };
+        let other = Arc::new(Mutex::new(Driver {
+            future,
+            turns: turns.clone(),
+        }));
+        let wakes = Arc::new(Wakes::default());
+        let waker = std::task::Waker::from(wakes.clone());
+        *visit.lock().unwrap() = Some(Box::new({
+            let (other, waker) = (other.clone(), waker.clone());
+            move || {
+                let mut cx = std::task::Context::from_waker(&waker);
+                let mut seen = None;
+                assert!(other
+                    .lock()
+                    .unwrap()
+                    .poll_for(&mut seen, &mut cx)
+                    .is_pending());
+            }
+        }));
+        let mut seen = None;
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        assert!(inside.poll_for(&mut seen, &mut cx).is_pending());
+        // The poller inside was answered, and leaves.
+        drop(inside);
+        assert!(
+            wakes.0.load(Ordering::SeqCst) > 0,
+            "the poller that found the driver busy comes back"
+        );
+        let mut cx = std::task::Context::from_waker(&waker);
+        assert!(other
+            .lock()
+            .unwrap()
+            .poll_for(&mut None, &mut cx)
+            .is_ready());
+        assert_eq!(inner_polls.load(Ordering::SeqCst), 2);
     }
 
     /// A panic of a group call's own sending answers each of its callers

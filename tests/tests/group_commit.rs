@@ -768,6 +768,32 @@ fn producers_looping_on_block_on_are_all_answered() {
     });
 }
 
+/// An enqueue polled once in a `block_on` of a current-thread runtime that
+/// then returns (a `timeout` or `select!` that ended first, a future kept
+/// across calls), then awaited in a second `block_on`: it is answered. Its
+/// lane's scheduler turn had deferred its wake into the first call, which
+/// tokio drops unwoken when the call returns; before, nothing else could
+/// end that turn, and the enqueue (with every later one on the queue that
+/// joined it) waited for ever (stop 47 review).
+#[test]
+fn an_enqueue_polled_across_two_block_on_calls_is_answered() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let env = rt.block_on(TestEnv::start());
+    let t = env.task(0);
+    let mut first = Box::pin(env.queue.enqueue::<task::Job>(&t));
+    rt.block_on(async { assert!(futures::poll!(first.as_mut()).is_pending()) });
+    rt.block_on(async {
+        tokio::time::timeout(BOUND, first)
+            .await
+            .expect("answered")
+            .expect("enqueued");
+        assert_eq!(env.queue.stats("tasks").await.unwrap().main, 1);
+    });
+}
+
 /// A retry window too long for the clock (`Duration::MAX`: "keep trying")
 /// means no deadline. Before, `Instant::now() + window` panicked in every
 /// enqueue; with group commit the panic was inside the call in flight, whose
