@@ -1412,3 +1412,82 @@ async fn a_limit_of_zero_is_refused_before_any_write() {
     let after: Vec<(String, String)> = conn.hgetall(keys.limits()).await.unwrap();
     assert_eq!(after, before, "the limits hash is unchanged");
 }
+
+/// Adds `n` members `<prefix><i>` to zset `key`, each scored `score`.
+async fn seed_zset(conn: &mut RedisConnection, key: &str, prefix: &str, n: usize, score: u64) {
+    let members: Vec<(u64, String)> = (0..n).map(|i| (score, format!("{prefix}{i}"))).collect();
+    let _: () = conn.zadd_multiple(key, &members).await.unwrap();
+}
+
+/// A key's running set holding many ids whose leases passed (a burst of
+/// claims, then an idle queue: nothing swept them) is pruned a bounded
+/// chunk per call: one claim used to remove them all in one script (with
+/// 200,000 of them, a 0.5 s stall of Redis), and the count stays right
+/// meanwhile (an id with no lease is not counted). Stop 47 review.
+#[tokio::test]
+async fn a_keys_stale_running_ids_are_pruned_a_chunk_per_call() {
+    let (_server, mut conn, keys) = setup("limits-prune").await;
+    set(&mut conn, &keys, &[("key_concurrency", "5")]).await;
+    let running = format!("{}:running:acme", keys.limits());
+    let past = redis_now(&mut conn).await - 60_000;
+    seed_zset(&mut conn, &running, "old", 1_000, past).await;
+    let mut claims = Vec::new();
+    let mut left = Vec::new();
+    for i in 1..=5 {
+        let id = format!("j{i}");
+        enqueue(&mut conn, &keys, &id, Some("acme")).await;
+        // Under the cap of 5 whatever is left to prune: no stale id counts.
+        claims.extend(claimed(&fetch(&mut conn, &keys, 1).await));
+        left.push(conn.zcard::<_, u64>(&running).await.unwrap());
+    }
+    assert_eq!(claims, ["j1", "j2", "j3", "j4", "j5"]);
+    assert!(
+        (700..=1_000).contains(&left[0]),
+        "one call pruned a bounded chunk: {left:?} left after each call"
+    );
+    let live: Vec<String> = conn.zrange(&running, 0, -1).await.unwrap();
+    assert_eq!(
+        live,
+        ["j1", "j2", "j3", "j4", "j5"],
+        "every stale id pruned over later calls ({left:?} left after each)"
+    );
+}
+
+/// The expired entries of `<limits>:deferkeys`, and a key's index entries
+/// past any booking, are dropped a bounded chunk per deferral: one deferral
+/// after a long quiet spell used to drop them all in one script (500,000
+/// keys: a 0.24 s stall). Stop 47 review.
+#[tokio::test]
+async fn expired_deferral_indexes_are_dropped_a_chunk_per_call() {
+    let (_server, mut conn, keys) = setup("limits-deferkeys").await;
+    set(&mut conn, &keys, &[("key_rate", "1/10000")]).await;
+    let deferkeys = format!("{}:deferkeys", keys.limits());
+    let index = format!("{}:deferred:A", keys.limits());
+    let now = redis_now(&mut conn).await;
+    seed_zset(&mut conn, &deferkeys, "gone", 1_000, now - 1_000).await;
+    seed_zset(&mut conn, &index, "old", 1_000, now - 8 * 86_400_000).await;
+    for id in ["a1", "a2"] {
+        enqueue(&mut conn, &keys, id, Some("A")).await;
+    }
+    let reply = fetch(&mut conn, &keys, 2).await;
+    assert_eq!(
+        (claimed(&reply), deferred(&reply)),
+        (vec!["a1".to_string()], vec!["a2".to_string()])
+    );
+    let keys_left: u64 = conn.zcard(&deferkeys).await.unwrap();
+    let index_left: u64 = conn.zcard(&index).await.unwrap();
+    assert!(
+        (700..=1_001).contains(&keys_left) && (700..=1_001).contains(&index_left),
+        "one deferral dropped a bounded chunk: {keys_left} keys and {index_left} index entries left"
+    );
+    assert!(conn
+        .zscore::<_, _, Option<f64>>(&deferkeys, "A")
+        .await
+        .unwrap()
+        .is_some());
+    assert!(conn
+        .zscore::<_, _, Option<f64>>(&index, "a2")
+        .await
+        .unwrap()
+        .is_some());
+}

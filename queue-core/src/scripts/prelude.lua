@@ -716,6 +716,11 @@ local LIMITS_BUSY_MS = 100
 local LIMITS_MAX_DEFERRED = 100
 -- Most running ids and sets one call's sweep looks at (limits_sweep).
 local LIMITS_SWEEP = 64
+-- Most stale entries one call drops from a key's running set
+-- (limits_key_running) or from a deferral index (limits_index): after a
+-- quiet spell, dropping them all in one call stalled Redis (200,000 stale
+-- running ids: 0.5 s). What is left is dropped by later calls.
+local LIMITS_TRIM = 256
 -- A key's booked next start further ahead than this is corrupt data (a
 -- booking is a few windows ahead at most) and is ignored: 7 days.
 local LIMITS_MAX_BOOKING_MS = 604800000
@@ -877,7 +882,9 @@ end
 -- that still hold a lease. A running id's score is the lease it was claimed
 -- (or last seen) with, so only ids whose score has passed are looked at: one
 -- whose lease a heartbeat extended is re-scored to it, one whose lease is
--- gone or expired leaves the set. The rest are counted by one ZINTERCARD with
+-- gone or expired leaves the set, LIMITS_TRIM of them per call at most (one
+-- left for a later call counts only while it is in the leases zset: not once
+-- acked or reclaimed; while expired and not reclaimed yet, conservatively). The rest are counted by one ZINTERCARD with
 -- the leases zset (an acked, failed or reclaimed delivery has no lease), not
 -- one ZSCORE per running id (which cost a fetch work in proportion to the
 -- cap, for every waiting job of the key it looked at). Once per key per call
@@ -887,7 +894,7 @@ local function limits_key_running(lim, k, leases, now)
   local n = lim.running[k.key]
   if n then return n end
   local running = lim.key .. ':running:' .. k.key
-  local ids = redis.call('ZRANGEBYSCORE', running, '-inf', int_str(now))
+  local ids = redis.call('ZRANGEBYSCORE', running, '-inf', int_str(now), 'LIMIT', '0', int_str(LIMITS_TRIM))
   limits_prune(running, leases, ids, #ids, now)
   n = redis.call('ZINTERCARD', '2', running, leases)
   lim.running[k.key] = n
@@ -912,13 +919,21 @@ local function limits_key_wait(lim, k, leases, now)
   return wait
 end
 
+-- Drops at most LIMITS_TRIM members of zset `key` scored up to `max` (a
+-- ZRANGEBYSCORE bound), the lowest first. A hint's upkeep: pcalls.
+local function limits_trim(key, max)
+  local old = redis.pcall('ZRANGEBYSCORE', key, '-inf', max, 'LIMIT', '0', int_str(LIMITS_TRIM))
+  if not old['err'] and #old > 0 then redis.pcall('ZREM', key, unpack(old)) end
+end
+
 -- Indexes job `id`, deferred now for rate key `key` until `until_ms` (its
 -- run_at plus one window), for limits_release: `<limits>:deferred:<key>` (id
 -- -> now, the time it was deferred) lives a booking's longest reach
 -- (LIMITS_MAX_BOOKING_MS) past that, so it outlives every run_at it holds
 -- under the same limits; `<limits>:deferkeys` keeps its expiry, and drops the
--- keys whose index expired once per call. Once per call and key, the index
--- drops the entries deferred more than LIMITS_MAX_BOOKING_MS + `window`
+-- keys whose index expired once per call (LIMITS_TRIM of them at most). Once
+-- per call and key, the index drops (LIMITS_TRIM at most of) the entries
+-- deferred more than LIMITS_MAX_BOOKING_MS + `window`
 -- ago: a run_at is at most that far after its deferral, so their jobs are
 -- due already (or left without a claim: cancelled, purged); each deferral
 -- pushes the index's TTL on, so on a key always over its limit they would
@@ -929,12 +944,11 @@ local function limits_index(lim, key, id, until_ms, window, now)
   local ttl = until_ms - now + LIMITS_MAX_BOOKING_MS
   if not lim.deferkeys_swept then
     lim.deferkeys_swept = true
-    redis.pcall('ZREMRANGEBYSCORE', keys, '-inf', int_str(now))
+    limits_trim(keys, int_str(now))
   end
   if not lim.trimmed[key] then
     lim.trimmed[key] = true
-    redis.pcall('ZREMRANGEBYSCORE', index, '-inf',
-      '(' .. int_str(now - LIMITS_MAX_BOOKING_MS - math.max(window, LIMITS_BUSY_MS)))
+    limits_trim(index, '(' .. int_str(now - LIMITS_MAX_BOOKING_MS - math.max(window, LIMITS_BUSY_MS)))
   end
   redis.pcall('ZADD', index, int_str(now), id)
   redis.pcall('PEXPIRE', index, int_str(ttl))
