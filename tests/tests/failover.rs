@@ -631,6 +631,36 @@ async fn sentinel_urls_resolve_the_primary_or_fail_clearly() {
     assert!(err.to_string().contains("master-name"), "{err}");
 }
 
+/// On a Sentinel connection an enqueue of a generated id reads its keys
+/// (`EXISTS`) at its first send too, as on a cluster: a reply that timed out
+/// drops the connection to the primary, and the retry, on a new one, can
+/// overtake the first send. That late first send, skipping the reads on the
+/// promise that the id could not exist yet, pushed the id a second time and
+/// reset the job's hash to queued with 0 attempts (stop 47 review; shown on
+/// the scripts: `enqueue_many` with fresh '0', then fresh '1', of one id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_enqueue_of_a_generated_id_reads_its_keys() {
+    init_tracing();
+    let _serial = serial().await;
+    let setup = tokio::task::block_in_place(|| SentinelSetup::start(1, 1)).unwrap();
+    let queue = Queue::connect(&setup.url()).await.unwrap();
+    let primary = setup.server(setup.primary_index().unwrap()).url();
+    let exists_calls = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut queue_tests::redis_conn(&primary).await)
+            .await
+            .unwrap();
+        queue_testkit::command_stat(&info, "exists", "calls")
+    };
+    let before = exists_calls().await;
+    queue.enqueue::<task::Job>(&Task::default()).await.unwrap();
+    assert!(
+        exists_calls().await > before,
+        "the enqueue of a generated id read its keys"
+    );
+}
+
 /// A sentinel that names another node under the master name with no newer
 /// configuration epoch (one that missed the last failover, or monitors
 /// something else under the name) is not followed: the connection stays on

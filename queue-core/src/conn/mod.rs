@@ -234,15 +234,21 @@ impl RedisConnection {
         matches!(self.kind, Kind::Cluster(_))
     }
 
-    /// True when the client may send a command again by itself after the
-    /// command's reply was lost: the cluster client reconnects and resends
-    /// (up to its `retries`), so a command may run twice without its caller
-    /// knowing. A script call must then not skip a read on the promise that
-    /// this is its first run (fetch's receipt, the dedupe reads of a
-    /// generated enqueue id): a resend would move a second batch or push an
-    /// id twice. One read more per call, on clusters only.
+    /// True when a command may run after a later send of it, or run twice
+    /// without its caller knowing: the cluster client reconnects and resends
+    /// by itself (up to its `retries`); a Sentinel connection drops its
+    /// connection to the primary when a reply times out, so a retry goes out
+    /// on a new one, where it can overtake the first send (still queued on
+    /// the old one: Redis orders nothing between two connections). A script
+    /// call must then not skip a read on the promise that this is its first
+    /// run (fetch's receipt, the dedupe reads of a generated enqueue id): a
+    /// late first send of a generated id's enqueue, after its retry wrote
+    /// the job, pushed the id twice and reset its hash (stop 47 review). One
+    /// read more per call, on clusters and Sentinel only: a `redis://`
+    /// connection keeps its one connection across a timeout (its replies
+    /// stay in order) and a dropped one takes its unsent commands with it.
     pub(crate) fn may_resend(&self) -> bool {
-        self.is_cluster()
+        self.is_cluster() || self.is_sentinel()
     }
 
     /// The library loads' gate of this connection's server(s).
