@@ -423,6 +423,12 @@ impl Outbox {
             .map(|d| i64::try_from(d.as_micros()).map_err(|_| invalid("delay too long")))
             .transpose()?;
         let run_at: Option<SystemTime> = opts.run_at;
+        if let Some(at) = run_at.filter(|&at| !within_timestamptz(at)) {
+            return Err(invalid(&format!(
+                "run_at {at:?} is outside what PostgreSQL's timestamptz can hold \
+                 (4714-11-24 BC to 294276-12-31 AD)"
+            )));
+        }
         let mut extra = opts.extra_fields;
         if !extra.iter().any(|(n, _)| n == "rate_key") {
             if let Some(key) = J::rate_key(args) {
@@ -542,6 +548,24 @@ impl Outbox {
             oldest_unpublished: oldest.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok()),
         })
     }
+}
+
+/// Whether `at` is within PostgreSQL's `timestamptz` range, which the
+/// driver does not check: beyond it its count of microseconds overflows (a
+/// panic in a debug build; in a release one `UNIX_EPOCH + i64::MAX` seconds,
+/// a "never", wraps to 1969 and the job runs at once).
+fn within_timestamptz(at: SystemTime) -> bool {
+    // PostgreSQL's MIN_TIMESTAMP and END_TIMESTAMP (datatype/timestamp.h):
+    // microseconds from its epoch, 2000-01-01, to 4714-11-24 BC and to
+    // 294277-01-01 (excluded).
+    const MIN_US: i128 = -211_813_488_000_000_000;
+    const END_US: i128 = 9_223_371_331_200_000_000;
+    const EPOCH_2000_UNIX_US: i128 = 946_684_800_000_000;
+    let unix_us = match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => after.as_micros() as i128,
+        Err(before) => -(before.duration().as_micros() as i128),
+    };
+    (MIN_US..END_US).contains(&(unix_us - EPOCH_2000_UNIX_US))
 }
 
 /// PostgreSQL's `now()`: every age in this crate is measured on the database clock.

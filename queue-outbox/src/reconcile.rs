@@ -8,7 +8,8 @@ use tokio_postgres::GenericClient;
 use tracing::warn;
 
 use crate::error::{OutboxError, Result};
-use crate::outbox::{pg_now, Outbox, OutboxRow};
+use crate::outbox::{pg_now, Outbox};
+use crate::table::TableName;
 
 /// Rows read from PostgreSQL per round trip.
 const PAGE: i64 = 500;
@@ -209,9 +210,7 @@ impl Outbox {
                 .await
                 .map_err(|e| OutboxError::pg(&table.name, "selecting rows to reconcile", e))?;
             for raw in &rows {
-                // A value that keeps the row from being published does not
-                // keep it from being listed (the relay rejects it).
-                let (row, _) = OutboxRow::from_row(table, raw)?;
+                let row = Unfinished::from_row(table, raw)?;
                 after = row.row_id;
                 if let Some(listed) = check(queue, row, now).await? {
                     out.push(listed);
@@ -228,11 +227,59 @@ impl Outbox {
     }
 }
 
+/// The columns of an outbox row that reconciliation reads
+/// ([`TableName::RECONCILE_COLUMNS`]): no payload, no extra fields.
+struct Unfinished {
+    row_id: i64,
+    job_id: JobId,
+    queue: String,
+    job_type: String,
+    created_at: SystemTime,
+    published_at: Option<SystemTime>,
+    rejected_at: Option<SystemTime>,
+    attempts: i32,
+    last_error: Option<String>,
+    next_attempt_at: Option<SystemTime>,
+}
+
+impl Unfinished {
+    /// A column of an unexpected type is an error naming the row (a table
+    /// problem), never a panic.
+    fn from_row(table: &TableName, row: &tokio_postgres::Row) -> Result<Self> {
+        let row_id: i64 = row.try_get(0).map_err(|e| OutboxError::InvalidRow {
+            table: table.name.clone(),
+            row_id: -1,
+            queue: None,
+            job_id: None,
+            reason: format!("column `id`: {e}"),
+        })?;
+        let bad = |column: &str, e: tokio_postgres::Error| OutboxError::InvalidRow {
+            table: table.name.clone(),
+            row_id,
+            queue: row.try_get::<_, String>(2).ok(),
+            job_id: row.try_get::<_, String>(1).ok().map(JobId::from),
+            reason: format!("column `{column}`: {e}"),
+        };
+        Ok(Unfinished {
+            row_id,
+            job_id: JobId::from(row.try_get::<_, String>(1).map_err(|e| bad("job_id", e))?),
+            queue: row.try_get(2).map_err(|e| bad("queue", e))?,
+            job_type: row.try_get(3).map_err(|e| bad("job_type", e))?,
+            created_at: row.try_get(4).map_err(|e| bad("created_at", e))?,
+            published_at: row.try_get(5).map_err(|e| bad("published_at", e))?,
+            rejected_at: row.try_get(6).map_err(|e| bad("rejected_at", e))?,
+            attempts: row.try_get(7).map_err(|e| bad("attempts", e))?,
+            last_error: row.try_get(8).map_err(|e| bad("last_error", e))?,
+            next_attempt_at: row.try_get(9).map_err(|e| bad("next_attempt_at", e))?,
+        })
+    }
+}
+
 /// Where a published row's job is in Redis: its status, attempts and error,
 /// or `None` when it completed.
 type JobStatus = Option<(ReconcileStatus, Option<u32>, Option<String>)>;
 
-async fn job_status(queue: &Queue, row: &OutboxRow) -> queue_core::Result<JobStatus> {
+async fn job_status(queue: &Queue, row: &Unfinished) -> queue_core::Result<JobStatus> {
     if let Some(info) = queue.job(&row.queue, &row.job_id).await? {
         let error = info
             .field("dead_reason")
@@ -252,7 +299,7 @@ async fn job_status(queue: &Queue, row: &OutboxRow) -> queue_core::Result<JobSta
 /// read this job's data (a key of another type) lists the row as
 /// `unreadable` instead of failing the whole reconciliation; a failure of
 /// Redis itself is an error.
-async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<ReconcileRow>> {
+async fn check(queue: &Queue, row: Unfinished, now: SystemTime) -> Result<Option<ReconcileRow>> {
     let (status, job_attempts, job_error) = if row.rejected_at.is_some() {
         (ReconcileStatus::Rejected, None, None)
     } else if row.published_at.is_none() {
@@ -293,4 +340,30 @@ async fn check(queue: &Queue, row: OutboxRow, now: SystemTime) -> Result<Option<
         job_attempts,
         job_error,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression: reconciliation selected the relay's columns, payload
+    /// included (up to 512 MiB a row, 500 rows a page), and never used it.
+    #[test]
+    fn the_reconcile_query_selects_no_payload() {
+        let sql = TableName::parse("queue_outbox")
+            .unwrap()
+            .reconcile_page_sql();
+        let columns = &sql[..sql.find(" FROM ").unwrap()];
+        assert!(!columns.contains("payload"), "{sql}");
+        assert!(!columns.contains('*'), "{sql}");
+        for needed in [
+            "id",
+            "job_id",
+            "published_at",
+            "rejected_at",
+            "next_attempt_at",
+        ] {
+            assert!(columns.contains(needed), "{needed}: {sql}");
+        }
+    }
 }

@@ -103,7 +103,7 @@ impl TableName {
         &self.base
     }
 
-    /// Columns read by the relay and by reconciliation, in this order.
+    /// Columns read by the relay, in this order.
     pub(crate) const COLUMNS: &'static str =
         "id, job_id, queue, job_type, schema_version, max_attempts, payload, \
          created_at, published_at, rejected_at, attempts, last_error, run_at, extra, \
@@ -297,17 +297,36 @@ $queue_migrate$;",
         )
     }
 
+    /// A page of rows to reconcile, with the columns of
+    /// [`RECONCILE_COLUMNS`](Self::RECONCILE_COLUMNS).
     pub(crate) fn reconcile_page_sql(&self) -> String {
         format!(
             "SELECT {} FROM {} WHERE id > $1 AND created_at < $2 AND created_at >= $3 ORDER BY id LIMIT $4",
-            Self::COLUMNS,
+            Self::RECONCILE_COLUMNS,
             self.quoted
         )
     }
 
+    /// Columns read by reconciliation, in this order: not the payload (up to
+    /// 512 MiB a row, never used there) nor the extra fields. Before, a
+    /// page read 500 whole rows.
+    pub(crate) const RECONCILE_COLUMNS: &'static str =
+        "id, job_id, queue, job_type, created_at, published_at, rejected_at, attempts, \
+         last_error, next_attempt_at";
+
+    /// Deletes at most `$2` rows published before `$1`, oldest first.
+    ///
+    /// They are picked through the `created_at` index (a row is published
+    /// after it is created, so `created_at < $1` keeps every row
+    /// `published_at < $1` selects) into an array of ids, and deleted
+    /// through the primary key. Before, `id IN (SELECT id .. LIMIT $2)` was
+    /// planned as a hash semi join over a sequential scan: every 10 000-row
+    /// chunk read the whole table.
     pub(crate) fn prune_sql(&self) -> String {
         format!(
-            "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE published_at < $1 LIMIT $2)",
+            "DELETE FROM {t} WHERE id = ANY(ARRAY(\
+                 SELECT id FROM {t} WHERE created_at < $1 AND published_at < $1 \
+                 ORDER BY created_at LIMIT $2))",
             t = self.quoted
         )
     }
@@ -328,6 +347,97 @@ $queue_migrate$;",
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Outbox;
+    use queue_testkit::postgres::{self, DropTable};
+    use std::time::{Duration, SystemTime};
+    use tokio_postgres::Client;
+
+    /// An outbox table of its own (dropped at the end) with `seed` run on it
+    /// (`$T`: its quoted name) and then ANALYZEd, so that PostgreSQL plans
+    /// as it would on a table of that size.
+    struct Seeded {
+        client: Client,
+        outbox: Outbox,
+        _guard: DropTable,
+    }
+
+    async fn seeded(seed: &str) -> Option<Seeded> {
+        let url = postgres::require()?;
+        let name = postgres::unique_name("outbox");
+        let guard = DropTable::new(&url, &name);
+        let client = crate::connect_postgres(&url).await.unwrap();
+        let outbox = Outbox::with_table(&name).unwrap();
+        outbox.migrate(&client).await.unwrap();
+        let t = outbox.table_name().quoted();
+        client
+            .batch_execute(&format!("{}; ANALYZE {t}", seed.replace("$T", t)))
+            .await
+            .unwrap();
+        Some(Seeded {
+            client,
+            outbox,
+            _guard: guard,
+        })
+    }
+
+    impl Seeded {
+        /// PostgreSQL's plan of `sql` with `params`, one line per row.
+        async fn explain(
+            &self,
+            sql: &str,
+            params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        ) -> String {
+            let rows = self
+                .client
+                .query(&format!("EXPLAIN {sql}"), params)
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|r| r.get::<_, String>(0))
+                .collect::<Vec<_>>()
+                .join("\n")
+        }
+    }
+
+    /// 25 000 rows created and published two days ago (three chunks),
+    /// 40 000 published now, 500 unpublished and 500 rejected since two days.
+    const PRUNE_SEED: &str = "
+        INSERT INTO $T (job_id, queue, job_type, schema_version, max_attempts, payload, created_at, published_at)
+            SELECT 'old-' || g, 'q', 't', 1, 1, '\\x00', now() - interval '2 days' + g * interval '1 ms',
+                   now() - interval '2 days' + g * interval '1 ms' + interval '1 s'
+            FROM generate_series(1, 25000) g;
+        INSERT INTO $T (job_id, queue, job_type, schema_version, max_attempts, payload, created_at, published_at)
+            SELECT 'new-' || g, 'q', 't', 1, 1, '\\x00', now(), now() FROM generate_series(1, 40000) g;
+        INSERT INTO $T (job_id, queue, job_type, schema_version, max_attempts, payload, created_at, rejected_at)
+            SELECT 'stuck-' || g, 'q', 't', 1, 1, '\\x00', now() - interval '2 days',
+                   CASE WHEN g % 2 = 0 THEN now() - interval '2 days' END
+            FROM generate_series(1, 1000) g;
+    ";
+
+    /// Regression: `id IN (SELECT id .. LIMIT n)` was planned as a hash semi
+    /// join over a sequential scan, every 10 000-row chunk reading the whole
+    /// table. The chunk must now be found through an index and deleted by
+    /// primary key, and prune still delete exactly the rows published before
+    /// the cutoff, over several chunks.
+    #[tokio::test]
+    async fn prune_deletes_old_published_rows_by_index_chunk_after_chunk() {
+        let Some(t) = seeded(PRUNE_SEED).await else {
+            return;
+        };
+        let cutoff = SystemTime::now() - Duration::from_secs(86_400);
+        let plan = t
+            .explain(&t.outbox.table_name().prune_sql(), &[&cutoff, &10_000_i64])
+            .await;
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+
+        let day = Duration::from_secs(86_400);
+        assert_eq!(t.outbox.prune(&t.client, day).await.unwrap(), 25_000);
+        let stats = t.outbox.stats(&t.client).await.unwrap();
+        assert_eq!(
+            (stats.published, stats.unpublished, stats.rejected),
+            (40_000, 500, 500)
+        );
+    }
 
     #[test]
     fn accepts_plain_and_schema_qualified_names() {
