@@ -506,39 +506,76 @@ impl Job for TracedRuns {
     }
 }
 
-/// A tracing layer of the user's that panics at the first job span it sees.
-#[derive(Default)]
-struct PanicsAtFirstJobSpan(std::sync::atomic::AtomicBool);
+/// Runs of [`OneShotTraced`].
+static ONE_SHOT_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanicsAtFirstJobSpan {
+/// A job with one attempt that counts its runs, in a queue of its own.
+struct OneShotTraced;
+impl Job for OneShotTraced {
+    type Args = ();
+    const NAME: &'static str = "one_shot_traced";
+    const QUEUE: &'static str = "one_shot_traced";
+    const MAX_ATTEMPTS: u32 = 1;
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        ONE_SHOT_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A tracing layer of the user's that panics: at the first event the
+/// fetcher logs at INFO, and (`every_job_span`) at every job span opened.
+#[derive(Default)]
+struct PanickingLayer {
+    every_job_span: bool,
+    fetcher_event_seen: std::sync::atomic::AtomicBool,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanickingLayer {
     fn on_new_span(
         &self,
         attrs: &tracing::span::Attributes<'_>,
         _: &tracing::span::Id,
         _: tracing_subscriber::layer::Context<'_, S>,
     ) {
-        if attrs.metadata().name() == "job"
-            && !self.0.swap(true, std::sync::atomic::Ordering::SeqCst)
+        if self.every_job_span && attrs.metadata().name() == "job" {
+            panic!("a tracing layer that panics at job spans");
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let m = event.metadata();
+        if m.target() == "queue_core::worker::fetcher"
+            && *m.level() == tracing::Level::INFO
+            && !self
+                .fetcher_event_seen
+                .swap(true, std::sync::atomic::Ordering::SeqCst)
         {
-            panic!("a tracing layer that panics");
+            panic!("a tracing layer that panics at the fetcher's first event");
         }
     }
 }
 
-/// A panic in the fetcher's task (here a tracing layer of the user's, which
-/// the fetcher calls when it opens each job's span) does not end the
-/// queue's fetching: the fetcher starts again, and the jobs of the fetch it
-/// was dispatching, left leased, are returned by the watchdog and run.
-/// Before, the fetcher's task ended with the panic and the worker went on
-/// without it: the queue was never served again by that worker (stop 47).
+/// Runs `layer` as the tracing subscriber of this thread (the test's
+/// runtime has one thread: the worker's tasks run on it).
+fn with_layer(layer: PanickingLayer) -> tracing::subscriber::DefaultGuard {
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing::subscriber::set_default(tracing_subscriber::registry().with(layer))
+}
+
+/// A panic in the fetcher's task (here a tracing layer of the user's, at
+/// the event the fetcher logs for a listed id whose job hash is gone) does
+/// not end the queue's fetching: the fetcher starts again, and the jobs of
+/// the fetch it was dispatching, left leased, are returned by the watchdog
+/// and run. Before, the fetcher's task ended with the panic and the worker
+/// went on without it: the queue was never served again by that worker
+/// (stop 47).
 #[tokio::test]
 async fn a_fetcher_that_panics_is_started_again() {
-    use tracing_subscriber::layer::SubscriberExt;
-    // The test's runtime has one thread: the worker's tasks run on it.
-    let _tracing = tracing::subscriber::set_default(
-        tracing_subscriber::registry().with(PanicsAtFirstJobSpan::default()),
-    );
+    let _tracing = with_layer(PanickingLayer::default());
     let env = TestEnv::start().await;
+    let keys = QueueKeys::new(TracedRuns::QUEUE);
+    let mut c = redis_conn(&env.url).await;
+    let _: () = c.lpush(&keys.main, "ghost").await.unwrap();
     for _ in 0..2 {
         env.queue.enqueue::<TracedRuns>(&()).await.unwrap();
     }
@@ -556,9 +593,39 @@ async fn a_fetcher_that_panics_is_started_again() {
     })
     .await;
     env.wait_stats(TracedRuns::QUEUE, "all three acked", |s| {
-        (s.main, s.processing, s.dead) == (0, 0, 0) && s.counters.get("completed") == Some(&3)
+        (s.main, s.processing) == (0, 0) && s.counters.get("completed") == Some(&3)
     })
     .await;
+    worker.stop().await;
+    let _ = stop_watchdog.send(());
+}
+
+/// A tracing layer of the user's that panics at every job span costs the
+/// jobs their spans, not their runs: each job of one attempt runs once and
+/// none is dead-lettered. With the panic unwinding the fetcher instead (the
+/// first stop-47 fix: restarted after a pause), every fetch stranded its
+/// jobs leased, and the watchdog dead-lettered them unrun (skeptic review).
+#[tokio::test]
+async fn a_tracing_layer_that_panics_at_every_job_span_burns_no_job() {
+    let _tracing = with_layer(PanickingLayer {
+        every_job_span: true,
+        ..PanickingLayer::default()
+    });
+    let env = TestEnv::start().await;
+    for _ in 0..10 {
+        env.queue.enqueue::<OneShotTraced>(&()).await.unwrap();
+    }
+    let stop_watchdog = start_watchdog(&env.url, OneShotTraced::QUEUE);
+    let worker = env
+        .spawn_worker_for(Registration::of::<OneShotTraced>(), fast_config())
+        .await;
+    env.wait_stats(OneShotTraced::QUEUE, "all ten acked", |s| {
+        s.counters.get("completed") == Some(&10)
+    })
+    .await;
+    let stats = env.queue.stats(OneShotTraced::QUEUE).await.unwrap();
+    assert_eq!(stats.dead, 0, "{stats:?}");
+    assert_eq!(ONE_SHOT_RUNS.load(std::sync::atomic::Ordering::SeqCst), 10);
     worker.stop().await;
     let _ = stop_watchdog.send(());
 }

@@ -30,7 +30,8 @@ pub(crate) struct Fetch<'a> {
     /// The first try of a fresh `token_base`: no receipt can exist yet, so
     /// the script does not read it (one call less). False for a retry, and
     /// whenever the base may have been used before. Not sent on a connection
-    /// that may resend a call by itself (a cluster: `may_resend`).
+    /// where a call may run after its resend, or twice (a cluster or
+    /// Sentinel: `may_resend`).
     pub(crate) first_try: bool,
 }
 
