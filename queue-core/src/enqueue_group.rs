@@ -19,6 +19,9 @@
 //! future (issue #12: a hand-on task per call cost it a spawn and a wake-up
 //! per enqueue). A job waits at most for the call ahead of it and one
 //! scheduler turn. A full lane (4 calls' worth) sends the newcomer alone.
+//! A turn's deferred wake comes when the runtime thread that started it
+//! parks or yields: a task that blocks that thread (blocking code in async
+//! code) holds up the lane's callers on the other threads until it returns.
 //!
 //! The scheduler turn is what keeps the calls full under load: the callers a
 //! call just answered, when they enqueue again at once (a producer loop, a

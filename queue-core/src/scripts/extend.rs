@@ -10,8 +10,8 @@ use crate::error::Result;
 use crate::job::JobId;
 use crate::keys::QueueKeys;
 
-pub(crate) static SCRIPT: LuaScript<2> =
-    lua_script!("extend.lua", keys = 2, args = 3, prelude(super::DRAIN));
+pub(crate) static SCRIPT: LuaScript<3> =
+    lua_script!("extend.lua", keys = 3, args = 3, prelude(super::DRAIN));
 
 /// Extends one delivery's lease.
 pub(crate) struct Extend<'a> {
@@ -39,7 +39,7 @@ impl Extend<'_> {
     pub(crate) async fn run(&self, conn: &mut RedisConnection) -> Result<ExtendReply> {
         let (k, id) = (self.keys, self.id.as_str());
         let reply = SCRIPT
-            .call([k.leases.clone(), k.job(id)])
+            .call([k.leases.clone(), k.job(id), k.limits()])
             .arg(id)
             .arg(self.token)
             .arg(super::ms(self.lease))

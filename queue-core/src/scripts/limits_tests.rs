@@ -1491,3 +1491,60 @@ async fn expired_deferral_indexes_are_dropped_a_chunk_per_call() {
         .unwrap()
         .is_some());
 }
+
+/// A heartbeat that comes after its lease passed, before the watchdog
+/// reclaimed the job, holds the lease again (the token still matches), and
+/// the job counts again under its key's concurrency cap. The fetch that
+/// found the lease expired had dropped it from the key's running set: before,
+/// the revived job was not counted for the rest of its run, and a cap of 1
+/// let a third job start beside it (review).
+#[tokio::test]
+async fn a_lease_revived_by_a_late_heartbeat_counts_again_under_its_keys_cap() {
+    let (_server, mut conn, keys) = setup("limits-revived").await;
+    set(&mut conn, &keys, &[("key_concurrency", "1")]).await;
+    enqueue(&mut conn, &keys, "j1", Some("acme")).await;
+    let short = Duration::from_millis(200);
+    let reply = Fetch {
+        keys: &keys,
+        lease: short,
+        token_base: "revived",
+        count: 1,
+        first_try: false,
+    }
+    .run_or_paused(&mut conn)
+    .await
+    .unwrap();
+    let FetchReply::Rows(rows) = reply else {
+        panic!("rows expected")
+    };
+    let Some(ClaimRow::Claimed(j1)) = rows.into_iter().next() else {
+        panic!("j1 claimed")
+    };
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    // j1's lease passed: its slot is free, and j2 takes it.
+    enqueue(&mut conn, &keys, "j2", Some("acme")).await;
+    assert_eq!(claimed(&fetch(&mut conn, &keys, 1).await), ["j2"]);
+    // j1's worker was only late: its heartbeat holds the lease again.
+    let extended = super::extend::Extend {
+        keys: &keys,
+        id: &j1.id,
+        token: &j1.token,
+        lease: LEASE,
+    }
+    .run(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        matches!(extended, super::extend::ExtendReply::Extended { .. }),
+        "{extended:?}"
+    );
+    // j2 ends; j1 still runs: the key is at its cap.
+    let _: () = conn.zrem(&keys.leases, "j2").await.unwrap();
+    enqueue(&mut conn, &keys, "j3", Some("acme")).await;
+    let reply = fetch(&mut conn, &keys, 1).await;
+    assert_eq!(
+        (claimed(&reply), deferred(&reply)),
+        (Vec::<String>::new(), vec!["j3".to_string()]),
+        "j1 counts under the cap of 1"
+    );
+}

@@ -1046,6 +1046,24 @@ local function limits_started(lim, k, id, token, lease_until, now)
   end
 end
 
+-- A delivery of `id` whose lease had passed and which a late heartbeat holds
+-- again (extend.lua, until `lease_until`): a fetch since may have dropped it
+-- from its rate key `key`'s running set (an expired lease is a free slot),
+-- and it runs on: it counts there again when the key has a concurrency cap
+-- (limits `limkey`; an override 'none' lifts the every-key cap, one that does
+-- not parse is ignored, as limits_job_key reads them). Hints, as the running
+-- sets are: data that does not read (corrupt) skips it, never failing the
+-- heartbeat.
+local function limits_revived(limkey, key, id, lease_until)
+  local f = redis.pcall('HMGET', limkey, 'key_concurrency', 'key_concurrency:' .. key)
+  if f['err'] then return end
+  local conc = as_count(f[1])
+  if f[2] == 'none' then conc = nil elseif f[2] then conc = as_count(f[2]) or conc end
+  if not conc then return end
+  redis.pcall('ZADD', limkey .. ':running:' .. key, lease_until, id)
+  redis.pcall('ZADD', limkey .. ':runkeys', 'GT', lease_until, key)
+end
+
 -- claim() under the limits `lim` (nil: plain claim()): a waiting job whose
 -- key is over its limit is deferred instead (row {'deferred', id, run_at}).
 -- Queue-level room is the caller's (limits_room).
