@@ -111,6 +111,34 @@ pub struct OutboxRow {
     pub next_attempt_at: Option<SystemTime>,
 }
 
+/// The id of an outbox row (columns `id`, `job_id`, `queue` first, as every
+/// column list of [`TableName`] starts), and how a column of it of an
+/// unexpected type is reported: an error naming the row (a table problem),
+/// never a panic.
+pub(crate) fn row_reader<'r>(
+    table: &'r TableName,
+    row: &'r Row,
+) -> Result<(
+    i64,
+    impl Fn(&str, tokio_postgres::Error) -> OutboxError + 'r,
+)> {
+    let row_id: i64 = row.try_get(0).map_err(|e| OutboxError::InvalidRow {
+        table: table.name.clone(),
+        row_id: -1,
+        queue: None,
+        job_id: None,
+        reason: format!("column `id`: {e}"),
+    })?;
+    let bad = move |column: &str, e: tokio_postgres::Error| OutboxError::InvalidRow {
+        table: table.name.clone(),
+        row_id,
+        queue: row.try_get::<_, String>(2).ok(),
+        job_id: row.try_get::<_, String>(1).ok().map(JobId::from),
+        reason: format!("column `{column}`: {e}"),
+    };
+    Ok((row_id, bad))
+}
+
 impl OutboxRow {
     /// Reads a row selected with [`TableName::COLUMNS`]. A column of an
     /// unexpected type is an error (a table problem), never a panic. A value
@@ -119,20 +147,7 @@ impl OutboxRow {
     /// hand-written row can hold) is not: the row is read with no extra
     /// fields and the second value says why it can never be published.
     pub(crate) fn from_row(table: &TableName, row: &Row) -> Result<(Self, Option<String>)> {
-        let row_id: i64 = row.try_get(0).map_err(|e| OutboxError::InvalidRow {
-            table: table.name.clone(),
-            row_id: -1,
-            queue: None,
-            job_id: None,
-            reason: format!("column `id`: {e}"),
-        })?;
-        let bad = |column: &str, e: tokio_postgres::Error| OutboxError::InvalidRow {
-            table: table.name.clone(),
-            row_id,
-            queue: row.try_get::<_, String>(2).ok(),
-            job_id: row.try_get::<_, String>(1).ok().map(JobId::from),
-            reason: format!("column `{column}`: {e}"),
-        };
+        let (row_id, bad) = row_reader(table, row)?;
         let (extra_fields, unpublishable) = match row.try_get(13) {
             Ok(flat) => match pairs(Option::unwrap_or_default(flat)) {
                 Ok(fields) => (fields, None),

@@ -8,7 +8,7 @@ use tokio_postgres::GenericClient;
 use tracing::warn;
 
 use crate::error::{OutboxError, Result};
-use crate::outbox::{pg_now, Outbox};
+use crate::outbox::{pg_now, row_reader, Outbox};
 use crate::table::TableName;
 
 /// Rows read from PostgreSQL per round trip.
@@ -246,20 +246,7 @@ impl Unfinished {
     /// A column of an unexpected type is an error naming the row (a table
     /// problem), never a panic.
     fn from_row(table: &TableName, row: &tokio_postgres::Row) -> Result<Self> {
-        let row_id: i64 = row.try_get(0).map_err(|e| OutboxError::InvalidRow {
-            table: table.name.clone(),
-            row_id: -1,
-            queue: None,
-            job_id: None,
-            reason: format!("column `id`: {e}"),
-        })?;
-        let bad = |column: &str, e: tokio_postgres::Error| OutboxError::InvalidRow {
-            table: table.name.clone(),
-            row_id,
-            queue: row.try_get::<_, String>(2).ok(),
-            job_id: row.try_get::<_, String>(1).ok().map(JobId::from),
-            reason: format!("column `{column}`: {e}"),
-        };
+        let (row_id, bad) = row_reader(table, row)?;
         Ok(Unfinished {
             row_id,
             job_id: JobId::from(row.try_get::<_, String>(1).map_err(|e| bad("job_id", e))?),

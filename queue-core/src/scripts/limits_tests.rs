@@ -57,9 +57,19 @@ async fn set(
 }
 
 async fn fetch(conn: &mut RedisConnection, keys: &QueueKeys, count: usize) -> FetchReply {
+    fetch_leased(conn, keys, count, LEASE).await
+}
+
+/// [`fetch`] with a lease of `lease`.
+async fn fetch_leased(
+    conn: &mut RedisConnection,
+    keys: &QueueKeys,
+    count: usize,
+    lease: Duration,
+) -> FetchReply {
     Fetch {
         keys,
-        lease: LEASE,
+        lease,
         token_base: &uuid::Uuid::new_v4().to_string(),
         count,
         first_try: false,
@@ -480,16 +490,7 @@ async fn the_running_sets_of_finished_keys_are_swept() {
     }
     set(&mut conn, &keys, &[("key_concurrency", "1")]).await;
     let lease = Duration::from_millis(300);
-    let reply = Fetch {
-        keys: &keys,
-        lease,
-        token_base: "sweep",
-        count: 100,
-        first_try: false,
-    }
-    .run_or_paused(&mut conn)
-    .await
-    .unwrap();
+    let reply = fetch_leased(&mut conn, &keys, 100, lease).await;
     let FetchReply::Rows(rows) = reply else {
         panic!("rows expected")
     };
@@ -1504,16 +1505,7 @@ async fn a_lease_revived_by_a_late_heartbeat_counts_again_under_its_keys_cap() {
     set(&mut conn, &keys, &[("key_concurrency", "1")]).await;
     enqueue(&mut conn, &keys, "j1", Some("acme")).await;
     let short = Duration::from_millis(200);
-    let reply = Fetch {
-        keys: &keys,
-        lease: short,
-        token_base: "revived",
-        count: 1,
-        first_try: false,
-    }
-    .run_or_paused(&mut conn)
-    .await
-    .unwrap();
+    let reply = fetch_leased(&mut conn, &keys, 1, short).await;
     let FetchReply::Rows(rows) = reply else {
         panic!("rows expected")
     };
