@@ -12,6 +12,7 @@ pub mod dag_jobs;
 pub mod env;
 pub mod handles;
 pub mod limited;
+pub mod panicking_layer;
 pub mod process;
 pub mod results_jobs;
 pub mod workflow_jobs;

@@ -13,6 +13,7 @@ use queue_core::{
     Worker,
 };
 use queue_tests::env::BOUND;
+use queue_tests::panicking_layer::PanickingLayer;
 use queue_tests::{
     fast_config, fast_watchdog, redis_and_queue, redis_conn, routine, spawn_worker, task, urgent,
     wait_until, Ledger, Task, TestEnv,
@@ -522,46 +523,6 @@ impl Job for OneShotTraced {
     }
 }
 
-/// A tracing layer of the user's that panics: at the first event the
-/// fetcher logs at INFO, and (`every_job_span`) at every job span opened.
-#[derive(Default)]
-struct PanickingLayer {
-    every_job_span: bool,
-    fetcher_event_seen: std::sync::atomic::AtomicBool,
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanickingLayer {
-    fn on_new_span(
-        &self,
-        attrs: &tracing::span::Attributes<'_>,
-        _: &tracing::span::Id,
-        _: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if self.every_job_span && attrs.metadata().name() == "job" {
-            panic!("a tracing layer that panics at job spans");
-        }
-    }
-
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        let m = event.metadata();
-        if m.target() == "queue_core::worker::fetcher"
-            && *m.level() == tracing::Level::INFO
-            && !self
-                .fetcher_event_seen
-                .swap(true, std::sync::atomic::Ordering::SeqCst)
-        {
-            panic!("a tracing layer that panics at the fetcher's first event");
-        }
-    }
-}
-
-/// Runs `layer` as the tracing subscriber of this thread (the test's
-/// runtime has one thread: the worker's tasks run on it).
-fn with_layer(layer: PanickingLayer) -> tracing::subscriber::DefaultGuard {
-    use tracing_subscriber::layer::SubscriberExt;
-    tracing::subscriber::set_default(tracing_subscriber::registry().with(layer))
-}
-
 /// A panic in the fetcher's task (here a tracing layer of the user's, at
 /// the event the fetcher logs for a listed id whose job hash is gone) does
 /// not end the queue's fetching: the fetcher starts again, and the jobs of
@@ -571,7 +532,7 @@ fn with_layer(layer: PanickingLayer) -> tracing::subscriber::DefaultGuard {
 /// (stop 47).
 #[tokio::test]
 async fn a_fetcher_that_panics_is_started_again() {
-    let _tracing = with_layer(PanickingLayer::default());
+    let _tracing = PanickingLayer::at_first_info_event_of("queue_core::worker::fetcher").install();
     let env = TestEnv::start().await;
     let keys = QueueKeys::new(TracedRuns::QUEUE);
     let mut c = redis_conn(&env.url).await;
@@ -607,10 +568,7 @@ async fn a_fetcher_that_panics_is_started_again() {
 /// jobs leased, and the watchdog dead-lettered them unrun (skeptic review).
 #[tokio::test]
 async fn a_tracing_layer_that_panics_at_every_job_span_burns_no_job() {
-    let _tracing = with_layer(PanickingLayer {
-        every_job_span: true,
-        ..PanickingLayer::default()
-    });
+    let _tracing = PanickingLayer::at_every_job_span().install();
     let env = TestEnv::start().await;
     for _ in 0..10 {
         env.queue.enqueue::<OneShotTraced>(&()).await.unwrap();

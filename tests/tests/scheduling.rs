@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 use queue_core::{EnqueueOptions, QueueError, QueueKeys, Worker};
 use queue_tests::env::worker_on;
 use queue_tests::handles::stop_all;
+use queue_tests::panicking_layer::PanickingLayer;
 use queue_tests::{
     fast_config, routine, task, tick, urgent, wait_until, Task, TestEnv, WorkerHandle, BOUND,
     TICK_LEDGER,
@@ -42,6 +43,32 @@ async fn periodic_job_fires_once_per_period_across_workers() {
         env.stats("cron").await.counter("enqueued") as usize,
         ticks.len()
     );
+}
+
+/// A panic in the periodic-job scheduler's task (here a tracing layer of
+/// the user's, at the event that logs the first firing) does not end the
+/// firings: the scheduler starts again, and the next firings are enqueued
+/// once each. Before, its task ended with the panic and the worker went on
+/// without it: no firing ever again from that worker (stop 47 review).
+#[tokio::test]
+async fn a_scheduler_that_panics_is_started_again() {
+    let _tracing =
+        PanickingLayer::at_first_info_event_of("queue_core::background::scheduler").install();
+    let env = TestEnv::start().await;
+    TICK_LEDGER.set(env.url.clone()).unwrap();
+    let worker = WorkerHandle::start(worker_on(&env.url, [tick::handler()], fast_config())).await;
+    let ticks = || async {
+        let t: HashMap<String, u64> = env.conn().await.hgetall("ledger:ticks").await.unwrap();
+        t
+    };
+    wait_until(BOUND, "three firings ran across the restart", || async {
+        ticks().await.len() >= 3
+    })
+    .await;
+    stop_all(vec![worker]).await;
+    for (id, runs) in ticks().await {
+        assert_eq!(runs, 1, "firing {id} ran {runs} times");
+    }
 }
 
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! Background loops that run beside the jobs, shared by the [`Worker`] and
 //! the [`Watchdog`]: the promoter (due delayed jobs → main) and the periodic
-//! job scheduler. Each loop stops when its `stop` flag turns true, or when
+//! job scheduler; and their restart after a panic (`supervise.rs`). Each loop stops when its `stop` flag turns true, or when
 //! the flag's every sender is gone ([`stop_requested`]).
 //!
 //! [`Worker`]: crate::Worker
@@ -8,6 +8,9 @@
 
 pub(crate) mod promoter;
 pub(crate) mod scheduler;
+mod supervise;
+
+pub(crate) use supervise::{restart_after, supervised, Restarts};
 
 use tokio::sync::watch;
 

@@ -49,6 +49,7 @@ pub(crate) async fn promote_all_due(conn: &mut RedisConnection, keys: &QueueKeys
 
 /// The `type:version` fields a worker announces for one queue (rolling
 /// deploys: a newer payload waits while some live worker announces it).
+#[derive(Clone)]
 pub(crate) struct Announcement {
     /// The queue's versions-hash fields (`type:version`).
     pub(crate) fields: Vec<String>,

@@ -34,6 +34,7 @@ use super::acker::AckSender;
 use super::runner::JobRunner;
 use super::slots::{Slot, WorkerQueue};
 use super::{Inner, WorkerIdentity};
+use crate::background::{restart_after, Restarts};
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::job::JobId;
@@ -55,53 +56,8 @@ type InFlight = FuturesUnordered<Pin<Box<dyn Future<Output = Landed> + Send>>>;
 /// First pause before a fetch or claim is retried with the same token.
 const FIRST_RETRY_PAUSE: Duration = Duration::from_millis(50);
 
-/// Pause before a fetcher that panicked starts again, doubled at each
-/// panic soon after a restart.
-const RESTART_PAUSE: Duration = Duration::from_secs(1);
-/// A fetcher that ran this long before it panicked starts again after the
-/// first pause, and its count of quick restarts starts again.
-const RESTART_QUIET: Duration = Duration::from_secs(60);
-/// Panics in a row, each within [`RESTART_QUIET`] of its start, after which
-/// a fetcher is not started again.
-const QUICK_RESTARTS: u32 = 5;
-
 /// Longest decoding error kept in the dead-letter reason of an unreadable row.
 const REASON_CHARS: usize = 300;
-
-/// When a fetcher that panicked starts again ([`Fetcher::run_supervised`]).
-#[derive(Debug)]
-struct Restarts {
-    /// The pause before the next restart.
-    pause: Duration,
-    /// Panics in a row, each within [`RESTART_QUIET`] of its start.
-    quick: u32,
-}
-
-impl Default for Restarts {
-    fn default() -> Self {
-        Restarts {
-            pause: RESTART_PAUSE,
-            quick: 0,
-        }
-    }
-}
-
-impl Restarts {
-    /// The pause before starting again a fetcher that panicked after
-    /// running `ran_for`; `None`: not again.
-    fn after_panic(&mut self, ran_for: Duration) -> Option<Duration> {
-        if ran_for >= RESTART_QUIET {
-            *self = Restarts::default();
-        }
-        self.quick += 1;
-        if self.quick > QUICK_RESTARTS {
-            return None;
-        }
-        let pause = self.pause;
-        self.pause = pause * 2;
-        Some(pause)
-    }
-}
 
 /// The span of a job's run, with the producer's trace adopted. A tracing
 /// layer of the user's that panics here (it is called when the span opens)
@@ -149,9 +105,9 @@ impl Fetcher {
     /// worker kept running, with one log line to say so. The jobs of the
     /// fetch it was dispatching stay leased until the watchdog returns them,
     /// so a panic at every fetch would burn their attempts: the pause before
-    /// a restart doubles from 1 s (1, 2, 4, 8, 16 s), and after
-    /// [`QUICK_RESTARTS`] panics in a row, each within a minute of its
-    /// start, the fetcher is not started again (the queue's jobs stay
+    /// a restart doubles from 1 s (1, 2, 4, 8, 16 s), and after 5 panics
+    /// in a row, each within a minute of its start, the fetcher is not
+    /// started again ([`Restarts`]) (the queue's jobs stay
     /// waiting for other workers, as before). The pause ends early at the
     /// stop. A job's span is opened under a guard of its own
     /// ([`job_span`]): a tracing layer that panics there does not reach
@@ -165,28 +121,11 @@ impl Fetcher {
                 return;
             };
             let pause = restarts.after_panic(started.elapsed());
-            let (queue, msg) = (&self.queue().keys.queue, super::panic_message(&*panic));
-            // The same layer may panic on this line too: printed by the
-            // panic hook already, nothing more to do with it.
-            let _ = std::panic::catch_unwind(AssertUnwindSafe(|| match pause {
-                None => error!(queue = %queue, panic = %msg,
-                    "fetcher panicked again soon after each restart: not restarting it; this worker no longer fetches this queue until it is restarted (its jobs wait for other workers; the ones it had fetched are returned by the watchdog)"),
-                Some(pause) => {
-                    error!(queue = %queue, panic = %msg, restart_in_ms = pause.as_millis() as u64,
-                    "fetcher panicked; restarting it (jobs it had fetched stay leased until the watchdog returns them)")
-                }
-            }));
-            let Some(pause) = pause else {
-                return;
-            };
-            if self.stopping() {
-                return;
-            }
-            tokio::select! {
-                _ = tokio::time::sleep(pause) => {}
-                _ = self.stop.changed() => {}
-            }
-            if self.stopping() {
+            let (queue, msg) = (
+                self.queue().keys.queue.clone(),
+                super::panic_message(&*panic),
+            );
+            if !restart_after(&mut self.stop, "fetcher", &queue, &msg, pause).await {
                 return;
             }
         }
@@ -817,34 +756,5 @@ mod window_tests {
             }
         }
         assert_eq!(same_token_window(s(30), s(5)), s(10));
-    }
-}
-
-#[cfg(test)]
-mod restart_tests {
-    use super::{Restarts, QUICK_RESTARTS, RESTART_QUIET};
-    use std::time::Duration;
-
-    /// A fetcher that panics soon after each start is started again after
-    /// 1, 2, 4, 8, 16 s, then not again; one that ran a minute before its
-    /// panic starts the count again from 1 s.
-    #[test]
-    fn quick_panics_back_off_then_give_up_and_a_long_run_starts_again() {
-        let s = Duration::from_secs;
-        let mut r = Restarts::default();
-        let pauses: Vec<_> = (0..=QUICK_RESTARTS).map(|_| r.after_panic(s(0))).collect();
-        assert_eq!(
-            pauses,
-            [
-                Some(s(1)),
-                Some(s(2)),
-                Some(s(4)),
-                Some(s(8)),
-                Some(s(16)),
-                None
-            ]
-        );
-        assert_eq!(r.after_panic(RESTART_QUIET), Some(s(1)));
-        assert_eq!(r.after_panic(s(0)), Some(s(2)));
     }
 }

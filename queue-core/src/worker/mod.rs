@@ -45,7 +45,7 @@ pub use builder::{WorkerBuilder, WorkerConfig};
 pub use identity::WorkerIdentity;
 
 use crate::background::scheduler::Periodic;
-use crate::background::{promoter, scheduler};
+use crate::background::{promoter, scheduler, supervised};
 use crate::conn::{connect, ConnectionConfig, RedisConnection};
 use crate::error::Result;
 use crate::registry::Registration;
@@ -342,7 +342,7 @@ fn acker_ended(a: &acker::Acker, ended: std::result::Result<(), tokio::task::Joi
 }
 
 /// The message of a caught panic's payload.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -399,31 +399,56 @@ async fn spawn_tasks(
         tasks.push(tokio::spawn(fetcher.run_supervised()));
     }
     let mut announced = defer::announced_fields(inner).into_iter();
+    // Each loop is started again after a panic (background/supervise.rs).
     for (q, promoting) in inner.queues.iter().zip(promoting) {
         let fields = announced.next().map(|(_, f)| f).unwrap_or_default();
-        tasks.push(tokio::spawn(promoter::run(
-            inner.conn.clone(),
-            promoting,
-            crate::keys::QueueKeys::clone(&q.keys),
-            cfg.promote_interval,
-            promoter::Announcement {
-                fields,
-                ttl: cfg.announce_ttl(),
-            },
+        let announcement = promoter::Announcement {
+            fields,
+            ttl: cfg.announce_ttl(),
+        };
+        let (conn, keys, stop) = (inner.conn.clone(), q.keys.clone(), stop_tx.subscribe());
+        let every = cfg.promote_interval;
+        tasks.push(tokio::spawn(supervised(
+            "promoter",
+            q.keys.queue.clone(),
             stop_tx.subscribe(),
+            move || {
+                promoter::run(
+                    conn.clone(),
+                    promoting.clone(),
+                    crate::keys::QueueKeys::clone(&keys),
+                    every,
+                    announcement.clone(),
+                    stop.clone(),
+                )
+            },
         )));
     }
     for q in &inner.queues {
-        tasks.push(tokio::spawn(crate::workflow::relay::run_for_worker(
+        let (conn, queue, stop) = (
             inner.conn.clone(),
             q.keys.queue.clone(),
             stop_tx.subscribe(),
+        );
+        tasks.push(tokio::spawn(supervised(
+            "relay",
+            q.keys.queue.clone(),
+            stop_tx.subscribe(),
+            move || {
+                crate::workflow::relay::run_for_worker(conn.clone(), queue.clone(), stop.clone())
+            },
         )));
     }
-    tasks.push(tokio::spawn(scheduler::run(
+    let (conn, periodic, stop) = (
         inner.conn.clone(),
         inner.periodic.clone(),
         stop_tx.subscribe(),
+    );
+    tasks.push(tokio::spawn(supervised(
+        "scheduler",
+        String::new(),
+        stop_tx.subscribe(),
+        move || scheduler::run(conn.clone(), periodic.clone(), stop.clone()),
     )));
     Ok(tasks)
 }
