@@ -492,6 +492,30 @@ fn dashboard_http_endpoints_and_replay_protection() {
 
     wait_for_the_gauges(port);
     replay_needs_header_origin_and_host(port, &server);
+    odd_queue_names_and_offsets_are_refused_or_clamped(port, &server);
+}
+
+/// A `{queue}` that is not a queue name is refused (400) before anything is
+/// read or written: `a}:job:x` named a job key of queue `a` (a pause wrote
+/// `q:{a}:job:x}:paused`). An offset at the top of its range is clamped, not
+/// an overflow (a panic in a debug build). Stop 47 review.
+fn odd_queue_names_and_offsets_are_refused_or_clamped(port: u16, server: &RedisServer) {
+    let page = [("X-Queue-Dashboard", "1")];
+    let (status, body) = http(port, "POST", "/api/queues/a%7D%3Ajob%3Ax/pause", &page);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not a queue name"), "{body}");
+    assert_eq!(
+        redis(server, &["EXISTS", "q:{a}:job:x}:paused"]).trim(),
+        ":0"
+    );
+    assert_eq!(http(port, "GET", "/queues/a%7Bb/dead", &[]).0, 400);
+    let (status, _) = http(
+        port,
+        "GET",
+        "/queues/emails/dead?contains=x&from=18446744073709551615",
+        &[],
+    );
+    assert_eq!(status, 200);
 }
 
 /// `d1` dead in `emails`, and a waiting job whose id and type are markup.

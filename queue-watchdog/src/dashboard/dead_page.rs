@@ -96,8 +96,8 @@ pub async fn page(
         let range = format!(
             "{} matching among entries {}–{} of {} ({} read)",
             found.rows.len(),
-            q.from + 1,
-            q.from + found.scanned,
+            q.from.saturating_add(1),
+            q.from.saturating_add(found.scanned),
             found.total,
             found.scanned
         );

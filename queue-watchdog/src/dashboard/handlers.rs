@@ -61,6 +61,7 @@ pub fn router(state: Shared) -> Router {
         .route("/assets/style.css", get(style_css))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
+        .route_layer(axum::middleware::from_fn(valid_queue))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             super::auth::require,
@@ -70,6 +71,29 @@ pub fn router(state: Shared) -> Router {
             super::security::guard,
         ))
         .with_state(state)
+}
+
+/// Refuses a request whose `{queue}` is not a queue name (docs/PROTOCOL.md:
+/// no `{`, `}`, control characters…) with 400, before any handler reads or
+/// writes a key built from it: `a}:job:x` named another queue's job key
+/// (a pause wrote `q:{a}:job:x}:paused`, a job hash of queue `a`).
+async fn valid_queue(
+    params: axum::extract::RawPathParams,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    for (name, value) in &params {
+        if name == "queue" {
+            if let Err(why) = queue_core::validate_queue_name(value) {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    format!("not a queue name: {value:?}: {why}"),
+                )
+                    .into_response();
+            }
+        }
+    }
+    next.run(req).await
 }
 
 const APP_JS: &str = include_str!("assets/app.js");
