@@ -1,7 +1,8 @@
 //! Background loops that run beside the jobs, shared by the [`Worker`] and
 //! the [`Watchdog`]: the promoter (due delayed jobs → main) and the periodic
-//! job scheduler; and their restart after a panic (`supervise.rs`). Each loop stops when its `stop` flag turns true, or when
-//! the flag's every sender is gone ([`stop_requested`]).
+//! job scheduler; and the restart of the worker's loops after a panic
+//! (`supervise.rs`). Each loop stops when its `stop` flag turns true, or
+//! when the flag's every sender is gone ([`stop_requested`]).
 //!
 //! [`Worker`]: crate::Worker
 //! [`Watchdog`]: crate::Watchdog
@@ -10,7 +11,7 @@ pub(crate) mod promoter;
 pub(crate) mod scheduler;
 mod supervise;
 
-pub(crate) use supervise::{restart_after, supervised, Restarts};
+pub(crate) use supervise::supervised;
 
 use tokio::sync::watch;
 

@@ -31,7 +31,7 @@ const QUICK_RESTARTS: u32 = 5;
 
 /// When a loop that panicked starts again.
 #[derive(Debug)]
-pub(crate) struct Restarts {
+struct Restarts {
     /// The pause before the next restart.
     pause: Duration,
     /// Panics in a row, each within [`RESTART_QUIET`] of its start.
@@ -50,7 +50,7 @@ impl Default for Restarts {
 impl Restarts {
     /// The pause before starting again a loop that panicked after running
     /// `ran_for`; `None`: not again.
-    pub(crate) fn after_panic(&mut self, ran_for: Duration) -> Option<Duration> {
+    fn after_panic(&mut self, ran_for: Duration) -> Option<Duration> {
         if ran_for >= RESTART_QUIET {
             *self = Restarts::default();
         }
@@ -67,7 +67,7 @@ impl Restarts {
 /// After a panic of loop `what` of `queue` (its message `msg`): logs it and waits out `pause`
 /// (ended early by the stop). True when the loop is to start again: a
 /// pause was given and no stop was requested.
-pub(crate) async fn restart_after(
+async fn restart_after(
     stop: &mut watch::Receiver<bool>,
     what: &str,
     queue: &str,
@@ -95,21 +95,22 @@ pub(crate) async fn restart_after(
     !stop_requested(stop)
 }
 
-/// Runs the loop `start` makes (loop `what` of `queue`, stopping at `stop`)
-/// until it ends, starting it again after a panic ([`Restarts`]).
+/// Runs the loop `start` makes (loop `what` of `queue`, given its own
+/// receiver of `stop`) until it ends, starting it again after a panic
+/// ([`Restarts`]).
 pub(crate) async fn supervised<F, Fut>(
     what: &'static str,
     queue: String,
     mut stop: watch::Receiver<bool>,
     mut start: F,
 ) where
-    F: FnMut() -> Fut,
+    F: FnMut(watch::Receiver<bool>) -> Fut,
     Fut: Future<Output = ()>,
 {
     let mut restarts = Restarts::default();
     loop {
         let started = tokio::time::Instant::now();
-        let Err(panic) = AssertUnwindSafe(start()).catch_unwind().await else {
+        let Err(panic) = AssertUnwindSafe(start(stop.clone())).catch_unwind().await else {
             return;
         };
         let pause = restarts.after_panic(started.elapsed());
@@ -158,7 +159,7 @@ mod tests {
         let starts = Arc::new(AtomicU32::new(0));
         let (_tx, stop) = tokio::sync::watch::channel(false);
         let counted = starts.clone();
-        supervised("test", "q".into(), stop, move || {
+        supervised("test", "q".into(), stop, move |_| {
             counted.fetch_add(1, Ordering::SeqCst);
             async { panic!("always") }
         })
@@ -167,7 +168,7 @@ mod tests {
 
         let (tx, stop) = tokio::sync::watch::channel(false);
         let counted = starts.clone();
-        let run = tokio::spawn(supervised("test", "q".into(), stop, move || {
+        let run = tokio::spawn(supervised("test", "q".into(), stop, move |_| {
             counted.fetch_add(1, Ordering::SeqCst);
             async { panic!("always") }
         }));

@@ -842,6 +842,15 @@ local function limits_room(lim, leases, count, now)
   return room, wait
 end
 
+-- A key's limit: its override `v` read with `parse`, or the every-key
+-- `default`. An override 'none' makes the key unlimited; one that does not
+-- parse (set by hand) is ignored and the every-key default applies.
+local function key_limit(v, parse, default)
+  if v == 'none' then return nil end
+  if v then return parse(v) or default end
+  return default
+end
+
 -- The rate key of job `jobkey` when it is waiting ('queued') and limits
 -- exist, with its limits {key, rate, conc, slot}; nil otherwise. `slot`: the
 -- booked start the job carries in `limit_slot` (it was deferred for its key),
@@ -855,11 +864,8 @@ local function limits_job_key(lim, jobkey)
   if h['err'] or h[1] ~= 'queued' or not h[2] or h[2] == '' then return nil end
   local marked = h[3] and h[2] or nil
   local o = redis.call('HMGET', lim.key, 'key_rate:' .. h[2], 'key_concurrency:' .. h[2])
-  -- An override: 'none' makes the key unlimited; one that does not parse
-  -- (set by hand) is ignored and the every-key default applies.
-  local rate, conc = lim.key_rate, lim.key_conc
-  if o[1] == 'none' then rate = nil elseif o[1] then rate = limit_rate(o[1]) or rate end
-  if o[2] == 'none' then conc = nil elseif o[2] then conc = as_count(o[2]) or conc end
+  local rate = key_limit(o[1], limit_rate, lim.key_rate)
+  local conc = key_limit(o[2], as_count, lim.key_conc)
   if not rate and not conc then return nil, marked end
   -- The key's logs are written after the claim: a log of another type
   -- (corrupt data) would fail the fetch after it claimed jobs. The key's
@@ -884,7 +890,8 @@ end
 -- whose lease a heartbeat extended is re-scored to it, one whose lease is
 -- gone or expired leaves the set, LIMITS_TRIM of them per call at most (one
 -- left for a later call counts only while it is in the leases zset: not once
--- acked or reclaimed; while expired and not reclaimed yet, conservatively). The rest are counted by one ZINTERCARD with
+-- acked or reclaimed; while expired and not reclaimed yet, conservatively).
+-- The rest are counted by one ZINTERCARD with
 -- the leases zset (an acked, failed or reclaimed delivery has no lease), not
 -- one ZSCORE per running id (which cost a fetch work in proportion to the
 -- cap, for every waiting job of the key it looked at). Once per key per call
@@ -1050,15 +1057,13 @@ end
 -- again (extend.lua, until `lease_until`): a fetch since may have dropped it
 -- from its rate key `key`'s running set (an expired lease is a free slot),
 -- and it runs on: it counts there again when the key has a concurrency cap
--- (limits `limkey`; an override 'none' lifts the every-key cap, one that does
--- not parse is ignored, as limits_job_key reads them). Hints, as the running
--- sets are: data that does not read (corrupt) skips it, never failing the
--- heartbeat.
+-- (limits `limkey`, read as limits_job_key reads them: key_limit). Hints, as
+-- the running sets are: data that does not read (corrupt) skips it, never
+-- failing the heartbeat.
 local function limits_revived(limkey, key, id, lease_until)
   local f = redis.pcall('HMGET', limkey, 'key_concurrency', 'key_concurrency:' .. key)
   if f['err'] then return end
-  local conc = as_count(f[1])
-  if f[2] == 'none' then conc = nil elseif f[2] then conc = as_count(f[2]) or conc end
+  local conc = key_limit(f[2], as_count, as_count(f[1]))
   if not conc then return end
   redis.pcall('ZADD', limkey .. ':running:' .. key, lease_until, id)
   redis.pcall('ZADD', limkey .. ':runkeys', 'GT', lease_until, key)

@@ -34,7 +34,6 @@ use super::acker::AckSender;
 use super::runner::JobRunner;
 use super::slots::{Slot, WorkerQueue};
 use super::{Inner, WorkerIdentity};
-use crate::background::{restart_after, Restarts};
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
 use crate::job::JobId;
@@ -74,6 +73,7 @@ fn job_span(queue: &str, delivery: &Delivery, worker: &WorkerIdentity) -> tracin
 }
 
 /// Fetches jobs of one queue (and, by priority, of higher ones).
+#[derive(Clone)]
 pub(super) struct Fetcher {
     pub(super) inner: Arc<Inner>,
     /// Index of this fetcher's queue in `inner.queues`.
@@ -99,40 +99,15 @@ impl Fetcher {
         crate::background::stop_requested(&self.stop)
     }
 
-    /// [`run`](Self::run), started again after a panic (a bug of the
-    /// fetcher, or code of the user's it runs in its task: a tracing layer),
-    /// which would otherwise end the queue's fetching for good while the
-    /// worker kept running, with one log line to say so. The jobs of the
-    /// fetch it was dispatching stay leased until the watchdog returns them,
-    /// so a panic at every fetch would burn their attempts: the pause before
-    /// a restart doubles from 1 s (1, 2, 4, 8, 16 s), and after 5 panics
-    /// in a row, each within a minute of its start, the fetcher is not
-    /// started again ([`Restarts`]) (the queue's jobs stay
-    /// waiting for other workers, as before). The pause ends early at the
-    /// stop. A job's span is opened under a guard of its own
-    /// ([`job_span`]): a tracing layer that panics there does not reach
-    /// this.
-    pub(super) async fn run_supervised(mut self) {
-        let mut restarts = Restarts::default();
-        loop {
-            let started = tokio::time::Instant::now();
-            let ran = AssertUnwindSafe(self.run()).catch_unwind().await;
-            let Err(panic) = ran else {
-                return;
-            };
-            let pause = restarts.after_panic(started.elapsed());
-            let (queue, msg) = (
-                self.queue().keys.queue.clone(),
-                super::panic_message(&*panic),
-            );
-            if !restart_after(&mut self.stop, "fetcher", &queue, &msg, pause).await {
-                return;
-            }
-        }
-    }
-
-    /// Fetches and dispatches until the stop flag turns true.
-    async fn run(&mut self) {
+    /// Fetches and dispatches until the stop flag turns true. The worker
+    /// runs it under `background::supervised`, on a clone of the fetcher
+    /// at each start: a panic (a bug, or code of the user's run in this
+    /// task) starts it again instead of ending the queue's fetching for
+    /// the worker's life; the jobs of the fetch it was dispatching stay
+    /// leased until the watchdog returns them. A job's span opens under a
+    /// guard of its own ([`job_span`]): a tracing layer that panics there
+    /// does not reach this.
+    pub(super) async fn run(mut self) {
         let queue = self.queue().keys.queue.clone();
         let mut error_delay = Duration::from_millis(100);
         // The last blocking wait timed out: the queue was empty, so the next

@@ -385,6 +385,9 @@ async fn spawn_tasks(
         blocking.push(connect(&inner.url, &blocking_for(cfg.block_timeout)).await?);
         promoting.push(connect(&inner.url, &blocking_for(cfg.promote_interval)).await?);
     }
+    // Each loop runs under `supervised`: started again after a panic
+    // (background/supervise.rs), each start with its own receiver of the
+    // stop.
     let mut tasks = Vec::new();
     for (me, blocking) in blocking.into_iter().enumerate() {
         let fetcher = Fetcher {
@@ -396,59 +399,59 @@ async fn spawn_tasks(
             hard_stop: hard_rx.clone(),
             ackers: ackers.clone(),
         };
-        tasks.push(tokio::spawn(fetcher.run_supervised()));
+        let queue = inner.queues[me].keys.queue.clone();
+        tasks.push(tokio::spawn(supervised(
+            "fetcher",
+            queue,
+            stop_tx.subscribe(),
+            move |stop| {
+                Fetcher {
+                    stop,
+                    ..fetcher.clone()
+                }
+                .run()
+            },
+        )));
     }
     let mut announced = defer::announced_fields(inner).into_iter();
-    // Each loop is started again after a panic (background/supervise.rs).
     for (q, promoting) in inner.queues.iter().zip(promoting) {
         let fields = announced.next().map(|(_, f)| f).unwrap_or_default();
         let announcement = promoter::Announcement {
             fields,
             ttl: cfg.announce_ttl(),
         };
-        let (conn, keys, stop) = (inner.conn.clone(), q.keys.clone(), stop_tx.subscribe());
-        let every = cfg.promote_interval;
+        let (conn, keys, every) = (inner.conn.clone(), q.keys.clone(), cfg.promote_interval);
         tasks.push(tokio::spawn(supervised(
             "promoter",
             q.keys.queue.clone(),
             stop_tx.subscribe(),
-            move || {
+            move |stop| {
                 promoter::run(
                     conn.clone(),
                     promoting.clone(),
                     crate::keys::QueueKeys::clone(&keys),
                     every,
                     announcement.clone(),
-                    stop.clone(),
+                    stop,
                 )
             },
         )));
     }
     for q in &inner.queues {
-        let (conn, queue, stop) = (
-            inner.conn.clone(),
-            q.keys.queue.clone(),
-            stop_tx.subscribe(),
-        );
+        let (conn, queue) = (inner.conn.clone(), q.keys.queue.clone());
         tasks.push(tokio::spawn(supervised(
             "relay",
             q.keys.queue.clone(),
             stop_tx.subscribe(),
-            move || {
-                crate::workflow::relay::run_for_worker(conn.clone(), queue.clone(), stop.clone())
-            },
+            move |stop| crate::workflow::relay::run_for_worker(conn.clone(), queue.clone(), stop),
         )));
     }
-    let (conn, periodic, stop) = (
-        inner.conn.clone(),
-        inner.periodic.clone(),
-        stop_tx.subscribe(),
-    );
+    let (conn, periodic) = (inner.conn.clone(), inner.periodic.clone());
     tasks.push(tokio::spawn(supervised(
         "scheduler",
         String::new(),
         stop_tx.subscribe(),
-        move || scheduler::run(conn.clone(), periodic.clone(), stop.clone()),
+        move |stop| scheduler::run(conn.clone(), periodic.clone(), stop),
     )));
     Ok(tasks)
 }
