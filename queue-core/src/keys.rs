@@ -18,6 +18,7 @@
 //! | `q:{<queue>}:fetch:<token base>` | list | receipt of one fetch (`tag:id` per row), expires after half a lease: a retried fetch gets the same deliveries |
 //! | `q:{<queue>}:paused` | string | present while the queue is paused: the Redis time (ms) of the pause |
 //! | `q:{<queue>}:versions` | hash | `type:version` → expiry (ms, Redis clock): the payload versions live workers announced (rolling deploys) |
+//! | `q:{<queue>}:cron` | hash | periodic job type → `<unix seconds> <schedule>`: the last firing a scheduler handled, read at start-up to catch up firings missed while every worker was down |
 //! | `q:{<queue>}:limits` | hash | rate limits and concurrency caps (docs/LIMITS.md); `:limits:started[:<key>]` zsets log starts, `:limits:running:<key>` a key's running ids (indexed by the zset `:limits:runkeys`, which the fetches sweep), `:limits:next:<key>` its next deferral slot, `:limits:deferred:<key>` its deferred jobs (indexed by `:limits:deferkeys`; `:limits:releasing` the keys whose deferred jobs a change of limits releases, `:limits:walk` the cursor of an every-key change's walk of `deferkeys`) |
 //! | `q:{<queue>}:groups` | list | fair-queuing ring: `""` (main's turn) and each group with waiting jobs (docs/GROUPS.md) |
 //! | `q:{<queue>}:g:<group>` | list | ids of group `<group>` waiting to run (LPUSH in, taken from the right) |
@@ -167,6 +168,20 @@ impl QueueKeys {
     /// ```
     pub fn versions(&self) -> String {
         format!("q:{{{}}}:versions", self.queue)
+    }
+
+    /// The cron hash: periodic job type → `<unix seconds> <schedule>`, the
+    /// last firing of that job a scheduler handled (enqueued, or found
+    /// enqueued by another worker). A scheduler that starts reads it to
+    /// enqueue what no scheduler did while every worker was down
+    /// (`cron_mark.lua`, docs/ARCHITECTURE.md "Cron catch-up").
+    ///
+    /// ```
+    /// let keys = queue_core::QueueKeys::new("emails");
+    /// assert_eq!(keys.cron(), "q:{emails}:cron");
+    /// ```
+    pub fn cron(&self) -> String {
+        format!("q:{{{}}}:cron", self.queue)
     }
 
     /// The relay list: notices this queue's batch members wrote for batches

@@ -316,3 +316,77 @@ async fn cron_firings_missed_while_enqueues_failed_at_start_up_are_all_enqueued(
     .await;
     worker.stop().await;
 }
+
+/// A daily schedule firing at the UTC second `at` (unix seconds).
+fn daily_at(at: i64) -> &'static str {
+    let (s, m, h) = (at % 60, at / 60 % 60, at / 3600 % 24);
+    Box::leak(format!("{s} {m} {h} * * *").into_boxed_str())
+}
+
+/// Scenario: every worker was down across a daily job's firing (here 5
+/// minutes ago; its record in the cron hash is the day before's firing). The
+/// first worker to start enqueues that firing late, once, and records it; a
+/// worker started after it enqueues nothing more. Before, start-up looked
+/// only 60 s back: the day's firing was skipped without a word.
+#[tokio::test]
+async fn a_firing_missed_while_every_worker_was_down_runs_when_one_starts() {
+    let env = TestEnv::start().await;
+    // Nothing runs: the firing stays in main, where the test finds it.
+    env.queue.pause("cron").await.unwrap();
+    let missed = redis_secs(&env).await as i64 - 300;
+    let expr = daily_at(missed);
+    let keys = QueueKeys::new("cron");
+    let record = |secs: i64| format!("{secs} {expr}");
+    let _: () = env
+        .conn()
+        .await
+        .hset(keys.cron(), "tick", record(missed - 86_400))
+        .await
+        .unwrap();
+    let start = || {
+        let reg = queue_core::Registration::periodic::<tick::Job>(expr);
+        WorkerHandle::start(worker_on(&env.url, [reg], fast_config()))
+    };
+    let worker = start().await;
+    let id = format!("cron:tick:{missed}");
+    wait_until(BOUND, "the missed firing enqueued", || async {
+        env.queue.job("cron", id.as_str()).await.unwrap().is_some()
+    })
+    .await;
+    let marked = || async {
+        let v: Option<String> = env.conn().await.hget(keys.cron(), "tick").await.unwrap();
+        v
+    };
+    wait_until(BOUND, "the firing recorded", || async {
+        marked().await == Some(record(missed))
+    })
+    .await;
+    worker.stop().await;
+    // A restart goes on from the record: the firing is not due again.
+    let again = start().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    again.stop().await;
+    assert_eq!(env.stats("cron").await.counter("enqueued"), 1);
+    assert_eq!(marked().await, Some(record(missed)));
+}
+
+/// A cron hash of another type (corrupt data) costs only its records: the
+/// scheduler starts without them and fires what is due, instead of retrying
+/// its start-up for ever.
+#[tokio::test]
+async fn a_cron_hash_of_another_type_does_not_stop_the_firings() {
+    let env = TestEnv::start().await;
+    env.queue.pause("cron").await.unwrap();
+    let _: () = env
+        .conn()
+        .await
+        .set(QueueKeys::new("cron").cron(), "not a hash")
+        .await
+        .unwrap();
+    let worker = WorkerHandle::start(worker_on(&env.url, [tick::handler()], fast_config())).await;
+    wait_until(BOUND, "a firing enqueued", || async {
+        env.stats("cron").await.main > 0
+    })
+    .await;
+    worker.stop().await;
+}

@@ -6,11 +6,20 @@
 //!
 //! Every firing since the last one this scheduler handled is enqueued, in
 //! order, within the catch-up window (a schedule faster than the 500 ms tick,
-//! or a stalled tick, skips nothing). Start-up is the first tick that read
-//! the Redis clock: from it only the latest due firing is enqueued, and each
-//! later tick enqueues every firing after that one, even while the enqueues
-//! fail (Redis refusing or unreachable: the firings wait, within the window,
-//! until an enqueue succeeds).
+//! or a stalled tick, skips nothing). Firings missed for longer than the
+//! window (every worker down, Redis unreachable) are coalesced into one: the
+//! latest of them is enqueued late, with a warning, unless a firing within
+//! the window is due anyway.
+//!
+//! The last firing handled is kept in Redis too, per job, in the queue's
+//! cron hash (`cron_mark.lua`). Start-up is the first tick that read the
+//! Redis clock and those records: a job with a record of its schedule goes
+//! on from it (what no scheduler enqueued while every worker was down is
+//! caught up as above); one without (first start, a changed schedule) has
+//! only its latest due firing within the window enqueued. Each later tick
+//! enqueues every firing after the last one, even while the enqueues fail
+//! (Redis refusing or unreachable: the firings wait until an enqueue
+//! succeeds).
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -22,8 +31,10 @@ use tracing::{debug, info, warn};
 
 use crate::conn::RedisConnection;
 use crate::error::{QueueError, Result};
+use crate::keys::QueueKeys;
 use crate::queue::{EnqueueOptions, EnqueueOutcome, Queue};
 use crate::registry::{CronFiring, Registration};
+use crate::scripts::cron_mark::{self, CronMark, Marked};
 
 /// A missed firing is still enqueued if a scheduler sees it within this long.
 pub(crate) const CATCH_UP: Duration = Duration::from_secs(60);
@@ -32,8 +43,12 @@ const ONCE_FOR: Duration = Duration::from_secs(600);
 
 pub(crate) struct Periodic {
     reg: Registration,
+    /// The expression as written: the cron hash's records are kept per
+    /// schedule (a record of another one is not read).
+    expr: &'static str,
     schedule: cron::Schedule,
     firing: CronFiring,
+    keys: QueueKeys,
 }
 
 /// Parses the cron schedules of the registrations that have one.
@@ -71,17 +86,22 @@ pub(crate) fn parse(regs: &[Registration]) -> Result<Vec<Periodic>> {
             })?;
             Ok(Periodic {
                 reg: reg.clone(),
+                expr,
                 schedule,
                 firing,
+                keys: QueueKeys::new(reg.queue),
             })
         })
         .collect()
 }
 
 /// The firings to enqueue at `now`, oldest first: every firing after `last`
-/// (the latest one already handled) up to `now`, but none older than the
-/// catch-up window; with no `last` (start-up), only the latest due firing.
-/// At most one per second of the window (cron's finest step).
+/// (the latest one already handled) up to `now` within the catch-up window
+/// (at most one per second of it, cron's finest step). When none is due
+/// within the window but firings after `last` fell before it (missed for
+/// longer than the window), the latest of those: missed firings are
+/// coalesced into one run. With no `last` (start-up without a record), only
+/// the latest due firing within the window.
 fn due_since(
     schedule: &cron::Schedule,
     last: Option<DateTime<Utc>>,
@@ -93,10 +113,41 @@ fn due_since(
     let window_start = now - window;
     let due = schedule.after(&last.map_or(window_start, |l| l.max(window_start)));
     let due = due.take_while(|t| *t <= now);
-    match last {
-        None => due.last().into_iter().collect(),
-        Some(_) => due.take(CATCH_UP.as_secs() as usize + 1).collect(),
+    let Some(last) = last else {
+        return due.last().into_iter().collect();
+    };
+    let due: Vec<_> = due.take(CATCH_UP.as_secs() as usize + 1).collect();
+    if !due.is_empty() || last >= window_start {
+        return due;
     }
+    latest_until(schedule, window_start)
+        .filter(|missed| *missed > last)
+        .into_iter()
+        .collect()
+}
+
+/// The latest firing of `schedule` at or before `t` (found backwards: a
+/// record months old costs no walk over every firing since).
+fn latest_until(schedule: &cron::Schedule, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    schedule
+        .after(&(t + chrono::Duration::seconds(1)))
+        .next_back()
+        .filter(|at| *at <= t)
+}
+
+/// How many firings of `schedule` fell strictly between `last` and `at`
+/// (the ones a late firing at `at` stands for), counted up to `cap`.
+fn missed_between(
+    schedule: &cron::Schedule,
+    last: DateTime<Utc>,
+    at: DateTime<Utc>,
+    cap: usize,
+) -> usize {
+    schedule
+        .after(&last)
+        .take_while(|t| *t < at)
+        .take(cap)
+        .count()
 }
 
 /// Where a job's firings start at start-up (the first tick that read the
@@ -142,11 +193,12 @@ pub(crate) async fn run(
     }
     let queue = Queue::from_connection(conn.clone());
     let mut conn = conn;
-    // The latest firing handled per job (at start-up: the second before the
-    // first due one). Empty until the Redis clock was read once: only that
-    // read is start-up. Before, it stayed `None` until an enqueue succeeded,
-    // so each tick of a failing start-up tried only its latest firing and
-    // the earlier ones were lost when Redis recovered.
+    // The latest firing handled per job (at start-up: its record in the
+    // cron hash, or the second before the first due one). Empty until the
+    // Redis clock and the records were read once: only that read is
+    // start-up. Before, it stayed `None` until an enqueue succeeded, so each
+    // tick of a failing start-up tried only its latest firing and the
+    // earlier ones were lost when Redis recovered.
     let mut fired: Vec<DateTime<Utc>> = Vec::new();
     loop {
         if super::stop_requested(&stop) {
@@ -155,40 +207,15 @@ pub(crate) async fn run(
         match redis_now(&mut conn).await {
             Ok(now) => {
                 if fired.is_empty() {
-                    fired = jobs.iter().map(|j| start_point(&j.schedule, now)).collect();
-                }
-                for (i, job) in jobs.iter().enumerate() {
-                    for at in due_on_tick(&job.schedule, &mut fired[i], now) {
-                        let id = format!("cron:{}:{}", job.reg.name, at.timestamp());
-                        let mut opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
-                        if let Some(key) = &job.firing.rate_key {
-                            opts = opts.rate_key(key.as_str());
-                        }
-                        match queue
-                            .enqueue_raw(
-                                job.reg.queue,
-                                job.reg.name,
-                                job.reg.version,
-                                job.reg.max_attempts,
-                                opts,
-                                &job.firing.payload,
-                            )
-                            .await
-                        {
-                            Ok(e) => {
-                                fired[i] = at;
-                                if e.outcome == EnqueueOutcome::Created {
-                                    info!(queue = job.reg.queue, job_id = %id, job_type = job.reg.name, "periodic job fired");
-                                } else {
-                                    debug!(queue = job.reg.queue, job_id = %id, "periodic firing already enqueued by another worker");
-                                }
-                            }
-                            Err(e) => {
-                                warn!(queue = job.reg.queue, job_id = %id, error = %e, "periodic job not enqueued; retrying");
-                                break;
-                            }
+                    match start_points(&mut conn, &jobs, now).await {
+                        Ok(points) => fired = points,
+                        Err(e) => {
+                            warn!(error = %e, "scheduler cannot read its cron records; retrying")
                         }
                     }
+                }
+                for (job, last) in jobs.iter().zip(fired.iter_mut()) {
+                    fire_due(&queue, &mut conn, job, last, now).await;
                 }
             }
             Err(e) => warn!(error = %e, "scheduler cannot read the Redis clock; retrying"),
@@ -196,6 +223,125 @@ pub(crate) async fn run(
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Where each job's firings go on from at start-up (`now`): its record in
+/// the cron hash, when it is of the same schedule and not after `now` (a
+/// clock stepped back); otherwise just before its latest due firing within
+/// the window ([`start_point`]). A cron hash of another type (corrupt data)
+/// reads as no record; any other error is returned (retried next tick).
+async fn start_points(
+    conn: &mut RedisConnection,
+    jobs: &[Periodic],
+    now: DateTime<Utc>,
+) -> redis::RedisResult<Vec<DateTime<Utc>>> {
+    let mut points = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let (queue, job_type) = (job.reg.queue, job.reg.name);
+        let marked = match cron_mark::last_marked(conn, &job.keys, job_type, job.expr).await {
+            Ok(marked) => marked,
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                warn!(queue, job_type, key = %job.keys.cron(), error = %e,
+                    "the cron hash is not a hash: its record of this job is not read (only the latest due firing is enqueued at start-up)");
+                Marked::Nothing
+            }
+            Err(e) => return Err(e),
+        };
+        let record = match marked {
+            Marked::Firing(secs) => DateTime::from_timestamp(secs, 0).filter(|l| *l <= now),
+            Marked::Stale(value) => {
+                debug!(queue, job_type, record = %value, "cron record of another schedule: not read");
+                None
+            }
+            Marked::Nothing => None,
+        };
+        points.push(record.unwrap_or_else(|| start_point(&job.schedule, now)));
+    }
+    Ok(points)
+}
+
+/// Enqueues `job`'s firings due at `now` after `last`, oldest first, moving
+/// `last` on with each one handled and stopping at the first enqueue that
+/// fails (retried on the next tick); then records the last one handled in
+/// the cron hash. A failed record is only logged: this scheduler goes on
+/// from its own `last`, and a firing marked late is refused again by its
+/// once-marker.
+async fn fire_due(
+    queue: &Queue,
+    conn: &mut RedisConnection,
+    job: &Periodic,
+    last: &mut DateTime<Utc>,
+    now: DateTime<Utc>,
+) {
+    let mut handled = None;
+    for at in due_on_tick(&job.schedule, last, now) {
+        if !fire(queue, job, *last, at, now).await {
+            break;
+        }
+        *last = at;
+        handled = Some(at);
+    }
+    let Some(at) = handled else { return };
+    let mark = CronMark {
+        keys: &job.keys,
+        job_type: job.reg.name,
+        schedule: job.expr,
+        firing: at.timestamp(),
+    };
+    if let Err(e) = mark.run(conn).await {
+        warn!(queue = job.reg.queue, job_type = job.reg.name, error = %e,
+            "periodic firing enqueued but not recorded in the cron hash");
+    }
+}
+
+/// Enqueues the firing of `job` at `at` (the one after `last`); whether it
+/// was handled (enqueued now, or already by another worker). A firing older
+/// than the catch-up window stands for every firing missed since `last`: it
+/// is logged as late, with how many it stands for.
+async fn fire(
+    queue: &Queue,
+    job: &Periodic,
+    last: DateTime<Utc>,
+    at: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> bool {
+    let id = format!("cron:{}:{}", job.reg.name, at.timestamp());
+    let mut opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
+    if let Some(key) = &job.firing.rate_key {
+        opts = opts.rate_key(key.as_str());
+    }
+    let reg = &job.reg;
+    let enqueued = queue
+        .enqueue_raw(
+            reg.queue,
+            reg.name,
+            reg.version,
+            reg.max_attempts,
+            opts,
+            &job.firing.payload,
+        )
+        .await;
+    match enqueued {
+        Ok(e) if e.outcome == EnqueueOutcome::Created => {
+            if now - at > chrono::Duration::from_std(CATCH_UP).unwrap_or_default() {
+                let skipped = missed_between(&job.schedule, last, at, 10_000);
+                warn!(queue = reg.queue, job_id = %id, job_type = reg.name, firing = %at,
+                    last_handled = %last, skipped = skipped, skipped_capped = skipped == 10_000,
+                    "periodic job fired late: no scheduler enqueued its firings for longer than the catch-up window; the latest missed one runs now, the earlier ones are skipped");
+            } else {
+                info!(queue = reg.queue, job_id = %id, job_type = reg.name, "periodic job fired");
+            }
+            true
+        }
+        Ok(_) => {
+            debug!(queue = reg.queue, job_id = %id, "periodic firing already enqueued by another worker");
+            true
+        }
+        Err(e) => {
+            warn!(queue = reg.queue, job_id = %id, error = %e, "periodic job not enqueued; retrying");
+            false
         }
     }
 }
@@ -330,6 +476,42 @@ mod tests {
         let mut last = at("2026-01-01T10:30:00Z");
         assert!(due_on_tick(&s, &mut last, at("2026-01-01T10:30:40Z")).is_empty());
         assert_eq!(last, at("2026-01-01T10:30:00Z"));
+    }
+
+    /// Firings missed for longer than the window (every worker down for 3 h
+    /// across an hourly job, or Redis unreachable) are coalesced into the
+    /// latest one. Before, every one of them was skipped without a word.
+    #[test]
+    fn firings_missed_beyond_the_window_are_coalesced_into_the_latest() {
+        let s = cron::Schedule::from_str("0 0 * * * *").unwrap();
+        let last = at("2026-01-01T07:00:00Z");
+        let now = at("2026-01-01T10:20:00Z");
+        assert_eq!(times(due_since(&s, Some(last), now)), ["10:00:00"]);
+        assert_eq!(
+            missed_between(&s, last, at("2026-01-01T10:00:00Z"), 100),
+            2,
+            "08:00 and 09:00"
+        );
+        // A firing within the window stands for the missed ones.
+        let now = at("2026-01-01T10:00:30Z");
+        assert_eq!(times(due_since(&s, Some(last), now)), ["10:00:00"]);
+        // A firing exactly at the window's start is not lost between the two.
+        let now = at("2026-01-01T10:01:00Z");
+        assert_eq!(times(due_since(&s, Some(last), now)), ["10:00:00"]);
+        // Nothing missed since the last one handled: nothing due.
+        let last = at("2026-01-01T10:00:00Z");
+        assert!(due_since(&s, Some(last), at("2026-01-01T10:20:00Z")).is_empty());
+        // A record months old: the latest firing, found without a walk.
+        let daily = cron::Schedule::from_str("0 0 2 * * *").unwrap();
+        let due = due_since(
+            &daily,
+            Some(at("2025-10-01T02:00:00Z")),
+            at("2026-01-01T09:00:00Z"),
+        );
+        assert_eq!(due, [at("2026-01-01T02:00:00Z")]);
+        // Without a last firing (start-up, no record): as before, only
+        // within the window.
+        assert!(due_since(&daily, None, at("2026-01-01T09:00:00Z")).is_empty());
     }
 
     /// A schedule faster than the tick (or a tick that stalled) used to fire

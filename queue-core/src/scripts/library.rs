@@ -63,7 +63,7 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(build);
 /// Every script of the library. A test checks that each `.lua` file of this
 /// folder (but the prelude) is here; the header test of `mod.rs` reads them
 /// from here too.
-pub(super) fn defs() -> [&'static ScriptDef; 33] {
+pub(super) fn defs() -> [&'static ScriptDef; 34] {
     use super::*;
     [
         &ack::SCRIPT.def,
@@ -73,6 +73,7 @@ pub(super) fn defs() -> [&'static ScriptDef; 33] {
         &batch_seal::SCRIPT.def,
         &cancel::SCRIPT.def,
         &claim::SCRIPT.def,
+        &cron_mark::SCRIPT.def,
         &dead_trim::SCRIPT.def,
         &defer::SCRIPT.def,
         &enqueue::SCRIPT.def,

@@ -34,6 +34,7 @@ pub(crate) mod batch_open;
 pub(crate) mod batch_seal;
 pub(crate) mod cancel;
 pub(crate) mod claim;
+pub(crate) mod cron_mark;
 pub(crate) mod dead_trim;
 pub(crate) mod defer;
 pub(crate) mod enqueue;
