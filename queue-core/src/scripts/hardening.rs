@@ -3017,3 +3017,48 @@ async fn a_hash_without_state_is_named_as_such_by_promote_and_reclaim() {
         assert_eq!(job["dead_reason"], "corrupt field state: missing", "{id}");
     }
 }
+
+/// `cron_mark.lua` never moves a job's record back for the same schedule
+/// (workers mark in any order), replaces a record of another schedule or an
+/// unreadable one, and refuses a cron hash of another type without writing.
+#[tokio::test]
+async fn a_cron_record_only_moves_forward_for_its_schedule() {
+    let mut fx = Fixture::start().await;
+    let keys = fx.keys.clone();
+    let mark = |schedule: &'static str, firing: i64| super::cron_mark::CronMark {
+        keys: &keys,
+        job_type: "tick",
+        schedule,
+        firing,
+    };
+    let every_min = "0 * * * * *";
+    let record = |fx: &Fixture| {
+        let mut conn = fx.conn.clone();
+        let key = fx.keys.cron();
+        async move { crate::scripts::raw_text(&mut conn, &["HGET", &key, "tick"]).await }
+    };
+    assert!(mark(every_min, 120).run(&mut fx.conn).await.unwrap());
+    assert!(
+        !mark(every_min, 60).run(&mut fx.conn).await.unwrap(),
+        "moved back"
+    );
+    assert!(!mark(every_min, 120).run(&mut fx.conn).await.unwrap());
+    assert_eq!(record(&fx).await.as_deref(), Some("120 0 * * * * *"));
+    // A changed schedule's record replaces the old one, even if earlier.
+    assert!(mark("0 0 * * * *", 60).run(&mut fx.conn).await.unwrap());
+    assert_eq!(record(&fx).await.as_deref(), Some("60 0 0 * * * *"));
+    // A value written by hand is replaced.
+    fx.cmd(&["HSET", &fx.keys.cron(), "tick", "garbage"]).await;
+    assert!(mark(every_min, 30).run(&mut fx.conn).await.unwrap());
+    assert_eq!(record(&fx).await.as_deref(), Some("30 0 * * * * *"));
+    // A cron hash of another type: an error, nothing written.
+    fx.cmd(&["DEL", &fx.keys.cron()]).await;
+    fx.cmd(&["SET", &fx.keys.cron(), "x"]).await;
+    assert!(mark(every_min, 180).run(&mut fx.conn).await.is_err());
+    assert_eq!(
+        crate::scripts::raw_text(&mut fx.conn, &["GET", &fx.keys.cron()])
+            .await
+            .as_deref(),
+        Some("x")
+    );
+}
