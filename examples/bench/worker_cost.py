@@ -10,6 +10,7 @@ job of that whole process (start-up included: under 1% at 10,000 jobs).
 
     python3 examples/bench/worker_cost.py /work/bin/queue-bench-old target/release/queue-bench
     python3 examples/bench/worker_cost.py --concurrency 1 --n 5000 target/release/queue-bench
+    python3 examples/bench/worker_cost.py --enqueue --producers 16 OLD NEW   # the producers' process
 
 Kernel work (system calls, context switches) is not counted, and under
 valgrind the process runs ~50x slower, so time-driven batching (the acker's
@@ -37,18 +38,29 @@ def measure(binary, a, keep):
     tmp = tempfile.mkdtemp()
     try:
         connect(port, 5.0)
-        subprocess.run([binary, "--redis-url", url, "enqueue", "--n", str(a.n)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        enqueue = [binary, "--redis-url", url, "enqueue", "--n", str(a.n), "--producers", str(a.producers)]
         out = os.path.join(tmp, "cg")
-        run = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out, binary,
-                              "--redis-url", url, "consume", "--n", str(a.n), "--concurrency", str(a.concurrency)],
-                             check=True, capture_output=True, text=True)
+        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out]
+        if a.enqueue:
+            # The producers' process (the enqueue path: group commit, one
+            # shared connection), as the end-to-end workload's producers.
+            run = subprocess.run(valgrind + enqueue, check=True, capture_output=True, text=True)
+        else:
+            subprocess.run(enqueue, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            run = subprocess.run(valgrind + [binary, "--redis-url", url, "consume", "--n", str(a.n),
+                                             "--concurrency", str(a.concurrency)],
+                                 check=True, capture_output=True, text=True)
         total = 0
         for f in glob.glob(out + "*"):
             total += callgrind_total(f) or 0
             if keep:
                 shutil.copy(f, os.path.join(keep, os.path.basename(binary) + "." + os.path.basename(f)))
         result = json.loads(run.stdout.strip().splitlines()[-1])
+        if a.enqueue:
+            r = connect(port, 5.0)
+            calls = sum(int(v["calls"]) for k, v in r.info("commandstats").items()
+                        if k.startswith("cmdstat_fcall") or k.startswith("cmdstat_evalsha"))
+            return total / a.n, round(a.n / max(calls, 1), 2), None
         scripts = (result.get("cmds") or {}).get("scripts") or {}
         return total / a.n, scripts.get("jobs_per_fetch_script"), scripts.get("jobs_per_ack_script")
     finally:
@@ -62,11 +74,18 @@ def main():
     ap.add_argument("--n", type=int, default=10000, help="jobs (default 10000)")
     ap.add_argument("--concurrency", type=int, default=64, help="worker concurrency (default 64)")
     ap.add_argument("--keep", help="keep the callgrind files in this directory")
+    ap.add_argument("--enqueue", action="store_true",
+                    help="measure the producers' process (queue-bench enqueue) instead of the worker")
+    ap.add_argument("--producers", type=int, default=1, help="concurrent producers (default 1)")
     a = ap.parse_args()
     if a.keep:
         os.makedirs(a.keep, exist_ok=True)
-    print(f"{a.n} no-op jobs, concurrency {a.concurrency}; worker process instructions per job (callgrind)")
-    print("| build | instructions per job | jobs per fetch call | jobs per ack call |")
+    if a.enqueue:
+        print(f"{a.n} no-op jobs, {a.producers} producers; producer process instructions per job (callgrind)")
+        print("| build | instructions per job | jobs per enqueue script call | – |")
+    else:
+        print(f"{a.n} no-op jobs, concurrency {a.concurrency}; worker process instructions per job (callgrind)")
+        print("| build | instructions per job | jobs per fetch call | jobs per ack call |")
     print("|---|---:|---:|---:|")
     first = None
     for binary in a.binaries:
