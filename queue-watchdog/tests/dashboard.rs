@@ -843,3 +843,47 @@ fn the_overview_says_discovery_is_in_progress_until_it_ends() {
     assert!(!page.contains("Discovering queues"), "{page}");
     assert!(page.contains(r#"<tr data-queue="emails">"#), "{page}");
 }
+
+/// A job of a large payload (here ~340 KB of JSON) and a large field: the
+/// job page shows the first 64 KiB of the payload and 4 KiB of the field,
+/// each with a note naming the command that prints the job whole. Before, the
+/// whole payload was rendered (a payload of megabytes made a page of
+/// megabytes, escaped, for the browser of whoever looked).
+#[test]
+fn the_job_page_shows_a_bounded_part_of_a_large_payload() {
+    let server = RedisServer::start().unwrap();
+    let words: Vec<String> = (0..20_000).map(|i| format!("word-{i:08}")).collect();
+    let payload = rmp_serde::to_vec_named(&words).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let queue = Queue::connect(&server.url()).await.unwrap();
+        queue
+            .enqueue_raw(
+                "emails",
+                "send",
+                1,
+                3,
+                EnqueueOptions::new().id("big"),
+                &payload,
+            )
+            .await
+            .unwrap();
+    });
+    let note = "n".repeat(10_000);
+    redis(&server, &["HSET", "q:{emails}:job:big", "note", &note]);
+    let (_dash, port) = start_dashboard(&server.url(), &["-q", "emails"]);
+    let (status, page) = http(port, "GET", "/queues/emails/jobs/big", &[]);
+    assert_eq!(status, 200);
+    assert!(
+        page.contains("word-00000000"),
+        "the payload's start is shown"
+    );
+    assert!(!page.contains("word-00019999"), "the payload's end is not");
+    assert!(
+        page.contains("more bytes not shown: <code>queue-watchdog jobs show big -q emails</code>"),
+        "{}",
+        &page[page.len().saturating_sub(2000)..]
+    );
+    assert!(page.contains(&"n".repeat(4096)) && !page.contains(&"n".repeat(4097)));
+    assert!(page.len() < 150_000, "page of {} bytes", page.len());
+}

@@ -354,6 +354,31 @@ fn cancel_control(d: &JobDetail) -> String {
     }
 }
 
+/// How much of a job's payload the job page shows (its JSON text), and of
+/// each other field's value: the page stays small whatever the job holds (a
+/// payload of megabytes rendered whole made a page of megabytes, escaped).
+const PAYLOAD_SHOWN: usize = 64 * 1024;
+const FIELD_SHOWN: usize = 4 * 1024;
+
+/// The first `limit` bytes of `text` (cut at a character boundary), and a
+/// note of how much was left out, naming the command that prints it whole.
+fn shown<'a>(text: &'a str, limit: usize, d: &JobDetail) -> (&'a str, String) {
+    if text.len() <= limit {
+        return (text, String::new());
+    }
+    let mut end = limit;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let note = format!(
+        r#"<p class="muted small cut">… {} more bytes not shown: <code>queue-watchdog jobs show {} -q {}</code> prints the job whole.</p>"#,
+        text.len() - end,
+        html(d.id.as_str()),
+        html(&d.queue)
+    );
+    (&text[..end], note)
+}
+
 pub fn job(d: &JobDetail, batches: &str) -> String {
     let q = &d.queue;
     let location_cls = match &d.location {
@@ -368,10 +393,12 @@ pub fn job(d: &JobDetail, batches: &str) -> String {
     };
     let mut fields = String::new();
     for (k, val) in d.job.iter().flat_map(|j| &j.fields) {
+        let val = display_field(k, val);
+        let (val, cut) = shown(&val, FIELD_SHOWN, d);
         fields.push_str(&format!(
-            "<tr><th>{}</th><td>{}</td></tr>",
+            "<tr><th>{}</th><td>{}{cut}</td></tr>",
             html(k),
-            html(&display_field(k, val))
+            html(val)
         ));
     }
     let progress = crate::format::progress_line(|k| d.field(k))
@@ -444,6 +471,7 @@ pub fn job(d: &JobDetail, batches: &str) -> String {
         None => (serde_json::Value::Null, 0),
     };
     let payload = serde_json::to_string_pretty(&payload).unwrap_or_default();
+    let (payload, payload_cut) = shown(&payload, PAYLOAD_SHOWN, d);
     let body = format!(
         r#"<div id="page" data-page="job"></div>
 <p class="crumbs"><a href="/">Queues</a> › <a href="/queues/{qu}">{qa}</a> › job</p>
@@ -461,7 +489,7 @@ pub fn job(d: &JobDetail, batches: &str) -> String {
 <h2>Fields</h2>
 <table class="kv" id="fields">{fields}</table>
 <h2>Payload <span class="muted small">({bytes} bytes of MessagePack)</span></h2>
-<pre class="payload">{payload}</pre>
+<pre class="payload">{payload}</pre>{payload_cut}
 {completion}
 {steps}"#,
         qu = url_segment(q),
