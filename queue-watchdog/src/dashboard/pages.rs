@@ -497,7 +497,7 @@ pub fn job(d: &JobDetail, batches: &str) -> String {
         ida = html(d.id.as_str()),
         location = html(&describe_where(d)),
         cancel = cancel_control(d),
-        payload = html(&payload),
+        payload = html(payload),
     );
     layout(&format!("Job {}", d.id), &body)
 }
