@@ -362,12 +362,61 @@ async fn a_firing_missed_while_every_worker_was_down_runs_when_one_starts() {
     })
     .await;
     worker.stop().await;
-    // A restart goes on from the record: the firing is not due again.
+    // Its once-marker refuses the id until the next day's firing has left
+    // the catch-up window (a scheduler starting from a record left behind
+    // finds it due until then), not 10 minutes.
+    let mut conn = env.conn().await;
+    let once_ms: i64 = conn.pttl(keys.once(&id)).await.unwrap();
+    assert!(once_ms > 23 * 3_600_000, "once-marker for {once_ms} ms");
+    // A restart goes on from the record: the firing is not due again, even
+    // with its job and once-marker gone (run, and the marker lost).
+    let _: () = conn
+        .del(&[keys.job(&id), keys.once(&id), keys.main.clone()])
+        .await
+        .unwrap();
     let again = start().await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     again.stop().await;
+    assert!(
+        env.queue.job("cron", id.as_str()).await.unwrap().is_none(),
+        "enqueued again"
+    );
     assert_eq!(env.stats("cron").await.counter("enqueued"), 1);
     assert_eq!(marked().await, Some(record(missed)));
+}
+
+/// A firing enqueued while its record cannot be written (here the cron hash
+/// is a string) is recorded once the hash can be written again, without
+/// waiting for the next firing (tomorrow's, here). Before, the failed mark
+/// was only logged: a restart would have enqueued the firing again (stop 48
+/// review).
+#[tokio::test]
+async fn a_firing_whose_record_failed_is_recorded_on_a_later_tick() {
+    let env = TestEnv::start().await;
+    env.queue.pause("cron").await.unwrap();
+    let keys = QueueKeys::new("cron");
+    let _: () = env
+        .conn()
+        .await
+        .set(keys.cron(), "not a hash")
+        .await
+        .unwrap();
+    let fired = redis_secs(&env).await as i64 - 5;
+    let expr = daily_at(fired);
+    let reg = queue_core::Registration::periodic::<tick::Job>(expr);
+    let worker = WorkerHandle::start(worker_on(&env.url, [reg], fast_config())).await;
+    let id = format!("cron:tick:{fired}");
+    wait_until(BOUND, "the firing enqueued", || async {
+        env.queue.job("cron", id.as_str()).await.unwrap().is_some()
+    })
+    .await;
+    let _: () = env.conn().await.del(keys.cron()).await.unwrap();
+    wait_until(BOUND, "the firing recorded", || async {
+        let v: Option<String> = env.conn().await.hget(keys.cron(), "tick").await.unwrap();
+        v == Some(format!("{fired} {expr}"))
+    })
+    .await;
+    worker.stop().await;
 }
 
 /// A cron hash of another type (corrupt data) costs only its records: the

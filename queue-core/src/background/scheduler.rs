@@ -38,7 +38,8 @@ use crate::scripts::cron_mark::{self, CronMark, Marked};
 
 /// A missed firing is still enqueued if a scheduler sees it within this long.
 pub(crate) const CATCH_UP: Duration = Duration::from_secs(60);
-/// How long a firing's id is refused after it was enqueued.
+/// How long a firing's id is refused after it was enqueued, at least
+/// ([`once_ttl`]: until its job's next firing has passed the window).
 const ONCE_FOR: Duration = Duration::from_secs(600);
 
 pub(crate) struct Periodic {
@@ -182,6 +183,21 @@ async fn redis_now(conn: &mut RedisConnection) -> redis::RedisResult<DateTime<Ut
     Ok(DateTime::from_timestamp(secs, (micros * 1000) as u32).unwrap_or_default())
 }
 
+/// One periodic job's progress in this scheduler.
+#[derive(Default)]
+struct Progress {
+    /// The latest firing handled (at start-up: its record in the cron hash,
+    /// or the second before the first due one). `None` until the job's
+    /// record was read: only that read (after a read of the Redis clock) is
+    /// its start-up. Each job starts on its own, so a record that cannot be
+    /// read (its queue's node down) holds up no other job.
+    last: Option<DateTime<Utc>>,
+    /// The latest firing handled but not yet recorded in the cron hash: a
+    /// mark that failed is tried again on the next tick (a record left
+    /// behind would make a restart enqueue that firing again).
+    unmarked: Option<DateTime<Utc>>,
+}
+
 /// Fires due periodic jobs until `stop`.
 pub(crate) async fn run(
     conn: RedisConnection,
@@ -193,29 +209,30 @@ pub(crate) async fn run(
     }
     let queue = Queue::from_connection(conn.clone());
     let mut conn = conn;
-    // The latest firing handled per job (at start-up: its record in the
-    // cron hash, or the second before the first due one). Empty until the
-    // Redis clock and the records were read once: only that read is
-    // start-up. Before, it stayed `None` until an enqueue succeeded, so each
-    // tick of a failing start-up tried only its latest firing and the
-    // earlier ones were lost when Redis recovered.
-    let mut fired: Vec<DateTime<Utc>> = Vec::new();
+    let mut progress: Vec<Progress> = jobs.iter().map(|_| Progress::default()).collect();
+    // The last Redis clock read and when it was made (this host's monotonic
+    // clock): a Redis clock that ran far ahead of it stepped forward.
+    let mut clock: Option<(DateTime<Utc>, tokio::time::Instant)> = None;
     loop {
         if super::stop_requested(&stop) {
             return;
         }
         match redis_now(&mut conn).await {
             Ok(now) => {
-                if fired.is_empty() {
-                    match start_points(&mut conn, &jobs, now).await {
-                        Ok(points) => fired = points,
-                        Err(e) => {
-                            warn!(error = %e, "scheduler cannot read its cron records; retrying")
+                let read_at = tokio::time::Instant::now();
+                if let Some((before, then)) = clock {
+                    if stepped_forward(before, now, read_at - then) {
+                        warn!(from = %before, to = %now, "the Redis clock stepped forward: periodic jobs start again from the new time, as at start-up (no late firing for the step)");
+                        for (job, p) in jobs.iter().zip(progress.iter_mut()) {
+                            if p.last.is_some() {
+                                p.last = Some(start_point(&job.schedule, now));
+                            }
                         }
                     }
                 }
-                for (job, last) in jobs.iter().zip(fired.iter_mut()) {
-                    fire_due(&queue, &mut conn, job, last, now).await;
+                clock = Some((now, read_at));
+                for (job, p) in jobs.iter().zip(progress.iter_mut()) {
+                    tick(&queue, &mut conn, job, p, now).await;
                 }
             }
             Err(e) => warn!(error = %e, "scheduler cannot read the Redis clock; retrying"),
@@ -227,54 +244,104 @@ pub(crate) async fn run(
     }
 }
 
-/// Where each job's firings go on from at start-up (`now`): its record in
+/// Whether the Redis clock, read at `before` and now at `now`, moved on by
+/// more than `elapsed` (this host's monotonic time between the two reads)
+/// plus the catch-up window: a step forward (a failover to a server whose
+/// clock is ahead, an NTP step), not time that passed. Firings "missed" in
+/// such a step are not due; coalescing them would run a firing of the
+/// future early (and its real one would then find it done).
+fn stepped_forward(before: DateTime<Utc>, now: DateTime<Utc>, elapsed: Duration) -> bool {
+    let slack = chrono::Duration::from_std(elapsed + CATCH_UP).unwrap_or(chrono::Duration::MAX);
+    now - before > slack
+}
+
+/// One tick of one job: its start-up when it has not started (its record
+/// read), then its due firings, then a mark of the last one handled.
+async fn tick(
+    queue: &Queue,
+    conn: &mut RedisConnection,
+    job: &Periodic,
+    p: &mut Progress,
+    now: DateTime<Utc>,
+) {
+    if p.last.is_none() {
+        match start_point_of(conn, job, now).await {
+            Ok(point) => p.last = Some(point),
+            Err(e) => {
+                warn!(queue = job.reg.queue, job_type = job.reg.name, error = %e,
+                    "scheduler cannot read the job's cron record; retrying");
+                return;
+            }
+        }
+    }
+    if let Some(last) = p.last.as_mut() {
+        if let Some(at) = fire_due(queue, job, last, now).await {
+            p.unmarked = Some(at);
+        }
+    }
+    if let Some(at) = p.unmarked {
+        let mark = CronMark {
+            keys: &job.keys,
+            job_type: job.reg.name,
+            schedule: job.expr,
+            firing: at.timestamp(),
+        };
+        match mark.run(conn).await {
+            Ok(_) => p.unmarked = None,
+            Err(e) => warn!(queue = job.reg.queue, job_type = job.reg.name, error = %e,
+                "periodic firing enqueued but not recorded in the cron hash; retrying"),
+        }
+    }
+}
+
+/// Where `job`'s firings go on from at its start-up (`now`): its record in
 /// the cron hash, when it is of the same schedule and not after `now` (a
 /// clock stepped back); otherwise just before its latest due firing within
 /// the window ([`start_point`]). A cron hash of another type (corrupt data)
 /// reads as no record; any other error is returned (retried next tick).
-async fn start_points(
+async fn start_point_of(
     conn: &mut RedisConnection,
-    jobs: &[Periodic],
+    job: &Periodic,
     now: DateTime<Utc>,
-) -> redis::RedisResult<Vec<DateTime<Utc>>> {
-    let mut points = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        let (queue, job_type) = (job.reg.queue, job.reg.name);
-        let marked = match cron_mark::last_marked(conn, &job.keys, job_type, job.expr).await {
-            Ok(marked) => marked,
-            Err(e) if e.code() == Some("WRONGTYPE") => {
-                warn!(queue, job_type, key = %job.keys.cron(), error = %e,
-                    "the cron hash is not a hash: its record of this job is not read (only the latest due firing is enqueued at start-up)");
-                Marked::Nothing
-            }
-            Err(e) => return Err(e),
-        };
-        let record = match marked {
-            Marked::Firing(secs) => DateTime::from_timestamp(secs, 0).filter(|l| *l <= now),
-            Marked::Stale(value) => {
-                debug!(queue, job_type, record = %value, "cron record of another schedule: not read");
+) -> redis::RedisResult<DateTime<Utc>> {
+    let (queue, job_type) = (job.reg.queue, job.reg.name);
+    let marked = match cron_mark::last_marked(conn, &job.keys, job_type, job.expr).await {
+        Ok(marked) => marked,
+        Err(e) if e.code() == Some("WRONGTYPE") => {
+            warn!(queue, job_type, key = %job.keys.cron(), error = %e,
+                "the cron hash is not a hash: its record of this job is not read (only the latest due firing is enqueued at start-up)");
+            Marked::Nothing
+        }
+        Err(e) => return Err(e),
+    };
+    let record = match marked {
+        Marked::Firing(secs) => match DateTime::from_timestamp(secs, 0) {
+            Some(l) if l <= now => Some(l),
+            _ => {
+                warn!(queue, job_type, record = secs, now = %now,
+                    "cron record ahead of the Redis clock: not read (only the latest due firing is enqueued at start-up)");
                 None
             }
-            Marked::Nothing => None,
-        };
-        points.push(record.unwrap_or_else(|| start_point(&job.schedule, now)));
-    }
-    Ok(points)
+        },
+        Marked::Stale(value) => {
+            debug!(queue, job_type, record = %value, "cron record of another schedule: not read");
+            None
+        }
+        Marked::Nothing => None,
+    };
+    Ok(record.unwrap_or_else(|| start_point(&job.schedule, now)))
 }
 
 /// Enqueues `job`'s firings due at `now` after `last`, oldest first, moving
 /// `last` on with each one handled and stopping at the first enqueue that
-/// fails (retried on the next tick); then records the last one handled in
-/// the cron hash. A failed record is only logged: this scheduler goes on
-/// from its own `last`, and a firing marked late is refused again by its
-/// once-marker.
+/// fails (retried on the next tick). Returns the last firing handled, if
+/// any, for the cron hash.
 async fn fire_due(
     queue: &Queue,
-    conn: &mut RedisConnection,
     job: &Periodic,
     last: &mut DateTime<Utc>,
     now: DateTime<Utc>,
-) {
+) -> Option<DateTime<Utc>> {
     let mut handled = None;
     for at in due_on_tick(&job.schedule, last, now) {
         if !fire(queue, job, *last, at, now).await {
@@ -283,17 +350,24 @@ async fn fire_due(
         *last = at;
         handled = Some(at);
     }
-    let Some(at) = handled else { return };
-    let mark = CronMark {
-        keys: &job.keys,
-        job_type: job.reg.name,
-        schedule: job.expr,
-        firing: at.timestamp(),
-    };
-    if let Err(e) = mark.run(conn).await {
-        warn!(queue = job.reg.queue, job_type = job.reg.name, error = %e,
-            "periodic firing enqueued but not recorded in the cron hash");
-    }
+    handled
+}
+
+/// How long the once-marker of the firing at `at` must refuse its id: until
+/// no scheduler can find it due again, even one that starts from a record
+/// left behind it (a mark lost in a crash or a failover), which finds it due
+/// as long as it is the latest firing before the catch-up window, so until
+/// the next firing plus the window. At least [`ONCE_FOR`]; a schedule with
+/// no later firing, and a next firing further than a year, keep it a year
+/// and a window.
+fn once_ttl(schedule: &cron::Schedule, at: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    const YEAR: Duration = Duration::from_secs(366 * 24 * 3600);
+    let until_next = schedule
+        .after(&at)
+        .next()
+        .and_then(|next| (next - now).to_std().ok())
+        .map_or(YEAR, |d| d.min(YEAR));
+    (until_next + CATCH_UP + Duration::from_secs(60)).max(ONCE_FOR)
 }
 
 /// Enqueues the firing of `job` at `at` (the one after `last`); whether it
@@ -308,7 +382,8 @@ async fn fire(
     now: DateTime<Utc>,
 ) -> bool {
     let id = format!("cron:{}:{}", job.reg.name, at.timestamp());
-    let mut opts = EnqueueOptions::new().id(id.as_str()).once_for(ONCE_FOR);
+    let once = once_ttl(&job.schedule, at, now);
+    let mut opts = EnqueueOptions::new().id(id.as_str()).once_for(once);
     if let Some(key) = &job.firing.rate_key {
         opts = opts.rate_key(key.as_str());
     }
@@ -512,6 +587,52 @@ mod tests {
         // Without a last firing (start-up, no record): as before, only
         // within the window.
         assert!(due_since(&daily, None, at("2026-01-01T09:00:00Z")).is_empty());
+    }
+
+    /// A firing's once-marker lives until its job's next firing has left the
+    /// catch-up window: a scheduler starting from a record left behind it
+    /// (a mark lost in a crash) finds it due until then, and its id must be
+    /// refused. Before, 10 minutes for every schedule (stop 48 review: a
+    /// weekly job ran twice after a restart two days later).
+    #[test]
+    fn a_firings_once_marker_outlives_the_time_it_can_be_found_due() {
+        let weekly = cron::Schedule::from_str("0 0 3 * * Mon").unwrap();
+        let at = at("2026-01-05T03:00:00Z");
+        let ttl = once_ttl(&weekly, at, at + chrono::Duration::seconds(1));
+        assert_eq!(ttl, Duration::from_secs(7 * 24 * 3600 - 1 + 60 + 60));
+        // Fired late (found due 2 days after): still until the next one.
+        let late = at + chrono::Duration::days(2);
+        assert_eq!(
+            once_ttl(&weekly, at, late),
+            Duration::from_secs(5 * 24 * 3600 + 120)
+        );
+        // A fast schedule keeps the 10 minutes.
+        let every_sec = cron::Schedule::from_str("* * * * * *").unwrap();
+        assert_eq!(once_ttl(&every_sec, at, at), ONCE_FOR);
+        // No later firing: a year and the window.
+        let once = cron::Schedule::from_str("0 0 3 5 1 * 2026").unwrap();
+        assert_eq!(
+            once_ttl(&once, at, at),
+            Duration::from_secs(366 * 24 * 3600 + 120)
+        );
+    }
+
+    /// A Redis clock that ran ahead of this host's monotonic clock by more
+    /// than the window stepped forward; time that passed while reads failed
+    /// (both clocks moved) did not.
+    #[test]
+    fn a_redis_clock_far_ahead_of_the_monotonic_one_stepped_forward() {
+        let before = at("2026-01-01T10:00:00Z");
+        let tick = Duration::from_millis(500);
+        assert!(!stepped_forward(
+            before,
+            at("2026-01-01T10:00:00.500Z"),
+            tick
+        ));
+        assert!(!stepped_forward(before, at("2026-01-01T10:01:00Z"), tick));
+        assert!(stepped_forward(before, at("2026-01-02T10:00:00Z"), tick));
+        let outage = Duration::from_secs(600);
+        assert!(!stepped_forward(before, at("2026-01-01T10:10:30Z"), outage));
     }
 
     /// A schedule faster than the tick (or a tick that stalled) used to fire

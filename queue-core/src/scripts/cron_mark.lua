@@ -2,8 +2,10 @@
 -- (field: the job type; value: `<unix seconds> <schedule>`), so that a
 -- scheduler starting after every worker was down knows which firings no one
 -- enqueued (background/scheduler.rs). Never moved back for the same
--- schedule (workers mark in any order); a different schedule (a deploy that
--- changed it) or an unreadable value is replaced.
+-- schedule (workers mark in any order); replaced when it is of a different
+-- schedule (a deploy that changed it), unreadable (not `<digits> <schedule>`),
+-- or ahead of the Redis clock (written while the clock was ahead: kept, it
+-- would refuse every mark until the clock caught up).
 -- KEYS: 1 cron hash
 -- ARGV: 1 job type, 2 firing (unix seconds), 3 schedule expression
 -- Returns 1 when the record was written, 0 when it already held this firing
@@ -16,8 +18,10 @@ expect_types(KEYS[1], 'hash')
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   local space = string.find(cur, ' ', 1, true)
-  local secs = space and as_count(string.sub(cur, 1, space - 1))
-  if secs and string.sub(cur, space + 1) == ARGV[3] and secs >= at then
+  local digits = space and string.sub(cur, 1, space - 1)
+  local secs = digits and string.find(digits, '^%d+$') and tonumber(digits)
+  if secs and string.sub(cur, space + 1) == ARGV[3] and secs >= at
+    and secs <= math.floor(now_ms() / 1000) then
     return 0
   end
 end

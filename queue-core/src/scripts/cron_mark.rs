@@ -67,10 +67,13 @@ pub(crate) fn parse(value: Option<&str>, schedule: &str) -> Marked {
         return Marked::Nothing;
     };
     match value.split_once(' ') {
-        Some((secs, expr)) if expr == schedule => match secs.parse::<i64>() {
-            Ok(secs) if secs >= 0 => Marked::Firing(secs),
-            _ => Marked::Stale(value.to_string()),
-        },
+        // Digits only, as the script reads them (`+5`, `1e11` are not).
+        Some((secs, expr)) if expr == schedule && secs.bytes().all(|b| b.is_ascii_digit()) => {
+            match secs.parse::<i64>() {
+                Ok(secs) => Marked::Firing(secs),
+                Err(_) => Marked::Stale(value.to_string()),
+            }
+        }
         _ => Marked::Stale(value.to_string()),
     }
 }
@@ -105,6 +108,10 @@ mod tests {
             "1767261600",
             "x 0 */5 * * * *",
             "-5 0 */5 * * * *",
+            "+5 0 */5 * * * *",
+            "1e11 0 */5 * * * *",
+            " 0 */5 * * * *",
+            "99999999999999999999 0 */5 * * * *",
             "",
         ] {
             assert_eq!(
