@@ -1,7 +1,7 @@
 //! A tracing layer of a user's that panics, for the scenarios of a worker
 //! whose loops run the user's tracing code (a fetcher opening job spans, a
-//! scheduler logging firings): at every job span, or at the first INFO
-//! event of one module.
+//! scheduler logging firings): at every job span, at the first INFO event
+//! of one module, or at every event of one module with a given message.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -13,6 +13,7 @@ use tracing_subscriber::layer::{Context, SubscriberExt};
 pub struct PanickingLayer {
     every_job_span: bool,
     first_info_event_of: Option<&'static str>,
+    every_event: Option<(&'static str, &'static str)>,
     seen: AtomicBool,
 }
 
@@ -30,6 +31,15 @@ impl PanickingLayer {
     pub fn at_first_info_event_of(target: &'static str) -> Self {
         PanickingLayer {
             first_info_event_of: Some(target),
+            ..Self::default()
+        }
+    }
+
+    /// Panics at every event (any level) whose target is `target` and
+    /// whose message is `message` (`queue_core::worker::runner`, "started").
+    pub fn at_every_event(target: &'static str, message: &'static str) -> Self {
+        PanickingLayer {
+            every_event: Some((target, message)),
             ..Self::default()
         }
     }
@@ -56,6 +66,13 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanickingLayer {
 
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
         let m = event.metadata();
+        if let Some((target, message)) = self.every_event {
+            let mut seen = Message(String::new());
+            event.record(&mut seen);
+            if m.target() == target && seen.0 == message {
+                panic!("a tracing layer that panics at {target}'s {message:?}");
+            }
+        }
         if Some(m.target()) == self.first_info_event_of
             && *m.level() == tracing::Level::INFO
             && !self.seen.swap(true, Ordering::SeqCst)
@@ -64,6 +81,17 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PanickingLayer {
                 "a tracing layer that panics at {}'s first event",
                 m.target()
             );
+        }
+    }
+}
+
+/// An event's message, as written.
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
         }
     }
 }

@@ -588,6 +588,51 @@ async fn a_tracing_layer_that_panics_at_every_job_span_burns_no_job() {
     let _ = stop_watchdog.send(());
 }
 
+/// Runs of [`OneShotStarted`].
+static STARTED_RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A job with one attempt that counts its runs, in a queue of its own (not
+/// [`OneShotTraced`]'s: `cargo test` runs this file's tests in one process).
+struct OneShotStarted;
+impl Job for OneShotStarted {
+    type Args = ();
+    const NAME: &'static str = "one_shot_started";
+    const QUEUE: &'static str = "one_shot_started";
+    const MAX_ATTEMPTS: u32 = 1;
+    fn run(_ctx: JobContext, _args: ()) -> BoxFuture<'static, Result<(), JobError>> {
+        STARTED_RUNS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A tracing layer (or metrics recorder) of the user's that panics at the
+/// event a runner logs when a job starts, after its claim and before its
+/// handler: the job runs anyway. Before, the runner ended with the panic,
+/// the job stayed leased, and the watchdog dead-lettered every job of one
+/// attempt without its handler ever running (stop 48 review).
+#[tokio::test]
+async fn a_tracing_layer_that_panics_when_a_job_starts_burns_no_job() {
+    let _tracing =
+        PanickingLayer::at_every_event("queue_core::worker::runner", "started").install();
+    let env = TestEnv::start().await;
+    for _ in 0..10 {
+        env.queue.enqueue::<OneShotStarted>(&()).await.unwrap();
+    }
+    let stop_watchdog = start_watchdog(&env.url, OneShotStarted::QUEUE);
+    let worker = env
+        .spawn_worker_for(Registration::of::<OneShotStarted>(), fast_config())
+        .await;
+    env.wait_stats(OneShotStarted::QUEUE, "all ten acked", |s| {
+        s.counters.get("completed") == Some(&10)
+    })
+    .await;
+    let stats = env.queue.stats(OneShotStarted::QUEUE).await.unwrap();
+    assert_eq!(stats.dead, 0, "{stats:?}");
+    assert_eq!(STARTED_RUNS.load(std::sync::atomic::Ordering::SeqCst), 10);
+    worker.stop().await;
+    let _ = stop_watchdog.send(());
+}
+
 /// Runs of [`CountsRuns`].
 static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 

@@ -109,8 +109,14 @@ impl JobRunner {
             d.claim_sent_at
         };
         crate::failpoint::hit("after_claim");
-        crate::metrics::started(&labels);
-        debug!("started");
+        // The user's metrics recorder and tracing layers run here, after the
+        // claim: a panic in them costs the job its start metric and log
+        // line, not its run. Before, it ended the runner with the job
+        // leased and its attempt spent, on every delivery.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            crate::metrics::started(&labels);
+            debug!("started");
+        }));
         let started = std::time::Instant::now();
         // The heartbeat task starts only for a job still running one
         // interval after its claim (or its late-start extend) was sent
