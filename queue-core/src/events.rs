@@ -23,6 +23,21 @@ use crate::queue::Queue;
 /// kept (`XADD MAXLEN ~`), the oldest trimmed first.
 pub const DEFAULT_EVENTS_MAXLEN: u64 = 10_000;
 
+/// The largest cap [`Queue::set_events_maxlen`] takes: 2^53 − 1, the
+/// largest count the scripts' `ev()` reads from `q:{Q}:events:on` (a Lua
+/// number is exact only up to there; `as_count` in `scripts/prelude.lua`
+/// reads anything above as not a count, i.e. events off).
+const MAX_EVENTS_MAXLEN: u64 = (1 << 53) - 1;
+
+/// The cap stored in `q:{Q}:events:on` as the scripts read it: a count from
+/// 1 to [`MAX_EVENTS_MAXLEN`], else `None` (the scripts write no event).
+fn stored_maxlen(v: &str) -> Option<u64> {
+    v.trim()
+        .parse()
+        .ok()
+        .filter(|n| (1..=MAX_EVENTS_MAXLEN).contains(n))
+}
+
 /// How long one `XREAD BLOCK` of [`Queue::events`] waits before asking again.
 const BLOCK: Duration = Duration::from_secs(5);
 /// Entries per `XREAD`.
@@ -202,8 +217,17 @@ impl Queue {
 
     /// Turns the event stream on, capped at about `maxlen` entries
     /// (`XADD MAXLEN ~ maxlen`); 0 turns it off (the stream already written
-    /// stays until it is deleted).
+    /// stays until it is deleted). A cap above 2^53 − 1
+    /// (9007199254740991, the largest count the scripts read) is refused
+    /// with [`QueueError::Config`] naming the queue, before anything is
+    /// written: stored, the scripts would read the stream as off and write
+    /// nothing, while [`events_maxlen`](Self::events_maxlen) said on.
     pub async fn set_events_maxlen(&self, queue: &str, maxlen: u64) -> Result<()> {
+        if maxlen > MAX_EVENTS_MAXLEN {
+            return Err(QueueError::Config(format!(
+                "queue `{queue}`: events maxlen {maxlen} is above {MAX_EVENTS_MAXLEN} (2^53 - 1), the largest cap the scripts read"
+            )));
+        }
         let k = QueueKeys::new(queue);
         let cmd = if maxlen > 0 {
             let mut c = redis::cmd("SET");
@@ -222,13 +246,16 @@ impl Queue {
     }
 
     /// The event stream's cap when it is on for `queue`, `None` when off.
+    /// Read as the scripts read it: a stored value that is not a count from
+    /// 1 to 2^53 − 1 (e.g. a larger one set by hand) is off: the scripts
+    /// write no event for it.
     pub async fn events_maxlen(&self, queue: &str) -> Result<Option<u64>> {
         let v: Option<String> = redis::cmd("GET")
             .arg(QueueKeys::new(queue).events_on())
             .query_async(&mut self.connection())
             .await
             .map_err(|e| QueueError::redis(queue, None, e))?;
-        Ok(v.and_then(|v| v.trim().parse().ok()).filter(|n| *n > 0))
+        Ok(v.as_deref().and_then(stored_maxlen))
     }
 
     /// Up to `count` events of `queue` after stream entry `after` (`"0"`:
@@ -582,6 +609,61 @@ mod tests {
         assert_eq!(e.attempt, Some(2));
         assert_eq!(e.worker.as_deref(), Some("w1"));
         assert_eq!(e.detail, None);
+    }
+
+    /// Scenario: an operator sets the events cap above 2^53 − 1, the
+    /// largest count the scripts' `ev()` reads. The call is refused, naming
+    /// the queue, and nothing is stored; the largest cap they read is taken
+    /// and events are written. A larger cap stored by hand reads as off, as
+    /// the scripts see it: no event is written for it. Before, the cap was
+    /// stored and read back as on, while the scripts wrote nothing.
+    #[tokio::test]
+    async fn an_events_cap_the_scripts_cannot_read_is_refused_and_read_as_off() {
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let queue = Queue::connect(&server.url()).await.unwrap();
+        let mut conn = queue.connection();
+        let xlen = |mut c: RedisConnection| async move {
+            redis::cmd("XLEN")
+                .arg(QueueKeys::new("q").events())
+                .query_async::<u64>(&mut c)
+                .await
+                .unwrap()
+        };
+        let enqueue = || queue.enqueue_raw("q", "send", 1, 3, Default::default(), b"\x80");
+
+        for maxlen in [1 << 53, u64::MAX] {
+            let err = queue.set_events_maxlen("q", maxlen).await.unwrap_err();
+            assert!(
+                matches!(&err, QueueError::Config(m) if m.contains("`q`") && m.contains(&maxlen.to_string())),
+                "{maxlen}: {err}"
+            );
+            assert_eq!(queue.events_maxlen("q").await.unwrap(), None, "{maxlen}");
+        }
+
+        queue
+            .set_events_maxlen("q", MAX_EVENTS_MAXLEN)
+            .await
+            .unwrap();
+        assert_eq!(
+            queue.events_maxlen("q").await.unwrap(),
+            Some(MAX_EVENTS_MAXLEN)
+        );
+        enqueue().await.unwrap();
+        assert_eq!(xlen(conn.clone()).await, 1, "the largest cap is read");
+
+        redis::cmd("SET")
+            .arg(QueueKeys::new("q").events_on())
+            .arg("123456789012345678")
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(queue.events_maxlen("q").await.unwrap(), None);
+        enqueue().await.unwrap();
+        assert_eq!(
+            xlen(conn.clone()).await,
+            1,
+            "the scripts read it as off too"
+        );
     }
 
     #[test]

@@ -75,6 +75,17 @@ pub enum LockError {
         /// What is wrong.
         reason: String,
     },
+    /// The lock's fencing counter (`lock:{<name>}:fence`) is at the
+    /// largest count Redis keeps (`i64::MAX`, 9223372036854775807): no
+    /// fencing number above the ones already handed out is left, so the
+    /// lock was not taken. Only a counter set there by hand gets there in
+    /// practice; deleting it (once no holder's number matters any more)
+    /// lets the lock be taken again.
+    #[error("lock `{name}`: its fencing counter is at its largest value (9223372036854775807): no fencing number is left, the lock was not taken")]
+    FencingExhausted {
+        /// The lock's name.
+        name: String,
+    },
 }
 
 impl LockError {
@@ -83,7 +94,8 @@ impl LockError {
         match self {
             LockError::Redis { name, .. }
             | LockError::InvalidName { name, .. }
-            | LockError::InvalidOptions { name, .. } => name,
+            | LockError::InvalidOptions { name, .. }
+            | LockError::FencingExhausted { name } => name,
         }
     }
 
@@ -221,7 +233,9 @@ impl Lock {
     /// a lock (`""` or starting with `}`: [`LockError::InvalidName`]) or a
     /// TTL below 1 ms ([`LockError::InvalidOptions`]) is refused before
     /// anything is sent. A `renew_every` that cannot keep the lock is
-    /// replaced by a third of the TTL ([`LockOptions::renew_every`]).
+    /// replaced by a third of the TTL ([`LockOptions::renew_every`]). A
+    /// fencing counter with no number left refuses the call without taking
+    /// the lock ([`LockError::FencingExhausted`]).
     ///
     /// ```
     /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -288,12 +302,20 @@ impl Lock {
                 }
             };
             lost_replies = 0;
-            if let LockAcquireReply::Acquired { fencing } = reply {
-                debug!(lock = name, fencing, "lock acquired");
-                let clock = LeaseClock::new(sent_at, options.ttl);
-                return Ok(Some(LockGuard::new(
-                    conn, name, keys.lock, token, fencing, clock, sent_at, options,
-                )));
+            match reply {
+                LockAcquireReply::Acquired { fencing } => {
+                    debug!(lock = name, fencing, "lock acquired");
+                    let clock = LeaseClock::new(sent_at, options.ttl);
+                    return Ok(Some(LockGuard::new(
+                        conn, name, keys.lock, token, fencing, clock, sent_at, options,
+                    )));
+                }
+                LockAcquireReply::FencingExhausted => {
+                    return Err(LockError::FencingExhausted {
+                        name: name.to_string(),
+                    });
+                }
+                LockAcquireReply::Held => {}
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
@@ -832,6 +854,110 @@ mod tests {
                 next.fencing()
             );
             assert!(next.release().await.unwrap());
+        }
+    }
+
+    async fn set_fence(conn: &RedisConnection, name: &str, value: &str) {
+        let mut c = conn.clone();
+        redis::cmd("SET")
+            .arg(LockKeys::new(name).fence)
+            .arg(value)
+            .query_async::<()>(&mut c)
+            .await
+            .unwrap();
+    }
+
+    /// Scenario: a lock whose fencing counter is far above 2^53 (near 2^60;
+    /// and just below 10^18, which the script used to treat as the edge).
+    /// Holders in turn get the exact next numbers, one more each time.
+    /// Before, the number went through a Lua double: the holders after
+    /// `999999999999999998` both got `1000000000000000000`, and a counter of
+    /// 19 digits was taken for corrupt and set back to the Redis time in
+    /// microseconds (the number went down).
+    #[tokio::test]
+    async fn fencing_numbers_above_2_pow_53_are_exact_and_keep_growing() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        let opts = LockOptions::default().no_renew();
+        for start in [999_999_999_999_999_998, (1u64 << 60) + 1] {
+            set_fence(&conn, "big", &start.to_string()).await;
+            for expected in [start + 1, start + 2, start + 3] {
+                let guard = Lock::acquire(conn.clone(), "big", opts.clone())
+                    .await
+                    .unwrap()
+                    .expect("free");
+                assert_eq!(guard.fencing(), expected, "counter set to {start}");
+                assert!(guard.release().await.unwrap());
+            }
+        }
+    }
+
+    /// Scenario: the acquire's reply is lost at a counter above 2^53 and the
+    /// call is sent again (same token): the retry answers the number that
+    /// acquisition got, exactly. Before, it answered the counter read as a
+    /// Lua number (`2^59 + 1` came back as `2^59`).
+    #[tokio::test]
+    async fn a_resent_acquire_answers_its_exact_fencing_number_above_2_pow_53() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        let keys = LockKeys::new("resent");
+        set_fence(&conn, "resent", &(1u64 << 59).to_string()).await;
+        let acquire = LockAcquire {
+            keys: &keys,
+            token: "owner-1",
+            ttl: Duration::from_secs(30),
+        };
+        let fencing = (1 << 59) + 1;
+        for call in ["first", "resent"] {
+            let reply = acquire.run(&mut conn.clone()).await.unwrap();
+            assert_eq!(reply, LockAcquireReply::Acquired { fencing }, "{call}");
+        }
+    }
+
+    /// Scenario: the fencing counter reaches the largest count Redis keeps
+    /// (`i64::MAX`). The acquisition that makes it get exactly that number;
+    /// the next acquire is refused with a typed error naming the lock, and
+    /// the lock is not taken (a retry after the refusal is refused the same
+    /// way, not answered "held"). A counter set above it by hand is refused
+    /// too (replaced, it would hand out numbers below those handed out).
+    #[tokio::test]
+    async fn a_fencing_counter_at_its_largest_value_refuses_the_acquire_without_taking_the_lock() {
+        let (_server, conn) = crate::scripts::test_redis().await;
+        let opts = LockOptions::default().no_renew();
+        let max = i64::MAX as u64;
+        set_fence(&conn, "full", &(max - 1).to_string()).await;
+        let last = Lock::acquire(conn.clone(), "full", opts.clone())
+            .await
+            .unwrap()
+            .expect("free");
+        assert_eq!(last.fencing(), max);
+        assert!(last.release().await.unwrap());
+        for counter in [
+            max.to_string(),
+            "9223372036854775808".into(),
+            "1".repeat(25),
+        ] {
+            set_fence(&conn, "full", &counter).await;
+            for attempt in ["first", "again"] {
+                let err = Lock::acquire(conn.clone(), "full", opts.clone())
+                    .await
+                    .expect_err("no fencing number left");
+                assert!(
+                    matches!(&err, LockError::FencingExhausted { name } if name == "full"),
+                    "{counter} ({attempt}): {err}"
+                );
+                assert!(err.to_string().contains("fencing counter"), "{err}");
+                assert_eq!(
+                    owner(&conn, "full").await,
+                    None,
+                    "{counter}: lock not taken"
+                );
+            }
+            let mut c = conn.clone();
+            let kept: String = redis::cmd("GET")
+                .arg(LockKeys::new("full").fence)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            assert_eq!(kept, counter, "the counter is left as it was");
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use redis::RedisResult;
+use redis::{RedisResult, Value};
 
 use super::{lua_script, LuaScript};
 use crate::conn::RedisConnection;
@@ -33,6 +33,9 @@ pub(crate) enum LockAcquireReply {
     Acquired { fencing: u64 },
     /// Another owner holds it.
     Held,
+    /// Not taken: the fencing counter is at the largest count Redis keeps
+    /// (`i64::MAX`), so no number above the ones handed out is left.
+    FencingExhausted,
 }
 
 impl LockAcquire<'_> {
@@ -46,9 +49,29 @@ impl LockAcquire<'_> {
             .arg(super::ms(self.ttl.max(FENCE_TTL)))
             .invoke(conn)
             .await?;
-        Ok(match redis::from_redis_value::<u64>(reply)? {
-            0 => LockAcquireReply::Held,
-            fencing => LockAcquireReply::Acquired { fencing },
-        })
+        decode(reply)
+    }
+}
+
+/// The script's answer: the fencing number as decimal text (a Lua number
+/// would round it above 2^53) or, from an older script, an integer; `0`
+/// held; `-1` no number left. Anything else is a type error naming the reply.
+fn decode(reply: Value) -> RedisResult<LockAcquireReply> {
+    let fencing = match &reply {
+        Value::Int(0) => return Ok(LockAcquireReply::Held),
+        Value::Int(-1) => return Ok(LockAcquireReply::FencingExhausted),
+        Value::Int(n) => u64::try_from(*n).ok(),
+        Value::BulkString(text) => std::str::from_utf8(text)
+            .ok()
+            .and_then(|t| t.parse::<u64>().ok()),
+        _ => None,
+    };
+    match fencing {
+        Some(fencing) if fencing > 0 => Ok(LockAcquireReply::Acquired { fencing }),
+        _ => Err(redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "lock_acquire: not a fencing number",
+            format!("{reply:?}"),
+        ))),
     }
 }

@@ -39,7 +39,8 @@ pub(crate) struct ResultWait<'a> {
 pub(crate) enum WaitState {
     /// The completion record, field → raw value.
     Finished(BTreeMap<String, Vec<u8>>),
-    /// Dead-lettered, with its reason.
+    /// Dead-lettered, with its reason (bytes that are not UTF-8 replaced by
+    /// U+FFFD: it may quote a corrupt field's raw value).
     Dead(String),
     /// No hash and no record.
     Unknown,
@@ -84,11 +85,56 @@ impl ResultWait<'_> {
                 }
                 WaitState::Finished(record)
             }
-            "dead" => WaitState::Dead(f.text(1, "dead_reason")?),
+            // The reason quotes what the dead-lettering script found (a
+            // corrupt field's raw bytes): read lossily, the producer still
+            // gets the dead answer (it was a protocol error).
+            "dead" => {
+                WaitState::Dead(String::from_utf8_lossy(&f.bytes(1, "dead_reason")?).into_owned())
+            }
             "unknown" => WaitState::Unknown,
             "waiting" if f.text(1, "wait state")? == "pending" => WaitState::Pending,
             "waiting" => WaitState::Waiting,
             other => return Err(f.error(format_args!("unknown wait state {other:?}"))),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Scenario: a job was dead-lettered because a field of its hash was
+    /// corrupt, and the reason quotes the field's raw bytes (not UTF-8). A
+    /// producer waiting for its outcome gets the dead answer, the bytes
+    /// that are not UTF-8 replaced. Before, it got a protocol error
+    /// ("field 1 (dead_reason) missing or malformed").
+    #[tokio::test]
+    async fn a_dead_reason_that_is_not_utf8_still_answers_dead() {
+        let (_server, mut conn) = super::super::test_redis().await;
+        let keys = QueueKeys::new("q");
+        let id = JobId::from("j1");
+        let reason = b"corrupt field attempts: '\xff\xfe1'";
+        redis::cmd("HSET")
+            .arg(keys.job(id.as_str()))
+            .arg("state")
+            .arg("dead")
+            .arg("dead_reason")
+            .arg(&reason[..])
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+        let state = ResultWait {
+            keys: &keys,
+            id: &id,
+            woken: false,
+            was_pending: false,
+        }
+        .run(&mut conn)
+        .await
+        .unwrap();
+        assert_eq!(
+            state,
+            WaitState::Dead("corrupt field attempts: '\u{fffd}\u{fffd}1'".into())
+        );
     }
 }
