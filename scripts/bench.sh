@@ -14,7 +14,7 @@
 #                                    # process c64, process c1), interleaving BIN (queue-bench built
 #                                    # from an older commit), this build (or --new BIN: no build) and BullMQ; median of --runs
 #                                    # (3), ratios and Redis us/job: examples/bench/focus_report.py;
-#                                    # --compact adds this build with compact completion records
+#                                    # --hash adds this build with hash completion records (compact is the default)
 #   scripts/bench.sh --bullmq-bench [--bb-scale K]
 #                                    # bullmq-bench's four scenarios (queue-add, queue-add-bulk of 50,
 #                                    # worker-generic, worker-concurrent with 100), BullMQ and queue-core
@@ -49,7 +49,7 @@ BB_SCALE=1
 TRICKLE=0
 TRICKLE_RATE=1000
 COST=0
-COMPACT=0
+HASH_RECORDS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
@@ -67,7 +67,7 @@ while [ $# -gt 0 ]; do
     --trickle) TRICKLE=1 ;;
     --trickle-rate) TRICKLE_RATE="$2"; shift ;;
     --cost) COST=1 ;;
-    --compact) COMPACT=1 ;;
+    --hash) HASH_RECORDS=1 ;;
     -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -217,7 +217,7 @@ if [ "$BB$TRICKLE$COST" != 000 ]; then
     log "cost: Redis memory per waiting and per completed job ($N_MEMORY jobs)"
     qc cost 1 cost-memory --n "$N_MEMORY"
     qc cost 1 cost-memory --n "$N_MEMORY" --retention-s 0
-    qc cost 1 cost-memory --n "$N_MEMORY" --compact-records
+    qc cost 1 cost-memory --n "$N_MEMORY" --hash-records
   fi
   python3 -c 'import json,sys; open(sys.argv[1],"a").write(json.dumps({"workload":"machine_end","loadavg_end":open("/proc/loadavg").read().split()[:3]})+"\n")' "$OUT"
   python3 examples/bench/issue12_report.py "$OUT" > "${OUT%.jsonl}.md"
@@ -237,7 +237,7 @@ if [ "$FOCUS" = 1 ]; then
     redis-cli -p "$PORT" flushall >/dev/null
     case "$sys" in
       new) "$QB" --redis-url "$URL" --out "$OUT" --label "$label" "$@" >/dev/null || log "FAILED: new $*" ;;
-      compact) "$QB" --redis-url "$URL" --out "$OUT" --label "$label" "$@" --compact-records >/dev/null || log "FAILED: compact $*" ;;
+      hash) "$QB" --redis-url "$URL" --out "$OUT" --label "$label" "$@" --hash-records >/dev/null || log "FAILED: hash $*" ;;
       baseline) "$BASELINE" --redis-url "$URL" --out "$OUT" --label "$label" "$@" >/dev/null || log "FAILED: baseline $*" ;;
       bullmq) python3 "$PEERS/run_peer.py" --redis-url "$URL" --out "$OUT" --label "$label" -- \
                 node "$PEERS/bullmq/bench.cjs" --redis-url "$URL" "$@" >/dev/null || log "FAILED: bullmq $*" ;;
@@ -245,7 +245,7 @@ if [ "$FOCUS" = 1 ]; then
   }
   SYSTEMS="new"
   [ -n "$BASELINE" ] && SYSTEMS="baseline $SYSTEMS"
-  [ "$COMPACT" = 1 ] && SYSTEMS="$SYSTEMS compact"
+  [ "$HASH_RECORDS" = 1 ] && SYSTEMS="$SYSTEMS hash"
   [ "$WITH_PEERS" = 1 ] && SYSTEMS="$SYSTEMS bullmq"
   # The order of the systems turns by one each run (run 1: baseline, new,
   # BullMQ; run 2: new, BullMQ, baseline; ...): stop 37 measured a place in

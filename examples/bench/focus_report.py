@@ -57,7 +57,7 @@ def main(path):
     print("| workload | build | run | jobs/s | load | Redis µs/job (scripts, commandstats) | worker µs/job | script calls/job |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for wl, c, name, _ in WORKLOADS:
-        for build in ("baseline", "new", "compact", "bullmq"):
+        for build in ("baseline", "new", "hash", "bullmq"):
             for lab, r in sorted(rows.get((wl, c, build), []), key=lambda x: x[0].get("run", "")):
                 f = lambda v, d=1: "–" if v is None else f"{v:,.{d}f}"
                 print(f"| {name} | {build} | {lab.get('run')} | {f(jps(r), 0)} | {lab.get('load', '?')} | "
@@ -81,9 +81,9 @@ def main(path):
 
     print("#### Medians and goals\n")
     goals("baseline", "new")
-    if any(k[2] == "compact" for k in rows):
-        print("#### This build with compact completion records (`--compact-records`)\n")
-        goals("new", "compact")
+    if any(k[2] == "hash" for k in rows):
+        print("#### This build with hash completion records (`--hash-records`; compact is the default since stop 48)\n")
+        goals("new", "hash")
     if idle:
         print("#### Idle worker (10 s, empty queue)\n")
         print("| build | BLMOVE | EVALSHA | calls/s | all commands |")

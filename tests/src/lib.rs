@@ -311,6 +311,20 @@ where
     }
 }
 
+/// A numeric field (`finished_at`, `enqueued_at`, ...) of job `id`'s
+/// completion record on queue `q`, whichever form it was written in (a
+/// hash, or the compact string: `Queue::completion` reads both); `None`
+/// without a record or that field.
+pub async fn record_number(
+    queue: &queue_core::Queue,
+    q: &str,
+    id: &str,
+    field: &str,
+) -> Option<i64> {
+    let record = queue.completion(q, id).await.ok().flatten()?;
+    record.get(field)?.parse().ok()
+}
+
 /// A plain Redis connection for assertions.
 pub async fn redis_conn(url: &str) -> MultiplexedConnection {
     redis::Client::open(url)

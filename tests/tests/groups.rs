@@ -346,13 +346,11 @@ async fn figure_b_wait_behind_a_100k_backlog() {
     let mut c = env.conn().await;
     let mut waits = Vec::new();
     for id in &b {
-        let (enq, fin): (i64, i64) = redis::cmd("HMGET")
-            .arg(keys.done(id.as_str()))
-            .arg("enqueued_at")
-            .arg("finished_at")
-            .query_async(&mut c)
-            .await
-            .unwrap();
+        let number = |field| queue_tests::record_number(&env.queue, QUEUE, id.as_str(), field);
+        let (enq, fin) = (
+            number("enqueued_at").await.unwrap(),
+            number("finished_at").await.unwrap(),
+        );
         waits.push(fin - enq);
     }
     waits.sort_unstable();

@@ -275,7 +275,6 @@ async fn a_concurrency_cap_holds_across_processes_and_a_dead_workers_slot_return
             ..env.task(100)
         })
         .await;
-    let keys = QueueKeys::new("tasks");
     wait_until(BOUND, "the long job is leased", || async {
         env.lease_of("tasks", long.as_str()).await.is_some()
     })
@@ -295,10 +294,9 @@ async fn a_concurrency_cap_holds_across_processes_and_a_dead_workers_slot_return
             .is_some()
     })
     .await;
-    let finished: i64 = c
-        .hget(keys.done(short.as_str()), "finished_at")
+    let finished = queue_tests::record_number(&env.queue, "tasks", short.as_str(), "finished_at")
         .await
-        .unwrap();
+        .expect("the record's finished_at");
     assert!(
         finished >= lease_until,
         "the short job ran at {finished}, before the dead worker's lease expired at {lease_until}"

@@ -327,13 +327,24 @@ async fn the_execution_deadline_spans_attempts_and_stops_the_handler() {
     worker.stop().await;
 }
 
-/// Compact completion records (`WorkerConfig::compact_records`,
-/// docs/OPERATIONS.md): a typed result reaches a producer that waits before
-/// the job runs (woken by the ack) and one that asks afterwards (read from
-/// the string record); `Queue::completion` reads the record; a re-enqueue of
-/// the id is refused as completed.
+/// Compact completion records (`WorkerConfig::compact_records`, the
+/// default since stop 48; docs/OPERATIONS.md): a typed result reaches a
+/// producer that waits before the job runs (woken by the ack) and one that
+/// asks afterwards (read from the string record); `Queue::completion` reads
+/// the record; a re-enqueue of the id is refused as completed.
 #[tokio::test]
 async fn typed_results_reach_the_producer_through_compact_records() {
+    typed_results_reach_the_producer_through(true, "string").await;
+}
+
+/// The same with hash records (`compact_records: false`, for a deployment
+/// that still runs a process older than stop 27).
+#[tokio::test]
+async fn typed_results_reach_the_producer_through_hash_records() {
+    typed_results_reach_the_producer_through(false, "hash").await;
+}
+
+async fn typed_results_reach_the_producer_through(compact_records: bool, record_type: &str) {
     init_tracing();
     let env = TestEnv::start().await;
     let keys = QueueKeys::new(square::QUEUE);
@@ -341,7 +352,7 @@ async fn typed_results_reach_the_producer_through_compact_records() {
         queue_core::Worker::builder(&env.url)
             .register(square::handler())
             .config(WorkerConfig {
-                compact_records: true,
+                compact_records,
                 ..fast_config()
             }),
     )
@@ -371,7 +382,7 @@ async fn typed_results_reach_the_producer_through_compact_records() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(kind, "string", "the record is one string");
+    assert_eq!(kind, record_type, "the record's form");
     let rec = env
         .queue
         .completion(square::QUEUE, id.clone())

@@ -343,7 +343,7 @@ pub async fn memory(
     let job_hash = usage(keys.job(&id), &mut admin).await?;
     let w = WorkerArgs {
         retention_s,
-        compact_records,
+        hash_records: !compact_records,
         ..WorkerArgs::default()
     };
     let (child, _) = Child::spawn(url, n, 0, &w).await?;

@@ -136,9 +136,10 @@ struct WorkerArgs {
     /// Each handler sleeps this long (ms) before it returns (0: a no-op).
     #[arg(long, default_value_t = 0)]
     sleep_ms: u64,
-    /// `WorkerConfig::compact_records`: completion records as one string.
+    /// `WorkerConfig::compact_records` false: completion records as hashes
+    /// (the default before stop 48; compact strings otherwise).
     #[arg(long)]
-    compact_records: bool,
+    hash_records: bool,
 }
 
 /// The flags' defaults (what the cost workloads run): parsed from no
@@ -254,9 +255,10 @@ enum Cmd {
         n: u64,
         #[arg(long)]
         retention_s: Option<u64>,
-        /// The worker writes compact completion records (`WorkerConfig::compact_records`).
+        /// The worker writes hash completion records (`WorkerConfig::compact_records`
+        /// false; compact strings otherwise, the default).
         #[arg(long)]
-        compact_records: bool,
+        hash_records: bool,
     },
     /// Internal: the worker process of `process`, `e2e` and `memory`.
     #[command(hide = true)]
@@ -338,8 +340,8 @@ async fn run(cli: Cli) -> Res<()> {
         Cmd::CostMemory {
             n,
             retention_s,
-            compact_records,
-        } => cost::memory(&url, *n, *retention_s, *compact_records).await?,
+            hash_records,
+        } => cost::memory(&url, *n, *retention_s, !*hash_records).await?,
         Cmd::Consume {
             n,
             expect_enqueue,
@@ -533,8 +535,8 @@ impl Child {
             cmd.arg("--retention-s").arg(r.to_string());
         }
         cmd.arg("--sleep-ms").arg(w.sleep_ms.to_string());
-        if w.compact_records {
-            cmd.arg("--compact-records");
+        if w.hash_records {
+            cmd.arg("--hash-records");
         }
         cmd.stdout(Stdio::piped())
             .stdin(Stdio::null())
@@ -590,7 +592,7 @@ async fn process(url: &str, n: u64, payload: usize, w: &WorkerArgs, _cli: &Cli) 
     let secs = (end_us.saturating_sub(start_us)) as f64 / 1e6;
     Ok(json!({
         "workload": "process", "n": n, "concurrency": w.concurrency, "fetch_batch": w.fetch_batch,
-        "payload": payload, "retention_s": w.retention_s, "compact_records": w.compact_records,
+        "payload": payload, "retention_s": w.retention_s, "compact_records": !w.hash_records,
         "seconds": round3(secs), "jobs_per_s": (n as f64 / secs).round(),
         "cmds": r["cmds"], "redis_cpu_s": r["redis_cpu_s"], "redis_cpu_util": round3(r["redis_cpu_s"].as_f64().unwrap_or(0.0) / secs),
         "worker_cpu_s": r["worker_cpu_s"],
@@ -613,7 +615,7 @@ async fn e2e(url: &str, p: &ProduceArgs, w: &WorkerArgs, _cli: &Cli) -> Res<Valu
         "workload": if p.rate > 0.0 { "e2e-rate" } else { "e2e" },
         "n": p.n, "producers": p.producers, "spawned": p.spawned, "batch": p.batch, "payload": p.payload, "rate": p.rate,
         "concurrency": w.concurrency, "fetch_batch": w.fetch_batch, "retention_s": w.retention_s,
-        "compact_records": w.compact_records,
+        "compact_records": !w.hash_records,
         "seconds": round3(secs), "jobs_per_s": (p.n as f64 / secs).round(),
         "enqueue_jobs_per_s": (p.n as f64 / ((produced_us - t0) as f64 / 1e6)).round(),
         "latency": r["latency"], "latency_redis_clock": r["latency_redis_clock"],
@@ -739,7 +741,7 @@ async fn consume(url: &str, n: u64, expect_enqueue: u64, w: &WorkerArgs) -> Res<
     let mut config = WorkerConfig {
         concurrency: w.concurrency,
         fetch_batch: w.fetch_batch,
-        compact_records: w.compact_records,
+        compact_records: !w.hash_records,
         ..WorkerConfig::default()
     };
     if let Some(r) = w.retention_s {

@@ -93,6 +93,12 @@ for n, h in ipairs(fields) do
     local attempts, jtype, enqueued_at, delivered_at, worker
     if from_job[n] then
       attempts, jtype, enqueued_at, delivered_at, worker = h[6] or '0', h[7] or '', h[8] or '0', h[9] or '0', h[10] or ''
+      -- A count the job holds that is not one (corrupt data) is recorded as
+      -- 0: packed as is, the compact record did not parse and read as
+      -- `status done` alone (its result and token lost with it).
+      if not string.find(attempts, '^%d+$') then attempts = '0' end
+      if not string.find(enqueued_at, '^%d+$') then enqueued_at = '0' end
+      if not string.find(delivered_at, '^%d+$') then delivered_at = '0' end
     else
       attempts, jtype, enqueued_at, delivered_at, worker = ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], ARGV[i + 6], ARGV[7]
     end

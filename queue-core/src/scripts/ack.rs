@@ -775,6 +775,50 @@ mod tests {
         cmd.query_async(c).await.unwrap()
     }
 
+    /// A job hash whose counts are not counts (corrupt data: here
+    /// `enqueued_at = abc`), acked by a caller that sends no record fields
+    /// (the script reads them from the job), with compact records (the
+    /// default): the record is still one readable string, with the result
+    /// and the token (0 for the unreadable count), so the waiting producer
+    /// gets the result and a retried ack answers "already acked". Before,
+    /// the count was packed as is, the string did not parse, and the record
+    /// read as `status done` alone (stop 48 review).
+    #[tokio::test]
+    async fn a_corrupt_count_on_the_job_still_gives_a_readable_compact_record() {
+        use crate::scripts::result_wait::{ResultWait, WaitState};
+
+        let server = queue_testkit::RedisServer::start().unwrap();
+        let mut c = conn(&server.url(), Duration::from_secs(5)).await;
+        let keys = QueueKeys::new("corrupt_count");
+        let d = delivered(&mut c, &keys, "j").await;
+        raw(&mut c, &["HSET", &keys.job("j"), "enqueued_at", "abc"]).await;
+        let mut read = item(&d);
+        read.claimed = None;
+        read.result_ref = Some(b"r:1 2".to_vec());
+        assert_eq!(
+            ack_as(&mut c, &keys, &[read.clone()], true).await.unwrap(),
+            [AckReply::Completed]
+        );
+        let state = ResultWait {
+            keys: &keys,
+            id: &d.id,
+            woken: false,
+            was_pending: false,
+        }
+        .run(&mut c)
+        .await
+        .unwrap();
+        let WaitState::Finished(rec) = state else {
+            panic!("{state:?}")
+        };
+        assert_eq!(rec.get("result").map(Vec::as_slice), Some(&b"r:1 2"[..]), "{rec:?}");
+        assert_eq!(rec.get("enqueued_at").map(Vec::as_slice), Some(&b"0"[..]));
+        assert_eq!(
+            ack_as(&mut c, &keys, &[read], true).await.unwrap(),
+            [AckReply::AlreadyCompleted]
+        );
+    }
+
     /// A compact record (WorkerConfig::compact_records) is one string with
     /// the retention as its TTL, and whatever reads a record reads it: a
     /// retried ack with the same token (its first reply lost) answers

@@ -89,12 +89,13 @@ pub struct WorkerConfig {
     /// or a re-enqueue of a finished job is recognised). Zero: no record.
     pub completion_retention: Duration,
     /// Write each completion record as one compact string instead of a hash
-    /// (default false). Fewer instructions per ack and less memory per
-    /// record (docs/BENCHMARKS.md, "Stop 27"); every reader of this version
-    /// reads both forms. Turn it on only once every process that reads
+    /// (default true since stop 48; false before). Fewer instructions per
+    /// ack and less memory per completed job (docs/BENCHMARKS.md, "Stop
+    /// 27", "Stop 48"); every reader since stop 27 reads both forms. A
+    /// deployment that still runs a process older than stop 27 that reads
     /// records (workers, producers waiting for results, `queue-watchdog`)
-    /// runs this version or later: an older one fails on a string record
-    /// (docs/OPERATIONS.md, "Compact completion records").
+    /// sets it to false until that process is gone: it fails on a string
+    /// record (docs/OPERATIONS.md, "Compact completion records").
     pub compact_records: bool,
     /// Retry backoff for retryable handler errors. `base` at most `max`,
     /// `max` at most 30 days (checked by [`WorkerBuilder::build`]).
@@ -144,7 +145,7 @@ impl Default for WorkerConfig {
             fetch_batch: 0,
             grace: Duration::from_secs(30),
             completion_retention: Duration::from_secs(24 * 3600),
-            compact_records: false,
+            compact_records: true,
             backoff: Backoff::default(),
             promote_interval: Duration::from_secs(2),
             ack_batch: 64,
@@ -382,12 +383,13 @@ impl WorkerBuilder {
         self
     }
 
-    /// Completion records as one compact string ([`WorkerConfig::compact_records`]):
-    /// turn on once no process older than this version reads records.
+    /// Completion records as one compact string ([`WorkerConfig::compact_records`],
+    /// the default) or, with `false`, as a hash: the form processes older
+    /// than stop 27 read, for a deployment that still runs one.
     ///
     /// ```
     /// # fn f(b: queue_core::WorkerBuilder) -> queue_core::WorkerBuilder {
-    /// b.compact_records(true) // every process of the deployment runs this version
+    /// b.compact_records(false) // a process older than stop 27 still reads records
     /// # }
     /// ```
     pub fn compact_records(mut self, on: bool) -> Self {

@@ -304,7 +304,7 @@ async fn run(a: &Args) -> Result<Report, String> {
         let dead: u64 = c.llen(keys.relay_dead()).await.map_err(|e| e.to_string())?;
         lost += left + dead;
     }
-    let fire_latency_ms = fire_latency(&mut c, batches, members, cross_queue).await?;
+    let fire_latency_ms = fire_latency(&mut c, &queue, batches, members, cross_queue).await?;
     Ok(Report {
         batches,
         members,
@@ -325,6 +325,7 @@ async fn run(a: &Args) -> Result<Report, String> {
 /// member `finished_at` (completion records; Redis clock, ms).
 async fn fire_latency(
     c: &mut redis::aio::MultiplexedConnection,
+    queue: &Queue,
     batches: u64,
     members: u64,
     cross_queue: bool,
@@ -347,10 +348,8 @@ async fn fire_latency(
                 (true, 0) => queue_tests::workflow_jobs::EMAILS,
                 (true, _) => queue_tests::workflow_jobs::BILLING,
             };
-            let at: Option<i64> = c
-                .hget(QueueKeys::new(q).done(&format!("b{b}-{m}")), "finished_at")
-                .await
-                .map_err(|e| e.to_string())?;
+            let at =
+                queue_tests::record_number(queue, q, &format!("b{b}-{m}"), "finished_at").await;
             last = last.max(at);
         }
         if let (Some(f), Some(l)) = (fired, last) {

@@ -118,10 +118,12 @@ pub async fn chaos_job(ctx: JobContext, w: Work) -> Result<(), JobError> {
 /// Worker settings of the harness (`lease` from `--lease-ms`).
 /// `CHAOS_ACK_WINDOW_MS` (inherited from the orchestrator) overrides the
 /// workers' `ack_window`, to measure its effect on re-runs per crash;
-/// `CHAOS_COMPACT_RECORDS=1` turns `compact_records` on.
+/// `CHAOS_COMPACT_RECORDS=0` turns `compact_records` off (hash records;
+/// on by default, as in the library).
 pub fn worker_config(concurrency: usize, lease: Duration) -> WorkerConfig {
     let defaults = WorkerConfig::default();
-    let compact_records = std::env::var("CHAOS_COMPACT_RECORDS").is_ok_and(|v| v == "1");
+    let compact_records =
+        std::env::var("CHAOS_COMPACT_RECORDS").map_or(defaults.compact_records, |v| v != "0");
     let ack_window = std::env::var("CHAOS_ACK_WINDOW_MS")
         .ok()
         .and_then(|ms| ms.parse().ok())

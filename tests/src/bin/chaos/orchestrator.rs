@@ -1057,7 +1057,7 @@ impl LedgerCounts {
 /// Per id of `chunk`, two rows: its completion record's (status, result) and
 /// its job hash's (state, dead_reason). The record is read through
 /// `Queue::completion`, which reads both of its forms (a hash, or the compact
-/// string of `CHAOS_COMPACT_RECORDS=1`).
+/// string, the default; a hash with `CHAOS_COMPACT_RECORDS=0`).
 async fn job_rows(
     queue: &Queue,
     conn: &mut queue_core::RedisConnection,
