@@ -342,7 +342,8 @@ impl Watchdog {
     }
 
     /// Trims the queue's dead-letter list, `batch` ids per script call,
-    /// until a call deletes fewer (nothing more is due) or the list is back
+    /// until a call takes fewer off the list (nothing more is due: deleted,
+    /// or stale entries unlisted, which are not counted) or the list is back
     /// at `dead_max_len` with no retention to apply; the number of dead
     /// letters deleted, added to `report` as each call answers (the counts
     /// of the calls before a failing one are kept). Before, one call per
@@ -368,11 +369,12 @@ impl Watchdog {
             .run(conn)
             .await?;
             report.trimmed += reply.trimmed;
-            if reply.trimmed > 0 {
-                debug!(queue = %keys.queue, trimmed = reply.trimmed, remaining = reply.remaining, "dead letters trimmed");
+            if reply.taken() > 0 {
+                debug!(queue = %keys.queue, trimmed = reply.trimmed, unlisted = reply.unlisted,
+                    remaining = reply.remaining, "dead letters trimmed");
             }
             let capped = cfg.dead_max_len > 0 && reply.remaining <= cfg.dead_max_len as u64;
-            if reply.trimmed < cfg.batch as u64 || (capped && cfg.dead_retention.is_zero()) {
+            if reply.taken() < cfg.batch as u64 || (capped && cfg.dead_retention.is_zero()) {
                 return Ok(());
             }
         }

@@ -48,12 +48,15 @@ pub fn fmt_dur(ms: u64) -> String {
     }
 }
 
-/// `ts` relative to `now` (both ms): `12.3s ago` or `in 4m05s`.
+/// `ts` relative to `now` (both ms): `12.3s ago` or `in 4m05s`. Any two
+/// values (a hand-edited timestamp of `i64::MIN`): the distance is taken
+/// without overflow (before, `now - ts` overflowed: a panic in a debug build).
 pub fn fmt_rel(ts: i64, now: i64) -> String {
+    let distance = fmt_dur(ts.abs_diff(now));
     if ts <= now {
-        format!("{} ago", fmt_dur((now - ts) as u64))
+        format!("{distance} ago")
     } else {
-        format!("in {}", fmt_dur((ts - now) as u64))
+        format!("in {distance}")
     }
 }
 
@@ -218,6 +221,17 @@ mod tests {
         assert_eq!(fmt_dur(3 * 3600 * 1000 + 120_000), "3h02m");
         assert_eq!(fmt_rel(1000, 3000), "2.0s ago");
         assert_eq!(fmt_rel(3000, 1000), "in 2.0s");
+    }
+
+    /// A timestamp at either end of i64 (a hand edit) is shown, not a
+    /// panic: before, `now - ts` overflowed.
+    #[test]
+    fn a_relative_time_of_any_timestamp_does_not_overflow() {
+        let now = 1_733_144_701_123;
+        assert_eq!(fmt_rel(i64::MIN, now), "106752011226d20h ago");
+        assert_eq!(fmt_rel(i64::MAX, now), "in 106751971107d18h");
+        assert_eq!(fmt_rel(i64::MAX, i64::MIN), "in 213503982334d14h");
+        assert_eq!(fmt_rel(i64::MIN, i64::MAX), "213503982334d14h ago");
     }
 
     #[test]

@@ -50,8 +50,9 @@ pub struct DeadCandidate {
     /// Why it was dead-lettered (cut to [`SELECTED_TEXT_CHARS`] characters,
     /// `…` marking the cut, in a selection of the whole list).
     pub reason: Option<String>,
-    /// `dead_at` when it was picked: pass it to [`Admin::purge_dead`] so the
-    /// purge only deletes that dead-lettering (not a replay that died again since).
+    /// `dead_at` when it was picked: pass it to [`Admin::purge_dead`] (or
+    /// [`Admin::replay_dead_if_unchanged`]) so the purge (or replay) only acts
+    /// on that dead-lettering (not a replay that died again since).
     pub dead_at: Option<String>,
     /// False when an id given in [`DeadSelection::Ids`] is not dead-lettered.
     pub is_dead: bool,
@@ -136,6 +137,10 @@ pub enum ReplayOutcome {
     Replayed,
     /// The id is not in the dead-letter list: nothing changed.
     NotDead,
+    /// Replayed and dead-lettered again since it was picked (another
+    /// `dead_at` than the one given to
+    /// [`Admin::replay_dead_if_unchanged`]): left alone.
+    Changed,
 }
 
 /// What a purge of one id did.
@@ -229,7 +234,24 @@ impl Queue {
         id: impl Into<JobId>,
         reset_attempts: bool,
     ) -> crate::Result<bool> {
-        let id = id.into();
+        let reply = self
+            .replay_dead_at(queue, id.into(), reset_attempts, None)
+            .await?;
+        Ok(reply == ReplayReply::Replayed)
+    }
+
+    /// [`replay_dead`](Self::replay_dead), and with `expected_dead_at` only
+    /// while the job is still that dead-lettering: [`ReplayReply::Changed`]
+    /// (nothing done) when it was replayed and dead-lettered again since. A
+    /// replay that wrote a relay notice answers [`ReplayReply::Replayed`],
+    /// the notice relayed.
+    async fn replay_dead_at(
+        &self,
+        queue: &str,
+        id: JobId,
+        reset_attempts: bool,
+        expected_dead_at: Option<&str>,
+    ) -> crate::Result<ReplayReply> {
         let keys = QueueKeys::new(queue);
         let replay = Replay {
             keys: &keys,
@@ -237,9 +259,8 @@ impl Queue {
             reset_attempts,
         };
         let mut conn = self.connection();
-        match replay.run(&mut conn).await? {
-            ReplayReply::NotDead => Ok(false),
-            ReplayReply::Replayed => Ok(true),
+        match replay.run_expecting(&mut conn, expected_dead_at).await? {
+            r @ (ReplayReply::NotDead | ReplayReply::Changed | ReplayReply::Replayed) => Ok(r),
             ReplayReply::ReplayedNoticed => {
                 match crate::workflow::relay::relay_queue(&mut conn, queue).await {
                     Ok(r) => debug!(queue = %queue, job_id = %id, applied = r.applied,
@@ -249,7 +270,7 @@ impl Queue {
                          failed: the batch counts it as dead until the next relay run (a worker \
                          of the queue, the watchdog's next pass)"),
                 }
-                Ok(true)
+                Ok(ReplayReply::Replayed)
             }
         }
     }
@@ -440,20 +461,64 @@ impl Admin {
     }
 
     /// Moves dead-lettered job `id` back to main (attempts restart at 0 with
-    /// `reset_attempts`), in one script.
+    /// `reset_attempts`), in one script. Never answers
+    /// [`ReplayOutcome::Changed`]: whichever dead-lettering the job is, it
+    /// is replayed.
     pub async fn replay_dead(
         &self,
         queue: &str,
         id: impl Into<JobId>,
         reset_attempts: bool,
     ) -> Result<ReplayOutcome> {
-        Ok(
-            if self.queue.replay_dead(queue, id, reset_attempts).await? {
-                ReplayOutcome::Replayed
-            } else {
-                ReplayOutcome::NotDead
-            },
-        )
+        self.replay_dead_if_unchanged(queue, id, reset_attempts, None)
+            .await
+    }
+
+    /// [`replay_dead`](Self::replay_dead), only while job `id` is still the
+    /// dead-lettering that was selected: with `expected_dead_at` (from
+    /// [`DeadCandidate::dead_at`]), a job replayed and dead-lettered again
+    /// since (another `dead_at`) is left alone and answers
+    /// [`ReplayOutcome::Changed`], as [`purge_dead`](Self::purge_dead)
+    /// answers [`PurgeOutcome::Changed`]. A bulk replay confirms a selection,
+    /// then replays it: without this, a later dead-lettering of a selected
+    /// job, one the confirmation never showed, was replayed. `None`: as
+    /// [`replay_dead`](Self::replay_dead).
+    ///
+    /// ```
+    /// # #[tokio::main] async fn main() -> Result<(), queue_core::admin::AdminError> {
+    /// # let server = queue_testkit::RedisServer::start().unwrap();
+    /// use queue_core::admin::{Admin, DeadSelection, ReplayOutcome};
+    ///
+    /// let admin = Admin::connect(&server.url()).await?;
+    /// let picked = admin.select_dead("emails", &DeadSelection::All).await?;
+    /// for c in &picked {
+    ///     let expected = c.dead_at.as_deref();
+    ///     match admin.replay_dead_if_unchanged("emails", c.id.clone(), false, expected).await? {
+    ///         ReplayOutcome::Replayed => println!("replayed {}", c.id),
+    ///         ReplayOutcome::Changed => println!("{} died again since: left alone", c.id),
+    ///         ReplayOutcome::NotDead => println!("{} is no longer dead", c.id),
+    ///     }
+    /// }
+    /// let outcome = admin.replay_dead_if_unchanged("emails", "nope", false, Some("1")).await?;
+    /// assert_eq!(outcome, ReplayOutcome::NotDead);
+    /// # Ok(()) }
+    /// ```
+    pub async fn replay_dead_if_unchanged(
+        &self,
+        queue: &str,
+        id: impl Into<JobId>,
+        reset_attempts: bool,
+        expected_dead_at: Option<&str>,
+    ) -> Result<ReplayOutcome> {
+        let reply = self
+            .queue
+            .replay_dead_at(queue, id.into(), reset_attempts, expected_dead_at)
+            .await?;
+        Ok(match reply {
+            ReplayReply::Replayed | ReplayReply::ReplayedNoticed => ReplayOutcome::Replayed,
+            ReplayReply::Changed => ReplayOutcome::Changed,
+            ReplayReply::NotDead => ReplayOutcome::NotDead,
+        })
     }
 
     /// Deletes dead-lettered job `id` for good (dead-list entry, hash, step

@@ -727,6 +727,74 @@ async fn dead_letters_filter_select_and_purge_only_what_was_listed() {
     assert_eq!(admin.stats(Q).await.unwrap().counter("purged"), 1);
 }
 
+/// A bulk replay confirms a selection, then replays it. Job `x` is selected
+/// (dead_at 100); meanwhile someone replays it, it runs and is dead-lettered
+/// again (dead_at 200): the bulk replay of the selected dead-lettering
+/// answers `Changed` and moves nothing, as a purge of it does. Before,
+/// `replay.lua` took no expected `dead_at`: the new dead-lettering, which the
+/// confirmation never showed, was replayed.
+#[tokio::test]
+async fn a_bulk_replay_leaves_a_job_dead_lettered_again_since_it_was_selected() {
+    let server = RedisServer::start().unwrap();
+    let admin = admin(&server).await;
+    let k = QueueKeys::new(Q);
+    dead_letter(&admin, "x", "SMTP timeout", "100").await;
+    let picked = admin.select_dead(Q, &DeadSelection::All).await.unwrap();
+    assert_eq!(picked[0].dead_at.as_deref(), Some("100"));
+
+    // Someone else's replay; the job runs and dies again.
+    assert_eq!(
+        admin.replay_dead(Q, "x", false).await.unwrap(),
+        ReplayOutcome::Replayed
+    );
+    raw(&admin, &["LREM", &k.main, "0", "x"]).await;
+    dead_letter(&admin, "x", "SMTP refused", "200").await;
+
+    let selected = &picked[0];
+    assert_eq!(
+        admin
+            .replay_dead_if_unchanged(Q, selected.id.clone(), false, selected.dead_at.as_deref())
+            .await
+            .unwrap(),
+        ReplayOutcome::Changed
+    );
+    assert_eq!(
+        admin.locate(Q, "x").await.unwrap(),
+        Some(Location::Dead {
+            position: 0,
+            at_least: false
+        }),
+        "left in the dead list"
+    );
+    assert_eq!(
+        raw(&admin, &["LLEN", &k.main]).await,
+        redis::Value::Int(0),
+        "nothing waits in main"
+    );
+    let job = admin.job(Q, "x").await.unwrap().unwrap();
+    assert_eq!(
+        (job.state(), job.field("dead_at")),
+        (Some("dead"), Some("200"))
+    );
+    assert_eq!(admin.stats(Q).await.unwrap().counter("replayed"), 1);
+
+    // The dead-lettering it is now, or none named: replayed.
+    assert_eq!(
+        admin
+            .replay_dead_if_unchanged(Q, "x", false, Some("200"))
+            .await
+            .unwrap(),
+        ReplayOutcome::Replayed
+    );
+    assert_eq!(
+        admin
+            .replay_dead_if_unchanged(Q, "x", false, Some("200"))
+            .await
+            .unwrap(),
+        ReplayOutcome::NotDead
+    );
+}
+
 /// A purge or replay by filter or `--all` while jobs die: dead letters
 /// pushed at the head between two chunks of the selection shift the list,
 /// and the next chunk reads the previous chunk's last entries again. Each

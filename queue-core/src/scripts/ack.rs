@@ -811,7 +811,11 @@ mod tests {
         let WaitState::Finished(rec) = state else {
             panic!("{state:?}")
         };
-        assert_eq!(rec.get("result").map(Vec::as_slice), Some(&b"r:1 2"[..]), "{rec:?}");
+        assert_eq!(
+            rec.get("result").map(Vec::as_slice),
+            Some(&b"r:1 2"[..]),
+            "{rec:?}"
+        );
         assert_eq!(rec.get("enqueued_at").map(Vec::as_slice), Some(&b"0"[..]));
         assert_eq!(
             ack_as(&mut c, &keys, &[read], true).await.unwrap(),

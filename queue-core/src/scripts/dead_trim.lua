@@ -25,12 +25,18 @@
 -- list: 500 stale queued entries over a main of 200,500 blocked Redis for
 -- 1.5 s in one call.
 -- All reads come before the writes of each id; the counter is bumped last.
+-- `trimmed` (the reply's and the stats counter) counts the dead letters
+-- deleted; `unlisted` the other entries taken off the list (stale ones, their
+-- job left or put where its state says or dead-lettered again, and those
+-- whose job key holds another type): nothing deleted. Before, both were
+-- `trimmed`, reported as dead letters deleted. The call takes at most `limit`
+-- entries of both kinds.
 -- KEYS: 1 dead, 2 stats, 3 guard, 4 main, 5 processing, 6 leases, 7 delayed
 --       (4-7 read through pcall on the rare stale path, and written only to
 --       put a stale entry's job back where its state says)
 -- ARGV: 1 job key prefix, 2 step results key prefix, 3 max_len (0: no limit),
 --       4 retention_ms (0: keep forever), 5 limit (ids per call)
--- Returns {trimmed, dead list length after}
+-- Returns {trimmed, dead list length after, unlisted}
 local function count(v, name)
   local n = tonumber(v)
   if not n or n ~= n or n < 0 or n == math.huge then
@@ -47,8 +53,8 @@ if e3 then return e3 end
 local now = now_ms()
 local walks = {left = STALE_WALKS}
 local len = redis.call('LLEN', KEYS[1])
-local trimmed = 0
-while trimmed < limit and len > 0 do
+local trimmed, unlisted = 0, 0
+while trimmed + unlisted < limit and len > 0 do
   local id = redis.call('LINDEX', KEYS[1], -1)
   local jobkey = ARGV[1] .. id
   -- A job key of another type (corrupt data) is unlisted, never deleted,
@@ -105,7 +111,11 @@ while trimmed < limit and len > 0 do
   if h[1] == false or h[1] == 'dead' then
     redis.call('DEL', jobkey, ARGV[2] .. id)
     hist_close(KEYS[2], id)
-  elseif requeue then
+    trimmed = trimmed + 1
+  else
+    unlisted = unlisted + 1
+  end
+  if requeue then
     push_waiting(KEYS[4], id, h[3])
     redis.log(redis.LOG_WARNING, 'dead_trim: job ' .. id .. ' in state queued was in no list ('
       .. KEYS[1] .. '): made waiting')
@@ -119,9 +129,8 @@ while trimmed < limit and len > 0 do
     dead_member(member, id, bad, now, KEYS[2])
   end
   len = len - 1
-  trimmed = trimmed + 1
 end
 if trimmed > 0 then
   bump(KEYS[2], 'trimmed', trimmed)
 end
-return {trimmed, len}
+return {trimmed, len, unlisted}

@@ -1458,7 +1458,8 @@ async fn dead_trim_unlists_an_entry_whose_job_key_is_another_type() {
     fx.cmd(&["SET", &k.job("bad"), "x"]).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     let reply = trim_expired(&k, &mut fx.conn.clone()).await;
-    assert_eq!((reply.trimmed, reply.remaining), (2, 0));
+    // `j1` deleted, `bad` unlisted.
+    assert_eq!((reply.trimmed, reply.unlisted, reply.remaining), (1, 1, 0));
     assert_eq!(
         fx.cmd(&["TYPE", &k.job("bad")]).await,
         Value::SimpleString("string".into())
@@ -1490,7 +1491,8 @@ async fn dead_trim_never_strands_a_job_whose_state_is_not_dead() {
     }
     fx.cmd(&["LPUSH", &k.main, "q-waiting"]).await;
     let reply = trim_expired(&k, &mut fx.conn.clone()).await;
-    assert_eq!((reply.trimmed, reply.remaining), (4, 1));
+    // Nothing deleted: four stale entries unlisted (`a-lost` listed again).
+    assert_eq!((reply.trimmed, reply.unlisted, reply.remaining), (0, 4, 1));
     let mut places = Vec::new();
     for id in ["q-lost", "q-waiting", "d-lost", "a-lost"] {
         places.push((id, fx.places(id).await, fx.job(id).await["state"].clone()));
@@ -1549,7 +1551,7 @@ async fn dead_trim_walks_long_lists_for_stale_entries_a_bounded_number_of_times(
         let mut c = conn.clone();
         let calls = super::script_commands(&fx.server.url(), &mut conn, async {
             let r = trim_expired(&k, &mut c).await;
-            replies.push((r.trimmed, r.remaining));
+            replies.push((r.trimmed, r.unlisted, r.remaining));
         })
         .await;
         let walks = whole_walks(&calls);
@@ -1557,7 +1559,7 @@ async fn dead_trim_walks_long_lists_for_stale_entries_a_bounded_number_of_times(
     }
     assert_eq!(
         replies,
-        [(4, 1), (1, 0)],
+        [(0, 4, 1), (0, 1, 0)],
         "the entry needing a fifth walk waits for the next call"
     );
     for (id, listed) in [
@@ -3051,6 +3053,18 @@ async fn a_cron_record_only_moves_forward_for_its_schedule() {
     fx.cmd(&["HSET", &fx.keys.cron(), "tick", "garbage"]).await;
     assert!(mark(every_min, 30).run(&mut fx.conn).await.unwrap());
     assert_eq!(record(&fx).await.as_deref(), Some("30 0 * * * * *"));
+    // A record ahead of the Redis clock (written while it was ahead) or
+    // not in digits (`1e11` reads as a count in Lua's tonumber) is
+    // replaced: kept, it refused every mark until the clock caught up
+    // (stop 48 review).
+    for ahead in ["99999999999 0 * * * * *", "1e11 0 * * * * *"] {
+        fx.cmd(&["HSET", &fx.keys.cron(), "tick", ahead]).await;
+        assert!(
+            mark(every_min, 60).run(&mut fx.conn).await.unwrap(),
+            "{ahead}"
+        );
+        assert_eq!(record(&fx).await.as_deref(), Some("60 0 * * * * *"));
+    }
     // A cron hash of another type: an error, nothing written.
     fx.cmd(&["DEL", &fx.keys.cron()]).await;
     fx.cmd(&["SET", &fx.keys.cron(), "x"]).await;

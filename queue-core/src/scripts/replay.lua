@@ -3,18 +3,27 @@
 -- KEYS: 1 dead, 2 main, 3 job hash, 4 stats, 5 guard (never written: see keys.rs; the
 --       script reaches the group list, the ring, the history, the step
 --       results and the batch)
--- ARGV: 1 id, 2 reset attempts ('1' | '0'), 3 step results ttl_ms (OPTIONAL: the
---       job's `ctx.step` results, kept without a TTL while it was dead, expire
---       that long after the replay, as while any job lives; the next step
---       write or the ack sets it again; an older caller without it leaves them
---       without a TTL until then)
+-- ARGV: 1 id, 2 reset attempts ('1' | '0'), 3 step results ttl_ms (OPTIONAL),
+--       4 expected dead_at (OPTIONAL; absent or '' = any)
+-- ARGV 3: the job's `ctx.step` results, kept without a TTL while it was dead,
+-- expire that long after the replay, as while any job lives; the next step
+-- write or the ack sets it again; an older caller without it leaves them
+-- without a TTL until then.
+-- ARGV 4: a bulk replay passes the `dead_at` its confirmed selection read: a
+-- job replayed and dead-lettered again since (another dead-lettering than the
+-- one confirmed) is left alone, as purge.lua leaves it.
 -- Returns 1 when replayed, 2 when replayed and it wrote a relay notice (a
 -- member of a batch on another queue: the caller relays the queue at once,
--- docs/WORKFLOWS.md "Relay"), 0 when the job is not dead-lettered.
+-- docs/WORKFLOWS.md "Relay"), 0 when the job is not dead-lettered, -1 when
+-- it is, but not the dead-lettering expected (nothing changes).
 local steps_ttl = ARGV[3] and arg_count(ARGV[3], 'steps ttl_ms')
-local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group', 'batch')
+local expected = ARGV[4] or ''
+local h = redis.call('HMGET', KEYS[3], 'state', 'dead_reason', 'group', 'batch', 'dead_at')
 if h[1] ~= 'dead' or not redis.call('LPOS', KEYS[1], ARGV[1]) then
   return 0
+end
+if expected ~= '' and h[5] ~= expected then
+  return -1
 end
 -- Where it will wait (main, or its group's list and the ring) is checked
 -- before any write (push_waiting comes after the history entry).

@@ -3,8 +3,11 @@
 //! function; replay and purge report each job as it is done (an interrupted
 //! run has still said what it changed). A replay by filter or `--all` reads
 //! and acts on the dead-letter list one chunk at a time
-//! (`Admin::select_dead_chunk`, no payloads); an entry whose job key cannot
-//! be read is skipped and reported, never the end of the run.
+//! (`Admin::select_dead_chunk`, no payloads), each entry replayed only while
+//! it is the dead-lettering the chunk read (its `dead_at`: a job replayed and
+//! dead-lettered again since is left alone and reported, as a purge leaves
+//! it); an entry whose job key cannot be read is skipped and reported, never
+//! the end of the run.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -127,6 +130,15 @@ fn not_dead(tally: &mut Tally, p: &DeadCandidate) {
     tally.missing.push(p.id.to_string());
 }
 
+/// A job replayed and dead-lettered again since it was listed: left alone.
+fn changed(tally: &mut Tally, p: &DeadCandidate) {
+    eprintln!(
+        "left alone {}: replayed and dead-lettered again since it was listed",
+        printable(p.id.as_str())
+    );
+    tally.changed.push(p.id.to_string());
+}
+
 /// An entry whose job key cannot be read: skipped, said why.
 fn unreadable(tally: &mut Tally, p: &DeadCandidate, why: &str) {
     eprintln!("skipped {}: {}", printable(p.id.as_str()), printable(why));
@@ -139,6 +151,8 @@ enum ReplayStep {
     WouldReplay,
     Replayed,
     NotDead,
+    /// Replayed and dead-lettered again since the chunk read it: left alone.
+    Changed,
     /// Its job key cannot be read: skipped.
     Unreadable(String),
 }
@@ -166,7 +180,7 @@ async fn replay_all(admin: &Admin, args: &DeadReplayArgs, tally: &mut Tally) -> 
                 .select_dead(&args.queue, &DeadSelection::Ids(ids))
                 .await?;
             for p in &picked {
-                replay_one(admin, args, tally, p).await?;
+                replay_one(admin, args, tally, p, None).await?;
             }
             return Ok(());
         }
@@ -176,7 +190,8 @@ async fn replay_all(admin: &Admin, args: &DeadReplayArgs, tally: &mut Tally) -> 
     // One chunk of the list at a time: its entries replayed (each leaves
     // the list) before the next chunk is read, from where the chunk ended
     // less what left. An id seen twice (the list shifted under the run) is
-    // taken once.
+    // taken once. Each is replayed only while it is the dead-lettering the
+    // chunk read (its `dead_at`), not one that came after it.
     let (mut from, mut seen) = (0u64, HashSet::new());
     loop {
         let chunk = admin
@@ -185,7 +200,8 @@ async fn replay_all(admin: &Admin, args: &DeadReplayArgs, tally: &mut Tally) -> 
         let mut left = 0;
         for p in &chunk.candidates {
             if seen.insert(p.id.to_string())
-                && replay_one(admin, args, tally, p).await? == ReplayStep::Replayed
+                && replay_one(admin, args, tally, p, p.dead_at.as_deref()).await?
+                    == ReplayStep::Replayed
             {
                 left += 1;
             }
@@ -197,12 +213,14 @@ async fn replay_all(admin: &Admin, args: &DeadReplayArgs, tally: &mut Tally) -> 
     }
 }
 
-/// Replays (or with `--dry-run` names) one picked job and reports it.
+/// Replays (or with `--dry-run` names) one picked job and reports it; with
+/// `expected_dead_at`, only while it is still that dead-lettering.
 async fn replay_one(
     admin: &Admin,
     args: &DeadReplayArgs,
     tally: &mut Tally,
     p: &DeadCandidate,
+    expected_dead_at: Option<&str>,
 ) -> Result<ReplayStep> {
     let step = if let Some(why) = &p.unreadable {
         ReplayStep::Unreadable(why.clone())
@@ -213,12 +231,13 @@ async fn replay_one(
     } else {
         tally.current = Some(p.id.to_string());
         let outcome = admin
-            .replay_dead(&args.queue, &p.id, args.reset_attempts)
+            .replay_dead_if_unchanged(&args.queue, &p.id, args.reset_attempts, expected_dead_at)
             .await?;
         tally.current = None;
         match outcome {
             ReplayOutcome::Replayed => ReplayStep::Replayed,
             ReplayOutcome::NotDead => ReplayStep::NotDead,
+            ReplayOutcome::Changed => ReplayStep::Changed,
         }
     };
     report_replay(tally, p, step.clone(), args.json);
@@ -231,7 +250,8 @@ fn replay_done(args: &DeadReplayArgs, tally: &Tally) -> ExitCode {
         println!(
             "{}",
             json!({"queue": args.queue, "dry_run": args.dry_run, "replayed": tally.done,
-                   "not_found": tally.missing, "unreadable": tally.unreadable})
+                   "changed": tally.changed, "not_found": tally.missing,
+                   "unreadable": tally.unreadable})
         );
     }
     eprintln!("{}", replay_summary(tally, args.dry_run));
@@ -241,6 +261,7 @@ fn replay_done(args: &DeadReplayArgs, tally: &Tally) -> ExitCode {
 fn report_replay(tally: &mut Tally, p: &DeadCandidate, step: ReplayStep, json: bool) {
     let line = match step {
         ReplayStep::NotDead => return not_dead(tally, p),
+        ReplayStep::Changed => return changed(tally, p),
         ReplayStep::Unreadable(why) => return unreadable(tally, p, &why),
         ReplayStep::WouldReplay => {
             format!(
@@ -259,9 +280,17 @@ fn report_replay(tally: &mut Tally, p: &DeadCandidate, step: ReplayStep, json: b
 
 fn replay_summary(tally: &Tally, dry_run: bool) -> String {
     format!(
-        "{} {} job(s){}{}",
+        "{} {} job(s){}{}{}",
         if dry_run { "would replay" } else { "replayed" },
         tally.done.len(),
+        if tally.changed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} left alone (dead-lettered again since listed)",
+                tally.changed.len()
+            )
+        },
         if tally.missing.is_empty() {
             String::new()
         } else {
@@ -419,10 +448,7 @@ fn report_purge(tally: &mut Tally, p: &DeadCandidate, outcome: PurgeOutcome, jso
             }
             tally.done.push(id);
         }
-        PurgeOutcome::Changed => {
-            eprintln!("left alone {shown}: replayed and dead-lettered again since it was listed");
-            tally.changed.push(id);
-        }
+        PurgeOutcome::Changed => changed(tally, p),
         PurgeOutcome::NotDead => {
             eprintln!("not in the dead-letter list any more: {shown}");
             tally.missing.push(id);
@@ -452,4 +478,97 @@ fn confirm(queue: &str, n: usize) -> Result<bool> {
         eprintln!("aborted: nothing purged");
     }
     Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use queue_core::QueueKeys;
+    use queue_testkit::RedisServer;
+
+    use super::*;
+    use crate::cli::DeadTarget;
+
+    /// A dead letter as a fail leaves it: listed, its hash `dead` at `dead_at`.
+    async fn dead_letter(admin: &Admin, id: &str, dead_at: &str) {
+        let k = QueueKeys::new("emails");
+        let () = redis::pipe()
+            .cmd("HSET")
+            .arg(k.job(id))
+            .arg(&[
+                "state",
+                "dead",
+                "type",
+                "send",
+                "dead_reason",
+                "SMTP timeout",
+            ])
+            .arg("dead_at")
+            .arg(dead_at)
+            .ignore()
+            .cmd("LPUSH")
+            .arg(&k.dead)
+            .arg(id)
+            .ignore()
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+    }
+
+    /// `dead replay --all` reads a chunk holding `x` (dead at 100); before
+    /// its turn, someone replays `x`, which runs and is dead-lettered again
+    /// (dead at 200). The run leaves `x` alone and reports it as changed
+    /// (exit 1, as a purge does), not replayed. Before, the replay took no
+    /// `dead_at`: the new dead-lettering, which the run never read, was
+    /// replayed.
+    #[tokio::test]
+    async fn a_replay_by_filter_leaves_a_job_dead_lettered_again_since_its_chunk_was_read() {
+        let server = RedisServer::start().unwrap();
+        let admin = Admin::connect(&server.url()).await.unwrap();
+        let k = QueueKeys::new("emails");
+        dead_letter(&admin, "x", "100").await;
+        let chunk = admin.select_dead_chunk("emails", None, 0).await.unwrap();
+        let [picked] = chunk.candidates.as_slice() else {
+            panic!("{chunk:?}")
+        };
+
+        // Someone else's replay of `x`; it runs and dies again.
+        let replayed = admin.replay_dead("emails", "x", false).await.unwrap();
+        assert_eq!(replayed, ReplayOutcome::Replayed);
+        let mut conn = admin.queue().connection();
+        let () = redis::cmd("LREM")
+            .arg(&k.main)
+            .arg(0)
+            .arg("x")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        dead_letter(&admin, "x", "200").await;
+
+        let args = DeadReplayArgs {
+            queue: "emails".into(),
+            target: DeadTarget {
+                ids: Vec::new(),
+                filter: None,
+                all: true,
+            },
+            reset_attempts: false,
+            dry_run: false,
+            json: true,
+        };
+        let mut tally = Tally::default();
+        let step = replay_one(&admin, &args, &mut tally, picked, picked.dead_at.as_deref())
+            .await
+            .unwrap();
+        assert!(step == ReplayStep::Changed, "not left alone");
+        assert_eq!(
+            (tally.done.len(), tally.changed.as_slice()),
+            (0, ["x".to_string()].as_slice())
+        );
+        assert!(!tally.clean(), "exit 1: something was left over");
+        let job = admin.job("emails", "x").await.unwrap().unwrap();
+        assert_eq!(
+            (job.state(), job.field("dead_at")),
+            (Some("dead"), Some("200"))
+        );
+    }
 }

@@ -8,8 +8,9 @@
 //!    preview selects again and acts only when the selection is still the
 //!    one confirmed: the same dead-letterings, not only as many (409 with the
 //!    new count otherwise), then replays (`replay.lua`) or purges
-//!    (`purge.lua`, only the dead-lettering that was selected) each job: one
-//!    script per job, so a big set never blocks Redis. The work runs in a
+//!    (`purge.lua`) each job, only the dead-lettering that was selected (a
+//!    job replayed and dead-lettered again since is skipped): one script per
+//!    job, so a big set never blocks Redis. The work runs in a
 //!    task of its own: a client that goes away (a proxy's timeout, a closed
 //!    tab) does not stop it half-way, and the audit line is always written.
 //!
@@ -186,6 +187,9 @@ pub async fn act(
 }
 
 /// Replays or purges each selected dead letter, then writes the audit line.
+/// Each acts only on the dead-lettering that was selected (its `dead_at`):
+/// a job replayed and dead-lettered again since the selection (one the
+/// confirmation never showed), or no longer dead, is skipped.
 async fn run(
     state: Shared,
     queue: String,
@@ -200,7 +204,7 @@ async fn run(
         let changed = if action == "replay" {
             state
                 .admin
-                .replay_dead(&queue, row.id.as_str(), false)
+                .replay_dead_if_unchanged(&queue, row.id.as_str(), false, row.dead_at.as_deref())
                 .await
                 .map(|o| o == ReplayOutcome::Replayed)
         } else {
@@ -302,5 +306,94 @@ mod tests {
                 r.id
             );
         }
+    }
+
+    /// A dead letter as a fail leaves it: listed, its hash `dead` at `dead_at`.
+    async fn dead_letter(admin: &Admin, id: &str, dead_at: &str) {
+        let k = QueueKeys::new("q");
+        let () = redis::pipe()
+            .cmd("HSET")
+            .arg(k.job(id))
+            .arg(&[
+                "state",
+                "dead",
+                "type",
+                "render",
+                "dead_reason",
+                "Upstream TIMEOUT",
+            ])
+            .arg("dead_at")
+            .arg(dead_at)
+            .ignore()
+            .cmd("LPUSH")
+            .arg(&k.dead)
+            .arg(id)
+            .ignore()
+            .query_async(&mut admin.queue().connection())
+            .await
+            .unwrap();
+    }
+
+    /// A bulk replay is confirmed for `x` and `y` (dead at 100); before it
+    /// runs, someone replays `x`, which runs and is dead-lettered again (dead
+    /// at 200). The bulk replay replays `y` and skips `x`: its new
+    /// dead-lettering was never shown for confirmation, so it stays dead, as
+    /// a bulk purge leaves it. Before, the replay took no `dead_at`: `x` was
+    /// replayed too.
+    #[tokio::test]
+    async fn a_bulk_replay_skips_a_job_dead_lettered_again_since_the_confirmation() {
+        let server = RedisServer::start().unwrap();
+        let admin = Admin::connect(&server.url()).await.unwrap();
+        let k = QueueKeys::new("q");
+        for id in ["x", "y"] {
+            dead_letter(&admin, id, "100").await;
+        }
+        let state = AppState::for_tests(admin.clone());
+        let filter = DeadFilter {
+            job_type: None,
+            contains: Some("timeout".into()),
+        }
+        .normalized();
+        let Ok(confirmed) = select(&state, "q", &filter).await else {
+            panic!("the selection failed");
+        };
+        assert_eq!(confirmed.rows.len(), 2);
+
+        // Someone else's replay of `x`; it runs and dies again.
+        let replayed = admin.replay_dead("q", "x", false).await.unwrap();
+        assert_eq!(replayed, ReplayOutcome::Replayed);
+        let mut conn = admin.queue().connection();
+        let () = redis::cmd("LREM")
+            .arg(&k.main)
+            .arg(0)
+            .arg("x")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        dead_letter(&admin, "x", "200").await;
+
+        let who = Who("test@127.0.0.1".into());
+        let response = run(state, "q".into(), "replay".into(), who, filter, confirmed).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!((&body["done"], &body["skipped"]), (&json!(1), &json!(1)));
+        let dead: Vec<String> = redis::cmd("LRANGE")
+            .arg(&k.dead)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let main: Vec<String> = redis::cmd("LRANGE")
+            .arg(&k.main)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!((dead, main), (vec!["x".to_string()], vec!["y".to_string()]));
     }
 }

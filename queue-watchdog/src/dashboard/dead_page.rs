@@ -141,16 +141,22 @@ struct View {
     limit: usize,
 }
 
+/// A row's `dead_at` relative to `now` (`3m05s ago`), read as the CLI's
+/// `dead list` reads it (`parse_ms`): `–` when it is no time (none, `0`,
+/// negative, garbage). Before, any i64 was taken: a hand-edited
+/// `-9223372036854775808` overflowed `now - t` (a panic in a debug build).
+fn died(dead_at: Option<&str>, now: i64) -> String {
+    dead_at
+        .and_then(queue_core::admin::parse_ms)
+        .map(|t| fmt_rel(t, now))
+        .unwrap_or_else(|| "–".into())
+}
+
 fn render(queue: &str, filter: &DeadFilter, rows: &[DeadRow], now: i64, v: View) -> String {
     let qa = html(queue);
     let mut body = String::new();
     for r in rows {
-        let died = r
-            .dead_at
-            .as_deref()
-            .and_then(|t| t.parse::<i64>().ok())
-            .map(|t| fmt_rel(t, now))
-            .unwrap_or_else(|| "–".into());
+        let died = died(r.dead_at.as_deref(), now);
         body.push_str(&format!(
             r#"<tr data-id="{ida}"><td><a class="job" href="/queues/{qu}/jobs/{idu}">{ida}</a></td><td>{ty}</td><td class="num">{att}</td><td class="num">{died}</td><td class="reason">{reason}</td><td class="action"><button class="replay" type="button" data-queue="{qa}" data-id="{ida}">Replay</button> <span class="result"></span></td></tr>"#,
             ida = html(&r.id),
@@ -210,4 +216,51 @@ fn render(queue: &str, filter: &DeadFilter, rows: &[DeadRow], now: i64, v: View)
         took = v.took_ms,
     );
     pages::layout(&format!("Dead letters of {queue}"), &content)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dead letters whose `dead_at` was hand-edited to either end of i64
+    /// (or to garbage) are shown on the page: `–` for one that is no time,
+    /// a distance for one far ahead. Before, `-9223372036854775808` was
+    /// taken as a time and `now - t` overflowed: a panic in a debug build,
+    /// the page never rendered.
+    #[test]
+    fn a_page_shows_a_dead_at_at_either_end_of_i64() {
+        let now = 1_733_144_701_123;
+        let row = |id: &str, dead_at: &str| DeadRow {
+            id: id.into(),
+            job_type: Some("send".into()),
+            reason: Some("boom".into()),
+            dead_at: Some(dead_at.into()),
+            attempts: Some("3".into()),
+            unreadable: None,
+        };
+        let rows = [
+            row("min", &i64::MIN.to_string()),
+            row("max", &i64::MAX.to_string()),
+            row("garbage", "yesterday"),
+            row("recent", &(now - 2_000).to_string()),
+        ];
+        let view = View {
+            range: String::new(),
+            prev: None,
+            next: None,
+            first: String::new(),
+            took_ms: 0.0,
+            limit: 100,
+        };
+        let page = render("q", &DeadFilter::default(), &rows, now, view);
+        let died = |id: &str| {
+            let at = page.find(&format!(r#"data-id="{id}""#)).expect("a row");
+            let cells: Vec<&str> = page[at..].split(r#"<td class="num">"#).collect();
+            cells[2].split('<').next().unwrap().to_string()
+        };
+        assert_eq!(died("min"), "–");
+        assert!(died("max").starts_with("in "), "{}", died("max"));
+        assert_eq!(died("garbage"), "–");
+        assert_eq!(died("recent"), "2.0s ago");
+    }
 }

@@ -313,7 +313,9 @@ async fn api_replay(
             });
             Json(serde_json::json!({"replayed": true, "id": id})).into_response()
         }
-        Ok(ReplayOutcome::NotDead) => (
+        // `Changed` answers only a replay that names a `dead_at`; this one
+        // replays whichever dead-lettering the job is.
+        Ok(ReplayOutcome::NotDead | ReplayOutcome::Changed) => (
             StatusCode::CONFLICT,
             Json(serde_json::json!({"replayed": false, "id": id,
                 "error": "not in the dead-letter list (already replayed or purged?)"})),
