@@ -103,11 +103,43 @@ async fn a_fetch_whose_reply_was_lost_still_runs_its_job_once() {
 #[tokio::test]
 async fn a_fetch_whose_reply_is_lost_for_longer_than_a_third_of_the_lease_still_runs_its_jobs_once()
 {
+    a_lost_fetch_reply_runs_its_job_once(
+        Duration::from_secs(12),
+        Duration::from_millis(250),
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
+/// The same with a short lease (2 s) and a response timeout of half of it
+/// (1 s): the fetch's receipt lived half a lease, less the timeout left no
+/// retry at all, and the first reply lost stranded the job (dead-lettered
+/// unrun with one attempt). The receipt now lives at least 11 s (stop 48
+/// review).
+#[tokio::test]
+async fn a_fetch_whose_reply_is_lost_under_a_short_lease_is_retried() {
+    a_lost_fetch_reply_runs_its_job_once(
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+        Duration::from_millis(1500),
+    )
+    .await;
+}
+
+/// Scenario: with one slot busy, Redis writes are paused for `pause` (longer
+/// than `response_timeout`) while the worker's next fetch is sent; the job
+/// of one attempt it claims when the pause ends runs once and is not
+/// dead-lettered.
+async fn a_lost_fetch_reply_runs_its_job_once(
+    lease: Duration,
+    response_timeout: Duration,
+    pause: Duration,
+) {
     let env = TestEnv::start().await.with_separate_ledger();
     let mut cfg = fast_config();
     cfg.concurrency = 1;
-    cfg.lease = Duration::from_secs(12);
-    cfg.connection.response_timeout = Duration::from_millis(250);
+    cfg.lease = lease;
+    cfg.connection.response_timeout = response_timeout;
     let worker = env.spawn_worker(cfg).await;
     let _watchdog = env.spawn_watchdog("tasks").await;
     // The one slot is busy until this job ends: the next fetch is sent
@@ -130,7 +162,7 @@ async fn a_fetch_whose_reply_is_lost_for_longer_than_a_third_of_the_lease_still_
     .await
     .unwrap();
     let _: () = redis::cmd("CLIENT")
-        .arg(&["PAUSE", "5000", "WRITE"][..])
+        .arg(&["PAUSE", &pause.as_millis().to_string(), "WRITE"][..])
         .query_async(&mut redis_conn(&env.url).await)
         .await
         .unwrap();

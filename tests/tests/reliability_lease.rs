@@ -990,3 +990,54 @@ async fn an_enqueue_is_bounded_while_the_client_reconnects_to_a_server_that_neve
     let main: i64 = conn.llen(QueueKeys::new("hung").main).await.unwrap();
     assert_eq!(main, 1, "the first send wrote the job");
 }
+
+/// Runs of [`blocker`].
+static BLOCKER_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Runs past its first heartbeat, then blocks its thread for 10 s (a
+/// deadlock, a blocking driver call) with a timeout of 1 s. Blocked inside
+/// `block_in_place`, so that the runtime hands the thread's other tasks (a
+/// connection's driver among them) to another thread: a plain blocking call
+/// can also hold tasks queued on that thread, which made the scenario
+/// depend on where the scheduler put them.
+#[job(queue = "blocker", max_attempts = 1, timeout = "1s")]
+async fn blocker(_ctx: JobContext, _p: Probe) -> Result<(), JobError> {
+    BLOCKER_STARTED.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::task::block_in_place(|| std::thread::sleep(Duration::from_secs(10)));
+    Ok(())
+}
+
+/// A handler that blocks its thread after its heartbeat started: the
+/// runner cannot enforce the 1 s timeout (it is never polled), but the
+/// heartbeat stops a lease after it, so the lease lapses and the watchdog
+/// returns the job (here dead-lettered: one attempt) while the thread still
+/// blocks. Before, the heartbeat, on another runtime thread, extended the
+/// lease for as long as the handler blocked: the job stayed active, its
+/// slot taken, with nothing running it (stop 48 review).
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn a_handler_blocking_its_thread_past_its_timeout_loses_its_lease() {
+    let (_server, url, queue) = setup().await;
+    let config =
+        queue_tests::lease_config(Duration::from_secs(1), Some(Duration::from_millis(300)));
+    let (handle, _join) = start_worker(&url, |b| b.register(blocker::handler()), config).await;
+    blocker::enqueue(&queue, Probe {}).await.unwrap();
+    let watchdog = Watchdog::connect(&url, ["blocker"], queue_tests::fast_watchdog())
+        .await
+        .unwrap();
+    let watchdog = tokio::spawn(async move { watchdog.run_until(std::future::pending()).await });
+    let started = Instant::now();
+    wait_until(
+        Duration::from_secs(6),
+        "the blocked job returned by the watchdog",
+        || async { queue.stats("blocker").await.unwrap().dead == 1 },
+    )
+    .await;
+    assert!(BLOCKER_STARTED.load(Ordering::SeqCst));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "returned while the thread still blocked"
+    );
+    watchdog.abort();
+    handle.shutdown();
+}

@@ -14,6 +14,23 @@
 -- (nothing moved; a retry of a fetch that already ran still gets its rows),
 -- or 'limited:<ms>' when a queue limit lets no job start for that long
 -- (docs/LIMITS.md; a job deferred for its rate key is a row {'deferred', id, run_at}).
+-- The rows of one call stop growing once they hold this many bytes (the
+-- job that crosses it is the last, so a call always claims one when one
+-- waits): the jobs moved for the rest of the batch go back to main's tail,
+-- in their order, before any reply. Before, a batch of large payloads made
+-- a reply the client could not read within its response timeout; every
+-- same-token retry answered it again, and the fetcher went on to claim the
+-- next batch: every job spent its attempts unrun (stop 48 review).
+local REPLY_BYTES = 16 * 1024 * 1024
+-- Puts ids[from..] (moved into processing by move_batch, not claimed) back
+-- at main's tail, ids[from] last so it is taken next: main first, then
+-- processing (destination before source).
+local function give_back(main, processing, ids, from)
+  local back = {}
+  for j = #ids, from, -1 do back[#back + 1] = ids[j] end
+  call_chunked('RPUSH', main, back)
+  for j = from, #ids do redis.call('LREM', processing, 1, ids[j]) end
+end
 local lease_ms = arg_count(ARGV[3], 'lease_ms')
 local count = arg_count(ARGV[5], 'count')
 local receipt_ms = arg_count(ARGV[6], 'receipt_ms')
@@ -96,20 +113,25 @@ if not lim and not fair then
   -- ZADD (all expire at the same time), not one LMOVE and ZADD per job.
   local ids, position = move_batch(KEYS[1], KEYS[2], count)
   local no_record = none_done(ARGV[2], ids)
-  local leased = {}
+  local leased, bytes = {}, 0
   for i, id in ipairs(ids) do
     local row = claim(id, KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2],
       lease_ms, ARGV[4] .. ':' .. int_str(i), now, ARGV[7], no_record, leased, position and position + i - 1)
     out[i] = row
     entries[i] = row_tag(row) .. ':' .. id
+    if type(row) == 'string' then bytes = bytes + #row end
+    if bytes >= REPLY_BYTES and i < #ids then
+      give_back(KEYS[1], KEYS[2], ids, i + 1)
+      break
+    end
   end
   lease_batch_add(KEYS[3], leased, now + lease_ms)
 else
   -- Groups and/or limits (docs/GROUPS.md, docs/LIMITS.md): one job at a time,
   -- in ring order; a job over its rate key's limit is deferred, until `room`
   -- jobs started (main and processing were checked above).
-  local i, taken = 0, 0
-  while taken < room and i < room + LIMITS_MAX_DEFERRED do
+  local i, taken, bytes = 0, 0, 0
+  while taken < room and i < room + LIMITS_MAX_DEFERRED and bytes < REPLY_BYTES do
     i = i + 1
     local id = next_waiting(KEYS[1], KEYS[2], fair)
     if not id then break end
@@ -119,6 +141,7 @@ else
       redis.call('LLEN', KEYS[2]) - 1)
     local tag = row_tag(row)
     if tag ~= 'deferred' then taken = taken + 1 end
+    if tag == 'claimed' then bytes = bytes + #row end
     out[i] = row
     entries[i] = tag .. ':' .. id
   end

@@ -116,13 +116,24 @@ impl Fetch<'_> {
     }
 }
 
-/// How long a fetch's receipt lives (half its lease): a retry with the same
-/// token base within it answers the first try's rows. The fetcher's
-/// same-token retries end early enough to reach Redis within it
-/// (`worker::fetcher::same_token_window`).
+/// How long a fetch's receipt lives (half its lease, at least
+/// [`RECEIPT_FLOOR`]): a retry with the same token base within it answers
+/// the first try's rows. The fetcher's same-token retries end early enough
+/// to reach Redis within it (`worker::fetcher::same_token_window`).
 pub(crate) fn receipt_life(lease: Duration) -> Duration {
-    lease / 2
+    (lease / 2).max(RECEIPT_FLOOR)
 }
+
+/// The shortest receipt life: two default response timeouts (5 s) and a
+/// second, so that with the default timeout a fetch whose reply was lost is
+/// retried for at least 6 s whatever the lease. Before, half a lease of 10 s
+/// or less left no retry at all (`lease / 2 - response_timeout` was 0): the
+/// first lost reply stranded every job of the fetch, each spending an
+/// attempt unrun (stop 48 review). A receipt that outlives the lease is
+/// harmless: a retry's rows are re-read from the jobs, and a job the
+/// watchdog returned and another worker claimed answers `busy`
+/// (`same_claim` checks the token).
+pub(crate) const RECEIPT_FLOOR: Duration = Duration::from_secs(11);
 
 /// What a fetch did.
 #[derive(Debug, Clone, PartialEq, Eq)]

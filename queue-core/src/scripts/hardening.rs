@@ -3076,3 +3076,50 @@ async fn a_cron_record_only_moves_forward_for_its_schedule() {
         Some("x")
     );
 }
+
+/// A fetch of jobs with large payloads stops claiming once its rows hold 16
+/// MiB (the job that crosses it is the last): the rest of the batch goes
+/// back to main's tail in its order, unclaimed, and the next fetch takes it.
+/// Before, the whole batch was claimed into one reply (4 × 6 MiB here; 64 ×
+/// 8 MiB timed out at the client, and every retry answered it again while
+/// the jobs' attempts ran out unrun: stop 48 review).
+#[tokio::test]
+async fn a_fetch_of_large_payloads_stops_at_its_byte_budget() {
+    let mut fx = Fixture::start().await;
+    let big = "x".repeat(6 * 1024 * 1024);
+    for id in ["a", "b", "c", "d"] {
+        fx.enqueue(id, 1).await;
+        fx.cmd(&["HSET", &fx.keys.job(id), "payload", &big]).await;
+    }
+    let claimed = |rows: &[ClaimRow]| -> Vec<String> {
+        rows.iter()
+            .map(|r| match r {
+                ClaimRow::Claimed(d) => d.id.to_string(),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    };
+    let rows = fx.fetch(4, "big-1").await.unwrap();
+    assert_eq!(claimed(&rows), ["a", "b", "c"]);
+    let (processing, main) = (fx.keys.processing.clone(), fx.keys.main.clone());
+    assert_eq!(
+        crate::scripts::raw_int(&mut fx.conn, &["LLEN", &processing]).await,
+        3
+    );
+    assert_eq!(
+        crate::scripts::raw_int(&mut fx.conn, &["LLEN", &main]).await,
+        1
+    );
+    assert_eq!(
+        crate::scripts::raw_int(&mut fx.conn, &["ZCARD", &fx.keys.leases]).await,
+        3
+    );
+    let state = crate::scripts::raw_text(&mut fx.conn, &["HGET", &fx.keys.job("d"), "state"]).await;
+    assert_eq!(state.as_deref(), Some("queued"));
+    // A retry of the same fetch answers the same three rows.
+    assert_eq!(
+        claimed(&fx.fetch(4, "big-1").await.unwrap()),
+        ["a", "b", "c"]
+    );
+    assert_eq!(claimed(&fx.fetch(4, "big-2").await.unwrap()), ["d"]);
+}

@@ -475,6 +475,13 @@ impl WorkerBuilder {
                 cfg.ack_batch
             )));
         }
+        let receipt = crate::scripts::fetch::receipt_life(cfg.lease);
+        if cfg.connection.response_timeout >= receipt {
+            warn!(lease_ms = cfg.lease.as_millis() as u64,
+                response_timeout_ms = cfg.connection.response_timeout.as_millis() as u64,
+                receipt_ms = receipt.as_millis() as u64,
+                "response_timeout is not shorter than a fetch's receipt (half the lease, at least 11 s): a fetch whose reply is lost is not retried, and its jobs spend an attempt unrun; lower response_timeout or raise the lease");
+        }
         if cfg.lease < Duration::from_millis(100) {
             return Err(QueueError::Config("lease must be at least 100ms".into()));
         }

@@ -678,8 +678,8 @@ where
 }
 
 /// How long a fetch, claim or cancelled end is retried with its token: the
-/// life of the fetch's receipt (half a lease: `scripts::fetch::receipt_life`)
-/// less the response timeout, so that the last retry, sent by the window's
+/// life of the fetch's receipt (half a lease, at least 11 s:
+/// `scripts::fetch::receipt_life`) less the response timeout, so that the last retry, sent by the window's
 /// end, reaches Redis (or is given up by the client) before the receipt
 /// expires: 10 s of a 30 s lease with the default 5 s timeout, 14 s with a
 /// 1 s timeout. A retry that ran after the receipt expired would be a new
@@ -721,7 +721,7 @@ mod window_tests {
     #[test]
     fn the_last_retry_lands_within_the_receipt() {
         let s = Duration::from_secs;
-        for lease in [s(1), s(12), s(30), s(300)] {
+        for lease in [s(1), s(10), s(12), s(30), s(300)] {
             for rt in [Duration::from_millis(250), s(1), s(5), s(10), s(60)] {
                 let w = same_token_window(lease, rt);
                 assert!(
@@ -731,5 +731,9 @@ mod window_tests {
             }
         }
         assert_eq!(same_token_window(s(30), s(5)), s(10));
+        // A short lease still leaves a window with the default timeout:
+        // before, none at 10 s or less (stop 48 review).
+        assert_eq!(same_token_window(s(10), s(5)), s(6));
+        assert_eq!(same_token_window(s(2), s(1)), s(10));
     }
 }

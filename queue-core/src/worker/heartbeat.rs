@@ -101,13 +101,16 @@ fn note_cancel(cancel: &CancelFlag, cancel_requested: bool) {
 /// matches; marks the context lease-lost and stops when it no longer does or
 /// when the local deadline passed (Redis unreachable). Started by the runner
 /// once one interval has passed since the claim; runs until aborted by the
-/// runner.
+/// runner, or until `until` (the handler's timeout or execution budget and
+/// a lease more): a runner that has not stopped it by then does not answer
+/// (its handler blocks the thread), and beats would hold the job for ever.
 pub(super) async fn heartbeat_after_first_interval(
     inner: Arc<Inner>,
     keys: Arc<QueueKeys>,
     id: JobId,
     token: String,
     ctx: JobContext,
+    until: Option<Instant>,
 ) {
     if !inner.config.heartbeat_enabled {
         return;
@@ -125,6 +128,7 @@ pub(super) async fn heartbeat_after_first_interval(
         &ctx.inner.cancel,
         inner.config.lease,
         inner.config.heartbeat_interval(),
+        until,
         || {
             let mut conn = conn.clone();
             async move { extend.run(&mut conn).await }
@@ -134,12 +138,14 @@ pub(super) async fn heartbeat_after_first_interval(
 }
 
 /// The beat loop over `extend` (one `extend.lua` call): the first at once,
-/// each next `every` after the previous one was sent.
+/// each next `every` after the previous one was sent, none at or after
+/// `until`.
 async fn beat<F, Fut>(
     lease: &LeaseClock,
     cancel: &CancelFlag,
     lease_len: Duration,
     every: Duration,
+    until: Option<Instant>,
     mut extend: F,
 ) where
     F: FnMut() -> Fut,
@@ -148,6 +154,10 @@ async fn beat<F, Fut>(
     loop {
         if lease.is_lost() {
             warn!("lease lost: no extend confirmed before the local lease deadline; another worker may run this job");
+            return;
+        }
+        if until.is_some_and(|t| Instant::now() >= t) {
+            warn!("the handler ran a lease past its timeout or execution budget and its runner does not answer (a handler blocking its thread?): no more extends, the watchdog returns the job when its lease ends");
             return;
         }
         let sent_at = Instant::now();
@@ -197,7 +207,7 @@ mod tests {
         let cancel = CancelFlag::default();
         let sends = Mutex::new(Vec::new());
         tokio::time::sleep_until(next_beat(claim, EVERY).unwrap()).await;
-        let run = beat(&lease, &cancel, LEASE, EVERY, || {
+        let run = beat(&lease, &cancel, LEASE, EVERY, None, || {
             let mut sends = sends.lock().unwrap();
             sends.push((claim.elapsed(), !lease.is_lost()));
             let last = sends.len() >= beats;
@@ -224,6 +234,33 @@ mod tests {
         let expected: Vec<Duration> = (1..=5).map(|k| EVERY * k).collect();
         assert_eq!(at, expected);
         assert!(sends.iter().all(|(_, held)| *held));
+    }
+
+    /// A runner that does not stop its heartbeat by the handler's timeout
+    /// (plus a lease: `until`) is not answering (its handler blocks the
+    /// thread): the beats stop there, and the lease lapses for the watchdog.
+    /// Before, they went on for as long as the process lived, and the job
+    /// stayed active for ever (stop 48 review).
+    #[tokio::test(start_paused = true)]
+    async fn beats_stop_at_until() {
+        let claim = Instant::now();
+        let lease = LeaseClock::new(claim, LEASE);
+        let cancel = CancelFlag::default();
+        let sends = Mutex::new(0u32);
+        let until = claim + EVERY * 3 + Duration::from_millis(10);
+        beat(&lease, &cancel, LEASE, EVERY, Some(until), || {
+            *sends.lock().unwrap() += 1;
+            async {
+                Ok(ExtendReply::Extended {
+                    lease_until_ms: 0,
+                    cancel_requested: false,
+                })
+            }
+        })
+        .await;
+        // Sent at claim + 0, 1, 2 and 3 intervals; none after `until`.
+        assert_eq!(*sends.lock().unwrap(), 4);
+        assert!(Instant::now() >= until && !lease.is_lost());
     }
 
     /// Replies of 300 ms (each well within the 900 ms the lease is trusted

@@ -130,8 +130,16 @@ impl JobRunner {
             }
         };
         // Aborted however the run ends, an unwinding runner included
-        // (handler_guard.rs).
+        // (handler_guard.rs). It stops by itself a lease after the
+        // handler's timeout or budget: a runner that has not ended it by
+        // then is stuck behind a handler blocking its thread.
         let mut heartbeat = HeartbeatTask::default();
+        let beats_until = beats_until(
+            reg.timeout
+                .and_then(|t| tokio::time::Instant::now().checked_add(t)),
+            budget,
+            self.inner.config.lease,
+        );
 
         let guarded = GuardedHandler::new(fut);
         let timed = async {
@@ -164,6 +172,7 @@ impl JobRunner {
                         d.id.clone(),
                         d.token.clone(),
                         ctx.clone(),
+                        beats_until,
                     )
                     .in_current_span(),
                 ));
@@ -511,6 +520,20 @@ pub(super) fn left_at_hard_stop(maybe: bool) {
 /// Already spent (a retry due after it): the dead-letter reason.
 ///
 /// [`Job::DEADLINE`]: crate::Job::DEADLINE
+/// When a running job's heartbeat gives up: a lease after the earlier of
+/// its handler's timeout and its execution budget; `None` without either.
+fn beats_until(
+    timeout_at: Option<tokio::time::Instant>,
+    budget: Option<tokio::time::Instant>,
+    lease: Duration,
+) -> Option<tokio::time::Instant> {
+    let end = match (timeout_at, budget) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b)?,
+    };
+    end.checked_add(lease)
+}
+
 fn execution_budget(
     reg: &Registration,
     d: &Delivery,
