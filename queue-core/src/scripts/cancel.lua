@@ -32,16 +32,29 @@ if state == 'active' then
   redis.call('HSET', KEYS[5], 'cancel_requested', now)
   return {'requested', 1}
 end
-local source, grouped
+-- Where a queued job is: its group's list first for a grouped job (it
+-- waits in no other list until a fetch takes it), then main, then
+-- processing (taken by a BLMOVE, not yet claimed). Each list is looked at
+-- from both ends first (SEARCH entries each: a job enqueued lately sits at
+-- the head, one waiting long at the tail), walked whole only when not
+-- there, and the id is removed from the end that held it. Before, main and
+-- processing were each walked from the head, and then the id removed from
+-- the head again: cancelling the oldest of 3,000,000 waiting jobs blocked
+-- Redis for 263 ms, a grouped job 150 ms (stop 48 review).
+local SEARCH = '1000'
+local function find(list)
+  if redis.call('LPOS', list, id, 'MAXLEN', SEARCH) then return list, 1 end
+  if redis.call('LPOS', list, id, 'RANK', -1, 'MAXLEN', SEARCH) then return list, -1 end
+  if redis.call('LLEN', list) <= 2 * tonumber(SEARCH) then return nil end
+  if redis.call('LPOS', list, id, 'RANK', -1) then return list, -1 end
+  return nil
+end
+local source, grouped, from_end
 if state == 'queued' then
-  if redis.call('LPOS', KEYS[1], id) then
-    source = KEYS[1]
-  elseif redis.call('LPOS', KEYS[2], id) then
-    source = KEYS[2]
-  else
-    source = waiting_group_list(KEYS[1], id, h[6])
-    grouped = source ~= nil
-  end
+  source = waiting_group_list(KEYS[1], id, h[6])
+  grouped = source ~= nil
+  if not source then source, from_end = find(KEYS[1]) end
+  if not source then source, from_end = find(KEYS[2]) end
 elseif state == 'delayed' and redis.call('ZSCORE', KEYS[4], id) then
   source = KEYS[4]
 end
@@ -52,7 +65,7 @@ if source == KEYS[4] then
   redis.call('ZREM', KEYS[4], id)
 else
   -- From processing: the BLMOVE's claim finds the id gone and runs nothing.
-  redis.call('LREM', source, 1, id)
+  redis.call('LREM', source, from_end or 1, id)
   redis.call('ZREM', KEYS[3], id)
   if grouped and redis.call('LLEN', source) == 0 then ring_drop(KEYS[1], h[6]) end
 end

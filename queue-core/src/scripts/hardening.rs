@@ -3123,3 +3123,71 @@ async fn a_fetch_of_large_payloads_stops_at_its_byte_budget() {
     );
     assert_eq!(claimed(&fx.fetch(4, "big-2").await.unwrap()), ["d"]);
 }
+
+/// A cancel of a waiting job finds it from the end of main it sits near
+/// (the oldest job at the tail: no walk of the whole list), a grouped job
+/// in its group's list without looking at main or processing, and one in
+/// the middle of main with one walk. Before, main and processing were each
+/// walked from the head (the oldest of 3,000,000 waiting jobs: 263 ms of
+/// Redis; a grouped job: 150 ms) (stop 48 review).
+#[tokio::test]
+async fn a_cancel_looks_for_a_waiting_job_from_the_end_it_sits_near() {
+    let mut fx = Fixture::start().await;
+    let k = fx.keys.clone();
+    fx.enqueue("oldest", 1).await;
+    let filler: Vec<String> = (0..5000).map(|i| format!("f{i}")).collect();
+    let mut args = vec!["LPUSH", k.main.as_str()];
+    args.extend(filler[..2500].iter().map(String::as_str));
+    fx.cmd(&args).await;
+    fx.enqueue("middle", 1).await;
+    let mut args = vec!["LPUSH", k.main.as_str()];
+    args.extend(filler[2500..].iter().map(String::as_str));
+    fx.cmd(&args).await;
+    fx.enqueue_extra("grouped", 1, &[("group".to_string(), "acme".to_string())])
+        .await;
+    let url = fx.server.url();
+    let mut conn = fx.conn.clone();
+    for (id, walks_of_main, lpos_of_main) in [
+        ("oldest", 0, true),
+        ("grouped", 0, false),
+        ("middle", 1, true),
+    ] {
+        let mut c = conn.clone();
+        let calls = super::script_commands(&url, &mut conn, async {
+            let outcome = super::cancel::Cancel {
+                keys: &k,
+                id: &JobId::from(id),
+                retention: Duration::from_secs(60),
+            }
+            .run(&mut c)
+            .await
+            .unwrap();
+            assert!(
+                matches!(outcome, crate::CancelOutcome::Cancelled { .. }),
+                "{id}: {outcome:?}"
+            );
+        })
+        .await;
+        assert_eq!(
+            whole_walks_of(&calls, Some(&k.main)),
+            walks_of_main,
+            "{id}: {calls:?}"
+        );
+        assert_eq!(
+            whole_walks_of(&calls, Some(&k.processing)),
+            0,
+            "{id}: {calls:?}"
+        );
+        let looked_at_main = calls
+            .iter()
+            .map(|l| super::monitor_args(l))
+            .any(|a| a.first().map(String::as_str) == Some("LPOS") && a.get(1) == Some(&k.main));
+        assert_eq!(looked_at_main, lpos_of_main, "{id}: {calls:?}");
+        assert_eq!(fx.places(id).await, Places::default(), "{id}");
+    }
+    assert_eq!(
+        crate::scripts::raw_int(&mut fx.conn, &["LLEN", &k.main]).await,
+        5000,
+        "only the cancelled ids left main"
+    );
+}
