@@ -31,6 +31,8 @@ mod format;
 mod history_view;
 mod metrics_export;
 mod queue_gauges;
+#[cfg(test)]
+mod test_dead;
 mod views;
 
 use clap::Parser;

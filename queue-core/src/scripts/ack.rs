@@ -347,6 +347,29 @@ mod tests {
         Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
     }
 
+    /// The completion record of finished job `id`, as a waiting producer
+    /// reads it (`result_wait.lua`).
+    async fn finished_record(
+        c: &mut RedisConnection,
+        keys: &QueueKeys,
+        id: &JobId,
+    ) -> std::collections::BTreeMap<String, Vec<u8>> {
+        use crate::scripts::result_wait::{ResultWait, WaitState};
+        let state = ResultWait {
+            keys,
+            id,
+            woken: false,
+            was_pending: false,
+        }
+        .run(c)
+        .await
+        .unwrap();
+        match state {
+            WaitState::Finished(rec) => rec,
+            other => panic!("{id}: {other:?}"),
+        }
+    }
+
     fn item(d: &Delivery) -> AckItem {
         AckItem::of(d, None)
     }
@@ -785,7 +808,6 @@ mod tests {
     /// read as `status done` alone (stop 48 review).
     #[tokio::test]
     async fn a_corrupt_count_on_the_job_still_gives_a_readable_compact_record() {
-        use crate::scripts::result_wait::{ResultWait, WaitState};
 
         let server = queue_testkit::RedisServer::start().unwrap();
         let mut c = conn(&server.url(), Duration::from_secs(5)).await;
@@ -799,18 +821,7 @@ mod tests {
             ack_as(&mut c, &keys, &[read.clone()], true).await.unwrap(),
             [AckReply::Completed]
         );
-        let state = ResultWait {
-            keys: &keys,
-            id: &d.id,
-            woken: false,
-            was_pending: false,
-        }
-        .run(&mut c)
-        .await
-        .unwrap();
-        let WaitState::Finished(rec) = state else {
-            panic!("{state:?}")
-        };
+        let rec = finished_record(&mut c, &keys, &d.id).await;
         assert_eq!(
             rec.get("result").map(Vec::as_slice),
             Some(&b"r:1 2"[..]),
@@ -835,7 +846,6 @@ mod tests {
         use crate::scripts::cancel::Cancel;
         use crate::scripts::claim::Skip;
         use crate::scripts::enqueue::EnqueueReply;
-        use crate::scripts::result_wait::{ResultWait, WaitState};
         use crate::CancelOutcome;
 
         let (server, mut c, keys, d, h) = two_delivered("compact", "c", "h").await;
@@ -883,18 +893,7 @@ mod tests {
 
         // The waiting producer's read: the same fields as a hash record.
         for (id, result) in [("c", Some(&b"r:1 2"[..])), ("h", None)] {
-            let state = ResultWait {
-                keys: &keys,
-                id: &JobId::from(id),
-                woken: false,
-                was_pending: false,
-            }
-            .run(&mut c)
-            .await
-            .unwrap();
-            let WaitState::Finished(rec) = state else {
-                panic!("{id}: {state:?}")
-            };
+            let rec = finished_record(&mut c, &keys, &JobId::from(id)).await;
             assert_eq!(
                 rec.get("status").map(Vec::as_slice),
                 Some(&b"done"[..]),
@@ -966,7 +965,6 @@ mod tests {
     #[tokio::test]
     async fn the_record_carries_the_claims_fields_whether_sent_or_read() {
         use crate::scripts::fetch::FetchReply;
-        use crate::scripts::result_wait::{ResultWait, WaitState};
 
         let server = queue_testkit::RedisServer::start().unwrap();
         let mut c = conn(&server.url(), Duration::from_secs(5)).await;
@@ -1021,18 +1019,7 @@ mod tests {
         }
         for id in ["sent", "read", "compact"] {
             let d = &ds[id];
-            let state = ResultWait {
-                keys: &keys,
-                id: &d.id,
-                woken: false,
-                was_pending: false,
-            }
-            .run(&mut c)
-            .await
-            .unwrap();
-            let WaitState::Finished(rec) = state else {
-                panic!("{id}: {state:?}")
-            };
+            let rec = finished_record(&mut c, &keys, &d.id).await;
             let field = |name: &str| String::from_utf8(rec[name].clone()).unwrap();
             assert_eq!(
                 [

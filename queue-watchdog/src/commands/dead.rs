@@ -482,36 +482,15 @@ fn confirm(queue: &str, n: usize) -> Result<bool> {
 
 #[cfg(test)]
 mod tests {
-    use queue_core::QueueKeys;
     use queue_testkit::RedisServer;
 
     use super::*;
     use crate::cli::DeadTarget;
 
-    /// A dead letter as a fail leaves it: listed, its hash `dead` at `dead_at`.
+    const SENT: (&str, &str) = ("send", "SMTP timeout");
+
     async fn dead_letter(admin: &Admin, id: &str, dead_at: &str) {
-        let k = QueueKeys::new("emails");
-        let () = redis::pipe()
-            .cmd("HSET")
-            .arg(k.job(id))
-            .arg(&[
-                "state",
-                "dead",
-                "type",
-                "send",
-                "dead_reason",
-                "SMTP timeout",
-            ])
-            .arg("dead_at")
-            .arg(dead_at)
-            .ignore()
-            .cmd("LPUSH")
-            .arg(&k.dead)
-            .arg(id)
-            .ignore()
-            .query_async(&mut admin.queue().connection())
-            .await
-            .unwrap();
+        crate::test_dead::dead_letter(admin, "emails", id, dead_at, SENT).await;
     }
 
     /// `dead replay --all` reads a chunk holding `x` (dead at 100); before
@@ -524,7 +503,6 @@ mod tests {
     async fn a_replay_by_filter_leaves_a_job_dead_lettered_again_since_its_chunk_was_read() {
         let server = RedisServer::start().unwrap();
         let admin = Admin::connect(&server.url()).await.unwrap();
-        let k = QueueKeys::new("emails");
         dead_letter(&admin, "x", "100").await;
         let chunk = admin.select_dead_chunk("emails", None, 0).await.unwrap();
         let [picked] = chunk.candidates.as_slice() else {
@@ -532,17 +510,7 @@ mod tests {
         };
 
         // Someone else's replay of `x`; it runs and dies again.
-        let replayed = admin.replay_dead("emails", "x", false).await.unwrap();
-        assert_eq!(replayed, ReplayOutcome::Replayed);
-        let mut conn = admin.queue().connection();
-        let () = redis::cmd("LREM")
-            .arg(&k.main)
-            .arg(0)
-            .arg("x")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        dead_letter(&admin, "x", "200").await;
+        crate::test_dead::replayed_and_dead_again(&admin, "emails", "x", "200", SENT).await;
 
         let args = DeadReplayArgs {
             queue: "emails".into(),

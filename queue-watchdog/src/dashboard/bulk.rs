@@ -308,30 +308,10 @@ mod tests {
         }
     }
 
-    /// A dead letter as a fail leaves it: listed, its hash `dead` at `dead_at`.
+    const RENDERED: (&str, &str) = ("render", "Upstream TIMEOUT");
+
     async fn dead_letter(admin: &Admin, id: &str, dead_at: &str) {
-        let k = QueueKeys::new("q");
-        let () = redis::pipe()
-            .cmd("HSET")
-            .arg(k.job(id))
-            .arg(&[
-                "state",
-                "dead",
-                "type",
-                "render",
-                "dead_reason",
-                "Upstream TIMEOUT",
-            ])
-            .arg("dead_at")
-            .arg(dead_at)
-            .ignore()
-            .cmd("LPUSH")
-            .arg(&k.dead)
-            .arg(id)
-            .ignore()
-            .query_async(&mut admin.queue().connection())
-            .await
-            .unwrap();
+        crate::test_dead::dead_letter(admin, "q", id, dead_at, RENDERED).await;
     }
 
     /// A bulk replay is confirmed for `x` and `y` (dead at 100); before it
@@ -360,17 +340,8 @@ mod tests {
         assert_eq!(confirmed.rows.len(), 2);
 
         // Someone else's replay of `x`; it runs and dies again.
-        let replayed = admin.replay_dead("q", "x", false).await.unwrap();
-        assert_eq!(replayed, ReplayOutcome::Replayed);
+        crate::test_dead::replayed_and_dead_again(&admin, "q", "x", "200", RENDERED).await;
         let mut conn = admin.queue().connection();
-        let () = redis::cmd("LREM")
-            .arg(&k.main)
-            .arg(0)
-            .arg("x")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        dead_letter(&admin, "x", "200").await;
 
         let who = Who("test@127.0.0.1".into());
         let response = run(state, "q".into(), "replay".into(), who, filter, confirmed).await;
