@@ -601,21 +601,28 @@ async fn a_fetcher_that_panics_is_started_again() {
 #[tokio::test]
 async fn a_tracing_layer_that_panics_at_every_job_span_burns_no_job() {
     let _tracing = PanickingLayer::at_every_job_span().install();
+    ten_jobs_of_one_attempt_all_run::<OneShotTraced>(&ONE_SHOT_RUNS).await;
+}
+
+/// Scenario: ten jobs of `J` (one attempt, counting its runs in `runs`),
+/// a worker and a watchdog, under the panicking tracing layer the test
+/// installed: all ten complete, each ran once, none is dead-lettered.
+async fn ten_jobs_of_one_attempt_all_run<J: Job<Args = ()>>(runs: &std::sync::atomic::AtomicU32) {
     let env = TestEnv::start().await;
     for _ in 0..10 {
-        env.queue.enqueue::<OneShotTraced>(&()).await.unwrap();
+        env.queue.enqueue::<J>(&()).await.unwrap();
     }
-    let stop_watchdog = start_watchdog(&env.url, OneShotTraced::QUEUE);
+    let stop_watchdog = start_watchdog(&env.url, J::QUEUE);
     let worker = env
-        .spawn_worker_for(Registration::of::<OneShotTraced>(), fast_config())
+        .spawn_worker_for(Registration::of::<J>(), fast_config())
         .await;
-    env.wait_stats(OneShotTraced::QUEUE, "all ten acked", |s| {
+    env.wait_stats(J::QUEUE, "all ten acked", |s| {
         s.counters.get("completed") == Some(&10)
     })
     .await;
-    let stats = env.queue.stats(OneShotTraced::QUEUE).await.unwrap();
+    let stats = env.queue.stats(J::QUEUE).await.unwrap();
     assert_eq!(stats.dead, 0, "{stats:?}");
-    assert_eq!(ONE_SHOT_RUNS.load(std::sync::atomic::Ordering::SeqCst), 10);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 10);
     worker.stop().await;
     let _ = stop_watchdog.send(());
 }
@@ -646,23 +653,7 @@ impl Job for OneShotStarted {
 async fn a_tracing_layer_that_panics_when_a_job_starts_burns_no_job() {
     let _tracing =
         PanickingLayer::at_every_event("queue_core::worker::runner", "started").install();
-    let env = TestEnv::start().await;
-    for _ in 0..10 {
-        env.queue.enqueue::<OneShotStarted>(&()).await.unwrap();
-    }
-    let stop_watchdog = start_watchdog(&env.url, OneShotStarted::QUEUE);
-    let worker = env
-        .spawn_worker_for(Registration::of::<OneShotStarted>(), fast_config())
-        .await;
-    env.wait_stats(OneShotStarted::QUEUE, "all ten acked", |s| {
-        s.counters.get("completed") == Some(&10)
-    })
-    .await;
-    let stats = env.queue.stats(OneShotStarted::QUEUE).await.unwrap();
-    assert_eq!(stats.dead, 0, "{stats:?}");
-    assert_eq!(STARTED_RUNS.load(std::sync::atomic::Ordering::SeqCst), 10);
-    worker.stop().await;
-    let _ = stop_watchdog.send(());
+    ten_jobs_of_one_attempt_all_run::<OneShotStarted>(&STARTED_RUNS).await;
 }
 
 /// Runs of [`CountsRuns`].

@@ -808,7 +808,6 @@ mod tests {
     /// read as `status done` alone (stop 48 review).
     #[tokio::test]
     async fn a_corrupt_count_on_the_job_still_gives_a_readable_compact_record() {
-
         let server = queue_testkit::RedisServer::start().unwrap();
         let mut c = conn(&server.url(), Duration::from_secs(5)).await;
         let keys = QueueKeys::new("corrupt_count");
