@@ -1,6 +1,6 @@
 //! `fetch.lua`: the non-blocking fetch, `LMOVE main processing` and claim of
 //! up to `count` jobs in one atomic step (no crash window, DESIGN rule 4).
-//! Idempotent for its token base (a receipt kept for half a lease): a retry
+//! Idempotent for its token base (a receipt kept for half a lease, at least 11 s): a retry
 //! whose first reply was lost gets the same deliveries. Its rows are decoded
 //! one by one by [`ClaimRow::take_or_unreadable`](super::claim::ClaimRow::take_or_unreadable),
 //! so one bad row never throws the batch away.
@@ -24,7 +24,7 @@ pub(crate) struct Fetch<'a> {
     pub(crate) keys: &'a QueueKeys,
     pub(crate) lease: Duration,
     /// Each claimed job's token is `<token_base>:<n>` (DESIGN rule 3). A
-    /// retry with the same base within half a lease answers the same rows.
+    /// retry with the same base while its receipt lives answers the same rows.
     pub(crate) token_base: &'a str,
     pub(crate) count: usize,
     /// The first try of a fresh `token_base`: no receipt can exist yet, so

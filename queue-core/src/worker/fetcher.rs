@@ -14,7 +14,7 @@
 //!
 //! Both scripts are idempotent for their token, so a fetch or claim whose
 //! reply was lost (timeout, dropped connection, failover) is retried with the
-//! same token for as long as the fetch's receipt lives (half a lease, less the
+//! same token for as long as the fetch's receipt lives (half a lease, at least 11 s, less the
 //! response timeout) and gets the same deliveries; the hard stop ends the retries. Each
 //! row is decoded on its own: a row that does not decode is dead-lettered alone.
 
