@@ -38,6 +38,13 @@ use crate::scripts::cron_mark::{self, CronMark, Marked};
 
 /// A missed firing is still enqueued if a scheduler sees it within this long.
 pub(crate) const CATCH_UP: Duration = Duration::from_secs(60);
+/// A late firing's log line counts the firings it stands for up to this many.
+const SKIPPED_COUNTED: usize = 10_000;
+
+/// [`CATCH_UP`] on the schedules' clock.
+fn window() -> chrono::Duration {
+    chrono::Duration::seconds(CATCH_UP.as_secs() as i64)
+}
 /// How long a firing's id is refused after it was enqueued, at least
 /// ([`once_ttl`]: until its job's next firing has passed the window).
 const ONCE_FOR: Duration = Duration::from_secs(600);
@@ -108,10 +115,7 @@ fn due_since(
     last: Option<DateTime<Utc>>,
     now: DateTime<Utc>,
 ) -> Vec<DateTime<Utc>> {
-    let Ok(window) = chrono::Duration::from_std(CATCH_UP) else {
-        return Vec::new();
-    };
-    let window_start = now - window;
+    let window_start = now - window();
     let due = schedule.after(&last.map_or(window_start, |l| l.max(window_start)));
     let due = due.take_while(|t| *t <= now);
     let Some(last) = last else {
@@ -400,10 +404,10 @@ async fn fire(
         .await;
     match enqueued {
         Ok(e) if e.outcome == EnqueueOutcome::Created => {
-            if now - at > chrono::Duration::from_std(CATCH_UP).unwrap_or_default() {
-                let skipped = missed_between(&job.schedule, last, at, 10_000);
+            if now - at > window() {
+                let skipped = missed_between(&job.schedule, last, at, SKIPPED_COUNTED);
                 warn!(queue = reg.queue, job_id = %id, job_type = reg.name, firing = %at,
-                    last_handled = %last, skipped = skipped, skipped_capped = skipped == 10_000,
+                    last_handled = %last, skipped = skipped, skipped_capped = skipped == SKIPPED_COUNTED,
                     "periodic job fired late: no scheduler enqueued its firings for longer than the catch-up window; the latest missed one runs now, the earlier ones are skipped");
             } else {
                 info!(queue = reg.queue, job_id = %id, job_type = reg.name, "periodic job fired");
