@@ -57,17 +57,12 @@ impl LockAcquire<'_> {
 /// would round it above 2^53) or, from an older script, an integer; `0`
 /// held; `-1` no number left. Anything else is a type error naming the reply.
 fn decode(reply: Value) -> RedisResult<LockAcquireReply> {
-    let fencing = match &reply {
-        Value::Int(0) => return Ok(LockAcquireReply::Held),
-        Value::Int(-1) => return Ok(LockAcquireReply::FencingExhausted),
-        Value::Int(n) => u64::try_from(*n).ok(),
-        Value::BulkString(text) => std::str::from_utf8(text)
-            .ok()
-            .and_then(|t| t.parse::<u64>().ok()),
-        _ => None,
-    };
-    match fencing {
-        Some(fencing) if fencing > 0 => Ok(LockAcquireReply::Acquired { fencing }),
+    // `reply::int` reads an integer sent as either (counts stop at
+    // i64::MAX, INCR's largest).
+    match super::reply::int(&reply) {
+        Some(0) => Ok(LockAcquireReply::Held),
+        Some(-1) => Ok(LockAcquireReply::FencingExhausted),
+        Some(n) if n > 0 => Ok(LockAcquireReply::Acquired { fencing: n as u64 }),
         _ => Err(redis::RedisError::from((
             redis::ErrorKind::UnexpectedReturnType,
             "lock_acquire: not a fencing number",
